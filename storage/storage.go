@@ -1,0 +1,239 @@
+// Package storage holds delayd's domain types, the sentinel errors every
+// store returns, and the small interfaces the server and the dispatcher
+// consume. Implementations live in subpackages: redisstore (the fast index)
+// and mysqlstore (the durable authority).
+//
+// Times are time.Time everywhere in Go; stores convert to Unix milliseconds
+// only at their own boundary.
+package storage
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Stores wrap everything else with fmt.Errorf("op: %w", err).
+var (
+	// ErrNotFound: the task (or namespace) does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrUnavailable: a backing store could not be reached or timed out. Safe
+	// to retry. Stores wrap connection and timeout errors with it.
+	ErrUnavailable = errors.New("store unavailable")
+	// ErrAlreadyExists: a namespace or key with that name exists.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrQuotaExceeded: a per-namespace quota (max pending tasks) was hit.
+	ErrQuotaExceeded = errors.New("quota exceeded")
+	// ErrNotEmpty: the namespace still has tasks.
+	ErrNotEmpty = errors.New("namespace not empty")
+	// ErrStale: an older generation tried to overwrite a newer one.
+	ErrStale = errors.New("stale generation")
+)
+
+// State is where a task is in its lifecycle.
+type State uint8
+
+// Task states. The numeric values match delayd.v1.TaskState.
+const (
+	StateUnspecified State = iota
+	StateScheduled
+	StateDelivered
+	StateDead
+)
+
+// String returns the state's name in lower case ("scheduled", ...).
+func (s State) String() string {
+	switch s {
+	case StateScheduled:
+		return "scheduled"
+	case StateDelivered:
+		return "delivered"
+	case StateDead:
+		return "dead"
+	default:
+		return "unspecified"
+	}
+}
+
+// Task is one delay task.
+type Task struct {
+	Namespace string
+	ID        string
+	Kind      string
+	Payload   []byte
+	// DueTime is when the task falls due (or is retried), millisecond precision.
+	DueTime time.Time
+	State   State
+	// Attempt counts deliveries so far, including one in flight.
+	Attempt int32
+	// Generation is bumped by every upsert of (Namespace, ID); starts at 1.
+	Generation int64
+	CreateTime time.Time
+	UpdateTime time.Time
+	// LastError is the reason of the last nack or expiry; empty if none.
+	LastError string
+	// LeaseDeadline is set while State is StateDelivered.
+	LeaseDeadline time.Time
+	// DeadTime is set while State is StateDead.
+	DeadTime time.Time
+}
+
+// UpsertSpec is one task to create or replace.
+type UpsertSpec struct {
+	ID      string
+	Kind    string
+	Payload []byte
+	// DueTime is the absolute due time. If zero, Delay is used.
+	DueTime time.Time
+	// Delay is resolved against the store's clock (Redis TIME) when DueTime
+	// is zero, so every replica agrees on "now".
+	Delay time.Duration
+	// Generation, if non-zero, is the exact generation to store (durable mode
+	// assigns generations in MySQL). A store that already holds a newer
+	// generation leaves the task unchanged and reports Stale. If zero, the
+	// store bumps the generation it holds (1 for a new task).
+	Generation int64
+}
+
+// UpsertResult is the outcome of one UpsertSpec, in request order.
+type UpsertResult struct {
+	// Task is the task as stored after the upsert.
+	Task Task
+	// Created is true when the task did not exist before.
+	Created bool
+	// Earliest is true when the task became the earliest due task of its
+	// namespace (a dispatcher sleeping longer should wake up).
+	Earliest bool
+	// Stale is true when Generation was given and the store held a newer
+	// one; Task is then the stored, newer task.
+	Stale bool
+}
+
+// Delivery is a task popped into a lease.
+type Delivery struct {
+	// Task has State StateDelivered and Attempt counting this delivery.
+	Task Task
+	// Token names this delivery.
+	Token Token
+	// LeaseDeadline is when the lease ends (by the store's clock).
+	LeaseDeadline time.Time
+}
+
+// Token names one delivery: the task, the generation and the attempt it was
+// made for. Its wire form (an opaque string) is the server's business.
+type Token struct {
+	Namespace  string
+	ID         string
+	Generation int64
+	Attempt    int32
+}
+
+// TokenStatus is the per-token answer of ack, nack and extend.
+type TokenStatus uint8
+
+// Token statuses. The numeric values match delayd.v1.TokenStatus.
+const (
+	TokenUnspecified TokenStatus = iota
+	// TokenOK: applied.
+	TokenOK
+	// TokenStale: the task has a newer generation or attempt; nothing changed.
+	TokenStale
+	// TokenNotFound: the task no longer exists or is not in flight; nothing changed.
+	TokenNotFound
+)
+
+// ExtendResult is the per-token answer of ExtendLease.
+type ExtendResult struct {
+	Status TokenStatus
+	// LeaseDeadline is the new deadline when Status is TokenOK.
+	LeaseDeadline time.Time
+}
+
+// Backoff is a retry schedule: the delay before retry n (n = the attempt
+// that just failed, from 1) is min(Max, Initial * Multiplier^(n-1)), then
+// jittered down by up to Jitter (a fraction, 0..1) of itself.
+type Backoff struct {
+	Initial    time.Duration
+	Max        time.Duration
+	Multiplier float64
+	Jitter     float64
+}
+
+// Policy is how one namespace's tasks are treated.
+type Policy struct {
+	// AckTimeout is the lease per delivery. Default 30 s.
+	AckTimeout time.Duration
+	// MaxAttempts is the number of deliveries before a task is dead. Default 10.
+	MaxAttempts int32
+	// Backoff is the retry schedule. Default 1 s doubling to 10 min, 20% jitter.
+	Backoff Backoff
+	// MaxPayloadBytes is the largest payload accepted. Default 64 KiB.
+	MaxPayloadBytes int
+	// MaxPendingTasks caps the tasks the namespace holds; 0 = unlimited.
+	MaxPendingTasks int64
+	// RateLimit is requests per second across the namespace; 0 = unlimited.
+	RateLimit float64
+	// RateBurst is the burst above RateLimit.
+	RateBurst int
+	// MaxSubscribers caps concurrent Subscribe streams; 0 = unlimited.
+	MaxSubscribers int
+	// MaxDelay is the furthest ahead a task may be due. Default 366 days.
+	MaxDelay time.Duration
+}
+
+// DefaultPolicy returns the policy a namespace has unless configured
+// otherwise.
+func DefaultPolicy() Policy {
+	return Policy{
+		AckTimeout:  30 * time.Second,
+		MaxAttempts: 10,
+		Backoff: Backoff{
+			Initial:    time.Second,
+			Max:        10 * time.Minute,
+			Multiplier: 2,
+			Jitter:     0.2,
+		},
+		MaxPayloadBytes: 64 << 10,
+		MaxDelay:        366 * 24 * time.Hour,
+	}
+}
+
+// NackOptions says how nacked deliveries are retried.
+type NackOptions struct {
+	// RetryAfter, if non-nil, is the delay before the retry; nil means the
+	// policy's backoff for the attempt.
+	RetryAfter *time.Duration
+	// Reason is kept as the task's LastError.
+	Reason string
+	// MaxAttempts: a task whose attempt has reached it becomes dead instead.
+	MaxAttempts int32
+	// Backoff is used when RetryAfter is nil.
+	Backoff Backoff
+}
+
+// Stats counts one namespace's tasks.
+type Stats struct {
+	Scheduled int64
+	Delivered int64
+	Dead      int64
+	// DueNow counts scheduled tasks whose due time has passed.
+	DueNow int64
+	// OldestDue is the due time of the earliest scheduled task; zero if none.
+	OldestDue time.Time
+	// Now is the store clock when the stats were taken.
+	Now time.Time
+}
+
+// Policies answers the policy of a namespace. The namespace registry
+// implements it; StaticPolicies serves one policy for every namespace.
+type Policies interface {
+	// Policy returns the namespace's policy with defaults filled in.
+	// ErrNotFound if the namespace does not exist (and is not auto-created).
+	Policy(ctx context.Context, ns string) (Policy, error)
+}
+
+// StaticPolicies serves the same policy for every namespace.
+type StaticPolicies struct{ P Policy }
+
+// Policy returns s.P for every namespace.
+func (s StaticPolicies) Policy(context.Context, string) (Policy, error) { return s.P, nil }

@@ -1,0 +1,71 @@
+package storage
+
+import (
+	"context"
+	"time"
+)
+
+// Tasks is what the task RPCs need: create, replace, cancel, look up.
+type Tasks interface {
+	// Upsert creates or replaces tasks of one namespace in one round trip.
+	// Results are in spec order. A spec with an older Generation than the
+	// store holds is reported Stale and changes nothing.
+	Upsert(ctx context.Context, ns string, specs []UpsertSpec) ([]UpsertResult, error)
+	// Remove deletes a task in any state and returns the state it was in.
+	// ErrNotFound if there was no such task.
+	Remove(ctx context.Context, ns, id string) (State, error)
+	// Get returns one task. ErrNotFound if there is none.
+	Get(ctx context.Context, ns, id string) (Task, error)
+	// List returns up to limit tasks of one state in that state's order
+	// (due time, lease deadline, death time) starting after cursor ("" =
+	// from the start), and the cursor of the next page ("" = last page).
+	List(ctx context.Context, ns string, state State, limit int, cursor string) ([]Task, string, error)
+}
+
+// Deliveries is what the dispatcher and the delivery RPCs need.
+type Deliveries interface {
+	// Pop moves at most limit due tasks (due time <= the store clock) of ns
+	// into a lease of leaseFor, counts the attempt, and returns them in due
+	// order. It never deletes anything.
+	Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]Delivery, error)
+	// Ack deletes the tasks the tokens name, if each is still the delivery in
+	// flight (same generation and attempt). Statuses are in token order.
+	Ack(ctx context.Context, ns string, tokens []Token) ([]TokenStatus, error)
+	// Nack puts the deliveries back to scheduled per opts, or to dead when
+	// their attempts are used up.
+	Nack(ctx context.Context, ns string, tokens []Token, opts NackOptions) ([]TokenStatus, error)
+	// Extend sets the lease of the deliveries to store-now + by.
+	Extend(ctx context.Context, ns string, tokens []Token, by time.Duration) ([]ExtendResult, error)
+	// Reap takes at most limit expired leases of ns back to scheduled with
+	// backoff (or to dead when attempts are used up) and returns how many it
+	// took. Safe to run from every replica at once.
+	Reap(ctx context.Context, ns string, limit int, opts NackOptions) (int, error)
+	// NextWake returns the earliest of the namespace's first due time and
+	// first lease deadline, and the store clock now. ok is false when the
+	// namespace has neither.
+	NextWake(ctx context.Context, ns string) (next time.Time, now time.Time, ok bool, err error)
+}
+
+// DeadLetters is what the dead-letter admin RPCs need.
+type DeadLetters interface {
+	// Requeue moves the named dead tasks (or, with all, up to limit of them)
+	// back to scheduled, due after delay, with attempts reset. Ids that are
+	// not dead are skipped. Returns how many moved.
+	Requeue(ctx context.Context, ns string, ids []string, all bool, limit int, delay time.Duration) (int, error)
+	// Purge deletes the named dead tasks (or, with all, up to limit of them).
+	Purge(ctx context.Context, ns string, ids []string, all bool, limit int) (int, error)
+}
+
+// Counter is what stats and quotas need.
+type Counter interface {
+	// Stats counts the namespace's tasks per state.
+	Stats(ctx context.Context, ns string) (Stats, error)
+}
+
+// Wakeups tells dispatchers when an upsert on any replica put an earlier task
+// at the head of a namespace.
+type Wakeups interface {
+	// SubscribeWakeups calls fn with the namespace of every wake-up until ctx
+	// is done. It returns when ctx is done or the subscription fails.
+	SubscribeWakeups(ctx context.Context, fn func(ns string)) error
+}
