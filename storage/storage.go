@@ -198,6 +198,19 @@ func DefaultPolicy() Policy {
 	}
 }
 
+// Moved describes where a nack, an expired lease or a requeue moved a task:
+// back to StateScheduled (due at DueTime) or to StateDead. Durable mode
+// writes it through to MySQL.
+type Moved struct {
+	ID         string
+	Generation int64
+	Attempt    int32
+	State      State
+	DueTime    time.Time
+	DeadTime   time.Time
+	LastError  string
+}
+
 // NackOptions says how nacked deliveries are retried.
 type NackOptions struct {
 	// RetryAfter, if non-nil, is the delay before the retry; nil means the

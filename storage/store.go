@@ -32,14 +32,15 @@ type Deliveries interface {
 	// flight (same generation and attempt). Statuses are in token order.
 	Ack(ctx context.Context, ns string, tokens []Token) ([]TokenStatus, error)
 	// Nack puts the deliveries back to scheduled per opts, or to dead when
-	// their attempts are used up.
-	Nack(ctx context.Context, ns string, tokens []Token, opts NackOptions) ([]TokenStatus, error)
+	// their attempts are used up. It returns a status per token and, for
+	// every token that was applied, where the task went.
+	Nack(ctx context.Context, ns string, tokens []Token, opts NackOptions) ([]TokenStatus, []Moved, error)
 	// Extend sets the lease of the deliveries to store-now + by.
 	Extend(ctx context.Context, ns string, tokens []Token, by time.Duration) ([]ExtendResult, error)
 	// Reap takes at most limit expired leases of ns back to scheduled with
-	// backoff (or to dead when attempts are used up) and returns how many it
-	// took. Safe to run from every replica at once.
-	Reap(ctx context.Context, ns string, limit int, opts NackOptions) (int, error)
+	// backoff (or to dead when attempts are used up) and returns where each
+	// went. Safe to run from every replica at once.
+	Reap(ctx context.Context, ns string, limit int, opts NackOptions) ([]Moved, error)
 	// NextWake returns the earliest of the namespace's first due time and
 	// first lease deadline, and the store clock now. ok is false when the
 	// namespace has neither.
@@ -50,10 +51,11 @@ type Deliveries interface {
 type DeadLetters interface {
 	// Requeue moves the named dead tasks (or, with all, up to limit of them)
 	// back to scheduled, due after delay, with attempts reset. Ids that are
-	// not dead are skipped. Returns how many moved.
-	Requeue(ctx context.Context, ns string, ids []string, all bool, limit int, delay time.Duration) (int, error)
-	// Purge deletes the named dead tasks (or, with all, up to limit of them).
-	Purge(ctx context.Context, ns string, ids []string, all bool, limit int) (int, error)
+	// not dead are skipped. Returns where each moved task went.
+	Requeue(ctx context.Context, ns string, ids []string, all bool, limit int, delay time.Duration) ([]Moved, error)
+	// Purge deletes the named dead tasks (or, with all, up to limit of them)
+	// and returns the ids it deleted.
+	Purge(ctx context.Context, ns string, ids []string, all bool, limit int) ([]string, error)
 }
 
 // Counter is what stats and quotas need.

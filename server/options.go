@@ -1,0 +1,51 @@
+package server
+
+import (
+	"log/slog"
+
+	"github.com/delayd/delayd/dispatcher"
+	"github.com/delayd/delayd/storage"
+)
+
+// Options are the parts and limits a Server is built from.
+type Options struct {
+	// Logger for request logs and errors. If nil, logs are discarded.
+	Logger *slog.Logger
+
+	// Tasks backs TaskService. Required.
+	Tasks storage.Tasks
+	// Deliveries backs DeliveryService's ack, nack and extend. Required.
+	Deliveries storage.Deliveries
+	// DeadLetters backs NamespaceService's dead-letter RPCs. Required.
+	DeadLetters storage.DeadLetters
+	// Counter backs GetNamespaceStats. Required.
+	Counter storage.Counter
+	// Policies answers each namespace's policy (ack timeout, payload limit,
+	// horizon...). If nil, storage.DefaultPolicy for every namespace.
+	Policies storage.Policies
+	// Dispatcher serves Subscribe streams and is told about upserts that
+	// put an earlier task at the head of a namespace. Required.
+	Dispatcher *dispatcher.Dispatcher
+
+	// Limits bound what one request may ask for.
+	Limits Limits
+
+	// DisableReflection turns off gRPC server reflection. Default: on.
+	DisableReflection bool
+}
+
+// Limits bound requests. Zero fields take the defaults given.
+type Limits struct {
+	// MaxBatch is the most items in one BatchUpsertTasks, AckTasks,
+	// NackTasks or ExtendLease call. If zero, 1,000.
+	MaxBatch int
+	// MaxMessageBytes is the largest gRPC message received. If zero, 16 MiB.
+	MaxMessageBytes int
+	// MaxConcurrentStreams per connection. If zero, 1,000.
+	MaxConcurrentStreams uint32
+	// MaxInFlight is the largest max_in_flight a subscriber may ask for. If
+	// zero, 10,000.
+	MaxInFlight int
+	// DefaultInFlight is used when a subscriber asks for 0. If zero, 64.
+	DefaultInFlight int
+}
