@@ -1,0 +1,398 @@
+// Package tenancy answers, on the hot paths, what the namespace registry says:
+// the effective policy of a namespace (server defaults filled in; the
+// namespace auto-created on first use when the server runs with
+// auto-create) and the API key behind a key id.
+//
+// Answers are cached for a short TTL (1 s unless configured), so a request
+// does not cost a registry round trip, and a policy change or a key
+// revocation made on any replica reaches every replica within the TTL —
+// running dispatchers pick up a new policy without a restart. Changes made
+// through this Registry invalidate this replica's cache at once.
+package tenancy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// Config configures a Registry.
+type Config struct {
+	// Store is where namespaces and keys live (redisstore or mysqlstore).
+	// Required.
+	Store storage.Registry
+	// Defaults are the server defaults a namespace's zero policy fields
+	// take. Zero fields of Defaults take storage.DefaultPolicy's.
+	Defaults storage.Policy
+	// AutoCreate creates an unknown (validly named) namespace with the
+	// default policy the first time its policy is asked for, instead of
+	// answering storage.ErrNotFound. Default off; the embedded mode turns it
+	// on so the quick start needs no admin call.
+	AutoCreate bool
+	// TTL is how long an answer (a policy, a key, or "no such namespace/key")
+	// is served from the cache. If unset or zero, 1 second is used.
+	TTL time.Duration
+	// MaxStale is how long an expired answer keeps being served while the
+	// store cannot be reached, so a registry outage does not fail requests
+	// that the cache can still answer. If unset or zero, 1 minute is used;
+	// negative disables it.
+	MaxStale time.Duration
+	// MaxEntries bounds each cache (policies, keys). When full, expired
+	// entries are swept; if it is still full, answers are not cached. If
+	// unset or zero, 100,000 is used.
+	MaxEntries int
+	// Logger; if nil, logs are discarded.
+	Logger *slog.Logger
+	// Now is the clock the cache expires entries by. If nil, time.Now.
+	Now func() time.Time
+}
+
+// Registry wraps a storage.Registry with the cache. It implements
+// storage.Registry (writes go to the store and invalidate this replica's
+// cache) and storage.Policies. It is safe for concurrent use and has no
+// goroutines of its own.
+type Registry struct {
+	store      storage.Registry
+	defaults   storage.Policy
+	autoCreate bool
+	ttl        time.Duration
+	maxStale   time.Duration
+	logger     *slog.Logger
+	now        func() time.Time
+
+	namespaces *cache[storage.Namespace]
+	keys       *cache[storage.Key]
+}
+
+var (
+	_ storage.Registry = (*Registry)(nil)
+	_ storage.Policies = (*Registry)(nil)
+)
+
+// New returns a Registry over cfg.Store.
+func New(cfg Config) (*Registry, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("tenancy: Config.Store is required")
+	}
+	r := &Registry{
+		store:      cfg.Store,
+		defaults:   Effective(cfg.Defaults, storage.DefaultPolicy()),
+		autoCreate: cfg.AutoCreate,
+		ttl:        cfg.TTL,
+		maxStale:   cfg.MaxStale,
+		logger:     cfg.Logger,
+		now:        cfg.Now,
+	}
+	if r.ttl <= 0 {
+		r.ttl = time.Second
+	}
+	if r.maxStale == 0 {
+		r.maxStale = time.Minute
+	}
+	if r.maxStale < 0 {
+		r.maxStale = 0
+	}
+	if r.logger == nil {
+		r.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	maxEntries := cfg.MaxEntries
+	if maxEntries <= 0 {
+		maxEntries = 100_000
+	}
+	r.namespaces = newCache[storage.Namespace](maxEntries)
+	r.keys = newCache[storage.Key](maxEntries)
+	return r, nil
+}
+
+// AutoCreate reports whether unknown namespaces are created on first use.
+func (r *Registry) AutoCreate() bool { return r.autoCreate }
+
+// Defaults returns the server default policy (every field set).
+func (r *Registry) Defaults() storage.Policy { return r.defaults }
+
+// Effective returns p with every zero field taken from defaults. A zero
+// RateBurst with a positive RateLimit becomes the rate rounded up, at least
+// 1. Limits whose zero means "unlimited" (MaxPendingTasks, RateLimit,
+// MaxSubscribers) take the default's value, which is normally unlimited too.
+func Effective(p, defaults storage.Policy) storage.Policy {
+	if p.AckTimeout <= 0 {
+		p.AckTimeout = defaults.AckTimeout
+	}
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = defaults.MaxAttempts
+	}
+	if p.Backoff.Initial <= 0 {
+		p.Backoff.Initial = defaults.Backoff.Initial
+	}
+	if p.Backoff.Max <= 0 {
+		p.Backoff.Max = defaults.Backoff.Max
+	}
+	if p.Backoff.Multiplier <= 0 {
+		p.Backoff.Multiplier = defaults.Backoff.Multiplier
+	}
+	if p.Backoff.Jitter <= 0 {
+		p.Backoff.Jitter = defaults.Backoff.Jitter
+	}
+	if p.MaxPayloadBytes <= 0 {
+		p.MaxPayloadBytes = defaults.MaxPayloadBytes
+	}
+	if p.MaxPendingTasks <= 0 {
+		p.MaxPendingTasks = defaults.MaxPendingTasks
+	}
+	if p.RateLimit <= 0 {
+		p.RateLimit = defaults.RateLimit
+		if p.RateBurst <= 0 {
+			p.RateBurst = defaults.RateBurst
+		}
+	}
+	if p.RateLimit > 0 && p.RateBurst <= 0 {
+		p.RateBurst = int(math.Max(1, math.Ceil(p.RateLimit)))
+	}
+	if p.MaxSubscribers <= 0 {
+		p.MaxSubscribers = defaults.MaxSubscribers
+	}
+	if p.MaxDelay <= 0 {
+		p.MaxDelay = defaults.MaxDelay
+	}
+	return p
+}
+
+// Policy returns the effective policy of ns (defaults filled in), from the
+// cache when it is fresh. storage.ErrNotFound if ns does not exist and
+// auto-create is off (or ns is not a valid name).
+func (r *Registry) Policy(ctx context.Context, ns string) (storage.Policy, error) {
+	n, err := r.Namespace(ctx, ns)
+	if err != nil {
+		return storage.Policy{}, err
+	}
+	return n.Policy, nil
+}
+
+// Namespace returns ns with its effective policy, from the cache when it is
+// fresh, auto-creating it when configured. storage.ErrNotFound if it does
+// not exist and auto-create is off.
+func (r *Registry) Namespace(ctx context.Context, ns string) (storage.Namespace, error) {
+	return r.namespaces.get(ctx, r, ns, func(ctx context.Context) (storage.Namespace, error) {
+		n, err := r.store.GetNamespace(ctx, ns)
+		if errors.Is(err, storage.ErrNotFound) && r.autoCreate && storage.ValidateNamespace(ns) == nil {
+			n, err = r.store.CreateNamespace(ctx, storage.Namespace{Name: ns})
+			if err == nil {
+				r.logger.LogAttrs(ctx, slog.LevelInfo, "namespace auto-created", slog.String("namespace", ns))
+			} else if errors.Is(err, storage.ErrAlreadyExists) {
+				n, err = r.store.GetNamespace(ctx, ns) // created concurrently elsewhere
+			}
+		}
+		if err != nil {
+			return storage.Namespace{}, err
+		}
+		n.Policy = Effective(n.Policy, r.defaults)
+		return n, nil
+	})
+}
+
+// Key returns the API key with id, from the cache when it is fresh.
+// storage.ErrNotFound if there is none (or it was revoked).
+func (r *Registry) Key(ctx context.Context, id string) (storage.Key, error) {
+	return r.keys.get(ctx, r, id, func(ctx context.Context) (storage.Key, error) {
+		return r.store.GetKey(ctx, id)
+	})
+}
+
+// CreateNamespace implements storage.Registry.
+func (r *Registry) CreateNamespace(ctx context.Context, ns storage.Namespace) (storage.Namespace, error) {
+	n, err := r.store.CreateNamespace(ctx, ns)
+	r.namespaces.forget(ns.Name)
+	return n, err
+}
+
+// GetNamespace implements storage.Registry: it reads the store (no cache)
+// and returns the policy as stored (zero fields = server default).
+func (r *Registry) GetNamespace(ctx context.Context, name string) (storage.Namespace, error) {
+	return r.store.GetNamespace(ctx, name)
+}
+
+// ListNamespaces implements storage.Registry (no cache).
+func (r *Registry) ListNamespaces(ctx context.Context, after string, limit int) ([]storage.Namespace, bool, error) {
+	return r.store.ListNamespaces(ctx, after, limit)
+}
+
+// UpdateNamespace implements storage.Registry and drops the namespace from
+// this replica's cache; other replicas see the change within the TTL.
+func (r *Registry) UpdateNamespace(ctx context.Context, name string, update func(storage.Policy) (storage.Policy, error)) (storage.Namespace, error) {
+	n, err := r.store.UpdateNamespace(ctx, name, update)
+	r.namespaces.forget(name)
+	return n, err
+}
+
+// DeleteNamespace implements storage.Registry and drops the namespace and
+// its keys from this replica's cache.
+func (r *Registry) DeleteNamespace(ctx context.Context, name string) error {
+	err := r.store.DeleteNamespace(ctx, name)
+	r.namespaces.forget(name)
+	r.keys.forgetIf(func(k storage.Key) bool { return k.Namespace == name })
+	return err
+}
+
+// CreateKey implements storage.Registry.
+func (r *Registry) CreateKey(ctx context.Context, k storage.Key) error {
+	err := r.store.CreateKey(ctx, k)
+	r.keys.forget(k.ID)
+	return err
+}
+
+// GetKey implements storage.Registry (no cache).
+func (r *Registry) GetKey(ctx context.Context, id string) (storage.Key, error) {
+	return r.store.GetKey(ctx, id)
+}
+
+// ListKeys implements storage.Registry (no cache).
+func (r *Registry) ListKeys(ctx context.Context, ns string) ([]storage.Key, error) {
+	return r.store.ListKeys(ctx, ns)
+}
+
+// RevokeKey implements storage.Registry. The key stops working on this
+// replica at once and on the others within the TTL.
+func (r *Registry) RevokeKey(ctx context.Context, id string) error {
+	err := r.store.RevokeKey(ctx, id)
+	r.keys.forget(id)
+	return err
+}
+
+// cache is a map of answers with expiry. Concurrent misses of one key share
+// one load. Both values and storage.ErrNotFound are cached; other errors are
+// not (an expired value is served instead, up to maxStale).
+type cache[V any] struct {
+	limit int
+
+	mu      sync.Mutex
+	entries map[string]*entry[V]
+}
+
+type entry[V any] struct {
+	// done is closed when the load in progress finishes; nil when none is.
+	done    chan struct{}
+	val     V
+	err     error // nil or storage.ErrNotFound once loaded
+	loaded  bool
+	expires time.Time
+	stale   time.Time // served on a store error until then
+	// invalid is set when the entry is forgotten while a load is in flight:
+	// that load may have read the store before the change.
+	invalid bool
+}
+
+func newCache[V any](limit int) *cache[V] {
+	return &cache[V]{limit: limit, entries: make(map[string]*entry[V])}
+}
+
+func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(context.Context) (V, error)) (V, error) {
+	for {
+		now := r.now()
+		c.mu.Lock()
+		e := c.entries[k]
+		if e != nil && e.loaded && now.Before(e.expires) {
+			v, err := e.val, e.err
+			c.mu.Unlock()
+			return v, err
+		}
+		if e != nil && e.done != nil {
+			done := e.done
+			c.mu.Unlock()
+			select {
+			case <-done:
+				continue
+			case <-ctx.Done():
+				var zero V
+				return zero, fmt.Errorf("tenancy: %w", ctx.Err())
+			}
+		}
+		if e == nil {
+			e = &entry[V]{}
+			if !c.makeRoomLocked(now) {
+				c.mu.Unlock()
+				return load(ctx) // cache full of live entries: answer uncached
+			}
+			c.entries[k] = e
+		}
+		e.done = make(chan struct{})
+		c.mu.Unlock()
+
+		v, err := load(ctx)
+
+		c.mu.Lock()
+		close(e.done)
+		e.done = nil
+		switch {
+		case err == nil || errors.Is(err, storage.ErrNotFound):
+			if err != nil {
+				var zero V
+				v, err = zero, storage.ErrNotFound
+			}
+			e.val, e.err, e.loaded = v, err, true
+			e.expires = now.Add(r.ttl)
+			e.stale = now.Add(r.ttl + r.maxStale)
+			if e.invalid {
+				e.expires = time.Time{}
+			}
+		case e.loaded && now.Before(e.stale) && ctx.Err() == nil:
+			r.logger.LogAttrs(ctx, slog.LevelWarn, "registry unreachable; serving a cached answer",
+				slog.String("key", k), slog.String("error", err.Error()))
+			v, err = e.val, e.err
+		default:
+			if !e.loaded && c.entries[k] == e {
+				delete(c.entries, k)
+			}
+		}
+		e.invalid = false
+		c.mu.Unlock()
+		return v, err
+	}
+}
+
+// makeRoomLocked reports whether one more entry fits, sweeping entries that
+// are past their stale time when the cache is full.
+func (c *cache[V]) makeRoomLocked(now time.Time) bool {
+	if len(c.entries) < c.limit {
+		return true
+	}
+	for k, e := range c.entries {
+		if e.done == nil && (!e.loaded || !now.Before(e.stale)) {
+			delete(c.entries, k)
+		}
+	}
+	return len(c.entries) < c.limit
+}
+
+func (c *cache[V]) forget(k string) {
+	c.mu.Lock()
+	if e := c.entries[k]; e != nil && e.done == nil {
+		delete(c.entries, k)
+	} else if e != nil {
+		e.invalid = true // a load in flight may predate the change
+	}
+	c.mu.Unlock()
+}
+
+func (c *cache[V]) forgetIf(match func(V) bool) {
+	c.mu.Lock()
+	for k, e := range c.entries {
+		if e.loaded && match(e.val) {
+			if e.done == nil {
+				delete(c.entries, k)
+			} else {
+				e.invalid = true
+			}
+		}
+	}
+	c.mu.Unlock()
+}
