@@ -1,0 +1,140 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"syscall"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// Messages clients see for store failures. They are fixed text: a store's
+// own error text (addresses, commands, driver messages) never reaches a
+// client; it goes to the log.
+const (
+	msgUnavailable = "store unavailable, safe to retry"
+	msgInternal    = "internal error; it has been logged"
+	msgNotFound    = "not found"
+	msgExists      = "already exists"
+	msgQuota       = "namespace quota exceeded: max_pending_tasks reached"
+	msgNotEmpty    = "namespace not empty: remove or purge its tasks first"
+	msgStale       = "stale generation: the task changed concurrently; retry"
+)
+
+// fieldError is a client mistake in one request field. Its text names the
+// field and says what is allowed; toStatus turns it into InvalidArgument.
+type fieldError struct {
+	field string // e.g. "tasks[3].id"
+	msg   string // e.g. "is required: 1-128 characters of [A-Za-z0-9._-]"
+}
+
+func (e *fieldError) Error() string { return e.field + " " + e.msg }
+
+// invalidf returns a fieldError for field with a formatted message. The
+// message follows the field name: invalidf("page_size", "is %d; allowed: 0-1000", n)
+// reads "page_size is -1; allowed: 0-1000".
+func invalidf(field, format string, args ...any) error {
+	return &fieldError{field: field, msg: fmt.Sprintf(format, args...)}
+}
+
+// invalidWrap returns a fieldError for field whose message is err's text.
+// Use it only with errors written for clients (the storage name validators).
+func invalidWrap(field string, err error) error {
+	return &fieldError{field: field, msg: err.Error()}
+}
+
+// toStatus is THE mapping from an error to the gRPC status a client sees.
+// Every handler in this package returns its errors through it.
+//
+//   - a *fieldError (validation)          → InvalidArgument, its text
+//   - an error that already is a status   → unchanged
+//   - ctx (the request's) ended           → Canceled / DeadlineExceeded
+//   - storage.ErrNotFound                 → NotFound
+//   - storage.ErrUnavailable, a deadline of a store call, a network error
+//     → Unavailable "store unavailable, safe to retry"
+//   - storage.ErrQuotaExceeded            → ResourceExhausted
+//   - storage.ErrAlreadyExists            → AlreadyExists
+//   - storage.ErrNotEmpty                 → FailedPrecondition
+//   - storage.ErrStale                    → Aborted
+//   - anything else                       → Internal, generic message
+//
+// Only messages written in this package reach the client; whenever the code
+// is Unavailable or Internal the real error is logged with the method name.
+// toStatus(ctx, logger, nil) is nil.
+func toStatus(ctx context.Context, logger *slog.Logger, err error) error {
+	if err == nil {
+		return nil
+	}
+	var fe *fieldError
+	if errors.As(err, &fe) {
+		return status.Error(codes.InvalidArgument, fe.Error())
+	}
+	if _, ok := err.(interface{ GRPCStatus() *status.Status }); ok {
+		return err
+	}
+	code, msg := classify(err)
+	if code == codes.Unavailable || code == codes.Internal {
+		// The request's own deadline or cancellation is the client's doing,
+		// not the store's; say so instead of blaming the store.
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return status.FromContextError(ctxErr).Err()
+		}
+		logError(ctx, logger, code, err)
+	}
+	return status.Error(code, msg)
+}
+
+// classify picks the code and the client-safe message for err.
+func classify(err error) (codes.Code, string) {
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return codes.NotFound, msgNotFound
+	case errors.Is(err, storage.ErrQuotaExceeded):
+		return codes.ResourceExhausted, msgQuota
+	case errors.Is(err, storage.ErrAlreadyExists):
+		return codes.AlreadyExists, msgExists
+	case errors.Is(err, storage.ErrNotEmpty):
+		return codes.FailedPrecondition, msgNotEmpty
+	case errors.Is(err, storage.ErrStale):
+		return codes.Aborted, msgStale
+	case isUnavailable(err):
+		return codes.Unavailable, msgUnavailable
+	default:
+		return codes.Internal, msgInternal
+	}
+}
+
+// isUnavailable reports whether err means a store could not be reached in
+// time. Stores wrap such errors with storage.ErrUnavailable; the other cases
+// are a safety net for a store that forgot to.
+func isUnavailable(err error) bool {
+	if errors.Is(err, storage.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+func logError(ctx context.Context, logger *slog.Logger, code codes.Code, err error) {
+	if logger == nil {
+		return
+	}
+	method, _ := grpc.Method(ctx)
+	level := slog.LevelError
+	if code == codes.Unavailable {
+		level = slog.LevelWarn
+	}
+	logger.LogAttrs(ctx, level, "request failed",
+		slog.String("grpc.method", method),
+		slog.String("grpc.code", code.String()),
+		slog.String("error", err.Error()))
+}

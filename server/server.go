@@ -1,0 +1,236 @@
+// Package server is delayd's gRPC edge: it validates requests, converts
+// between the delayd.v1 wire types and the storage domain types, maps errors
+// to status codes (one function, toStatus) and serves TaskService,
+// DeliveryService and NamespaceService, plus the standard health service and
+// server reflection.
+//
+// A Server is built once with New, serves one listener with Serve, and is
+// stopped once with GracefulStop.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
+)
+
+// Defaults of Limits, used where a field is zero.
+const (
+	defaultMaxBatch             = 1000
+	defaultMaxMessageBytes      = 16 << 20
+	defaultMaxConcurrentStreams = 1000
+	defaultMaxInFlight          = 10000
+	defaultDefaultInFlight      = 64
+)
+
+// Connection keepalive. Subscribers hold long streams, so the server pings
+// idle connections to find dead peers, and lets clients ping it no more
+// often than keepaliveMinClientPing (a client pinging faster is sent
+// GOAWAY, as gRPC's enforcement policy prescribes).
+const (
+	keepalivePing          = time.Minute
+	keepalivePingTimeout   = 20 * time.Second
+	keepaliveMinClientPing = 10 * time.Second
+)
+
+// ServiceNames are the delayd services a Server registers, in the form the
+// health and reflection services use.
+var ServiceNames = []string{
+	delaydv1.TaskService_ServiceDesc.ServiceName,
+	delaydv1.DeliveryService_ServiceDesc.ServiceName,
+	delaydv1.NamespaceService_ServiceDesc.ServiceName,
+}
+
+// Server is delayd's gRPC server. Its methods are safe for concurrent use.
+type Server struct {
+	grpc   *grpc.Server
+	health *health.Server
+	logger *slog.Logger
+}
+
+// New builds a Server from opts: interceptors (panic recovery first, then
+// request logging without payloads), message and stream limits, keepalive
+// enforcement, the three delayd services, the health service (starting
+// NOT_SERVING until SetServing(true)) and, unless opts.DisableReflection,
+// server reflection. Zero Limits take their documented defaults.
+func New(opts Options) (*Server, error) {
+	if opts.Tasks == nil {
+		return nil, errors.New("server: Options.Tasks is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.Policies == nil {
+		opts.Policies = storage.StaticPolicies{P: storage.DefaultPolicy()}
+	}
+	opts.Limits = opts.Limits.withDefaults()
+
+	logger := opts.Logger
+	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		method, _ := grpc.Method(ctx)
+		logger.ErrorContext(ctx, "panic in handler", "grpc.method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, msgInternal)
+	})
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall), // never PayloadReceived/PayloadSent
+		logging.WithDurationField(logging.DurationToTimeMillisFields),
+	}
+	reqLogger := interceptorLogger(logger)
+
+	gs := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(
+			recovery.UnaryServerInterceptor(recoverOpt),
+			logging.UnaryServerInterceptor(reqLogger, logOpts...),
+			namespaceFieldUnary,
+		),
+		grpc.ChainStreamInterceptor(
+			recovery.StreamServerInterceptor(recoverOpt),
+			logging.StreamServerInterceptor(reqLogger, logOpts...),
+			namespaceFieldStream,
+		),
+		grpc.MaxRecvMsgSize(opts.Limits.MaxMessageBytes),
+		grpc.MaxSendMsgSize(opts.Limits.MaxMessageBytes),
+		grpc.MaxConcurrentStreams(opts.Limits.MaxConcurrentStreams),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepalivePing, Timeout: keepalivePingTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinClientPing, PermitWithoutStream: true}),
+	)
+
+	delaydv1.RegisterTaskServiceServer(gs, newTaskService(opts))
+	delaydv1.RegisterDeliveryServiceServer(gs, newDeliveryService(opts))
+	delaydv1.RegisterNamespaceServiceServer(gs, newNamespaceService(opts))
+
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	if !opts.DisableReflection {
+		reflection.Register(gs)
+	}
+
+	s := &Server{grpc: gs, health: hs, logger: logger}
+	s.SetServing(false)
+	return s, nil
+}
+
+// withDefaults fills zero fields with their documented defaults.
+func (l Limits) withDefaults() Limits {
+	if l.MaxBatch <= 0 {
+		l.MaxBatch = defaultMaxBatch
+	}
+	if l.MaxMessageBytes <= 0 {
+		l.MaxMessageBytes = defaultMaxMessageBytes
+	}
+	if l.MaxConcurrentStreams == 0 {
+		l.MaxConcurrentStreams = defaultMaxConcurrentStreams
+	}
+	if l.MaxInFlight <= 0 {
+		l.MaxInFlight = defaultMaxInFlight
+	}
+	if l.DefaultInFlight <= 0 {
+		l.DefaultInFlight = defaultDefaultInFlight
+	}
+	return l
+}
+
+// SetServing sets the health status of the whole server ("") and of every
+// delayd service: SERVING when serving is true, NOT_SERVING otherwise. The
+// daemon reports NOT_SERVING while it starts or rebuilds its index and once
+// shutdown begins. After GracefulStop has begun, the status stays NOT_SERVING.
+func (s *Server) SetServing(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	for _, name := range ServiceNames {
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+// Serve accepts connections on lis until GracefulStop. It returns nil after
+// a stop and the listener's error otherwise.
+func (s *Server) Serve(lis net.Listener) error {
+	if err := s.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// GracefulStop reports NOT_SERVING, stops accepting connections and waits
+// for running calls to finish; when ctx ends first, it closes every
+// connection at once (calls still running fail with Unavailable). It returns
+// when the server has stopped; the error is ctx's when the drain was cut short.
+func (s *Server) GracefulStop(ctx context.Context) error {
+	s.health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.logger.Warn("graceful stop timed out; closing remaining connections", "reason", ctx.Err())
+		s.grpc.Stop()
+		<-done
+		return fmt.Errorf("graceful stop: %w", ctx.Err())
+	}
+}
+
+// interceptorLogger adapts slog to the logging middleware.
+func interceptorLogger(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		l.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+}
+
+// namespaced is any request that names a namespace.
+type namespaced interface{ GetNamespace() string }
+
+// namespaceFieldUnary adds the request's namespace (never its payload) to
+// the request log line written by the logging interceptor.
+func namespaceFieldUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if r, ok := req.(namespaced); ok && r.GetNamespace() != "" {
+		logging.AddFields(ctx, logging.Fields{"namespace", r.GetNamespace()})
+	}
+	return handler(ctx, req)
+}
+
+// namespaceFieldStream does what namespaceFieldUnary does for the first
+// message of a stream (a Subscribe request).
+func namespaceFieldStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &namespaceStream{ServerStream: ss})
+}
+
+type namespaceStream struct {
+	grpc.ServerStream
+	seen bool
+}
+
+func (s *namespaceStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if err == nil && !s.seen {
+		s.seen = true
+		if r, ok := m.(namespaced); ok && r.GetNamespace() != "" {
+			logging.AddFields(s.Context(), logging.Fields{"namespace", r.GetNamespace()})
+		}
+	}
+	return err
+}

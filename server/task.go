@@ -1,0 +1,242 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/delayd/delayd/dispatcher"
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
+)
+
+// taskService implements delaydv1.TaskServiceServer over a storage.Tasks.
+// It validates every request before the store sees it, asks the namespace's
+// policy for payload and horizon limits, and tells the dispatcher when an
+// upsert put an earlier task at the head of a namespace.
+type taskService struct {
+	delaydv1.UnimplementedTaskServiceServer
+
+	tasks      storage.Tasks
+	policies   storage.Policies
+	dispatcher *dispatcher.Dispatcher // nil: nobody to notify
+	logger     *slog.Logger
+	maxBatch   int
+	now        func() time.Time
+}
+
+func newTaskService(opts Options) *taskService {
+	return &taskService{
+		tasks:      opts.Tasks,
+		policies:   opts.Policies,
+		dispatcher: opts.Dispatcher,
+		logger:     opts.Logger,
+		maxBatch:   opts.Limits.MaxBatch,
+		now:        time.Now,
+	}
+}
+
+// UpsertTask creates or replaces one task.
+func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRequest) (*delaydv1.UpsertTaskResponse, error) {
+	ns := req.GetNamespace()
+	if err := validateNamespace("namespace", ns); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	pol, err := s.policy(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := upsertSpec("", req, "", pol, s.now())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	results, err := s.tasks.Upsert(ctx, ns, []storage.UpsertSpec{spec})
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("upsert: %w", err))
+	}
+	if len(results) != 1 {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("upsert: store returned %d results for 1 spec", len(results)))
+	}
+	r := results[0]
+	if r.Earliest {
+		s.notify(ns)
+	}
+	return &delaydv1.UpsertTaskResponse{Task: taskToProto(r.Task), Created: r.Created}, nil
+}
+
+// BatchUpsertTasks validates every item, upserts the valid ones in one store
+// call and answers per item in request order. An invalid item fails only
+// itself; the call fails as a whole only when the namespace or the batch
+// size is invalid or the store call fails.
+func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchUpsertTasksRequest) (*delaydv1.BatchUpsertTasksResponse, error) {
+	ns := req.GetNamespace()
+	if err := validateNamespace("namespace", ns); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	items := req.GetTasks()
+	if err := validateBatchSize("tasks", len(items), s.maxBatch); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	pol, err := s.policy(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+
+	out := make([]*delaydv1.BatchUpsertTaskResult, len(items))
+	specs := make([]storage.UpsertSpec, 0, len(items))
+	index := make([]int, 0, len(items)) // index[k] is the item specs[k] came from
+	now := s.now()
+	for i, item := range items {
+		spec, err := upsertSpec(fmt.Sprintf("tasks[%d].", i), item, ns, pol, now)
+		if err != nil {
+			st, _ := status.FromError(toStatus(ctx, s.logger, err))
+			out[i] = &delaydv1.BatchUpsertTaskResult{Error: &delaydv1.ItemError{Code: int32(st.Code()), Message: st.Message()}}
+			continue
+		}
+		specs = append(specs, spec)
+		index = append(index, i)
+	}
+	if len(specs) > 0 {
+		results, err := s.tasks.Upsert(ctx, ns, specs)
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("batch upsert: %w", err))
+		}
+		if len(results) != len(specs) {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("batch upsert: store returned %d results for %d specs", len(results), len(specs)))
+		}
+		earliest := false
+		for k, r := range results {
+			out[index[k]] = &delaydv1.BatchUpsertTaskResult{Task: taskToProto(r.Task), Created: r.Created}
+			earliest = earliest || r.Earliest
+		}
+		if earliest {
+			s.notify(ns)
+		}
+	}
+	return &delaydv1.BatchUpsertTasksResponse{Results: out}, nil
+}
+
+// RemoveTask deletes a task in any state; a missing task is removed=false.
+func (s *taskService) RemoveTask(ctx context.Context, req *delaydv1.RemoveTaskRequest) (*delaydv1.RemoveTaskResponse, error) {
+	ns, id := req.GetNamespace(), req.GetId()
+	if err := validateNamespaceAndID(ns, id); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	prev, err := s.tasks.Remove(ctx, ns, id)
+	if errors.Is(err, storage.ErrNotFound) {
+		return &delaydv1.RemoveTaskResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("remove: %w", err))
+	}
+	return &delaydv1.RemoveTaskResponse{Removed: true, PreviousState: delaydv1.TaskState(prev)}, nil
+}
+
+// GetTask returns one task or NotFound.
+func (s *taskService) GetTask(ctx context.Context, req *delaydv1.GetTaskRequest) (*delaydv1.GetTaskResponse, error) {
+	ns, id := req.GetNamespace(), req.GetId()
+	if err := validateNamespaceAndID(ns, id); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	t, err := s.tasks.Get(ctx, ns, id)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "task %q not found in namespace %q", id, ns)
+	}
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("get: %w", err))
+	}
+	return &delaydv1.GetTaskResponse{Task: taskToProto(t)}, nil
+}
+
+// ListTasks returns one page of the tasks of one state.
+func (s *taskService) ListTasks(ctx context.Context, req *delaydv1.ListTasksRequest) (*delaydv1.ListTasksResponse, error) {
+	ns := req.GetNamespace()
+	if err := validateNamespace("namespace", ns); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	state, err := listState(req.GetState())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	cursor, err := decodePageToken(req.GetPageToken(), ns, state)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	tasks, next, err := s.tasks.List(ctx, ns, state, size, cursor)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("list: %w", err))
+	}
+	resp := &delaydv1.ListTasksResponse{
+		Tasks:         make([]*delaydv1.Task, len(tasks)),
+		NextPageToken: encodePageToken(ns, state, next),
+	}
+	for i, t := range tasks {
+		resp.Tasks[i] = taskToProto(t)
+	}
+	return resp, nil
+}
+
+// policy returns the namespace's policy, or a status error to return as is.
+func (s *taskService) policy(ctx context.Context, ns string) (storage.Policy, error) {
+	if s.policies == nil {
+		return storage.DefaultPolicy(), nil
+	}
+	pol, err := s.policies.Policy(ctx, ns)
+	if errors.Is(err, storage.ErrNotFound) {
+		return storage.Policy{}, status.Errorf(codes.NotFound, "namespace %q not found", ns)
+	}
+	if err != nil {
+		return storage.Policy{}, toStatus(ctx, s.logger, fmt.Errorf("policy: %w", err))
+	}
+	return pol, nil
+}
+
+func (s *taskService) notify(ns string) {
+	if s.dispatcher != nil {
+		s.dispatcher.Notify(ns)
+	}
+}
+
+func validateNamespaceAndID(ns, id string) error {
+	if err := validateNamespace("namespace", ns); err != nil {
+		return err
+	}
+	return validateTaskID("id", id)
+}
+
+// taskToProto converts a stored task to its wire form; zero times are left
+// unset.
+func taskToProto(t storage.Task) *delaydv1.Task {
+	return &delaydv1.Task{
+		Namespace:     t.Namespace,
+		Id:            t.ID,
+		Kind:          t.Kind,
+		Payload:       t.Payload,
+		DueTime:       timeToProto(t.DueTime),
+		State:         delaydv1.TaskState(t.State),
+		Attempt:       t.Attempt,
+		Generation:    t.Generation,
+		CreateTime:    timeToProto(t.CreateTime),
+		UpdateTime:    timeToProto(t.UpdateTime),
+		LastError:     t.LastError,
+		LeaseDeadline: timeToProto(t.LeaseDeadline),
+		DeadTime:      timeToProto(t.DeadTime),
+	}
+}
+
+func timeToProto(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}

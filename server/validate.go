@@ -1,0 +1,212 @@
+package server
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
+)
+
+// Request limits that are not per namespace.
+const (
+	// maxKindLen is the most characters (not bytes) a kind may have.
+	maxKindLen = 128
+	// defaultPageSize is used when ListTasks asks for page_size 0.
+	defaultPageSize = 100
+	// maxPageSize is the largest page ListTasks serves.
+	maxPageSize = 1000
+	// maxPageTokenLen bounds a page token before it is decoded.
+	maxPageTokenLen = 4096
+)
+
+// Validation happens at the edge, before any store call. Every error is a
+// *fieldError naming the field (with its index inside a batch, e.g.
+// "tasks[3].id") and what is allowed.
+
+func validateNamespace(field, ns string) error {
+	if err := storage.ValidateNamespace(ns); err != nil {
+		return invalidWrap(field, err)
+	}
+	return nil
+}
+
+func validateTaskID(field, id string) error {
+	if err := storage.ValidateTaskID(id); err != nil {
+		return invalidWrap(field, err)
+	}
+	return nil
+}
+
+// validateKind accepts "" or up to maxKindLen printable characters of valid
+// UTF-8 (no control characters).
+func validateKind(field, kind string) error {
+	if !utf8.ValidString(kind) {
+		return invalidf(field, "is not valid UTF-8; allowed: at most %d printable characters", maxKindLen)
+	}
+	if n := utf8.RuneCountInString(kind); n > maxKindLen {
+		return invalidf(field, "is %d characters long; at most %d printable characters are allowed", n, maxKindLen)
+	}
+	for i, r := range kind {
+		if !unicode.IsPrint(r) {
+			return invalidf(field, "has the non-printable character %U at byte %d; allowed: at most %d printable characters", r, i, maxKindLen)
+		}
+	}
+	return nil
+}
+
+func validatePayload(field string, payload []byte, limit int) error {
+	if limit > 0 && len(payload) > limit {
+		return invalidf(field, "is %d bytes; at most %d bytes are allowed in this namespace", len(payload), limit)
+	}
+	return nil
+}
+
+// upsertSpec validates one UpsertTaskRequest and turns it into a store spec.
+// prefix is "" for UpsertTask and "tasks[i]." inside a batch; batchNS is the
+// batch's namespace ("" for UpsertTask, where req.Namespace is checked by the
+// caller). now is the server clock, used only for the horizon check: the
+// store resolves delays with its own clock.
+func upsertSpec(prefix string, req *delaydv1.UpsertTaskRequest, batchNS string, pol storage.Policy, now time.Time) (storage.UpsertSpec, error) {
+	if batchNS != "" && req.GetNamespace() != "" && req.GetNamespace() != batchNS {
+		return storage.UpsertSpec{}, invalidf(prefix+"namespace", "is %q; it must be empty or equal the batch namespace %q", req.GetNamespace(), batchNS)
+	}
+	if err := validateTaskID(prefix+"id", req.GetId()); err != nil {
+		return storage.UpsertSpec{}, err
+	}
+	if err := validateKind(prefix+"kind", req.GetKind()); err != nil {
+		return storage.UpsertSpec{}, err
+	}
+	if err := validatePayload(prefix+"payload", req.GetPayload(), pol.MaxPayloadBytes); err != nil {
+		return storage.UpsertSpec{}, err
+	}
+	spec := storage.UpsertSpec{ID: req.GetId(), Kind: req.GetKind(), Payload: req.GetPayload()}
+	switch w := req.GetWhen().(type) {
+	case *delaydv1.UpsertTaskRequest_DueTime:
+		if err := w.DueTime.CheckValid(); err != nil {
+			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is not a valid timestamp; allowed: 0001-01-01 to 9999-12-31 UTC")
+		}
+		due := w.DueTime.AsTime()
+		if pol.MaxDelay > 0 && due.Sub(now) > pol.MaxDelay {
+			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is %s ahead; at most %s ahead (the namespace's horizon) is allowed",
+				humanDuration(due.Sub(now)), humanDuration(pol.MaxDelay))
+		}
+		// A time in the past means due now. 0001-01-01T00:00:00Z becomes the
+		// zero time.Time, which a store reads as "use Delay" (0): due now too.
+		spec.DueTime = due
+	case *delaydv1.UpsertTaskRequest_Delay:
+		if err := w.Delay.CheckValid(); err != nil {
+			return storage.UpsertSpec{}, invalidf(prefix+"delay", "is not a valid duration; allowed: 0 to the namespace's horizon (%s)", humanDuration(pol.MaxDelay))
+		}
+		d := w.Delay.AsDuration()
+		if d < 0 {
+			return storage.UpsertSpec{}, invalidf(prefix+"delay", "is %s; it must not be negative (use 0s for due now)", d)
+		}
+		if pol.MaxDelay > 0 && d > pol.MaxDelay {
+			return storage.UpsertSpec{}, invalidf(prefix+"delay", "is %s; at most %s (the namespace's horizon) is allowed",
+				humanDuration(d), humanDuration(pol.MaxDelay))
+		}
+		spec.Delay = d
+	default:
+		return storage.UpsertSpec{}, invalidf(prefix+"due_time", "or %sdelay is required: set exactly one of them", prefix)
+	}
+	return spec, nil
+}
+
+// validateBatchSize checks the number of items of a batch call.
+func validateBatchSize(field string, n, limit int) error {
+	if n == 0 {
+		return invalidf(field, "is empty; 1-%d items are allowed", limit)
+	}
+	if n > limit {
+		return invalidf(field, "has %d items; at most %d are allowed", n, limit)
+	}
+	return nil
+}
+
+// pageSize resolves ListTasks' page_size: 0 means defaultPageSize.
+func pageSize(n int32) (int, error) {
+	switch {
+	case n == 0:
+		return defaultPageSize, nil
+	case n < 0 || n > maxPageSize:
+		return 0, invalidf("page_size", "is %d; allowed: 1-%d, or 0 for %d", n, maxPageSize, defaultPageSize)
+	}
+	return int(n), nil
+}
+
+// listState resolves ListTasks' state: UNSPECIFIED means SCHEDULED.
+func listState(s delaydv1.TaskState) (storage.State, error) {
+	switch s {
+	case delaydv1.TaskState_TASK_STATE_UNSPECIFIED, delaydv1.TaskState_TASK_STATE_SCHEDULED:
+		return storage.StateScheduled, nil
+	case delaydv1.TaskState_TASK_STATE_DELIVERED:
+		return storage.StateDelivered, nil
+	case delaydv1.TaskState_TASK_STATE_DEAD:
+		return storage.StateDead, nil
+	}
+	return 0, invalidf("state", "is %d; allowed: TASK_STATE_SCHEDULED, TASK_STATE_DELIVERED, TASK_STATE_DEAD (UNSPECIFIED means SCHEDULED)", int32(s))
+}
+
+// pageToken is what an opaque ListTasks page token carries: the store's
+// cursor, bound to the namespace and state it was issued for, so a token
+// from another list is rejected instead of silently paging the wrong set.
+// The store still treats the cursor as untrusted input: the token is not
+// signed, and a token can only ever page through its request's namespace.
+type pageToken struct {
+	V      int    `json:"v"`
+	NS     string `json:"n"`
+	State  uint8  `json:"s"`
+	Cursor string `json:"c"`
+}
+
+const pageTokenVersion = 1
+
+func encodePageToken(ns string, state storage.State, cursor string) string {
+	if cursor == "" {
+		return ""
+	}
+	b, _ := json.Marshal(pageToken{V: pageTokenVersion, NS: ns, State: uint8(state), Cursor: cursor})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// decodePageToken returns the store cursor in token, which must have been
+// issued for ns and state. "" decodes to "" (the first page).
+func decodePageToken(token, ns string, state storage.State) (string, error) {
+	if token == "" {
+		return "", nil
+	}
+	const again = "; start again with an empty page_token"
+	if len(token) > maxPageTokenLen {
+		return "", invalidf("page_token", "is not a token this server issued"+again)
+	}
+	b, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil {
+		return "", invalidf("page_token", "is not a token this server issued"+again)
+	}
+	var pt pageToken
+	if err := json.Unmarshal(b, &pt); err != nil || pt.V != pageTokenVersion || pt.Cursor == "" {
+		return "", invalidf("page_token", "is not a token this server issued"+again)
+	}
+	if pt.NS != ns || pt.State != uint8(state) {
+		return "", invalidf("page_token", "was issued for another namespace or state"+again)
+	}
+	return pt.Cursor, nil
+}
+
+// humanDuration prints whole days as "366 days" and the rest as
+// time.Duration does.
+func humanDuration(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d >= day && d%day == 0 {
+		return fmt.Sprintf("%d days", d/day)
+	}
+	if d > day {
+		return fmt.Sprintf("%.1f days", d.Hours()/24)
+	}
+	return d.String()
+}
