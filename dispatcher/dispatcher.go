@@ -2,22 +2,114 @@
 // it pops by credit, sleeps until the earliest due time, wakes on upserts
 // from any replica, reaps expired leases and applies retry backoff.
 //
-// This file is the seam the server and the daemon code against; the delivery
-// work fills it in.
+// # Model
+//
+// A subscriber (one gRPC Subscribe stream) is served by [Dispatcher.Serve],
+// which runs in the stream's own goroutine and is the only caller of its
+// Send: one sender per stream. Each stream has credit = max_in_flight minus
+// the deliveries it holds unacked. Per namespace with at least one local
+// subscriber, one loop goroutine pops at most the namespace's total free
+// credit (so a replica with no subscriber for a namespace never pops it),
+// spreads the deliveries round robin over the streams with free credit, and
+// hands each to the stream through a channel whose capacity is the stream's
+// max_in_flight. A push never blocks and never drops: a stream only receives
+// what its credit and its channel can take, so a slow subscriber holds up
+// only itself.
+//
+// # Credit
+//
+// A stream's credit comes back when, on this replica, an ack or nack names
+// one of its deliveries ([Dispatcher.Settle], called by the delivery RPCs
+// whatever the per-token answer), or when the delivery's lease runs out by
+// the local estimate of the deadline (the store's reaper then retries the
+// task). An ack sent to another replica is not seen here: the credit comes
+// back at lease expiry. Clients should therefore ack over the connection
+// they subscribed on (the Go client does). [Dispatcher.LeaseExtended] moves
+// the local estimate when a lease is extended here.
+//
+// # Timing
+//
+// Each namespace loop sleeps until the store's NextWake (the earlier of the
+// first due time and the first lease deadline, measured against the store's
+// clock, so the local clock's offset does not matter), and wakes early on
+// [Dispatcher.Notify] (a local upsert), on a storage.Wakeups notice (an
+// upsert on any replica), when credit comes back while due tasks wait, and
+// at the latest after Config.SafetyPoll. Due-ness is decided by the store's
+// Pop (Redis TIME), never by this package. An idle dispatcher blocks in
+// select: no busy loop.
+//
+// # Leases
+//
+// A stream that ends hands back what it holds at once: a Nack with
+// RetryAfter 0 and the reason "subscriber stream closed". Deliveries popped
+// for a stream but never sent to it are handed back without counting
+// towards max attempts. Each namespace loop also reaps the namespace's
+// expired leases (Store.Reap, safe on every replica at once), and, when
+// Config.Namespaces is set, a slower sweep reaps every namespace this
+// replica does not serve. Policies are re-read every Config.PolicyRefresh.
+//
+// # Shutdown
+//
+// Stop stops the namespace loops (a pop in progress completes and is
+// distributed), then hands back every delivery the streams hold, then ends
+// every Serve with [ErrStopped] (the server answers Unavailable "reconnect"),
+// then stops the wake-up subscription and the sweeper, waiting for each.
 package dispatcher
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"math"
+	"sync"
 	"time"
 
 	"github.com/delayd/delayd/storage"
 )
 
+// ErrStopped is returned by Serve when the dispatcher is not running
+// (before Start, or being stopped): the subscriber should reconnect,
+// possibly to another replica.
+var ErrStopped = errors.New("dispatcher stopped")
+
 // Store is what the dispatcher needs from the task index.
 type Store interface {
 	storage.Deliveries
 }
+
+// NamespaceLister lists every namespace known to the store, so the lease
+// reaper can sweep namespaces this replica has no subscriber for.
+type NamespaceLister interface {
+	// Namespaces returns the names of all namespaces.
+	Namespaces(ctx context.Context) ([]string, error)
+}
+
+// Clock tells the time on the Go side. Only local lease estimates and the
+// policy refresh read it; due-ness is decided by the store's clock.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Reasons stored as a task's last error when the dispatcher gives a delivery
+// back.
+const (
+	// ReasonStreamClosed: the subscriber's stream ended while it held the
+	// delivery.
+	ReasonStreamClosed = "subscriber stream closed"
+	// ReasonShutdown: the server shut down while the stream held the delivery.
+	ReasonShutdown = "server shutting down"
+	// ReasonNoSubscriber: the task was popped for a stream that ended before
+	// it could be handed over; it was never sent.
+	ReasonNoSubscriber = "no subscriber"
+	// ReasonLeaseExpired: the lease ran out before an ack.
+	ReasonLeaseExpired = "lease expired"
+)
 
 // Config configures a Dispatcher.
 type Config struct {
@@ -28,30 +120,455 @@ type Config struct {
 	Wakeups storage.Wakeups
 	// Policies answers each namespace's policy. If nil, storage.DefaultPolicy.
 	Policies storage.Policies
+	// Namespaces, if set, lets the reaper sweep every namespace every
+	// SweepInterval, including those this replica has no subscriber for. If
+	// nil, only namespaces with a local subscriber are reaped (by their
+	// loops), which is enough for delivery: a namespace without subscribers
+	// delivers nothing anyway, and its loop reaps at once when one connects.
+	Namespaces NamespaceLister
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
+	// Clock reads local time. If nil, the system clock.
+	Clock Clock
 	// SafetyPoll is the slow poll that catches a missed wake-up. If unset or
 	// zero, 1 second is used.
 	SafetyPoll time.Duration
+	// PopBatch is the most tasks one Pop call moves. If unset or zero, 500.
+	PopBatch int
+	// ReapBatch is the most expired leases one Reap call takes back. If unset
+	// or zero, 500.
+	ReapBatch int
+	// PolicyRefresh is how often a namespace's policy is re-read, so policy
+	// changes apply without a restart. If unset or zero, 10 seconds.
+	PolicyRefresh time.Duration
+	// SweepInterval is how often every namespace is reaped when Namespaces
+	// is set. If unset or zero, 30 seconds.
+	SweepInterval time.Duration
+	// StoreTimeout bounds each store call. If unset or zero, 5 seconds.
+	StoreTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
+	if c.SafetyPoll <= 0 {
+		c.SafetyPoll = time.Second
+	}
+	if c.PopBatch <= 0 {
+		c.PopBatch = 500
+	}
+	if c.ReapBatch <= 0 {
+		c.ReapBatch = 500
+	}
+	if c.PolicyRefresh <= 0 {
+		c.PolicyRefresh = 10 * time.Second
+	}
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = 30 * time.Second
+	}
+	if c.StoreTimeout <= 0 {
+		c.StoreTimeout = 5 * time.Second
+	}
 }
 
 // Dispatcher pushes due tasks to subscribers. Start it once, Stop it once.
+// Its methods are safe for concurrent use.
 type Dispatcher struct {
 	cfg Config
+	log *slog.Logger
+
+	// base is the context of store calls: never canceled by Stop, so a call
+	// in progress completes (each call has its own StoreTimeout).
+	base context.Context
+	// cancel ends the wake-up subscription and the sweeper.
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	state    int // stateNew, stateRunning, stateStopped
+	nss      map[string]*namespace
+	loops    sync.WaitGroup // namespace loops
+	bg       sync.WaitGroup // wake-up subscription and sweeper
+	serving  sync.WaitGroup // Serve calls
+	streamID uint64
 }
+
+const (
+	stateNew = iota
+	stateRunning
+	stateStopped
+)
 
 // New returns a Dispatcher; it does nothing until Start.
 func New(cfg Config) (*Dispatcher, error) {
-	return &Dispatcher{cfg: cfg}, nil
+	if cfg.Store == nil {
+		return nil, errors.New("dispatcher: Config.Store is required")
+	}
+	cfg.setDefaults()
+	return &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace)}, nil
 }
 
-// Start begins the dispatcher's background work; it returns at once.
-func (d *Dispatcher) Start(ctx context.Context) error { return nil }
+// Start begins the dispatcher's background work (the wake-up subscription
+// and the sweeper); it returns at once. Namespace loops start with their
+// first subscriber. ctx's values are kept for store calls; its cancellation
+// does not stop the dispatcher: Stop does.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state != stateNew {
+		return errors.New("dispatcher: Start called twice")
+	}
+	d.state = stateRunning
+	d.base = context.WithoutCancel(ctx)
+	bgCtx, cancel := context.WithCancel(d.base)
+	d.cancel = cancel
+	if d.cfg.Wakeups != nil {
+		d.bg.Add(1)
+		go d.runWakeups(bgCtx)
+	}
+	if d.cfg.Namespaces != nil {
+		d.bg.Add(1)
+		go d.runSweeper(bgCtx)
+	}
+	return nil
+}
 
 // Stop stops popping, hands back what streams still hold, ends the streams
-// and waits for every goroutine, or until ctx is done.
-func (d *Dispatcher) Stop(ctx context.Context) error { return nil }
+// (their Serve returns ErrStopped) and waits for every goroutine, or until
+// ctx is done (then it returns ctx's error; handing back uses ctx too).
+func (d *Dispatcher) Stop(ctx context.Context) error {
+	d.mu.Lock()
+	if d.state != stateRunning {
+		d.state = stateStopped
+		d.mu.Unlock()
+		return nil
+	}
+	d.state = stateStopped
+	nss := make([]*namespace, 0, len(d.nss))
+	for _, n := range d.nss {
+		nss = append(nss, n)
+		close(n.quit)
+	}
+	d.nss = make(map[string]*namespace)
+	d.mu.Unlock()
+
+	// 1. Stop popping: wait for the namespace loops, so every delivery they
+	// popped sits in a stream before it is handed back.
+	if err := waitCtx(ctx, &d.loops); err != nil {
+		return fmt.Errorf("dispatcher stop: waiting for namespace loops: %w", err)
+	}
+	// 2. Hand back everything the streams hold and end them.
+	for _, n := range nss {
+		sent, unsent := n.closeAll()
+		d.handBack(ctx, n, sent, unsent, ReasonShutdown)
+	}
+	// 3. Wait for the Serve calls (the streams' senders) to return.
+	errServe := waitCtx(ctx, &d.serving)
+	// 4. Stop the wake-up subscription and the sweeper.
+	d.cancel()
+	errBg := waitCtx(ctx, &d.bg)
+	if errServe != nil {
+		return fmt.Errorf("dispatcher stop: waiting for streams: %w", errServe)
+	}
+	if errBg != nil {
+		return fmt.Errorf("dispatcher stop: waiting for background work: %w", errBg)
+	}
+	return nil
+}
+
+func waitCtx(ctx context.Context, wg *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // Notify tells the dispatcher that an upsert on this replica made a task
-// the earliest of ns, so it re-plans its sleep at once.
-func (d *Dispatcher) Notify(ns string) {}
+// the earliest of ns, so it re-plans its sleep at once. It never blocks and
+// does nothing when this replica has no subscriber for ns.
+func (d *Dispatcher) Notify(ns string) {
+	d.mu.Lock()
+	n := d.nss[ns]
+	d.mu.Unlock()
+	if n != nil {
+		n.poke(n.wake)
+	}
+}
+
+// Subscriber is one stream to serve.
+type Subscriber struct {
+	// Namespace to deliver due tasks of; already validated.
+	Namespace string
+	// MaxInFlight is the most unacked deliveries the stream holds. Values
+	// below 1 are taken as 1.
+	MaxInFlight int
+	// Send pushes one delivery to the subscriber. Serve calls it from its own
+	// goroutine only, one call at a time. An error ends Serve.
+	Send func(storage.Delivery) error
+	// Ready, if set, is called once the stream is registered and before any
+	// Send (the server sends the stream's headers there, so a client knows
+	// it is subscribed). An error ends Serve.
+	Ready func() error
+}
+
+// Serve registers sub and sends it deliveries until ctx is done (the stream
+// ended), Send fails, or the dispatcher stops. It runs in the caller's
+// goroutine, which is the stream's only sender. When it returns, whatever
+// the stream still held has been handed back (Nack, retry at once). It
+// returns ErrStopped when the dispatcher is not running or stops, ctx's
+// error when ctx ends, or Send's or Ready's error.
+func (d *Dispatcher) Serve(ctx context.Context, sub Subscriber) error {
+	if sub.MaxInFlight < 1 {
+		sub.MaxInFlight = 1
+	}
+	d.mu.Lock()
+	if d.state != stateRunning {
+		d.mu.Unlock()
+		return ErrStopped
+	}
+	n := d.nss[sub.Namespace]
+	if n == nil {
+		n = newNamespace(d, sub.Namespace)
+		d.nss[sub.Namespace] = n
+		d.loops.Add(1)
+		go n.run()
+	}
+	d.streamID++
+	st := newStream(d.streamID, sub.MaxInFlight)
+	n.add(st)
+	d.serving.Add(1)
+	d.mu.Unlock()
+	defer d.serving.Done()
+
+	err := d.sendLoop(ctx, n, st, sub)
+	if errors.Is(err, ErrStopped) {
+		return err // Stop handed back what the stream held.
+	}
+	d.release(n, st)
+	return err
+}
+
+func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub Subscriber) error {
+	if sub.Ready != nil {
+		if err := sub.Ready(); err != nil {
+			return err
+		}
+	}
+	n.poke(n.credit) // New credit: pop for it.
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-st.done:
+			return ErrStopped
+		case del := <-st.ch:
+			if !n.markSent(st, del.Token) {
+				continue // Handed back or lease expired meanwhile.
+			}
+			if err := sub.Send(del); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// release unregisters a stream whose Serve ended and hands back what it
+// held; the namespace loop stops with its last stream.
+func (d *Dispatcher) release(n *namespace, st *stream) {
+	d.mu.Lock()
+	sent, unsent, empty := n.remove(st)
+	if empty && d.nss[n.name] == n {
+		delete(d.nss, n.name)
+		close(n.quit)
+	}
+	d.mu.Unlock()
+	if len(sent)+len(unsent) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(d.base, d.cfg.StoreTimeout)
+	defer cancel()
+	d.handBack(ctx, n, sent, unsent, ReasonStreamClosed)
+}
+
+// handBack nacks deliveries for an immediate retry: sent ones count towards
+// max attempts (a subscriber crashing on a task must not retry it forever),
+// unsent ones do not.
+func (d *Dispatcher) handBack(ctx context.Context, n *namespace, sent, unsent []storage.Token, reason string) {
+	zero := time.Duration(0)
+	pol := n.policy(ctx)
+	if len(sent) > 0 {
+		d.nack(ctx, n.name, sent, storage.NackOptions{RetryAfter: &zero, Reason: reason, MaxAttempts: pol.MaxAttempts, Backoff: pol.Backoff})
+	}
+	if len(unsent) > 0 {
+		d.nack(ctx, n.name, unsent, storage.NackOptions{RetryAfter: &zero, Reason: ReasonNoSubscriber, MaxAttempts: math.MaxInt32, Backoff: pol.Backoff})
+	}
+	// Another local stream may take them at once.
+	n.poke(n.wake)
+}
+
+func (d *Dispatcher) nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) {
+	for start := 0; start < len(tokens); start += d.cfg.PopBatch {
+		end := min(start+d.cfg.PopBatch, len(tokens))
+		if _, _, err := d.cfg.Store.Nack(ctx, ns, tokens[start:end], opts); err != nil {
+			// The leases run out and the reaper retries the tasks.
+			d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: handing back deliveries failed; they are retried when their leases run out",
+				slog.String("namespace", ns), slog.Int("deliveries", end-start), slog.String("error", err.Error()))
+		}
+	}
+}
+
+// Settle frees the credit of deliveries of ns that an ack or nack on this
+// replica answered (whatever the per-token status), and lets the namespace
+// pop for it. Tokens not held by a local stream are ignored.
+func (d *Dispatcher) Settle(ns string, tokens []storage.Token) {
+	d.mu.Lock()
+	n := d.nss[ns]
+	d.mu.Unlock()
+	if n != nil && n.settle(tokens) > 0 {
+		n.poke(n.credit)
+	}
+}
+
+// LeaseExtended moves the local lease estimate of deliveries of ns whose
+// lease ExtendLease on this replica set to store-now + by, so their credit
+// is not freed before the new deadline.
+func (d *Dispatcher) LeaseExtended(ns string, tokens []storage.Token, by time.Duration) {
+	d.mu.Lock()
+	n := d.nss[ns]
+	d.mu.Unlock()
+	if n != nil {
+		n.extend(tokens, d.cfg.Clock.Now().Add(by))
+	}
+}
+
+// Subscribers returns the number of streams of ns this replica serves.
+func (d *Dispatcher) Subscribers(ns string) int {
+	d.mu.Lock()
+	n := d.nss[ns]
+	d.mu.Unlock()
+	if n == nil {
+		return 0
+	}
+	return n.streamCount()
+}
+
+func (d *Dispatcher) runWakeups(ctx context.Context) {
+	defer d.bg.Done()
+	backoff := 50 * time.Millisecond
+	for {
+		start := time.Now()
+		err := d.cfg.Wakeups.SubscribeWakeups(ctx, d.wakeAll)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > time.Minute {
+			backoff = 50 * time.Millisecond
+		}
+		d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: wake-up subscription ended; resubscribing",
+			slog.Duration("after", backoff), slog.Any("error", err))
+		// Whatever was announced meanwhile was missed: re-plan everything.
+		d.wakeAll("")
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, d.cfg.SafetyPoll)
+	}
+}
+
+// wakeAll wakes ns, or every namespace loop when ns is "".
+func (d *Dispatcher) wakeAll(ns string) {
+	if ns != "" {
+		d.Notify(ns)
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, n := range d.nss {
+		n.poke(n.wake)
+	}
+}
+
+func (d *Dispatcher) runSweeper(ctx context.Context) {
+	defer d.bg.Done()
+	t := time.NewTicker(d.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.sweep(ctx)
+		}
+	}
+}
+
+// sweep reaps the namespaces this replica has no loop for.
+func (d *Dispatcher) sweep(ctx context.Context) {
+	lctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
+	names, err := d.cfg.Namespaces.Namespaces(lctx)
+	cancel()
+	if err != nil {
+		d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: sweep: listing namespaces failed", slog.String("error", err.Error()))
+		return
+	}
+	for _, ns := range names {
+		if ctx.Err() != nil {
+			return
+		}
+		d.mu.Lock()
+		_, served := d.nss[ns]
+		d.mu.Unlock()
+		if served {
+			continue
+		}
+		pol := d.policyOf(ctx, ns, storage.DefaultPolicy())
+		opts := storage.NackOptions{Reason: ReasonLeaseExpired, MaxAttempts: pol.MaxAttempts, Backoff: pol.Backoff}
+		for i := 0; i < 100; i++ { // bounded: the next sweep goes on
+			rctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
+			moved, err := d.cfg.Store.Reap(rctx, ns, d.cfg.ReapBatch, opts)
+			cancel()
+			if err != nil {
+				d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: sweep: reaping failed", slog.String("namespace", ns), slog.String("error", err.Error()))
+				break
+			}
+			if len(moved) < d.cfg.ReapBatch {
+				break
+			}
+		}
+	}
+}
+
+// policyOf reads ns's policy, or returns fallback (logging why) when it
+// cannot.
+func (d *Dispatcher) policyOf(ctx context.Context, ns string, fallback storage.Policy) storage.Policy {
+	if d.cfg.Policies == nil {
+		return storage.DefaultPolicy()
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
+	defer cancel()
+	p, err := d.cfg.Policies.Policy(ctx, ns)
+	if err != nil {
+		d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: reading policy failed; keeping the previous one",
+			slog.String("namespace", ns), slog.String("error", err.Error()))
+		return fallback
+	}
+	return p
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,398 @@
+package dispatcher
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// namespace is one namespace served by this replica: its streams, the
+// deliveries they hold, and the loop that pops and reaps for them. The loop
+// goroutine runs from the first stream until the last one leaves (or Stop).
+type namespace struct {
+	d    *Dispatcher
+	name string
+
+	quit   chan struct{} // closed (under d.mu) to end the loop
+	wake   chan struct{} // re-plan the sleep: an earlier task, a hand-back
+	credit chan struct{} // credit came back; heeded only while blocked
+
+	mu        sync.Mutex
+	streams   []*stream
+	held      map[storage.Token]*stream // every delivery a stream holds
+	rr        int                       // round-robin position in streams
+	nextPrune time.Time                 // earliest local lease deadline held; zero if none
+	pol       storage.Policy
+	polAt     time.Time // when pol was read; zero: never
+
+	// Loop-only state.
+	lastReap time.Time
+	errWait  time.Duration // backoff after a store error; 0 when healthy
+	idleWait time.Duration // backoff when the store says "due" but gives nothing
+	lastWarn time.Time
+}
+
+func newNamespace(d *Dispatcher, name string) *namespace {
+	return &namespace{
+		d:      d,
+		name:   name,
+		quit:   make(chan struct{}),
+		wake:   make(chan struct{}, 1),
+		credit: make(chan struct{}, 1),
+		held:   make(map[storage.Token]*stream),
+	}
+}
+
+// poke signals ch without blocking; signals coalesce.
+func (n *namespace) poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// run is the namespace loop. It ends when quit is closed; a store call in
+// progress completes first (each is bounded by StoreTimeout).
+func (n *namespace) run() {
+	defer n.d.loops.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	reap := true
+	for {
+		select {
+		case <-n.quit:
+			return
+		default:
+		}
+		wait, blocked, reapNext := n.tick(reap)
+		reap = reapNext
+		if wait <= 0 {
+			continue
+		}
+		timer.Reset(wait)
+		var credit chan struct{}
+		if blocked {
+			credit = n.credit
+		}
+		select {
+		case <-n.quit:
+			return
+		case <-n.wake:
+		case <-credit:
+		case <-timer.C:
+			reap = true // Planned wake: possibly a lease deadline.
+		}
+		timer.Stop()
+		// Reap at least every tenth of the safety poll even when woken early
+		// all the time (credit coming back under load).
+		if time.Since(n.lastReap) >= n.d.cfg.SafetyPoll/10 {
+			reap = true
+		}
+	}
+}
+
+// tick reaps (if asked), pops for the free credit, and plans the next wake:
+// it returns how long to sleep (0: go on at once), whether the loop is
+// blocked on credit (due tasks wait, no stream can take them), and whether
+// the next tick should reap.
+func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool) {
+	cfg := &n.d.cfg
+	ctx := n.d.base
+	pol := n.refreshPolicy(ctx)
+
+	progress, reapFull := false, false
+	if reap {
+		n.lastReap = time.Now()
+		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
+		moved, err := cfg.Store.Reap(c, n.name, cfg.ReapBatch,
+			storage.NackOptions{Reason: ReasonLeaseExpired, MaxAttempts: pol.MaxAttempts, Backoff: pol.Backoff})
+		cancel()
+		if err != nil {
+			return n.failed("reap", err), false, true
+		}
+		progress = len(moved) > 0
+		reapFull = len(moved) >= cfg.ReapBatch
+	}
+
+	free := n.freeCredit(cfg.Clock.Now())
+	popFull := false
+	if free > 0 {
+		limit := min(free, cfg.PopBatch)
+		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
+		dels, err := cfg.Store.Pop(c, n.name, limit, pol.AckTimeout)
+		cancel()
+		if err != nil {
+			return n.failed("pop", err), false, true
+		}
+		if len(dels) > 0 {
+			// The store's deadline is store-now + AckTimeout; reading the
+			// local clock after the call errs on the late side, so credit
+			// is never freed before the store's lease really ended.
+			n.distribute(dels, cfg.Clock.Now().Add(pol.AckTimeout))
+			progress = true
+			free -= len(dels)
+		}
+		popFull = len(dels) >= limit
+	}
+	if reapFull || (popFull && free > 0) {
+		return 0, false, reapFull // More to do right away.
+	}
+
+	c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
+	next, storeNow, ok, err := cfg.Store.NextWake(c, n.name)
+	cancel()
+	if err != nil {
+		return n.failed("next wake", err), false, true
+	}
+	n.errWait = 0
+	if !ok {
+		n.idleWait = 0
+		return cfg.SafetyPoll, false, false
+	}
+	if until := next.Sub(storeNow); until > 0 {
+		n.idleWait = 0
+		return min(until, cfg.SafetyPoll), false, false
+	}
+	// Something is due, or a lease ran out, right now.
+	if !reap {
+		// It may be an expired lease: reap and look again.
+		return 0, false, true
+	}
+	if free > 0 {
+		if progress {
+			n.idleWait = 0
+			return 0, false, false
+		}
+		// The store says "due" but neither pop nor reap moved anything:
+		// retry soon, but never spin.
+		n.idleWait = min(max(2*n.idleWait, time.Millisecond), cfg.SafetyPoll)
+		return n.idleWait, false, true
+	}
+	// Blocked on credit: wake when credit comes back, when a local lease
+	// runs out, or after the safety poll (which also reaps).
+	wait = cfg.SafetyPoll
+	if np := n.earliestLease(); !np.IsZero() {
+		wait = min(wait, max(np.Sub(cfg.Clock.Now()), time.Millisecond))
+	}
+	return wait, true, false
+}
+
+// failed logs a store error (at most every 10 s while it persists) and
+// returns the backoff before the next try: 50 ms doubling to SafetyPoll.
+func (n *namespace) failed(op string, err error) time.Duration {
+	if n.errWait == 0 || time.Since(n.lastWarn) >= 10*time.Second {
+		n.lastWarn = time.Now()
+		n.d.log.LogAttrs(context.Background(), slog.LevelWarn, "dispatcher: store call failed; retrying",
+			slog.String("namespace", n.name), slog.String("op", op), slog.String("error", err.Error()))
+	}
+	n.errWait = min(max(2*n.errWait, 50*time.Millisecond), n.d.cfg.SafetyPoll)
+	return n.errWait
+}
+
+// refreshPolicy re-reads the policy every PolicyRefresh and returns it.
+func (n *namespace) refreshPolicy(ctx context.Context) storage.Policy {
+	now := n.d.cfg.Clock.Now()
+	n.mu.Lock()
+	pol, at := n.pol, n.polAt
+	n.mu.Unlock()
+	if !at.IsZero() && now.Sub(at) < n.d.cfg.PolicyRefresh {
+		return pol
+	}
+	if at.IsZero() {
+		pol = storage.DefaultPolicy()
+	}
+	pol = n.d.policyOf(ctx, n.name, pol)
+	n.mu.Lock()
+	n.pol, n.polAt = pol, now
+	n.mu.Unlock()
+	return pol
+}
+
+// policy returns the policy the loop last read, reading it if it never did.
+func (n *namespace) policy(ctx context.Context) storage.Policy {
+	n.mu.Lock()
+	pol, at := n.pol, n.polAt
+	n.mu.Unlock()
+	if !at.IsZero() {
+		return pol
+	}
+	return n.d.policyOf(ctx, n.name, storage.DefaultPolicy())
+}
+
+// add registers a stream.
+func (n *namespace) add(st *stream) {
+	n.mu.Lock()
+	n.streams = append(n.streams, st)
+	n.mu.Unlock()
+}
+
+func (n *namespace) streamCount() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.streams)
+}
+
+// freeCredit drops deliveries whose local lease estimate has passed (their
+// credit comes back; the reaper retries the tasks) and returns what all
+// streams can take now.
+func (n *namespace) freeCredit(now time.Time) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.nextPrune.IsZero() && !now.Before(n.nextPrune) {
+		n.nextPrune = time.Time{}
+		for tok, st := range n.held {
+			l := st.held[tok]
+			if !now.Before(l.deadline) {
+				delete(st.held, tok)
+				delete(n.held, tok)
+				continue
+			}
+			if n.nextPrune.IsZero() || l.deadline.Before(n.nextPrune) {
+				n.nextPrune = l.deadline
+			}
+		}
+	}
+	free := 0
+	for _, st := range n.streams {
+		free += st.room()
+	}
+	return free
+}
+
+func (n *namespace) earliestLease() time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.nextPrune
+}
+
+// distribute hands popped deliveries to the streams round robin, each to a
+// stream with room (so the channel send never blocks). Deliveries no stream
+// can take (their streams ended since the pop) are handed back unsent.
+func (n *namespace) distribute(dels []storage.Delivery, deadline time.Time) {
+	var orphans []storage.Token
+	n.mu.Lock()
+	for _, del := range dels {
+		st := n.pick()
+		if st == nil {
+			orphans = append(orphans, del.Token)
+			continue
+		}
+		st.held[del.Token] = &lease{deadline: deadline}
+		n.held[del.Token] = st
+		st.ch <- del
+	}
+	if len(orphans) < len(dels) && (n.nextPrune.IsZero() || deadline.Before(n.nextPrune)) {
+		n.nextPrune = deadline
+	}
+	n.mu.Unlock()
+	if len(orphans) > 0 {
+		ctx, cancel := context.WithTimeout(n.d.base, n.d.cfg.StoreTimeout)
+		defer cancel()
+		n.d.handBack(ctx, n, nil, orphans, ReasonNoSubscriber)
+	}
+}
+
+// pick returns the next stream with room, round robin; nil if none. n.mu
+// is held.
+func (n *namespace) pick() *stream {
+	for i := 0; i < len(n.streams); i++ {
+		st := n.streams[(n.rr+i)%len(n.streams)]
+		if st.room() > 0 {
+			n.rr = (n.rr + i + 1) % len(n.streams)
+			return st
+		}
+	}
+	return nil
+}
+
+// markSent records that the stream's sender is about to send tok; false if
+// the stream no longer holds it (handed back, lease ran out, settled).
+func (n *namespace) markSent(st *stream, tok storage.Token) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if st.closed {
+		return false
+	}
+	l := st.held[tok]
+	if l == nil {
+		return false
+	}
+	l.sent = true
+	return true
+}
+
+// settle frees the credit of the tokens held here; it returns how many were.
+func (n *namespace) settle(tokens []storage.Token) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	freed := 0
+	for _, tok := range tokens {
+		if st := n.held[tok]; st != nil {
+			delete(st.held, tok)
+			delete(n.held, tok)
+			freed++
+		}
+	}
+	return freed
+}
+
+// extend moves the local lease estimate of the tokens held here.
+func (n *namespace) extend(tokens []storage.Token, deadline time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, tok := range tokens {
+		if st := n.held[tok]; st != nil {
+			st.held[tok].deadline = deadline
+		}
+	}
+}
+
+// remove unregisters a stream and returns what it held (split into sent
+// and never sent) and whether no stream is left. d.mu is held.
+func (n *namespace) remove(st *stream) (sent, unsent []storage.Token, empty bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !st.closed {
+		st.closed = true
+		for i, s := range n.streams {
+			if s == st {
+				n.streams = append(n.streams[:i], n.streams[i+1:]...)
+				break
+			}
+		}
+		sent, unsent = n.takeHeld(st)
+	}
+	return sent, unsent, len(n.streams) == 0
+}
+
+// closeAll ends every stream (their Serve returns ErrStopped) and returns
+// what they held.
+func (n *namespace) closeAll() (sent, unsent []storage.Token) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, st := range n.streams {
+		st.closed = true
+		close(st.done)
+		s, u := n.takeHeld(st)
+		sent = append(sent, s...)
+		unsent = append(unsent, u...)
+	}
+	n.streams = nil
+	return sent, unsent
+}
+
+func (n *namespace) takeHeld(st *stream) (sent, unsent []storage.Token) {
+	for tok, l := range st.held {
+		if l.sent {
+			sent = append(sent, tok)
+		} else {
+			unsent = append(unsent, tok)
+		}
+		delete(n.held, tok)
+	}
+	st.held = make(map[storage.Token]*lease)
+	return sent, unsent
+}
