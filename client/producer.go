@@ -1,0 +1,205 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"iter"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+)
+
+// MaxBatch is the most tasks BatchUpsert sends in one BatchUpsertTasks call
+// (the server's default limit); longer slices are sent in several calls.
+const MaxBatch = 1000
+
+// UpsertResult is the stored task after an upsert.
+type UpsertResult struct {
+	// Task as stored: state StateScheduled, Generation bumped.
+	Task Task
+	// Created is true when the task did not exist before.
+	Created bool
+}
+
+// Upsert creates the task spec names in namespace ns, or replaces it: new due
+// time, kind and payload. Replacing bumps the task's generation and puts it
+// back to StateScheduled even when it is delivered or dead, so a delivery
+// made before the upsert can no longer ack or nack it (the ack answers
+// STALE). Upsert is idempotent by (ns, spec.ID) and retried on Unavailable.
+//
+// Upsert is how a deadline is renewed: a device heartbeat that upserts
+// "device-7 offline" After(30 s) pushes the same task 30 s further each time.
+func (c *Client) Upsert(ctx context.Context, ns string, spec TaskSpec) (*UpsertResult, error) {
+	if err := checkSpec(spec); err != nil {
+		return nil, fmt.Errorf("delayd upsert %s/%s: %w", ns, spec.ID, err)
+	}
+	resp, err := c.tasks.UpsertTask(ctx, spec.proto(ns))
+	if err != nil {
+		return nil, fmt.Errorf("delayd upsert %s/%s: %w", ns, spec.ID, err)
+	}
+	return &UpsertResult{Task: taskFromProto(resp.GetTask()), Created: resp.GetCreated()}, nil
+}
+
+// BatchResult is the outcome of one item of BatchUpsert.
+type BatchResult struct {
+	// Task as stored; zero when Err is set.
+	Task Task
+	// Created is true when the task did not exist before.
+	Created bool
+	// Err is set when this item failed (a gRPC status error:
+	// InvalidArgument, ResourceExhausted...); the other items are not
+	// affected.
+	Err error
+}
+
+// BatchUpsert upserts many tasks of namespace ns and answers per item, in
+// spec order. It sends MaxBatch tasks per call, so a long slice costs several
+// round trips. An item that is malformed fails alone (its BatchResult.Err);
+// the returned error is set only when a whole call failed, and then the
+// results hold the items of the calls that went through before it (upserts
+// are idempotent: retrying the whole slice is safe).
+func (c *Client) BatchUpsert(ctx context.Context, ns string, specs []TaskSpec) ([]BatchResult, error) {
+	out := make([]BatchResult, 0, len(specs))
+	for start := 0; start < len(specs); start += MaxBatch {
+		chunk := specs[start:min(start+MaxBatch, len(specs))]
+		req := &delaydv1.BatchUpsertTasksRequest{Namespace: ns, Tasks: make([]*delaydv1.UpsertTaskRequest, len(chunk))}
+		for i, s := range chunk {
+			req.Tasks[i] = s.proto("")
+		}
+		resp, err := c.tasks.BatchUpsertTasks(ctx, req)
+		if err != nil {
+			return out, fmt.Errorf("delayd batch upsert %s (items %d-%d): %w", ns, start, start+len(chunk)-1, err)
+		}
+		if len(resp.GetResults()) != len(chunk) {
+			return out, fmt.Errorf("delayd batch upsert %s: %w", ns,
+				status.Errorf(codes.Internal, "server answered %d results for %d items", len(resp.GetResults()), len(chunk)))
+		}
+		for _, r := range resp.GetResults() {
+			br := BatchResult{Created: r.GetCreated()}
+			if e := r.GetError(); e != nil {
+				br.Err = status.Error(codes.Code(e.GetCode()), e.GetMessage())
+			} else {
+				br.Task = taskFromProto(r.GetTask())
+			}
+			out = append(out, br)
+		}
+	}
+	return out, nil
+}
+
+// RemoveResult says what Remove removed.
+type RemoveResult struct {
+	// Removed is false when there was no such task (never created, already
+	// acked, removed or purged). That is not an error.
+	Removed bool
+	// PreviousState is the state the task was in; StateDelivered means a
+	// delivery was in flight and may still reach a subscriber (its ack will
+	// answer NOT_FOUND).
+	PreviousState State
+}
+
+// Remove cancels task id of namespace ns in any state. After it returns the
+// task is never delivered again, except a delivery already in flight. It is
+// idempotent and retried on Unavailable (so a retried call may report
+// Removed false for a task its first attempt removed).
+func (c *Client) Remove(ctx context.Context, ns, id string) (RemoveResult, error) {
+	resp, err := c.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: ns, Id: id})
+	if err != nil {
+		return RemoveResult{}, fmt.Errorf("delayd remove %s/%s: %w", ns, id, err)
+	}
+	return RemoveResult{Removed: resp.GetRemoved(), PreviousState: State(resp.GetPreviousState())}, nil
+}
+
+// Get returns task id of namespace ns. A task that does not exist (acked,
+// removed, purged, never created) is an error with code NotFound.
+func (c *Client) Get(ctx context.Context, ns, id string) (*Task, error) {
+	resp, err := c.tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: id})
+	if err != nil {
+		return nil, fmt.Errorf("delayd get %s/%s: %w", ns, id, err)
+	}
+	t := taskFromProto(resp.GetTask())
+	return &t, nil
+}
+
+// Page is one page of ListPage.
+type Page struct {
+	// Tasks of the requested state in that state's order: scheduled by due
+	// time, delivered by lease deadline, dead by time of death.
+	Tasks []Task
+	// NextPageToken fetches the next page; empty on the last page.
+	NextPageToken string
+}
+
+// ListOptions selects what ListPage and List return.
+type ListOptions struct {
+	// State to list. If unset, StateScheduled.
+	State State
+	// PageSize is the most tasks per page: 1-1,000. If zero, 100.
+	PageSize int32
+	// PageToken is a previous Page's NextPageToken; empty for the first page.
+	// Only valid with the same namespace and State.
+	PageToken string
+}
+
+// ListPage returns one page of the tasks of namespace ns in one state.
+func (c *Client) ListPage(ctx context.Context, ns string, opts ListOptions) (*Page, error) {
+	resp, err := c.tasks.ListTasks(ctx, &delaydv1.ListTasksRequest{
+		Namespace: ns,
+		State:     delaydv1.TaskState(opts.State),
+		PageSize:  opts.PageSize,
+		PageToken: opts.PageToken,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("delayd list %s %s: %w", ns, opts.State, err)
+	}
+	p := &Page{Tasks: make([]Task, len(resp.GetTasks())), NextPageToken: resp.GetNextPageToken()}
+	for i, t := range resp.GetTasks() {
+		p.Tasks[i] = taskFromProto(t)
+	}
+	return p, nil
+}
+
+// List iterates over every task of namespace ns in state opts.State, fetching
+// pages of opts.PageSize as it goes (opts.PageToken, if set, is where it
+// starts). Each page is one call with its own timeout. An error ends the
+// iteration after it is yielded. Tasks that change state while the
+// iteration runs may be missed or seen twice.
+//
+//	for t, err := range c.List(ctx, "orders", client.ListOptions{State: client.StateDead}) {
+//		if err != nil { return err }
+//		fmt.Println(t.ID, t.LastError)
+//	}
+func (c *Client) List(ctx context.Context, ns string, opts ListOptions) iter.Seq2[Task, error] {
+	return func(yield func(Task, error) bool) {
+		for {
+			p, err := c.ListPage(ctx, ns, opts)
+			if err != nil {
+				yield(Task{}, err)
+				return
+			}
+			for _, t := range p.Tasks {
+				if !yield(t, nil) {
+					return
+				}
+			}
+			if p.NextPageToken == "" {
+				return
+			}
+			opts.PageToken = p.NextPageToken
+		}
+	}
+}
+
+// checkSpec catches what only the client can see: a missing due time (the
+// zero When), and a negative delay. Everything else is the server's to judge.
+func checkSpec(s TaskSpec) error {
+	if !s.When.set {
+		return status.Error(codes.InvalidArgument, "when: is required: use client.At(t) or client.After(d)")
+	}
+	if s.When.at.IsZero() && s.When.delay < 0 {
+		return status.Errorf(codes.InvalidArgument, "when: delay %v is negative; use 0 for due now", s.When.delay)
+	}
+	return nil
+}
