@@ -1,11 +1,305 @@
 package server
 
-import delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+	"unicode/utf8"
 
-// deliveryService implements delaydv1.DeliveryServiceServer.
-// Placeholder until the delivery work lands: every RPC answers Unimplemented.
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/delayd/delayd/dispatcher"
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
+)
+
+// Delivery limits that are not per namespace.
+const (
+	// maxReasonBytes is the longest nack reason kept; longer is cut.
+	maxReasonBytes = 1024
+	// maxExtendBy is the longest ExtendLease.extend_by.
+	maxExtendBy = 12 * time.Hour
+	// msgShuttingDown ends Subscribe streams when the server stops.
+	msgShuttingDown = "server shutting down, reconnect"
+)
+
+// deliveryService implements delaydv1.DeliveryServiceServer. Subscribe hands
+// the stream to the dispatcher, whose Serve runs in the stream's goroutine
+// (the stream's only sender); AckTasks, NackTasks and ExtendLease make one
+// store call per request, answer per token, and tell the dispatcher which
+// deliveries of its streams were settled or extended, so their credit
+// comes back at once.
 type deliveryService struct {
 	delaydv1.UnimplementedDeliveryServiceServer
+
+	opts   Options
+	limits Limits
+	logger *slog.Logger
 }
 
-func newDeliveryService(opts Options) *deliveryService { return &deliveryService{} }
+func newDeliveryService(opts Options) *deliveryService {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &deliveryService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger}
+}
+
+// Subscribe streams due tasks of one namespace until the client goes away or
+// the server shuts down (then UNAVAILABLE: reconnect). Headers are sent as
+// soon as the stream is registered, so a client that waits for them knows
+// it is subscribed.
+func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delaydv1.DeliveryService_SubscribeServer) error {
+	ctx := stream.Context()
+	ns := req.GetNamespace()
+	if err := validateNamespace("namespace", ns); err != nil {
+		return toStatus(ctx, s.logger, err)
+	}
+	inFlight := int(req.GetMaxInFlight())
+	switch {
+	case inFlight == 0:
+		inFlight = s.limits.DefaultInFlight
+	case inFlight < 0 || inFlight > s.limits.MaxInFlight:
+		return toStatus(ctx, s.logger, invalidf("max_in_flight", "is %d; allowed: 1-%d, or 0 for %d",
+			inFlight, s.limits.MaxInFlight, s.limits.DefaultInFlight))
+	}
+	if _, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns); err != nil {
+		return err
+	}
+	// Per-namespace subscriber and rate limits belong here, before Serve
+	// (the policy above carries MaxSubscribers; Dispatcher.Subscribers(ns)
+	// counts this replica's streams).
+	if s.opts.Dispatcher == nil {
+		return status.Error(codes.Unavailable, msgShuttingDown)
+	}
+	err := s.opts.Dispatcher.Serve(ctx, dispatcher.Subscriber{
+		Namespace:   ns,
+		MaxInFlight: inFlight,
+		Ready:       func() error { return stream.SendHeader(metadata.MD{}) },
+		Send: func(d storage.Delivery) error {
+			return stream.Send(&delaydv1.SubscribeResponse{Delivery: deliveryToProto(d)})
+		},
+	})
+	switch {
+	case errors.Is(err, dispatcher.ErrStopped):
+		return status.Error(codes.Unavailable, msgShuttingDown)
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return toStatus(ctx, s.logger, err)
+}
+
+// AckTasks acks deliveries; the tasks are deleted. Answers per token.
+func (s *deliveryService) AckTasks(ctx context.Context, req *delaydv1.AckTasksRequest) (*delaydv1.AckTasksResponse, error) {
+	ns := req.GetNamespace()
+	b, err := s.decodeBatch(ns, req.GetTokens())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if len(b.tokens) > 0 {
+		statuses, err := s.opts.Deliveries.Ack(ctx, ns, b.tokens)
+		if err == nil && len(statuses) != len(b.tokens) {
+			err = fmt.Errorf("ack: store answered %d statuses for %d tokens", len(statuses), len(b.tokens))
+		}
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+		s.settle(ns, b.tokens)
+		for i, st := range statuses {
+			b.results[b.index[i]].Status = delaydv1.TokenStatus(st)
+		}
+	}
+	return &delaydv1.AckTasksResponse{Results: b.results}, nil
+}
+
+// NackTasks gives deliveries back for a retry (or to dead letters when their
+// attempts are used up). Answers per token.
+func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasksRequest) (*delaydv1.NackTasksResponse, error) {
+	ns := req.GetNamespace()
+	b, err := s.decodeBatch(ns, req.GetTokens())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	pol, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns)
+	if err != nil {
+		return nil, err
+	}
+	opts := storage.NackOptions{
+		Reason:      truncateUTF8(req.GetReason(), maxReasonBytes),
+		MaxAttempts: pol.MaxAttempts,
+		Backoff:     pol.Backoff,
+	}
+	if ra := req.GetRetryAfter(); ra != nil {
+		d, err := durationField("retry_after", ra, 0, pol.MaxDelay)
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+		opts.RetryAfter = &d
+	}
+	if len(b.tokens) > 0 {
+		statuses, moved, err := s.opts.Deliveries.Nack(ctx, ns, b.tokens, opts)
+		if err == nil && len(statuses) != len(b.tokens) {
+			err = fmt.Errorf("nack: store answered %d statuses for %d tokens", len(statuses), len(b.tokens))
+		}
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+		s.settle(ns, b.tokens)
+		for i, st := range statuses {
+			b.results[b.index[i]].Status = delaydv1.TokenStatus(st)
+		}
+		for _, m := range moved {
+			if m.State == storage.StateScheduled && s.opts.Dispatcher != nil {
+				// The retry may be due before the dispatcher's planned wake.
+				s.opts.Dispatcher.Notify(ns)
+				break
+			}
+		}
+	}
+	return &delaydv1.NackTasksResponse{Results: b.results}, nil
+}
+
+// ExtendLease moves lease deadlines to now + extend_by (default: the
+// namespace's ack timeout). Answers per token with the new deadline.
+func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendLeaseRequest) (*delaydv1.ExtendLeaseResponse, error) {
+	ns := req.GetNamespace()
+	b, err := s.decodeBatch(ns, req.GetTokens())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	pol, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns)
+	if err != nil {
+		return nil, err
+	}
+	by := pol.AckTimeout
+	if eb := req.GetExtendBy(); eb != nil {
+		if by, err = durationField("extend_by", eb, time.Millisecond, maxExtendBy); err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+	}
+	if len(b.tokens) > 0 {
+		res, err := s.opts.Deliveries.Extend(ctx, ns, b.tokens, by)
+		if err == nil && len(res) != len(b.tokens) {
+			err = fmt.Errorf("extend: store answered %d results for %d tokens", len(res), len(b.tokens))
+		}
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+		extended := make([]storage.Token, 0, len(res))
+		for i, r := range res {
+			out := b.results[b.index[i]]
+			out.Status = delaydv1.TokenStatus(r.Status)
+			if r.Status == storage.TokenOK {
+				out.LeaseDeadline = timeToProto(r.LeaseDeadline)
+				extended = append(extended, b.tokens[i])
+			}
+		}
+		if s.opts.Dispatcher != nil && len(extended) > 0 {
+			s.opts.Dispatcher.LeaseExtended(ns, extended, by)
+		}
+	}
+	return &delaydv1.ExtendLeaseResponse{Results: b.results}, nil
+}
+
+// tokenBatch is a decoded Ack/Nack/Extend request: one result per request
+// token, in request order, and the tokens of the request's namespace to
+// hand to the store (tokens[i] answers results[index[i]]). Tokens of another
+// namespace are answered NOT_FOUND without reaching the store.
+type tokenBatch struct {
+	results []*delaydv1.TokenResult
+	tokens  []storage.Token
+	index   []int
+}
+
+func (s *deliveryService) decodeBatch(ns string, raw []string) (tokenBatch, error) {
+	if err := validateNamespace("namespace", ns); err != nil {
+		return tokenBatch{}, err
+	}
+	if err := validateBatchSize("tokens", len(raw), s.limits.MaxBatch); err != nil {
+		return tokenBatch{}, err
+	}
+	b := tokenBatch{
+		results: make([]*delaydv1.TokenResult, len(raw)),
+		tokens:  make([]storage.Token, 0, len(raw)),
+		index:   make([]int, 0, len(raw)),
+	}
+	for i, r := range raw {
+		tok, err := decodeToken(r)
+		if err != nil {
+			return tokenBatch{}, invalidWrap(fmt.Sprintf("tokens[%d]", i), err)
+		}
+		b.results[i] = &delaydv1.TokenResult{Token: r, Status: delaydv1.TokenStatus_TOKEN_STATUS_NOT_FOUND}
+		if tok.Namespace != ns {
+			continue // A token is only valid in its own namespace.
+		}
+		b.tokens = append(b.tokens, tok)
+		b.index = append(b.index, i)
+	}
+	return b, nil
+}
+
+// settle gives the credit of settled deliveries back to their streams on
+// this replica.
+func (s *deliveryService) settle(ns string, tokens []storage.Token) {
+	if s.opts.Dispatcher != nil {
+		s.opts.Dispatcher.Settle(ns, tokens)
+	}
+}
+
+// deliveryToProto converts a delivery to its wire form.
+func deliveryToProto(d storage.Delivery) *delaydv1.Delivery {
+	return &delaydv1.Delivery{
+		Task:          taskToProto(d.Task),
+		Token:         encodeToken(d.Token),
+		LeaseDeadline: timeToProto(d.LeaseDeadline),
+	}
+}
+
+// lookupPolicy returns ns's policy, or a status error to return as is:
+// NotFound when the namespace does not exist. A nil Policies serves
+// storage.DefaultPolicy.
+func lookupPolicy(ctx context.Context, policies storage.Policies, logger *slog.Logger, ns string) (storage.Policy, error) {
+	if policies == nil {
+		return storage.DefaultPolicy(), nil
+	}
+	pol, err := policies.Policy(ctx, ns)
+	if errors.Is(err, storage.ErrNotFound) {
+		return storage.Policy{}, status.Errorf(codes.NotFound, "namespace %q not found", ns)
+	}
+	if err != nil {
+		return storage.Policy{}, toStatus(ctx, logger, fmt.Errorf("policy: %w", err))
+	}
+	return pol, nil
+}
+
+// durationField validates a Duration request field: a valid duration in
+// [lo, hi] (hi 0 = no upper bound).
+func durationField(field string, d *durationpb.Duration, lo, hi time.Duration) (time.Duration, error) {
+	if err := d.CheckValid(); err != nil {
+		return 0, invalidf(field, "is not a valid duration")
+	}
+	v := d.AsDuration()
+	if v < lo || (hi > 0 && v > hi) {
+		if hi > 0 {
+			return 0, invalidf(field, "is %s; allowed: %s to %s", v, lo, humanDuration(hi))
+		}
+		return 0, invalidf(field, "is %s; allowed: at least %s", v, lo)
+	}
+	return v, nil
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a character.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

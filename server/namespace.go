@@ -1,12 +1,184 @@
 package server
 
-import delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
 
-// namespaceService implements delaydv1.NamespaceServiceServer.
-// Placeholder until the delivery and tenancy work land: every RPC answers
-// Unimplemented.
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
+)
+
+// deadLetterBatch is the most dead letters one store call requeues or
+// purges when a request says all; the request loops over such batches.
+const deadLetterBatch = 1000
+
+// maxDeadLetterBatches bounds the batches of one "all" request (10 million
+// tasks), so a namespace whose tasks keep dying cannot keep it looping.
+const maxDeadLetterBatches = 10000
+
+// namespaceService implements delaydv1.NamespaceServiceServer: stats and the
+// dead-letter RPCs here; the namespace and API-key RPCs answer Unimplemented
+// until the tenancy work adds them (as methods reading s.opts).
 type namespaceService struct {
 	delaydv1.UnimplementedNamespaceServiceServer
+
+	opts   Options
+	limits Limits
+	logger *slog.Logger
 }
 
-func newNamespaceService(opts Options) *namespaceService { return &namespaceService{} }
+func newNamespaceService(opts Options) *namespaceService {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &namespaceService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger}
+}
+
+// GetNamespaceStats counts the namespace's tasks per state and says how late
+// the oldest due, undelivered task is (by the store's clock).
+func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.GetNamespaceStatsRequest) (*delaydv1.GetNamespaceStatsResponse, error) {
+	ns := req.GetName()
+	if err := validateNamespace("name", ns); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if _, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns); err != nil {
+		return nil, err
+	}
+	st, err := s.opts.Counter.Stats(ctx, ns)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: %w", err))
+	}
+	resp := &delaydv1.GetNamespaceStatsResponse{
+		Scheduled:         st.Scheduled,
+		Delivered:         st.Delivered,
+		Dead:              st.Dead,
+		DueNow:            st.DueNow,
+		OldestDueLateness: durationpb.New(0),
+	}
+	if st.DueNow > 0 && !st.OldestDue.IsZero() && st.OldestDue.Before(st.Now) {
+		resp.OldestDueLateness = durationpb.New(st.Now.Sub(st.OldestDue))
+	}
+	return resp, nil
+}
+
+// ListDeadLetters pages through dead tasks, oldest death first.
+func (s *namespaceService) ListDeadLetters(ctx context.Context, req *delaydv1.ListDeadLettersRequest) (*delaydv1.ListDeadLettersResponse, error) {
+	ns := req.GetNamespace()
+	if err := validateNamespace("namespace", ns); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	cursor, err := decodePageToken(req.GetPageToken(), ns, storage.StateDead)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if _, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns); err != nil {
+		return nil, err
+	}
+	tasks, next, err := s.opts.Tasks.List(ctx, ns, storage.StateDead, size, cursor)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("list dead letters: %w", err))
+	}
+	resp := &delaydv1.ListDeadLettersResponse{
+		Tasks:         make([]*delaydv1.Task, len(tasks)),
+		NextPageToken: encodePageToken(ns, storage.StateDead, next),
+	}
+	for i, t := range tasks {
+		resp.Tasks[i] = taskToProto(t)
+	}
+	return resp, nil
+}
+
+// RequeueDeadLetters moves dead tasks back to SCHEDULED with attempts reset,
+// due after delay. With all, it works through the dead letters in bounded
+// batches; if it is cut short (deadline, store down) it fails, and calling
+// it again goes on where it stopped.
+func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1.RequeueDeadLettersRequest) (*delaydv1.RequeueDeadLettersResponse, error) {
+	ns := req.GetNamespace()
+	if err := s.validateDeadLetterIDs(ns, req.GetIds(), req.GetAll()); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	pol, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns)
+	if err != nil {
+		return nil, err
+	}
+	var delay time.Duration
+	if d := req.GetDelay(); d != nil {
+		if delay, err = durationField("delay", d, 0, pol.MaxDelay); err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+	}
+	var requeued int64
+	for i := 0; i < maxDeadLetterBatches; i++ {
+		moved, err := s.opts.DeadLetters.Requeue(ctx, ns, req.GetIds(), req.GetAll(), deadLetterBatch, delay)
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("requeue dead letters: %w", err))
+		}
+		requeued += int64(len(moved))
+		if !req.GetAll() || len(moved) < deadLetterBatch {
+			break
+		}
+	}
+	if requeued > 0 && s.opts.Dispatcher != nil {
+		s.opts.Dispatcher.Notify(ns)
+	}
+	return &delaydv1.RequeueDeadLettersResponse{Requeued: requeued}, nil
+}
+
+// PurgeDeadLetters deletes dead tasks for good. With all, it works through
+// the dead letters in bounded batches.
+func (s *namespaceService) PurgeDeadLetters(ctx context.Context, req *delaydv1.PurgeDeadLettersRequest) (*delaydv1.PurgeDeadLettersResponse, error) {
+	ns := req.GetNamespace()
+	if err := s.validateDeadLetterIDs(ns, req.GetIds(), req.GetAll()); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if _, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns); err != nil {
+		return nil, err
+	}
+	var purged int64
+	for i := 0; i < maxDeadLetterBatches; i++ {
+		ids, err := s.opts.DeadLetters.Purge(ctx, ns, req.GetIds(), req.GetAll(), deadLetterBatch)
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("purge dead letters: %w", err))
+		}
+		purged += int64(len(ids))
+		if !req.GetAll() || len(ids) < deadLetterBatch {
+			break
+		}
+	}
+	return &delaydv1.PurgeDeadLettersResponse{Purged: purged}, nil
+}
+
+// validateDeadLetterIDs checks namespace, and ids against all: either 1 to
+// MaxBatch valid ids, or all with no ids.
+func (s *namespaceService) validateDeadLetterIDs(ns string, ids []string, all bool) error {
+	if err := validateNamespace("namespace", ns); err != nil {
+		return err
+	}
+	if all {
+		if len(ids) > 0 {
+			return invalidf("ids", "has %d items; it must be empty when all is set", len(ids))
+		}
+		return nil
+	}
+	if len(ids) == 0 {
+		return invalidf("ids", "is empty; name 1-%d task ids, or set all", s.limits.MaxBatch)
+	}
+	if err := validateBatchSize("ids", len(ids), s.limits.MaxBatch); err != nil {
+		return err
+	}
+	for i, id := range ids {
+		if err := validateTaskID(fmt.Sprintf("ids[%d]", i), id); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,81 @@
+package server
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"math"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// A delivery token's wire form is opaque to clients: unpadded base64url of
+//
+//	version byte (1) | uvarint generation | uvarint attempt |
+//	uvarint len(namespace) | namespace | task id
+//
+// It names the delivery (namespace, task, generation, attempt) and nothing
+// else: no secret, no signature. A token is only honoured in its own
+// namespace, and the store checks generation and attempt against what is
+// in flight, so a forged token can at most ack a delivery of a namespace the
+// caller may already consume.
+
+const (
+	tokenVersion = 1
+	// maxTokenLen bounds a token before it is decoded: the longest valid
+	// token (63-byte namespace, 128-byte id, two 10-byte varints) is 288
+	// base64 characters.
+	maxTokenLen = 512
+)
+
+var errBadToken = errors.New("is not a delivery token this server issued")
+
+// encodeToken returns the wire form of t.
+func encodeToken(t storage.Token) string {
+	buf := make([]byte, 0, 1+3*binary.MaxVarintLen64+len(t.Namespace)+len(t.ID))
+	buf = append(buf, tokenVersion)
+	buf = binary.AppendUvarint(buf, uint64(t.Generation))
+	buf = binary.AppendUvarint(buf, uint64(t.Attempt))
+	buf = binary.AppendUvarint(buf, uint64(len(t.Namespace)))
+	buf = append(buf, t.Namespace...)
+	buf = append(buf, t.ID...)
+	return base64.RawURLEncoding.EncodeToString(buf)
+}
+
+// decodeToken parses a token's wire form. The error (errBadToken) is meant
+// to follow a field name, e.g. "tokens[3] is not a delivery token ...".
+func decodeToken(s string) (storage.Token, error) {
+	if s == "" || len(s) > maxTokenLen {
+		return storage.Token{}, errBadToken
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) < 1 || b[0] != tokenVersion {
+		return storage.Token{}, errBadToken
+	}
+	b = b[1:]
+	gen, n := binary.Uvarint(b)
+	if n <= 0 || gen == 0 || gen > math.MaxInt64 {
+		return storage.Token{}, errBadToken
+	}
+	b = b[n:]
+	attempt, n := binary.Uvarint(b)
+	if n <= 0 || attempt == 0 || attempt > math.MaxInt32 {
+		return storage.Token{}, errBadToken
+	}
+	b = b[n:]
+	nsLen, n := binary.Uvarint(b)
+	if n <= 0 || nsLen > uint64(len(b)-n) {
+		return storage.Token{}, errBadToken
+	}
+	b = b[n:]
+	t := storage.Token{
+		Namespace:  string(b[:nsLen]),
+		ID:         string(b[nsLen:]),
+		Generation: int64(gen),
+		Attempt:    int32(attempt),
+	}
+	if storage.ValidateNamespace(t.Namespace) != nil || storage.ValidateTaskID(t.ID) != nil {
+		return storage.Token{}, errBadToken
+	}
+	return t, nil
+}
