@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"log/slog"
 
 	"github.com/delayd/delayd/dispatcher"
@@ -32,6 +33,19 @@ type Options struct {
 
 	// DisableReflection turns off gRPC server reflection. Default: on.
 	DisableReflection bool
+
+	// Registry stores namespaces and API keys. NamespaceService's namespace
+	// and key RPCs need it (without it they answer Unimplemented), and
+	// authentication looks keys up in it. Pass a *tenancy.Registry: it
+	// caches key lookups, and the same value serves as Policies.
+	Registry storage.Registry
+	// Auth configures API-key authentication; see AuthOptions for when it
+	// is on. ResolveAuth builds it from the daemon's flags.
+	Auth AuthOptions
+	// TLS, if non-nil, makes the listener speak TLS with this configuration
+	// (mTLS when it requires client certificates); LoadTLSConfig builds it
+	// from PEM files. If nil, plaintext.
+	TLS *tls.Config
 }
 
 // Limits bound requests. Zero fields take the defaults given.
