@@ -1,0 +1,172 @@
+-- lib.lua: helpers shared by every delayd script. The Go side prepends this
+-- file to each script, so every script still runs as one self-contained
+-- chunk (and is cached by its own SHA). Nothing here loops without a bound.
+--
+-- Task record layout (see record.go, which must agree):
+--   gen,attempt,created,updated,due,kindlen,errlen|<kind><last error><payload>
+-- header numbers are base-36 integers, empty = 0; updated is stored as the
+-- difference from created; due is stored only while the task is outside the
+-- due ZSET.
+
+-- now_ms returns the Redis server clock in Unix milliseconds: the one clock
+-- that decides due-ness for every replica.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- int formats an integral number for redis.call without exponent notation.
+local function int(n)
+  return string.format('%d', n)
+end
+
+local B36 = '0123456789abcdefghijklmnopqrstuvwxyz'
+
+-- enc encodes an integer in base 36; 0 is the empty string. At most 11
+-- rounds for |n| < 2^53.
+local function enc(n)
+  if n == 0 then
+    return ''
+  end
+  local neg = n < 0
+  if neg then
+    n = -n
+  end
+  local s = ''
+  while n > 0 do
+    local d = n % 36
+    s = string.sub(B36, d + 1, d + 1) .. s
+    n = (n - d) / 36
+  end
+  if neg then
+    s = '-' .. s
+  end
+  return s
+end
+
+-- dec decodes enc's output.
+local function dec(s)
+  if s == '' then
+    return 0
+  end
+  if string.sub(s, 1, 1) == '-' then
+    return -tonumber(string.sub(s, 2), 36)
+  end
+  return tonumber(s, 36)
+end
+
+-- parse reads a record's header into a table; b is where the body starts.
+local function parse(rec)
+  local p = string.find(rec, '|', 1, true)
+  local g, a, c, u, d, kl, el = string.match(string.sub(rec, 1, p - 1),
+    '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
+  local created = dec(c)
+  return {
+    gen = dec(g), attempt = dec(a), created = created,
+    updated = created + dec(u), due = dec(d),
+    kl = dec(kl), el = dec(el), b = p + 1,
+  }
+end
+
+-- header formats a record header from fields (the parse table shape).
+local function header(r)
+  return enc(r.gen) .. ',' .. enc(r.attempt) .. ',' .. enc(r.created) .. ',' ..
+    enc(r.updated - r.created) .. ',' .. enc(r.due) .. ',' .. enc(r.kl) .. ',' ..
+    enc(r.el) .. '|'
+end
+
+-- rewrite returns rec with r's header fields; when err is not nil it also
+-- replaces the last error (r.el is updated).
+local function rewrite(rec, r, err)
+  if err == nil then
+    return header(r) .. string.sub(rec, r.b)
+  end
+  local kind = string.sub(rec, r.b, r.b + r.kl - 1)
+  local payload = string.sub(rec, r.b + r.kl + r.el)
+  r.el = #err
+  return header(r) .. kind .. err .. payload
+end
+
+-- locate returns the state a task is in (1 scheduled, 2 delivered, 3 dead,
+-- 0 none) and its score there.
+local function locate(kdue, kinflight, kdead, id)
+  local s = redis.call('ZSCORE', kdue, id)
+  if s then
+    return 1, s
+  end
+  s = redis.call('ZSCORE', kinflight, id)
+  if s then
+    return 2, s
+  end
+  s = redis.call('ZSCORE', kdead, id)
+  if s then
+    return 3, s
+  end
+  return 0, ''
+end
+
+-- head returns the score of the earliest task in a ZSET, or nil.
+local function head(key)
+  local h = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if h[2] then
+    return tonumber(h[2])
+  end
+  return nil
+end
+
+-- retry_policy reads the retry arguments ARGV[i..i+6]: retry_after ms ('' =
+-- backoff), max attempts (0 = no limit), backoff initial ms, max ms,
+-- multiplier, jitter fraction, seed in [0, 1), reason.
+local function retry_policy(i)
+  local p = {
+    max = tonumber(ARGV[i + 1]),
+    initial = tonumber(ARGV[i + 2]),
+    cap = tonumber(ARGV[i + 3]),
+    mult = tonumber(ARGV[i + 4]),
+    jitter = tonumber(ARGV[i + 5]),
+    seed = tonumber(ARGV[i + 6]),
+    reason = ARGV[i + 7],
+  }
+  if ARGV[i] ~= '' then
+    p.after = tonumber(ARGV[i])
+  end
+  return p
+end
+
+-- delay_for returns the retry delay after the failed attempt n (from 1) for
+-- the k-th task of this call: retry_after if given, else
+-- min(cap, initial * mult^(n-1)) jittered down by up to jitter of itself.
+-- The jitter draw is the golden-ratio sequence from the seed, so tasks of
+-- one call get spread, well-distributed draws.
+local function delay_for(p, n, k)
+  if p.after then
+    return p.after
+  end
+  if n < 1 then
+    n = 1
+  end
+  local d = p.initial * p.mult ^ (n - 1)
+  if d > p.cap then
+    d = p.cap
+  end
+  local u = (p.seed + k * 0.6180339887498949) % 1
+  return math.floor(d - d * p.jitter * u)
+end
+
+-- settle moves an in-flight task (already taken out of the inflight ZSET) to
+-- due after its retry delay, or to dead when its attempts are used up.
+-- K = {due=, dead=, task=}. Returns the new state (1 or 3) and its score.
+local function settle(K, id, rec, r, now, p, k)
+  r.updated = now
+  if p.max > 0 and r.attempt >= p.max then
+    redis.call('ZADD', K.dead, int(now), id)
+    redis.call('HSET', K.task, id, rewrite(rec, r, p.reason))
+    return 3, now
+  end
+  local due = now + delay_for(p, r.attempt, k)
+  r.due = 0
+  redis.call('ZADD', K.due, int(due), id)
+  redis.call('HSET', K.task, id, rewrite(rec, r, p.reason))
+  return 1, due
+end
+

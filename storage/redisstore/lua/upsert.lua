@@ -1,0 +1,82 @@
+-- upsert.lua: create or replace tasks of one namespace, in request order.
+--
+-- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] task HASH
+-- ARGV[1] wake channel
+-- ARGV[2] namespace (the wake-up message)
+-- ARGV[3] n, the number of tasks; then 6 arguments per task i (from 0), at
+--         ARGV[4+6i ..]: id, due ms ('' = now + delay), delay ms,
+--         generation ('0' = bump the stored one, 1 if new), kind, payload
+--
+-- Each task goes to due at its due time, out of inflight and dead, with
+-- attempt 0, last error cleared, create time kept. A given generation older
+-- than the stored one changes nothing (stale). When a task becomes earlier
+-- than the head of due, the namespace is published on the wake channel
+-- (once per call).
+--
+-- Returns {now ms, then 4 values per task: code, a, b, c}:
+--   code 0 replaced / 1 created, plus 2 when it became the earliest:
+--     a = generation, b = create time ms, c = due ms
+--   code 4 stale: a = stored record, b = its state (1 scheduled,
+--     2 delivered, 3 dead), c = its score in that state's ZSET
+local now = now_ms()
+local n = tonumber(ARGV[3])
+local first = head(KEYS[1])
+local wake = false
+local out = {now}
+for i = 0, n - 1 do
+  local j = 4 + 6 * i
+  local id = ARGV[j]
+  local due
+  if ARGV[j + 1] == '' then
+    due = now + tonumber(ARGV[j + 2])
+  else
+    due = tonumber(ARGV[j + 1])
+  end
+  local want = tonumber(ARGV[j + 3])
+  local kind = ARGV[j + 4]
+  local old = redis.call('HGET', KEYS[4], id)
+  local gen, created, code = 1, now, 1
+  local stale = false
+  if old then
+    local r = parse(old)
+    code, created = 0, r.created
+    if want == 0 then
+      gen = r.gen + 1
+    elseif r.gen > want then
+      stale = true
+    else
+      gen = want
+    end
+    if not stale then
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('ZREM', KEYS[3], id)
+    end
+  elseif want > 0 then
+    gen = want
+  end
+  if stale then
+    local st, sc = locate(KEYS[1], KEYS[2], KEYS[3], id)
+    out[#out + 1] = 4
+    out[#out + 1] = old
+    out[#out + 1] = st
+    out[#out + 1] = sc
+  else
+    redis.call('ZADD', KEYS[1], int(due), id)
+    local r = {gen = gen, attempt = 0, created = created, updated = now, due = 0,
+      kl = #kind, el = 0}
+    redis.call('HSET', KEYS[4], id, header(r) .. kind .. ARGV[j + 5])
+    if first == nil or due < first then
+      first = due
+      code = code + 2
+      wake = true
+    end
+    out[#out + 1] = code
+    out[#out + 1] = gen
+    out[#out + 1] = created
+    out[#out + 1] = due
+  end
+end
+if wake then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+end
+return out

@@ -1,0 +1,785 @@
+// Package redisstore is delayd's task index in Redis: per namespace a due
+// ZSET, an inflight ZSET, a dead ZSET and a task HASH (see keys.go), changed
+// only by the Lua scripts under lua/ so every operation is atomic across
+// replicas and decided by one clock, the Redis server's TIME.
+//
+// A Store implements storage.Tasks, storage.Deliveries, storage.DeadLetters,
+// storage.Counter and storage.Wakeups, plus the methods durable mode needs
+// (Restore, Generations, Indexed, MarkIndexed, TryLead, Namespaces). It
+// works with a single Redis (redis.NewClient), Redis Cluster
+// (redis.NewClusterClient: each namespace's keys share one hash tag) and an
+// in-process miniredis (embedded mode); all of them run the same scripts.
+//
+// Every operation costs one round trip per call (per 1,000 items for the
+// batch operations) and is bounded inside Redis: no script loops over more
+// than the items it was given or 1,000 tasks.
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// MaxBatch is the most items one script call handles. Upsert, Ack, Nack,
+// Extend, Requeue and Purge split longer lists into calls of MaxBatch; Pop,
+// Reap, List and the "all" forms of Requeue and Purge handle at most
+// MaxBatch tasks per call.
+const MaxBatch = 1000
+
+// ErrInvalidCursor is returned by List for a cursor it did not make (or one
+// made for another state).
+var ErrInvalidCursor = errors.New("invalid list cursor")
+
+// Options configure a Store. Zero fields take the defaults given.
+type Options struct {
+	// Logger receives the store's warnings. If nil, logs are discarded.
+	Logger *slog.Logger
+	// Timeout bounds every call to Redis (one script run, one SCAN page),
+	// on top of the caller's context. If unset or zero, 5 seconds is used.
+	// A call that runs out of time fails with storage.ErrUnavailable.
+	Timeout time.Duration
+	// WakeChannel is the pub/sub channel of wake-ups, shared by every
+	// replica. If empty, DefaultWakeChannel ("delayd:wake") is used.
+	WakeChannel string
+}
+
+// Store is the Redis task index. It is safe for concurrent use; it does not
+// own the client (closing the client is the caller's business).
+type Store struct {
+	rdb     redis.UniversalClient
+	log     *slog.Logger
+	timeout time.Duration
+	wake    string
+}
+
+var (
+	_ storage.Tasks       = (*Store)(nil)
+	_ storage.Deliveries  = (*Store)(nil)
+	_ storage.DeadLetters = (*Store)(nil)
+	_ storage.Counter     = (*Store)(nil)
+	_ storage.Wakeups     = (*Store)(nil)
+)
+
+// New returns a Store over client. It does not contact Redis.
+func New(client redis.UniversalClient, opts Options) *Store {
+	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.timeout <= 0 {
+		s.timeout = 5 * time.Second
+	}
+	if s.wake == "" {
+		s.wake = DefaultWakeChannel
+	}
+	return s
+}
+
+// shard is the one shard every namespace has for now.
+const shard = 0
+
+// run runs a script with the per-call timeout and classifies its error.
+func (s *Store) run(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	v, err := sc.Run(ctx, s.rdb, keys, args...).Result()
+	if err != nil {
+		return nil, wrapErr(op, err)
+	}
+	return v, nil
+}
+
+// runSlice runs a script that answers an array.
+func (s *Store) runSlice(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) ([]any, error) {
+	v, err := s.run(ctx, op, sc, keys, args...)
+	if err != nil {
+		return nil, err
+	}
+	a, err := replySlice(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return a, nil
+}
+
+// wrapErr wraps err with op, and with storage.ErrUnavailable when Redis
+// could not be reached, timed out, or answered that it cannot serve now.
+func wrapErr(op string, err error) error {
+	if unavailable(err) {
+		return fmt.Errorf("%s: %w: %w", op, storage.ErrUnavailable, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func unavailable(err error) bool {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &ne),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
+		errors.Is(err, redis.ErrPoolExhausted),
+		redis.IsLoadingError(err), redis.IsClusterDownError(err),
+		redis.IsTryAgainError(err), redis.IsMasterDownError(err),
+		redis.IsReadOnlyError(err), redis.IsMaxClientsError(err),
+		redis.IsNoReplicasError(err):
+		return true
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		for _, p := range []string{"BUSY ", "LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN"} {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// stateOf maps a script's state number.
+func stateOf(n int64) storage.State {
+	switch n {
+	case 1:
+		return storage.StateScheduled
+	case 2:
+		return storage.StateDelivered
+	case 3:
+		return storage.StateDead
+	}
+	return storage.StateUnspecified
+}
+
+// chunks calls fn with consecutive pieces of n items of at most MaxBatch.
+func chunks(n int, fn func(lo, hi int) error) error {
+	for lo := 0; lo < n; lo += MaxBatch {
+		if err := fn(lo, min(lo+MaxBatch, n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Upsert creates or replaces tasks of ns, in one round trip per MaxBatch
+// specs. Due times are resolved with the Redis clock when DueTime is zero.
+// Results are in spec order. When any task becomes the earliest of ns, the
+// namespace is published on the wake channel.
+func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	k := keysFor(ns, shard)
+	keys := []string{k.due, k.inflight, k.dead, k.task}
+	out := make([]storage.UpsertResult, 0, len(specs))
+	err := chunks(len(specs), func(lo, hi int) error {
+		part := specs[lo:hi]
+		args := make([]any, 0, 3+6*len(part))
+		args = append(args, s.wake, ns, len(part))
+		for i := range part {
+			sp := &part[i]
+			due := ""
+			if !sp.DueTime.IsZero() {
+				due = strconv.FormatInt(sp.DueTime.UnixMilli(), 10)
+			}
+			args = append(args, sp.ID, due, max(sp.Delay.Milliseconds(), 0), sp.Generation, sp.Kind, sp.Payload)
+		}
+		rep, err := s.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) != 1+4*len(part) {
+			return fmt.Errorf("upsert: reply has %d values for %d tasks", len(rep), len(part))
+		}
+		now, _ := replyInt(rep[0])
+		for i := range part {
+			sp := &part[i]
+			v := rep[1+4*i : 5+4*i]
+			code, err := replyInt(v[0])
+			if err != nil {
+				return fmt.Errorf("upsert: %w", err)
+			}
+			if code == 4 {
+				t, err := decodeTask(ns, sp.ID, v[1], v[2], v[3])
+				if err != nil {
+					return fmt.Errorf("upsert: %w", err)
+				}
+				out = append(out, storage.UpsertResult{Task: t, Stale: true})
+				continue
+			}
+			gen, _ := replyInt(v[1])
+			created, _ := replyInt(v[2])
+			due, _ := replyInt(v[3])
+			out = append(out, storage.UpsertResult{
+				Task: storage.Task{
+					Namespace:  ns,
+					ID:         sp.ID,
+					Kind:       sp.Kind,
+					Payload:    sp.Payload,
+					DueTime:    msTime(due),
+					State:      storage.StateScheduled,
+					Generation: gen,
+					CreateTime: msTime(created),
+					UpdateTime: msTime(now),
+				},
+				Created:  code&1 != 0,
+				Earliest: code&2 != 0,
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// decodeTask builds a task from a script's (record, state, score) reply.
+func decodeTask(ns, id string, recV, stateV, scoreV any) (storage.Task, error) {
+	recS, err := replyString(recV)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	st, err := replyInt(stateV)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	score, err := replyInt(scoreV)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	r, err := decodeRecord(recS)
+	if err != nil {
+		return storage.Task{}, fmt.Errorf("task %q: %w", id, err)
+	}
+	return r.task(ns, id, stateOf(st), score), nil
+}
+
+// Remove deletes the task in any state and returns the state it was in;
+// storage.ErrNotFound if there was no such task.
+func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error) {
+	k := keysFor(ns, shard)
+	v, err := s.run(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.task}, id)
+	if err != nil {
+		return 0, err
+	}
+	n, err := replyInt(v)
+	if err != nil {
+		return 0, fmt.Errorf("remove: %w", err)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("remove %q: %w", id, storage.ErrNotFound)
+	}
+	return stateOf(n), nil
+}
+
+// Get returns one task; storage.ErrNotFound if there is none.
+func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
+	k := keysFor(ns, shard)
+	rep, err := s.runSlice(ctx, "get", scripts.get, []string{k.due, k.inflight, k.dead, k.task}, id)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	if len(rep) < 3 {
+		return storage.Task{}, fmt.Errorf("get %q: %w", id, storage.ErrNotFound)
+	}
+	t, err := decodeTask(ns, id, rep[0], rep[1], rep[2])
+	if err != nil {
+		return storage.Task{}, fmt.Errorf("get: %w", err)
+	}
+	return t, nil
+}
+
+// List returns up to limit tasks of one state in that state's order (due
+// time, lease deadline, death time; ties by id) after cursor, and the cursor
+// of the next page ("" on the last page). limit is clamped to 1..MaxBatch;
+// StateUnspecified lists scheduled tasks. The cursor is opaque; one made for
+// another state fails with ErrInvalidCursor. Paging is stable: a task that
+// stays where it is is listed exactly once.
+func (s *Store) List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+	if state == storage.StateUnspecified {
+		state = storage.StateScheduled
+	}
+	k := keysFor(ns, shard)
+	var set string
+	switch state {
+	case storage.StateScheduled:
+		set = k.due
+	case storage.StateDelivered:
+		set = k.inflight
+	case storage.StateDead:
+		set = k.dead
+	default:
+		return nil, "", fmt.Errorf("list: unknown state %d", state)
+	}
+	limit = min(max(limit, 1), MaxBatch)
+	cs, cid, err := parseCursor(state, cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	rep, err := s.runSlice(ctx, "list", scripts.list, []string{set, k.task}, limit, cs, cid)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(rep) < 3 || (len(rep)-3)%3 != 0 {
+		return nil, "", fmt.Errorf("list: reply has %d values", len(rep))
+	}
+	tasks := make([]storage.Task, 0, (len(rep)-3)/3)
+	for i := 3; i < len(rep); i += 3 {
+		id, err := replyString(rep[i])
+		if err != nil {
+			return nil, "", fmt.Errorf("list: %w", err)
+		}
+		t, err := decodeTask(ns, id, rep[i+2], int64(state), rep[i+1])
+		if err != nil {
+			return nil, "", fmt.Errorf("list: %w", err)
+		}
+		tasks = append(tasks, t)
+	}
+	next := ""
+	if more, _ := replyInt(rep[0]); more == 1 {
+		score, err := replyInt(rep[1])
+		if err != nil {
+			return nil, "", fmt.Errorf("list: %w", err)
+		}
+		id, _ := replyString(rep[2])
+		next = makeCursor(state, score, id)
+	}
+	return tasks, next, nil
+}
+
+// A list cursor is "<state>:<score>:<id>": the last member of the previous
+// page.
+func makeCursor(state storage.State, score int64, id string) string {
+	return strconv.Itoa(int(state)) + ":" + strconv.FormatInt(score, 10) + ":" + id
+}
+
+func parseCursor(state storage.State, c string) (score, id string, err error) {
+	if c == "" {
+		return "", "", nil
+	}
+	st, rest, ok1 := strings.Cut(c, ":")
+	score, id, ok2 := strings.Cut(rest, ":")
+	_, perr := strconv.ParseInt(score, 10, 64)
+	if !ok1 || !ok2 || st != strconv.Itoa(int(state)) || perr != nil || storage.ValidateTaskID(id) != nil {
+		return "", "", fmt.Errorf("list: %w", ErrInvalidCursor)
+	}
+	return score, id, nil
+}
+
+// Pop leases at most limit (and at most MaxBatch) due tasks of ns for
+// leaseFor, in due order, counting the attempt. Due-ness is decided by the
+// Redis clock. Nothing is deleted.
+func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	k := keysFor(ns, shard)
+	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.task},
+		min(limit, MaxBatch), max(leaseFor.Milliseconds(), 0))
+	if err != nil {
+		return nil, err
+	}
+	if len(rep) < 2 || len(rep)%2 != 0 {
+		return nil, fmt.Errorf("pop: reply has %d values", len(rep))
+	}
+	deadline, _ := replyInt(rep[1])
+	out := make([]storage.Delivery, 0, (len(rep)-2)/2)
+	for i := 2; i < len(rep); i += 2 {
+		id, _ := replyString(rep[i])
+		t, err := decodeTask(ns, id, rep[i+1], int64(storage.StateDelivered), deadline)
+		if err != nil {
+			// The task is leased; its lease will expire and the reaper will
+			// put it back. Report the rest.
+			s.log.Error("pop: undecodable task record", "namespace", ns, "id", id, "err", err)
+			continue
+		}
+		out = append(out, storage.Delivery{
+			Task:          t,
+			Token:         storage.Token{Namespace: ns, ID: id, Generation: t.Generation, Attempt: t.Attempt},
+			LeaseDeadline: t.LeaseDeadline,
+		})
+	}
+	return out, nil
+}
+
+// tokenArgs appends id, generation, attempt per token. Tokens of another
+// namespace are not sent; skip[i] marks them.
+func tokenArgs(args []any, ns string, tokens []storage.Token) ([]any, []bool) {
+	var skip []bool
+	for i, t := range tokens {
+		if t.Namespace != "" && t.Namespace != ns {
+			if skip == nil {
+				skip = make([]bool, len(tokens))
+			}
+			skip[i] = true
+			// An id that no task can have: answers NOT_FOUND.
+			args = append(args, "", 0, 0)
+			continue
+		}
+		args = append(args, t.ID, t.Generation, t.Attempt)
+	}
+	return args, skip
+}
+
+func tokenStatus(v any) storage.TokenStatus {
+	n, _ := replyInt(v)
+	switch n {
+	case 1:
+		return storage.TokenOK
+	case 2:
+		return storage.TokenStale
+	default:
+		return storage.TokenNotFound
+	}
+}
+
+// Ack deletes each task whose token still names the delivery in flight
+// (same generation and attempt): OK. A token whose task has since been
+// upserted or redelivered answers STALE, one whose task is gone or not in
+// flight NOT_FOUND; both change nothing. A token of another namespace
+// answers NOT_FOUND. One round trip per MaxBatch tokens.
+func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
+	k := keysFor(ns, shard)
+	out := make([]storage.TokenStatus, 0, len(tokens))
+	err := chunks(len(tokens), func(lo, hi int) error {
+		args := make([]any, 0, 1+3*(hi-lo))
+		args = append(args, hi-lo)
+		args, _ = tokenArgs(args, ns, tokens[lo:hi])
+		rep, err := s.runSlice(ctx, "ack", scripts.ack, []string{k.inflight, k.task}, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) != hi-lo {
+			return fmt.Errorf("ack: reply has %d values for %d tokens", len(rep), hi-lo)
+		}
+		for _, v := range rep {
+			out = append(out, tokenStatus(v))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// retryArgs are ARGV[3..10] of nack.lua and reap.lua.
+func retryArgs(retryAfter *time.Duration, opts storage.NackOptions) []any {
+	after := ""
+	if retryAfter != nil {
+		after = strconv.FormatInt(max(retryAfter.Milliseconds(), 0), 10)
+	}
+	b := opts.Backoff
+	capMS := b.Max.Milliseconds()
+	if capMS <= 0 {
+		capMS = 1 << 50 // no cap given: a delay no task reaches
+	}
+	mult := b.Multiplier
+	if mult < 1 {
+		mult = 1
+	}
+	jitter := min(max(b.Jitter, 0), 1)
+	return []any{
+		after, max(opts.MaxAttempts, 0), max(b.Initial.Milliseconds(), 0), capMS,
+		strconv.FormatFloat(mult, 'g', -1, 64), strconv.FormatFloat(jitter, 'g', -1, 64),
+		strconv.FormatFloat(rand.Float64(), 'g', -1, 64), opts.Reason,
+	}
+}
+
+// moved builds a storage.Moved from a script's state and time.
+func moved(id string, gen int64, attempt int32, state int64, at int64, reason string) storage.Moved {
+	m := storage.Moved{ID: id, Generation: gen, Attempt: attempt, State: stateOf(state), LastError: reason}
+	if m.State == storage.StateDead {
+		m.DeadTime = msTime(at)
+	} else {
+		m.DueTime = msTime(at)
+	}
+	return m
+}
+
+// Nack puts each delivery its token still names back to scheduled, due
+// after opts.RetryAfter or the backoff for its attempt, or to dead when its
+// attempt has reached opts.MaxAttempts (0 = no limit); opts.Reason becomes
+// its last error. Statuses are as for Ack; Moved lists where each applied
+// token's task went, in token order. One round trip per MaxBatch tokens.
+func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	k := keysFor(ns, shard)
+	keys := []string{k.due, k.inflight, k.dead, k.task}
+	statuses := make([]storage.TokenStatus, 0, len(tokens))
+	var movedTasks []storage.Moved
+	err := chunks(len(tokens), func(lo, hi int) error {
+		part := tokens[lo:hi]
+		args := make([]any, 0, 11+3*len(part))
+		args = append(args, s.wake, ns)
+		args = append(args, retryArgs(opts.RetryAfter, opts)...)
+		args = append(args, len(part))
+		args, _ = tokenArgs(args, ns, part)
+		rep, err := s.runSlice(ctx, "nack", scripts.nack, keys, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) != 1+3*len(part) {
+			return fmt.Errorf("nack: reply has %d values for %d tokens", len(rep), len(part))
+		}
+		for i, t := range part {
+			st := tokenStatus(rep[1+3*i])
+			statuses = append(statuses, st)
+			if st == storage.TokenOK {
+				state, _ := replyInt(rep[2+3*i])
+				at, _ := replyInt(rep[3+3*i])
+				movedTasks = append(movedTasks, moved(t.ID, t.Generation, t.Attempt, state, at, opts.Reason))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return statuses, movedTasks, nil
+}
+
+// Extend sets the lease of each delivery its token still names to the
+// Redis clock's now + by. Statuses are as for Ack; LeaseDeadline is set for
+// OK. One round trip per MaxBatch tokens.
+func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
+	k := keysFor(ns, shard)
+	out := make([]storage.ExtendResult, 0, len(tokens))
+	err := chunks(len(tokens), func(lo, hi int) error {
+		args := make([]any, 0, 2+3*(hi-lo))
+		args = append(args, max(by.Milliseconds(), 0), hi-lo)
+		args, _ = tokenArgs(args, ns, tokens[lo:hi])
+		rep, err := s.runSlice(ctx, "extend", scripts.extend, []string{k.inflight, k.task}, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) != 1+hi-lo {
+			return fmt.Errorf("extend: reply has %d values for %d tokens", len(rep), hi-lo)
+		}
+		deadline, _ := replyInt(rep[0])
+		for _, v := range rep[1:] {
+			r := storage.ExtendResult{Status: tokenStatus(v)}
+			if r.Status == storage.TokenOK {
+				r.LeaseDeadline = msTime(deadline)
+			}
+			out = append(out, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Reap takes at most limit (and at most MaxBatch) expired leases of ns back
+// to scheduled after the backoff for their attempt (or opts.RetryAfter), or
+// to dead when their attempt has reached opts.MaxAttempts; opts.Reason
+// becomes their last error. Atomic per call, so every replica may reap at
+// once; each expired lease is moved by exactly one of them.
+func (s *Store) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	k := keysFor(ns, shard)
+	args := make([]any, 0, 11)
+	args = append(args, s.wake, ns)
+	args = append(args, retryArgs(opts.RetryAfter, opts)...)
+	args = append(args, min(limit, MaxBatch))
+	rep, err := s.runSlice(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.task}, args...)
+	if err != nil {
+		return nil, err
+	}
+	if len(rep) < 1 || (len(rep)-1)%5 != 0 {
+		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
+	}
+	var out []storage.Moved
+	for i := 1; i < len(rep); i += 5 {
+		id, _ := replyString(rep[i])
+		gen, _ := replyInt(rep[i+1])
+		attempt, _ := replyInt(rep[i+2])
+		state, _ := replyInt(rep[i+3])
+		at, _ := replyInt(rep[i+4])
+		out = append(out, moved(id, gen, int32(attempt), state, at, opts.Reason))
+	}
+	return out, nil
+}
+
+// NextWake returns the earlier of ns's first due time and first lease
+// deadline, and the Redis clock's now; ok is false when ns has neither.
+func (s *Store) NextWake(ctx context.Context, ns string) (next, now time.Time, ok bool, err error) {
+	k := keysFor(ns, shard)
+	rep, err := s.runSlice(ctx, "next wake", scripts.nextWake, []string{k.due, k.inflight})
+	if err != nil {
+		return time.Time{}, time.Time{}, false, err
+	}
+	if len(rep) != 3 {
+		return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: reply has %d values", len(rep))
+	}
+	nowMS, _ := replyInt(rep[0])
+	var best int64
+	for _, v := range rep[1:] {
+		if sv, _ := replyString(v); sv == "" {
+			continue
+		}
+		at, err := replyInt(v)
+		if err != nil {
+			return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: %w", err)
+		}
+		if !ok || at < best {
+			best, ok = at, true
+		}
+	}
+	if !ok {
+		return time.Time{}, time.UnixMilli(nowMS), false, nil
+	}
+	return time.UnixMilli(best), time.UnixMilli(nowMS), true, nil
+}
+
+// Requeue moves dead tasks back to scheduled, due after delay by the Redis
+// clock, with attempts reset to 0 (generation and last error kept): the
+// named ids (those not dead are skipped), or with all the oldest limit dead
+// tasks (limit clamped to 1..MaxBatch). Returns where each moved task went.
+func (s *Store) Requeue(ctx context.Context, ns string, ids []string, all bool, limit int, delay time.Duration) ([]storage.Moved, error) {
+	k := keysFor(ns, shard)
+	keys := []string{k.due, k.dead, k.task}
+	var out []storage.Moved
+	call := func(flag string, ids []string) error {
+		args := make([]any, 0, 5+len(ids))
+		args = append(args, s.wake, ns, max(delay.Milliseconds(), 0), flag, min(max(limit, 1), MaxBatch))
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		rep, err := s.runSlice(ctx, "requeue", scripts.requeue, keys, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) < 1 || (len(rep)-1)%3 != 0 {
+			return fmt.Errorf("requeue: reply has %d values", len(rep))
+		}
+		for i := 1; i < len(rep); i += 3 {
+			id, _ := replyString(rep[i])
+			gen, _ := replyInt(rep[i+1])
+			due, _ := replyInt(rep[i+2])
+			out = append(out, storage.Moved{ID: id, Generation: gen, State: storage.StateScheduled, DueTime: msTime(due)})
+		}
+		return nil
+	}
+	var err error
+	if all {
+		err = call("1", nil)
+	} else {
+		err = chunks(len(ids), func(lo, hi int) error { return call("0", ids[lo:hi]) })
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Purge deletes dead tasks: the named ids (those not dead are skipped), or
+// with all the oldest limit dead tasks (limit clamped to 1..MaxBatch).
+// Returns the ids deleted.
+func (s *Store) Purge(ctx context.Context, ns string, ids []string, all bool, limit int) ([]string, error) {
+	k := keysFor(ns, shard)
+	keys := []string{k.dead, k.task}
+	var out []string
+	call := func(flag string, ids []string) error {
+		args := make([]any, 0, 2+len(ids))
+		args = append(args, flag, min(max(limit, 1), MaxBatch))
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		rep, err := s.runSlice(ctx, "purge", scripts.purge, keys, args...)
+		if err != nil {
+			return err
+		}
+		for _, v := range rep {
+			id, _ := replyString(v)
+			out = append(out, id)
+		}
+		return nil
+	}
+	var err error
+	if all {
+		err = call("1", nil)
+	} else {
+		err = chunks(len(ids), func(lo, hi int) error { return call("0", ids[lo:hi]) })
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Stats counts ns's tasks per state, how many scheduled tasks are due by
+// the Redis clock, and the earliest due time.
+func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
+	k := keysFor(ns, shard)
+	rep, err := s.runSlice(ctx, "stats", scripts.stats, []string{k.due, k.inflight, k.dead})
+	if err != nil {
+		return storage.Stats{}, err
+	}
+	if len(rep) != 6 {
+		return storage.Stats{}, fmt.Errorf("stats: reply has %d values", len(rep))
+	}
+	var n [6]int64
+	for i, v := range rep {
+		if n[i], err = replyInt(v); err != nil {
+			return storage.Stats{}, fmt.Errorf("stats: %w", err)
+		}
+	}
+	return storage.Stats{
+		Now:       time.UnixMilli(n[0]),
+		Scheduled: n[1],
+		Delivered: n[2],
+		Dead:      n[3],
+		DueNow:    n[4],
+		OldestDue: msTime(n[5]),
+	}, nil
+}
+
+// SubscribeWakeups calls fn with the namespace of every wake-up published
+// by any replica (an upsert, nack, reap, requeue or restore that put an
+// earlier task at the head of a namespace) until ctx is done, and then
+// returns ctx.Err(). It fails with storage.ErrUnavailable when the
+// subscription cannot be made. fn runs on the subscribing goroutine, one
+// call at a time, and should not block. After a connection loss the
+// subscription is re-made in the background; wake-ups published meanwhile
+// are lost (the dispatcher's safety-net poll covers them).
+func (s *Store) SubscribeWakeups(ctx context.Context, fn func(ns string)) error {
+	sub := s.rdb.Subscribe(ctx, s.wake)
+	defer sub.Close()
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	_, err := sub.Receive(rctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return wrapErr("subscribe wakeups", err)
+	}
+	ch := sub.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m, ok := <-ch:
+			if !ok {
+				return fmt.Errorf("subscribe wakeups: %w: subscription closed", storage.ErrUnavailable)
+			}
+			fn(m.Payload)
+		}
+	}
+}
