@@ -1,0 +1,476 @@
+package dispatcher_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/delayd/delayd/dispatcher"
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/redisstore"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// wait is how long a test waits for something that should happen; it is a
+// bound on "never happens", not on speed.
+const wait = 15 * time.Second
+
+// quiet is how long a test watches for something that must NOT happen.
+const quiet = 300 * time.Millisecond
+
+func redisURL() string {
+	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379"
+}
+
+// harness is one store on the shared Redis, a namespace of the test's own
+// and a started dispatcher.
+type harness struct {
+	t     *testing.T
+	rdb   *redis.Client
+	store *redisstore.Store
+	d     *dispatcher.Dispatcher
+	ns    string
+}
+
+func randomSuffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newHarness starts a dispatcher over the shared Redis with pol for every
+// namespace; edit adjusts the Config before New.
+func newHarness(t *testing.T, pol storage.Policy, edit func(*dispatcher.Config)) *harness {
+	t.Helper()
+	opt, err := redis.ParseURL(redisURL())
+	if err != nil {
+		t.Fatalf("TEST_REDIS_URL: %v", err)
+	}
+	rdb := redis.NewClient(opt)
+	h := &harness{t: t, rdb: rdb, store: redisstore.New(rdb, redisstore.Options{}), ns: "dt-" + randomSuffix()}
+	t.Cleanup(func() {
+		cleanNamespace(rdb, h.ns)
+		_ = rdb.Close()
+	})
+	h.d = h.startDispatcher(pol, edit)
+	return h
+}
+
+// startDispatcher starts another dispatcher (replica) over h's store.
+func (h *harness) startDispatcher(pol storage.Policy, edit func(*dispatcher.Config)) *dispatcher.Dispatcher {
+	h.t.Helper()
+	cfg := dispatcher.Config{Store: h.store, Wakeups: h.store, Policies: storage.StaticPolicies{P: pol}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		h.t.Fatalf("dispatcher.New: %v", err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		h.t.Fatalf("Start: %v", err)
+	}
+	h.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			h.t.Errorf("Stop: %v", err)
+		}
+	})
+	return d
+}
+
+// cleanNamespace deletes every key of ns (never FLUSHDB: Redis is shared).
+func cleanNamespace(rdb *redis.Client, ns string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, "*{"+ns+"#*", 100).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
+}
+
+func testPolicy() storage.Policy {
+	p := storage.DefaultPolicy()
+	p.AckTimeout = time.Hour
+	p.Backoff = storage.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}
+	return p
+}
+
+// upsert stores tasks due after delay and tells d, as the server does.
+func (h *harness) upsert(d *dispatcher.Dispatcher, delay time.Duration, ids ...string) {
+	h.t.Helper()
+	specs := make([]storage.UpsertSpec, len(ids))
+	for i, id := range ids {
+		specs[i] = storage.UpsertSpec{ID: id, Delay: delay, Payload: []byte("p-" + id)}
+	}
+	res, err := h.store.Upsert(context.Background(), h.ns, specs)
+	if err != nil {
+		h.t.Fatalf("Upsert: %v", err)
+	}
+	for _, r := range res {
+		if r.Earliest && d != nil {
+			d.Notify(h.ns)
+		}
+	}
+}
+
+// redisNow is the store's clock.
+func (h *harness) redisNow() time.Time {
+	h.t.Helper()
+	now, err := h.rdb.Time(context.Background()).Result()
+	if err != nil {
+		h.t.Fatalf("TIME: %v", err)
+	}
+	return now
+}
+
+func (h *harness) get(id string) (storage.Task, error) {
+	return h.store.Get(context.Background(), h.ns, id)
+}
+
+// ack acks tokens in the store and frees their credit on d.
+func (h *harness) ack(d *dispatcher.Dispatcher, toks ...storage.Token) []storage.TokenStatus {
+	h.t.Helper()
+	st, err := h.store.Ack(context.Background(), h.ns, toks)
+	if err != nil {
+		h.t.Fatalf("Ack: %v", err)
+	}
+	d.Settle(h.ns, toks)
+	return st
+}
+
+// sub is one subscriber served by Dispatcher.Serve in its own goroutine.
+type sub struct {
+	ch     chan storage.Delivery
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// subscribe serves a subscriber whose Send never blocks (a big buffer).
+func (h *harness) subscribe(d *dispatcher.Dispatcher, ns string, maxInFlight int) *sub {
+	return h.subscribeWith(d, ns, maxInFlight, nil)
+}
+
+// subscribeWith serves a subscriber; block, if set, is waited on inside
+// every Send before the delivery is handed over (a slow subscriber).
+func (h *harness) subscribeWith(d *dispatcher.Dispatcher, ns string, maxInFlight int, block chan struct{}) *sub {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &sub{ch: make(chan storage.Delivery, 100000), cancel: cancel, done: make(chan error, 1)}
+	ready := make(chan struct{})
+	go func() {
+		s.done <- d.Serve(ctx, dispatcher.Subscriber{
+			Namespace:   ns,
+			MaxInFlight: maxInFlight,
+			Ready:       func() error { close(ready); return nil },
+			Send: func(del storage.Delivery) error {
+				if block != nil {
+					select {
+					case <-block:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				s.ch <- del
+				return nil
+			},
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-s.done:
+		h.t.Fatalf("Serve returned before Ready: %v", err)
+	}
+	h.t.Cleanup(func() { s.close() })
+	return s
+}
+
+// close ends the subscriber and returns what Serve returned.
+func (s *sub) close() error {
+	s.cancel()
+	err, ok := <-s.done
+	if ok {
+		close(s.done)
+	}
+	return err
+}
+
+func (s *sub) next(t *testing.T) storage.Delivery {
+	t.Helper()
+	select {
+	case d := <-s.ch:
+		return d
+	case <-time.After(wait):
+		t.Fatalf("no delivery within %s", wait)
+		return storage.Delivery{}
+	}
+}
+
+func (s *sub) none(t *testing.T) {
+	t.Helper()
+	select {
+	case d := <-s.ch:
+		t.Fatalf("unexpected delivery of %s (attempt %d)", d.Task.ID, d.Token.Attempt)
+	case <-time.After(quiet):
+	}
+}
+
+func TestCreditBoundsInFlightAndAckFreesIt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testPolicy(), nil)
+	h.upsert(h.d, 0, "a", "b", "c", "d", "e")
+	s := h.subscribe(h.d, h.ns, 2)
+
+	first, second := s.next(t), s.next(t)
+	s.none(t) // max_in_flight 2: nothing more until an ack.
+
+	if st := h.ack(h.d, first.Token); st[0] != storage.TokenOK {
+		t.Fatalf("ack: %v, want OK", st[0])
+	}
+	third := s.next(t)
+	s.none(t)
+	seen := map[string]bool{first.Task.ID: true, second.Task.ID: true, third.Task.ID: true}
+	h.ack(h.d, second.Token, third.Token)
+	for range 2 {
+		d := s.next(t)
+		seen[d.Task.ID] = true
+		h.ack(h.d, d.Token)
+	}
+	if len(seen) != 5 {
+		t.Fatalf("delivered %v, want a..e once each", seen)
+	}
+	for id := range seen {
+		if _, err := h.get(id); !errors.Is(err, storage.ErrNotFound) {
+			t.Errorf("after ack, Get(%s) = %v, want ErrNotFound", id, err)
+		}
+	}
+}
+
+func TestNoSubscriberNoPop(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testPolicy(), nil)
+	other := "dt-other-" + randomSuffix()
+	t.Cleanup(func() { cleanNamespace(h.rdb, other) })
+
+	// A subscriber of another namespace keeps the dispatcher busy there.
+	s := h.subscribe(h.d, other, 10)
+	h.upsert(h.d, 0, "lonely")
+	s.none(t)
+	task, err := h.get("lonely")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if task.State != storage.StateScheduled || task.Attempt != 0 {
+		t.Fatalf("task in a namespace without subscriber: state %v attempt %d, want scheduled, 0", task.State, task.Attempt)
+	}
+}
+
+func TestSlowSubscriberDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testPolicy(), nil)
+	block := make(chan struct{}) // never closed: the slow subscriber's Send hangs
+	slow := h.subscribeWith(h.d, h.ns, 1, block)
+	fast := h.subscribe(h.d, h.ns, 4)
+
+	ids := make([]string, 40)
+	for i := range ids {
+		ids[i] = "t" + string(rune('a'+i/26)) + string(rune('a'+i%26))
+	}
+	h.upsert(h.d, 0, ids...)
+
+	got := map[string]int{}
+	for len(got) < len(ids)-1 {
+		d := fast.next(t)
+		got[d.Task.ID]++
+		h.ack(h.d, d.Token)
+	}
+	// The one task the slow subscriber holds comes back when it goes away,
+	// at once (the lease is an hour).
+	if err := slow.close(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("slow Serve returned %v, want context.Canceled", err)
+	}
+	d := fast.next(t)
+	got[d.Task.ID]++
+	h.ack(h.d, d.Token)
+	if len(got) != len(ids) {
+		t.Fatalf("fast subscriber got %d distinct tasks, want %d", len(got), len(ids))
+	}
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("task %s delivered %d times to the fast subscriber", id, n)
+		}
+	}
+}
+
+func TestStreamEndHandsBackAtOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testPolicy(), nil) // lease: one hour
+	a := h.subscribe(h.d, h.ns, 10)
+	h.upsert(h.d, 0, "x")
+	first := a.next(t)
+	if first.Token.Attempt != 1 {
+		t.Fatalf("first delivery attempt %d, want 1", first.Token.Attempt)
+	}
+	if err := a.close(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve returned %v, want context.Canceled", err)
+	}
+	task, err := h.get("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if task.State != storage.StateScheduled || task.LastError != dispatcher.ReasonStreamClosed {
+		t.Fatalf("after the stream ended: state %v, last error %q; want scheduled, %q", task.State, task.LastError, dispatcher.ReasonStreamClosed)
+	}
+	b := h.subscribe(h.d, h.ns, 10)
+	again := b.next(t)
+	if again.Task.ID != "x" || again.Token.Attempt != 2 {
+		t.Fatalf("redelivery: %s attempt %d, want x attempt 2", again.Task.ID, again.Token.Attempt)
+	}
+	// The old delivery's ack changes nothing.
+	if st := h.ack(h.d, first.Token); st[0] != storage.TokenStale {
+		t.Fatalf("ack of the handed-back delivery: %v, want STALE", st[0])
+	}
+}
+
+func TestLeaseExpiryFreesCreditAndRedelivers(t *testing.T) {
+	t.Parallel()
+	pol := testPolicy()
+	pol.AckTimeout = 200 * time.Millisecond
+	h := newHarness(t, pol, nil)
+	s := h.subscribe(h.d, h.ns, 1) // never acks
+	h.upsert(h.d, 0, "held")
+	for want := int32(1); want <= 3; want++ {
+		d := s.next(t)
+		if d.Task.ID != "held" || d.Token.Attempt != want {
+			t.Fatalf("delivery %s attempt %d, want held attempt %d", d.Task.ID, d.Token.Attempt, want)
+		}
+		if want > 1 && d.Task.LastError != dispatcher.ReasonLeaseExpired {
+			t.Errorf("redelivery last error %q, want %q", d.Task.LastError, dispatcher.ReasonLeaseExpired)
+		}
+	}
+}
+
+func TestStopHandsBackAndEndsStreams(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testPolicy(), nil)
+	d := h.startDispatcher(testPolicy(), nil)
+	s := h.subscribe(d, h.ns, 10)
+	h.upsert(d, 0, "s1", "s2")
+	s.next(t)
+	s.next(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	select {
+	case err := <-s.done:
+		s.done <- err
+		if !errors.Is(err, dispatcher.ErrStopped) {
+			t.Fatalf("Serve returned %v, want ErrStopped", err)
+		}
+	case <-time.After(wait):
+		t.Fatal("Serve did not return after Stop")
+	}
+	for _, id := range []string{"s1", "s2"} {
+		task, err := h.get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if task.State != storage.StateScheduled || task.LastError != dispatcher.ReasonShutdown {
+			t.Errorf("%s after Stop: state %v, last error %q; want scheduled, %q", id, task.State, task.LastError, dispatcher.ReasonShutdown)
+		}
+	}
+	err := d.Serve(context.Background(), dispatcher.Subscriber{Namespace: h.ns, MaxInFlight: 1, Send: func(storage.Delivery) error { return nil }})
+	if !errors.Is(err, dispatcher.ErrStopped) {
+		t.Fatalf("Serve after Stop: %v, want ErrStopped", err)
+	}
+}
+
+func TestWakeupFromAnotherReplica(t *testing.T) {
+	t.Parallel()
+	// The safety poll is a minute: only a pub/sub wake-up makes the
+	// subscriber's replica look before the test gives up.
+	slowPoll := func(c *dispatcher.Config) { c.SafetyPoll = time.Minute }
+	h := newHarness(t, testPolicy(), slowPoll)
+	other := h.startDispatcher(testPolicy(), slowPoll)
+	s := h.subscribe(h.d, h.ns, 10)
+	time.Sleep(quiet) // h.d has planned a one-minute sleep on an empty namespace
+	h.upsert(other, 0, "remote")
+	if d := s.next(t); d.Task.ID != "remote" {
+		t.Fatalf("got %s, want remote", d.Task.ID)
+	}
+}
+
+// mutablePolicies serves one policy that a test may change.
+type mutablePolicies struct {
+	mu sync.Mutex
+	p  storage.Policy
+}
+
+func (m *mutablePolicies) Policy(context.Context, string) (storage.Policy, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.p, nil
+}
+
+func (m *mutablePolicies) set(p storage.Policy) {
+	m.mu.Lock()
+	m.p = p
+	m.mu.Unlock()
+}
+
+func TestPolicyChangeAppliesWithoutRestart(t *testing.T) {
+	t.Parallel()
+	pols := &mutablePolicies{p: testPolicy()} // lease: one hour
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
+		c.Policies = pols
+		c.PolicyRefresh = 50 * time.Millisecond
+	})
+	s := h.subscribe(h.d, h.ns, 10)
+	h.upsert(h.d, 0, "p1")
+	if d := s.next(t); d.LeaseDeadline.Sub(h.redisNow()) < 30*time.Minute {
+		t.Fatalf("first lease ends %s from now, want about an hour", d.LeaseDeadline.Sub(h.redisNow()))
+	}
+	short := testPolicy()
+	short.AckTimeout = 150 * time.Millisecond
+	pols.set(short)
+	time.Sleep(2 * 50 * time.Millisecond)
+	h.upsert(h.d, 0, "p2")
+	d := s.next(t)
+	if d.Task.ID != "p2" {
+		t.Fatalf("got %s, want p2", d.Task.ID)
+	}
+	if lease := d.LeaseDeadline.Sub(h.redisNow()); lease > time.Minute {
+		t.Fatalf("lease after the policy change ends %s from now, want at most 150ms", lease)
+	}
+	// And the short lease is enforced: p2 comes back.
+	if again := s.next(t); again.Task.ID != "p2" || again.Token.Attempt != 2 {
+		t.Fatalf("got %s attempt %d, want p2 attempt 2", again.Task.ID, again.Token.Attempt)
+	}
+}
+
+func TestNewRequiresStore(t *testing.T) {
+	if _, err := dispatcher.New(dispatcher.Config{}); err == nil {
+		t.Fatal("New without Store succeeded")
+	}
+}
