@@ -1,0 +1,417 @@
+package mysqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// The reconciler makes the index agree with MySQL. Every replica runs the
+// loop; only the holder of the leader lease (in Redis) works:
+//
+//   - every IndexCheckInterval, each namespace MySQL holds tasks of whose
+//     index marker is missing (a cold start, a Redis restarted empty, a
+//     FLUSHALL) is rebuilt from MySQL in bounded batches, then marked;
+//   - once after start and then every ReconcileInterval, every task the
+//     index lacks or holds at an older generation is re-indexed;
+//   - with HistoryRetention, history rows past it are pruned.
+//
+// A follower only watches the markers until every namespace is indexed, to
+// close Ready. Every replica also retries its own failed index writes
+// (requestRepair) every IndexCheckInterval.
+//
+// One step reads ReconcileBatch primary keys (keyset pagination on
+// (namespace, id)), asks the index for their generations, reads the full
+// rows of those it lacks or holds older, and restores them. A task acked or
+// removed between that read and the restore would come back to life in the
+// index; so the restored ids are read again and the ones MySQL no longer has
+// are removed from the index again.
+
+// reconcileLoop runs until ctx is done.
+func (s *Store) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.IndexCheckInterval)
+	defer t.Stop()
+	var lastFull time.Time // zero: a full pass is due once the index is complete
+	for {
+		lastFull = s.reconcileTick(ctx, lastFull)
+		s.repairFailed(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reconcileTick is one turn of the loop; it returns when the last full
+// pass ran.
+func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time {
+	lead, err := s.tryLead(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("reconciler: cannot take the leader lease", "err", err)
+		}
+		return lastFull
+	}
+	if !lead {
+		s.watchMarkers(ctx)
+		return lastFull
+	}
+	nss, err := s.taskNamespaces(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("reconciler: cannot list namespaces", "err", err)
+		}
+		return lastFull
+	}
+	complete := true
+	for _, ns := range nss {
+		ok, err := s.idx.Indexed(ctx, ns)
+		if err != nil {
+			complete = false
+			if ctx.Err() == nil {
+				s.log.Warn("reconciler: cannot read index marker", "namespace", ns, "err", err)
+			}
+			break
+		}
+		if ok {
+			continue
+		}
+		if err := s.rebuild(ctx, ns); err != nil {
+			complete = false
+			if ctx.Err() == nil {
+				s.log.Warn("reconciler: index rebuild failed; retrying", "namespace", ns, "err", err)
+			}
+			break
+		}
+	}
+	if !complete {
+		return lastFull
+	}
+	s.markReady()
+	if !lastFull.IsZero() && time.Since(lastFull) < s.cfg.ReconcileInterval {
+		return lastFull
+	}
+	start := time.Now()
+	var scanned, restored int
+	for _, ns := range nss {
+		sc, rs, err := s.walk(ctx, ns)
+		scanned, restored = scanned+sc, restored+rs
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("reconciler: pass failed; retrying next interval", "namespace", ns, "err", err)
+			}
+			return start
+		}
+	}
+	if restored > 0 {
+		s.log.Warn("reconciler: re-indexed tasks the index lacked or held at an older generation",
+			"restored", restored, "scanned", scanned, "took", time.Since(start).Round(time.Millisecond))
+	} else {
+		s.log.Debug("reconciler: index agrees with mysql", "scanned", scanned, "took", time.Since(start).Round(time.Millisecond))
+	}
+	s.pruneHistory(ctx)
+	return start
+}
+
+// tryLead takes or renews the leader lease.
+func (s *Store) tryLead(ctx context.Context) (bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	return s.idx.TryLead(cctx, s.leader, s.cfg.Holder, s.cfg.LeaderTTL)
+}
+
+// watchMarkers closes Ready once every namespace is indexed (by the
+// leader). After that a follower has nothing to watch.
+func (s *Store) watchMarkers(ctx context.Context) {
+	select {
+	case <-s.ready:
+		return
+	default:
+	}
+	nss, err := s.taskNamespaces(ctx)
+	if err != nil {
+		return
+	}
+	for _, ns := range nss {
+		ok, err := s.idx.Indexed(ctx, ns)
+		if err != nil || !ok {
+			return
+		}
+	}
+	s.markReady()
+}
+
+func (s *Store) markReady() {
+	s.readyOnce.Do(func() {
+		s.log.Info("index complete: every namespace is indexed from mysql")
+		close(s.ready)
+	})
+}
+
+// taskNamespaces lists the namespaces MySQL holds tasks of (a loose index
+// scan of the primary key).
+func (s *Store) taskNamespaces(ctx context.Context) ([]string, error) {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	rows, err := s.db.QueryContext(cctx, "SELECT DISTINCT namespace FROM delayd_tasks")
+	if err != nil {
+		return nil, classify("list namespaces", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var ns string
+		if err := rows.Scan(&ns); err != nil {
+			return nil, classify("list namespaces", err)
+		}
+		out = append(out, ns)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("list namespaces", err)
+	}
+	return out, nil
+}
+
+// rebuild re-indexes every task of ns from MySQL, logging progress, then
+// sets the index marker.
+func (s *Store) rebuild(ctx context.Context, ns string) error {
+	s.log.Warn("index marker missing: rebuilding the namespace's index from mysql", "namespace", ns)
+	start := time.Now()
+	scanned, restored, err := s.walkLogged(ctx, ns, true)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	if err := s.idx.MarkIndexed(cctx, ns); err != nil {
+		return fmt.Errorf("mark indexed: %w", err)
+	}
+	s.log.Info("index rebuilt", "namespace", ns, "tasks", scanned, "restored", restored, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// walk re-indexes what the index lacks of ns, in bounded batches.
+func (s *Store) walk(ctx context.Context, ns string) (scanned, restored int, err error) {
+	return s.walkLogged(ctx, ns, false)
+}
+
+// walkLogged is walk; with progress, it logs every few seconds.
+func (s *Store) walkLogged(ctx context.Context, ns string, progress bool) (scanned, restored int, err error) {
+	after := ""
+	lastLog, lastLease := time.Now(), time.Now()
+	for {
+		n, r, last, err := s.step(ctx, ns, after)
+		scanned, restored = scanned+n, restored+r
+		if err != nil {
+			return scanned, restored, err
+		}
+		if n < s.cfg.ReconcileBatch {
+			return scanned, restored, nil
+		}
+		after = last
+		if progress && time.Since(lastLog) >= 2*time.Second {
+			lastLog = time.Now()
+			s.log.Info("rebuilding index", "namespace", ns, "scanned", scanned, "restored", restored)
+		}
+		// Keep the lease while a long pass runs; stop if it was lost.
+		if time.Since(lastLease) >= s.cfg.LeaderTTL/3 {
+			lastLease = time.Now()
+			lead, err := s.tryLead(ctx)
+			if err != nil {
+				return scanned, restored, err
+			}
+			if !lead {
+				return scanned, restored, errors.New("leader lease lost")
+			}
+		}
+	}
+}
+
+// step reconciles the next ReconcileBatch tasks of ns after id `after`. It
+// returns how many it read, how many it restored, and the last id read.
+func (s *Store) step(ctx context.Context, ns, after string) (n, restored int, last string, err error) {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	keys, err := s.readGenerations(cctx, ns, after, s.cfg.ReconcileBatch)
+	if err != nil || len(keys) == 0 {
+		return 0, 0, "", err
+	}
+	last = keys[len(keys)-1].id
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.id
+	}
+	have, err := s.idx.Generations(cctx, ns, ids)
+	if err != nil {
+		return len(keys), 0, last, fmt.Errorf("index generations: %w", err)
+	}
+	if len(have) != len(ids) {
+		return len(keys), 0, last, fmt.Errorf("index answered %d generations for %d ids", len(have), len(ids))
+	}
+	var need []string
+	for i, k := range keys {
+		if have[i] < k.gen {
+			need = append(need, k.id)
+		}
+	}
+	if len(need) == 0 {
+		return len(keys), 0, last, nil
+	}
+	r, err := s.restoreIDs(cctx, ns, need)
+	return len(keys), r, last, err
+}
+
+// restoreIDs reads the named tasks from MySQL and restores them into the
+// index; then removes again from the index those MySQL no longer has
+// (acked or removed meanwhile).
+func (s *Store) restoreIDs(ctx context.Context, ns string, ids []string) (int, error) {
+	tasks, err := s.readTasks(ctx, ns, ids)
+	if err != nil {
+		return 0, err
+	}
+	if len(tasks) == 0 {
+		return 0, nil
+	}
+	n, err := s.idx.Restore(ctx, ns, tasks)
+	if err != nil {
+		return 0, fmt.Errorf("index restore: %w", err)
+	}
+	restoredIDs := make([]string, len(tasks))
+	for i, t := range tasks {
+		restoredIDs[i] = t.ID
+	}
+	still, err := s.readTasks(ctx, ns, restoredIDs)
+	if err != nil {
+		return n, err
+	}
+	present := make(map[string]bool, len(still))
+	for _, t := range still {
+		present[t.ID] = true
+	}
+	for _, id := range restoredIDs {
+		if present[id] {
+			continue
+		}
+		if _, err := s.idx.Remove(ctx, ns, id); err != nil && !errors.Is(err, storage.ErrNotFound) {
+			return n, fmt.Errorf("index remove of a task deleted meanwhile: %w", err)
+		}
+	}
+	return n, nil
+}
+
+// keyGen is one primary key and its generation.
+type keyGen struct {
+	id  string
+	gen int64
+}
+
+// readGenerations reads up to limit (id, generation) of ns after id, in id
+// order (keyset pagination on the primary key).
+func (s *Store) readGenerations(ctx context.Context, ns, after string, limit int) ([]keyGen, error) {
+	rows, err := s.db.QueryContext(ctx,
+		"SELECT id, generation FROM delayd_tasks WHERE namespace = ? AND id > ? ORDER BY id LIMIT ?", ns, after, limit)
+	if err != nil {
+		return nil, classify("reconcile: read", err)
+	}
+	defer rows.Close()
+	out := make([]keyGen, 0, limit)
+	for rows.Next() {
+		var k keyGen
+		if err := rows.Scan(&k.id, &k.gen); err != nil {
+			return nil, classify("reconcile: read", err)
+		}
+		out = append(out, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("reconcile: read", err)
+	}
+	return out, nil
+}
+
+// readTasks reads the named tasks of ns (those that exist).
+func (s *Store) readTasks(ctx context.Context, ns string, ids []string) ([]storage.Task, error) {
+	var out []storage.Task
+	for start := 0; start < len(ids); start += 1000 {
+		chunk := ids[start:min(start+1000, len(ids))]
+		args := []any{ns}
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		q := "SELECT " + taskColumns + " FROM delayd_tasks WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ")"
+		if err := queryTasks(ctx, s.db, q, args, func(t storage.Task) { out = append(out, t) }); err != nil {
+			return nil, classify("reconcile: read tasks", err)
+		}
+	}
+	return out, nil
+}
+
+// repairFailed re-indexes, from MySQL, the tasks whose index write failed
+// on this replica. Those it cannot repair yet stay for the next turn.
+func (s *Store) repairFailed(ctx context.Context) {
+	s.repairMu.Lock()
+	if len(s.repairs) == 0 {
+		s.repairMu.Unlock()
+		return
+	}
+	byNS := map[string][]string{}
+	taken := 0
+	for k := range s.repairs {
+		if taken >= s.cfg.ReconcileBatch {
+			break
+		}
+		byNS[k.ns] = append(byNS[k.ns], k.id)
+		delete(s.repairs, k)
+		taken++
+	}
+	s.repairMu.Unlock()
+	nss := make([]string, 0, len(byNS))
+	for ns := range byNS {
+		nss = append(nss, ns)
+	}
+	sort.Strings(nss)
+	for _, ns := range nss {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		n, err := s.restoreIDs(cctx, ns, byNS[ns])
+		cancel()
+		if err != nil {
+			s.requestRepair(ns, byNS[ns])
+			if ctx.Err() == nil {
+				s.log.Debug("index still unavailable for repairs", "namespace", ns, "err", err)
+			}
+			continue
+		}
+		s.log.Info("re-indexed tasks whose index write had failed", "namespace", ns, "tasks", len(byNS[ns]), "restored", n)
+	}
+}
+
+// pruneHistory deletes history rows older than HistoryRetention, in
+// bounded batches.
+func (s *Store) pruneHistory(ctx context.Context) {
+	if s.cfg.HistoryRetention <= 0 {
+		return
+	}
+	cutoff := s.cfg.Clock.Now().Add(-s.cfg.HistoryRetention).UnixMilli()
+	total := int64(0)
+	for ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		res, err := s.db.ExecContext(cctx, "DELETE FROM delayd_task_history WHERE acked_ms < ? ORDER BY acked_ms LIMIT 1000", cutoff)
+		cancel()
+		if err != nil {
+			s.log.Warn("reconciler: pruning history failed", "err", err)
+			return
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		if n < 1000 {
+			break
+		}
+	}
+	if total > 0 {
+		s.log.Info("pruned task history", "rows", total, "retention", s.cfg.HistoryRetention)
+	}
+}

@@ -1,0 +1,642 @@
+// Package mysqlstore is delayd's durable mode: MySQL (or MariaDB) is the
+// authority for every task, and the Redis index (storage/redisstore) is
+// written through after it and rebuilt from it.
+//
+// Store wraps an Index and implements storage.Tasks, storage.Deliveries,
+// storage.DeadLetters, storage.Counter and storage.Registry, so the server
+// and the dispatcher use it exactly as they use the index alone. What it
+// promises:
+//
+//   - An upsert is answered OK only after MySQL committed it. MySQL decides
+//     the generation; the index is then written with that exact generation,
+//     so an older generation never overwrites a newer one in either store.
+//     If the index write fails after the commit, the upsert is still
+//     answered OK (it is durable) and the index is repaired from MySQL: at
+//     once by this replica when Redis answers again, and by the reconciler.
+//   - Remove deletes from MySQL first, then from the index. If MySQL is down
+//     nothing is touched and the answer is storage.ErrUnavailable.
+//   - Ack, nack, lease expiry, dead-lettering and requeue are decided by the
+//     index (it knows the delivery in flight) and written through to MySQL
+//     with generation-guarded statements: an ack deletes only the acked
+//     generation (or moves it to a history table).
+//   - Writes from concurrent callers are group-committed: one committer
+//     goroutine gathers them into multi-row statements in one transaction,
+//     and applies the resulting index writes in commit order.
+//   - A reconciler (one leader at a time across replicas, a lease in Redis)
+//     rebuilds each namespace whose index marker is missing (a cold start,
+//     a Redis that lost everything) and, every ReconcileInterval, re-indexes
+//     every task the index lacks or holds at an older generation. Ready is
+//     closed once every namespace is indexed.
+//   - Get and List fall back to MySQL when the index does not have the task.
+//
+// Pops and lease extensions stay in the index only: MySQL does not know
+// which task is in flight, so after a Redis loss a delivered task is
+// delivered again (at-least-once; never lost).
+package mysqlstore
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// Index is the fast index durable mode writes through to; redisstore.Store
+// implements it.
+type Index interface {
+	storage.Tasks
+	storage.Deliveries
+	storage.DeadLetters
+	storage.Counter
+
+	// Restore re-indexes tasks read from the authority: each is written
+	// unless the index holds the same or a newer generation. A DELIVERED
+	// task is restored as SCHEDULED at its DueTime; generation and attempt
+	// are kept. It returns how many it wrote.
+	Restore(ctx context.Context, ns string, tasks []storage.Task) (int, error)
+	// Generations returns the generation the index holds for each id, in
+	// order; 0 when it holds none.
+	Generations(ctx context.Context, ns string, ids []string) ([]int64, error)
+	// Indexed reports whether ns carries the "index is complete" marker.
+	Indexed(ctx context.Context, ns string) (bool, error)
+	// MarkIndexed sets the marker of ns.
+	MarkIndexed(ctx context.Context, ns string) error
+	// TryLead takes or renews the leader lease called name for holder for
+	// ttl; true if holder holds it now.
+	TryLead(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
+	// Namespaces lists the namespaces the index holds keys for.
+	Namespaces(ctx context.Context) ([]string, error)
+}
+
+// Clock tells the local time. Tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config configures a Store.
+type Config struct {
+	// DSN names the MySQL database: a go-sql-driver/mysql DSN such as
+	// "user:pass@tcp(127.0.0.1:3306)/delayd". Required. The store adds
+	// interpolateParams (one round trip per statement) and, unless the DSN
+	// sets them, a 5 s dial timeout.
+	DSN string
+	// Index is the Redis index written through after MySQL. Required.
+	Index Index
+	// Logger; if nil, logs are discarded.
+	Logger *slog.Logger
+	// Clock is the local clock. The store corrects it by the offset to the
+	// index's clock (Redis TIME), which decides due-ness, and resolves
+	// relative delays and timestamps with the result. If nil, time.Now.
+	Clock Clock
+
+	// MaxOpenConns caps the MySQL connection pool. If zero, 16.
+	MaxOpenConns int
+	// OpTimeout bounds every MySQL transaction and every index call the
+	// store makes on its own (group commits, reconciler batches). If zero,
+	// 10 seconds.
+	OpTimeout time.Duration
+
+	// MaxBatch is the most task rows one group commit carries; a batch
+	// that is full is committed at once. One call larger than it is
+	// committed alone. If zero, 512.
+	MaxBatch int
+	// MaxBatchBytes bounds the payload bytes of one group commit and of one
+	// statement (stay well under max_allowed_packet). If zero, 4 MiB.
+	MaxBatchBytes int
+	// Linger is how long the committer waits for more writes after the
+	// first one of a batch when no more are queued. If zero, 100
+	// microseconds; negative means no wait.
+	Linger time.Duration
+
+	// ReconcileInterval is how often the leader re-indexes every task the
+	// index lacks or holds at an older generation. If zero, 30 seconds.
+	ReconcileInterval time.Duration
+	// ReconcileBatch is the rows the reconciler and the index rebuild read
+	// per step. If zero, 1,000.
+	ReconcileBatch int
+	// IndexCheckInterval is how often the leader looks for namespaces
+	// whose index marker is missing (a Redis that lost everything), and how
+	// often failed index writes are retried. If zero, 1 second.
+	IndexCheckInterval time.Duration
+	// LeaderTTL is the reconciler's leader lease. If zero, 10 seconds.
+	LeaderTTL time.Duration
+	// Holder names this replica in the leader lease. If empty, host name,
+	// process id and a random suffix.
+	Holder string
+
+	// HistoryRetention, if positive, keeps every acked task in
+	// delayd_task_history for that long (the leader prunes older rows).
+	// If zero, an ack deletes the task's row and keeps nothing.
+	HistoryRetention time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
+	if c.MaxOpenConns <= 0 {
+		c.MaxOpenConns = 16
+	}
+	if c.OpTimeout <= 0 {
+		c.OpTimeout = 10 * time.Second
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 512
+	}
+	if c.MaxBatchBytes <= 0 {
+		c.MaxBatchBytes = 4 << 20
+	}
+	if c.Linger == 0 {
+		c.Linger = 100 * time.Microsecond
+	}
+	if c.ReconcileInterval <= 0 {
+		c.ReconcileInterval = 30 * time.Second
+	}
+	if c.ReconcileBatch <= 0 {
+		c.ReconcileBatch = 1000
+	}
+	if c.IndexCheckInterval <= 0 {
+		c.IndexCheckInterval = time.Second
+	}
+	if c.LeaderTTL <= 0 {
+		c.LeaderTTL = 10 * time.Second
+	}
+	if c.Holder == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.Holder = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+}
+
+// leaderPrefix starts the name of the leader lease the reconcilers of all
+// replicas share; the MySQL database name follows, so deployments with
+// different databases sharing one Redis elect one leader each.
+const leaderPrefix = "mysqlstore-reconciler:"
+
+// errStopped is returned to writes that arrive after Stop.
+var errStopped = fmt.Errorf("mysqlstore: store stopped: %w", storage.ErrUnavailable)
+
+// Store is the durable task store. Create it with New, then Start it; Stop
+// it once. All methods are safe for concurrent use.
+type Store struct {
+	cfg    Config
+	db     *sql.DB
+	idx    Index
+	log    *slog.Logger
+	leader string // leader lease name
+
+	// committer pipeline (committer.go)
+	in      chan *op
+	indexQ  chan []*op
+	quit    chan struct{}
+	stopped chan struct{} // closed when Stop has finished
+
+	// reconciler (reconcile.go)
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	ready     chan struct{}
+	readyOnce sync.Once
+	repairMu  sync.Mutex
+	repairs   map[taskKey]struct{}
+
+	// offset of the index's clock to the local clock
+	clockMu  sync.Mutex
+	offset   time.Duration
+	offsetAt time.Time
+
+	startOnce sync.Once
+	stopOnce  sync.Once
+	started   bool
+}
+
+// taskKey names a task across namespaces.
+type taskKey struct{ ns, id string }
+
+// maxRepairs bounds the failed index writes a replica remembers to repair
+// itself; past it, the reconciler's periodic pass repairs the rest.
+const maxRepairs = 100_000
+
+// New connects to MySQL, applies the schema migrations (see Migrate) and
+// returns a Store that does nothing in the background until Start.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	cfg.defaults()
+	if cfg.DSN == "" {
+		return nil, errors.New("mysqlstore: Config.DSN is required")
+	}
+	if cfg.Index == nil {
+		return nil, errors.New("mysqlstore: Config.Index is required")
+	}
+	mcfg, err := mysql.ParseDSN(cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("mysqlstore: parse dsn: %w", err)
+	}
+	if mcfg.DBName == "" {
+		return nil, errors.New("mysqlstore: the DSN names no database (user@tcp(host:port)/DBNAME)")
+	}
+	mcfg.InterpolateParams = true
+	mcfg.MultiStatements = false
+	if mcfg.Timeout == 0 {
+		mcfg.Timeout = 5 * time.Second
+	}
+	if err := Migrate(ctx, mcfg.FormatDSN(), cfg.Logger); err != nil {
+		return nil, err
+	}
+	connector, err := mysql.NewConnector(mcfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysqlstore: %w", err)
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(cfg.MaxOpenConns)
+	db.SetMaxIdleConns(cfg.MaxOpenConns)
+	db.SetConnMaxLifetime(5 * time.Minute)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, classify("mysqlstore: connect", err)
+	}
+	return &Store{
+		cfg:     cfg,
+		leader:  leaderPrefix + mcfg.DBName,
+		db:      db,
+		idx:     cfg.Index,
+		log:     cfg.Logger,
+		in:      make(chan *op),
+		indexQ:  make(chan []*op, 1),
+		quit:    make(chan struct{}),
+		stopped: make(chan struct{}),
+		ready:   make(chan struct{}),
+		repairs: make(map[taskKey]struct{}),
+	}, nil
+}
+
+// DB returns the store's connection pool (for tests and operators' tools).
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Start starts the committer and the reconciler. It returns at once; ctx
+// only bounds the start itself. Call it once.
+func (s *Store) Start(ctx context.Context) error {
+	s.startOnce.Do(func() {
+		s.started = true
+		rctx, cancel := context.WithCancel(context.Background())
+		s.cancel = cancel
+		s.wg.Add(3)
+		go func() { defer s.wg.Done(); s.collect() }()
+		go func() { defer s.wg.Done(); s.indexLoop() }()
+		go func() { defer s.wg.Done(); s.reconcileLoop(rctx) }()
+	})
+	return nil
+}
+
+// Ready is closed once every namespace MySQL holds tasks of has a complete
+// index (rebuilt from MySQL where the index marker was missing). Until
+// then deliveries of those namespaces may be incomplete; the daemon
+// reports NOT_SERVING. It stays closed when a later Redis loss makes the
+// leader rebuild again: writes keep working meanwhile.
+func (s *Store) Ready() <-chan struct{} { return s.ready }
+
+// Stop stops the reconciler, commits and indexes every write already
+// accepted, refuses new ones (storage.ErrUnavailable), waits for every
+// goroutine, and closes the MySQL pool; or gives up waiting when ctx is
+// done. Shutdown order: writers are refused first (quit), the committer
+// drains into the index stage, the index stage drains, then the pool closes.
+func (s *Store) Stop(ctx context.Context) error {
+	var err error
+	s.stopOnce.Do(func() {
+		if s.cancel != nil {
+			s.cancel()
+		}
+		close(s.quit)
+		if !s.started {
+			close(s.indexQ)
+		}
+		done := make(chan struct{})
+		go func() { s.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = fmt.Errorf("mysqlstore: stop: %w", ctx.Err())
+		}
+		if cerr := s.db.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("mysqlstore: close: %w", cerr)
+		}
+		close(s.stopped)
+	})
+	return err
+}
+
+// opCtx returns a context for one of the store's own operations.
+func (s *Store) opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+}
+
+// now returns the index's clock (Redis TIME) as well as this replica knows
+// it: the local clock plus an offset measured at most a second ago through
+// the index. If the index cannot be asked, the last offset (at first 0) is
+// used: a relative delay is then off by this replica's clock error, which
+// is only the due time the task gets, never early delivery of another.
+func (s *Store) now(ctx context.Context, ns string) time.Time {
+	local := s.cfg.Clock.Now()
+	s.clockMu.Lock()
+	fresh := !s.offsetAt.IsZero() && local.Sub(s.offsetAt) < time.Second && local.Sub(s.offsetAt) >= 0
+	off := s.offset
+	s.clockMu.Unlock()
+	if fresh {
+		return local.Add(off)
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	before := s.cfg.Clock.Now()
+	_, remote, _, err := s.idx.NextWake(cctx, ns)
+	after := s.cfg.Clock.Now()
+	if err != nil || remote.IsZero() {
+		if err != nil {
+			s.log.Debug("index clock unavailable; using the last known offset", "err", err)
+		}
+		s.clockMu.Lock()
+		s.offsetAt = after // do not ask again for a second
+		s.clockMu.Unlock()
+		return after.Add(off)
+	}
+	mid := before.Add(after.Sub(before) / 2)
+	off = remote.Sub(mid)
+	s.clockMu.Lock()
+	s.offset, s.offsetAt = off, after
+	s.clockMu.Unlock()
+	return after.Add(off)
+}
+
+// ---- storage.Tasks ----
+
+// Upsert creates or replaces tasks of ns: MySQL first (generation decided
+// there), then the index with that generation. It returns only after the
+// MySQL commit; an index failure after it is logged and repaired later
+// (the result then has Earliest false). Specs with an explicit Generation
+// are applied as such: Stale when MySQL holds a newer one. MySQL down:
+// storage.ErrUnavailable and nothing written.
+func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	now := s.now(ctx, ns)
+	rows := make([]upsertRow, len(specs))
+	exact := false
+	for i, sp := range specs {
+		due := sp.DueTime
+		if due.IsZero() {
+			due = now.Add(sp.Delay)
+		}
+		payload := sp.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		rows[i] = upsertRow{id: sp.ID, kind: sp.Kind, payload: payload, dueMS: due.UnixMilli(), gen: sp.Generation}
+		if sp.Generation != 0 {
+			exact = true
+		}
+	}
+	if exact {
+		return s.upsertExact(ctx, ns, rows, now.UnixMilli())
+	}
+	o := &op{kind: kindUpsert, ns: ns, nowMS: now.UnixMilli(), rows: rows}
+	if err := s.submit(ctx, o); err != nil {
+		return nil, err
+	}
+	return o.upserts, nil
+}
+
+// Remove deletes the task from MySQL, then from the index, and returns the
+// state it was in (the index's, which knows DELIVERED; else MySQL's).
+// ErrNotFound if neither had it. MySQL down: ErrUnavailable and nothing
+// touched. Index down after the MySQL delete: ErrUnavailable; the task is
+// gone from the authority and a retry removes it from the index.
+func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error) {
+	o := &op{kind: kindRemove, ns: ns, nowMS: s.cfg.Clock.Now().UnixMilli(), id: id}
+	if err := s.submit(ctx, o); err != nil {
+		return storage.StateUnspecified, err
+	}
+	return o.prev, nil
+}
+
+// Get returns the task from the index or, when the index does not have it
+// (or cannot be reached), from MySQL.
+func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
+	t, err := s.idx.Get(ctx, ns, id)
+	if err == nil {
+		return t, nil
+	}
+	if !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrUnavailable) {
+		return storage.Task{}, err
+	}
+	mt, merr := s.getMySQL(ctx, ns, id)
+	if merr != nil {
+		if errors.Is(merr, storage.ErrNotFound) && errors.Is(err, storage.ErrUnavailable) {
+			return storage.Task{}, err
+		}
+		return storage.Task{}, merr
+	}
+	return mt, nil
+}
+
+// mysqlCursor prefixes the cursors of pages read from MySQL.
+const mysqlCursor = "m:"
+
+// List pages through the index. It reads MySQL instead when the index
+// cannot be reached, or when the index holds no task of the namespace at
+// all and has no index marker for it (Redis lost its data and the rebuild
+// has not reached the namespace yet). MySQL does not know which tasks are
+// in flight: a MySQL page of StateDelivered is empty and tasks in flight
+// are listed as scheduled. A cursor from one source continues in that
+// source.
+func (s *Store) List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+	if strings.HasPrefix(cursor, mysqlCursor) {
+		return s.listMySQL(ctx, ns, state, limit, cursor[len(mysqlCursor):])
+	}
+	ts, next, err := s.idx.List(ctx, ns, state, limit, cursor)
+	if cursor != "" || state == storage.StateDelivered {
+		return ts, next, err
+	}
+	if err != nil {
+		if errors.Is(err, storage.ErrUnavailable) {
+			return s.listMySQL(ctx, ns, state, limit, "")
+		}
+		return ts, next, err
+	}
+	if len(ts) == 0 && s.indexLost(ctx, ns) {
+		return s.listMySQL(ctx, ns, state, limit, "")
+	}
+	return ts, next, nil
+}
+
+// indexLost reports whether the index holds nothing of ns and no marker
+// says that is complete.
+func (s *Store) indexLost(ctx context.Context, ns string) bool {
+	if ok, err := s.idx.Indexed(ctx, ns); err != nil || ok {
+		return false
+	}
+	st, err := s.idx.Stats(ctx, ns)
+	return err == nil && st.Scheduled+st.Delivered+st.Dead == 0
+}
+
+// ---- storage.Deliveries ----
+
+// Pop is the index's: pops are not written to MySQL.
+func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+	return s.idx.Pop(ctx, ns, limit, leaseFor)
+}
+
+// Ack acks in the index (which checks generation and attempt), then
+// deletes each acked generation from MySQL, or moves it to the history
+// table when HistoryRetention is set. A newer generation's row is never
+// deleted. If the MySQL delete fails, the statuses are returned with an
+// ErrUnavailable error: the index has forgotten the delivery, MySQL still
+// has the task, and the reconciler will deliver it again (at-least-once).
+func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
+	st, err := s.idx.Ack(ctx, ns, tokens)
+	if err != nil {
+		return st, err
+	}
+	var acks []ackRow
+	for i, t := range tokens {
+		if i < len(st) && st[i] == storage.TokenOK {
+			acks = append(acks, ackRow{id: t.ID, gen: t.Generation, attempt: t.Attempt})
+		}
+	}
+	if len(acks) == 0 {
+		return st, nil
+	}
+	o := &op{kind: kindAck, ns: ns, nowMS: s.cfg.Clock.Now().UnixMilli(), acks: acks}
+	if err := s.submit(ctx, o); err != nil {
+		return st, fmt.Errorf("ack: write through: %w", err)
+	}
+	return st, nil
+}
+
+// Nack is the index's, written through to MySQL (generation-guarded). A
+// failed write-through returns the index's answers with an error; MySQL
+// then lags (the task may come back with an older attempt count after a
+// Redis loss).
+func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	st, moved, err := s.idx.Nack(ctx, ns, tokens, opts)
+	if err != nil || len(moved) == 0 {
+		return st, moved, err
+	}
+	return st, moved, s.writeMoved(ctx, ns, moved, "nack")
+}
+
+// Extend is the index's: leases are not written to MySQL.
+func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
+	return s.idx.Extend(ctx, ns, tokens, by)
+}
+
+// Reap is the index's, written through to MySQL like Nack.
+func (s *Store) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
+	moved, err := s.idx.Reap(ctx, ns, limit, opts)
+	if err != nil || len(moved) == 0 {
+		return moved, err
+	}
+	return moved, s.writeMoved(ctx, ns, moved, "reap")
+}
+
+// NextWake is the index's.
+func (s *Store) NextWake(ctx context.Context, ns string) (time.Time, time.Time, bool, error) {
+	return s.idx.NextWake(ctx, ns)
+}
+
+// ---- storage.DeadLetters ----
+
+// Requeue is the index's, written through to MySQL.
+func (s *Store) Requeue(ctx context.Context, ns string, ids []string, all bool, limit int, delay time.Duration) ([]storage.Moved, error) {
+	moved, err := s.idx.Requeue(ctx, ns, ids, all, limit, delay)
+	if err != nil || len(moved) == 0 {
+		return moved, err
+	}
+	return moved, s.writeMoved(ctx, ns, moved, "requeue")
+}
+
+// Purge deletes dead tasks from the index, then from MySQL (only rows
+// that are dead there). Named ids that MySQL holds as dead but the index
+// does not (not yet rebuilt) are purged too. It returns every id deleted
+// from either store.
+func (s *Store) Purge(ctx context.Context, ns string, ids []string, all bool, limit int) ([]string, error) {
+	purged, err := s.idx.Purge(ctx, ns, ids, all, limit)
+	if err != nil {
+		return purged, err
+	}
+	targets := purged
+	if !all {
+		targets = ids
+	}
+	if len(targets) == 0 {
+		return purged, nil
+	}
+	deleted, err := s.purgeMySQL(ctx, ns, targets)
+	if err != nil {
+		return purged, err
+	}
+	seen := make(map[string]bool, len(purged))
+	for _, id := range purged {
+		seen[id] = true
+	}
+	for _, id := range deleted {
+		if !seen[id] {
+			seen[id] = true
+			purged = append(purged, id)
+		}
+	}
+	return purged, nil
+}
+
+// ---- storage.Counter ----
+
+// Stats is the index's.
+func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
+	return s.idx.Stats(ctx, ns)
+}
+
+// writeMoved writes index transitions through to MySQL.
+func (s *Store) writeMoved(ctx context.Context, ns string, moved []storage.Moved, what string) error {
+	o := &op{kind: kindMoved, ns: ns, nowMS: s.cfg.Clock.Now().UnixMilli(), moved: moved}
+	if err := s.submit(ctx, o); err != nil {
+		return fmt.Errorf("%s: write through: %w", what, err)
+	}
+	return nil
+}
+
+// requestRepair remembers tasks whose index write failed, so this replica
+// re-indexes them from MySQL as soon as the index answers again.
+func (s *Store) requestRepair(ns string, ids []string) {
+	s.repairMu.Lock()
+	defer s.repairMu.Unlock()
+	for _, id := range ids {
+		if len(s.repairs) >= maxRepairs {
+			return
+		}
+		s.repairs[taskKey{ns, id}] = struct{}{}
+	}
+}
+
+// Interface checks.
+var (
+	_ storage.Tasks       = (*Store)(nil)
+	_ storage.Deliveries  = (*Store)(nil)
+	_ storage.DeadLetters = (*Store)(nil)
+	_ storage.Counter     = (*Store)(nil)
+)

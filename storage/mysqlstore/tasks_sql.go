@@ -1,0 +1,690 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// This file holds the SQL on delayd_tasks. Every statement is built for
+// MySQL 8 and MariaDB 10.11 alike: VALUES() in ON DUPLICATE KEY UPDATE (no
+// row alias), plain CASE expressions, and predicates of the form
+// `namespace = ? AND id IN (...)` / `(id = ? AND generation = ?) OR ...`
+// that both optimizers turn into primary-key ranges. The schema is in
+// migrations/0001_init.up.sql.
+
+// MySQL state values (storage.State numbers). DELIVERED is never stored.
+const (
+	dbScheduled = int(storage.StateScheduled)
+	dbDead      = int(storage.StateDead)
+)
+
+// taskColumns is the column list scanTask reads, in its order.
+const taskColumns = "namespace, id, kind, payload, due_ms, state, generation, attempt, last_error, create_ms, update_ms, dead_ms"
+
+// Statement size bounds: rows per multi-row statement. Payload bytes are
+// bounded by Config.MaxBatchBytes.
+const (
+	maxStmtRows  = 500
+	maxMovedRows = 200
+	maxLastError = 1024 // characters, as the column
+)
+
+// rowScanner is *sql.Row or *sql.Rows.
+type rowScanner interface {
+	Scan(dest ...any) error
+}
+
+// msTime converts Unix milliseconds to a time; 0 is the zero time.
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// timeMS converts a time to Unix milliseconds; the zero time is 0.
+func timeMS(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// scanTask reads one row of taskColumns.
+func scanTask(r rowScanner) (storage.Task, error) {
+	var (
+		t                         storage.Task
+		due, create, update, dead int64
+		state                     int
+	)
+	if err := r.Scan(&t.Namespace, &t.ID, &t.Kind, &t.Payload, &due, &state, &t.Generation,
+		&t.Attempt, &t.LastError, &create, &update, &dead); err != nil {
+		return storage.Task{}, err
+	}
+	t.DueTime, t.CreateTime, t.UpdateTime, t.DeadTime = msTime(due), msTime(create), msTime(update), msTime(dead)
+	t.State = storage.State(state)
+	if len(t.Payload) == 0 {
+		t.Payload = nil
+	}
+	return t, nil
+}
+
+// truncate cuts s to at most n characters.
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	i := 0
+	for k := range s {
+		if i == n {
+			return s[:k]
+		}
+		i++
+	}
+	return s
+}
+
+// placeholders returns "?,?,...,?" with n marks.
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
+}
+
+// execUpserts runs kindUpsert ops: one multi-row INSERT ... ON DUPLICATE
+// KEY UPDATE per chunk (a new row gets generation 1, an existing one
+// generation+1, so concurrent writers on any replica never reuse a
+// generation), then reads back the generations under the row locks the
+// insert holds. Rows are written sorted by (namespace, id), a stable sort,
+// so concurrent transactions lock rows in one order and the repeated writes
+// of one task keep their order.
+func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	type ref struct {
+		o *op
+		i int
+	}
+	var refs []ref
+	for _, o := range ops {
+		o.upserts = make([]storage.UpsertResult, len(o.rows))
+		for i := range o.rows {
+			refs = append(refs, ref{o, i})
+		}
+	}
+	sort.SliceStable(refs, func(a, b int) bool {
+		ka, kb := refs[a], refs[b]
+		if ka.o.ns != kb.o.ns {
+			return ka.o.ns < kb.o.ns
+		}
+		return ka.o.rows[ka.i].id < kb.o.rows[kb.i].id
+	})
+
+	const head = "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES "
+	const tail = " ON DUPLICATE KEY UPDATE generation = generation + 1, kind = VALUES(kind), payload = VALUES(payload)," +
+		" due_ms = VALUES(due_ms), state = 1, attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0"
+	for start := 0; start < len(refs); {
+		var b strings.Builder
+		b.WriteString(head)
+		args := make([]any, 0, 7*min(maxStmtRows, len(refs)-start))
+		bytes, end := 0, start
+		for end < len(refs) && end-start < maxStmtRows && (end == start || bytes < s.cfg.MaxBatchBytes) {
+			rf := refs[end]
+			r := rf.o.rows[rf.i]
+			if end > start {
+				b.WriteByte(',')
+			}
+			b.WriteString("(?,?,?,?,?,1,1,0,'',?,?,0)")
+			args = append(args, rf.o.ns, r.id, r.kind, r.payload, r.dueMS, rf.o.nowMS, rf.o.nowMS)
+			bytes += len(r.payload)
+			end++
+		}
+		b.WriteString(tail)
+		if _, err := tx.ExecContext(ctx, b.String(), args...); err != nil {
+			return fmt.Errorf("upsert: insert: %w", err)
+		}
+		start = end
+	}
+
+	// Read back the final generation of each task.
+	type final struct{ gen, create int64 }
+	finals := map[taskKey]final{}
+	count := map[taskKey]int{}
+	byNS := map[string][]string{}
+	var nsOrder []string
+	for _, rf := range refs {
+		k := taskKey{rf.o.ns, rf.o.rows[rf.i].id}
+		if count[k] == 0 {
+			if _, ok := byNS[k.ns]; !ok {
+				nsOrder = append(nsOrder, k.ns)
+			}
+			byNS[k.ns] = append(byNS[k.ns], k.id)
+		}
+		count[k]++
+	}
+	for _, ns := range nsOrder {
+		ids := byNS[ns]
+		for start := 0; start < len(ids); start += 1000 {
+			chunk := ids[start:min(start+1000, len(ids))]
+			args := make([]any, 0, len(chunk)+1)
+			args = append(args, ns)
+			for _, id := range chunk {
+				args = append(args, id)
+			}
+			rows, err := tx.QueryContext(ctx, "SELECT id, generation, create_ms FROM delayd_tasks WHERE namespace = ? AND id IN ("+
+				placeholders(len(chunk))+") FOR UPDATE", args...)
+			if err != nil {
+				return fmt.Errorf("upsert: read generations: %w", err)
+			}
+			for rows.Next() {
+				var id string
+				var f final
+				if err := rows.Scan(&id, &f.gen, &f.create); err != nil {
+					rows.Close()
+					return fmt.Errorf("upsert: read generations: %w", err)
+				}
+				finals[taskKey{ns, id}] = f
+			}
+			if err := rows.Close(); err != nil {
+				return fmt.Errorf("upsert: read generations: %w", err)
+			}
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("upsert: read generations: %w", err)
+			}
+		}
+	}
+
+	// The k-th of n writes of a task in this statement got generation
+	// final-(n-1-k); the first created the row iff final == n (a row that
+	// existed had generation >= 1 before).
+	seen := map[taskKey]int{}
+	for _, rf := range refs {
+		r := rf.o.rows[rf.i]
+		k := taskKey{rf.o.ns, r.id}
+		f, ok := finals[k]
+		if !ok {
+			return fmt.Errorf("upsert: task %s/%s missing after insert", k.ns, k.id)
+		}
+		n, kth := count[k], seen[k]
+		seen[k]++
+		payload := r.payload
+		if len(payload) == 0 {
+			payload = nil
+		}
+		rf.o.upserts[rf.i] = storage.UpsertResult{
+			Task: storage.Task{
+				Namespace:  rf.o.ns,
+				ID:         r.id,
+				Kind:       r.kind,
+				Payload:    payload,
+				DueTime:    time.UnixMilli(r.dueMS),
+				State:      storage.StateScheduled,
+				Generation: f.gen - int64(n-1-kth),
+				CreateTime: msTime(f.create),
+				UpdateTime: time.UnixMilli(rf.o.nowMS),
+			},
+			Created: kth == 0 && f.gen == int64(n),
+		}
+	}
+	return nil
+}
+
+// execMoved writes index transitions (nack, reap, requeue) through: one
+// UPDATE per namespace chunk, each row guarded by its generation, so a
+// transition of an older generation never touches a newer upsert. Of
+// several transitions of one delivery in the batch, the last wins.
+func (s *Store) execMoved(ctx context.Context, tx *sql.Tx, ops []*op) error {
+	type gk struct {
+		id  string
+		gen int64
+	}
+	byNS := map[string][]storage.Moved{}
+	var nsOrder []string
+	pos := map[string]map[gk]int{}
+	for _, o := range ops {
+		if _, ok := byNS[o.ns]; !ok {
+			nsOrder = append(nsOrder, o.ns)
+			pos[o.ns] = map[gk]int{}
+		}
+		for _, m := range o.moved {
+			k := gk{m.ID, m.Generation}
+			if i, ok := pos[o.ns][k]; ok {
+				byNS[o.ns][i] = m
+				continue
+			}
+			pos[o.ns][k] = len(byNS[o.ns])
+			byNS[o.ns] = append(byNS[o.ns], m)
+		}
+	}
+	nowMS := int64(0)
+	for _, o := range ops {
+		nowMS = max(nowMS, o.nowMS)
+	}
+	for _, ns := range nsOrder {
+		ms := byNS[ns]
+		for start := 0; start < len(ms); start += maxMovedRows {
+			chunk := ms[start:min(start+maxMovedRows, len(ms))]
+			q, args := movedStatement(ns, chunk, nowMS)
+			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+				return fmt.Errorf("write through %d transitions: %w", len(chunk), err)
+			}
+		}
+	}
+	return nil
+}
+
+// movedStatement builds the generation-guarded UPDATE for one chunk.
+func movedStatement(ns string, ms []storage.Moved, nowMS int64) (string, []any) {
+	var args []any
+	var b strings.Builder
+	b.WriteString("UPDATE delayd_tasks SET ")
+	column := func(name string, value func(m storage.Moved) (sqlExpr string, arg any, hasArg bool)) {
+		b.WriteString(name + " = CASE")
+		for _, m := range ms {
+			expr, arg, hasArg := value(m)
+			b.WriteString(" WHEN id = ? AND generation = ? THEN " + expr)
+			args = append(args, m.ID, m.Generation)
+			if hasArg {
+				args = append(args, arg)
+			}
+		}
+		b.WriteString(" ELSE " + name + " END, ")
+	}
+	column("state", func(m storage.Moved) (string, any, bool) { return "?", int(m.State), true })
+	column("due_ms", func(m storage.Moved) (string, any, bool) {
+		if m.State == storage.StateDead || m.DueTime.IsZero() {
+			return "due_ms", nil, false
+		}
+		return "?", m.DueTime.UnixMilli(), true
+	})
+	column("attempt", func(m storage.Moved) (string, any, bool) { return "?", m.Attempt, true })
+	column("last_error", func(m storage.Moved) (string, any, bool) { return "?", truncate(m.LastError, maxLastError), true })
+	column("dead_ms", func(m storage.Moved) (string, any, bool) {
+		if m.State != storage.StateDead {
+			return "0", nil, false
+		}
+		return "?", timeMS(m.DeadTime), true
+	})
+	b.WriteString("update_ms = ? WHERE namespace = ? AND (")
+	args = append(args, nowMS, ns)
+	for i, m := range ms {
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(id = ? AND generation = ?)")
+		args = append(args, m.ID, m.Generation)
+	}
+	b.WriteString(")")
+	return b.String(), args
+}
+
+// execAcks deletes acked generations (after copying them to the history
+// table when HistoryRetention is set). A row whose generation changed since
+// the delivery is left alone.
+func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*op) error {
+	byNS := map[string][]ackRow{}
+	var nsOrder []string
+	nowMS := int64(0)
+	for _, o := range ops {
+		if _, ok := byNS[o.ns]; !ok {
+			nsOrder = append(nsOrder, o.ns)
+		}
+		byNS[o.ns] = append(byNS[o.ns], o.acks...)
+		nowMS = max(nowMS, o.nowMS)
+	}
+	for _, ns := range nsOrder {
+		acks := byNS[ns]
+		for start := 0; start < len(acks); start += maxStmtRows {
+			chunk := acks[start:min(start+maxStmtRows, len(acks))]
+			var where strings.Builder
+			whereArgs := []any{ns}
+			where.WriteString(" WHERE namespace = ? AND (")
+			for i, a := range chunk {
+				if i > 0 {
+					where.WriteString(" OR ")
+				}
+				where.WriteString("(id = ? AND generation = ?)")
+				whereArgs = append(whereArgs, a.id, a.gen)
+			}
+			where.WriteString(")")
+			if s.cfg.HistoryRetention > 0 {
+				var b strings.Builder
+				var args []any
+				b.WriteString("INSERT INTO delayd_task_history (namespace, id, kind, payload, due_ms, generation, attempt, create_ms, acked_ms)" +
+					" SELECT namespace, id, kind, payload, due_ms, generation, CASE")
+				for _, a := range chunk {
+					b.WriteString(" WHEN id = ? AND generation = ? THEN ?")
+					args = append(args, a.id, a.gen, a.attempt)
+				}
+				b.WriteString(" ELSE attempt END, create_ms, ? FROM delayd_tasks")
+				args = append(args, nowMS)
+				b.WriteString(where.String())
+				args = append(args, whereArgs...)
+				if _, err := tx.ExecContext(ctx, b.String(), args...); err != nil {
+					return fmt.Errorf("ack: copy to history: %w", err)
+				}
+			}
+			if _, err := tx.ExecContext(ctx, "DELETE FROM delayd_tasks"+where.String(), whereArgs...); err != nil {
+				return fmt.Errorf("ack: delete: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// execRemoves deletes tasks in any state, recording the state MySQL held
+// (for the first remove of each task in the batch).
+func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*op) error {
+	byNS := map[string][]*op{}
+	var nsOrder []string
+	for _, o := range ops {
+		o.mysqlSt = storage.StateUnspecified
+		if _, ok := byNS[o.ns]; !ok {
+			nsOrder = append(nsOrder, o.ns)
+		}
+		byNS[o.ns] = append(byNS[o.ns], o)
+	}
+	for _, ns := range nsOrder {
+		nsOps := byNS[ns]
+		for start := 0; start < len(nsOps); start += maxStmtRows {
+			chunk := nsOps[start:min(start+maxStmtRows, len(nsOps))]
+			args := []any{ns}
+			for _, o := range chunk {
+				args = append(args, o.id)
+			}
+			where := " WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ")"
+			rows, err := tx.QueryContext(ctx, "SELECT id, state FROM delayd_tasks"+where+" FOR UPDATE", args...)
+			if err != nil {
+				return fmt.Errorf("remove: read: %w", err)
+			}
+			states := map[string]storage.State{}
+			for rows.Next() {
+				var id string
+				var st int
+				if err := rows.Scan(&id, &st); err != nil {
+					rows.Close()
+					return fmt.Errorf("remove: read: %w", err)
+				}
+				states[id] = storage.State(st)
+			}
+			if err := rows.Close(); err != nil {
+				return fmt.Errorf("remove: read: %w", err)
+			}
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("remove: read: %w", err)
+			}
+			if len(states) > 0 {
+				if _, err := tx.ExecContext(ctx, "DELETE FROM delayd_tasks"+where, args...); err != nil {
+					return fmt.Errorf("remove: delete: %w", err)
+				}
+			}
+			for _, o := range chunk {
+				if st, ok := states[o.id]; ok {
+					o.mysqlSt = st
+					delete(states, o.id)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// upsertExact applies specs that name their generation (and any others of
+// the same call, which get the next generation) in one transaction of
+// their own, then writes the index. A spec older than what MySQL holds is
+// Stale and changes nothing. Such specs come from tools and tests, never
+// from the server's hot path, so they bypass group commit.
+func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, nowMS int64) ([]storage.UpsertResult, error) {
+	res := make([]storage.UpsertResult, len(rows))
+	var applied []int
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		applied = applied[:0]
+		held := map[string]storage.Task{}
+		ids := make([]string, 0, len(rows))
+		seen := map[string]bool{}
+		for _, r := range rows {
+			if !seen[r.id] {
+				seen[r.id] = true
+				ids = append(ids, r.id)
+			}
+		}
+		sort.Strings(ids)
+		for start := 0; start < len(ids); start += 1000 {
+			chunk := ids[start:min(start+1000, len(ids))]
+			args := []any{ns}
+			for _, id := range chunk {
+				args = append(args, id)
+			}
+			q := "SELECT " + taskColumns + " FROM delayd_tasks WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ") FOR UPDATE"
+			if err := queryTasks(ctx, tx, q, args, func(t storage.Task) { held[t.ID] = t }); err != nil {
+				return fmt.Errorf("upsert: read: %w", err)
+			}
+		}
+		dirty := map[string]bool{}
+		for i, r := range rows {
+			old, exists := held[r.id]
+			gen := r.gen
+			if gen == 0 {
+				gen = old.Generation + 1
+			}
+			if exists && old.Generation > gen {
+				res[i] = storage.UpsertResult{Task: old, Stale: true}
+				continue
+			}
+			t := storage.Task{
+				Namespace: ns, ID: r.id, Kind: r.kind, Payload: r.payload,
+				DueTime: time.UnixMilli(r.dueMS), State: storage.StateScheduled,
+				Generation: gen, CreateTime: time.UnixMilli(nowMS), UpdateTime: time.UnixMilli(nowMS),
+			}
+			if exists {
+				t.CreateTime = old.CreateTime
+			}
+			if len(t.Payload) == 0 {
+				t.Payload = nil
+			}
+			held[r.id] = t
+			dirty[r.id] = true
+			res[i] = storage.UpsertResult{Task: t, Created: !exists}
+			applied = append(applied, i)
+		}
+		var b strings.Builder
+		var args []any
+		n := 0
+		for _, id := range ids {
+			if !dirty[id] {
+				continue
+			}
+			t := held[id]
+			if n > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("(?,?,?,?,?,1,?,0,'',?,?,0)")
+			payload := t.Payload
+			if payload == nil {
+				payload = []byte{}
+			}
+			args = append(args, ns, id, t.Kind, payload, t.DueTime.UnixMilli(), t.Generation, timeMS(t.CreateTime), nowMS)
+			n++
+		}
+		if n == 0 {
+			return nil
+		}
+		q := "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES " +
+			b.String() + " ON DUPLICATE KEY UPDATE kind = VALUES(kind), payload = VALUES(payload), due_ms = VALUES(due_ms), state = 1," +
+			" generation = VALUES(generation), attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0"
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("upsert: write: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, classify("upsert", err)
+	}
+	if len(applied) == 0 {
+		return res, nil
+	}
+	// Index the last applied write of each task, with its generation.
+	last := map[string]int{}
+	var order []string
+	for _, i := range applied {
+		if _, ok := last[rows[i].id]; !ok {
+			order = append(order, rows[i].id)
+		}
+		last[rows[i].id] = i
+	}
+	specs := make([]storage.UpsertSpec, len(order))
+	for j, id := range order {
+		t := res[last[id]].Task
+		specs[j] = storage.UpsertSpec{ID: id, Kind: t.Kind, Payload: t.Payload, DueTime: t.DueTime, Generation: t.Generation}
+	}
+	ires, err := s.idx.Upsert(ctx, ns, specs)
+	if err != nil || len(ires) != len(specs) {
+		s.log.Warn("index write failed after the mysql commit; the task is durable and will be re-indexed",
+			"namespace", ns, "tasks", len(specs), "err", err)
+		s.requestRepair(ns, order)
+		return res, nil
+	}
+	for j, id := range order {
+		if !ires[j].Stale {
+			res[last[id]].Earliest = ires[j].Earliest
+		}
+	}
+	return res, nil
+}
+
+// queryer is *sql.DB or *sql.Tx.
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// queryTasks runs q (selecting taskColumns) and calls fn per row.
+func queryTasks(ctx context.Context, q queryer, query string, args []any, fn func(storage.Task)) error {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		t, err := scanTask(rows)
+		if err != nil {
+			return err
+		}
+		fn(t)
+	}
+	return rows.Err()
+}
+
+// getMySQL reads one task from MySQL.
+func (s *Store) getMySQL(ctx context.Context, ns, id string) (storage.Task, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	t, err := scanTask(s.db.QueryRowContext(ctx, "SELECT "+taskColumns+" FROM delayd_tasks WHERE namespace = ? AND id = ?", ns, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return storage.Task{}, fmt.Errorf("get: %w", storage.ErrNotFound)
+	}
+	if err != nil {
+		return storage.Task{}, classify("get", err)
+	}
+	return t, nil
+}
+
+// listMySQL pages through MySQL: scheduled tasks in (due time, id) order,
+// dead ones in (death time, id) order. cursor is "<ms>:<id>" of the last
+// task of the previous page, without the mysqlCursor prefix.
+func (s *Store) listMySQL(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	var order string
+	switch state {
+	case storage.StateScheduled:
+		order = "due_ms"
+	case storage.StateDead:
+		order = "dead_ms"
+	default:
+		return nil, "", nil
+	}
+	q := "SELECT " + taskColumns + " FROM delayd_tasks WHERE namespace = ? AND state = ?"
+	args := []any{ns, int(state)}
+	if cursor != "" {
+		msText, id, ok := strings.Cut(cursor, ":")
+		ms, err := strconv.ParseInt(msText, 10, 64)
+		if !ok || err != nil {
+			return nil, "", fmt.Errorf("list: bad page cursor")
+		}
+		q += " AND (" + order + " > ? OR (" + order + " = ? AND id > ?))"
+		args = append(args, ms, ms, id)
+	}
+	q += " ORDER BY " + order + ", id LIMIT ?"
+	args = append(args, limit+1)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	var out []storage.Task
+	if err := queryTasks(ctx, s.db, q, args, func(t storage.Task) { out = append(out, t) }); err != nil {
+		return nil, "", classify("list", err)
+	}
+	next := ""
+	if len(out) > limit {
+		out = out[:limit]
+		last := out[limit-1]
+		ms := timeMS(last.DueTime)
+		if state == storage.StateDead {
+			ms = timeMS(last.DeadTime)
+		}
+		next = mysqlCursor + strconv.FormatInt(ms, 10) + ":" + last.ID
+	}
+	return out, next, nil
+}
+
+// purgeMySQL deletes the named tasks that are dead in MySQL and returns
+// their ids.
+func (s *Store) purgeMySQL(ctx context.Context, ns string, ids []string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	var deleted []string
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		deleted = deleted[:0]
+		for start := 0; start < len(ids); start += 1000 {
+			chunk := ids[start:min(start+1000, len(ids))]
+			args := []any{ns, dbDead}
+			for _, id := range chunk {
+				args = append(args, id)
+			}
+			where := " WHERE namespace = ? AND state = ? AND id IN (" + placeholders(len(chunk)) + ")"
+			rows, err := tx.QueryContext(ctx, "SELECT id FROM delayd_tasks"+where+" FOR UPDATE", args...)
+			if err != nil {
+				return err
+			}
+			n := len(deleted)
+			for rows.Next() {
+				var id string
+				if err := rows.Scan(&id); err != nil {
+					rows.Close()
+					return err
+				}
+				deleted = append(deleted, id)
+			}
+			if err := rows.Close(); err != nil {
+				return err
+			}
+			if len(deleted) > n {
+				if _, err := tx.ExecContext(ctx, "DELETE FROM delayd_tasks"+where, args...); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, classify("purge", err)
+	}
+	return deleted, nil
+}
