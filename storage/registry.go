@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -114,6 +115,53 @@ type Registry interface {
 	ListKeys(ctx context.Context, ns string) ([]Key, error)
 	// RevokeKey deletes a key. ErrNotFound if there is none.
 	RevokeKey(ctx context.Context, id string) error
+}
+
+// WithDefaults returns p with every zero field taken from defaults. A zero
+// RateBurst with a positive RateLimit becomes the rate rounded up, at least
+// 1. Limits whose zero means "unlimited" (MaxPendingTasks, RateLimit,
+// MaxSubscribers) take the default's value, which is normally unlimited too.
+func (p Policy) WithDefaults(defaults Policy) Policy {
+	if p.AckTimeout <= 0 {
+		p.AckTimeout = defaults.AckTimeout
+	}
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = defaults.MaxAttempts
+	}
+	if p.Backoff.Initial <= 0 {
+		p.Backoff.Initial = defaults.Backoff.Initial
+	}
+	if p.Backoff.Max <= 0 {
+		p.Backoff.Max = defaults.Backoff.Max
+	}
+	if p.Backoff.Multiplier <= 0 {
+		p.Backoff.Multiplier = defaults.Backoff.Multiplier
+	}
+	if p.Backoff.Jitter <= 0 {
+		p.Backoff.Jitter = defaults.Backoff.Jitter
+	}
+	if p.MaxPayloadBytes <= 0 {
+		p.MaxPayloadBytes = defaults.MaxPayloadBytes
+	}
+	if p.MaxPendingTasks <= 0 {
+		p.MaxPendingTasks = defaults.MaxPendingTasks
+	}
+	if p.RateLimit <= 0 {
+		p.RateLimit = defaults.RateLimit
+		if p.RateBurst <= 0 {
+			p.RateBurst = defaults.RateBurst
+		}
+	}
+	if p.RateLimit > 0 && p.RateBurst <= 0 {
+		p.RateBurst = int(math.Max(1, math.Ceil(p.RateLimit)))
+	}
+	if p.MaxSubscribers <= 0 {
+		p.MaxSubscribers = defaults.MaxSubscribers
+	}
+	if p.MaxDelay <= 0 {
+		p.MaxDelay = defaults.MaxDelay
+	}
+	return p
 }
 
 // policyRecord is Policy's stored form: durations in milliseconds, field

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
 
@@ -120,52 +119,9 @@ func (r *Registry) AutoCreate() bool { return r.autoCreate }
 // Defaults returns the server default policy (every field set).
 func (r *Registry) Defaults() storage.Policy { return r.defaults }
 
-// Effective returns p with every zero field taken from defaults. A zero
-// RateBurst with a positive RateLimit becomes the rate rounded up, at least
-// 1. Limits whose zero means "unlimited" (MaxPendingTasks, RateLimit,
-// MaxSubscribers) take the default's value, which is normally unlimited too.
-func Effective(p, defaults storage.Policy) storage.Policy {
-	if p.AckTimeout <= 0 {
-		p.AckTimeout = defaults.AckTimeout
-	}
-	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = defaults.MaxAttempts
-	}
-	if p.Backoff.Initial <= 0 {
-		p.Backoff.Initial = defaults.Backoff.Initial
-	}
-	if p.Backoff.Max <= 0 {
-		p.Backoff.Max = defaults.Backoff.Max
-	}
-	if p.Backoff.Multiplier <= 0 {
-		p.Backoff.Multiplier = defaults.Backoff.Multiplier
-	}
-	if p.Backoff.Jitter <= 0 {
-		p.Backoff.Jitter = defaults.Backoff.Jitter
-	}
-	if p.MaxPayloadBytes <= 0 {
-		p.MaxPayloadBytes = defaults.MaxPayloadBytes
-	}
-	if p.MaxPendingTasks <= 0 {
-		p.MaxPendingTasks = defaults.MaxPendingTasks
-	}
-	if p.RateLimit <= 0 {
-		p.RateLimit = defaults.RateLimit
-		if p.RateBurst <= 0 {
-			p.RateBurst = defaults.RateBurst
-		}
-	}
-	if p.RateLimit > 0 && p.RateBurst <= 0 {
-		p.RateBurst = int(math.Max(1, math.Ceil(p.RateLimit)))
-	}
-	if p.MaxSubscribers <= 0 {
-		p.MaxSubscribers = defaults.MaxSubscribers
-	}
-	if p.MaxDelay <= 0 {
-		p.MaxDelay = defaults.MaxDelay
-	}
-	return p
-}
+// Effective returns p with every zero field taken from defaults; see
+// storage.Policy.WithDefaults.
+func Effective(p, defaults storage.Policy) storage.Policy { return p.WithDefaults(defaults) }
 
 // Policy returns the effective policy of ns (defaults filled in), from the
 // cache when it is fresh. storage.ErrNotFound if ns does not exist and
@@ -182,22 +138,47 @@ func (r *Registry) Policy(ctx context.Context, ns string) (storage.Policy, error
 // fresh, auto-creating it when configured. storage.ErrNotFound if it does
 // not exist and auto-create is off.
 func (r *Registry) Namespace(ctx context.Context, ns string) (storage.Namespace, error) {
+	n, err := r.Lookup(ctx, ns)
+	if !errors.Is(err, storage.ErrNotFound) || !r.autoCreate || storage.ValidateNamespace(ns) != nil {
+		return n, err
+	}
+	n, err = r.store.CreateNamespace(ctx, storage.Namespace{Name: ns})
+	if err == nil {
+		r.logger.LogAttrs(ctx, slog.LevelInfo, "namespace auto-created", slog.String("namespace", ns))
+	} else if errors.Is(err, storage.ErrAlreadyExists) {
+		n, err = r.store.GetNamespace(ctx, ns) // created concurrently elsewhere
+	}
+	r.namespaces.forget(ns) // drop the cached "not found"
+	if err != nil {
+		return storage.Namespace{}, err
+	}
+	n.Policy = Effective(n.Policy, r.defaults)
+	return n, nil
+}
+
+// Lookup returns ns with its effective policy, from the cache when it is
+// fresh, never creating it: storage.ErrNotFound if it does not exist, even
+// with auto-create on. Rate limiting and other checks that must not create
+// a namespace as a side effect use it.
+func (r *Registry) Lookup(ctx context.Context, ns string) (storage.Namespace, error) {
 	return r.namespaces.get(ctx, r, ns, func(ctx context.Context) (storage.Namespace, error) {
 		n, err := r.store.GetNamespace(ctx, ns)
-		if errors.Is(err, storage.ErrNotFound) && r.autoCreate && storage.ValidateNamespace(ns) == nil {
-			n, err = r.store.CreateNamespace(ctx, storage.Namespace{Name: ns})
-			if err == nil {
-				r.logger.LogAttrs(ctx, slog.LevelInfo, "namespace auto-created", slog.String("namespace", ns))
-			} else if errors.Is(err, storage.ErrAlreadyExists) {
-				n, err = r.store.GetNamespace(ctx, ns) // created concurrently elsewhere
-			}
-		}
 		if err != nil {
 			return storage.Namespace{}, err
 		}
 		n.Policy = Effective(n.Policy, r.defaults)
 		return n, nil
 	})
+}
+
+// LookupPolicy is Lookup's policy: storage.ErrNotFound for an unknown
+// namespace, whatever auto-create says.
+func (r *Registry) LookupPolicy(ctx context.Context, ns string) (storage.Policy, error) {
+	n, err := r.Lookup(ctx, ns)
+	if err != nil {
+		return storage.Policy{}, err
+	}
+	return n.Policy, nil
 }
 
 // Key returns the API key with id, from the cache when it is fresh.

@@ -22,6 +22,15 @@ import (
 //	delayd:wake             pub/sub channel; message = namespace name
 //	delayd:lead:<name>      STRING leader lease, value = holder
 //
+// The namespace registry (Redis-only and embedded modes; see registry.go)
+// shares the hash tag {registry}, which no namespace key can have (theirs
+// always contain '#'):
+//
+//	delayd:{registry}:ns:<name>     HASH  policy (JSON), create_ms, update_ms, version
+//	delayd:{registry}:namespaces    ZSET  every namespace name, score 0 (name order)
+//	delayd:{registry}:keys          HASH  API key id -> key record (JSON, SHA-256 of the secret)
+//	delayd:{registry}:nskeys:<ns>   ZSET  key ids of namespace ns ("*" = global) -> create time (ms)
+//
 // Namespaces are validated with storage.ValidateNamespace before they reach
 // these functions ([a-z0-9][a-z0-9_-]*), so no name can open or close a hash
 // tag. Task ids are never part of a key, only ZSET members and HASH fields.
@@ -85,3 +94,20 @@ func namespaceOfKey(key string) (string, bool) {
 	}
 	return tag[:hash], true
 }
+
+// registryTag is the hash tag every registry key shares (one Cluster slot).
+const registryTag = "{registry}"
+
+// registryNamespaceKey is the HASH of one namespace. name must be a valid
+// namespace name.
+func registryNamespaceKey(name string) string { return keyPrefix + registryTag + ":ns:" + name }
+
+// registryNamespaceIndexKey is the ZSET of every namespace name, score 0.
+func registryNamespaceIndexKey() string { return keyPrefix + registryTag + ":namespaces" }
+
+// registryKeysKey is the HASH of every API key: id -> key record.
+func registryKeysKey() string { return keyPrefix + registryTag + ":keys" }
+
+// registryNamespaceKeysKey is the ZSET of the key ids of namespace ns (a
+// valid name, or "*" for the global keys), scored by creation time (ms).
+func registryNamespaceKeysKey(ns string) string { return keyPrefix + registryTag + ":nskeys:" + ns }

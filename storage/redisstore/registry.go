@@ -1,0 +1,417 @@
+package redisstore
+
+import (
+	"context"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// The registry: namespaces and API keys, for Redis-only and embedded modes
+// (durable mode keeps them in MySQL). It is small and read through the
+// tenancy cache, so simplicity beats cleverness here: one hash tag,
+// {registry}, holds it all (see keys.go), and the few writes that touch more
+// than one key are Lua scripts.
+
+//go:embed lua/registry_*.lua lua/dropnamespace.lua
+var registryLuaFS embed.FS
+
+// registryScripts are the registry's scripts. They do not use lib.lua.
+var registryScripts = struct {
+	nsCreate, nsUpdate, nsDelete *redis.Script
+	keyCreate, keyRevoke         *redis.Script
+	dropNamespace                *redis.Script
+}{
+	nsCreate:      loadRegistryScript("registry_ns_create"),
+	nsUpdate:      loadRegistryScript("registry_ns_update"),
+	nsDelete:      loadRegistryScript("registry_ns_delete"),
+	keyCreate:     loadRegistryScript("registry_key_create"),
+	keyRevoke:     loadRegistryScript("registry_key_revoke"),
+	dropNamespace: loadRegistryScript("dropnamespace"),
+}
+
+func loadRegistryScript(name string) *redis.Script {
+	src, err := registryLuaFS.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		panic(err)
+	}
+	return redis.NewScript(string(src))
+}
+
+var _ storage.Registry = (*Store)(nil)
+
+// maxUpdateRetries bounds UpdateNamespace's compare-and-set loop.
+const maxUpdateRetries = 32
+
+// validRegistryNamespace accepts a namespace name or, where allowGlobal,
+// storage.GlobalNamespace. Only such names reach the key builders.
+func validRegistryNamespace(ns string, allowGlobal bool) bool {
+	return (allowGlobal && ns == storage.GlobalNamespace) || storage.ValidateNamespace(ns) == nil
+}
+
+// CreateNamespace implements storage.Registry. Times are the Redis clock's.
+func (s *Store) CreateNamespace(ctx context.Context, ns storage.Namespace) (storage.Namespace, error) {
+	if !validRegistryNamespace(ns.Name, false) {
+		return storage.Namespace{}, fmt.Errorf("create namespace: invalid name %q", ns.Name)
+	}
+	pol, err := storage.MarshalPolicy(ns.Policy)
+	if err != nil {
+		return storage.Namespace{}, fmt.Errorf("create namespace: %w", err)
+	}
+	v, err := s.run(ctx, "create namespace", registryScripts.nsCreate,
+		[]string{registryNamespaceKey(ns.Name), registryNamespaceIndexKey()}, ns.Name, pol)
+	if err != nil {
+		return storage.Namespace{}, err
+	}
+	if n, ok := v.(int64); ok && n == 0 {
+		return storage.Namespace{}, fmt.Errorf("create namespace %q: %w", ns.Name, storage.ErrAlreadyExists)
+	}
+	meta, err := registryMeta(v)
+	if err != nil {
+		return storage.Namespace{}, fmt.Errorf("create namespace: %w", err)
+	}
+	ns.CreateTime, ns.UpdateTime = msTime(meta[0]), msTime(meta[1])
+	return ns, nil
+}
+
+// registryMeta decodes a {create_ms, update_ms, version} reply.
+func registryMeta(v any) ([3]int64, error) {
+	var out [3]int64
+	a, err := replySlice(v)
+	if err != nil {
+		return out, err
+	}
+	if len(a) != 3 {
+		return out, fmt.Errorf("reply has %d values, want 3", len(a))
+	}
+	for i := range a {
+		s, err := replyString(a[i])
+		if err != nil {
+			return out, err
+		}
+		if out[i], err = strconv.ParseInt(s, 10, 64); err != nil {
+			return out, fmt.Errorf("reply value %q: %w", s, err)
+		}
+	}
+	return out, nil
+}
+
+// nsRecord is a namespace record as read: the namespace and its version.
+type nsRecord struct {
+	ns      storage.Namespace
+	version string
+}
+
+// decodeNamespace builds a namespace from the record's HMGET fields
+// policy, create_ms, update_ms, version.
+func decodeNamespace(name string, f []any) (nsRecord, error) {
+	if len(f) != 4 {
+		return nsRecord{}, fmt.Errorf("namespace record has %d fields", len(f))
+	}
+	str := make([]string, 4)
+	for i, v := range f {
+		s, ok := v.(string)
+		if !ok {
+			return nsRecord{}, fmt.Errorf("namespace record %q: field %d missing", name, i)
+		}
+		str[i] = s
+	}
+	pol, err := storage.UnmarshalPolicy([]byte(str[0]))
+	if err != nil {
+		return nsRecord{}, fmt.Errorf("namespace record %q: %w", name, err)
+	}
+	c, err1 := strconv.ParseInt(str[1], 10, 64)
+	u, err2 := strconv.ParseInt(str[2], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return nsRecord{}, fmt.Errorf("namespace record %q: %w", name, err)
+	}
+	return nsRecord{
+		ns:      storage.Namespace{Name: name, Policy: pol, CreateTime: msTime(c), UpdateTime: msTime(u)},
+		version: str[3],
+	}, nil
+}
+
+func (s *Store) getNamespace(ctx context.Context, name string) (nsRecord, error) {
+	if !validRegistryNamespace(name, false) {
+		return nsRecord{}, fmt.Errorf("get namespace %q: %w", name, storage.ErrNotFound)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	f, err := s.rdb.HMGet(ctx, registryNamespaceKey(name), "policy", "create_ms", "update_ms", "version").Result()
+	if err != nil {
+		return nsRecord{}, wrapErr("get namespace", err)
+	}
+	if f[0] == nil {
+		return nsRecord{}, fmt.Errorf("get namespace %q: %w", name, storage.ErrNotFound)
+	}
+	return decodeNamespace(name, f)
+}
+
+// GetNamespace implements storage.Registry.
+func (s *Store) GetNamespace(ctx context.Context, name string) (storage.Namespace, error) {
+	r, err := s.getNamespace(ctx, name)
+	return r.ns, err
+}
+
+// ListNamespaces implements storage.Registry: one ZRANGEBYLEX of the index
+// and one pipeline of reads. limit is capped at MaxBatch.
+func (s *Store) ListNamespaces(ctx context.Context, after string, limit int) ([]storage.Namespace, bool, error) {
+	limit = max(1, min(limit, MaxBatch))
+	lo := "-"
+	if after != "" {
+		lo = "(" + after
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	names, err := s.rdb.ZRangeByLex(ctx, registryNamespaceIndexKey(), &redis.ZRangeBy{
+		Min: lo, Max: "+", Count: int64(limit) + 1,
+	}).Result()
+	if err != nil {
+		return nil, false, wrapErr("list namespaces", err)
+	}
+	more := len(names) > limit
+	if more {
+		names = names[:limit]
+	}
+	var valid []string
+	for _, n := range names {
+		if validRegistryNamespace(n, false) {
+			valid = append(valid, n)
+		}
+	}
+	if len(valid) == 0 {
+		return nil, more, nil
+	}
+	cmds := make([]*redis.SliceCmd, len(valid))
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, n := range valid {
+			cmds[i] = p.HMGet(ctx, registryNamespaceKey(n), "policy", "create_ms", "update_ms", "version")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, wrapErr("list namespaces", err)
+	}
+	out := make([]storage.Namespace, 0, len(valid))
+	for i, n := range valid {
+		f := cmds[i].Val()
+		if len(f) == 0 || f[0] == nil {
+			continue // deleted between the two reads
+		}
+		r, err := decodeNamespace(n, f)
+		if err != nil {
+			return nil, false, fmt.Errorf("list namespaces: %w", err)
+		}
+		out = append(out, r.ns)
+	}
+	return out, more, nil
+}
+
+// UpdateNamespace implements storage.Registry with compare-and-set on the
+// record's version: read, call update, write if unchanged, else again.
+func (s *Store) UpdateNamespace(ctx context.Context, name string, update func(storage.Policy) (storage.Policy, error)) (storage.Namespace, error) {
+	for range maxUpdateRetries {
+		cur, err := s.getNamespace(ctx, name)
+		if err != nil {
+			return storage.Namespace{}, err
+		}
+		next, err := update(cur.ns.Policy)
+		if err != nil {
+			return storage.Namespace{}, err
+		}
+		pol, err := storage.MarshalPolicy(next)
+		if err != nil {
+			return storage.Namespace{}, fmt.Errorf("update namespace: %w", err)
+		}
+		v, err := s.run(ctx, "update namespace", registryScripts.nsUpdate,
+			[]string{registryNamespaceKey(name)}, cur.version, pol)
+		if err != nil {
+			return storage.Namespace{}, err
+		}
+		if n, ok := v.(int64); ok {
+			if n < 0 {
+				return storage.Namespace{}, fmt.Errorf("update namespace %q: %w", name, storage.ErrNotFound)
+			}
+			continue // changed concurrently: read again
+		}
+		meta, err := registryMeta(v)
+		if err != nil {
+			return storage.Namespace{}, fmt.Errorf("update namespace: %w", err)
+		}
+		return storage.Namespace{Name: name, Policy: next, CreateTime: msTime(meta[0]), UpdateTime: msTime(meta[1])}, nil
+	}
+	return storage.Namespace{}, fmt.Errorf("update namespace %q: %w: too many concurrent updates", name, storage.ErrStale)
+}
+
+// DeleteNamespace implements storage.Registry: the record and every key of
+// the namespace go in one script.
+func (s *Store) DeleteNamespace(ctx context.Context, name string) error {
+	if !validRegistryNamespace(name, false) {
+		return fmt.Errorf("delete namespace %q: %w", name, storage.ErrNotFound)
+	}
+	v, err := s.run(ctx, "delete namespace", registryScripts.nsDelete,
+		[]string{registryNamespaceKey(name), registryNamespaceIndexKey(), registryKeysKey(), registryNamespaceKeysKey(name)}, name)
+	if err != nil {
+		return err
+	}
+	if n, _ := v.(int64); n < 0 {
+		return fmt.Errorf("delete namespace %q: %w", name, storage.ErrNotFound)
+	}
+	return nil
+}
+
+// keyRecord is an API key's stored form (the field of the keys HASH).
+type keyRecord struct {
+	Namespace   string   `json:"ns"`
+	Scopes      []string `json:"scopes"`
+	Description string   `json:"desc,omitempty"`
+	CreateMS    int64    `json:"create_ms"`
+	Hash        string   `json:"sha256"` // hex
+}
+
+func scopeByName(name string) storage.Scope {
+	for _, s := range []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin} {
+		if s.String() == name {
+			return s
+		}
+	}
+	return storage.ScopeUnspecified
+}
+
+// CreateKey implements storage.Registry. A key for a namespace that does not
+// exist is refused with storage.ErrNotFound.
+func (s *Store) CreateKey(ctx context.Context, k storage.Key) error {
+	if !validRegistryNamespace(k.Namespace, true) || k.ID == "" {
+		return fmt.Errorf("create key: invalid id %q or namespace %q", k.ID, k.Namespace)
+	}
+	rec := keyRecord{Namespace: k.Namespace, Description: k.Description, CreateMS: toMS(k.CreateTime), Hash: hex.EncodeToString(k.Hash)}
+	for _, sc := range k.Scopes {
+		rec.Scopes = append(rec.Scopes, sc.String())
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("create key: %w", err)
+	}
+	global := "0"
+	if k.Namespace == storage.GlobalNamespace {
+		global = "1"
+	}
+	v, err := s.run(ctx, "create key", registryScripts.keyCreate,
+		[]string{registryKeysKey(), registryNamespaceKeysKey(k.Namespace), registryNamespaceKey(k.Namespace)},
+		k.ID, b, rec.CreateMS, global)
+	if err != nil {
+		return err
+	}
+	switch n, _ := v.(int64); n {
+	case 1:
+		return nil
+	case 0:
+		return fmt.Errorf("create key %q: %w", k.ID, storage.ErrAlreadyExists)
+	default:
+		return fmt.Errorf("create key: namespace %q: %w", k.Namespace, storage.ErrNotFound)
+	}
+}
+
+func decodeKey(id, raw string) (storage.Key, error) {
+	var rec keyRecord
+	if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+		return storage.Key{}, fmt.Errorf("key %q: %w", id, err)
+	}
+	hash, err := hex.DecodeString(rec.Hash)
+	if err != nil {
+		return storage.Key{}, fmt.Errorf("key %q: hash: %w", id, err)
+	}
+	k := storage.Key{ID: id, Namespace: rec.Namespace, Description: rec.Description, CreateTime: msTime(rec.CreateMS), Hash: hash}
+	for _, name := range rec.Scopes {
+		if sc := scopeByName(name); sc != storage.ScopeUnspecified {
+			k.Scopes = append(k.Scopes, sc)
+		}
+	}
+	return k, nil
+}
+
+// GetKey implements storage.Registry.
+func (s *Store) GetKey(ctx context.Context, id string) (storage.Key, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	raw, err := s.rdb.HGet(ctx, registryKeysKey(), id).Result()
+	if errors.Is(err, redis.Nil) {
+		return storage.Key{}, fmt.Errorf("get key %q: %w", id, storage.ErrNotFound)
+	}
+	if err != nil {
+		return storage.Key{}, wrapErr("get key", err)
+	}
+	return decodeKey(id, raw)
+}
+
+// ListKeys implements storage.Registry: newest first.
+func (s *Store) ListKeys(ctx context.Context, ns string) ([]storage.Key, error) {
+	if !validRegistryNamespace(ns, true) {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	ids, err := s.rdb.ZRevRange(ctx, registryNamespaceKeysKey(ns), 0, -1).Result()
+	if err != nil {
+		return nil, wrapErr("list keys", err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	raws, err := s.rdb.HMGet(ctx, registryKeysKey(), ids...).Result()
+	if err != nil {
+		return nil, wrapErr("list keys", err)
+	}
+	out := make([]storage.Key, 0, len(ids))
+	for i, raw := range raws {
+		str, ok := raw.(string)
+		if !ok {
+			continue // revoked between the two reads
+		}
+		k, err := decodeKey(ids[i], str)
+		if err != nil {
+			return nil, fmt.Errorf("list keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// RevokeKey implements storage.Registry.
+func (s *Store) RevokeKey(ctx context.Context, id string) error {
+	k, err := s.GetKey(ctx, id)
+	if err != nil {
+		return err
+	}
+	v, err := s.run(ctx, "revoke key", registryScripts.keyRevoke,
+		[]string{registryKeysKey(), registryNamespaceKeysKey(k.Namespace)}, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := v.(int64); n == 0 {
+		return fmt.Errorf("revoke key %q: %w", id, storage.ErrNotFound)
+	}
+	return nil
+}
+
+// DropNamespace deletes every task of ns in one script (UNLINK, so Redis
+// frees the memory in the background) and returns how many there were. A
+// forced DeleteNamespace uses it in Redis-only mode.
+func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
+	if storage.ValidateNamespace(ns) != nil {
+		return 0, nil
+	}
+	k := keysFor(ns, shard)
+	v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace, []string{k.due, k.inflight, k.dead, k.task})
+	if err != nil {
+		return 0, err
+	}
+	return replyInt(v)
+}

@@ -1,0 +1,95 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/registrytest"
+)
+
+// registryTestStore returns a Store on the shared test Redis
+// (TEST_REDIS_URL, default redis://127.0.0.1:6379).
+func registryTestStore(t *testing.T) *Store {
+	t.Helper()
+	url := os.Getenv("TEST_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379"
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("TEST_REDIS_URL: %v", err)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", url, err)
+	}
+	return New(c, Options{})
+}
+
+func TestRegistryConformance(t *testing.T) {
+	t.Parallel()
+	registrytest.Run(t, func(t *testing.T) storage.Registry { return registryTestStore(t) })
+}
+
+// TestRegistryConformanceEmbedded runs the suite on miniredis, the embedded
+// mode's store.
+func TestRegistryConformanceEmbedded(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	registrytest.Run(t, func(t *testing.T) storage.Registry {
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		return New(c, Options{})
+	})
+}
+
+func TestDropNamespace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := registryTestStore(t)
+	ns := "drop-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	keep := ns + "-keep"
+	t.Cleanup(func() {
+		_, _ = s.DropNamespace(context.Background(), ns)
+		_, _ = s.DropNamespace(context.Background(), keep)
+	})
+	specs := make([]storage.UpsertSpec, 25)
+	for i := range specs {
+		specs[i] = storage.UpsertSpec{ID: "t" + strconv.Itoa(i), Delay: time.Duration(i) * time.Millisecond}
+	}
+	for _, n := range []string{ns, keep} {
+		if _, err := s.Upsert(ctx, n, specs); err != nil {
+			t.Fatalf("Upsert: %v", err)
+		}
+	}
+	// One in flight, so every state set is covered.
+	if _, err := s.Pop(ctx, ns, 1, time.Minute); err != nil {
+		t.Fatalf("Pop: %v", err)
+	}
+	n, err := s.DropNamespace(ctx, ns)
+	if err != nil || n != 25 {
+		t.Fatalf("DropNamespace = %d, %v; want 25", n, err)
+	}
+	st, err := s.Stats(ctx, ns)
+	if err != nil || st.Scheduled+st.Delivered+st.Dead != 0 {
+		t.Errorf("Stats after drop = %+v, %v; want empty", st, err)
+	}
+	if _, err := s.Get(ctx, ns, "t3"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Get after drop: err = %v, want ErrNotFound", err)
+	}
+	if st, _ := s.Stats(ctx, keep); st.Scheduled+st.Delivered != 25 {
+		t.Errorf("the other namespace lost tasks: %+v", st)
+	}
+	if n, err := s.DropNamespace(ctx, ns); err != nil || n != 0 {
+		t.Errorf("second DropNamespace = %d, %v; want 0", n, err)
+	}
+}
