@@ -1,0 +1,309 @@
+package tenancy_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/redisstore"
+	"github.com/delayd/delayd/tenancy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newStore returns the Redis registry on the shared test Redis.
+func newStore(t *testing.T) *redisstore.Store {
+	t.Helper()
+	url := os.Getenv("TEST_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379"
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("TEST_REDIS_URL: %v", err)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", url, err)
+	}
+	return redisstore.New(c, redisstore.Options{})
+}
+
+func newName(t *testing.T, store storage.Registry) string {
+	t.Helper()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "ten-" + hex.EncodeToString(b)
+	t.Cleanup(func() { _ = store.DeleteNamespace(context.Background(), name) })
+	return name
+}
+
+// clock is a manual clock for cache expiry.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func newRegistry(t *testing.T, store storage.Registry, clk *clock, autoCreate bool) *tenancy.Registry {
+	t.Helper()
+	r, err := tenancy.New(tenancy.Config{Store: store, Now: clk.Now, AutoCreate: autoCreate, TTL: time.Second, MaxStale: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestPolicyDefaultsAndTTL: zero fields take the server defaults, and a
+// change made on another replica (straight in the store) is seen once the
+// TTL has passed, without a restart; until then the cached answer stands.
+func TestPolicyDefaultsAndTTL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r := newRegistry(t, store, clk, false)
+	name := newName(t, store)
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name, Policy: storage.Policy{MaxAttempts: 3, RateLimit: 2.5}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := r.Policy(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := storage.DefaultPolicy()
+	want.MaxAttempts, want.RateLimit, want.RateBurst = 3, 2.5, 3
+	if p != want {
+		t.Errorf("Policy = %+v\nwant %+v", p, want)
+	}
+
+	if _, err := store.UpdateNamespace(ctx, name, func(p storage.Policy) (storage.Policy, error) {
+		p.MaxAttempts = 5
+		return p, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := r.Policy(ctx, name); p.MaxAttempts != 3 {
+		t.Errorf("within the TTL MaxAttempts = %d, want the cached 3", p.MaxAttempts)
+	}
+	clk.Add(time.Second)
+	if p, _ := r.Policy(ctx, name); p.MaxAttempts != 5 {
+		t.Errorf("after the TTL MaxAttempts = %d, want 5", p.MaxAttempts)
+	}
+
+	// A change through this Registry is seen at once.
+	if _, err := r.UpdateNamespace(ctx, name, func(p storage.Policy) (storage.Policy, error) {
+		p.MaxAttempts = 7
+		return p, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := r.Policy(ctx, name); p.MaxAttempts != 7 {
+		t.Errorf("after a local update MaxAttempts = %d, want 7 at once", p.MaxAttempts)
+	}
+}
+
+// TestUnknownNamespace: without auto-create an unknown namespace is
+// ErrNotFound (and the answer is cached, but a local create clears it); with
+// auto-create, Policy creates it with the default policy while Lookup never
+// does.
+func TestUnknownNamespace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+
+	strict := newRegistry(t, store, clk, false)
+	name := newName(t, store)
+	if _, err := strict.Policy(ctx, name); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("Policy(unknown) err = %v, want ErrNotFound", err)
+	}
+	if _, err := store.GetNamespace(ctx, name); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("a strict registry created %q", name)
+	}
+	if _, err := strict.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := strict.Policy(ctx, name); err != nil {
+		t.Errorf("Policy after a local create: %v (the cached not-found must be dropped)", err)
+	}
+
+	auto := newRegistry(t, store, clk, true)
+	fresh := newName(t, store)
+	if _, err := auto.LookupPolicy(ctx, fresh); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("LookupPolicy(unknown) err = %v, want ErrNotFound", err)
+	}
+	p, err := auto.Policy(ctx, fresh)
+	if err != nil {
+		t.Fatalf("Policy with auto-create: %v", err)
+	}
+	if p != storage.DefaultPolicy() {
+		t.Errorf("auto-created policy = %+v, want the defaults", p)
+	}
+	n, err := store.GetNamespace(ctx, fresh)
+	if err != nil || n.Policy != (storage.Policy{}) {
+		t.Errorf("stored auto-created namespace = %+v, %v; want a zero (all-default) policy", n, err)
+	}
+	if _, err := auto.LookupPolicy(ctx, fresh); err != nil {
+		t.Errorf("LookupPolicy after auto-create: %v", err)
+	}
+	if _, err := auto.Policy(ctx, "Not_Valid"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Policy(invalid name) err = %v, want ErrNotFound (never created)", err)
+	}
+}
+
+// TestKeyCacheAndRevoke: a key is cached for the TTL; a revocation through
+// this Registry takes effect at once, one made elsewhere within the TTL.
+func TestKeyCacheAndRevoke(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r := newRegistry(t, store, clk, false)
+	name := newName(t, store)
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	newKey := func() storage.Key {
+		b := make([]byte, 8)
+		_, _ = rand.Read(b)
+		k := storage.Key{ID: hex.EncodeToString(b), Namespace: name, Scopes: []storage.Scope{storage.ScopeProduce}, CreateTime: time.Now(), Hash: []byte("h")}
+		if err := store.CreateKey(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	k1, k2 := newKey(), newKey()
+	for _, k := range []storage.Key{k1, k2} {
+		if got, err := r.Key(ctx, k.ID); err != nil || got.Namespace != name {
+			t.Fatalf("Key(%s) = %+v, %v", k.ID, got, err)
+		}
+	}
+	// Revoked elsewhere: still answered from the cache until the TTL passes.
+	if err := store.RevokeKey(ctx, k1.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Key(ctx, k1.ID); err != nil {
+		t.Errorf("Key within the TTL after a remote revoke: %v, want the cached key", err)
+	}
+	clk.Add(time.Second)
+	if _, err := r.Key(ctx, k1.ID); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Key after the TTL: err = %v, want ErrNotFound", err)
+	}
+	// Revoked here: gone at once.
+	if err := r.RevokeKey(ctx, k2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Key(ctx, k2.ID); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Key right after a local revoke: err = %v, want ErrNotFound", err)
+	}
+}
+
+// flaky wraps a real registry and fails every read with ErrUnavailable
+// while down is set (a registry outage), counting reads.
+type flaky struct {
+	storage.Registry
+	down  atomic.Bool
+	reads atomic.Int64
+	gate  chan struct{} // if non-nil, reads wait for it
+}
+
+func (f *flaky) GetNamespace(ctx context.Context, name string) (storage.Namespace, error) {
+	f.reads.Add(1)
+	if f.gate != nil {
+		<-f.gate
+	}
+	if f.down.Load() {
+		return storage.Namespace{}, fmt.Errorf("get namespace: %w", storage.ErrUnavailable)
+	}
+	return f.Registry.GetNamespace(ctx, name)
+}
+
+// TestServeStaleDuringOutage: while the registry is unreachable an expired
+// answer keeps being served for MaxStale, then the error comes through.
+func TestServeStaleDuringOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	f := &flaky{Registry: store}
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r := newRegistry(t, f, clk, false)
+	name := newName(t, store)
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name, Policy: storage.Policy{MaxAttempts: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := r.Policy(ctx, name); err != nil || p.MaxAttempts != 4 {
+		t.Fatalf("Policy = %+v, %v", p, err)
+	}
+	f.down.Store(true)
+	clk.Add(30 * time.Second)
+	if p, err := r.Policy(ctx, name); err != nil || p.MaxAttempts != 4 {
+		t.Errorf("during an outage within MaxStale: Policy = %+v, %v; want the stale policy", p, err)
+	}
+	clk.Add(time.Minute)
+	if _, err := r.Policy(ctx, name); !errors.Is(err, storage.ErrUnavailable) {
+		t.Errorf("past MaxStale: err = %v, want ErrUnavailable", err)
+	}
+	f.down.Store(false)
+	if p, err := r.Policy(ctx, name); err != nil || p.MaxAttempts != 4 {
+		t.Errorf("after the outage: Policy = %+v, %v", p, err)
+	}
+}
+
+// TestConcurrentMissesShareOneRead: many requests for an uncached namespace
+// cost one registry read.
+func TestConcurrentMissesShareOneRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	f := &flaky{Registry: store, gate: make(chan struct{})}
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r := newRegistry(t, f, clk, false)
+	name := newName(t, store)
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 32
+	var started, done sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		started.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			started.Done()
+			_, err := r.Policy(ctx, name)
+			errs <- err
+		}()
+	}
+	started.Wait()
+	close(f.gate)
+	done.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("Policy: %v", err)
+		}
+	}
+	if got := f.reads.Load(); got != 1 {
+		t.Errorf("registry reads = %d, want 1", got)
+	}
+}
