@@ -1,0 +1,517 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/delayd/delayd/storage"
+)
+
+func testPop(t *testing.T, newStore func(t *testing.T) Store) {
+	runTable(t, newStore, []transition{{
+		name:  "at most limit, in due order, not-yet-due tasks stay",
+		seeds: []Seed{{ID: "d3", Due: -1 * time.Minute}, {ID: "d1", Due: -3 * time.Minute}, {ID: "d2", Due: -2 * time.Minute}, {ID: "later", Due: time.Hour}},
+		run: func(e *env) {
+			before := e.now()
+			ds := e.pop(2, time.Hour)
+			after := e.now()
+			var got []string
+			for _, d := range ds {
+				got = append(got, d.Task.ID)
+				if d.Task.State != deliv || d.Task.Attempt != 1 || d.Token.Attempt != 1 || d.Token.Generation != 1 ||
+					d.Token.ID != d.Task.ID || d.Token.Namespace != e.ns {
+					e.t.Errorf("delivery = %+v", d)
+				}
+				e.within("lease deadline", d.LeaseDeadline, before.Add(time.Hour), after.Add(time.Hour))
+				if !d.Task.LeaseDeadline.Equal(d.LeaseDeadline) || string(d.Task.Payload) != string(payloadOf(d.Task.ID)) {
+					e.t.Errorf("delivery task = %+v", d.Task)
+				}
+				// the stored task is leased, not deleted
+				if g := e.get(d.Task.ID); g.State != deliv || !g.LeaseDeadline.Equal(d.LeaseDeadline) || !g.DueTime.Equal(d.Task.DueTime) {
+					e.t.Errorf("stored = %+v, want delivered with the delivery's lease", g)
+				}
+			}
+			if diff := cmp.Diff([]string{"d1", "d2"}, got); diff != "" {
+				e.t.Errorf("popped (-want +got):\n%s", diff)
+			}
+			ds = e.pop(10, time.Hour)
+			if len(ds) != 1 || ds[0].Task.ID != "d3" {
+				e.t.Errorf("second pop = %v, want only d3", ds)
+			}
+			if ds := e.pop(10, time.Hour); len(ds) != 0 {
+				e.t.Errorf("third pop = %d tasks, want none", len(ds))
+			}
+			if ds := e.pop(0, time.Hour); len(ds) != 0 {
+				e.t.Errorf("pop with limit 0 = %d tasks", len(ds))
+			}
+		},
+		want: []Row{row("later", sched, 1, 0, ""), row("d1", deliv, 1, 1, ""), row("d2", deliv, 1, 1, ""), row("d3", deliv, 1, 1, "")},
+	}, {
+		name:  "a task due in a moment is popped once it is due",
+		seeds: []Seed{{ID: "soon", Due: 300 * time.Millisecond}},
+		run: func(e *env) {
+			due := e.get("soon").DueTime
+			var ds []storage.Delivery
+			poll(e.t, "the task to fall due", func() bool {
+				ds = e.pop(10, time.Hour)
+				if len(ds) == 0 {
+					return false
+				}
+				return true
+			})
+			// popped no earlier than due by the store clock
+			if now := e.now(); now.Before(due) {
+				e.t.Errorf("popped at store time before %v", due)
+			}
+			if len(ds) != 1 || ds[0].Task.ID != "soon" {
+				e.t.Errorf("pop = %v", ds)
+			}
+		},
+		want: []Row{row("soon", deliv, 1, 1, "")},
+	}, {
+		name: "empty namespace",
+		run: func(e *env) {
+			if ds := e.pop(10, time.Hour); len(ds) != 0 {
+				e.t.Errorf("pop = %v", ds)
+			}
+		},
+	}})
+}
+
+func testAck(t *testing.T, newStore func(t *testing.T) Store) {
+	runTable(t, newStore, []transition{{
+		name:  "OK deletes; a second ack is NOT_FOUND",
+		seeds: []Seed{{ID: "x", State: deliv}, {ID: "y", State: deliv}},
+		run: func(e *env) {
+			e.wantStatuses("ack", e.ack(e.tok["x"]), statuses(storage.TokenOK))
+			e.wantNotFound("x")
+			e.wantStatuses("second ack", e.ack(e.tok["x"], e.tok["y"]), statuses(storage.TokenNotFound, storage.TokenOK))
+		},
+	}, {
+		name:  "older generation is STALE and changes nothing",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x"), Delay: time.Hour})
+			e.wantStatuses("ack", e.ack(e.tok["x"]), statuses(storage.TokenStale))
+		},
+		want: []Row{row("x", sched, 2, 0, "")},
+	}, {
+		name:  "older attempt is STALE after a redelivery",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			st, _ := e.nack(storage.NackOptions{RetryAfter: dur(0)}, e.tok["x"])
+			e.wantStatuses("nack", st, statuses(storage.TokenOK))
+			ds := e.pop(1, time.Hour)
+			if len(ds) != 1 || ds[0].Token.Attempt != 2 {
+				e.t.Fatalf("redelivery = %+v", ds)
+			}
+			e.wantStatuses("ack of attempt 1", e.ack(e.tok["x"]), statuses(storage.TokenStale))
+		},
+		want: []Row{row("x", deliv, 1, 2, "")},
+	}, {
+		name:  "a delivery given back is NOT_FOUND",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			e.nack(storage.NackOptions{RetryAfter: dur(time.Hour)}, e.tok["x"])
+			e.wantStatuses("ack", e.ack(e.tok["x"]), statuses(storage.TokenNotFound))
+		},
+		want: []Row{row("x", sched, 1, 1, "")},
+	}, {
+		name:  "unknown task, newer attempt, other namespace: NOT_FOUND, nothing changes",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			tok := e.tok["x"]
+			newer := tok
+			newer.Attempt++
+			other := tok
+			other.Namespace = Namespace(e.t)
+			missing := tok
+			missing.ID = "missing"
+			e.wantStatuses("ack", e.ack(newer, other, missing),
+				statuses(storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound))
+		},
+		want: []Row{row("x", deliv, 1, 1, "")},
+	}, {
+		name: "empty batch",
+		run: func(e *env) {
+			if st := e.ack(); len(st) != 0 {
+				e.t.Errorf("statuses = %v", st)
+			}
+		},
+	}})
+}
+
+func testNack(t *testing.T, newStore func(t *testing.T) Store) {
+	runTable(t, newStore, []transition{{
+		name:  "retry_after: back to scheduled at now + retry_after, reason kept",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			before := e.now()
+			st, mv := e.nack(storage.NackOptions{RetryAfter: dur(5 * time.Minute), Reason: "busy", MaxAttempts: 10,
+				Backoff: noJitter(time.Hour, time.Hour)}, e.tok["x"])
+			after := e.now()
+			e.wantStatuses("nack", st, statuses(storage.TokenOK))
+			if len(mv) != 1 || mv[0].ID != "x" || mv[0].State != sched || mv[0].Generation != 1 || mv[0].Attempt != 1 || mv[0].LastError != "busy" {
+				e.t.Fatalf("moved = %+v", mv)
+			}
+			e.within("due", mv[0].DueTime, before.Add(5*time.Minute), after.Add(5*time.Minute))
+			if g := e.get("x"); !g.DueTime.Equal(mv[0].DueTime) || !g.LeaseDeadline.IsZero() {
+				e.t.Errorf("stored = %+v", g)
+			}
+		},
+		want: []Row{row("x", sched, 1, 1, "busy")},
+	}, {
+		name:  "retry_after zero: due at once",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			e.nack(storage.NackOptions{RetryAfter: dur(0), MaxAttempts: 10}, e.tok["x"])
+			if ds := e.pop(1, time.Hour); len(ds) != 1 || ds[0].Task.Attempt != 2 {
+				e.t.Errorf("redelivery = %+v", ds)
+			}
+		},
+		want: []Row{row("x", deliv, 1, 2, "")},
+	}, {
+		name:  "without retry_after: the backoff for the attempt, capped",
+		seeds: []Seed{{ID: "x", State: deliv}, {ID: "y", State: deliv}, {ID: "z", State: deliv}},
+		run: func(e *env) {
+			before := e.now()
+			_, mv := e.nack(storage.NackOptions{MaxAttempts: 10, Backoff: noJitter(time.Hour, 3*time.Hour)}, e.tok["y"])
+			after := e.now()
+			e.within("due after attempt 1", mv[0].DueTime, before.Add(time.Hour), after.Add(time.Hour))
+			// x and z: due again at once, redelivered as attempt 2
+			e.nack(storage.NackOptions{RetryAfter: dur(0)}, e.tok["x"], e.tok["z"])
+			ds := e.pop(10, time.Hour)
+			if len(ds) != 2 || ds[0].Task.Attempt != 2 || ds[1].Task.Attempt != 2 {
+				e.t.Fatalf("redelivery = %+v", ds)
+			}
+			tok := map[string]storage.Token{ds[0].Task.ID: ds[0].Token, ds[1].Task.ID: ds[1].Token}
+			before = e.now()
+			_, mx := e.nack(storage.NackOptions{MaxAttempts: 10, Backoff: noJitter(time.Hour, 90*time.Minute)}, tok["x"])
+			_, mz := e.nack(storage.NackOptions{MaxAttempts: 10, Backoff: noJitter(time.Hour, 3*time.Hour)}, tok["z"])
+			after = e.now()
+			e.within("due after attempt 2 (capped at 90 min)", mx[0].DueTime, before.Add(90*time.Minute), after.Add(90*time.Minute))
+			e.within("due after attempt 2 (2 h)", mz[0].DueTime, before.Add(2*time.Hour), after.Add(2*time.Hour))
+		},
+		want: []Row{row("x", sched, 1, 2, ""), row("y", sched, 1, 1, ""), row("z", sched, 1, 2, "")},
+	}, {
+		name:  "jitter shortens the backoff by at most its fraction",
+		seeds: []Seed{{ID: "a", State: deliv}, {ID: "b", State: deliv}, {ID: "c", State: deliv}, {ID: "d", State: deliv}},
+		run: func(e *env) {
+			opts := storage.NackOptions{Backoff: storage.Backoff{Initial: time.Hour, Max: time.Hour, Multiplier: 2, Jitter: 0.5}}
+			before := e.now()
+			_, mv := e.nack(opts, e.tok["a"], e.tok["b"], e.tok["c"], e.tok["d"])
+			after := e.now()
+			distinct := map[time.Duration]bool{}
+			for _, m := range mv {
+				e.within("due of "+m.ID, m.DueTime, before.Add(30*time.Minute), after.Add(time.Hour))
+				distinct[m.DueTime.Sub(before).Truncate(time.Second)] = true
+			}
+			if len(distinct) < 2 {
+				e.t.Errorf("4 jittered delays are all equal: %v", mv)
+			}
+		},
+		want: []Row{row("a", sched, 1, 1, ""), row("b", sched, 1, 1, ""), row("c", sched, 1, 1, ""), row("d", sched, 1, 1, "")},
+	}, {
+		name:  "at max attempts: dead",
+		seeds: []Seed{{ID: "x", State: deliv}, {ID: "y", State: deliv}},
+		run: func(e *env) {
+			before := e.now()
+			st, mv := e.nack(storage.NackOptions{MaxAttempts: 1, Reason: "bad payload", RetryAfter: dur(0)}, e.tok["x"])
+			after := e.now()
+			e.wantStatuses("nack", st, statuses(storage.TokenOK))
+			if len(mv) != 1 || mv[0].State != dead || mv[0].LastError != "bad payload" || !mv[0].DueTime.IsZero() {
+				e.t.Fatalf("moved = %+v", mv)
+			}
+			e.within("dead time", mv[0].DeadTime, before, after)
+			if g := e.get("x"); g.State != dead || !g.DeadTime.Equal(mv[0].DeadTime) {
+				e.t.Errorf("stored = %+v", g)
+			}
+			// below the maximum: retried
+			_, mv = e.nack(storage.NackOptions{MaxAttempts: 2, RetryAfter: dur(time.Hour)}, e.tok["y"])
+			if len(mv) != 1 || mv[0].State != sched {
+				e.t.Errorf("moved = %+v", mv)
+			}
+		},
+		want: []Row{row("y", sched, 1, 1, ""), row("x", dead, 1, 1, "bad payload")},
+	}, {
+		name:  "stale and unknown tokens change nothing",
+		seeds: []Seed{{ID: "x", State: deliv}, {ID: "z", State: deliv}},
+		run: func(e *env) {
+			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x"), Delay: time.Hour})
+			missing := e.tok["z"]
+			missing.ID = "missing"
+			st, mv := e.nack(storage.NackOptions{RetryAfter: dur(0)}, e.tok["x"], missing, e.tok["z"])
+			e.wantStatuses("nack", st, statuses(storage.TokenStale, storage.TokenNotFound, storage.TokenOK))
+			if len(mv) != 1 || mv[0].ID != "z" {
+				e.t.Errorf("moved = %+v, want only z", mv)
+			}
+		},
+		want: []Row{row("x", sched, 2, 0, ""), row("z", sched, 1, 1, "")},
+	}})
+}
+
+func testExtend(t *testing.T, newStore func(t *testing.T) Store) {
+	runTable(t, newStore, []transition{{
+		name:  "OK sets the lease to now + by; stale and unknown tokens change nothing",
+		seeds: []Seed{{ID: "x", State: deliv}, {ID: "y", State: deliv}},
+		run: func(e *env) {
+			e.upsert(storage.UpsertSpec{ID: "y", Payload: payloadOf("y"), Delay: time.Hour})
+			missing := e.tok["x"]
+			missing.ID = "missing"
+			before := e.now()
+			res, err := e.s.Extend(e.ctx, e.ns, []storage.Token{e.tok["x"], e.tok["y"], missing}, 3*time.Hour)
+			after := e.now()
+			if err != nil || len(res) != 3 {
+				e.t.Fatalf("extend = %v, %v", res, err)
+			}
+			if res[0].Status != storage.TokenOK || res[1].Status != storage.TokenStale || res[2].Status != storage.TokenNotFound {
+				e.t.Errorf("statuses = %+v", res)
+			}
+			e.within("lease deadline", res[0].LeaseDeadline, before.Add(3*time.Hour), after.Add(3*time.Hour))
+			if !res[1].LeaseDeadline.IsZero() {
+				e.t.Errorf("stale result has a deadline: %+v", res[1])
+			}
+			if g := e.get("x"); !g.LeaseDeadline.Equal(res[0].LeaseDeadline) {
+				e.t.Errorf("stored lease %v, want %v", g.LeaseDeadline, res[0].LeaseDeadline)
+			}
+			// the extended delivery can still be acked
+			e.wantStatuses("ack", e.ack(e.tok["x"]), statuses(storage.TokenOK))
+		},
+		want: []Row{row("y", sched, 2, 0, "")},
+	}, {
+		name:  "a task not in flight is NOT_FOUND",
+		seeds: []Seed{{ID: "x", State: dead}, {ID: "d", State: deliv}},
+		run: func(e *env) {
+			e.nack(storage.NackOptions{RetryAfter: dur(time.Hour)}, e.tok["d"])
+			res, err := e.s.Extend(e.ctx, e.ns, []storage.Token{e.tok["d"], {Namespace: e.ns, ID: "x", Generation: 1, Attempt: 1}}, time.Hour)
+			if err != nil || len(res) != 2 || res[0].Status != storage.TokenNotFound || res[1].Status != storage.TokenNotFound {
+				e.t.Errorf("extend = %+v, %v", res, err)
+			}
+		},
+		want: []Row{row("d", sched, 1, 1, ""), row("x", dead, 1, 1, seedReason)},
+	}})
+}
+
+// leaseShort is the lease of tests that wait for one to expire.
+const leaseShort = 30 * time.Millisecond
+
+func (e *env) reapUntil(want int, limit int, opts storage.NackOptions) []storage.Moved {
+	e.t.Helper()
+	var got []storage.Moved
+	poll(e.t, fmt.Sprintf("%d expired leases", want), func() bool {
+		mv, err := e.s.Reap(e.ctx, e.ns, limit, opts)
+		if err != nil {
+			e.t.Fatalf("reap: %v", err)
+		}
+		if len(mv) > limit {
+			e.t.Fatalf("reap moved %d, limit %d", len(mv), limit)
+		}
+		got = append(got, mv...)
+		return len(got) >= want
+	})
+	return got
+}
+
+func testReap(t *testing.T, newStore func(t *testing.T) Store) {
+	runTable(t, newStore, []transition{{
+		name:  "expired leases go back with backoff; live leases stay",
+		seeds: []Seed{{ID: "live", State: deliv}},
+		run: func(e *env) {
+			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x"), Delay: 0})
+			ds := e.pop(1, leaseShort)
+			if len(ds) != 1 {
+				e.t.Fatalf("pop = %v", ds)
+			}
+			opts := storage.NackOptions{MaxAttempts: 5, Reason: "lease expired", Backoff: noJitter(time.Hour, time.Hour)}
+			mv := e.reapUntil(1, 10, opts)
+			after := e.now()
+			if len(mv) != 1 || mv[0].ID != "x" || mv[0].State != sched || mv[0].Attempt != 1 || mv[0].Generation != 1 || mv[0].LastError != "lease expired" {
+				e.t.Fatalf("moved = %+v", mv)
+			}
+			e.within("due", mv[0].DueTime, ds[0].LeaseDeadline.Add(time.Hour), after.Add(time.Hour))
+			e.wantStatuses("ack of the expired delivery", e.ack(ds[0].Token), statuses(storage.TokenNotFound))
+			if mv, _ := e.s.Reap(e.ctx, e.ns, 10, opts); len(mv) != 0 {
+				e.t.Errorf("second reap = %+v", mv)
+			}
+		},
+		want: []Row{row("x", sched, 1, 1, "lease expired"), row("live", deliv, 1, 1, "")},
+	}, {
+		name: "at max attempts: dead",
+		run: func(e *env) {
+			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x")})
+			ds := e.pop(1, leaseShort)
+			mv := e.reapUntil(1, 10, storage.NackOptions{MaxAttempts: 1, Reason: "lease expired"})
+			if len(mv) != 1 || mv[0].State != dead || mv[0].DeadTime.Before(ds[0].LeaseDeadline) {
+				e.t.Errorf("moved = %+v", mv)
+			}
+		},
+		want: []Row{row("x", dead, 1, 1, "lease expired")},
+	}, {
+		name: "at most limit per call",
+		run: func(e *env) {
+			var specs []storage.UpsertSpec
+			for _, id := range ids(3, "x") {
+				specs = append(specs, storage.UpsertSpec{ID: id, Payload: payloadOf(id)})
+			}
+			e.upsert(specs...)
+			if ds := e.pop(3, leaseShort); len(ds) != 3 {
+				e.t.Fatalf("pop = %d", len(ds))
+			}
+			mv := e.reapUntil(3, 2, storage.NackOptions{MaxAttempts: 5, RetryAfter: dur(time.Hour)})
+			if len(mv) != 3 {
+				e.t.Errorf("moved %d, want 3", len(mv))
+			}
+		},
+		want: []Row{row("x000", sched, 1, 1, ""), row("x001", sched, 1, 1, ""), row("x002", sched, 1, 1, "")},
+	}})
+}
+
+func testNextWake(t *testing.T, newStore func(t *testing.T) Store) {
+	runTable(t, newStore, []transition{{
+		name: "empty",
+		run: func(e *env) {
+			_, now, ok, err := e.s.NextWake(e.ctx, e.ns)
+			if err != nil || ok || now.IsZero() {
+				e.t.Errorf("next wake: ok %v now %v err %v; want not ok, store now", ok, now, err)
+			}
+		},
+	}, {
+		name:  "earliest of first due and first lease deadline",
+		seeds: []Seed{{ID: "s", Due: 2 * time.Hour}, {ID: "d", State: deliv}},
+		run: func(e *env) {
+			lease := e.get("d").LeaseDeadline // 1 h
+			next, _, ok, err := e.s.NextWake(e.ctx, e.ns)
+			if err != nil || !ok || !next.Equal(lease) {
+				e.t.Errorf("next = %v ok %v err %v; want lease deadline %v", next, ok, err, lease)
+			}
+			e.upsert(storage.UpsertSpec{ID: "s", Payload: payloadOf("s"), Delay: time.Minute})
+			due := e.get("s").DueTime
+			next, _, ok, err = e.s.NextWake(e.ctx, e.ns)
+			if err != nil || !ok || !next.Equal(due) {
+				e.t.Errorf("next = %v ok %v err %v; want due %v", next, ok, err, due)
+			}
+		},
+		want: []Row{row("s", sched, 2, 0, ""), row("d", deliv, 1, 1, "")},
+	}})
+}
+
+func testWakeups(t *testing.T, newStore func(t *testing.T) Store) {
+	t.Parallel()
+	e := newEnv(t, newStore)
+	w, ok := e.s.(storage.Wakeups)
+	if !ok {
+		t.Skip("store does not implement storage.Wakeups")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan string, 100)
+	done := make(chan error, 1)
+	go func() {
+		done <- w.SubscribeWakeups(ctx, func(ns string) {
+			if ns == e.ns {
+				select {
+				case got <- ns:
+				default:
+				}
+			}
+		})
+	}()
+	// The subscription is made in the background: keep making the task the
+	// earliest until a wake-up arrives.
+	poll(t, "a wake-up", func() bool {
+		if _, err := e.s.Remove(e.ctx, e.ns, "x"); err != nil && !errors.Is(err, storage.ErrNotFound) {
+			t.Fatal(err)
+		}
+		if r := e.upsert(storage.UpsertSpec{ID: "x", Delay: time.Hour}); !r[0].Earliest {
+			t.Fatalf("upsert into an empty namespace: Earliest = false")
+		}
+		select {
+		case <-got:
+			return true
+		case <-time.After(50 * time.Millisecond):
+			return false
+		}
+	})
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("SubscribeWakeups returned %v, want nil or context.Canceled", err)
+	}
+}
+
+func testConcurrentPop(t *testing.T, newStore func(t *testing.T) Store) {
+	t.Parallel()
+	e := newEnv(t, newStore)
+	const tasks, workers = 600, 8
+	var specs []storage.UpsertSpec
+	for _, id := range ids(tasks, "c") {
+		specs = append(specs, storage.UpsertSpec{ID: id, Payload: payloadOf(id)})
+	}
+	e.upsert(specs...)
+	type key struct {
+		id      string
+		attempt int32
+	}
+	var (
+		mu   sync.Mutex
+		seen = map[key]int{}
+		wg   sync.WaitGroup
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				ds, err := e.s.Pop(e.ctx, e.ns, 7, time.Hour)
+				if err != nil {
+					t.Errorf("worker %d: pop: %v", w, err)
+					return
+				}
+				if len(ds) == 0 {
+					return
+				}
+				var toks []storage.Token
+				mu.Lock()
+				for _, d := range ds {
+					seen[key{d.Task.ID, d.Task.Attempt}]++
+					toks = append(toks, d.Token)
+				}
+				mu.Unlock()
+				// give every third batch back, so tasks are popped again
+				if n%3 == 0 && w%2 == 0 {
+					st, _, err := e.s.Nack(e.ctx, e.ns, toks, storage.NackOptions{RetryAfter: dur(0), MaxAttempts: 3})
+					if err != nil {
+						t.Errorf("nack: %v", err)
+						return
+					}
+					for i, s := range st {
+						if s != storage.TokenOK {
+							t.Errorf("nack of a fresh delivery %+v: %v", toks[i], s)
+						}
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	firsts := 0
+	for k, n := range seen {
+		if n != 1 {
+			t.Errorf("task %s attempt %d delivered %d times", k.id, k.attempt, n)
+		}
+		if k.attempt == 1 {
+			firsts++
+		}
+	}
+	if firsts != tasks {
+		t.Errorf("%d tasks delivered at least once, want %d", firsts, tasks)
+	}
+	st, err := e.s.Stats(e.ctx, e.ns)
+	if err != nil || st.Scheduled+st.Delivered+st.Dead != tasks || st.Scheduled != 0 {
+		t.Errorf("stats = %+v, %v; want %d tasks, none scheduled", st, err, tasks)
+	}
+}
