@@ -1,0 +1,176 @@
+package bench
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// Config is one invocation of the benchmark. RegisterFlags binds it to
+// command-line flags; the zero value is not useful, use the flag defaults.
+type Config struct {
+	// Workloads to run, by preset name (see Presets), "all", or "custom"
+	// (built from the workload flags alone).
+	Workloads []string
+	// Short runs the reduced set `make bench` uses (under 3 minutes).
+	Short bool
+	// Systems restricts the systems each workload runs on (delayd,
+	// delayd-durable, baseline-1s, baseline-10ms); empty = the workload's
+	// own list.
+	Systems []string
+
+	// Server is how delaybench gets its delayd: "inproc" (daemon.Start in
+	// this process; CPU figures then include the load generator) or
+	// "child" (the delayd binary as a child process; CPU is delayd's own).
+	Server string
+	// DelaydBin is the delayd binary for Server "child"; empty = go build
+	// ./cmd/delayd into a temporary directory.
+	DelaydBin string
+	// DelaydArgs are extra flags passed to a child delayd.
+	DelaydArgs []string
+	// Target, if set, is an external delayd (host:port) used instead of
+	// starting one; TargetPID, if set, is its pid for CPU figures.
+	Target    string
+	TargetPID int
+	// APIKey is sent as a bearer token to delayd.
+	APIKey string
+
+	// RedisURL is the Redis delayd and the baseline use.
+	RedisURL string
+	// OwnRedis starts a private redis-server (RedisServerBin) instead, so
+	// that no other client's load or keys disturb the figures.
+	OwnRedis       bool
+	RedisServerBin string
+	// MySQLDSN is the MySQL server for durable rows, without a database
+	// name: each run creates a database of its own and drops it afterwards.
+	MySQLDSN string
+
+	// Override changes every workload after the presets are chosen (the
+	// workload flags that were given explicitly).
+	Override func(*Workload)
+	// OverrideArgs are those flags as given, for the reproduce commands.
+	OverrideArgs []string
+
+	// BaselineBatch is the baseline poller's pop limit.
+	BaselineBatch int
+	// Conns is the number of gRPC connections to delayd.
+	Conns int
+	// AckBatch is the most tokens per AckTasks call.
+	AckBatch int
+
+	// JSON prints a JSON report instead of the table.
+	JSON bool
+	// Quiet turns off the progress line.
+	Quiet bool
+	// CPUProfile, if set, writes a CPU profile of this process (which holds
+	// an in-process delayd) to that file.
+	CPUProfile string
+	// Timeout bounds the whole invocation.
+	Timeout time.Duration
+	// Logger for warnings; the in-process delayd logs through it too.
+	Logger *slog.Logger
+}
+
+// listFlag is a comma-separated list flag.
+type listFlag struct{ p *[]string }
+
+func (l listFlag) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return strings.Join(*l.p, ",")
+}
+func (l listFlag) Set(s string) error {
+	*l.p = nil
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			*l.p = append(*l.p, f)
+		}
+	}
+	return nil
+}
+
+// RegisterFlags binds c to flags on fs, with their defaults. The workload
+// flags are kept in w; call Finish after parsing to turn the ones given
+// into c.Override.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
+	c.Workloads = []string{"all"}
+	fs.Var(listFlag{&c.Workloads}, "workload", "comma-separated workloads: "+strings.Join(Presets(), ", ")+", all, or custom (only the workload flags)")
+	fs.BoolVar(&c.Short, "short", false, "run the short set (under 3 minutes; what `make bench` runs)")
+	fs.Var(listFlag{&c.Systems}, "systems", "comma-separated systems to run each workload on: delayd, delayd-durable, baseline-1s, baseline-10ms (default: each workload's own)")
+	fs.StringVar(&c.Server, "server", "inproc", "how to run delayd: inproc (in this process; CPU includes the load generator) or child (./cmd/delayd as a child process; CPU is delayd's own)")
+	fs.StringVar(&c.DelaydBin, "delayd-bin", "", "delayd binary for --server child (default: go build ./cmd/delayd)")
+	fs.Var(listFlag{&c.DelaydArgs}, "delayd-args", "comma-separated extra flags for a child delayd")
+	fs.StringVar(&c.Target, "target", "", "drive an external delayd at host:port instead of starting one")
+	fs.IntVar(&c.TargetPID, "target-pid", 0, "pid of the --target delayd on this host, for its CPU figures")
+	fs.StringVar(&c.APIKey, "api-key", "", "API key sent as a bearer token")
+	fs.StringVar(&c.RedisURL, "redis-url", "redis://127.0.0.1:6379", "Redis for delayd and the baseline (keys go under a fresh random namespace/prefix and are deleted after; never FLUSHDB)")
+	fs.BoolVar(&c.OwnRedis, "own-redis", false, "start a private redis-server on a free port instead of --redis-url (clean CPU and memory figures)")
+	fs.StringVar(&c.RedisServerBin, "redis-server", "redis-server", "redis-server binary for --own-redis")
+	fs.StringVar(&c.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/", "MySQL for durable rows, without a database: each run creates and drops its own")
+	fs.IntVar(&c.BaselineBatch, "baseline-batch", 200, "baseline poller pop limit (ids per ZRANGEBYSCORE LIMIT)")
+	fs.IntVar(&c.Conns, "conns", 4, "gRPC connections to delayd, shared round-robin")
+	fs.IntVar(&c.AckBatch, "ack-batch", 500, "most tokens per AckTasks call")
+	fs.BoolVar(&c.JSON, "json", false, "print a JSON report on stdout instead of the table")
+	fs.BoolVar(&c.Quiet, "quiet", false, "no live progress line on stderr")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (with --server inproc: delayd and the load generator) to this file")
+	fs.DurationVar(&c.Timeout, "timeout", time.Hour, "bound on the whole run")
+
+	fs.IntVar(&w.Tasks, "tasks", 0, "tasks per run (each checked for early, duplicate and lost delivery)")
+	fs.DurationVar(&w.Spread, "spread", 0, "window the due times are spread over")
+	fs.DurationVar(&w.Lead, "lead", 0, "time from the start of the load to the first due time")
+	fs.BoolVar(&w.Backlog, "backlog", false, "tasks already due; subscribers connect after the load (drain capacity)")
+	fs.IntVar(&w.PayloadBytes, "payload", 0, "payload bytes per task")
+	fs.IntVar(&w.Namespaces, "namespaces", 0, "namespaces the tasks are spread over")
+	fs.IntVar(&w.Producers, "producers", 0, "concurrent producers")
+	fs.IntVar(&w.Batch, "batch", 0, "tasks per BatchUpsertTasks call; 0 or 1 = unary UpsertTask")
+	fs.IntVar(&w.Subscribers, "subscribers", 0, "Subscribe streams")
+	fs.IntVar(&w.MaxInFlight, "max-in-flight", 0, "max_in_flight per stream")
+	fs.IntVar(&w.Filler, "filler", 0, "extra pending tasks (due in 2 h) loaded before the measured ones")
+	fs.IntVar(&w.FillerPayloadBytes, "filler-payload", 0, "payload bytes per filler task")
+}
+
+// workloadFlags are the flags RegisterFlags binds to the Workload.
+var workloadFlags = map[string]func(dst *Workload, src Workload){
+	"tasks":          func(d *Workload, s Workload) { d.Tasks = s.Tasks },
+	"spread":         func(d *Workload, s Workload) { d.Spread = s.Spread },
+	"lead":           func(d *Workload, s Workload) { d.Lead = s.Lead },
+	"backlog":        func(d *Workload, s Workload) { d.Backlog = s.Backlog },
+	"payload":        func(d *Workload, s Workload) { d.PayloadBytes = s.PayloadBytes },
+	"namespaces":     func(d *Workload, s Workload) { d.Namespaces = s.Namespaces },
+	"producers":      func(d *Workload, s Workload) { d.Producers = s.Producers },
+	"batch":          func(d *Workload, s Workload) { d.Batch = s.Batch },
+	"subscribers":    func(d *Workload, s Workload) { d.Subscribers = s.Subscribers },
+	"max-in-flight":  func(d *Workload, s Workload) { d.MaxInFlight = s.MaxInFlight },
+	"filler":         func(d *Workload, s Workload) { d.Filler = s.Filler },
+	"filler-payload": func(d *Workload, s Workload) { d.FillerPayloadBytes = s.FillerPayloadBytes },
+}
+
+// Finish turns the workload flags given explicitly on fs into c.Override
+// and c.OverrideArgs. Call it after fs.Parse.
+func (c *Config) Finish(fs *flag.FlagSet, w *Workload) error {
+	var set []func(*Workload)
+	fs.Visit(func(f *flag.Flag) {
+		if apply, ok := workloadFlags[f.Name]; ok {
+			src := *w
+			set = append(set, func(d *Workload) { apply(d, src) })
+			c.OverrideArgs = append(c.OverrideArgs, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	c.Override = func(d *Workload) {
+		for _, f := range set {
+			f(d)
+		}
+	}
+	switch c.Server {
+	case "inproc", "child":
+	default:
+		return fmt.Errorf("--server %q: allowed: inproc, child", c.Server)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}

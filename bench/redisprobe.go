@@ -1,0 +1,98 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisProbe reads a Redis server's CPU time and memory. CPU comes from
+// /proc/<pid>/stat when the server runs on this host (its pid from INFO
+// server), otherwise from INFO cpu; both are the whole server process.
+type RedisProbe struct {
+	rdb redis.UniversalClient
+	// PID is the server's process id, 0 if it is not on this host.
+	PID int
+	// Version is the server's redis_version.
+	Version string
+}
+
+// NewRedisProbe inspects the server behind rdb.
+func NewRedisProbe(ctx context.Context, rdb redis.UniversalClient) (*RedisProbe, error) {
+	info, err := redisInfo(ctx, rdb, "server")
+	if err != nil {
+		return nil, err
+	}
+	p := &RedisProbe{rdb: rdb, Version: info["redis_version"]}
+	if pid, err := strconv.Atoi(info["process_id"]); err == nil {
+		// The pid is only ours to read if /proc has a redis process by
+		// that number (a server in another host or container does not).
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); err == nil && strings.Contains(string(b), "redis") {
+			p.PID = pid
+		}
+	}
+	return p, nil
+}
+
+// CPU returns the server's user+system CPU time so far.
+func (p *RedisProbe) CPU(ctx context.Context) (time.Duration, error) {
+	if p.PID != 0 {
+		if d, err := ProcCPU(p.PID); err == nil {
+			return d, nil
+		}
+	}
+	info, err := redisInfo(ctx, p.rdb, "cpu")
+	if err != nil {
+		return 0, err
+	}
+	us, err1 := strconv.ParseFloat(info["used_cpu_user"], 64)
+	sy, err2 := strconv.ParseFloat(info["used_cpu_sys"], 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("redis cpu: INFO cpu lacks used_cpu_user/used_cpu_sys")
+	}
+	return time.Duration((us + sy) * float64(time.Second)), nil
+}
+
+// UsedMemory returns INFO memory used_memory in bytes.
+func (p *RedisProbe) UsedMemory(ctx context.Context) (int64, error) {
+	info, err := redisInfo(ctx, p.rdb, "memory")
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(info["used_memory"], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("redis memory: INFO memory lacks used_memory")
+	}
+	return n, nil
+}
+
+// redisInfo returns the key:value lines of one INFO section.
+func redisInfo(ctx context.Context, rdb redis.UniversalClient, section string) (map[string]string, error) {
+	s, err := rdb.Info(ctx, section).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redis INFO %s: %w", section, err)
+	}
+	return parseInfo(s), nil
+}
+
+// parseInfo parses INFO output into key -> value.
+func parseInfo(s string) map[string]string {
+	m := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			m[k] = v
+		}
+	}
+	return m
+}

@@ -1,0 +1,490 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Workload is one benchmark scenario. Zero fields take the defaults given.
+type Workload struct {
+	// Name labels the workload in reports ("spread", "backlog", ...).
+	Name string `json:"name"`
+	// Tasks is how many tasks are upserted and must each be delivered
+	// exactly once. Required.
+	Tasks int `json:"tasks"`
+	// Backlog: every task is already due when it is upserted, and the
+	// subscribers connect only after the last upsert, so the drain measures
+	// delivery capacity. Otherwise subscribers connect first and the tasks
+	// fall due evenly over Spread, starting Lead after the load began.
+	Backlog bool `json:"backlog"`
+	// Spread is the window the due times are spread evenly over. Zero: all
+	// due at the same millisecond.
+	Spread time.Duration `json:"spread_ns"`
+	// Lead is the time from the start of the load to the first due time;
+	// it should exceed the load time (tasks upserted after their due time
+	// are counted in Result.UpsertedAfterDue). If zero, 2 s.
+	Lead time.Duration `json:"lead_ns"`
+	// PayloadBytes is the payload size of every task. Default 0 (empty).
+	PayloadBytes int `json:"payload_bytes"`
+	// Namespaces the tasks are spread over, round-robin. If zero, 1.
+	Namespaces int `json:"namespaces"`
+	// Producers is the number of concurrent upserting goroutines. If zero, 16.
+	Producers int `json:"producers"`
+	// Batch is the tasks per BatchUpsertTasks call (pipelined upserts for
+	// the baseline); 0 or 1 means one UpsertTask call per task. At most 1,000.
+	Batch int `json:"batch"`
+	// Subscribers is the number of Subscribe streams, spread over the
+	// namespaces (at least one each). If zero, 4.
+	Subscribers int `json:"subscribers"`
+	// MaxInFlight is each stream's max_in_flight. If zero, 1,000.
+	MaxInFlight int `json:"max_in_flight"`
+	// Filler is a number of extra tasks due far in the future (2 hours),
+	// loaded with batched upserts before the measured tasks, so rates are
+	// measured with that many tasks pending. Redis memory per pending task
+	// is measured on them when set.
+	Filler int `json:"filler"`
+	// FillerPayloadBytes is the payload size of the filler tasks.
+	FillerPayloadBytes int `json:"filler_payload_bytes"`
+	// Stall ends the wait for deliveries when nothing was delivered or
+	// acked for this long after the last due time. If zero, 20 s.
+	Stall time.Duration `json:"stall_ns"`
+	// Grace is how long the run keeps listening after the last ack, to
+	// catch late duplicates. If zero, 300 ms.
+	Grace time.Duration `json:"grace_ns"`
+}
+
+// withDefaults fills the zero fields.
+func (w Workload) withDefaults() Workload {
+	if w.Lead == 0 {
+		w.Lead = 2 * time.Second
+	}
+	if w.Namespaces <= 0 {
+		w.Namespaces = 1
+	}
+	if w.Producers <= 0 {
+		w.Producers = 16
+	}
+	if w.Batch > 1000 {
+		w.Batch = 1000
+	}
+	if w.Subscribers <= 0 {
+		w.Subscribers = 4
+	}
+	if w.MaxInFlight <= 0 {
+		w.MaxInFlight = 1000
+	}
+	if w.Stall <= 0 {
+		w.Stall = 20 * time.Second
+	}
+	if w.Grace <= 0 {
+		w.Grace = 300 * time.Millisecond
+	}
+	return w
+}
+
+// unary reports whether the workload upserts one task per call.
+func (w Workload) unary() bool { return w.Batch <= 1 }
+
+// CPU is the CPU time of one process over the two phases of a run.
+type CPU struct {
+	// Scope says which process the figure covers.
+	Scope string `json:"scope,omitempty"`
+	// Load is CPU seconds used while the tasks were upserted.
+	Load float64 `json:"load_s"`
+	// Deliver is CPU seconds used from the end of the load to the last ack.
+	Deliver float64 `json:"deliver_s"`
+	// DeliverPercent is Deliver as a percentage of one core over that
+	// window (for the idle workload: the CPU an idle delayd uses).
+	DeliverPercent float64 `json:"deliver_pct_of_core"`
+}
+
+// Result is what one run of one workload on one system measured.
+type Result struct {
+	Workload string `json:"workload"`
+	System   string `json:"system"`
+	// Command reproduces this row.
+	Command string   `json:"command"`
+	Params  Workload `json:"params"`
+	// Skipped, when set, says why the row was not run.
+	Skipped string `json:"skipped,omitempty"`
+	// Error, when set, says why the run failed; figures may be partial.
+	Error string `json:"error,omitempty"`
+
+	// UpsertMode is "unary" or "batch".
+	UpsertMode    string  `json:"upsert_mode"`
+	UpsertSeconds float64 `json:"upsert_s"`
+	UpsertsPerSec float64 `json:"upserts_per_s"`
+	// UpsertedAfterDue counts tasks whose upsert returned after their due
+	// time; non-zero means the load did not finish within Lead and the
+	// lateness of those tasks includes load time.
+	UpsertedAfterDue int `json:"upserted_after_due"`
+	// FillerPerSec is the batched upsert rate of the filler load.
+	FillerPerSec float64 `json:"filler_upserts_per_s,omitempty"`
+
+	// DeliverSeconds is the time from the first due time (backlog: from
+	// the subscribers connecting) to the last ack.
+	DeliverSeconds    float64 `json:"deliver_s"`
+	DeliveredAckedSec float64 `json:"delivered_acked_per_s"`
+	// Lateness is from due time to arrival at the subscriber, by the Redis
+	// clock, over the first delivery of every task.
+	Lateness Summary `json:"lateness"`
+	// Early counts deliveries that arrived before their due time by the
+	// Redis clock (allowing for Clock.Uncertainty).
+	Early int `json:"early"`
+	Tally
+	// AckFailed counts acks answered with anything but OK (or that failed).
+	AckFailed    int `json:"ack_failed"`
+	StreamErrors int `json:"stream_errors"`
+
+	ServerCPU CPU `json:"server_cpu"`
+	RedisCPU  CPU `json:"redis_cpu"`
+	// RedisBytesPerTask is the growth of Redis used_memory per pending
+	// task, over MemTasks tasks; 0 if not measured.
+	RedisBytesPerTask float64 `json:"redis_bytes_per_pending_task"`
+	MemTasks          int     `json:"mem_tasks"`
+
+	Clock Clock `json:"clock"`
+	// WallSeconds is the whole run, setup and cleanup included.
+	WallSeconds float64 `json:"wall_s"`
+}
+
+// env is what a run needs besides the system under test.
+type env struct {
+	clock    Clock
+	redis    *RedisProbe // nil: no Redis figures
+	progress *Progress   // nil: quiet
+}
+
+// runSink implements sink for one run.
+type runSink struct {
+	tracker     *Tracker
+	dues        []int64 // Unix ms by the Redis clock, per task
+	lateness    []time.Duration
+	clock       Clock
+	early       atomic.Int64
+	ackedOK     atomic.Int64
+	ackFailed   atomic.Int64
+	lastAck     atomic.Int64 // Unix ns, local
+	lastChange  atomic.Int64 // Unix ns, local
+	earlyWindow time.Duration
+}
+
+func (s *runSink) delivered(_ string, id string, at time.Time) {
+	s.lastChange.Store(at.UnixNano())
+	i, n := s.tracker.Deliver(id)
+	if n == 0 {
+		return
+	}
+	l := s.clock.At(at).Sub(time.UnixMilli(s.dues[i]))
+	if l < -s.earlyWindow {
+		s.early.Add(1)
+	}
+	if n == 1 {
+		s.lateness[i] = l
+	}
+}
+
+func (s *runSink) acked(n, failed int, at time.Time) {
+	s.ackedOK.Add(int64(n))
+	s.ackFailed.Add(int64(failed))
+	s.lastAck.Store(at.UnixNano())
+	s.lastChange.Store(at.UnixNano())
+}
+
+// randomSuffix returns n random bytes in hex.
+func randomSuffix(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// runWorkload runs w once on sys and returns what it measured. Setup
+// errors end the run early with Result.Error set; the stores are cleaned up
+// in every case.
+func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result) {
+	w = w.withDefaults()
+	wallStart := time.Now()
+	res = Result{Workload: w.Name, System: sys.name(), Params: w, Clock: e.clock, UpsertMode: "unary"}
+	if !w.unary() {
+		res.UpsertMode = "batch"
+	}
+	run := randomSuffix(5)
+	nss := make([]string, w.Namespaces)
+	for i := range nss {
+		nss[i] = fmt.Sprintf("dbench-%s-%d", run, i)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if err := sys.cleanup(cctx, nss); err != nil && res.Error == "" {
+			res.Error = "cleanup: " + err.Error()
+		}
+		res.WallSeconds = time.Since(wallStart).Seconds()
+	}()
+	fail := func(err error) Result {
+		res.Error = err.Error()
+		return res
+	}
+	if err := sys.setup(ctx, nss); err != nil {
+		return fail(err)
+	}
+	e.progress.begin(fmt.Sprintf("%s/%s", w.Name, sys.name()))
+	defer e.progress.end()
+
+	memStart := e.memory(ctx)
+
+	// Filler: far-future tasks so the measured tasks run against a large
+	// pending set.
+	if w.Filler > 0 {
+		e.progress.phase("filler", int64(w.Filler))
+		fillerDue := time.UnixMilli(e.clock.Now().Add(2 * time.Hour).UnixMilli())
+		t0 := time.Now()
+		err := produce(ctx, w.Filler, 1000, max(w.Producers, 4), nss, func(ctx context.Context, ns string, lo, hi int) error {
+			items := make([]item, 0, hi-lo)
+			for i := lo; i < hi; i++ {
+				items = append(items, item{id: "f" + itoa(i), due: fillerDue})
+			}
+			err := sys.upsert(ctx, ns, items, make([]byte, w.FillerPayloadBytes), false)
+			e.progress.add(int64(hi - lo))
+			return err
+		})
+		if err != nil {
+			return fail(fmt.Errorf("filler load: %w", err))
+		}
+		res.FillerPerSec = float64(w.Filler) / time.Since(t0).Seconds()
+		if memStart > 0 {
+			if m := e.memory(ctx); m > 0 {
+				res.RedisBytesPerTask = float64(m-memStart) / float64(w.Filler)
+				res.MemTasks = w.Filler
+			}
+		}
+	}
+
+	sk := &runSink{
+		tracker:     NewTracker(w.Tasks),
+		dues:        make([]int64, w.Tasks),
+		lateness:    make([]time.Duration, w.Tasks),
+		clock:       e.clock,
+		earlyWindow: e.clock.Uncertainty,
+	}
+	var stop func()
+	consume := func() error {
+		var err error
+		stop, err = sys.consume(ctx, nss, w.Subscribers, w.MaxInFlight, sk)
+		return err
+	}
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
+	if !w.Backlog {
+		if err := consume(); err != nil {
+			return fail(fmt.Errorf("subscribe: %w", err))
+		}
+	}
+
+	// The measured load.
+	memBefore := e.memory(ctx)
+	cpu0, scope, cpuOK := sys.cpu()
+	rcpu0 := e.redisCPU(ctx)
+	loadStart := e.clock.Now()
+	firstDue := loadStart.Add(w.Lead)
+	for i := range sk.dues {
+		if w.Backlog {
+			sk.dues[i] = loadStart.Add(-time.Second).UnixMilli()
+		} else {
+			sk.dues[i] = firstDue.Add(time.Duration(int64(w.Spread) * int64(i) / int64(w.Tasks))).UnixMilli()
+		}
+	}
+	lastDue := time.UnixMilli(sk.dues[len(sk.dues)-1])
+	var afterDue atomic.Int64
+	payload := make([]byte, w.PayloadBytes)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+	batch := max(w.Batch, 1)
+	e.progress.phase("upsert", int64(w.Tasks))
+	t0 := time.Now()
+	err := produce(ctx, w.Tasks, batch, w.Producers, nss, func(ctx context.Context, ns string, lo, hi int) error {
+		items := make([]item, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			items = append(items, item{id: TaskID(i), due: time.UnixMilli(sk.dues[i])})
+		}
+		if err := sys.upsert(ctx, ns, items, payload, w.unary()); err != nil {
+			return err
+		}
+		e.progress.add(int64(hi - lo))
+		if !w.Backlog {
+			now := e.clock.Now().UnixMilli()
+			for i := lo; i < hi; i++ {
+				if sk.dues[i] < now {
+					afterDue.Add(1)
+				}
+			}
+		}
+		return nil
+	})
+	loadDur := time.Since(t0)
+	if err != nil {
+		return fail(fmt.Errorf("upsert: %w", err))
+	}
+	res.UpsertSeconds = loadDur.Seconds()
+	res.UpsertsPerSec = float64(w.Tasks) / loadDur.Seconds()
+	res.UpsertedAfterDue = int(afterDue.Load())
+	if w.Filler == 0 && memBefore > 0 && sk.tracker.Delivered() == 0 {
+		if m := e.memory(ctx); m > 0 {
+			res.RedisBytesPerTask = float64(m-memBefore) / float64(w.Tasks)
+			res.MemTasks = w.Tasks
+		}
+	}
+	cpu1, _, _ := sys.cpu()
+	rcpu1 := e.redisCPU(ctx)
+	loadEnd := time.Now()
+
+	// Deliveries.
+	drainStart := e.clock.At(time.Now())
+	if w.Backlog {
+		if err := consume(); err != nil {
+			return fail(fmt.Errorf("subscribe: %w", err))
+		}
+	} else {
+		drainStart = firstDue
+	}
+	e.progress.phase("deliver", int64(w.Tasks))
+	e.progress.track(sk)
+	sk.lastChange.Store(time.Now().UnixNano())
+	tick := time.NewTicker(10 * time.Millisecond)
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			res.Error = "interrupted: " + ctx.Err().Error()
+			done = true
+		case <-tick.C:
+			if sk.tracker.Delivered() >= int64(w.Tasks) && sk.ackedOK.Load() >= int64(w.Tasks) {
+				done = true
+				break
+			}
+			now := time.Now()
+			idle := now.Sub(time.Unix(0, sk.lastChange.Load()))
+			if e.clock.At(now).After(lastDue) && idle > w.Stall {
+				res.Error = fmt.Sprintf("stalled: nothing delivered or acked for %s", w.Stall)
+				done = true
+			}
+		}
+	}
+	tick.Stop()
+	lastAck := time.Unix(0, sk.lastAck.Load())
+	cpu2, _, _ := sys.cpu()
+	rcpu2 := e.redisCPU(ctx)
+	if res.Error == "" {
+		// Keep listening briefly: a duplicate would show up now.
+		time.Sleep(w.Grace)
+	}
+	stop()
+	stop = nil
+
+	res.Tally = sk.tracker.Tally()
+	res.Early = int(sk.early.Load())
+	res.AckFailed = int(sk.ackFailed.Load())
+	if ds, ok := sys.(*delaydSystem); ok {
+		res.StreamErrors = int(ds.streamErrs.Load())
+	}
+	var lat []time.Duration
+	for i := range sk.lateness {
+		if sk.tracker.counts[i].Load() > 0 {
+			lat = append(lat, sk.lateness[i])
+		}
+	}
+	res.Lateness = Summarize(lat)
+	if sk.lastAck.Load() != 0 {
+		res.DeliverSeconds = e.clock.At(lastAck).Sub(drainStart).Seconds()
+		if res.DeliverSeconds > 0 {
+			res.DeliveredAckedSec = float64(sk.ackedOK.Load()) / res.DeliverSeconds
+		}
+	}
+	deliverWall := lastAck.Sub(loadEnd)
+	if sk.lastAck.Load() == 0 || deliverWall <= 0 {
+		deliverWall = time.Since(loadEnd)
+	}
+	if cpuOK {
+		res.ServerCPU = CPU{Scope: scope, Load: (cpu1 - cpu0).Seconds(), Deliver: (cpu2 - cpu1).Seconds()}
+		res.ServerCPU.DeliverPercent = 100 * res.ServerCPU.Deliver / deliverWall.Seconds()
+	}
+	if e.redis != nil && rcpu0 >= 0 && rcpu2 >= 0 {
+		res.RedisCPU = CPU{Scope: "redis-server process", Load: (rcpu1 - rcpu0).Seconds(), Deliver: (rcpu2 - rcpu1).Seconds()}
+		res.RedisCPU.DeliverPercent = 100 * res.RedisCPU.Deliver / deliverWall.Seconds()
+	}
+	return res
+}
+
+// memory returns Redis used_memory, or 0 when it cannot be read.
+func (e env) memory(ctx context.Context) int64 {
+	if e.redis == nil {
+		return 0
+	}
+	m, err := e.redis.UsedMemory(ctx)
+	if err != nil {
+		return 0
+	}
+	return m
+}
+
+// redisCPU returns the Redis server's CPU time, or -1 when it cannot be read.
+func (e env) redisCPU(ctx context.Context) time.Duration {
+	if e.redis == nil {
+		return -1
+	}
+	d, err := e.redis.CPU(ctx)
+	if err != nil {
+		return -1
+	}
+	return d
+}
+
+// produce runs producers goroutines that call fn for chunks [lo, hi) of
+// tasks 0..n-1 of at most batch tasks each; chunk c goes to namespace
+// nss[c % len(nss)]. It returns the first error and stops the others.
+func produce(ctx context.Context, n, batch, producers int, nss []string, fn func(ctx context.Context, ns string, lo, hi int) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	chunks := (n + batch - 1) / batch
+	var (
+		next     atomic.Int64
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	for range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				c := int(next.Add(1) - 1)
+				if c >= chunks {
+					return
+				}
+				lo := c * batch
+				hi := min(lo+batch, n)
+				if err := fn(ctx, nss[c%len(nss)], lo, hi); err != nil {
+					errOnce.Do(func() { firstErr = err; cancel() })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr == nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return firstErr
+}
+
+// itoa is strconv.Itoa.
+func itoa(i int) string { return strconv.Itoa(i) }

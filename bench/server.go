@@ -1,0 +1,224 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/delayd/delayd/daemon"
+)
+
+// delayd is a delayd to drive: its address, how to read its CPU time and
+// how to stop it.
+type delayd struct {
+	addr string
+	// cpu measures the process that runs delayd; nil if unknown.
+	cpu  func() (time.Duration, string, bool)
+	stop func(ctx context.Context) error
+}
+
+// startInProcess starts delayd in this process on a free loopback port. Its
+// CPU cannot be told apart from the load generator's, so the figure covers
+// both.
+func startInProcess(ctx context.Context, redisURL, mysqlDSN string, logger *slog.Logger) (*delayd, error) {
+	d, err := daemon.Start(ctx, daemon.Config{
+		Listen:   "127.0.0.1:0",
+		RedisURL: redisURL,
+		MySQLDSN: mysqlDSN,
+	}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("start delayd in-process: %w", err)
+	}
+	return &delayd{
+		addr: d.Addr(),
+		cpu: func() (time.Duration, string, bool) {
+			return SelfCPU(), "delaybench process: in-process delayd + load generator", true
+		},
+		stop: d.Stop,
+	}, nil
+}
+
+// buildDelayd builds ./cmd/delayd into dir and returns the binary's path.
+// It must run from the module root (as `make bench` does).
+func buildDelayd(ctx context.Context, dir string, stderr io.Writer) (string, error) {
+	bin := filepath.Join(dir, "delayd")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/delayd")
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/delayd (run delaybench from the repository root, or pass --delayd-bin): %w", err)
+	}
+	return bin, nil
+}
+
+// startChild runs the delayd binary bin as a child process on a free
+// loopback port and waits until its health service answers SERVING. Its
+// CPU is read from /proc, so it excludes the load generator.
+func startChild(ctx context.Context, bin string, redisURL, mysqlDSN string, extra []string, stderr io.Writer) (*delayd, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	args := []string{"--listen", addr, "--redis-url", redisURL, "--log-level", "warn"}
+	if mysqlDSN != "" {
+		args = append(args, "--mysql-dsn", mysqlDSN)
+	}
+	args = append(args, extra...)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func(ctx context.Context) error {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				return fmt.Errorf("delayd exited: %w", err)
+			}
+			return nil
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("delayd did not stop in time; killed")
+		}
+	}
+	if err := waitServing(ctx, addr, exited); err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stop(sctx)
+		return nil, err
+	}
+	pid := cmd.Process.Pid
+	return &delayd{
+		addr: addr,
+		cpu: func() (time.Duration, string, bool) {
+			d, err := ProcCPU(pid)
+			return d, "delayd child process", err == nil
+		},
+		stop: stop,
+	}, nil
+}
+
+// external is a delayd someone else runs at addr; pid, if non-zero, is its
+// process on this host, for CPU figures.
+func external(addr string, pid int) *delayd {
+	d := &delayd{addr: addr, stop: func(context.Context) error { return nil }}
+	if pid > 0 {
+		d.cpu = func() (time.Duration, string, bool) {
+			c, err := ProcCPU(pid)
+			return c, "delayd process " + strconv.Itoa(pid), err == nil
+		}
+	}
+	return d
+}
+
+// waitServing polls addr's health service until it answers SERVING, the
+// process exits, or 60 s pass.
+func waitServing(ctx context.Context, addr string, exited <-chan error) error {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", addr, err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		select {
+		case err := <-exited:
+			return fmt.Errorf("delayd exited before serving: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("delayd at %s not serving after 60 s (last: %v)", addr, err)
+		}
+	}
+}
+
+// freePort asks the kernel for a free loopback TCP port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ownRedis is a redis-server this tool started for its own use.
+type ownRedis struct {
+	url  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startOwnRedis starts bin (redis-server) on a free loopback port with no
+// persistence, so that measurements see no other client's load.
+func startOwnRedis(ctx context.Context, bin string) (*ownRedis, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
+	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	r := &ownRedis{url: "redis://127.0.0.1:" + strconv.Itoa(port), cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(r.done) }()
+	for i := 0; ; i++ {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+		if err == nil {
+			c.Close()
+			return r, nil
+		}
+		if i > 100 {
+			r.stop()
+			return nil, fmt.Errorf("redis-server on port %d did not come up: %w", port, err)
+		}
+		select {
+		case <-r.done:
+			return nil, fmt.Errorf("redis-server exited at start (is %s installed?)", bin)
+		case <-ctx.Done():
+			r.stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stop terminates the redis-server and waits for it.
+func (r *ownRedis) stop() {
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		_ = r.cmd.Process.Kill()
+		<-r.done
+	}
+}
