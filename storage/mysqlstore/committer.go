@@ -374,12 +374,12 @@ func (s *Store) applyIndex(batch []*op) {
 	}
 }
 
-// indexUpserts writes upsert ops' final task states to the index.
+// indexUpserts writes committed upserts to the index: per namespace one
+// call with every row in commit order, each with its MySQL generation (a
+// task written twice in the batch goes twice, in order, so per-spec answers
+// such as Earliest are the index's own). The index's create and update
+// times are copied into the results, so a Get answers the same task.
 func (s *Store) indexUpserts(ctx context.Context, ops []*op) {
-	type ref struct {
-		o *op
-		i int
-	}
 	byNS := map[string][]*op{}
 	var order []string
 	for _, o := range ops {
@@ -389,39 +389,52 @@ func (s *Store) indexUpserts(ctx context.Context, ops []*op) {
 		byNS[o.ns] = append(byNS[o.ns], o)
 	}
 	for _, ns := range order {
-		// The last write of each task wins; earlier ones of this batch
-		// are already superseded in MySQL.
-		last := map[string]ref{}
-		var ids []string
+		var results []*storage.UpsertResult
+		var specs []storage.UpsertSpec
 		for _, o := range byNS[ns] {
-			for i, r := range o.rows {
-				if _, ok := last[r.id]; !ok {
-					ids = append(ids, r.id)
-				}
-				last[r.id] = ref{o, i}
+			for i := range o.upserts {
+				results = append(results, &o.upserts[i])
+				specs = append(specs, specOf(o.upserts[i].Task))
 			}
 		}
-		specs := make([]storage.UpsertSpec, len(ids))
-		for j, id := range ids {
-			rf := last[id]
-			t := rf.o.upserts[rf.i].Task
-			specs[j] = storage.UpsertSpec{ID: id, Kind: t.Kind, Payload: t.Payload, DueTime: t.DueTime, Generation: t.Generation}
+		s.indexWrite(ctx, ns, specs, results)
+	}
+}
+
+// specOf is the index write of a task MySQL committed.
+func specOf(t storage.Task) storage.UpsertSpec {
+	return storage.UpsertSpec{ID: t.ID, Kind: t.Kind, Payload: t.Payload, DueTime: t.DueTime, Generation: t.Generation}
+}
+
+// indexWrite writes specs (committed in MySQL) to the index and completes
+// their results from its answers. On failure it logs, leaves the results
+// as MySQL committed them (Earliest false) and queues the tasks for
+// repair: the upserts are durable.
+func (s *Store) indexWrite(ctx context.Context, ns string, specs []storage.UpsertSpec, results []*storage.UpsertResult) {
+	res, err := s.idx.Upsert(ctx, ns, specs)
+	if err == nil && len(res) != len(specs) {
+		err = fmt.Errorf("index answered %d results for %d specs", len(res), len(specs))
+	}
+	if err != nil {
+		s.log.Warn("index write failed after the mysql commit; the tasks are durable and will be re-indexed",
+			"namespace", ns, "tasks", len(specs), "err", err)
+		ids := make([]string, len(specs))
+		for i, sp := range specs {
+			ids[i] = sp.ID
 		}
-		res, err := s.idx.Upsert(ctx, ns, specs)
-		if err == nil && len(res) != len(specs) {
-			err = fmt.Errorf("index answered %d results for %d specs", len(res), len(specs))
+		s.requestRepair(ns, ids)
+		return
+	}
+	for i, r := range results {
+		if res[i].Stale {
+			continue // a newer generation is already indexed
 		}
-		if err != nil {
-			s.log.Warn("index write failed after the mysql commit; the task is durable and will be re-indexed",
-				"namespace", ns, "tasks", len(specs), "err", err)
-			s.requestRepair(ns, ids)
-			continue
+		r.Earliest = res[i].Earliest
+		if !res[i].Task.CreateTime.IsZero() {
+			r.Task.CreateTime = res[i].Task.CreateTime
 		}
-		for j, id := range ids {
-			rf := last[id]
-			if !res[j].Stale {
-				rf.o.upserts[rf.i].Earliest = res[j].Earliest
-			}
+		if !res[i].Task.UpdateTime.IsZero() {
+			r.Task.UpdateTime = res[i].Task.UpdateTime
 		}
 	}
 }

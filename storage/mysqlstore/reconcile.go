@@ -24,12 +24,21 @@ import (
 // close Ready. Every replica also retries its own failed index writes
 // (requestRepair) every IndexCheckInterval.
 //
-// One step reads ReconcileBatch primary keys (keyset pagination on
+// A rebuild step reads ReconcileBatch primary keys (keyset pagination on
 // (namespace, id)), asks the index for their generations, reads the full
-// rows of those it lacks or holds older, and restores them. A task acked or
-// removed between that read and the restore would come back to life in the
-// index; so the restored ids are read again and the ones MySQL no longer has
-// are removed from the index again.
+// rows of those it lacks or holds older, and restores them. A task removed
+// between that read and the restore would come back to life in the index;
+// so the restored ids are read again and those MySQL no longer has are
+// removed from the index again.
+//
+// The periodic pass must not resurrect acked tasks either: an ack takes the
+// task out of the index first and deletes its row a moment later (group
+// commit), so a task seen "in MySQL, not in the index" may be one being
+// acked. The pass therefore only collects candidates, waits OpTimeout (by
+// then every ack in flight has committed or failed), and restores the
+// candidates that MySQL still has and the index still lacks. A rebuild does
+// not wait: after a Redis loss an ack racing with it can at worst cause one
+// more delivery.
 
 // reconcileLoop runs until ctx is done.
 func (s *Store) reconcileLoop(ctx context.Context) {
@@ -97,16 +106,12 @@ func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time
 		return lastFull
 	}
 	start := time.Now()
-	var scanned, restored int
-	for _, ns := range nss {
-		sc, rs, err := s.walk(ctx, ns)
-		scanned, restored = scanned+sc, restored+rs
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("reconciler: pass failed; retrying next interval", "namespace", ns, "err", err)
-			}
-			return start
+	scanned, restored, err := s.fullPass(ctx, nss)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("reconciler: pass failed; retrying next interval", "err", err)
 		}
+		return start
 	}
 	if restored > 0 {
 		s.log.Warn("reconciler: re-indexed tasks the index lacked or held at an older generation",
@@ -116,6 +121,146 @@ func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time
 	}
 	s.pruneHistory(ctx)
 	return start
+}
+
+// maxCandidates bounds the tasks one periodic pass collects to restore;
+// the next pass takes the rest.
+const maxCandidates = 100_000
+
+// fullPass walks every task of nss and re-indexes those the index lacks
+// or holds at an older generation, after the grace wait described above.
+func (s *Store) fullPass(ctx context.Context, nss []string) (scanned, restored int, err error) {
+	cands := map[string][]string{}
+	var order []string
+	total := 0
+	lastLease := time.Now()
+	for _, ns := range nss {
+		after := ""
+		for total < maxCandidates {
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+			keys, need, err := s.compare(cctx, ns, after)
+			cancel()
+			if err != nil {
+				return scanned, 0, err
+			}
+			scanned += len(keys)
+			if len(need) > 0 {
+				if _, ok := cands[ns]; !ok {
+					order = append(order, ns)
+				}
+				cands[ns] = append(cands[ns], need...)
+				total += len(need)
+			}
+			if len(keys) < s.cfg.ReconcileBatch {
+				break
+			}
+			after = keys[len(keys)-1].id
+			if err := s.keepLease(ctx, &lastLease); err != nil {
+				return scanned, 0, err
+			}
+		}
+	}
+	if total == 0 {
+		return scanned, 0, nil
+	}
+	s.log.Info("reconciler: tasks missing from the index; restoring them after a grace period",
+		"tasks", total, "grace", s.cfg.OpTimeout)
+	select {
+	case <-ctx.Done():
+		return scanned, 0, ctx.Err()
+	case <-time.After(s.cfg.OpTimeout):
+	}
+	for _, ns := range order {
+		ids := cands[ns]
+		for start := 0; start < len(ids); start += s.cfg.ReconcileBatch {
+			chunk := ids[start:min(start+s.cfg.ReconcileBatch, len(ids))]
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+			n, err := s.restoreMissing(cctx, ns, chunk)
+			cancel()
+			restored += n
+			if err != nil {
+				return scanned, restored, err
+			}
+			if err := s.keepLease(ctx, &lastLease); err != nil {
+				return scanned, restored, err
+			}
+		}
+	}
+	return scanned, restored, nil
+}
+
+// keepLease renews the leader lease during a long pass, at most every
+// third of its TTL, and fails when it was lost.
+func (s *Store) keepLease(ctx context.Context, last *time.Time) error {
+	if time.Since(*last) < s.cfg.LeaderTTL/3 {
+		return nil
+	}
+	*last = time.Now()
+	lead, err := s.tryLead(ctx)
+	if err != nil {
+		return err
+	}
+	if !lead {
+		return errors.New("leader lease lost")
+	}
+	return nil
+}
+
+// compare reads the next ReconcileBatch (id, generation) of ns after id
+// `after` and returns them with the ids the index lacks or holds older.
+func (s *Store) compare(ctx context.Context, ns, after string) ([]keyGen, []string, error) {
+	keys, err := s.readGenerations(ctx, ns, after, s.cfg.ReconcileBatch)
+	if err != nil || len(keys) == 0 {
+		return keys, nil, err
+	}
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.id
+	}
+	have, err := s.idx.Generations(ctx, ns, ids)
+	if err != nil {
+		return keys, nil, fmt.Errorf("index generations: %w", err)
+	}
+	if len(have) != len(ids) {
+		return keys, nil, fmt.Errorf("index answered %d generations for %d ids", len(have), len(ids))
+	}
+	var need []string
+	for i, k := range keys {
+		if have[i] < k.gen {
+			need = append(need, k.id)
+		}
+	}
+	return keys, need, nil
+}
+
+// restoreMissing reads the named tasks from MySQL again and restores those
+// the index still lacks or holds older.
+func (s *Store) restoreMissing(ctx context.Context, ns string, ids []string) (int, error) {
+	tasks, err := s.readTasks(ctx, ns, ids)
+	if err != nil || len(tasks) == 0 {
+		return 0, err
+	}
+	now := make([]string, len(tasks))
+	for i, t := range tasks {
+		now[i] = t.ID
+	}
+	have, err := s.idx.Generations(ctx, ns, now)
+	if err != nil {
+		return 0, fmt.Errorf("index generations: %w", err)
+	}
+	if len(have) != len(now) {
+		return 0, fmt.Errorf("index answered %d generations for %d ids", len(have), len(now))
+	}
+	var need []string
+	for i, t := range tasks {
+		if have[i] < t.Generation {
+			need = append(need, t.ID)
+		}
+	}
+	if len(need) == 0 {
+		return 0, nil
+	}
+	return s.restoreIDs(ctx, ns, need)
 }
 
 // tryLead takes or renews the leader lease.
@@ -182,7 +327,7 @@ func (s *Store) taskNamespaces(ctx context.Context) ([]string, error) {
 func (s *Store) rebuild(ctx context.Context, ns string) error {
 	s.log.Warn("index marker missing: rebuilding the namespace's index from mysql", "namespace", ns)
 	start := time.Now()
-	scanned, restored, err := s.walkLogged(ctx, ns, true)
+	scanned, restored, err := s.walkLogged(ctx, ns)
 	if err != nil {
 		return err
 	}
@@ -195,75 +340,36 @@ func (s *Store) rebuild(ctx context.Context, ns string) error {
 	return nil
 }
 
-// walk re-indexes what the index lacks of ns, in bounded batches.
-func (s *Store) walk(ctx context.Context, ns string) (scanned, restored int, err error) {
-	return s.walkLogged(ctx, ns, false)
-}
-
-// walkLogged is walk; with progress, it logs every few seconds.
-func (s *Store) walkLogged(ctx context.Context, ns string, progress bool) (scanned, restored int, err error) {
+// walkLogged re-indexes every task of ns the index lacks or holds older,
+// in bounded batches, logging progress every few seconds.
+func (s *Store) walkLogged(ctx context.Context, ns string) (scanned, restored int, err error) {
 	after := ""
 	lastLog, lastLease := time.Now(), time.Now()
 	for {
-		n, r, last, err := s.step(ctx, ns, after)
-		scanned, restored = scanned+n, restored+r
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		keys, need, err := s.compare(cctx, ns, after)
+		if err == nil && len(need) > 0 {
+			var n int
+			n, err = s.restoreIDs(cctx, ns, need)
+			restored += n
+		}
+		cancel()
+		scanned += len(keys)
 		if err != nil {
 			return scanned, restored, err
 		}
-		if n < s.cfg.ReconcileBatch {
+		if len(keys) < s.cfg.ReconcileBatch {
 			return scanned, restored, nil
 		}
-		after = last
-		if progress && time.Since(lastLog) >= 2*time.Second {
+		after = keys[len(keys)-1].id
+		if time.Since(lastLog) >= 2*time.Second {
 			lastLog = time.Now()
 			s.log.Info("rebuilding index", "namespace", ns, "scanned", scanned, "restored", restored)
 		}
-		// Keep the lease while a long pass runs; stop if it was lost.
-		if time.Since(lastLease) >= s.cfg.LeaderTTL/3 {
-			lastLease = time.Now()
-			lead, err := s.tryLead(ctx)
-			if err != nil {
-				return scanned, restored, err
-			}
-			if !lead {
-				return scanned, restored, errors.New("leader lease lost")
-			}
+		if err := s.keepLease(ctx, &lastLease); err != nil {
+			return scanned, restored, err
 		}
 	}
-}
-
-// step reconciles the next ReconcileBatch tasks of ns after id `after`. It
-// returns how many it read, how many it restored, and the last id read.
-func (s *Store) step(ctx context.Context, ns, after string) (n, restored int, last string, err error) {
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-	defer cancel()
-	keys, err := s.readGenerations(cctx, ns, after, s.cfg.ReconcileBatch)
-	if err != nil || len(keys) == 0 {
-		return 0, 0, "", err
-	}
-	last = keys[len(keys)-1].id
-	ids := make([]string, len(keys))
-	for i, k := range keys {
-		ids[i] = k.id
-	}
-	have, err := s.idx.Generations(cctx, ns, ids)
-	if err != nil {
-		return len(keys), 0, last, fmt.Errorf("index generations: %w", err)
-	}
-	if len(have) != len(ids) {
-		return len(keys), 0, last, fmt.Errorf("index answered %d generations for %d ids", len(have), len(ids))
-	}
-	var need []string
-	for i, k := range keys {
-		if have[i] < k.gen {
-			need = append(need, k.id)
-		}
-	}
-	if len(need) == 0 {
-		return len(keys), 0, last, nil
-	}
-	r, err := s.restoreIDs(cctx, ns, need)
-	return len(keys), r, last, err
 }
 
 // restoreIDs reads the named tasks from MySQL and restores them into the

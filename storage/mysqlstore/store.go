@@ -218,6 +218,12 @@ type Store struct {
 	repairMu  sync.Mutex
 	repairs   map[taskKey]struct{}
 
+	// namespaces whose index marker this replica has seen (true) or found
+	// missing while MySQL held tasks (time of that check)
+	markMu  sync.Mutex
+	marked  map[string]bool
+	checked map[string]time.Time
+
 	// offset of the index's clock to the local clock
 	clockMu  sync.Mutex
 	offset   time.Duration
@@ -284,6 +290,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		stopped: make(chan struct{}),
 		ready:   make(chan struct{}),
 		repairs: make(map[taskKey]struct{}),
+		marked:  make(map[string]bool),
+		checked: make(map[string]time.Time),
 	}, nil
 }
 
@@ -412,6 +420,7 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 			exact = true
 		}
 	}
+	s.ensureMarked(ctx, ns)
 	if exact {
 		return s.upsertExact(ctx, ns, rows, now.UnixMilli())
 	}
@@ -420,6 +429,46 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		return nil, err
 	}
 	return o.upserts, nil
+}
+
+// ensureMarked sets the index marker of a namespace MySQL holds no task of
+// yet, before its first write: such an index is complete by definition, so
+// the reconciler need not rebuild it. (A namespace that has tasks in MySQL
+// but no marker is left to the reconciler's rebuild.) Best effort: errors
+// only mean the reconciler does the work.
+func (s *Store) ensureMarked(ctx context.Context, ns string) {
+	now := s.cfg.Clock.Now()
+	s.markMu.Lock()
+	done := s.marked[ns]
+	at, seen := s.checked[ns]
+	s.markMu.Unlock()
+	if done || (seen && now.Sub(at) >= 0 && now.Sub(at) < time.Second) {
+		return
+	}
+	ok, err := s.idx.Indexed(ctx, ns)
+	if err != nil {
+		return
+	}
+	if !ok {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		var one int
+		err := s.db.QueryRowContext(cctx, "SELECT 1 FROM delayd_tasks WHERE namespace = ? LIMIT 1", ns).Scan(&one)
+		cancel()
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			ok = s.idx.MarkIndexed(ctx, ns) == nil
+		case err == nil:
+			s.markMu.Lock()
+			s.checked[ns] = now
+			s.markMu.Unlock()
+		}
+	}
+	if ok {
+		s.markMu.Lock()
+		s.marked[ns] = true
+		delete(s.checked, ns)
+		s.markMu.Unlock()
+	}
 }
 
 // Remove deletes the task from MySQL, then from the index, and returns the
@@ -609,6 +658,62 @@ func (s *Store) Purge(ctx context.Context, ns string, ids []string, all bool, li
 // Stats is the index's.
 func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 	return s.idx.Stats(ctx, ns)
+}
+
+// indexDropper is an index that deletes a namespace's tasks in bulk
+// (redisstore.Store is one).
+type indexDropper interface {
+	DropNamespace(ctx context.Context, ns string) (int64, error)
+}
+
+// DropNamespace deletes every task of ns, from MySQL first (in batches of
+// 10,000 rows), then from the index, and returns how many tasks there
+// were (the larger of the two counts). A forced DeleteNamespace uses it.
+func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
+	var deleted int64
+	for {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		res, err := s.db.ExecContext(cctx, "DELETE FROM delayd_tasks WHERE namespace = ? LIMIT 10000", ns)
+		cancel()
+		if err != nil {
+			return deleted, classify("drop namespace", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return deleted, classify("drop namespace", err)
+		}
+		deleted += n
+		if n < 10000 {
+			break
+		}
+	}
+	var inIndex int64
+	if d, ok := s.idx.(indexDropper); ok {
+		n, err := d.DropNamespace(ctx, ns)
+		if err != nil {
+			return deleted, fmt.Errorf("drop namespace: index: %w", err)
+		}
+		inIndex = n
+	} else {
+		for _, st := range []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead} {
+			for {
+				ts, _, err := s.idx.List(ctx, ns, st, 1000, "")
+				if err != nil {
+					return deleted, fmt.Errorf("drop namespace: index: %w", err)
+				}
+				if len(ts) == 0 {
+					break
+				}
+				for _, t := range ts {
+					if _, err := s.idx.Remove(ctx, ns, t.ID); err != nil && !errors.Is(err, storage.ErrNotFound) {
+						return deleted, fmt.Errorf("drop namespace: index: %w", err)
+					}
+					inIndex++
+				}
+			}
+		}
+	}
+	return max(deleted, inIndex), nil
 }
 
 // writeMoved writes index transitions through to MySQL.

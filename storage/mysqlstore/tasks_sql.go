@@ -531,32 +531,14 @@ func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, no
 	if len(applied) == 0 {
 		return res, nil
 	}
-	// Index the last applied write of each task, with its generation.
-	last := map[string]int{}
-	var order []string
-	for _, i := range applied {
-		if _, ok := last[rows[i].id]; !ok {
-			order = append(order, rows[i].id)
-		}
-		last[rows[i].id] = i
+	// Index every applied write in order, with its generation.
+	specs := make([]storage.UpsertSpec, len(applied))
+	results := make([]*storage.UpsertResult, len(applied))
+	for j, i := range applied {
+		specs[j] = specOf(res[i].Task)
+		results[j] = &res[i]
 	}
-	specs := make([]storage.UpsertSpec, len(order))
-	for j, id := range order {
-		t := res[last[id]].Task
-		specs[j] = storage.UpsertSpec{ID: id, Kind: t.Kind, Payload: t.Payload, DueTime: t.DueTime, Generation: t.Generation}
-	}
-	ires, err := s.idx.Upsert(ctx, ns, specs)
-	if err != nil || len(ires) != len(specs) {
-		s.log.Warn("index write failed after the mysql commit; the task is durable and will be re-indexed",
-			"namespace", ns, "tasks", len(specs), "err", err)
-		s.requestRepair(ns, order)
-		return res, nil
-	}
-	for j, id := range order {
-		if !ires[j].Stale {
-			res[last[id]].Earliest = ires[j].Earliest
-		}
-	}
+	s.indexWrite(ctx, ns, specs, results)
 	return res, nil
 }
 

@@ -1,0 +1,16 @@
+package mysqlstore_test
+
+import (
+	"testing"
+
+	"github.com/delayd/delayd/storage/storetest"
+)
+
+// TestConformance runs the shared store suite against the durable store:
+// one database for the run, a store and a namespace per subtest.
+func TestConformance(t *testing.T) {
+	dsn := newDB(t)
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		return newEnvOn(t, dsn, redisURL(), nil).store
+	})
+}
