@@ -83,29 +83,10 @@ func New(opts Options) (*Server, error) {
 	}
 	opts.Limits = opts.Limits.withDefaults()
 
-	logger := opts.Logger
-	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
-		method, _ := grpc.Method(ctx)
-		logger.ErrorContext(ctx, "panic in handler", "grpc.method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-		return status.Error(codes.Internal, msgInternal)
-	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall), // never PayloadReceived/PayloadSent
-		logging.WithDurationField(logging.DurationToTimeMillisFields),
-	}
-	reqLogger := interceptorLogger(logger)
-
+	unary, stream := interceptors(opts.Logger)
 	gs := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(
-			recovery.UnaryServerInterceptor(recoverOpt),
-			logging.UnaryServerInterceptor(reqLogger, logOpts...),
-			namespaceFieldUnary,
-		),
-		grpc.ChainStreamInterceptor(
-			recovery.StreamServerInterceptor(recoverOpt),
-			logging.StreamServerInterceptor(reqLogger, logOpts...),
-			namespaceFieldStream,
-		),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(opts.Limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.Limits.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(opts.Limits.MaxConcurrentStreams),
@@ -123,9 +104,38 @@ func New(opts Options) (*Server, error) {
 		reflection.Register(gs)
 	}
 
-	s := &Server{grpc: gs, health: hs, logger: logger}
+	s := &Server{grpc: gs, health: hs, logger: opts.Logger}
 	s.SetServing(false)
 	return s, nil
+}
+
+// interceptors returns the server's interceptor chains, outermost first:
+// panic recovery (logs the panic and its stack, answers Internal with a
+// generic message), request logging (one line per finished call: method,
+// namespace, code, duration; never a payload), then the namespace field for
+// that log line.
+func interceptors(logger *slog.Logger) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
+	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		method, _ := grpc.Method(ctx)
+		logger.ErrorContext(ctx, "panic in handler", "grpc.method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, msgInternal)
+	})
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall), // never PayloadReceived/PayloadSent
+		logging.WithDurationField(logging.DurationToTimeMillisFields),
+	}
+	reqLogger := interceptorLogger(logger)
+	unary := []grpc.UnaryServerInterceptor{
+		recovery.UnaryServerInterceptor(recoverOpt),
+		logging.UnaryServerInterceptor(reqLogger, logOpts...),
+		namespaceFieldUnary,
+	}
+	stream := []grpc.StreamServerInterceptor{
+		recovery.StreamServerInterceptor(recoverOpt),
+		logging.StreamServerInterceptor(reqLogger, logOpts...),
+		namespaceFieldStream,
+	}
+	return unary, stream
 }
 
 // withDefaults fills zero fields with their documented defaults.

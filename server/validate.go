@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"time"
 	"unicode"
@@ -152,25 +151,22 @@ func listState(s delaydv1.TaskState) (storage.State, error) {
 	return 0, invalidf("state", "is %d; allowed: TASK_STATE_SCHEDULED, TASK_STATE_DELIVERED, TASK_STATE_DEAD (UNSPECIFIED means SCHEDULED)", int32(s))
 }
 
-// pageToken is what an opaque ListTasks page token carries: the store's
-// cursor, bound to the namespace and state it was issued for, so a token
-// from another list is rejected instead of silently paging the wrong set.
-// The store still treats the cursor as untrusted input: the token is not
-// signed, and a token can only ever page through its request's namespace.
-type pageToken struct {
-	V      int    `json:"v"`
-	NS     string `json:"n"`
-	State  uint8  `json:"s"`
-	Cursor string `json:"c"`
-}
-
+// A ListTasks page token is opaque to clients. It carries the store's
+// cursor bound to the namespace and state it was issued for, so a token from
+// another list is rejected instead of silently paging the wrong set. Layout
+// before base64url: version (1 byte) | state (1) | len(ns) (1) | ns | cursor.
+// The token is not signed: the store still treats the cursor as untrusted
+// input, and a token can only ever page through its request's namespace.
 const pageTokenVersion = 1
 
 func encodePageToken(ns string, state storage.State, cursor string) string {
 	if cursor == "" {
 		return ""
 	}
-	b, _ := json.Marshal(pageToken{V: pageTokenVersion, NS: ns, State: uint8(state), Cursor: cursor})
+	b := make([]byte, 0, 3+len(ns)+len(cursor))
+	b = append(b, pageTokenVersion, byte(state), byte(len(ns)))
+	b = append(b, ns...)
+	b = append(b, cursor...)
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -181,21 +177,22 @@ func decodePageToken(token, ns string, state storage.State) (string, error) {
 		return "", nil
 	}
 	const again = "; start again with an empty page_token"
+	bad := invalidf("page_token", "is not a token this server issued"+again)
 	if len(token) > maxPageTokenLen {
-		return "", invalidf("page_token", "is not a token this server issued"+again)
+		return "", bad
 	}
 	b, err := base64.RawURLEncoding.DecodeString(token)
-	if err != nil {
-		return "", invalidf("page_token", "is not a token this server issued"+again)
+	if err != nil || len(b) < 3 || b[0] != pageTokenVersion {
+		return "", bad
 	}
-	var pt pageToken
-	if err := json.Unmarshal(b, &pt); err != nil || pt.V != pageTokenVersion || pt.Cursor == "" {
-		return "", invalidf("page_token", "is not a token this server issued"+again)
+	n := int(b[2])
+	if len(b) <= 3+n { // the cursor is never empty
+		return "", bad
 	}
-	if pt.NS != ns || pt.State != uint8(state) {
+	if b[1] != byte(state) || string(b[3:3+n]) != ns {
 		return "", invalidf("page_token", "was issued for another namespace or state"+again)
 	}
-	return pt.Cursor, nil
+	return string(b[3+n:]), nil
 }
 
 // humanDuration prints whole days as "366 days" and the rest as
