@@ -3,6 +3,8 @@ package mysqlstore_test
 import (
 	"testing"
 
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/registrytest"
 	"github.com/delayd/delayd/storage/storetest"
 )
 
@@ -12,5 +14,14 @@ func TestConformance(t *testing.T) {
 	dsn := newDB(t)
 	storetest.Run(t, func(t *testing.T) storetest.Store {
 		return newEnvOn(t, dsn, redisURL(), nil).store
+	})
+}
+
+// TestRegistryConformance runs the shared registry suite against the MySQL
+// registry, each subtest on a database of its own (the suite lists every
+// namespace).
+func TestRegistryConformance(t *testing.T) {
+	registrytest.Run(t, func(t *testing.T) storage.Registry {
+		return newEnv(t, nil).store
 	})
 }
