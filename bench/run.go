@@ -111,6 +111,9 @@ type Result struct {
 	// Command reproduces this row.
 	Command string   `json:"command"`
 	Params  Workload `json:"params"`
+	// Namespaces are the run's namespaces (baseline: queue names); every
+	// key naming them is deleted after the run.
+	Namespaces []string `json:"namespaces,omitempty"`
 	// Skipped, when set, says why the row was not run.
 	Skipped string `json:"skipped,omitempty"`
 	// Error, when set, says why the run failed; figures may be partial.
@@ -219,6 +222,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	for i := range nss {
 		nss[i] = fmt.Sprintf("dbench-%s-%d", run, i)
 	}
+	res.Namespaces = nss
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
