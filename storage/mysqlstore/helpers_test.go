@@ -6,6 +6,8 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"log"
 	"log/slog"
 	"net"
 	"os"
@@ -23,6 +25,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The driver logs killed and dropped connections to stderr; the tests
+	// provoke plenty of those on purpose.
+	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
 	goleak.VerifyTestMain(m)
 }
 

@@ -1,0 +1,343 @@
+package mysqlstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/mysqlstore"
+)
+
+// consumer pops and acks tasks of ns until stopped, counting deliveries
+// per task id.
+type consumer struct {
+	mu        sync.Mutex
+	delivered map[string]int
+	acked     map[string]bool
+	errs      int
+	stop      chan struct{}
+	wg        sync.WaitGroup
+}
+
+func startConsumers(t *testing.T, s storage.Deliveries, ns string, n int) *consumer {
+	c := &consumer{delivered: map[string]int{}, acked: map[string]bool{}, stop: make(chan struct{})}
+	ctx := context.Background()
+	for range n {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			for {
+				select {
+				case <-c.stop:
+					return
+				default:
+				}
+				ds, err := s.Pop(ctx, ns, 200, 5*time.Second)
+				if err != nil || len(ds) == 0 {
+					if err != nil {
+						c.mu.Lock()
+						c.errs++
+						c.mu.Unlock()
+					}
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				toks := make([]storage.Token, len(ds))
+				c.mu.Lock()
+				for i, d := range ds {
+					toks[i] = d.Token
+					c.delivered[d.Task.ID]++
+				}
+				c.mu.Unlock()
+				st, err := s.Ack(ctx, ns, toks)
+				c.mu.Lock()
+				if err != nil {
+					c.errs++
+				}
+				for i, x := range st {
+					if x == storage.TokenOK {
+						c.acked[toks[i].ID] = true
+					}
+				}
+				c.mu.Unlock()
+			}
+		}()
+	}
+	t.Cleanup(c.halt)
+	return c
+}
+
+func (c *consumer) halt() {
+	select {
+	case <-c.stop:
+	default:
+		close(c.stop)
+	}
+	c.wg.Wait()
+}
+
+func (c *consumer) counts() (delivered, acked, dups int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.delivered {
+		dups += n - 1
+	}
+	return len(c.delivered), len(c.acked), dups
+}
+
+// TestFlushAllMidway: Redis loses everything (FLUSHALL) while 10,000 tasks
+// are being delivered; every task is still delivered and acked, none lost.
+// Duplicates (deliveries in flight at the flush) are counted and printed.
+// The test runs a redis-server of its own.
+func TestFlushAllMidway(t *testing.T) {
+	t.Parallel()
+	const total = 10_000
+	url := startRedis(t)
+	e := newEnvOn(t, newDB(t), url, func(c *mysqlstore.Config) {
+		c.IndexCheckInterval = 50 * time.Millisecond
+		c.OpTimeout = 2 * time.Second
+	})
+	e.waitReady()
+	ctx := context.Background()
+	ns := testNamespace()
+	now := time.Now()
+	for i := 0; i < total; i += 500 {
+		specs := make([]storage.UpsertSpec, 0, 500)
+		for j := i; j < i+500; j++ {
+			specs = append(specs, storage.UpsertSpec{ID: fmt.Sprintf("t%05d", j), Payload: []byte("payload"),
+				DueTime: now.Add(time.Duration(j%2000) * time.Millisecond)})
+		}
+		if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := startConsumers(t, e.store, ns, 4)
+	poll(t, "half of the tasks to be acked", func() bool { _, a, _ := c.counts(); return a >= total/2 })
+	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, ackedAtFlush, _ := c.counts()
+	poll(t, "every task to be acked and gone from mysql", func() bool {
+		_, a, _ := c.counts()
+		return a == total && e.count(ns) == 0
+	})
+	c.halt()
+	d, a, dups := c.counts()
+	t.Logf("FLUSHALL after %d acks: %d of %d tasks delivered, %d acked, %d duplicates, %d lost", ackedAtFlush, d, total, a, dups, total-d)
+	if d != total || a != total {
+		t.Fatalf("lost tasks: %d delivered, %d acked of %d", d, a, total)
+	}
+	if ok, _ := e.idx.Indexed(ctx, ns); !ok {
+		t.Error("the namespace's index marker was not set again by the rebuild")
+	}
+}
+
+// TestColdStart100k: 100,000 tasks only in MySQL (bulk-inserted, Redis
+// empty): the store rebuilds the index before Ready, and every task is
+// delivered.
+func TestColdStart100k(t *testing.T) {
+	t.Parallel()
+	const total = 100_000
+	dsn := newDB(t)
+	ctx := context.Background()
+	if err := mysqlstore.Migrate(ctx, dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	db := directDB(t, dsn)
+	ns := testNamespace()
+	nowMS := time.Now().UnixMilli()
+	for i := 0; i < total; i += 2000 {
+		var b strings.Builder
+		args := make([]any, 0, 2000*3)
+		b.WriteString("INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES ")
+		for j := i; j < i+2000; j++ {
+			if j > i {
+				b.WriteByte(',')
+			}
+			b.WriteString("(?, ?, 'cold', 'payload', ?, 1, 3, 0, '', 0, 0, 0)")
+			args = append(args, ns, fmt.Sprintf("c%06d", j), nowMS-int64(total-j))
+		}
+		if _, err := db.Exec(b.String(), args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	e := newEnvOn(t, dsn, startRedis(t), func(c *mysqlstore.Config) { c.IndexCheckInterval = 50 * time.Millisecond })
+	e.waitReady()
+	st, err := e.store.Stats(ctx, ns)
+	if err != nil || st.Scheduled != total {
+		t.Fatalf("after the rebuild the index holds %d scheduled tasks (%v), want %d", st.Scheduled, err, total)
+	}
+	if got, err := e.idx.Get(ctx, ns, "c000042"); err != nil || got.Generation != 3 || got.Kind != "cold" {
+		t.Fatalf("a rebuilt task: %+v %v (want generation 3, kind cold)", got, err)
+	}
+
+	c := startConsumers(t, e.store, ns, 2)
+	poll(t, "every task to be delivered", func() bool {
+		_, a, _ := c.counts()
+		return a == total && e.count(ns) == 0
+	})
+	c.halt()
+	d, a, dups := c.counts()
+	t.Logf("cold start: %d tasks rebuilt from mysql, %d delivered, %d acked, %d duplicates", total, d, a, dups)
+}
+
+// TestReconcilerRepairsIndex: a task the index lost (or holds at an older
+// generation) is re-indexed by the periodic pass; a task acked meanwhile is
+// not brought back.
+func TestReconcilerRepairsIndex(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *mysqlstore.Config) {
+		c.ReconcileInterval = 200 * time.Millisecond
+		c.OpTimeout = time.Second
+		c.IndexCheckInterval = 50 * time.Millisecond
+	})
+	e.waitReady()
+	ctx := context.Background()
+	ns := testNamespace()
+	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{
+		{ID: "lost", Payload: []byte("L"), Delay: time.Hour},
+		{ID: "old", Payload: []byte("v2"), Delay: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The index loses "lost" and is set back to generation 1 for "old".
+	if _, err := e.idx.Remove(ctx, ns, "lost"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "old", Payload: []byte("v3"), Delay: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.idx.Remove(ctx, ns, "old"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.idx.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "old", Payload: []byte("v1"), Delay: time.Hour, Generation: 1}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Reads fall back to MySQL meanwhile.
+	got, err := e.store.Get(ctx, ns, "lost")
+	if err != nil || got.Generation != res[0].Task.Generation || string(got.Payload) != "L" {
+		t.Fatalf("get of a task the index lost: %+v %v", got, err)
+	}
+
+	poll(t, "the reconciler to re-index both tasks", func() bool {
+		a, err1 := e.idx.Get(ctx, ns, "lost")
+		b, err2 := e.idx.Get(ctx, ns, "old")
+		return err1 == nil && err2 == nil && a.Generation == 1 && b.Generation == 2 && string(b.Payload) == "v3"
+	})
+}
+
+// TestListFallsBackToMySQL: with the namespace's index gone (no marker, no
+// task), List pages through MySQL with a cursor of its own.
+func TestListFallsBackToMySQL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *mysqlstore.Config) { c.IndexCheckInterval = time.Hour })
+	ctx := context.Background()
+	ns := testNamespace()
+	var specs []storage.UpsertSpec
+	now := time.Now()
+	for i := range 25 {
+		specs = append(specs, storage.UpsertSpec{ID: fmt.Sprintf("l%02d", i), DueTime: now.Add(time.Duration(25-i) * time.Minute)})
+	}
+	if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	// Lose the namespace's index entirely (a Redis restarted empty).
+	if _, err := e.idx.DropNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.Del(ctx, "delayd:{"+ns+"#0}:indexed").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	cursor := ""
+	for range 10 {
+		page, next, err := e.store.List(ctx, ns, storage.StateScheduled, 10, cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range page {
+			got = append(got, task.ID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(got) != 25 || got[0] != "l24" || got[24] != "l00" {
+		t.Fatalf("listed %v, want l24..l00 in due order", got)
+	}
+}
+
+// TestHistoryRetention: with HistoryRetention an acked task moves to the
+// history table (with the delivery's attempt), and the leader prunes rows
+// past the retention.
+func TestHistoryRetention(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *mysqlstore.Config) {
+		c.HistoryRetention = 2 * time.Second
+		c.ReconcileInterval = 100 * time.Millisecond
+		c.IndexCheckInterval = 50 * time.Millisecond
+	})
+	ctx := context.Background()
+	ns := testNamespace()
+	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "h", Kind: "k", Payload: []byte("p"), Delay: -time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := e.store.Pop(ctx, ns, 1, time.Minute)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("pop: %v %v", ds, err)
+	}
+	if _, err := e.store.Ack(ctx, ns, []storage.Token{ds[0].Token}); err != nil {
+		t.Fatal(err)
+	}
+	var attempt int
+	var payload string
+	if err := e.db.QueryRow("SELECT attempt, payload FROM delayd_task_history WHERE namespace = ? AND id = 'h'", ns).Scan(&attempt, &payload); err != nil {
+		t.Fatalf("history row: %v", err)
+	}
+	if attempt != 1 || payload != "p" {
+		t.Fatalf("history row: attempt %d payload %q, want 1 %q", attempt, payload, "p")
+	}
+	if _, ok := e.row(ns, "h"); ok {
+		t.Fatal("the acked task is still in delayd_tasks")
+	}
+	poll(t, "the history row to be pruned", func() bool {
+		var n int
+		_ = e.db.QueryRow("SELECT COUNT(*) FROM delayd_task_history WHERE namespace = ?", ns).Scan(&n)
+		return n == 0
+	})
+}
+
+// TestMigrateIdempotent: migrating again changes nothing, and a schema left
+// dirty by a failed migration is repaired.
+func TestMigrateIdempotent(t *testing.T) {
+	t.Parallel()
+	dsn := newDB(t)
+	ctx := context.Background()
+	for range 2 {
+		if err := mysqlstore.Migrate(ctx, dsn, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := directDB(t, dsn)
+	if _, err := db.Exec("UPDATE delayd_schema_migrations SET dirty = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := mysqlstore.Migrate(ctx, dsn, nil); err != nil {
+		t.Fatalf("migrate a dirty schema: %v", err)
+	}
+	var version, dirty int
+	if err := db.QueryRow("SELECT version, dirty FROM delayd_schema_migrations").Scan(&version, &dirty); err != nil {
+		t.Fatal(err)
+	}
+	if version != mysqlstore.SchemaVersion || dirty != 0 {
+		t.Fatalf("schema version %d dirty %d, want %d clean", version, dirty, mysqlstore.SchemaVersion)
+	}
+}
