@@ -133,10 +133,13 @@ type Config struct {
 	// SafetyPoll is the slow poll that catches a missed wake-up. If unset or
 	// zero, 1 second is used.
 	SafetyPoll time.Duration
-	// PopBatch is the most tasks one Pop call moves. If unset or zero, 500.
+	// PopBatch is the most tasks one Pop call moves. Each Pop is one Lua
+	// script that blocks Redis while it runs (tens of microseconds per task),
+	// so the batch is kept small enough that a burst of due tasks never holds
+	// Redis for long. If unset or zero, 128.
 	PopBatch int
 	// ReapBatch is the most expired leases one Reap call takes back. If unset
-	// or zero, 500.
+	// or zero, 128.
 	ReapBatch int
 	// PolicyRefresh is how often a namespace's policy is re-read, so policy
 	// changes apply without a restart. If unset or zero, 10 seconds.
@@ -159,10 +162,10 @@ func (c *Config) setDefaults() {
 		c.SafetyPoll = time.Second
 	}
 	if c.PopBatch <= 0 {
-		c.PopBatch = 500
+		c.PopBatch = 128
 	}
 	if c.ReapBatch <= 0 {
-		c.ReapBatch = 500
+		c.ReapBatch = 128
 	}
 	if c.PolicyRefresh <= 0 {
 		c.PolicyRefresh = 10 * time.Second
