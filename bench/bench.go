@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -84,7 +85,10 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		e.progress = NewProgress(stderr)
 	}
 
-	deps := &deployments{cfg: cfg, redisURL: redisURL, stderr: stderr}
+	if cfg.DelaydLog == nil {
+		cfg.DelaydLog = io.Discard
+	}
+	deps := &deployments{cfg: cfg, redisURL: redisURL, log: cfg.DelaydLog, buildOut: stderr}
 	defer deps.close()
 
 	for _, row := range rows {
@@ -218,7 +222,9 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 type deployments struct {
 	cfg      Config
 	redisURL string
-	stderr   io.Writer
+	// log receives delayd's log; buildOut the output of go build.
+	log      io.Writer
+	buildOut io.Writer
 	started  map[string]*delayd
 	failed   map[string]error
 	bin      string
@@ -270,14 +276,14 @@ func (d *deployments) start(ctx context.Context, dep string) (*delayd, error) {
 					return nil, err
 				}
 				d.tmp = tmp
-				if d.bin, err = buildDelayd(ctx, tmp, d.stderr); err != nil {
+				if d.bin, err = buildDelayd(ctx, tmp, d.buildOut); err != nil {
 					return nil, err
 				}
 			}
 		}
-		return startChild(ctx, d.bin, d.redisURL, dsn, d.cfg.DelaydArgs, d.stderr)
+		return startChild(ctx, d.bin, d.redisURL, dsn, d.cfg.DelaydArgs, d.log)
 	}
-	return startInProcess(ctx, d.redisURL, dsn, d.cfg.Logger)
+	return startInProcess(ctx, d.redisURL, dsn, slog.New(slog.NewTextHandler(d.log, &slog.HandlerOptions{Level: slog.LevelWarn})))
 }
 
 // createDatabase creates a fresh MySQL database for a durable delayd and

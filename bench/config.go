@@ -2,6 +2,7 @@ package bench
 
 import (
 	"flag"
+	"io"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -69,8 +70,11 @@ type Config struct {
 	CPUProfile string
 	// Timeout bounds the whole invocation.
 	Timeout time.Duration
-	// Logger for warnings; the in-process delayd logs through it too.
+	// Logger for the benchmark's warnings. If nil, they are discarded.
 	Logger *slog.Logger
+	// DelaydLog receives the log of the delayd that delaybench starts (the
+	// in-process one's records, a child's stderr). If nil, it is discarded.
+	DelaydLog io.Writer
 }
 
 // listFlag is a comma-separated list flag.

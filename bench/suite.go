@@ -29,26 +29,31 @@ var compared = []string{SystemDelayd, SystemBaseline1s, SystemBaseline10ms}
 
 // Presets returns the names of the workloads in run order.
 func Presets() []string {
-	return []string{"spread", "backlog", "idle", "scale-100k", "scale-1m", "scale-10m", "durable"}
+	return []string{"spread", "backlog", "unary", "idle", "scale-100k", "scale-1m", "scale-10m", "durable"}
 }
 
 // presets returns the workloads by name: the full set of docs/BENCHMARKS.md,
 // or with short the reduced set `make bench` runs in under 3 minutes.
 func presets(short bool) map[string]preset {
 	p := map[string]preset{
-		// (a) 100,000 tasks due evenly over 5 s, unary upserts made before
+		// (a) 100,000 tasks due evenly over 5 s, loaded in batches before
 		// the first falls due: lateness and early deliveries.
-		"spread": {Workload{Name: "spread", Tasks: 100_000, Spread: 5 * time.Second, Lead: 8 * time.Second,
-			PayloadBytes: 100, Producers: 16, Subscribers: 4, MaxInFlight: 1000}, compared},
+		"spread": {Workload{Name: "spread", Tasks: 100_000, Spread: 5 * time.Second, Lead: 15 * time.Second,
+			Batch: 1000, PayloadBytes: 100, Producers: 4, Subscribers: 4, MaxInFlight: 1000}, compared},
 		// (b) 100,000 tasks already due, batched upserts, then the
-		// subscribers connect: drain capacity and memory per pending task.
+		// subscribers connect: batched upsert rate, drain capacity and
+		// memory per pending task.
 		"backlog": {Workload{Name: "backlog", Tasks: 100_000, Backlog: true, Batch: 1000,
 			PayloadBytes: 100, Producers: 4, Subscribers: 4, MaxInFlight: 1000}, compared},
+		// The unary upsert rate: one UpsertTask per task from 32
+		// concurrent producers, then the drain.
+		"unary": {Workload{Name: "unary", Tasks: 100_000, Backlog: true,
+			PayloadBytes: 100, Producers: 32, Subscribers: 4, MaxInFlight: 1000}, compared},
 		// (c) 1,000 tasks over 60 s: the CPU of an (almost) idle service.
 		"idle": {Workload{Name: "idle", Tasks: 1000, Spread: 60 * time.Second, Lead: 2 * time.Second,
-			PayloadBytes: 100, Producers: 4, Subscribers: 4, MaxInFlight: 1000}, compared},
-		// (d) 100,000 unary upserts and their drain with 100k, 1M and 10M
-		// other tasks pending (due in 2 h, loaded in batches).
+			Batch: 1000, PayloadBytes: 100, Producers: 1, Subscribers: 4, MaxInFlight: 1000}, compared},
+		// (d) the unary workload with 100k, 1M and 10M other tasks pending
+		// (due in 2 h, loaded in batches first).
 		"scale-100k": {scale("scale-100k", 100_000, 100), []string{SystemDelayd, SystemBaseline10ms}},
 		"scale-1m":   {scale("scale-1m", 1_000_000, 100), []string{SystemDelayd, SystemBaseline10ms}},
 		"scale-10m":  {scale("scale-10m", 10_000_000, 16), []string{SystemDelayd, SystemBaseline10ms}},
@@ -64,14 +69,17 @@ func presets(short bool) map[string]preset {
 		f(&q.w)
 		p[name] = q
 	}
-	shrink("spread", func(w *Workload) { w.Tasks, w.Spread, w.Lead = 20_000, 2*time.Second, 3*time.Second })
+	shrink("spread", func(w *Workload) { w.Tasks, w.Spread, w.Lead = 10_000, 2*time.Second, 3*time.Second })
 	shrink("backlog", func(w *Workload) { w.Tasks = 20_000 })
+	shrink("unary", func(w *Workload) { w.Tasks = 10_000 })
 	shrink("idle", func(w *Workload) { w.Tasks, w.Spread, w.Lead = 200, 10*time.Second, time.Second })
-	shrink("scale-100k", func(w *Workload) { w.Tasks = 20_000 })
+	shrink("scale-100k", func(w *Workload) { w.Tasks = 10_000 })
 	shrink("durable", func(w *Workload) { w.Tasks = 10_000 })
-	q := p["idle"]
-	q.systems = []string{SystemDelayd, SystemBaseline10ms}
-	p["idle"] = q
+	for _, n := range []string{"idle", "unary"} {
+		q := p[n]
+		q.systems = []string{SystemDelayd, SystemBaseline10ms}
+		p[n] = q
+	}
 	delete(p, "scale-1m")
 	delete(p, "scale-10m")
 	return p
@@ -80,6 +88,6 @@ func presets(short bool) map[string]preset {
 // scale is the scale workload with filler pending tasks of fillerPayload
 // bytes each.
 func scale(name string, filler, fillerPayload int) Workload {
-	return Workload{Name: name, Tasks: 100_000, Backlog: true, PayloadBytes: 100, Producers: 16,
+	return Workload{Name: name, Tasks: 100_000, Backlog: true, PayloadBytes: 100, Producers: 32,
 		Subscribers: 4, MaxInFlight: 1000, Filler: filler, FillerPayloadBytes: fillerPayload}
 }

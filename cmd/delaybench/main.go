@@ -38,11 +38,10 @@ func main() {
 		fmt.Fprintf(os.Stderr, "delaybench: %v\n", err)
 		os.Exit(2)
 	}
-	level := slog.LevelError
 	if *verbose {
-		level = slog.LevelWarn
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		cfg.DelaydLog = os.Stderr
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if err := cfg.Finish(fs, &w); err != nil {
 		fmt.Fprintf(os.Stderr, "delaybench: %v\n", err)
 		os.Exit(2)
