@@ -2,8 +2,8 @@ package bench
 
 import (
 	"flag"
-	"io"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
