@@ -240,7 +240,7 @@ func (s *Store) commitOps(ops []*op) error {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		if attempt > 0 {
-			s.log.Warn("mysql transaction rolled back; retrying", "attempt", attempt, "err", err)
+			s.warn("retry", "mysql transaction rolled back; retrying", "attempt", attempt, "err", err)
 			select {
 			case <-time.After(time.Duration(attempt) * 20 * time.Millisecond):
 			case <-ctx.Done():
@@ -273,13 +273,10 @@ type commitError struct{ err error }
 func (e *commitError) Error() string { return "commit: " + e.err.Error() }
 func (e *commitError) Unwrap() error { return e.err }
 
-// txOptions: READ COMMITTED takes no gap locks, so concurrent batches (of
-// several replicas) inserting new tasks do not deadlock on gaps.
-var txOptions = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
-
-// inTx runs fn in a READ COMMITTED transaction and commits it.
+// inTx runs fn in a transaction and commits it. Connections are READ
+// COMMITTED (see readCommittedConnector).
 func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, txOptions)
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -416,7 +413,7 @@ func (s *Store) indexWrite(ctx context.Context, ns string, specs []storage.Upser
 		err = fmt.Errorf("index answered %d results for %d specs", len(res), len(specs))
 	}
 	if err != nil {
-		s.log.Warn("index write failed after the mysql commit; the tasks are durable and will be re-indexed",
+		s.warn("index-write", "index write failed after the mysql commit; the tasks are durable and will be re-indexed",
 			"namespace", ns, "tasks", len(specs), "err", err)
 		ids := make([]string, len(specs))
 		for i, sp := range specs {

@@ -62,7 +62,7 @@ func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time
 	lead, err := s.tryLead(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Warn("reconciler: cannot take the leader lease", "err", err)
+			s.warn("lead", "reconciler: cannot take the leader lease", "err", err)
 		}
 		return lastFull
 	}
@@ -73,7 +73,7 @@ func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time
 	nss, err := s.taskNamespaces(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Warn("reconciler: cannot list namespaces", "err", err)
+			s.warn("namespaces", "reconciler: cannot list namespaces", "err", err)
 		}
 		return lastFull
 	}
@@ -83,7 +83,7 @@ func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time
 		if err != nil {
 			complete = false
 			if ctx.Err() == nil {
-				s.log.Warn("reconciler: cannot read index marker", "namespace", ns, "err", err)
+				s.warn("marker", "reconciler: cannot read index marker", "namespace", ns, "err", err)
 			}
 			break
 		}
@@ -93,7 +93,7 @@ func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time
 		if err := s.rebuild(ctx, ns); err != nil {
 			complete = false
 			if ctx.Err() == nil {
-				s.log.Warn("reconciler: index rebuild failed; retrying", "namespace", ns, "err", err)
+				s.warn("rebuild", "reconciler: index rebuild failed; retrying", "namespace", ns, "err", err)
 			}
 			break
 		}
@@ -109,7 +109,7 @@ func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time
 	scanned, restored, err := s.fullPass(ctx, nss)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Warn("reconciler: pass failed; retrying next interval", "err", err)
+			s.warn("pass", "reconciler: pass failed; retrying next interval", "err", err)
 		}
 		return start
 	}
@@ -508,7 +508,7 @@ func (s *Store) pruneHistory(ctx context.Context) {
 		res, err := s.db.ExecContext(cctx, "DELETE FROM delayd_task_history WHERE acked_ms < ? ORDER BY acked_ms LIMIT 1000", cutoff)
 		cancel()
 		if err != nil {
-			s.log.Warn("reconciler: pruning history failed", "err", err)
+			s.warn("prune", "reconciler: pruning history failed", "err", err)
 			return
 		}
 		n, _ := res.RowsAffected()

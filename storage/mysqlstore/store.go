@@ -224,6 +224,10 @@ type Store struct {
 	marked  map[string]bool
 	checked map[string]time.Time
 
+	// last time each throttled warning was logged
+	warnMu sync.Mutex
+	warned map[string]time.Time
+
 	// offset of the index's clock to the local clock
 	clockMu  sync.Mutex
 	offset   time.Duration
@@ -270,7 +274,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysqlstore: %w", err)
 	}
-	db := sql.OpenDB(connector)
+	db := sql.OpenDB(readCommittedConnector{connector})
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxOpenConns)
 	db.SetConnMaxLifetime(5 * time.Minute)
@@ -292,6 +296,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		repairs: make(map[taskKey]struct{}),
 		marked:  make(map[string]bool),
 		checked: make(map[string]time.Time),
+		warned:  make(map[string]time.Time),
 	}, nil
 }
 
@@ -723,6 +728,28 @@ func (s *Store) writeMoved(ctx context.Context, ns string, moved []storage.Moved
 		return fmt.Errorf("%s: write through: %w", what, err)
 	}
 	return nil
+}
+
+// warnThrottle is how often one kind of repeated warning is logged; the
+// repeats in between go to Debug.
+const warnThrottle = 30 * time.Second
+
+// warn logs msg at Warn at most every warnThrottle per key (at Debug
+// otherwise), so an outage does not flood the log.
+func (s *Store) warn(key, msg string, args ...any) {
+	now := time.Now()
+	s.warnMu.Lock()
+	last, ok := s.warned[key]
+	loud := !ok || now.Sub(last) >= warnThrottle
+	if loud {
+		s.warned[key] = now
+	}
+	s.warnMu.Unlock()
+	if loud {
+		s.log.Warn(msg, args...)
+	} else {
+		s.log.Debug(msg, args...)
+	}
 }
 
 // requestRepair remembers tasks whose index write failed, so this replica

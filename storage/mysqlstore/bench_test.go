@@ -1,0 +1,57 @@
+package mysqlstore_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// benchCallers is how many goroutines call Upsert at once in the upsert
+// benchmarks, whatever -cpu says.
+const benchCallers = 64
+
+// benchUpserts runs b.N single-task upserts from benchCallers goroutines
+// and reports upserts per second.
+func benchUpserts(b *testing.B, s storage.Tasks, ns string) {
+	payload := make([]byte, 100)
+	var seq atomic.Int64
+	b.SetParallelism((benchCallers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			id := fmt.Sprintf("b%09d", seq.Add(1))
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Payload: payload, Delay: time.Hour}}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "upserts/s")
+}
+
+// BenchmarkUpsertDurable: single-task upserts through the durable store
+// (MySQL group commit, then Redis) from 64 concurrent callers.
+//
+//	go test ./storage/mysqlstore -run '^$' -bench 'Upsert(Durable|RedisOnly)' -benchtime 20000x
+func BenchmarkUpsertDurable(b *testing.B) {
+	e := newEnv(b, nil)
+	ns := testNamespace()
+	b.Cleanup(func() { _, _ = e.store.DropNamespace(context.Background(), ns) })
+	benchUpserts(b, e.store, ns)
+}
+
+// BenchmarkUpsertRedisOnly: the same upserts on the Redis index alone, the
+// baseline durable mode is measured against.
+func BenchmarkUpsertRedisOnly(b *testing.B) {
+	e := newEnv(b, nil)
+	ns := testNamespace()
+	b.Cleanup(func() { _, _ = e.idx.DropNamespace(context.Background(), ns) })
+	benchUpserts(b, e.idx, ns)
+}
