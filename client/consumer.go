@@ -309,7 +309,8 @@ func (cs *consumer) run(ctx context.Context) error {
 		case <-ctx.Done():
 			drain()
 			return nil
-		case end = <-line.done:
+		case <-line.finished:
+			end = line.err
 		}
 		line.close()
 		if line.healthy() {
@@ -350,29 +351,32 @@ func fatal(err error) bool {
 // streamRun is one Subscribe stream and its receiver goroutine.
 type streamRun struct {
 	cancel   context.CancelFunc
-	done     chan error    // the receiver's end: io.EOF or the stream's error
+	finished chan struct{} // closed when the receiver returned; err is set then
+	err      error         // io.EOF or the stream's error
 	stop     chan struct{} // closed: hand nothing more to workers
 	stopOnce sync.Once
 	start    time.Time
-	received bool // set by the receiver; read after done
+	received bool // set by the receiver; read after finished
 }
 
 func (cs *consumer) open(bg context.Context) *streamRun {
 	sctx, cancel := context.WithCancel(bg)
-	r := &streamRun{cancel: cancel, done: make(chan error, 1), stop: make(chan struct{}), start: time.Now()}
-	go func() { r.done <- cs.receive(sctx, r) }()
+	r := &streamRun{cancel: cancel, finished: make(chan struct{}), stop: make(chan struct{}), start: time.Now()}
+	go func() {
+		defer close(r.finished)
+		r.err = cs.receive(sctx, r)
+	}()
 	return r
 }
 
 func (r *streamRun) stopHanding() { r.stopOnce.Do(func() { close(r.stop) }) }
 
-// close ends the stream and waits for its receiver.
+// close ends the stream and waits for its receiver. The server hands back
+// whatever the stream still held.
 func (r *streamRun) close() {
 	r.stopHanding()
 	r.cancel()
-	// The receiver sends exactly once; put it back for a second close.
-	err := <-r.done
-	r.done <- err
+	<-r.finished
 }
 
 // healthy reports whether the stream worked for a while, so the next
