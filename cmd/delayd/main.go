@@ -1,0 +1,73 @@
+// Command delayd is the delayd server: it reads flags (each with a DELAYD_*
+// environment variable), then runs daemon.Run until SIGINT or SIGTERM and
+// shuts down within --shutdown-timeout. `delayd --help` lists the flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/peterbourgon/ff/v3"
+
+	"github.com/delayd/delayd/daemon"
+)
+
+const envPrefix = "DELAYD"
+
+func main() {
+	fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
+	var cfg daemon.Config
+	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultListen, "gRPC listen address, host:port")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis for the task index: redis://host:port/db, rediss://..., or redis-cluster://h1:p1,h2:p2; empty = embedded in-memory store (nothing survives a restart)")
+	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", "", "MySQL DSN for durable mode, user:pass@tcp(host:3306)/db; empty = Redis-only")
+	fs.StringVar(&cfg.LogLevel, "log-level", "info", "lowest level logged: debug, info, warn, error")
+	fs.StringVar(&cfg.LogFormat, "log-format", "text", "log format: text or json")
+	fs.IntVar(&cfg.Limits.MaxBatch, "max-batch", 1000, "most items in one batch call (BatchUpsertTasks, AckTasks, ...)")
+	fs.IntVar(&cfg.Limits.MaxMessageBytes, "max-message-bytes", 16<<20, "largest gRPC message received or sent, in bytes")
+	maxStreams := fs.Uint("max-concurrent-streams", 1000, "most concurrent calls per client connection")
+	fs.IntVar(&cfg.MaxPayloadBytes, "max-payload-bytes", 64<<10, "largest task payload, in bytes")
+	fs.DurationVar(&cfg.MaxDelay, "max-delay", 366*24*time.Hour, "horizon: the furthest ahead a task may be due")
+	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 0, "deadline of each store call; 0 = the store's default")
+	fs.DurationVar(&cfg.SafetyPoll, "safety-poll", 0, "dispatcher safety-net poll interval; 0 = 1s")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
+	reflection := fs.Bool("reflection", true, "serve gRPC server reflection (for grpcurl)")
+	fs.Usage = func() { usage(fs) }
+
+	if err := ff.Parse(fs, os.Args[1:], ff.WithEnvVarPrefix(envPrefix)); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintf(os.Stderr, "delayd: %v\n", err)
+		os.Exit(2)
+	}
+	cfg.Limits.MaxConcurrentStreams = uint32(*maxStreams)
+	cfg.DisableReflection = !*reflection
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := daemon.Run(ctx, cfg, nil); err != nil {
+		fmt.Fprintf(os.Stderr, "delayd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// usage prints every flag with its environment variable and default.
+func usage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprintf(w, "delayd: the delay-task gRPC server.\n\nUsage: delayd [flags]\n\nEvery flag can also be set by the environment variable shown; a flag given on\nthe command line wins.\n\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		env := envPrefix + "_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		fmt.Fprintf(w, "  --%s  (%s)\n        %s", f.Name, env, f.Usage)
+		if f.DefValue != "" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}

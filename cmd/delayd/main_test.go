@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+)
+
+// buildBinary builds this command into a temporary directory.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go tool not in PATH")
+	}
+	bin := filepath.Join(t.TempDir(), "delayd")
+	out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestBinary builds the real delayd binary once and checks --help and a
+// clean shutdown on SIGTERM.
+func TestBinary(t *testing.T) {
+	bin := buildBinary(t)
+
+	t.Run("help lists every flag with its env var", func(t *testing.T) {
+		out, err := exec.Command(bin, "--help").CombinedOutput()
+		if err != nil {
+			t.Fatalf("--help: %v\n%s", err, out)
+		}
+		for _, flag := range []string{"listen", "redis-url", "mysql-dsn", "log-level", "log-format", "max-batch",
+			"max-message-bytes", "max-payload-bytes", "shutdown-timeout", "reflection"} {
+			env := "DELAYD_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+			if !strings.Contains(string(out), "--"+flag+"  ("+env+")") {
+				t.Errorf("--help lacks --%s (%s):\n%s", flag, env, out)
+			}
+		}
+	})
+
+	t.Run("SIGTERM shuts down cleanly with exit 0", func(t *testing.T) {
+		cmd := exec.Command(bin, "--log-format", "text")
+		// Environment variables configure it, as in a container.
+		cmd.Env = append(os.Environ(), "DELAYD_LISTEN=127.0.0.1:0", "DELAYD_REDIS_URL=", "DELAYD_SHUTDOWN_TIMEOUT=20s")
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+		// Read the log: the serving line gives the address.
+		lines := make(chan string, 1000)
+		var logText strings.Builder
+		go func() {
+			sc := bufio.NewScanner(stderr)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		addrRE := regexp.MustCompile(`msg="delayd serving" addr=(\S+)`)
+		var addr string
+		for addr == "" {
+			line, ok := <-lines
+			if !ok {
+				t.Fatalf("delayd exited before serving:\n%s", logText.String())
+			}
+			logText.WriteString(line + "\n")
+			if m := addrRE.FindStringSubmatch(line); m != nil {
+				addr = m[1]
+			}
+		}
+
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health = %v, %v", resp, err)
+		}
+		if _, err := delaydv1.NewTaskServiceClient(conn).UpsertTask(ctx, &delaydv1.UpsertTaskRequest{
+			Namespace: "bin", Id: "t1", When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Minute)},
+		}); err != nil {
+			t.Fatalf("upsert: %v", err)
+		}
+
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		for line := range lines {
+			logText.WriteString(line + "\n")
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, logText.String())
+		}
+		for _, want := range []string{`msg="shutting down"`, `msg="delayd stopped cleanly"`} {
+			if !strings.Contains(logText.String(), want) {
+				t.Errorf("log lacks %s:\n%s", want, logText.String())
+			}
+		}
+	})
+}

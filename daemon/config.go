@@ -1,0 +1,132 @@
+package daemon
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/storage"
+)
+
+// Config is everything a delayd process is started from. The zero value is
+// a working configuration: embedded mode on :7070.
+type Config struct {
+	// Listen is the TCP address the gRPC server listens on, host:port.
+	// Port 0 picks a free port (see Daemon.Addr). If empty, ":7070".
+	Listen string
+
+	// RedisURL is the Redis holding the task index:
+	//   - "" (default): embedded mode, an in-process Redis-compatible store
+	//     (miniredis) in memory; nothing survives a restart, and delayd logs
+	//     one WARN saying so. For trying delayd, demos and local development.
+	//   - redis://[user:password@]host:port[/db][?dial_timeout=3s&...] or
+	//     rediss://... (TLS), unix:///path/redis.sock: one Redis server,
+	//     parsed by go-redis's redis.ParseURL (query options as documented
+	//     there).
+	//   - redis-cluster://[user:password@]host1:port1,host2:port2[?options]
+	//     or rediss-cluster://... (TLS): a Redis Cluster, seeded from the
+	//     listed nodes; options as documented for go-redis's
+	//     redis.ParseClusterURL. No database number (Cluster has only db 0).
+	RedisURL string
+
+	// MySQLDSN turns on durable mode (see storage/mysqlstore): MySQL becomes
+	// the authority for every task and Redis the fast index. go-sql-driver
+	// form, e.g. "user:pass@tcp(host:3306)/delayd". If empty (default),
+	// delayd runs Redis-only and says so at start.
+	//
+	// Not wired yet: Start refuses a non-empty MySQLDSN rather than run
+	// without the durability it asks for.
+	MySQLDSN string
+
+	// LogLevel is the lowest level logged: debug, info, warn or error.
+	// Used only when Run or Start is given a nil logger. If empty, "info".
+	LogLevel string
+	// LogFormat is "text" (logfmt-like) or "json". Used only when Run or
+	// Start is given a nil logger. If empty, "text".
+	LogFormat string
+
+	// Limits bound requests (batch size, message size, streams per
+	// connection, in-flight credit). Zero fields take the defaults
+	// documented on server.Limits.
+	Limits server.Limits
+
+	// MaxPayloadBytes is the largest task payload accepted, in bytes, for
+	// every namespace. If zero, 64 KiB (storage.DefaultPolicy).
+	MaxPayloadBytes int
+	// MaxDelay is the horizon: the furthest ahead a task may be due. If
+	// zero, 366 days (storage.DefaultPolicy).
+	MaxDelay time.Duration
+
+	// StoreTimeout is the deadline of each store call. If zero, the store's
+	// own default (redisstore.Options.Timeout) is used.
+	StoreTimeout time.Duration
+	// SafetyPoll is the dispatcher's slow poll that catches a missed
+	// wake-up. If zero, 1 second (dispatcher.Config.SafetyPoll).
+	SafetyPoll time.Duration
+	// ShutdownTimeout bounds shutdown: the dispatcher handing deliveries
+	// back and running calls draining together get this long, then every
+	// connection is closed. If zero, 10 seconds.
+	ShutdownTimeout time.Duration
+
+	// DisableReflection turns off gRPC server reflection. Default: on, so
+	// grpcurl works with no .proto files at hand.
+	DisableReflection bool
+}
+
+// Defaults of Config.
+const (
+	DefaultListen          = ":7070"
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// withDefaults returns c with empty fields set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.LogFormat == "" {
+		c.LogFormat = "text"
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	return c
+}
+
+// policy is the namespace policy every namespace gets from this Config.
+func (c Config) policy() storage.Policy {
+	p := storage.DefaultPolicy()
+	if c.MaxPayloadBytes > 0 {
+		p.MaxPayloadBytes = c.MaxPayloadBytes
+	}
+	if c.MaxDelay > 0 {
+		p.MaxDelay = c.MaxDelay
+	}
+	return p
+}
+
+// NewLogger returns a slog.Logger writing to w at level (debug, info, warn,
+// error; "" = info) in format ("text" or "json"; "" = text).
+func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if level == "" {
+		level = "info"
+	}
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: allowed: debug, info, warn, error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch strings.ToLower(format) {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log format %q: allowed: text, json", format)
+}

@@ -1,0 +1,234 @@
+// Package daemon wires a delayd process together: Config → Redis (or the
+// embedded store) → task store → dispatcher → gRPC server, and runs it until
+// its context ends, then shuts it down in order within a bounded time.
+//
+// cmd/delayd is a thin main over Run. Tests, the benchmark tool and the
+// examples start a real delayd in-process with Start on 127.0.0.1:0 and
+// read the bound address from Daemon.Addr.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/delayd/delayd/dispatcher"
+	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/redisstore"
+)
+
+// startPingTimeout bounds the check that Redis answers at start.
+const startPingTimeout = 5 * time.Second
+
+// Daemon is a running delayd: a gRPC server on a bound address with its
+// store and dispatcher. Build it with Start; stop it once with Stop.
+type Daemon struct {
+	cfg    Config
+	logger *slog.Logger
+
+	redis      *redisConn
+	dispatcher *dispatcher.Dispatcher
+	server     *server.Server
+	lis        net.Listener
+
+	serveDone chan struct{} // closed when Serve returns
+	serveErr  error         // Serve's error; read after serveDone
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Run starts delayd with cfg, serves until ctx is done (or the listener
+// fails), then stops it within cfg.ShutdownTimeout. A nil logger means one
+// built from cfg.LogLevel and cfg.LogFormat, writing to stderr. Run returns
+// nil after a clean shutdown.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	d, err := Start(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		d.logger.Info("shutting down", "reason", context.Cause(ctx), "timeout", d.cfg.ShutdownTimeout)
+	case <-d.serveDone:
+		d.logger.Error("gRPC server stopped unexpectedly", "error", d.serveErr)
+	}
+	// The run context is done; shutdown gets its own bounded context.
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ShutdownTimeout)
+	defer cancel()
+	stopErr := d.Stop(stopCtx)
+	if d.serveErr != nil {
+		return errors.Join(d.serveErr, stopErr)
+	}
+	return stopErr
+}
+
+// Start builds and starts delayd and returns once it serves: the listener
+// is bound (Addr), the dispatcher runs and health reports SERVING. On error
+// everything already started is closed again. ctx bounds only the start
+// itself; the daemon runs until Stop. A nil logger means one built from
+// cfg.LogLevel and cfg.LogFormat, writing to stderr.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err error) {
+	cfg = cfg.withDefaults()
+	if logger == nil {
+		if logger, err = NewLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat); err != nil {
+			return nil, err
+		}
+	}
+	d := &Daemon{cfg: cfg, logger: logger, serveDone: make(chan struct{})}
+	// cleanup undoes what has been started so far, in reverse order.
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+
+	if cfg.MySQLDSN != "" {
+		// Durable mode (storage/mysqlstore) plugs in here: open MySQL, run
+		// migrations, wrap the Redis store so MySQL is the authority, and
+		// rebuild the index (health NOT_SERVING until done).
+		return nil, errors.New("durable mode (--mysql-dsn) is not available in this build yet; run without it for Redis-only mode")
+	}
+
+	// 1. The Redis that holds the task index.
+	d.redis, err = openRedis(cfg.RedisURL)
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { _ = d.redis.close() })
+	if d.redis.embedded != nil {
+		logger.Warn("embedded mode: tasks are kept in this process's memory and NOTHING SURVIVES A RESTART; set --redis-url (DELAYD_REDIS_URL) to use a real Redis",
+			"store", "miniredis", "addr", d.redis.where)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, startPingTimeout)
+	err = d.redis.client.Ping(pingCtx).Err()
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("redis at %s does not answer: %w", d.redis.where, err)
+	}
+
+	// 2. The task store over it. Every namespace gets the same policy until
+	// the namespace registry serves per-namespace ones.
+	store := redisstore.New(d.redis.client, redisstore.Options{
+		Logger:  logger.With("component", "redisstore"),
+		Timeout: cfg.StoreTimeout,
+	})
+	policies := storage.StaticPolicies{P: cfg.policy()}
+
+	// 3. The dispatcher: pops due tasks for Subscribe streams.
+	d.dispatcher, err = dispatcher.New(dispatcher.Config{
+		Store:      store,
+		Wakeups:    store,
+		Policies:   policies,
+		Logger:     logger.With("component", "dispatcher"),
+		SafetyPoll: cfg.SafetyPoll,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: %w", err)
+	}
+
+	// 4. The gRPC server; health says NOT_SERVING until the end of Start.
+	d.server, err = server.New(server.Options{
+		Logger:            logger.With("component", "server"),
+		Tasks:             store,
+		Deliveries:        store,
+		DeadLetters:       store,
+		Counter:           store,
+		Policies:          policies,
+		Dispatcher:        d.dispatcher,
+		Limits:            cfg.Limits,
+		DisableReflection: cfg.DisableReflection,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	var lc net.ListenConfig
+	d.lis, err = lc.Listen(ctx, "tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	cleanup = append(cleanup, func() { _ = d.lis.Close() })
+
+	// The dispatcher's background work lives until Stop, not until the end
+	// of ctx, so that shutdown happens in the order Stop writes down.
+	if err = d.dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
+		return nil, fmt.Errorf("dispatcher: %w", err)
+	}
+	cleanup = append(cleanup, func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		_ = d.dispatcher.Stop(stopCtx)
+	})
+
+	go func() {
+		defer close(d.serveDone)
+		d.serveErr = d.server.Serve(d.lis)
+	}()
+	d.server.SetServing(true)
+	logger.Info("delayd serving", "addr", d.Addr(), "store", d.redis.mode, "redis", d.redis.where,
+		"durable", false, "reflection", !cfg.DisableReflection)
+	return d, nil
+}
+
+// Addr is the address the gRPC server listens on (with the real port when
+// Config.Listen asked for port 0).
+func (d *Daemon) Addr() string { return d.lis.Addr().String() }
+
+// Stop shuts delayd down; ctx bounds the dispatcher hand-back and the drain
+// of running calls together. Calling it again returns the first result.
+//
+// The order, senders before receivers:
+//  1. health NOT_SERVING, so probes and load balancers send no new work;
+//  2. dispatcher Stop: stop popping, hand back what streams still hold,
+//     end the Subscribe streams;
+//  3. gRPC GracefulStop: running unary calls finish; when ctx ends first,
+//     the remaining connections are closed;
+//  4. close Redis (and the embedded store): nothing uses it any more. (When
+//     ctx ends before the drain does, Redis is closed at once, so calls stuck
+//     in the store fail instead of holding the shutdown past its bound.)
+func (d *Daemon) Stop(ctx context.Context) error {
+	d.stopOnce.Do(func() {
+		start := time.Now()
+		d.server.SetServing(false)        // 1
+		dispErr := d.dispatcher.Stop(ctx) // 2
+		grpcDone := make(chan error, 1)   // 3
+		go func() { grpcDone <- d.server.GracefulStop(ctx) }()
+		var grpcErr, redisErr error
+		select {
+		case grpcErr = <-grpcDone:
+			<-d.serveDone
+			redisErr = d.redis.close() // 4
+		case <-ctx.Done():
+			// Out of time: GracefulStop closes the connections, but a
+			// handler blocked in a store call holds its connection until
+			// the call returns. Closing Redis now makes those calls fail at
+			// once, so the stop stays bounded.
+			redisErr = d.redis.close() // 4, early
+			grpcErr = <-grpcDone
+			<-d.serveDone
+		}
+		d.stopErr = errors.Join(wrap("dispatcher stop", dispErr), grpcErr, wrap("close redis", redisErr))
+		if d.stopErr != nil {
+			d.logger.Warn("delayd stopped, not cleanly", "error", d.stopErr, "took", time.Since(start))
+		} else {
+			d.logger.Info("delayd stopped cleanly", "took", time.Since(start))
+		}
+	})
+	return d.stopErr
+}
+
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}

@@ -1,0 +1,536 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+)
+
+// TestMain fails the package when a goroutine outlives its tests: Stop must
+// leave nothing behind.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// After a failed dial go-redis retries in the background, sleeping
+		// 1 s between tries; it exits on its next wake-up once the client
+		// is closed (the Redis-down tests close theirs).
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
+	)
+}
+
+func testRedisURL() string {
+	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379"
+}
+
+func suffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// syncBuffer is a log sink safe for the daemon's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// started is a daemon under test with a client connection and its log.
+type started struct {
+	d     *Daemon
+	log   *syncBuffer
+	conn  *grpc.ClientConn
+	tasks delaydv1.TaskServiceClient
+}
+
+// start starts a daemon on 127.0.0.1:0 and stops it at the end of the test
+// unless the test did.
+func start(t *testing.T, cfg Config) *started {
+	t.Helper()
+	cfg.Listen = "127.0.0.1:0"
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewTextHandler(io.MultiWriter(logs, t.Output()), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	d, err := Start(t.Context(), cfg, logger)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	conn, err := grpc.NewClient(d.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = d.Stop(ctx)
+	})
+	return &started{d: d, log: logs, conn: conn, tasks: delaydv1.NewTaskServiceClient(conn)}
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func upsert(ns, id string) *delaydv1.UpsertTaskRequest {
+	return &delaydv1.UpsertTaskRequest{Namespace: ns, Id: id, Payload: []byte("p"),
+		When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)}}
+}
+
+// cleanNamespace deletes every key of ns in the Redis at url (never
+// FLUSHDB: Redis is shared).
+func cleanNamespace(t *testing.T, url, ns string) {
+	t.Cleanup(func() {
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			return
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		ctx := context.Background()
+		keys, _ := rdb.Keys(ctx, "*{"+ns+"#*").Result()
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+}
+
+func TestEmbeddedModeServesUpsertAndGet(t *testing.T) {
+	t.Parallel()
+	s := start(t, Config{}) // no RedisURL: embedded
+	ctx := ctxFor(t)
+	if _, err := s.tasks.UpsertTask(ctx, upsert("demo", "t1")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: "demo", Id: "t1"})
+	if err != nil || string(got.GetTask().GetPayload()) != "p" || got.GetTask().GetState() != delaydv1.TaskState_TASK_STATE_SCHEDULED {
+		t.Fatalf("GetTask = %v, %v", got, err)
+	}
+	if n := strings.Count(s.log.String(), "NOTHING SURVIVES A RESTART"); n != 1 {
+		t.Fatalf("embedded-mode warning logged %d times, want once:\n%s", n, s.log.String())
+	}
+	if !strings.Contains(s.log.String(), "level=WARN msg=\"embedded mode") {
+		t.Fatalf("embedded-mode notice is not a WARN:\n%s", s.log.String())
+	}
+}
+
+func TestRedisModeServesAndStopsCleanly(t *testing.T) {
+	t.Parallel()
+	ns := "dmn-" + suffix()
+	cleanNamespace(t, testRedisURL(), ns)
+	s := start(t, Config{RedisURL: testRedisURL()})
+	ctx := ctxFor(t)
+	if _, err := s.tasks.UpsertTask(ctx, upsert(ns, "t1")); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(s.log.String(), "NOTHING SURVIVES") {
+		t.Fatal("Redis mode logged the embedded-mode warning")
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.d.Stop(stopCtx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if !strings.Contains(s.log.String(), "delayd stopped cleanly") {
+		t.Fatalf("no clean-shutdown log:\n%s", s.log.String())
+	}
+	if err := s.d.Stop(stopCtx); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+}
+
+func TestStartFailsWhenRedisDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	_, err := Start(t.Context(), Config{Listen: "127.0.0.1:0", RedisURL: "redis://127.0.0.1:" + port}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "does not answer") {
+		t.Fatalf("Start against a closed port = %v, want a 'does not answer' error", err)
+	}
+}
+
+func TestHealthNotServingOnceShutdownBegins(t *testing.T) {
+	t.Parallel()
+	s := start(t, Config{})
+	health := healthpb.NewHealthClient(s.conn)
+	watchCtx, cancel := context.WithCancel(ctxFor(t))
+	defer cancel()
+	watch, err := health.Watch(watchCtx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, err := watch.Recv(); err != nil || first.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health = %v, %v; want SERVING", first, err)
+	}
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		stopped <- s.d.Stop(ctx)
+	}()
+	if next, err := watch.Recv(); err != nil || next.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health after Stop began = %v, %v; want NOT_SERVING", next, err)
+	}
+	cancel() // end the watch so the drain completes
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+}
+
+// ownRedis starts a redis-server of the test's own on a free loopback port
+// (no persistence) and returns its URL and the process; it is killed in
+// t.Cleanup if still running.
+func ownRedis(t *testing.T) (string, *exec.Cmd) {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server not installed")
+	}
+	port := freePort(t)
+	cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	url := "redis://127.0.0.1:" + port
+	opt, _ := redis.ParseURL(url)
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	for i := 0; ; i++ {
+		if rdb.Ping(context.Background()).Err() == nil {
+			return url, cmd
+		}
+		if i == 200 {
+			t.Fatalf("own redis-server on %s did not answer", port)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return strconv.Itoa(lis.Addr().(*net.TCPAddr).Port)
+}
+
+// TestRedisDownAnswersUnavailable kills the daemon's Redis: every task RPC
+// answers Unavailable with a message that is safe to show (no address, no
+// driver text), and the daemon still shuts down.
+func TestRedisDownAnswersUnavailable(t *testing.T) {
+	t.Parallel()
+	url, redisCmd := ownRedis(t)
+	s := start(t, Config{RedisURL: url, StoreTimeout: 2 * time.Second})
+	ctx := ctxFor(t)
+	if _, err := s.tasks.UpsertTask(ctx, upsert("down", "t1")); err != nil {
+		t.Fatalf("upsert while Redis is up: %v", err)
+	}
+	if err := redisCmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	port := strings.TrimPrefix(url, "redis://127.0.0.1:")
+	calls := map[string]func() error{
+		"UpsertTask": func() error { _, err := s.tasks.UpsertTask(ctx, upsert("down", "t2")); return err },
+		"BatchUpsertTasks": func() error {
+			_, err := s.tasks.BatchUpsertTasks(ctx, &delaydv1.BatchUpsertTasksRequest{Namespace: "down", Tasks: []*delaydv1.UpsertTaskRequest{upsert("", "t3")}})
+			return err
+		},
+		"GetTask": func() error {
+			_, err := s.tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: "down", Id: "t1"})
+			return err
+		},
+		"RemoveTask": func() error {
+			_, err := s.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: "down", Id: "t1"})
+			return err
+		},
+		"ListTasks": func() error {
+			_, err := s.tasks.ListTasks(ctx, &delaydv1.ListTasksRequest{Namespace: "down"})
+			return err
+		},
+	}
+	for name, call := range calls {
+		err := call()
+		st := status.Convert(err)
+		if st.Code() != codes.Unavailable || st.Message() != "store unavailable, safe to retry" {
+			t.Errorf("%s with Redis down = %v %q, want Unavailable \"store unavailable, safe to retry\"", name, st.Code(), st.Message())
+		}
+		for _, raw := range []string{port, "dial", "refused", "redis", "EOF"} {
+			if strings.Contains(st.Message(), raw) {
+				t.Errorf("%s leaks store text %q: %q", name, raw, st.Message())
+			}
+		}
+	}
+}
+
+// holdProxy forwards TCP to a Redis and can hold back any write from
+// delayd that mentions a marker (a task id), so a gRPC call sits in
+// flight, inside its handler, for as long as the test wants.
+type holdProxy struct {
+	lis    net.Listener
+	target string
+
+	mu      sync.Mutex
+	marker  []byte
+	gate    chan struct{} // closed on release
+	arrived chan struct{} // closed when a marked write is held
+
+	wg sync.WaitGroup
+}
+
+func newHoldProxy(t *testing.T, target string) *holdProxy {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &holdProxy{lis: lis, target: target}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		p.release()
+		_ = lis.Close()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *holdProxy) url() string { return "redis://" + p.lis.Addr().String() }
+
+// hold makes writes containing marker wait until release; it returns a
+// channel closed once such a write is being held.
+func (p *holdProxy) hold(marker string) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.marker, p.gate, p.arrived = []byte(marker), make(chan struct{}), make(chan struct{})
+	return p.arrived
+}
+
+func (p *holdProxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gate != nil {
+		close(p.gate)
+		p.gate, p.marker = nil, nil
+	}
+}
+
+func (p *holdProxy) accept() {
+	defer p.wg.Done()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for {
+		c, err := p.lis.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		conns = append(conns, c, up)
+		p.wg.Add(2)
+		go func() { // delayd -> Redis, through the gate
+			defer p.wg.Done()
+			defer up.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					p.wait(buf[:n])
+					if _, werr := up.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+		go func() { // Redis -> delayd
+			defer p.wg.Done()
+			defer c.Close()
+			_, _ = io.Copy(c, up)
+		}()
+	}
+}
+
+func (p *holdProxy) wait(chunk []byte) {
+	p.mu.Lock()
+	gate, arrived := p.gate, p.arrived
+	held := gate != nil && bytes.Contains(chunk, p.marker)
+	if held {
+		select {
+		case <-arrived:
+		default:
+			close(arrived)
+		}
+	}
+	p.mu.Unlock()
+	if held {
+		<-gate
+	}
+}
+
+// TestStopDrainsInFlightCall holds a GetTask inside its store call, begins
+// Stop, waits until the listener is closed (the drain has begun), then lets
+// the store answer: the call completes with its task and Stop is clean.
+func TestStopDrainsInFlightCall(t *testing.T) {
+	t.Parallel()
+	ns := "dmn-" + suffix()
+	cleanNamespace(t, testRedisURL(), ns)
+	proxy := newHoldProxy(t, strings.TrimPrefix(testRedisURL(), "redis://"))
+	s := start(t, Config{RedisURL: proxy.url()})
+	ctx := ctxFor(t)
+	id := "inflight-" + suffix()
+	if _, err := s.tasks.UpsertTask(ctx, upsert(ns, id)); err != nil {
+		t.Fatal(err)
+	}
+
+	arrived := proxy.hold(id)
+	type result struct {
+		resp *delaydv1.GetTaskResponse
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := s.tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: id})
+		got <- result{resp, err}
+	}()
+	<-arrived // the call is in its handler, waiting for Redis
+
+	stopped := make(chan error, 1)
+	go func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		stopped <- s.d.Stop(stopCtx)
+	}()
+	waitListenerClosed(t, s.d.Addr())
+	proxy.release()
+
+	r := <-got
+	if r.err != nil || r.resp.GetTask().GetId() != id {
+		t.Fatalf("in-flight GetTask = %v, %v; want it to complete during the drain", r.resp, r.err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+}
+
+// waitListenerClosed waits until addr refuses connections: Stop has begun
+// the gRPC drain.
+func waitListenerClosed(t *testing.T, addr string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return
+		}
+		_ = c.Close()
+		if i == 2000 {
+			t.Fatal("the listener never closed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunReturnsWithinShutdownTimeout holds a call in flight forever: Run,
+// once its context ends, still returns (after ShutdownTimeout, with an
+// error saying the drain was cut short) and the held call fails instead of
+// hanging.
+func TestRunReturnsWithinShutdownTimeout(t *testing.T) {
+	t.Parallel()
+	ns := "dmn-" + suffix()
+	cleanNamespace(t, testRedisURL(), ns)
+	proxy := newHoldProxy(t, strings.TrimPrefix(testRedisURL(), "redis://"))
+	listen := "127.0.0.1:" + freePort(t)
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewTextHandler(io.MultiWriter(logs, t.Output()), nil))
+
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	ran := make(chan error, 1)
+	go func() {
+		ran <- Run(runCtx, Config{Listen: listen, RedisURL: proxy.url(), ShutdownTimeout: 500 * time.Millisecond}, logger)
+	}()
+
+	conn, err := grpc.NewClient(listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tasks := delaydv1.NewTaskServiceClient(conn)
+	ctx := ctxFor(t)
+	id := "stuck-" + suffix()
+	// WaitForReady: the daemon may still be starting.
+	if _, err := tasks.UpsertTask(ctx, upsert(ns, id), grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	arrived := proxy.hold(id)
+	got := make(chan error, 1)
+	go func() {
+		_, err := tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: id})
+		got <- err
+	}()
+	<-arrived
+
+	cancelRun()
+	err = <-ran
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run = %v, want the drain cut short by ShutdownTimeout", err)
+	}
+	if code := status.Code(<-got); code != codes.Unavailable && code != codes.Canceled {
+		t.Fatalf("held call ended with %v, want Unavailable (connection closed)", code)
+	}
+	if !strings.Contains(logs.String(), "graceful stop timed out") {
+		t.Fatalf("no log of the cut-short drain:\n%s", logs.String())
+	}
+}

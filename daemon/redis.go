@@ -1,0 +1,136 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// redisConn is the Redis a daemon uses and how to close it.
+type redisConn struct {
+	client redis.UniversalClient
+	// embedded is the in-process store of embedded mode; nil otherwise.
+	embedded *miniredis.Miniredis
+	// mode is "embedded", "redis" or "redis-cluster", for logs.
+	mode string
+	// where is the address or redacted URL, for logs (never a password).
+	where string
+}
+
+// close closes the client, then the embedded store (clients before the
+// server they talk to).
+func (r *redisConn) close() error {
+	err := r.client.Close()
+	if r.embedded != nil {
+		r.embedded.Close()
+	}
+	return err
+}
+
+// openRedis connects to rawURL as Config.RedisURL documents; "" starts an
+// embedded miniredis on a free loopback port.
+func openRedis(rawURL string) (*redisConn, error) {
+	if rawURL == "" {
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			return nil, fmt.Errorf("embedded store: %w", err)
+		}
+		return &redisConn{
+			client:   redis.NewClient(&redis.Options{Addr: m.Addr()}),
+			embedded: m,
+			mode:     "embedded",
+			where:    m.Addr(),
+		}, nil
+	}
+	scheme, _, _ := strings.Cut(rawURL, "://")
+	switch scheme {
+	case "redis-cluster", "rediss-cluster":
+		opts, err := parseClusterURL(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		return &redisConn{client: redis.NewClusterClient(opts), mode: "redis-cluster", where: redact(rawURL)}, nil
+	default:
+		opts, err := redis.ParseURL(rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("redis url %s: %w", redact(rawURL), unwrapURLError(err))
+		}
+		return &redisConn{client: redis.NewClient(opts), mode: "redis", where: redact(rawURL)}, nil
+	}
+}
+
+// parseClusterURL turns redis-cluster://[user:pass@]h1:p1,h2:p2[?opts] into
+// go-redis cluster options by rewriting it to the form
+// redis.ParseClusterURL reads: redis://[user:pass@]h1:p1?addr=h2:p2&opts.
+func parseClusterURL(rawURL string) (*redis.ClusterOptions, error) {
+	scheme, rest, _ := strings.Cut(rawURL, "://")
+	base := strings.TrimSuffix(scheme, "-cluster")
+	authority, query, _ := strings.Cut(rest, "?")
+	if i := strings.IndexByte(authority, '/'); i >= 0 {
+		if p := authority[i:]; p != "/" && p != "/0" {
+			return nil, fmt.Errorf("redis url %s: a cluster URL takes no database number (Redis Cluster has only db 0)", redact(rawURL))
+		}
+		authority = authority[:i]
+	}
+	userinfo := ""
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		userinfo, authority = authority[:i+1], authority[i+1:]
+	}
+	hosts := strings.Split(authority, ",")
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("redis url %s: %w", redact(rawURL), err)
+	}
+	for _, h := range hosts[1:] {
+		if h == "" {
+			return nil, fmt.Errorf("redis url %s: empty node address", redact(rawURL))
+		}
+		q.Add("addr", h)
+	}
+	if hosts[0] == "" {
+		return nil, fmt.Errorf("redis url %s: no node address", redact(rawURL))
+	}
+	u := base + "://" + userinfo + hosts[0]
+	if enc := q.Encode(); enc != "" {
+		u += "?" + enc
+	}
+	opts, err := redis.ParseClusterURL(u)
+	if err != nil {
+		return nil, fmt.Errorf("redis url %s: %w", redact(rawURL), unwrapURLError(err))
+	}
+	return opts, nil
+}
+
+// redact returns rawURL with any password replaced by "xxxxx", for logs
+// and errors.
+func redact(rawURL string) string {
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return rawURL
+	}
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		user, _, hasPass := strings.Cut(authority[:i], ":")
+		if hasPass {
+			authority = user + ":xxxxx" + authority[i:]
+		}
+	}
+	return scheme + "://" + authority + tail
+}
+
+// unwrapURLError drops the *url.Error layer, whose text repeats the whole
+// URL, password included.
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
