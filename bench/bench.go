@@ -117,6 +117,19 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 	rep.Clock = clock
 	rep.Machine.LoadAvgEnd = loadAvg()
 	rep.Ratios = ratios(rep.Results)
+	if cfg.JSONOut != "" {
+		f, err := os.Create(cfg.JSONOut)
+		if err != nil {
+			return fmt.Errorf("--json-out: %w", err)
+		}
+		err = rep.WriteJSON(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("--json-out: %w", err)
+		}
+	}
 	if cfg.JSON {
 		err = rep.WriteJSON(stdout)
 	} else {

@@ -63,6 +63,8 @@ type Config struct {
 
 	// JSON prints a JSON report instead of the table.
 	JSON bool
+	// JSONOut, if set, also writes the JSON report to this file.
+	JSONOut string
 	// Quiet turns off the progress line.
 	Quiet bool
 	// CPUProfile, if set, writes a CPU profile of this process (which holds
@@ -118,6 +120,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.IntVar(&c.Conns, "conns", 4, "gRPC connections to delayd, shared round-robin")
 	fs.IntVar(&c.AckBatch, "ack-batch", 500, "most tokens per AckTasks call")
 	fs.BoolVar(&c.JSON, "json", false, "print a JSON report on stdout instead of the table")
+	fs.StringVar(&c.JSONOut, "json-out", "", "also write the JSON report to this file")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no live progress line on stderr")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (with --server inproc: delayd and the load generator) to this file")
 	fs.DurationVar(&c.Timeout, "timeout", time.Hour, "bound on the whole run")

@@ -162,7 +162,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			continue
 		}
 		mem := "-"
-		if x.MemTasks > 0 {
+		if x.MemTasks > 0 && x.RedisBytesPerTask <= 0 {
+			mem = "n/a" // another client freed memory meanwhile (shared Redis)
+		} else if x.MemTasks > 0 {
 			mem = fmt.Sprintf("%.0f", x.RedisBytesPerTask)
 		}
 		// A backlog's tasks were due before the load began: their lateness
