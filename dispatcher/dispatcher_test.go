@@ -474,3 +474,37 @@ func TestNewRequiresStore(t *testing.T) {
 		t.Fatal("New without Store succeeded")
 	}
 }
+
+func TestSweepReapsNamespacesWithoutSubscriber(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
+		c.Namespaces = nil // this replica: none
+	})
+	// A lease taken by a replica that then vanished (popped directly).
+	h.upsert(nil, 0, "orphan")
+	if dels, err := h.store.Pop(context.Background(), h.ns, 10, 50*time.Millisecond); err != nil || len(dels) != 1 {
+		t.Fatalf("Pop: %v, %v", dels, err)
+	}
+	// A replica with no subscriber of h.ns, sweeping every namespace.
+	h.startDispatcher(testPolicy(), func(c *dispatcher.Config) {
+		c.Namespaces = h.store
+		c.SweepInterval = 100 * time.Millisecond
+	})
+	deadline := time.Now().Add(wait)
+	for {
+		task, err := h.get("orphan")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if task.State == storage.StateScheduled {
+			if task.LastError != dispatcher.ReasonLeaseExpired || task.Attempt != 1 {
+				t.Fatalf("swept task: last error %q attempt %d, want %q, 1", task.LastError, task.Attempt, dispatcher.ReasonLeaseExpired)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("expired lease still %v: the sweep did not reap it", task.State)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
