@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -75,6 +77,8 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		return err
 	}
 	rep.Versions.Redis = probe.Version
+	rep.Versions.Go = runtime.Version()
+	rep.Versions.Delayd = gitDescribe(ctx)
 	rep.Versions.MySQL = mysqlVersion(ctx, cfg.MySQLDSN)
 	clock, err := MeasureClock(ctx, rdb, 50)
 	if err != nil {
@@ -130,9 +134,12 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 			return fmt.Errorf("--json-out: %w", err)
 		}
 	}
-	if cfg.JSON {
+	switch {
+	case cfg.JSON:
 		err = rep.WriteJSON(stdout)
-	} else {
+	case cfg.Markdown:
+		err = rep.WriteMarkdown(stdout)
+	default:
 		err = rep.WriteTable(stdout)
 	}
 	if err != nil {
@@ -391,4 +398,14 @@ func command(cfg Config, workload, system string) string {
 	}
 	args = append(args, cfg.OverrideArgs...)
 	return strings.Join(args, " ")
+}
+
+// gitDescribe returns `git describe --always --dirty` of the current
+// directory, or "" outside a git work tree.
+func gitDescribe(ctx context.Context) string {
+	out, err := exec.CommandContext(ctx, "git", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }

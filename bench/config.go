@@ -63,6 +63,8 @@ type Config struct {
 
 	// JSON prints a JSON report instead of the table.
 	JSON bool
+	// Markdown prints the report as Markdown (docs/BENCHMARKS.md's form).
+	Markdown bool
 	// JSONOut, if set, also writes the JSON report to this file.
 	JSONOut string
 	// Quiet turns off the progress line.
@@ -120,6 +122,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.IntVar(&c.Conns, "conns", 4, "gRPC connections to delayd, shared round-robin")
 	fs.IntVar(&c.AckBatch, "ack-batch", 500, "most tokens per AckTasks call")
 	fs.BoolVar(&c.JSON, "json", false, "print a JSON report on stdout instead of the table")
+	fs.BoolVar(&c.Markdown, "markdown", false, "print the report as Markdown tables")
 	fs.StringVar(&c.JSONOut, "json-out", "", "also write the JSON report to this file")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no live progress line on stderr")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (with --server inproc: delayd and the load generator) to this file")

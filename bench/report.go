@@ -19,6 +19,9 @@ type Report struct {
 		Go    string `json:"go"`
 		Redis string `json:"redis"`
 		MySQL string `json:"mysql,omitempty"`
+		// Delayd is `git describe --always --dirty` of the working tree,
+		// when delaybench runs inside the repository.
+		Delayd string `json:"delayd,omitempty"`
 	} `json:"versions"`
 	Started string   `json:"started"`
 	Clock   Clock    `json:"clock"`
@@ -148,7 +151,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	fmt.Fprintf(bw, "machine: %d CPUs, %s, %s memory; load average %s at start, %s at end\n",
 		r.Machine.CPUs, r.Machine.Model, r.Machine.MemTotal, r.Machine.LoadAvgStart, r.Machine.LoadAvgEnd)
-	fmt.Fprintf(bw, "versions: go %s, redis %s", runtime.Version(), r.Versions.Redis)
+	fmt.Fprintf(bw, "versions: go %s, redis %s", r.Versions.Go, r.Versions.Redis)
+	if r.Versions.Delayd != "" {
+		fmt.Fprintf(bw, ", delayd %s", r.Versions.Delayd)
+	}
 	if r.Versions.MySQL != "" {
 		fmt.Fprintf(bw, ", mysql %s", r.Versions.MySQL)
 	}

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/peterbourgon/ff/v3"
@@ -31,12 +32,20 @@ func main() {
 	)
 	cfg.RegisterFlags(fs, &w)
 	verbose := fs.Bool("v", false, "log delayd's and the benchmark's warnings to stderr")
+	render := fs.String("render", "", "comma-separated JSON reports (from --json-out) to merge and print as Markdown; runs nothing")
 	if err := ff.Parse(fs, os.Args[1:], ff.WithEnvVarPrefix("DELAYBENCH")); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
 		fmt.Fprintf(os.Stderr, "delaybench: %v\n", err)
 		os.Exit(2)
+	}
+	if *render != "" {
+		if err := bench.Render(strings.Split(*render, ","), os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "delaybench: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if *verbose {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
