@@ -35,11 +35,14 @@ type Config struct {
 	// MySQLDSN turns on durable mode (see storage/mysqlstore): MySQL becomes
 	// the authority for every task and Redis the fast index. go-sql-driver
 	// form, e.g. "user:pass@tcp(host:3306)/delayd". If empty (default),
-	// delayd runs Redis-only and says so at start.
-	//
-	// Not wired yet: Start refuses a non-empty MySQLDSN rather than run
-	// without the durability it asks for.
+	// delayd runs Redis-only and says so at start. The schema is migrated
+	// at start; health stays NOT_SERVING until the Redis index is complete
+	// (rebuilt from MySQL where Redis lost it).
 	MySQLDSN string
+	// ReconcileInterval is how often, in durable mode, the leader replica
+	// re-indexes every task MySQL has that Redis lacks or holds at an older
+	// generation. If zero, 30 seconds.
+	ReconcileInterval time.Duration
 
 	// LogLevel is the lowest level logged: debug, info, warn or error.
 	// Used only when Run or Start is given a nil logger. If empty, "info".

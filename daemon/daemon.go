@@ -33,6 +33,7 @@ type Daemon struct {
 	logger *slog.Logger
 
 	redis      *redisConn
+	durable    *durable // durable mode (durable.go); nil when Redis-only
 	dispatcher *dispatcher.Dispatcher
 	server     *server.Server
 	lis        net.Listener
@@ -70,7 +71,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 }
 
 // Start builds and starts delayd and returns once it serves: the listener
-// is bound (Addr), the dispatcher runs and health reports SERVING. On error
+// is bound (Addr), the dispatcher runs and health reports SERVING (in
+// durable mode as soon as the index is complete; see durable.go). On error
 // everything already started is closed again. ctx bounds only the start
 // itself; the daemon runs until Stop. A nil logger means one built from
 // cfg.LogLevel and cfg.LogFormat, writing to stderr.
@@ -91,13 +93,6 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 			}
 		}
 	}()
-
-	if cfg.MySQLDSN != "" {
-		// Durable mode (storage/mysqlstore) plugs in here: open MySQL, run
-		// migrations, wrap the Redis store so MySQL is the authority, and
-		// rebuild the index (health NOT_SERVING until done).
-		return nil, errors.New("durable mode (--mysql-dsn) is not available in this build yet; run without it for Redis-only mode")
-	}
 
 	// 1. The Redis that holds the task index.
 	d.redis, err = openRedis(cfg.RedisURL)
@@ -124,9 +119,20 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	})
 	policies := storage.StaticPolicies{P: cfg.policy()}
 
+	// 2b. Durable mode: MySQL is the authority and store its index
+	// (durable.go); tasks is what the server and the dispatcher use.
+	var tasks taskStore = store
+	if d.durable, err = openDurable(ctx, cfg, store, logger); err != nil {
+		return nil, err
+	}
+	if d.durable != nil {
+		cleanup = append(cleanup, func() { _ = d.durable.close(context.Background()) })
+		tasks = d.durable.store
+	}
+
 	// 3. The dispatcher: pops due tasks for Subscribe streams.
 	d.dispatcher, err = dispatcher.New(dispatcher.Config{
-		Store:      store,
+		Store:      tasks,
 		Wakeups:    store,
 		Policies:   policies,
 		Logger:     logger.With("component", "dispatcher"),
@@ -139,10 +145,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	// 4. The gRPC server; health says NOT_SERVING until the end of Start.
 	d.server, err = server.New(server.Options{
 		Logger:            logger.With("component", "server"),
-		Tasks:             store,
-		Deliveries:        store,
-		DeadLetters:       store,
-		Counter:           store,
+		Tasks:             tasks,
+		Deliveries:        tasks,
+		DeadLetters:       tasks,
+		Counter:           tasks,
 		Policies:          policies,
 		Dispatcher:        d.dispatcher,
 		Limits:            cfg.Limits,
@@ -173,9 +179,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		defer close(d.serveDone)
 		d.serveErr = d.server.Serve(d.lis)
 	}()
-	d.server.SetServing(true)
+	if d.durable == nil {
+		d.server.SetServing(true)
+	} else {
+		go d.durable.serveWhenIndexed(d.server, logger) // SERVING once the index is complete
+	}
 	logger.Info("delayd serving", "addr", d.Addr(), "store", d.redis.mode, "redis", d.redis.where,
-		"durable", false, "reflection", !cfg.DisableReflection)
+		"durable", d.durable != nil, "reflection", !cfg.DisableReflection)
 	return d, nil
 }
 
@@ -192,20 +202,28 @@ func (d *Daemon) Addr() string { return d.lis.Addr().String() }
 //     end the Subscribe streams;
 //  3. gRPC GracefulStop: running unary calls finish; when ctx ends first,
 //     the remaining connections are closed;
+//     3b. durable mode: stop the MySQL store (writes already accepted are
+//     committed and indexed, the reconciler ends, the pool closes);
 //  4. close Redis (and the embedded store): nothing uses it any more. (When
 //     ctx ends before the drain does, Redis is closed at once, so calls stuck
 //     in the store fail instead of holding the shutdown past its bound.)
 func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopOnce.Do(func() {
 		start := time.Now()
+		if d.durable != nil {
+			d.durable.stopWaiting() // no SERVING after this point
+		}
 		d.server.SetServing(false)        // 1
 		dispErr := d.dispatcher.Stop(ctx) // 2
 		grpcDone := make(chan error, 1)   // 3
 		go func() { grpcDone <- d.server.GracefulStop(ctx) }()
-		var grpcErr, redisErr error
+		var grpcErr, durableErr, redisErr error
 		select {
 		case grpcErr = <-grpcDone:
 			<-d.serveDone
+			if d.durable != nil { // 3b. commit what was accepted, close MySQL
+				durableErr = d.durable.close(ctx)
+			}
 			redisErr = d.redis.close() // 4
 		case <-ctx.Done():
 			// Out of time: GracefulStop closes the connections, but a
@@ -215,8 +233,11 @@ func (d *Daemon) Stop(ctx context.Context) error {
 			redisErr = d.redis.close() // 4, early
 			grpcErr = <-grpcDone
 			<-d.serveDone
+			if d.durable != nil {
+				durableErr = d.durable.close(ctx)
+			}
 		}
-		d.stopErr = errors.Join(wrap("dispatcher stop", dispErr), grpcErr, wrap("close redis", redisErr))
+		d.stopErr = errors.Join(wrap("dispatcher stop", dispErr), grpcErr, wrap("stop mysql store", durableErr), wrap("close redis", redisErr))
 		if d.stopErr != nil {
 			d.logger.Warn("delayd stopped, not cleanly", "error", d.stopErr, "took", time.Since(start))
 		} else {

@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/mysqlstore"
+	"github.com/delayd/delayd/storage/redisstore"
+)
+
+// This file is durable mode's wiring (Config.MySQLDSN): MySQL is the
+// authority for every task and the Redis store becomes its index. Start
+// calls openDurable, hands the result to the server and the dispatcher, and
+// keeps health NOT_SERVING until the index is complete; Stop closes it
+// after the gRPC server and before Redis.
+
+// taskStore is what the server and the dispatcher use: the Redis store, or
+// in durable mode the MySQL store over it.
+type taskStore interface {
+	storage.Tasks
+	storage.Deliveries
+	storage.DeadLetters
+	storage.Counter
+}
+
+// durable is the durable-mode part of a running Daemon.
+type durable struct {
+	store *mysqlstore.Store
+	stop  chan struct{} // closed when the daemon stops: stop waiting for readiness
+	done  chan struct{} // closed when serveWhenIndexed has returned
+}
+
+// openDurable connects to MySQL, applies the schema migrations and starts
+// the durable store over index (its committer and reconciler). It returns
+// nil, nil when cfg.MySQLDSN is empty.
+func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logger *slog.Logger) (*durable, error) {
+	if cfg.MySQLDSN == "" {
+		return nil, nil
+	}
+	s, err := mysqlstore.New(ctx, mysqlstore.Config{
+		DSN:               cfg.MySQLDSN,
+		Index:             index,
+		Logger:            logger.With("component", "mysqlstore"),
+		OpTimeout:         cfg.StoreTimeout,
+		ReconcileInterval: cfg.ReconcileInterval,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("durable mode: %w", err)
+	}
+	if err := s.Start(ctx); err != nil {
+		_ = s.Stop(ctx)
+		return nil, fmt.Errorf("durable mode: %w", err)
+	}
+	return &durable{store: s, stop: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// serveWhenIndexed sets health SERVING once every namespace's index is
+// complete (rebuilt from MySQL where Redis lost it), or returns when the
+// daemon stops first. Run it in its own goroutine.
+func (du *durable) serveWhenIndexed(srv *server.Server, logger *slog.Logger) {
+	defer close(du.done)
+	select {
+	case <-du.store.Ready():
+		srv.SetServing(true)
+		logger.Info("durable mode: index complete; health SERVING")
+	case <-du.stop:
+	}
+}
+
+// stopWaiting ends serveWhenIndexed and waits for it, so it cannot set
+// SERVING after Stop set NOT_SERVING.
+func (du *durable) stopWaiting() {
+	close(du.stop)
+	<-du.done
+}
+
+// close stops the durable store: accepted writes are committed and indexed,
+// the reconciler ends and the MySQL pool closes.
+func (du *durable) close(ctx context.Context) error {
+	return du.store.Stop(ctx)
+}
