@@ -27,6 +27,7 @@ func main() {
 	fs.StringVar(&cfg.Listen, "listen", daemon.DefaultListen, "gRPC listen address, host:port")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis for the task index: redis://host:port/db, rediss://..., or redis-cluster://h1:p1,h2:p2; empty = embedded in-memory store (nothing survives a restart)")
 	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", "", "MySQL DSN for durable mode, user:pass@tcp(host:3306)/db; empty = Redis-only")
+	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 30*time.Second, "durable mode: how often the leader re-indexes tasks MySQL has and Redis lacks")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "lowest level logged: debug, info, warn, error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "text", "log format: text or json")
 	fs.IntVar(&cfg.Limits.MaxBatch, "max-batch", 1000, "most items in one batch call (BatchUpsertTasks, AckTasks, ...)")
