@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/peterbourgon/ff/v3"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/delayd/delayd/daemon"
 )
@@ -51,12 +53,28 @@ func main() {
 	cfg.Limits.MaxConcurrentStreams = uint32(*maxStreams)
 	cfg.DisableReflection = !*reflection
 
+	logger, err := daemon.NewLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "delayd: %v\n", err)
+		os.Exit(2)
+	}
+	// go-redis logs reconnect failures through a package-level logger; send
+	// them to ours so the log stays one structured stream.
+	redis.SetLogger(redisLogger{logger.With("component", "go-redis")})
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := daemon.Run(ctx, cfg, nil); err != nil {
-		fmt.Fprintf(os.Stderr, "delayd: %v\n", err)
+	if err := daemon.Run(ctx, cfg, logger); err != nil {
+		logger.Error("delayd failed", "error", err)
 		os.Exit(1)
 	}
+}
+
+// redisLogger adapts slog to go-redis's internal logger, at WARN.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.WarnContext(ctx, fmt.Sprintf(format, v...))
 }
 
 // usage prints every flag with its environment variable and default.
