@@ -30,6 +30,9 @@ const (
 
 var errBadToken = errors.New("is not a delivery token this server issued")
 
+// tokenEncoding is the text form of a token's bytes.
+var tokenEncoding = base64.RawURLEncoding
+
 // encodeToken returns the wire form of t.
 func encodeToken(t storage.Token) string {
 	buf := make([]byte, 0, 1+3*binary.MaxVarintLen64+len(t.Namespace)+len(t.ID))
@@ -39,16 +42,17 @@ func encodeToken(t storage.Token) string {
 	buf = binary.AppendUvarint(buf, uint64(len(t.Namespace)))
 	buf = append(buf, t.Namespace...)
 	buf = append(buf, t.ID...)
-	return base64.RawURLEncoding.EncodeToString(buf)
+	return tokenEncoding.EncodeToString(buf)
 }
 
-// decodeToken parses a token's wire form. The error (errBadToken) is meant
+// decodeToken parses a token's wire form; only the canonical form that
+// encodeToken produces is accepted. The error (errBadToken) is meant
 // to follow a field name, e.g. "tokens[3] is not a delivery token ...".
 func decodeToken(s string) (storage.Token, error) {
 	if s == "" || len(s) > maxTokenLen {
 		return storage.Token{}, errBadToken
 	}
-	b, err := base64.RawURLEncoding.DecodeString(s)
+	b, err := tokenEncoding.DecodeString(s)
 	if err != nil || len(b) < 1 || b[0] != tokenVersion {
 		return storage.Token{}, errBadToken
 	}
@@ -75,6 +79,11 @@ func decodeToken(s string) (storage.Token, error) {
 		Attempt:    int32(attempt),
 	}
 	if storage.ValidateNamespace(t.Namespace) != nil || storage.ValidateTaskID(t.ID) != nil {
+		return storage.Token{}, errBadToken
+	}
+	// One delivery, one token: reject non-minimal varints and stray base64
+	// bits, so no two strings name the same delivery.
+	if encodeToken(t) != s {
 		return storage.Token{}, errBadToken
 	}
 	return t, nil
