@@ -1,0 +1,297 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/examples/internal/exampletest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type started struct {
+	app  *App
+	base string
+}
+
+// start opens the program like main does, lets setup adjust it before it
+// serves, and runs it until the test ends. Reconciliation is off unless
+// cfg asks; tests call Reconcile directly.
+func start(t *testing.T, period, renewBy time.Duration, setup func(*App)) *started {
+	t.Helper()
+	cfg := Config{
+		DelaydAddr:  exampletest.Delayd(t),
+		MySQLDSN:    exampletest.Database(t, "ex_loans"),
+		Namespace:   "loans-" + exampletest.Suffix(),
+		LoanPeriod:  period,
+		RenewBy:     renewBy,
+		HTTPAddr:    "127.0.0.1:0",
+		Concurrency: 4,
+	}
+	app, err := open(t.Context(), cfg, exampletest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if setup != nil {
+		setup(app)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() { done <- app.serve(ctx, func(a net.Addr) { ready <- a }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("program returned %v", err)
+		}
+		app.Close()
+	})
+	select {
+	case addr := <-ready:
+		return &started{app: app, base: "http://" + addr.String()}
+	case err := <-done:
+		t.Fatalf("program stopped at start: %v", err)
+		return nil
+	}
+}
+
+func (s *started) post(t *testing.T, path, body string) (int, Loan) {
+	t.Helper()
+	resp, err := http.Post(s.base+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ln Loan
+	_ = json.NewDecoder(resp.Body).Decode(&ln)
+	return resp.StatusCode, ln
+}
+
+func (s *started) loan(t *testing.T, id uint64) *Loan {
+	t.Helper()
+	ln, err := s.app.loans.Get(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+func (s *started) notices(t *testing.T, id uint64) int {
+	t.Helper()
+	var n int
+	if err := s.app.db.QueryRowContext(t.Context(), `SELECT COUNT(*) FROM overdue_notice WHERE loan_id = ?`, id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (s *started) task(t *testing.T, id uint64) (*client.Task, bool) {
+	t.Helper()
+	task, err := s.app.delayd.Get(t.Context(), s.app.cfg.Namespace, taskID(id))
+	if status.Code(err) == codes.NotFound {
+		return nil, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return task, true
+}
+
+// borrowed applies for and confirms a loan over HTTP.
+func (s *started) borrowed(t *testing.T) uint64 {
+	t.Helper()
+	code, ln := s.post(t, "/loans", `{"user_id": 7, "book_id": 42}`)
+	if code != http.StatusCreated || ln.Status != StatusApplied {
+		t.Fatalf("POST /loans = %d %+v, want 201 APPLIED", code, ln)
+	}
+	code, ln = s.post(t, fmt.Sprintf("/loans/%d/confirm", ln.ID), "")
+	if code != http.StatusOK || ln.Status != StatusBorrowed || ln.DueAt == nil {
+		t.Fatalf("confirm = %d %+v, want 200 BORROWED with a due date", code, ln)
+	}
+	return ln.ID
+}
+
+func TestLoanBecomesOverdueAtItsDueDate(t *testing.T) {
+	t.Parallel()
+	s := start(t, time.Second, time.Hour, nil)
+	id := s.borrowed(t)
+	task, ok := s.task(t, id)
+	if !ok || !task.DueTime.Equal(*s.loan(t, id).DueAt) {
+		t.Fatalf("overdue task = %+v, want one due at the loan's due date", task)
+	}
+	exampletest.Eventually(t, 20*time.Second, "the loan to become overdue", func() bool { return s.loan(t, id).Status == StatusOverdue })
+	ln := s.loan(t, id)
+	if ln.OverdueAt.Before(*ln.DueAt) {
+		t.Errorf("marked overdue at %v, before its due date %v", ln.OverdueAt, ln.DueAt)
+	}
+	if n := s.notices(t, id); n != 1 {
+		t.Errorf("%d overdue notices, want 1", n)
+	}
+	exampletest.Eventually(t, 10*time.Second, "the task to be acked", func() bool { _, ok := s.task(t, id); return !ok })
+	// An overdue book can still be returned.
+	if code, ln := s.post(t, fmt.Sprintf("/loans/%d/return", id), ""); code != http.StatusOK || ln.Status != StatusReturned {
+		t.Errorf("return of an overdue loan = %d %+v, want 200 RETURNED", code, ln)
+	}
+}
+
+func TestReturnRemovesTheTask(t *testing.T) {
+	t.Parallel()
+	const period = time.Second
+	s := start(t, period, time.Hour, nil)
+	id := s.borrowed(t)
+	if code, ln := s.post(t, fmt.Sprintf("/loans/%d/return", id), ""); code != http.StatusOK || ln.Status != StatusReturned {
+		t.Fatalf("return = %d %+v, want 200 RETURNED", code, ln)
+	}
+	if _, ok := s.task(t, id); ok {
+		t.Error("overdue task still in delayd after the return")
+	}
+	time.Sleep(2 * period) // past the old due date
+	if st := s.loan(t, id).Status; st != StatusReturned {
+		t.Errorf("status = %s after the due date, want RETURNED", st)
+	}
+	if n := s.notices(t, id); n != 0 {
+		t.Errorf("%d overdue notices for a returned book", n)
+	}
+}
+
+func TestRenewMovesTheDueDate(t *testing.T) {
+	t.Parallel()
+	const period, renewBy = time.Second, 2 * time.Second
+	var mu sync.Mutex
+	var delivered []int64 // due dates (ms) of the deliveries
+	s := start(t, period, renewBy, func(a *App) {
+		a.loans.beforeOverdue = func(_ context.Context, p overduePayload, _ *client.Delivery) error {
+			mu.Lock()
+			delivered = append(delivered, p.DueAtMs)
+			mu.Unlock()
+			return nil
+		}
+	})
+	id := s.borrowed(t)
+	oldDue := *s.loan(t, id).DueAt
+	code, ln := s.post(t, fmt.Sprintf("/loans/%d/renew", id), "")
+	if code != http.StatusOK || ln.Renewals != 1 || !ln.DueAt.Equal(oldDue.Add(renewBy)) {
+		t.Fatalf("renew = %d %+v, want renewals 1 and due %v", code, ln, oldDue.Add(renewBy))
+	}
+	task, ok := s.task(t, id)
+	if !ok || task.Generation != 2 || !task.DueTime.Equal(*ln.DueAt) {
+		t.Fatalf("task after renew = %+v, want generation 2 due at the new date", task)
+	}
+	exampletest.Eventually(t, 20*time.Second, "the loan to become overdue at the new date", func() bool { return s.loan(t, id).Status == StatusOverdue })
+	if got := s.loan(t, id).OverdueAt; got.Before(*ln.DueAt) {
+		t.Errorf("overdue at %v, before the renewed due date %v", got, ln.DueAt)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, ms := range delivered {
+		if ms == oldDue.UnixMilli() {
+			t.Errorf("the old due date %v fired after the renewal", oldDue)
+		}
+	}
+	if len(delivered) == 0 {
+		t.Error("no delivery observed")
+	}
+}
+
+// A renewal that lands while the old date's delivery is already being
+// handled: the handler's due_at condition keeps the loan BORROWED.
+func TestRenewWhileOldDeliveryInFlight(t *testing.T) {
+	t.Parallel()
+	inFlight := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	s := start(t, 500*time.Millisecond, time.Hour, func(a *App) {
+		// One handler at a time, so a later task's handling proves the
+		// earlier one returned.
+		a.cfg.Concurrency = 1
+		a.loans.beforeOverdue = func(_ context.Context, _ overduePayload, d *client.Delivery) error {
+			if d.Generation == 1 && d.ID != "probe" {
+				once.Do(func() { close(inFlight) })
+				<-release
+			}
+			return nil
+		}
+	})
+	id := s.borrowed(t)
+	select {
+	case <-inFlight:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first delivery did not arrive")
+	}
+	if _, err := s.app.loans.Renew(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	// A probe task queued behind the stale delivery on the single worker.
+	probe := client.TaskSpec{ID: "probe", Payload: []byte(`{"loan_id": 999999999, "due_at_ms": 1}`), When: client.After(0)}
+	if _, err := s.app.delayd.Upsert(t.Context(), s.app.cfg.Namespace, probe); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	exampletest.Eventually(t, 20*time.Second, "the probe behind the stale delivery to be handled", func() bool {
+		_, err := s.app.delayd.Get(t.Context(), s.app.cfg.Namespace, "probe")
+		return status.Code(err) == codes.NotFound
+	})
+	if ln := s.loan(t, id); ln.Status != StatusBorrowed {
+		t.Errorf("status = %s after a renewal raced the old date's delivery, want BORROWED", ln.Status)
+	}
+	if n := s.notices(t, id); n != 0 {
+		t.Errorf("%d overdue notices for a renewed loan", n)
+	}
+	if task, ok := s.task(t, id); !ok || task.Generation != 2 || task.State != client.StateScheduled {
+		t.Errorf("task = %+v; want the renewed generation 2 still scheduled", task)
+	}
+}
+
+func TestReconcileRepairsLostTasks(t *testing.T) {
+	t.Parallel()
+	s := start(t, time.Hour, time.Hour, nil)
+	db := s.app.db
+	past := dueTime(time.Now().Add(-time.Hour))
+	// Rows written as if the overdue upsert had been lost: delayd knows
+	// nothing of them.
+	insert := func(status string, due time.Time) uint64 {
+		res, err := db.ExecContext(t.Context(),
+			`INSERT INTO borrow_order (user_id, book_id, status, borrow_at, due_at) VALUES (1, 1, ?, NOW(3), ?)`, status, due)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := res.LastInsertId()
+		return uint64(id)
+	}
+	lost := insert(StatusBorrowed, past)
+	notYet := insert(StatusBorrowed, dueTime(time.Now().Add(time.Hour)))
+	returned := insert(StatusReturned, past)
+
+	n, err := s.app.loans.Reconcile(t.Context(), time.Minute, 500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("reconcile re-upserted %d tasks, want 1 (only the borrowed, past-due loan)", n)
+	}
+	exampletest.Eventually(t, 20*time.Second, "the repaired loan to become overdue", func() bool { return s.loan(t, lost).Status == StatusOverdue })
+	if n := s.notices(t, lost); n != 1 {
+		t.Errorf("%d notices for the repaired loan, want 1", n)
+	}
+	for _, id := range []uint64{notYet, returned} {
+		if _, ok := s.task(t, id); ok {
+			t.Errorf("reconcile scheduled loan %d, which is not past due and borrowed", id)
+		}
+	}
+	// A second round finds nothing: the loan is OVERDUE now.
+	if n, err := s.app.loans.Reconcile(t.Context(), time.Minute, 500); err != nil || n != 0 {
+		t.Errorf("second reconcile = %d, %v; want 0", n, err)
+	}
+}
