@@ -84,7 +84,7 @@ func New(opts Options) (*Server, error) {
 	opts.Limits = opts.Limits.withDefaults()
 
 	unary, stream := interceptors(opts.Logger)
-	gs := grpc.NewServer(
+	serverOpts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(opts.Limits.MaxMessageBytes),
@@ -92,7 +92,12 @@ func New(opts Options) (*Server, error) {
 		grpc.MaxConcurrentStreams(opts.Limits.MaxConcurrentStreams),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepalivePing, Timeout: keepalivePingTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinClientPing, PermitWithoutStream: true}),
-	)
+	}
+	// Tenancy and security run inside recovery and logging (chained
+	// interceptors accumulate in order): authentication, authorization,
+	// rate limit, subscriber limit, pending-task quota; and TLS credentials.
+	serverOpts = append(serverOpts, tenancyServerOptions(opts)...)
+	gs := grpc.NewServer(serverOpts...)
 
 	delaydv1.RegisterTaskServiceServer(gs, newTaskService(opts))
 	delaydv1.RegisterDeliveryServiceServer(gs, newDeliveryService(opts))
