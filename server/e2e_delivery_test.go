@@ -22,9 +22,9 @@ import (
 // End-to-end delivery tests: several delayd replicas over one Redis, many
 // subscribers, many tasks.
 
-// consumer drains a subscription, acking everything over its own replica
+// dlvConsumer drains a subscription, acking everything over its own replica
 // in batches, and counts deliveries per task id in seen.
-type consumer struct {
+type dlvConsumer struct {
 	e    *dlvEnv
 	r    *dlvReplica
 	s    *dlvSub
@@ -33,13 +33,13 @@ type consumer struct {
 	done chan struct{}
 }
 
-func (e *dlvEnv) consume(r *dlvReplica, s *dlvSub, mu *sync.Mutex, seen map[string]int) *consumer {
-	c := &consumer{e: e, r: r, s: s, mu: mu, seen: seen, done: make(chan struct{})}
+func (e *dlvEnv) consume(r *dlvReplica, s *dlvSub, mu *sync.Mutex, seen map[string]int) *dlvConsumer {
+	c := &dlvConsumer{e: e, r: r, s: s, mu: mu, seen: seen, done: make(chan struct{})}
 	go c.run()
 	return c
 }
 
-func (c *consumer) run() {
+func (c *dlvConsumer) run() {
 	defer close(c.done)
 	for d := range c.s.ch {
 		batch := []*delaydv1.Delivery{d}
@@ -115,9 +115,9 @@ func (e *dlvEnv) batchUpsert(rs []*dlvReplica, prefix string, n int, due func(i 
 	}
 }
 
-// waitAll waits until seen holds n distinct ids, then lets duplicates show
+// dlvWaitAll waits until seen holds n distinct ids, then lets duplicates show
 // for a moment, and fails unless every id was delivered exactly once.
-func waitAll(t *testing.T, mu *sync.Mutex, seen map[string]int, n int, within time.Duration) {
+func dlvWaitAll(t *testing.T, mu *sync.Mutex, seen map[string]int, n int, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -169,7 +169,7 @@ func TestE2ETwoReplicasThreeSubscribersNoDuplicateNoLoss(t *testing.T) {
 	a, b := e.replica(), e.replica()
 	var mu sync.Mutex
 	seen := map[string]int{}
-	consumers := []*consumer{
+	consumers := []*dlvConsumer{
 		e.consume(a, e.subscribe(a, 50), &mu, seen),
 		e.consume(a, e.subscribe(a, 20), &mu, seen),
 		e.consume(b, e.subscribe(b, 50), &mu, seen),
@@ -179,7 +179,7 @@ func TestE2ETwoReplicasThreeSubscribersNoDuplicateNoLoss(t *testing.T) {
 	e.batchUpsert([]*dlvReplica{a, b}, "t", n, func(i int) *timestamppb.Timestamp {
 		return timestamppb.New(start.Add(time.Duration(i%1000) * time.Millisecond)) // due over one second
 	})
-	waitAll(t, &mu, seen, n, 2*time.Minute)
+	dlvWaitAll(t, &mu, seen, n, 2*time.Minute)
 	e.wantEmpty(a)
 	for _, c := range consumers {
 		c.s.end()
@@ -187,9 +187,9 @@ func TestE2ETwoReplicasThreeSubscribersNoDuplicateNoLoss(t *testing.T) {
 	}
 }
 
-// ownRedis starts a redis-server of the test's own on a free loopback port
+// dlvOwnRedis starts a redis-server of the test's own on a free loopback port
 // (no persistence) and returns its URL; it is stopped in t.Cleanup.
-func ownRedis(t *testing.T) string {
+func dlvOwnRedis(t *testing.T) string {
 	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -239,7 +239,7 @@ func TestE2EFiftyThousandDueInOneMillisecond(t *testing.T) {
 	// Not parallel: the package's other tests wait, so they do not compete
 	// with this Redis for the CPU. Its own Redis, so SLOWLOG shows this
 	// test's commands only.
-	e := newDlvEnvAt(t, ownRedis(t), dlvPolicy())
+	e := newDlvEnvAt(t, dlvOwnRedis(t), dlvPolicy())
 	ctx := context.Background()
 	if err := e.rdb.ConfigSet(ctx, "slowlog-log-slower-than", "50000").Err(); err != nil { // µs
 		t.Fatal(err)
@@ -250,7 +250,7 @@ func TestE2EFiftyThousandDueInOneMillisecond(t *testing.T) {
 	a, b := e.replica(), e.replica()
 	var mu sync.Mutex
 	seen := map[string]int{}
-	consumers := []*consumer{
+	consumers := []*dlvConsumer{
 		e.consume(a, e.subscribe(a, 1000), &mu, seen),
 		e.consume(a, e.subscribe(a, 1000), &mu, seen),
 		e.consume(b, e.subscribe(b, 1000), &mu, seen),
@@ -258,7 +258,7 @@ func TestE2EFiftyThousandDueInOneMillisecond(t *testing.T) {
 	const n = 50000
 	due := timestamppb.New(e.redisNow().Add(2 * time.Second).Truncate(time.Millisecond))
 	e.batchUpsert([]*dlvReplica{a, b}, "m", n, func(int) *timestamppb.Timestamp { return due })
-	waitAll(t, &mu, seen, n, 150*time.Second)
+	dlvWaitAll(t, &mu, seen, n, 150*time.Second)
 	e.wantEmpty(a)
 
 	slow, err := e.rdb.SlowLogGet(ctx, 128).Result()
