@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -159,4 +161,16 @@ func startCluster(t testing.TB, n int) *redis.ClusterClient {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { cc.Close() })
 	return cc
+}
+
+var fmtSscanf = fmt.Sscanf
+
+// randomNS returns a random suffix for a test namespace.
+func randomNS(t testing.TB) string {
+	t.Helper()
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b[:])
 }

@@ -50,6 +50,10 @@ type Options struct {
 	// Timeout bounds every call to Redis (one script run, one SCAN page),
 	// on top of the caller's context. If unset or zero, 5 seconds is used.
 	// A call that runs out of time fails with storage.ErrUnavailable.
+	// go-redis applies a context deadline to socket reads and writes only
+	// when the client has ContextTimeoutEnabled set; otherwise its own
+	// ReadTimeout and WriteTimeout (3 s by default) bound a call to a Redis
+	// that stops answering.
 	Timeout time.Duration
 	// WakeChannel is the pub/sub channel of wake-ups, shared by every
 	// replica. If empty, DefaultWakeChannel ("delayd:wake") is used.
@@ -759,9 +763,11 @@ func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 // subscription is re-made in the background; wake-ups published meanwhile
 // are lost (the dispatcher's safety-net poll covers them).
 func (s *Store) SubscribeWakeups(ctx context.Context, fn func(ns string)) error {
-	sub := s.rdb.Subscribe(ctx, s.wake)
-	defer sub.Close()
+	// The context of Subscribe only bounds the first connection; later
+	// reconnections are go-redis's own.
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	sub := s.rdb.Subscribe(rctx, s.wake)
+	defer sub.Close()
 	_, err := sub.Receive(rctx)
 	cancel()
 	if err != nil {

@@ -1,0 +1,98 @@
+package redisstore
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// redisHashTag returns the part of key Redis Cluster hashes, exactly as
+// Redis does (cluster.c keyHashSlot): the text between the first '{' and
+// the first '}' after it, if that is not empty; otherwise the whole key.
+func redisHashTag(key string) string {
+	s := strings.IndexByte(key, '{')
+	if s < 0 {
+		return key
+	}
+	e := strings.IndexByte(key[s+1:], '}')
+	if e <= 0 {
+		return key
+	}
+	return key[s+1 : s+1+e]
+}
+
+func allKeys(k nsKeys) []string {
+	return []string{k.due, k.inflight, k.dead, k.task, k.indexed}
+}
+
+func TestKeys(t *testing.T) {
+	k := keysFor("orders", 0)
+	want := nsKeys{
+		due:      "delayd:{orders#0}:due",
+		inflight: "delayd:{orders#0}:inflight",
+		dead:     "delayd:{orders#0}:dead",
+		task:     "delayd:{orders#0}:task",
+		indexed:  "delayd:{orders#0}:indexed",
+	}
+	if k != want {
+		t.Errorf("keysFor = %+v, want %+v", k, want)
+	}
+	for _, key := range allKeys(keysFor("a-b_c", 3)) {
+		if got := redisHashTag(key); got != "a-b_c#3" {
+			t.Errorf("hash tag of %s = %q", key, got)
+		}
+	}
+	if ns, ok := namespaceOfKey("delayd:{a-b_c#3}:due"); !ok || ns != "a-b_c" {
+		t.Errorf("namespaceOfKey = %q, %v", ns, ok)
+	}
+	for _, key := range []string{leaderKey("reconciler"), "delayd:{registry}:keys", "other:{x#0}:due", "delayd:{x#0"} {
+		if ns, ok := namespaceOfKey(key); ok {
+			t.Errorf("namespaceOfKey(%q) = %q, want not a namespace key", key, ns)
+		}
+	}
+}
+
+// FuzzKeys shows that no namespace and task id the validators accept yields
+// a key whose Redis Cluster hash tag is anything but {ns#k}, and that
+// nothing panics. Task ids never become part of a key (they are ZSET
+// members and HASH fields); the fuzzer still varies them to show their
+// validation rejects every brace.
+func FuzzKeys(f *testing.F) {
+	for _, seed := range []struct {
+		ns, id string
+		shard  int
+	}{
+		{"orders", "order-1", 0},
+		{"a", "x", 7},
+		{"a{b}", "}{", 1},
+		{"ns}", "{ns}", 2},
+		{"-x", "a b", 0},
+		{"x#1", "id#", 0},
+		{"0_-", "..", 99},
+		{strings.Repeat("z", 63), strings.Repeat("Z", 128), 1 << 20},
+		{"", "", -1},
+	} {
+		f.Add(seed.ns, seed.id, seed.shard)
+	}
+	f.Fuzz(func(t *testing.T, ns, id string, shard int) {
+		nsOK := storage.ValidateNamespace(ns) == nil
+		idOK := storage.ValidateTaskID(id) == nil
+		if !nsOK || !idOK || shard < 0 {
+			return
+		}
+		if strings.ContainsAny(ns, "{}#") || strings.ContainsAny(id, "{}") {
+			t.Fatalf("validators accepted a brace or '#': ns %q id %q", ns, id)
+		}
+		wantTag := ns + "#" + strconv.Itoa(shard)
+		for _, key := range allKeys(keysFor(ns, shard)) {
+			if got := redisHashTag(key); got != wantTag {
+				t.Fatalf("key %q hashes on %q, want %q", key, got, wantTag)
+			}
+			if got, ok := namespaceOfKey(key); !ok || got != ns {
+				t.Fatalf("namespaceOfKey(%q) = %q, %v; want %q", key, got, ok, ns)
+			}
+		}
+	})
+}
