@@ -383,15 +383,22 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 }
 
 // release unregisters a stream whose Serve ended and hands back what it
-// held; the namespace loop stops with its last stream.
+// held; the namespace loop stops with its last stream. Then the hand-back
+// waits for the loop to end (a store call in progress completes, bounded by
+// StoreTimeout), so a pop the dying loop started cannot take the handed-back
+// tasks only to hand them back again.
 func (d *Dispatcher) release(n *namespace, st *stream) {
 	d.mu.Lock()
 	sent, unsent, empty := n.remove(st)
-	if empty && d.nss[n.name] == n {
+	last := empty && d.nss[n.name] == n
+	if last {
 		delete(d.nss, n.name)
 		close(n.quit)
 	}
 	d.mu.Unlock()
+	if last {
+		<-n.exited
+	}
 	if len(sent)+len(unsent) == 0 {
 		return
 	}

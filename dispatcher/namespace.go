@@ -17,6 +17,7 @@ type namespace struct {
 	name string
 
 	quit   chan struct{} // closed (under d.mu) to end the loop
+	exited chan struct{} // closed when the loop has ended
 	wake   chan struct{} // re-plan the sleep: an earlier task, a hand-back
 	credit chan struct{} // credit came back; heeded only while blocked
 
@@ -40,6 +41,7 @@ func newNamespace(d *Dispatcher, name string) *namespace {
 		d:      d,
 		name:   name,
 		quit:   make(chan struct{}),
+		exited: make(chan struct{}),
 		wake:   make(chan struct{}, 1),
 		credit: make(chan struct{}, 1),
 		held:   make(map[storage.Token]*stream),
@@ -58,6 +60,7 @@ func (n *namespace) poke(ch chan struct{}) {
 // progress completes first (each is bounded by StoreTimeout).
 func (n *namespace) run() {
 	defer n.d.loops.Done()
+	defer close(n.exited)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	reap := true
