@@ -162,6 +162,22 @@ func TestRetriesAreBounded(t *testing.T) {
 	}
 }
 
+func TestMoreThanFiveAttempts(t *testing.T) {
+	t.Parallel()
+	fail := make([]codes.Code, 10)
+	for i := range fail {
+		fail[i] = codes.Unavailable
+	}
+	s := &scriptedTasks{failWith: fail}
+	p := fastRetry
+	p.MaxAttempts = 7 // above grpc's default cap of 5
+	c := newClient(t, serveScripted(t, s), client.WithRetry(p))
+	_, err := c.Upsert(t.Context(), "ns", client.TaskSpec{ID: "a", When: client.After(time.Minute)})
+	if status.Code(err) != codes.Unavailable || s.calls.Load() != 7 {
+		t.Fatalf("error = %v after %d calls, want Unavailable after 7", err, s.calls.Load())
+	}
+}
+
 func TestOnlyUnavailableIsRetried(t *testing.T) {
 	t.Parallel()
 	for _, code := range []codes.Code{codes.InvalidArgument, codes.ResourceExhausted, codes.Internal, codes.PermissionDenied} {
