@@ -1,0 +1,528 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	callmeta "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
+)
+
+// AuthOptions configure API-key authentication.
+//
+// Auth is on when Disabled is false and there is a way to authenticate
+// anyone: an AdminKey, or a Options.Registry holding keys. (A Server built
+// with neither, as in tests of single services, runs without auth and logs a
+// warning; the daemon refuses to start that way against a real Redis.)
+// Clients send an API key as gRPC
+// metadata "authorization: Bearer <key>". A key is either the bootstrap
+// AdminKey or a key created with NamespaceService.CreateKey (looked up in
+// Options.Registry). The health service and server reflection need no key.
+type AuthOptions struct {
+	// Disabled turns authentication and authorization off: every caller may
+	// do everything (--no-auth; the embedded mode's default). Rate limits,
+	// quotas and subscriber limits still apply.
+	Disabled bool
+	// AdminKey is the bootstrap key (--admin-key / DELAYD_ADMIN_KEY): a
+	// global key with every scope, for operators to create namespaces and
+	// keys with. Any string of 16-512 printable ASCII characters without
+	// spaces; compared in constant time. Empty: no bootstrap key (keys in
+	// the registry still work).
+	AdminKey string
+}
+
+// Bootstrap admin key bounds, checked by ResolveAuth.
+const (
+	minAdminKeyLen = 16
+	maxAdminKeyLen = 512
+)
+
+// ResolveAuth turns the daemon's auth flags into AuthOptions, or says why
+// the server must not start and what to do:
+//   - an admin key turns auth on (in every mode); with noAuth too it is a
+//     contradiction;
+//   - noAuth turns auth off;
+//   - neither: auth off in embedded mode (the quick start), and a refusal
+//     to start otherwise — a shared Redis must not be open to everyone by
+//     accident.
+func ResolveAuth(adminKey string, noAuth, embedded bool) (AuthOptions, error) {
+	switch {
+	case adminKey != "" && noAuth:
+		return AuthOptions{}, errors.New("both an admin key (--admin-key / DELAYD_ADMIN_KEY) and --no-auth are set: drop one of them")
+	case adminKey != "":
+		if n := len(adminKey); n < minAdminKeyLen || n > maxAdminKeyLen {
+			return AuthOptions{}, fmt.Errorf("the admin key is %d characters long; use %d-%d, e.g. DELAYD_ADMIN_KEY=$(openssl rand -hex 32)", n, minAdminKeyLen, maxAdminKeyLen)
+		}
+		for i := 0; i < len(adminKey); i++ {
+			if c := adminKey[i]; c <= ' ' || c > '~' {
+				return AuthOptions{}, fmt.Errorf("the admin key has a space or non-printable byte at position %d; use printable ASCII, e.g. DELAYD_ADMIN_KEY=$(openssl rand -hex 32)", i)
+			}
+		}
+		return AuthOptions{AdminKey: adminKey}, nil
+	case noAuth, embedded:
+		return AuthOptions{Disabled: true}, nil
+	default:
+		return AuthOptions{}, errors.New("refusing to start without authentication against a real Redis: " +
+			"set a bootstrap admin key with --admin-key or DELAYD_ADMIN_KEY (e.g. DELAYD_ADMIN_KEY=$(openssl rand -hex 32)), " +
+			"or pass --no-auth to let every client do everything")
+	}
+}
+
+// authEnabled reports whether a Server built from opts authenticates
+// requests (see AuthOptions).
+func authEnabled(opts Options) bool {
+	return !opts.Auth.Disabled && (opts.Auth.AdminKey != "" || opts.Registry != nil)
+}
+
+// API key format: "dk_" + 16 hex characters of id + "_" + 43 characters of
+// base64url (256 random bits). The id is public (it names the key in
+// ListKeys and RevokeKey); the whole string is the secret, stored only as its
+// SHA-256.
+const (
+	apiKeyPrefix    = "dk_"
+	apiKeyIDBytes   = 8
+	apiKeyIDLen     = 2 * apiKeyIDBytes
+	apiSecretBytes  = 32
+	apiSecretLen    = 43 // base64.RawURLEncoding of 32 bytes
+	apiKeyLen       = len(apiKeyPrefix) + apiKeyIDLen + 1 + apiSecretLen
+	maxBearerLength = 1024 // longer authorization values are refused unread
+)
+
+// newAPIKey returns a fresh key id and the secret that embeds it.
+func newAPIKey() (id, secret string, err error) {
+	var b [apiKeyIDBytes + apiSecretBytes]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", fmt.Errorf("new api key: %w", err)
+	}
+	id = hex.EncodeToString(b[:apiKeyIDBytes])
+	secret = apiKeyPrefix + id + "_" + base64.RawURLEncoding.EncodeToString(b[apiKeyIDBytes:])
+	return id, secret, nil
+}
+
+// parseAPIKey returns the id of a well-formed API key (see newAPIKey).
+func parseAPIKey(key string) (id string, ok bool) {
+	if len(key) != apiKeyLen || !strings.HasPrefix(key, apiKeyPrefix) {
+		return "", false
+	}
+	id = key[len(apiKeyPrefix) : len(apiKeyPrefix)+apiKeyIDLen]
+	if key[len(apiKeyPrefix)+apiKeyIDLen] != '_' {
+		return "", false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return "", false
+		}
+	}
+	if _, err := base64.RawURLEncoding.DecodeString(key[len(key)-apiSecretLen:]); err != nil {
+		return "", false
+	}
+	return id, true
+}
+
+// validKeyID reports whether id has the form newAPIKey produces.
+func validKeyID(id string) bool {
+	if len(id) != apiKeyIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// hashSecret is what the registry stores for a key: SHA-256 of the whole
+// secret. The secret has 256 random bits, so a fast hash is enough.
+func hashSecret(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
+}
+
+// Errors of authentication. They say what to do without saying which part
+// of a key was wrong.
+var (
+	errNoCredentials = status.Error(codes.Unauthenticated,
+		`missing API key: send gRPC metadata "authorization: Bearer <api key>"`)
+	errBadScheme = status.Error(codes.Unauthenticated,
+		`malformed authorization metadata: expected exactly one "authorization: Bearer <api key>"`)
+	errBadKey = status.Error(codes.Unauthenticated, "invalid API key: unknown, revoked or malformed")
+)
+
+// bearerToken extracts the API key from the values of the "authorization"
+// metadata key: exactly one value, "Bearer" (any case), one or more spaces,
+// then a token of 1-1024 printable ASCII characters without spaces.
+// Surrounding spaces and tabs are ignored. Errors are Unauthenticated
+// statuses with a message for the client.
+func bearerToken(values []string) (string, error) {
+	switch {
+	case len(values) == 0:
+		return "", errNoCredentials
+	case len(values) > 1:
+		return "", errBadScheme
+	}
+	v := strings.Trim(values[0], " \t")
+	if v == "" {
+		return "", errNoCredentials
+	}
+	if len(v) > maxBearerLength+len("Bearer ") {
+		return "", errBadScheme
+	}
+	scheme, token, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
+		return "", errBadScheme
+	}
+	token = strings.TrimLeft(token, " \t")
+	if token == "" || len(token) > maxBearerLength {
+		return "", errBadScheme
+	}
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c <= ' ' || c > '~' {
+			return "", errBadScheme
+		}
+	}
+	return token, nil
+}
+
+// principal is who a request authenticated as: the scopes it holds and in
+// which namespace ("*" = every namespace).
+type principal struct {
+	keyID     string // "admin-key" for the bootstrap key
+	namespace string
+	scopes    []storage.Scope
+}
+
+// global reports whether the principal's key is global.
+func (p *principal) global() bool { return p.namespace == storage.GlobalNamespace }
+
+// allows reports whether p may use scope on namespace ns. Only a global key
+// is allowed on ns "*" (global keys) or on a request that names no
+// namespace.
+func (p *principal) allows(scope storage.Scope, ns string) bool {
+	if !p.global() && (ns == "" || ns != p.namespace) {
+		return false
+	}
+	for _, s := range p.scopes {
+		if s == scope {
+			return true
+		}
+	}
+	return false
+}
+
+type principalKey struct{}
+
+// principalFrom returns the request's principal; nil when auth is off.
+func principalFrom(ctx context.Context) *principal {
+	p, _ := ctx.Value(principalKey{}).(*principal)
+	return p
+}
+
+// keyLookup is a cached key lookup (tenancy.Registry has it); without it the
+// registry's GetKey is used.
+type keyLookup interface {
+	Key(ctx context.Context, id string) (storage.Key, error)
+}
+
+// authenticator turns an authorization header into a principal.
+type authenticator struct {
+	adminHash []byte // nil: no bootstrap key
+	keys      func(ctx context.Context, id string) (storage.Key, error)
+	logger    *slog.Logger
+}
+
+func newAuthenticator(opts Options) *authenticator {
+	a := &authenticator{logger: opts.Logger}
+	if opts.Auth.AdminKey != "" {
+		a.adminHash = hashSecret(opts.Auth.AdminKey)
+	}
+	switch r := opts.Registry.(type) {
+	case nil:
+		a.keys = func(context.Context, string) (storage.Key, error) { return storage.Key{}, storage.ErrNotFound }
+	case keyLookup:
+		a.keys = r.Key
+	default:
+		a.keys = r.GetKey
+	}
+	return a
+}
+
+// authenticate is the go-grpc-middleware auth.AuthFunc: it reads the bearer
+// token, matches it against the bootstrap key and the registry (comparing
+// hashes in constant time), and puts the principal into the context.
+func (a *authenticator) authenticate(ctx context.Context) (context.Context, error) {
+	token, err := bearerToken(metadata.ValueFromIncomingContext(ctx, "authorization"))
+	if err != nil {
+		return nil, err
+	}
+	hash := hashSecret(token)
+	if a.adminHash != nil && subtle.ConstantTimeCompare(hash, a.adminHash) == 1 {
+		return context.WithValue(ctx, principalKey{}, &principal{
+			keyID:     "admin-key",
+			namespace: storage.GlobalNamespace,
+			scopes:    []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
+		}), nil
+	}
+	id, ok := parseAPIKey(token)
+	if !ok {
+		return nil, errBadKey
+	}
+	k, err := a.keys(ctx, id)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, errBadKey
+	}
+	if err != nil {
+		return nil, toStatus(ctx, a.logger, fmt.Errorf("authenticate: %w", err))
+	}
+	if subtle.ConstantTimeCompare(hash, k.Hash) != 1 {
+		return nil, errBadKey
+	}
+	return context.WithValue(ctx, principalKey{}, &principal{keyID: k.ID, namespace: k.Namespace, scopes: k.Scopes}), nil
+}
+
+// openMethod reports whether a method needs no API key: the health service
+// and server reflection (which is only registered when enabled).
+func openMethod(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/"+healthpb.Health_ServiceDesc.ServiceName+"/") ||
+		strings.HasPrefix(fullMethod, "/grpc.reflection.v1.ServerReflection/") ||
+		strings.HasPrefix(fullMethod, "/grpc.reflection.v1alpha.ServerReflection/")
+}
+
+// rule is how one RPC is authorized: the scope it needs and the namespace
+// it acts on.
+type rule struct {
+	scope storage.Scope
+	// ns returns the namespace the request names ("" for none, "*" for the
+	// global keys). Nil for RPCs whose namespace is looked up (RevokeKey).
+	ns func(req any) string
+	// global: only a global key may call it (the namespace list and
+	// creating namespaces).
+	global bool
+}
+
+func reqNamespace(req any) string {
+	r, ok := req.(interface{ GetNamespace() string })
+	if !ok {
+		return ""
+	}
+	return r.GetNamespace()
+}
+
+func reqName(req any) string {
+	r, ok := req.(interface{ GetName() string })
+	if !ok {
+		return ""
+	}
+	return r.GetName()
+}
+
+func reqNamespaceMsgName(req any) string {
+	r, ok := req.(interface{ GetNamespace() *delaydv1.Namespace })
+	if !ok {
+		return ""
+	}
+	return r.GetNamespace().GetName()
+}
+
+// rules maps every delayd RPC to how it is authorized. A method missing
+// here is refused (default deny); a test checks every registered method has
+// a rule.
+var rules = map[string]rule{
+	delaydv1.TaskService_UpsertTask_FullMethodName:       {scope: storage.ScopeProduce, ns: reqNamespace},
+	delaydv1.TaskService_BatchUpsertTasks_FullMethodName: {scope: storage.ScopeProduce, ns: reqNamespace},
+	delaydv1.TaskService_RemoveTask_FullMethodName:       {scope: storage.ScopeProduce, ns: reqNamespace},
+	delaydv1.TaskService_GetTask_FullMethodName:          {scope: storage.ScopeProduce, ns: reqNamespace},
+	delaydv1.TaskService_ListTasks_FullMethodName:        {scope: storage.ScopeProduce, ns: reqNamespace},
+
+	delaydv1.DeliveryService_Subscribe_FullMethodName:   {scope: storage.ScopeConsume, ns: reqNamespace},
+	delaydv1.DeliveryService_AckTasks_FullMethodName:    {scope: storage.ScopeConsume, ns: reqNamespace},
+	delaydv1.DeliveryService_NackTasks_FullMethodName:   {scope: storage.ScopeConsume, ns: reqNamespace},
+	delaydv1.DeliveryService_ExtendLease_FullMethodName: {scope: storage.ScopeConsume, ns: reqNamespace},
+
+	delaydv1.NamespaceService_CreateNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespaceMsgName, global: true},
+	delaydv1.NamespaceService_ListNamespaces_FullMethodName:     {scope: storage.ScopeAdmin, global: true},
+	delaydv1.NamespaceService_GetNamespace_FullMethodName:       {scope: storage.ScopeAdmin, ns: reqName},
+	delaydv1.NamespaceService_UpdateNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespaceMsgName},
+	delaydv1.NamespaceService_DeleteNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqName},
+	delaydv1.NamespaceService_GetNamespaceStats_FullMethodName:  {scope: storage.ScopeAdmin, ns: reqName},
+	delaydv1.NamespaceService_ListDeadLetters_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespace},
+	delaydv1.NamespaceService_RequeueDeadLetters_FullMethodName: {scope: storage.ScopeAdmin, ns: reqNamespace},
+	delaydv1.NamespaceService_PurgeDeadLetters_FullMethodName:   {scope: storage.ScopeAdmin, ns: reqNamespace},
+	delaydv1.NamespaceService_CreateKey_FullMethodName:          {scope: storage.ScopeAdmin, ns: reqNamespace},
+	delaydv1.NamespaceService_ListKeys_FullMethodName:           {scope: storage.ScopeAdmin, ns: reqNamespace},
+	delaydv1.NamespaceService_RevokeKey_FullMethodName:          {scope: storage.ScopeAdmin}, // namespace of the key, looked up
+}
+
+// authorizer checks a principal against the rules.
+type authorizer struct {
+	registry storage.Registry // for RevokeKey's lookup; may be nil
+	logger   *slog.Logger
+}
+
+// authorize returns nil when the request's principal may call method with
+// req, or a PermissionDenied status saying which scope on which namespace
+// is missing. It runs only when auth is on, after authentication; a request
+// without a principal is refused.
+func (z *authorizer) authorize(ctx context.Context, method string, req any) error {
+	p := principalFrom(ctx)
+	if p == nil {
+		return status.Error(codes.Unauthenticated, errNoCredentials.Error())
+	}
+	r, ok := rules[method]
+	if !ok {
+		return status.Errorf(codes.PermissionDenied, "%s has no authorization rule; refused", method)
+	}
+	if r.global {
+		if !p.global() || !p.allows(r.scope, storage.GlobalNamespace) {
+			return status.Errorf(codes.PermissionDenied, "API key %s may not call %s: it needs a global key with the %s scope", p.keyID, shortMethod(method), r.scope)
+		}
+		return nil
+	}
+	var ns string
+	if r.ns != nil {
+		ns = r.ns(req)
+	} else {
+		// RevokeKey: the key's own namespace decides.
+		id := ""
+		if rk, ok := req.(*delaydv1.RevokeKeyRequest); ok {
+			id = rk.GetId()
+		}
+		if p.global() && p.allows(r.scope, storage.GlobalNamespace) {
+			return nil // a global admin may revoke any key
+		}
+		if z.registry == nil || !validKeyID(id) {
+			return status.Errorf(codes.PermissionDenied, "API key %s may not revoke key %q", p.keyID, id)
+		}
+		k, err := z.registry.GetKey(ctx, id)
+		switch {
+		case errors.Is(err, storage.ErrNotFound):
+			if p.allows(r.scope, p.namespace) {
+				return nil // the handler answers NotFound; ids are public
+			}
+			return status.Errorf(codes.PermissionDenied, "API key %s may not revoke key %q", p.keyID, id)
+		case err != nil:
+			return toStatus(ctx, z.logger, fmt.Errorf("authorize revoke: %w", err))
+		}
+		ns = k.Namespace
+	}
+	if !p.allows(r.scope, ns) {
+		return status.Errorf(codes.PermissionDenied, "API key %s has no %s scope on namespace %q", p.keyID, r.scope, ns)
+	}
+	return nil
+}
+
+// shortMethod turns "/delayd.v1.TaskService/UpsertTask" into
+// "TaskService.UpsertTask" for messages.
+func shortMethod(full string) string {
+	full = strings.TrimPrefix(full, "/")
+	svc, m, _ := strings.Cut(full, "/")
+	if i := strings.LastIndexByte(svc, '.'); i >= 0 {
+		svc = svc[i+1:]
+	}
+	return svc + "." + m
+}
+
+func (z *authorizer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := z.authorize(ctx, info.FullMethod, req); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (z *authorizer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &firstMessageStream{ServerStream: ss, check: func(m any) error {
+		return z.authorize(ss.Context(), info.FullMethod, m)
+	}})
+}
+
+// firstMessageStream runs check on the first message a client sends (the
+// Subscribe request names the namespace); an error from check is what
+// RecvMsg returns, so the handler never sees the message.
+type firstMessageStream struct {
+	grpc.ServerStream
+	check func(m any) error
+	done  bool
+	err   error
+}
+
+func (s *firstMessageStream) RecvMsg(m any) error {
+	if s.done && s.err != nil {
+		return s.err
+	}
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if !s.done {
+		s.done = true
+		s.err = s.check(m)
+	}
+	return s.err
+}
+
+// authInterceptors returns the authentication interceptors (go-grpc-middleware
+// auth, behind a selector that leaves health and reflection open) followed
+// by authorization. Empty when auth is off (see authEnabled).
+func authInterceptors(opts Options) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
+	if !authEnabled(opts) {
+		return nil, nil
+	}
+	authn := newAuthenticator(opts)
+	authz := &authorizer{registry: opts.Registry, logger: opts.Logger}
+	needsKey := selector.MatchFunc(func(_ context.Context, c callmeta.CallMeta) bool {
+		return !openMethod(c.FullMethod())
+	})
+	unary := []grpc.UnaryServerInterceptor{
+		selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(authn.authenticate), needsKey),
+		selector.UnaryServerInterceptor(authz.unary, needsKey),
+	}
+	stream := []grpc.StreamServerInterceptor{
+		selector.StreamServerInterceptor(auth.StreamServerInterceptor(authn.authenticate), needsKey),
+		selector.StreamServerInterceptor(authz.stream, needsKey),
+	}
+	return unary, stream
+}
+
+// tenancyServerOptions are the gRPC server options of tenancy and security,
+// appended after the server's own (recovery, logging): the interceptors in
+// the order they run — authentication, authorization, per-namespace rate
+// limit, max subscribers, pending-task quota — and TLS credentials when
+// opts.TLS is set. It logs a warning when auth is off.
+func tenancyServerOptions(opts Options) []grpc.ServerOption {
+	if !authEnabled(opts) && opts.Logger != nil {
+		opts.Logger.Warn("authentication is off: every client may do everything in every namespace; " +
+			"set --admin-key (DELAYD_ADMIN_KEY) to turn it on")
+	}
+	unary, stream := authInterceptors(opts)
+	policies := opts.Policies
+	if policies == nil {
+		policies = storage.StaticPolicies{P: storage.DefaultPolicy()}
+	}
+	rl := newRateLimiter(policies, opts.Logger)
+	subs := newSubscriberLimiter(policies, opts.Logger)
+	unary = append(unary, rl.unary)
+	stream = append(stream, rl.stream, subs.stream)
+	if opts.Counter != nil && opts.Tasks != nil {
+		q := newPendingQuota(opts)
+		q.policies = policies
+		unary = append(unary, q.unary)
+	}
+	out := []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
+	return append(out, tlsServerOptions(opts)...)
+}

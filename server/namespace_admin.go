@@ -1,0 +1,715 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
+)
+
+// This file holds NamespaceService's namespace and API-key RPCs (the
+// dead-letter and stats RPCs are in namespace.go). Every one of them needs
+// Options.Registry; without it they answer Unimplemented. Authorization
+// (which key may call what) happens before them, in auth.go; the one rule
+// that needs the request's content is here: only a global admin may change
+// a namespace's limits (quota fields), a namespace's own admin may tune its
+// retry policy.
+
+// Admin RPC limits.
+const (
+	maxKeyDescription = 256
+	// defaultNamespacePage and maxNamespacePage bound ListNamespaces.
+	defaultNamespacePage = 100
+	maxNamespacePage     = 1000
+	// namespaceListToken marks page tokens of ListNamespaces.
+	namespaceListToken = "*namespaces"
+	// dropBatch is how many tasks one round of a forced delete lists.
+	dropBatch = 1000
+)
+
+// policyDefaults is the registry's view of the server defaults
+// (tenancy.Registry.Defaults); without it storage.DefaultPolicy is used.
+type policyDefaults interface {
+	Defaults() storage.Policy
+}
+
+// namespaceDropper is a task store that deletes every task of a namespace
+// in bulk. Without it a forced DeleteNamespace lists and removes tasks one
+// by one.
+type namespaceDropper interface {
+	DropNamespace(ctx context.Context, ns string) (int64, error)
+}
+
+// policyField is one NamespacePolicy field: its update-mask name, whether
+// only a global admin may change it, how to read it from the wire
+// (validated; zero = server default) and how to compare effective values.
+type policyField struct {
+	name  string
+	quota bool
+	set   func(dst *storage.Policy, src *delaydv1.NamespacePolicy, field string) error
+	same  func(a, b storage.Policy) bool
+}
+
+// Policy field ranges. Zero always means "the server default".
+const (
+	minAckTimeout   = time.Second
+	maxAckTimeout   = 12 * time.Hour
+	maxMaxAttempts  = 1000
+	minBackoff      = time.Millisecond
+	maxBackoff      = 24 * time.Hour
+	maxMultiplier   = 10
+	maxPayloadLimit = 4 << 20
+	maxPendingLimit = 1_000_000_000_000
+	maxRateLimit    = 1_000_000
+	maxRateBurst    = 1_000_000
+	maxSubscribers  = 100_000
+	minMaxDelay     = time.Second
+	maxMaxDelay     = 3660 * 24 * time.Hour
+)
+
+var policyFields = []policyField{
+	{
+		name: "ack_timeout",
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) (err error) {
+			dst.AckTimeout, err = policyDuration(f, src.GetAckTimeout(), minAckTimeout, maxAckTimeout, "1s-12h")
+			return err
+		},
+		same: func(a, b storage.Policy) bool { return a.AckTimeout == b.AckTimeout },
+	},
+	{
+		name: "max_attempts",
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			n := src.GetMaxAttempts()
+			if n < 0 || n > maxMaxAttempts {
+				return invalidf(f, "is %d; allowed: 1-%d, or 0 for the server default", n, maxMaxAttempts)
+			}
+			dst.MaxAttempts = n
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.MaxAttempts == b.MaxAttempts },
+	},
+	{
+		name: "backoff_initial",
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) (err error) {
+			dst.Backoff.Initial, err = policyDuration(f, src.GetBackoffInitial(), minBackoff, maxBackoff, "1ms-24h")
+			return err
+		},
+		same: func(a, b storage.Policy) bool { return a.Backoff.Initial == b.Backoff.Initial },
+	},
+	{
+		name: "backoff_max",
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) (err error) {
+			dst.Backoff.Max, err = policyDuration(f, src.GetBackoffMax(), minBackoff, maxBackoff, "1ms-24h")
+			return err
+		},
+		same: func(a, b storage.Policy) bool { return a.Backoff.Max == b.Backoff.Max },
+	},
+	{
+		name: "backoff_multiplier",
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			m := src.GetBackoffMultiplier()
+			if m != 0 && !(m >= 1 && m <= maxMultiplier) { // NaN fails too
+				return invalidf(f, "is %g; allowed: 1-%d, or 0 for the server default", m, maxMultiplier)
+			}
+			dst.Backoff.Multiplier = m
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.Backoff.Multiplier == b.Backoff.Multiplier },
+	},
+	{
+		name: "max_payload_bytes", quota: true,
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			n := src.GetMaxPayloadBytes()
+			if n < 0 || n > maxPayloadLimit {
+				return invalidf(f, "is %d; allowed: 1-%d (4 MiB), or 0 for the server default", n, maxPayloadLimit)
+			}
+			dst.MaxPayloadBytes = int(n)
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.MaxPayloadBytes == b.MaxPayloadBytes },
+	},
+	{
+		name: "max_pending_tasks", quota: true,
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			n := src.GetMaxPendingTasks()
+			if n < 0 || n > maxPendingLimit {
+				return invalidf(f, "is %d; allowed: 1-%d, or 0 for unlimited", n, int64(maxPendingLimit))
+			}
+			dst.MaxPendingTasks = n
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.MaxPendingTasks == b.MaxPendingTasks },
+	},
+	{
+		name: "rate_limit", quota: true,
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			r := src.GetRateLimit()
+			if !(r >= 0 && r <= maxRateLimit) { // NaN fails too
+				return invalidf(f, "is %g; allowed: 0-%d requests per second (0 = unlimited)", r, maxRateLimit)
+			}
+			dst.RateLimit = r
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.RateLimit == b.RateLimit },
+	},
+	{
+		name: "rate_burst", quota: true,
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			n := src.GetRateBurst()
+			if n < 0 || n > maxRateBurst {
+				return invalidf(f, "is %d; allowed: 1-%d, or 0 for rate_limit rounded up", n, maxRateBurst)
+			}
+			dst.RateBurst = int(n)
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.RateBurst == b.RateBurst },
+	},
+	{
+		name: "max_subscribers", quota: true,
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			n := src.GetMaxSubscribers()
+			if n < 0 || n > maxSubscribers {
+				return invalidf(f, "is %d; allowed: 1-%d, or 0 for unlimited", n, maxSubscribers)
+			}
+			dst.MaxSubscribers = int(n)
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.MaxSubscribers == b.MaxSubscribers },
+	},
+	{
+		name: "max_delay", quota: true,
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) (err error) {
+			dst.MaxDelay, err = policyDuration(f, src.GetMaxDelay(), minMaxDelay, maxMaxDelay, "1s-3660 days")
+			return err
+		},
+		same: func(a, b storage.Policy) bool { return a.MaxDelay == b.MaxDelay },
+	},
+}
+
+// policyDuration reads a policy duration: unset or zero = 0 (the server
+// default), otherwise within [min, max], truncated to whole milliseconds.
+func policyDuration(field string, d *durationpb.Duration, lo, hi time.Duration, allowed string) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalidf(field, "is not a valid duration; allowed: %s, or 0 for the server default", allowed)
+	}
+	v := d.AsDuration().Truncate(time.Millisecond)
+	if v == 0 && d.GetSeconds() == 0 && d.GetNanos() == 0 {
+		return 0, nil
+	}
+	if v < lo || v > hi {
+		return 0, invalidf(field, "is %s; allowed: %s, or 0 for the server default", d.AsDuration(), allowed)
+	}
+	return v, nil
+}
+
+// policyFromProto reads every field of p (nil = all defaults).
+func policyFromProto(prefix string, p *delaydv1.NamespacePolicy) (storage.Policy, error) {
+	var out storage.Policy
+	for _, f := range policyFields {
+		if err := f.set(&out, p, prefix+f.name); err != nil {
+			return storage.Policy{}, err
+		}
+	}
+	return out, nil
+}
+
+// policyToProto is the wire form of an effective policy.
+func policyToProto(p storage.Policy) *delaydv1.NamespacePolicy {
+	return &delaydv1.NamespacePolicy{
+		AckTimeout:        durationpb.New(p.AckTimeout),
+		MaxAttempts:       p.MaxAttempts,
+		BackoffInitial:    durationpb.New(p.Backoff.Initial),
+		BackoffMax:        durationpb.New(p.Backoff.Max),
+		BackoffMultiplier: p.Backoff.Multiplier,
+		MaxPayloadBytes:   int32(min(p.MaxPayloadBytes, math.MaxInt32)),
+		MaxPendingTasks:   p.MaxPendingTasks,
+		RateLimit:         p.RateLimit,
+		RateBurst:         int32(min(p.RateBurst, math.MaxInt32)),
+		MaxSubscribers:    int32(min(p.MaxSubscribers, math.MaxInt32)),
+		MaxDelay:          durationpb.New(p.MaxDelay),
+	}
+}
+
+// defaults returns the server default policy.
+func (s *namespaceService) defaults() storage.Policy {
+	if d, ok := s.opts.Registry.(policyDefaults); ok {
+		return d.Defaults()
+	}
+	if d, ok := s.opts.Policies.(policyDefaults); ok {
+		return d.Defaults()
+	}
+	return storage.DefaultPolicy()
+}
+
+// checkConsistent rejects an effective policy whose fields contradict each
+// other.
+func checkConsistent(prefix string, eff storage.Policy) error {
+	if eff.Backoff.Initial > eff.Backoff.Max {
+		return invalidf(prefix+"backoff_initial", "is %s, more than backoff_max %s; allowed: at most backoff_max",
+			eff.Backoff.Initial, eff.Backoff.Max)
+	}
+	return nil
+}
+
+func (s *namespaceService) namespaceToProto(n storage.Namespace) *delaydv1.Namespace {
+	return &delaydv1.Namespace{
+		Name:       n.Name,
+		Policy:     policyToProto(n.Policy.WithDefaults(s.defaults())),
+		CreateTime: timeToProto(n.CreateTime),
+		UpdateTime: timeToProto(n.UpdateTime),
+	}
+}
+
+func (s *namespaceService) registry() (storage.Registry, error) {
+	if s.opts.Registry == nil {
+		return nil, status.Error(codes.Unimplemented, "this server has no namespace registry")
+	}
+	return s.opts.Registry, nil
+}
+
+// audit logs an admin action with the key that did it.
+func (s *namespaceService) audit(ctx context.Context, msg string, attrs ...slog.Attr) {
+	who := "no-auth"
+	if p := principalFrom(ctx); p != nil {
+		who = p.keyID
+	}
+	s.logger.LogAttrs(ctx, slog.LevelInfo, msg, append(attrs, slog.String("by_key", who))...)
+}
+
+// CreateNamespace creates a namespace with its policy (zero fields = server
+// defaults) and returns it with the effective policy.
+func (s *namespaceService) CreateNamespace(ctx context.Context, req *delaydv1.CreateNamespaceRequest) (*delaydv1.CreateNamespaceResponse, error) {
+	reg, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	if req.GetNamespace() == nil {
+		return nil, toStatus(ctx, s.logger, invalidf("namespace", "is required: {name, policy}"))
+	}
+	name := req.GetNamespace().GetName()
+	if err := validateNamespace("namespace.name", name); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	pol, err := policyFromProto("namespace.policy.", req.GetNamespace().GetPolicy())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if err := checkConsistent("namespace.policy.", pol.WithDefaults(s.defaults())); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	n, err := reg.CreateNamespace(ctx, storage.Namespace{Name: name, Policy: pol})
+	if errors.Is(err, storage.ErrAlreadyExists) {
+		return nil, status.Errorf(codes.AlreadyExists, "namespace %q already exists", name)
+	}
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("create namespace: %w", err))
+	}
+	s.audit(ctx, "namespace created", slog.String("namespace", name))
+	return &delaydv1.CreateNamespaceResponse{Namespace: s.namespaceToProto(n)}, nil
+}
+
+// GetNamespace returns a namespace with its effective policy.
+func (s *namespaceService) GetNamespace(ctx context.Context, req *delaydv1.GetNamespaceRequest) (*delaydv1.GetNamespaceResponse, error) {
+	reg, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	if err := validateNamespace("name", req.GetName()); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	n, err := reg.GetNamespace(ctx, req.GetName())
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "namespace %q not found", req.GetName())
+	}
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("get namespace: %w", err))
+	}
+	return &delaydv1.GetNamespaceResponse{Namespace: s.namespaceToProto(n)}, nil
+}
+
+// ListNamespaces pages through namespaces in name order.
+func (s *namespaceService) ListNamespaces(ctx context.Context, req *delaydv1.ListNamespacesRequest) (*delaydv1.ListNamespacesResponse, error) {
+	reg, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	size := int(req.GetPageSize())
+	switch {
+	case size == 0:
+		size = defaultNamespacePage
+	case size < 0 || size > maxNamespacePage:
+		return nil, toStatus(ctx, s.logger, invalidf("page_size", "is %d; allowed: 1-%d, or 0 for %d", size, maxNamespacePage, defaultNamespacePage))
+	}
+	after, err := decodePageToken(req.GetPageToken(), namespaceListToken, storage.StateUnspecified)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if after != "" && storage.ValidateNamespace(after) != nil {
+		return nil, toStatus(ctx, s.logger, invalidf("page_token", "is not a token this server issued; start again with an empty page_token"))
+	}
+	nss, more, err := reg.ListNamespaces(ctx, after, size)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("list namespaces: %w", err))
+	}
+	resp := &delaydv1.ListNamespacesResponse{Namespaces: make([]*delaydv1.Namespace, len(nss))}
+	for i, n := range nss {
+		resp.Namespaces[i] = s.namespaceToProto(n)
+	}
+	if more && len(nss) > 0 {
+		resp.NextPageToken = encodePageToken(namespaceListToken, storage.StateUnspecified, nss[len(nss)-1].Name)
+	}
+	return resp, nil
+}
+
+// UpdateNamespace changes the policy fields update_mask names ("policy.x";
+// "policy" or an empty mask: every field). Zero values reset a field to the
+// server default. Only a global admin key may change quota fields
+// (max_payload_bytes, max_pending_tasks, rate_limit, rate_burst,
+// max_subscribers, max_delay); the namespace's own admin may change the rest.
+func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.UpdateNamespaceRequest) (*delaydv1.UpdateNamespaceResponse, error) {
+	reg, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	if req.GetNamespace() == nil {
+		return nil, toStatus(ctx, s.logger, invalidf("namespace", "is required: {name, policy}"))
+	}
+	name := req.GetNamespace().GetName()
+	if err := validateNamespace("namespace.name", name); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	fields, err := maskedPolicyFields(req.GetUpdateMask().GetPaths())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	src := req.GetNamespace().GetPolicy()
+	var scratch storage.Policy // validate every masked field before the store sees anything
+	for _, f := range fields {
+		if err := f.set(&scratch, src, "namespace.policy."+f.name); err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+	}
+	p := principalFrom(ctx)
+	defaults := s.defaults()
+	n, err := reg.UpdateNamespace(ctx, name, func(cur storage.Policy) (storage.Policy, error) {
+		out := cur
+		for _, f := range fields {
+			_ = f.set(&out, src, "") // validated above
+		}
+		oldEff, newEff := cur.WithDefaults(defaults), out.WithDefaults(defaults)
+		if err := checkConsistent("namespace.policy.", newEff); err != nil {
+			return storage.Policy{}, err
+		}
+		if p != nil && !p.global() {
+			for _, f := range fields {
+				if f.quota && !f.same(oldEff, newEff) {
+					return storage.Policy{}, status.Errorf(codes.PermissionDenied,
+						"API key %s may not change namespace.policy.%s: quota fields need a global admin key", p.keyID, f.name)
+				}
+			}
+		}
+		return out, nil
+	})
+	var refused interface{ GRPCStatus() *status.Status }
+	switch {
+	case errors.As(err, &refused): // from the update function
+		return nil, refused.GRPCStatus().Err()
+	case errors.Is(err, storage.ErrNotFound):
+		return nil, status.Errorf(codes.NotFound, "namespace %q not found", name)
+	case err != nil:
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("update namespace: %w", err))
+	}
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.name
+	}
+	s.audit(ctx, "namespace updated", slog.String("namespace", name), slog.String("fields", strings.Join(names, ",")))
+	return &delaydv1.UpdateNamespaceResponse{Namespace: s.namespaceToProto(n)}, nil
+}
+
+// maskedPolicyFields resolves update_mask paths to policy fields. Empty, or
+// "policy", means every field.
+func maskedPolicyFields(paths []string) ([]policyField, error) {
+	if len(paths) == 0 {
+		return policyFields, nil
+	}
+	var out []policyField
+	for i, path := range paths {
+		if path == "policy" || path == "*" {
+			return policyFields, nil
+		}
+		name, ok := strings.CutPrefix(path, "policy.")
+		j := slices.IndexFunc(policyFields, func(f policyField) bool { return f.name == name })
+		if !ok || j < 0 {
+			allowed := make([]string, len(policyFields))
+			for k, f := range policyFields {
+				allowed[k] = "policy." + f.name
+			}
+			return nil, invalidf(fmt.Sprintf("update_mask.paths[%d]", i), "is %q; allowed: policy, %s", path, strings.Join(allowed, ", "))
+		}
+		if !slices.ContainsFunc(out, func(f policyField) bool { return f.name == name }) {
+			out = append(out, policyFields[j])
+		}
+	}
+	return out, nil
+}
+
+// DeleteNamespace deletes a namespace and its API keys. A namespace that
+// still has tasks is refused with FailedPrecondition unless force is set;
+// then its tasks are deleted first (the namespace record last, so a failed
+// delete can be retried).
+func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.DeleteNamespaceRequest) (*delaydv1.DeleteNamespaceResponse, error) {
+	reg, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	name := req.GetName()
+	if err := validateNamespace("name", name); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if _, err := reg.GetNamespace(ctx, name); errors.Is(err, storage.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "namespace %q not found", name)
+	} else if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
+	}
+	st, err := s.opts.Counter.Stats(ctx, name)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: count: %w", err))
+	}
+	total := st.Scheduled + st.Delivered + st.Dead
+	if total > 0 && !req.GetForce() {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"namespace %q still has %d tasks (%d scheduled, %d delivered, %d dead): remove them first, or delete with force to delete them too",
+			name, total, st.Scheduled, st.Delivered, st.Dead)
+	}
+	var deleted int64
+	if total > 0 {
+		if deleted, err = s.dropTasks(ctx, name); err != nil {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: drop tasks: %w", err))
+		}
+	}
+	if err := reg.DeleteNamespace(ctx, name); err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
+	}
+	if req.GetForce() {
+		// An upsert may have slipped in between the drop and the record's
+		// deletion; take it too.
+		if n, err := s.dropTasks(ctx, name); err == nil {
+			deleted += n
+		}
+	}
+	s.audit(ctx, "namespace deleted", slog.String("namespace", name), slog.Int64("deleted_tasks", deleted))
+	return &delaydv1.DeleteNamespaceResponse{DeletedTasks: deleted}, nil
+}
+
+// dropTasks deletes every task of ns: in bulk when the store can, else by
+// listing each state and removing what it lists, until nothing is left.
+func (s *namespaceService) dropTasks(ctx context.Context, ns string) (int64, error) {
+	if d, ok := s.opts.Tasks.(namespaceDropper); ok {
+		return d.DropNamespace(ctx, ns)
+	}
+	var deleted int64
+	for _, state := range []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead} {
+		for {
+			tasks, _, err := s.opts.Tasks.List(ctx, ns, state, dropBatch, "")
+			if err != nil {
+				return deleted, err
+			}
+			if len(tasks) == 0 {
+				break
+			}
+			for _, t := range tasks {
+				if _, err := s.opts.Tasks.Remove(ctx, ns, t.ID); err == nil {
+					deleted++
+				} else if !errors.Is(err, storage.ErrNotFound) {
+					return deleted, err
+				}
+			}
+		}
+	}
+	return deleted, nil
+}
+
+// keyScopesFromProto validates and de-duplicates requested scopes.
+func keyScopesFromProto(in []delaydv1.KeyScope) ([]storage.Scope, error) {
+	if len(in) == 0 {
+		return nil, invalidf("scopes", "is empty; allowed: one or more of KEY_SCOPE_PRODUCE, KEY_SCOPE_CONSUME, KEY_SCOPE_ADMIN")
+	}
+	var out []storage.Scope
+	for i, sc := range in {
+		switch sc {
+		case delaydv1.KeyScope_KEY_SCOPE_PRODUCE, delaydv1.KeyScope_KEY_SCOPE_CONSUME, delaydv1.KeyScope_KEY_SCOPE_ADMIN:
+			if s := storage.Scope(sc); !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		default:
+			return nil, invalidf(fmt.Sprintf("scopes[%d]", i), "is %d; allowed: KEY_SCOPE_PRODUCE, KEY_SCOPE_CONSUME, KEY_SCOPE_ADMIN", int32(sc))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func keyToProto(k storage.Key) *delaydv1.Key {
+	scopes := make([]delaydv1.KeyScope, len(k.Scopes))
+	for i, s := range k.Scopes {
+		scopes[i] = delaydv1.KeyScope(s)
+	}
+	return &delaydv1.Key{
+		Id:          k.ID,
+		Namespace:   k.Namespace,
+		Scopes:      scopes,
+		Description: k.Description,
+		CreateTime:  timeToProto(k.CreateTime),
+	}
+}
+
+// validateKeyNamespace accepts "*" (global keys) or a valid namespace name.
+func validateKeyNamespace(ns string) error {
+	if ns == storage.GlobalNamespace {
+		return nil
+	}
+	if err := storage.ValidateNamespace(ns); err != nil {
+		return invalidf("namespace", "%s; or \"*\" for a global key", err.Error())
+	}
+	return nil
+}
+
+// CreateKey creates an API key and returns its secret, once. delayd keeps
+// only the secret's SHA-256.
+func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKeyRequest) (*delaydv1.CreateKeyResponse, error) {
+	reg, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	ns := req.GetNamespace()
+	if err := validateKeyNamespace(ns); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	scopes, err := keyScopesFromProto(req.GetScopes())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	desc := req.GetDescription()
+	if err := validateDescription(desc); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if ns != storage.GlobalNamespace {
+		if err := s.namespaceExists(ctx, reg, ns); err != nil {
+			return nil, err
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		id, secret, err := newAPIKey()
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+		k := storage.Key{
+			ID:          id,
+			Namespace:   ns,
+			Scopes:      scopes,
+			Description: desc,
+			CreateTime:  time.Now().Truncate(time.Millisecond),
+			Hash:        hashSecret(secret),
+		}
+		err = reg.CreateKey(ctx, k)
+		if errors.Is(err, storage.ErrAlreadyExists) && attempt < 3 {
+			continue // a 64-bit id collided: draw again
+		}
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("create key: %w", err))
+		}
+		s.audit(ctx, "API key created", slog.String("key_id", id), slog.String("namespace", ns))
+		return &delaydv1.CreateKeyResponse{Key: keyToProto(k), Secret: secret}, nil
+	}
+}
+
+// namespaceExists answers NotFound for an unknown namespace, creating it
+// instead when the server auto-creates namespaces.
+func (s *namespaceService) namespaceExists(ctx context.Context, reg storage.Registry, ns string) error {
+	_, err := reg.GetNamespace(ctx, ns)
+	if errors.Is(err, storage.ErrNotFound) && s.opts.Policies != nil {
+		_, err = s.opts.Policies.Policy(ctx, ns) // auto-creates when configured
+	}
+	if errors.Is(err, storage.ErrNotFound) {
+		return status.Errorf(codes.NotFound, "namespace %q not found: create it first", ns)
+	}
+	if err != nil {
+		return toStatus(ctx, s.logger, fmt.Errorf("namespace: %w", err))
+	}
+	return nil
+}
+
+func validateDescription(d string) error {
+	if !utf8.ValidString(d) {
+		return invalidf("description", "is not valid UTF-8; allowed: at most %d printable characters", maxKeyDescription)
+	}
+	if n := utf8.RuneCountInString(d); n > maxKeyDescription {
+		return invalidf("description", "is %d characters long; at most %d are allowed", n, maxKeyDescription)
+	}
+	for i, r := range d {
+		if !unicode.IsPrint(r) {
+			return invalidf("description", "has the non-printable character %U at byte %d; allowed: at most %d printable characters", r, i, maxKeyDescription)
+		}
+	}
+	return nil
+}
+
+// ListKeys lists the keys of a namespace ("*": the global keys), newest
+// first, never their secrets.
+func (s *namespaceService) ListKeys(ctx context.Context, req *delaydv1.ListKeysRequest) (*delaydv1.ListKeysResponse, error) {
+	reg, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	if err := validateKeyNamespace(req.GetNamespace()); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	keys, err := reg.ListKeys(ctx, req.GetNamespace())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("list keys: %w", err))
+	}
+	resp := &delaydv1.ListKeysResponse{Keys: make([]*delaydv1.Key, len(keys))}
+	for i, k := range keys {
+		resp.Keys[i] = keyToProto(k)
+	}
+	return resp, nil
+}
+
+// RevokeKey deletes a key: it stops working on this replica at once and on
+// every other within the registry cache's TTL (1 s by default).
+func (s *namespaceService) RevokeKey(ctx context.Context, req *delaydv1.RevokeKeyRequest) (*delaydv1.RevokeKeyResponse, error) {
+	reg, err := s.registry()
+	if err != nil {
+		return nil, err
+	}
+	id := req.GetId()
+	if !validKeyID(id) {
+		return nil, toStatus(ctx, s.logger, invalidf("id", "is %q; allowed: the %d hex characters after dk_ in a key (as ListKeys shows)", id, apiKeyIDLen))
+	}
+	err = reg.RevokeKey(ctx, id)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "API key %q not found", id)
+	}
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("revoke key: %w", err))
+	}
+	s.audit(ctx, "API key revoked", slog.String("key_id", id))
+	return &delaydv1.RevokeKeyResponse{}, nil
+}

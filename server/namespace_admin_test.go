@@ -1,0 +1,447 @@
+package server_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"math"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/tenancy"
+)
+
+// defaultPolicyProto is the effective default policy as the API shows it.
+func defaultPolicyProto() *delaydv1.NamespacePolicy {
+	d := storage.DefaultPolicy()
+	return &delaydv1.NamespacePolicy{
+		AckTimeout:        durationpb.New(d.AckTimeout),
+		MaxAttempts:       d.MaxAttempts,
+		BackoffInitial:    durationpb.New(d.Backoff.Initial),
+		BackoffMax:        durationpb.New(d.Backoff.Max),
+		BackoffMultiplier: d.Backoff.Multiplier,
+		MaxPayloadBytes:   int32(d.MaxPayloadBytes),
+		MaxDelay:          durationpb.New(d.MaxDelay),
+	}
+}
+
+// TestNamespaceLifecycle: create (defaults filled in), get, list, update
+// with a mask, delete (refused while tasks remain, forced deletes them).
+func TestNamespaceLifecycle(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	name := "life-" + dlvSuffix()
+	t.Cleanup(func() { e.drop(name) })
+
+	created, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{
+		Name: name, Policy: &delaydv1.NamespacePolicy{MaxAttempts: 3, RateLimit: 50},
+	}})
+	if err != nil {
+		t.Fatalf("CreateNamespace: %v", err)
+	}
+	want := defaultPolicyProto()
+	want.MaxAttempts, want.RateLimit, want.RateBurst = 3, 50, 50
+	if diff := cmp.Diff(want, created.GetNamespace().GetPolicy(), protocmp.Transform()); diff != "" {
+		t.Errorf("created policy (-want +got):\n%s", diff)
+	}
+	if created.GetNamespace().GetCreateTime() == nil {
+		t.Error("create_time not set")
+	}
+	if _, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: name}}); codeOf(err) != codes.AlreadyExists {
+		t.Errorf("second CreateNamespace: %v, want AlreadyExists", err)
+	}
+	got, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Name: name})
+	if err != nil || !cmp.Equal(created.GetNamespace(), got.GetNamespace(), protocmp.Transform()) {
+		t.Errorf("GetNamespace = %v, %v; want %v", got, err, created)
+	}
+	if _, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Name: "missing-" + dlvSuffix()}); codeOf(err) != codes.NotFound {
+		t.Errorf("GetNamespace(missing): %v, want NotFound", err)
+	}
+
+	// Update one field; the others keep their values.
+	upd, err := r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+		Namespace:  &delaydv1.Namespace{Name: name, Policy: &delaydv1.NamespacePolicy{AckTimeout: durationpb.New(5 * time.Second), MaxAttempts: 999}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy.ack_timeout"}},
+	})
+	if err != nil {
+		t.Fatalf("UpdateNamespace: %v", err)
+	}
+	want.AckTimeout = durationpb.New(5 * time.Second)
+	if diff := cmp.Diff(want, upd.GetNamespace().GetPolicy(), protocmp.Transform()); diff != "" {
+		t.Errorf("updated policy (-want +got):\n%s", diff)
+	}
+	// An empty mask replaces every field: zero = back to the defaults.
+	upd, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: name}})
+	if err != nil || !cmp.Equal(defaultPolicyProto(), upd.GetNamespace().GetPolicy(), protocmp.Transform()) {
+		t.Errorf("UpdateNamespace(empty mask) = %v, %v; want the defaults", upd.GetNamespace().GetPolicy(), err)
+	}
+
+	// The namespace has a task: delete is refused unless forced.
+	if err := upsertAs(admin(), r, name, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := upsertAs(admin(), r, name, "t2"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Name: name})
+	wantCode(t, err, codes.FailedPrecondition, "force")
+	del, err := r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Name: name, Force: true})
+	if err != nil || del.GetDeletedTasks() != 2 {
+		t.Fatalf("DeleteNamespace(force) = %v, %v; want 2 tasks deleted", del, err)
+	}
+	if _, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Name: name}); codeOf(err) != codes.NotFound {
+		t.Errorf("GetNamespace after delete: %v, want NotFound", err)
+	}
+	if st, err := e.store.Stats(context.Background(), name); err != nil || st.Scheduled+st.Delivered+st.Dead != 0 {
+		t.Errorf("tasks left after a forced delete: %+v %v", st, err)
+	}
+	// Tasks may only go into an existing namespace (auto-create is off).
+	err = upsertAs(admin(), r, name, "t3")
+	wantCode(t, err, codes.NotFound, name)
+	// An empty namespace is deleted without force.
+	empty := e.newNamespace(r, "empty-", nil)
+	if _, err := r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Name: empty}); err != nil {
+		t.Errorf("DeleteNamespace(empty): %v", err)
+	}
+}
+
+// TestListNamespacesPages pages through namespaces in name order.
+func TestListNamespacesPages(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	var mine []string
+	for range 5 {
+		mine = append(mine, e.newNamespace(r, "lst-", nil))
+	}
+	seen := map[string]bool{}
+	var last string
+	token := ""
+	for pages := 0; pages < 10000; pages++ {
+		resp, err := r.admin.ListNamespaces(admin(), &delaydv1.ListNamespacesRequest{PageSize: 2, PageToken: token})
+		if err != nil {
+			t.Fatalf("ListNamespaces: %v", err)
+		}
+		if len(resp.GetNamespaces()) > 2 {
+			t.Fatalf("page of %d, asked for 2", len(resp.GetNamespaces()))
+		}
+		for _, n := range resp.GetNamespaces() {
+			if n.GetName() <= last {
+				t.Fatalf("%q listed after %q: not in name order", n.GetName(), last)
+			}
+			last = n.GetName()
+			seen[n.GetName()] = true
+		}
+		token = resp.GetNextPageToken()
+		if token == "" {
+			break
+		}
+	}
+	for _, n := range mine {
+		if !seen[n] {
+			t.Errorf("%s not listed", n)
+		}
+	}
+	_, err := r.admin.ListNamespaces(admin(), &delaydv1.ListNamespacesRequest{PageToken: "garbage"})
+	wantCode(t, err, codes.InvalidArgument, "page_token")
+	_, err = r.admin.ListNamespaces(admin(), &delaydv1.ListNamespacesRequest{PageSize: 1001})
+	wantCode(t, err, codes.InvalidArgument, "page_size")
+}
+
+// TestPolicyValidation: every policy field is checked, and the error names
+// the field and the allowed range.
+func TestPolicyValidation(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	for _, tc := range []struct {
+		field string
+		pol   *delaydv1.NamespacePolicy
+		say   string
+	}{
+		{"ack_timeout", &delaydv1.NamespacePolicy{AckTimeout: durationpb.New(500 * time.Millisecond)}, "1s-12h"},
+		{"ack_timeout", &delaydv1.NamespacePolicy{AckTimeout: durationpb.New(13 * time.Hour)}, "1s-12h"},
+		{"max_attempts", &delaydv1.NamespacePolicy{MaxAttempts: 1001}, "1-1000"},
+		{"max_attempts", &delaydv1.NamespacePolicy{MaxAttempts: -1}, "1-1000"},
+		{"backoff_initial", &delaydv1.NamespacePolicy{BackoffInitial: durationpb.New(-time.Second)}, "1ms-24h"},
+		{"backoff_max", &delaydv1.NamespacePolicy{BackoffMax: durationpb.New(25 * time.Hour)}, "1ms-24h"},
+		{"backoff_initial", &delaydv1.NamespacePolicy{BackoffInitial: durationpb.New(time.Hour), BackoffMax: durationpb.New(time.Minute)}, "backoff_max"},
+		{"backoff_multiplier", &delaydv1.NamespacePolicy{BackoffMultiplier: 0.5}, "1-10"},
+		{"backoff_multiplier", &delaydv1.NamespacePolicy{BackoffMultiplier: math.NaN()}, "1-10"},
+		{"max_payload_bytes", &delaydv1.NamespacePolicy{MaxPayloadBytes: 5 << 20}, "4194304"},
+		{"max_pending_tasks", &delaydv1.NamespacePolicy{MaxPendingTasks: -5}, "unlimited"},
+		{"rate_limit", &delaydv1.NamespacePolicy{RateLimit: -1}, "0-1000000"},
+		{"rate_limit", &delaydv1.NamespacePolicy{RateLimit: math.Inf(1)}, "0-1000000"},
+		{"rate_burst", &delaydv1.NamespacePolicy{RateBurst: -1}, "1-1000000"},
+		{"max_subscribers", &delaydv1.NamespacePolicy{MaxSubscribers: 100001}, "1-100000"},
+		{"max_delay", &delaydv1.NamespacePolicy{MaxDelay: durationpb.New(time.Millisecond)}, "1s-3660 days"},
+	} {
+		name := "val-" + dlvSuffix()
+		_, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: name, Policy: tc.pol}})
+		wantCode(t, err, codes.InvalidArgument, "namespace.policy."+tc.field)
+		wantCode(t, err, codes.InvalidArgument, tc.say)
+		if _, err := e.store.GetNamespace(context.Background(), name); err == nil {
+			e.drop(name)
+			t.Errorf("%s: an invalid namespace was stored", tc.field)
+		}
+	}
+	_, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: "Bad Name"}})
+	wantCode(t, err, codes.InvalidArgument, "namespace.name")
+	_, err = r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{})
+	wantCode(t, err, codes.InvalidArgument, "namespace")
+
+	ns := e.newNamespace(r, "val-", nil)
+	_, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+		Namespace:  &delaydv1.Namespace{Name: ns},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy.nonsense"}},
+	})
+	wantCode(t, err, codes.InvalidArgument, "update_mask.paths[0]")
+	_, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+		Namespace:  &delaydv1.Namespace{Name: ns, Policy: &delaydv1.NamespacePolicy{MaxAttempts: 5000}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy.max_attempts"}},
+	})
+	wantCode(t, err, codes.InvalidArgument, "namespace.policy.max_attempts is 5000; allowed: 1-1000")
+	// An update whose result contradicts itself is refused, nothing written.
+	_, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+		Namespace:  &delaydv1.Namespace{Name: ns, Policy: &delaydv1.NamespacePolicy{BackoffInitial: durationpb.New(time.Hour)}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy.backoff_initial"}},
+	})
+	wantCode(t, err, codes.InvalidArgument, "backoff_max")
+	if n, _ := e.store.GetNamespace(context.Background(), ns); n.Policy.Backoff.Initial != 0 {
+		t.Errorf("a refused update was written: %+v", n.Policy)
+	}
+}
+
+// TestNamespaceAdminCannotRaiseQuotas: a namespace's own admin key may tune
+// its retry policy but not its limits; a global admin may.
+func TestNamespaceAdminCannotRaiseQuotas(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	ns := e.newNamespace(r, "quo-", &delaydv1.NamespacePolicy{RateLimit: 10})
+	_, nsAdmin := e.newKey(r, ns, delaydv1.KeyScope_KEY_SCOPE_ADMIN)
+	update := func(ctx context.Context, pol *delaydv1.NamespacePolicy, path string) error {
+		_, err := r.admin.UpdateNamespace(ctx, &delaydv1.UpdateNamespaceRequest{
+			Namespace: &delaydv1.Namespace{Name: ns, Policy: pol}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{path}},
+		})
+		return err
+	}
+	if err := update(as(nsAdmin), &delaydv1.NamespacePolicy{MaxAttempts: 4}, "policy.max_attempts"); err != nil {
+		t.Errorf("namespace admin tuning max_attempts: %v", err)
+	}
+	err := update(as(nsAdmin), &delaydv1.NamespacePolicy{RateLimit: 1e6}, "policy.rate_limit")
+	wantCode(t, err, codes.PermissionDenied, "rate_limit")
+	if err := update(admin(), &delaydv1.NamespacePolicy{RateLimit: 1e6}, "policy.rate_limit"); err != nil {
+		t.Errorf("global admin raising rate_limit: %v", err)
+	}
+	// Rewriting the whole policy with unchanged limits is fine for the
+	// namespace admin (a read-modify-write of GetNamespace's answer).
+	got, err := r.admin.GetNamespace(as(nsAdmin), &delaydv1.GetNamespaceRequest{Name: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.GetNamespace().GetPolicy().MaxAttempts = 6
+	if _, err := r.admin.UpdateNamespace(as(nsAdmin), &delaydv1.UpdateNamespaceRequest{Namespace: got.GetNamespace()}); err != nil {
+		t.Errorf("namespace admin writing back its policy with unchanged limits: %v", err)
+	}
+}
+
+// TestAPIKeys: a key's secret is shown once (dk_<id>_<random>), stored only
+// as its SHA-256, listed without it, usable at once, and revoked.
+func TestAPIKeys(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	ns := e.newNamespace(r, "keys-", nil)
+	resp, err := r.admin.CreateKey(admin(), &delaydv1.CreateKeyRequest{
+		Namespace: ns, Description: "orders producer",
+		Scopes: []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_PRODUCE, delaydv1.KeyScope_KEY_SCOPE_CONSUME, delaydv1.KeyScope_KEY_SCOPE_PRODUCE},
+	})
+	if err != nil {
+		t.Fatalf("CreateKey: %v", err)
+	}
+	id, secret := resp.GetKey().GetId(), resp.GetSecret()
+	if !regexp.MustCompile(`^dk_[0-9a-f]{16}_[A-Za-z0-9_-]{43}$`).MatchString(secret) || !strings.HasPrefix(secret, "dk_"+id+"_") {
+		t.Errorf("secret %q, id %q: want dk_<id>_<43 base64url characters>", secret, id)
+	}
+	wantScopes := []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_PRODUCE, delaydv1.KeyScope_KEY_SCOPE_CONSUME}
+	if !cmp.Equal(wantScopes, resp.GetKey().GetScopes()) {
+		t.Errorf("scopes %v, want %v (deduplicated)", resp.GetKey().GetScopes(), wantScopes)
+	}
+
+	// Stored as a hash only.
+	stored, err := e.store.GetKey(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(secret))
+	if !cmp.Equal(stored.Hash, sum[:]) {
+		t.Errorf("stored hash is not SHA-256 of the secret")
+	}
+	raw, err := e.rdb.HGet(context.Background(), "delayd:{registry}:keys", id).Result()
+	if err != nil || strings.Contains(raw, secret[len(secret)-43:]) {
+		t.Errorf("the stored key record holds the secret (or is missing: %v)", err)
+	}
+
+	// Listed without the secret.
+	list, err := r.admin.ListKeys(admin(), &delaydv1.ListKeysRequest{Namespace: ns})
+	if err != nil || len(list.GetKeys()) != 1 || list.GetKeys()[0].GetId() != id || list.GetKeys()[0].GetDescription() != "orders producer" {
+		t.Errorf("ListKeys = %v, %v", list, err)
+	}
+	if strings.Contains(list.String(), secret[len(secret)-43:]) {
+		t.Error("ListKeys shows the secret")
+	}
+
+	// Usable at once; revoked at once.
+	if err := upsertAs(as(secret), r, ns, "x"); err != nil {
+		t.Errorf("UpsertTask with the new key: %v", err)
+	}
+	if _, err := r.admin.RevokeKey(admin(), &delaydv1.RevokeKeyRequest{Id: id}); err != nil {
+		t.Fatalf("RevokeKey: %v", err)
+	}
+	if err := upsertAs(as(secret), r, ns, "y"); codeOf(err) != codes.Unauthenticated {
+		t.Errorf("UpsertTask with the revoked key: %v, want Unauthenticated", err)
+	}
+	_, err = r.admin.RevokeKey(admin(), &delaydv1.RevokeKeyRequest{Id: id})
+	wantCode(t, err, codes.NotFound, id)
+
+	// Validation.
+	for _, tc := range []struct {
+		req  *delaydv1.CreateKeyRequest
+		code codes.Code
+		say  string
+	}{
+		{&delaydv1.CreateKeyRequest{Namespace: ns}, codes.InvalidArgument, "scopes"},
+		{&delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{9}}, codes.InvalidArgument, "scopes[0]"},
+		{&delaydv1.CreateKeyRequest{Namespace: "BAD", Scopes: []delaydv1.KeyScope{1}}, codes.InvalidArgument, "namespace"},
+		{&delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{1}, Description: strings.Repeat("d", 257)}, codes.InvalidArgument, "description"},
+		{&delaydv1.CreateKeyRequest{Namespace: "nope-" + dlvSuffix(), Scopes: []delaydv1.KeyScope{1}}, codes.NotFound, "nope-"},
+	} {
+		_, err := r.admin.CreateKey(admin(), tc.req)
+		wantCode(t, err, tc.code, tc.say)
+	}
+	_, err = r.admin.RevokeKey(admin(), &delaydv1.RevokeKeyRequest{Id: "not-an-id"})
+	wantCode(t, err, codes.InvalidArgument, "id")
+}
+
+// TestRevocationReachesOtherReplicas: a key revoked through one replica
+// stops working on another within the registry cache's TTL.
+func TestRevocationReachesOtherReplicas(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	ttl := func(c *tenancy.Config) { c.TTL = 200 * time.Millisecond }
+	r1 := e.replica(tenOpts{tenancy: ttl})
+	r2 := e.replica(tenOpts{tenancy: ttl})
+	ns := e.newNamespace(r1, "rev-", nil)
+	id, secret := e.newKey(r1, ns, delaydv1.KeyScope_KEY_SCOPE_PRODUCE)
+	if err := upsertAs(as(secret), r2, ns, "a"); err != nil {
+		t.Fatalf("key on the other replica: %v", err)
+	}
+	if _, err := r1.admin.RevokeKey(admin(), &delaydv1.RevokeKeyRequest{Id: id}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(dlvWait)
+	for {
+		err := upsertAs(as(secret), r2, ns, "a")
+		if codeOf(err) == codes.Unauthenticated {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("revoked key still works on the other replica: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAutoCreate: with auto-create on, a task goes into a namespace that
+// did not exist, which then exists with the default policy.
+func TestAutoCreate(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{
+		tenancy: func(c *tenancy.Config) { c.AutoCreate = true },
+		server:  func(o *server.Options) { o.Auth = server.AuthOptions{Disabled: true} },
+	})
+	ns := "auto-" + dlvSuffix()
+	t.Cleanup(func() { e.drop(ns) })
+	if err := upsertAs(context.Background(), r, ns, "a"); err != nil {
+		t.Fatalf("UpsertTask into a new namespace with auto-create: %v", err)
+	}
+	got, err := r.admin.GetNamespace(context.Background(), &delaydv1.GetNamespaceRequest{Name: ns})
+	if err != nil || !cmp.Equal(defaultPolicyProto(), got.GetNamespace().GetPolicy(), protocmp.Transform()) {
+		t.Errorf("auto-created namespace = %v, %v; want the default policy", got, err)
+	}
+	// Reading does not create.
+	other := "auto-" + dlvSuffix()
+	if _, err := r.tasks.GetTask(context.Background(), &delaydv1.GetTaskRequest{Namespace: other, Id: "x"}); codeOf(err) != codes.NotFound {
+		t.Errorf("GetTask in an unknown namespace: %v", err)
+	}
+	if _, err := e.store.GetNamespace(context.Background(), other); err == nil {
+		e.drop(other)
+		t.Errorf("a read created namespace %s", other)
+	}
+}
+
+// TestPolicyChangeReachesRunningDispatcher: a new ack timeout set through
+// one replica is used by another replica's running dispatcher for its next
+// deliveries, without a restart.
+func TestPolicyChangeReachesRunningDispatcher(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	ttl := func(c *tenancy.Config) { c.TTL = 200 * time.Millisecond }
+	r1 := e.replica(tenOpts{tenancy: ttl})
+	r2 := e.replica(tenOpts{tenancy: ttl})
+	ns := e.newNamespace(r1, "pol-", &delaydv1.NamespacePolicy{AckTimeout: durationpb.New(time.Hour)})
+
+	ctx, cancel := context.WithCancel(admin())
+	defer cancel()
+	stream, err := r2.dlv.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := func(id string) time.Duration {
+		t.Helper()
+		if err := upsertAs(admin(), r1, ns, id); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("Recv: %v", err)
+		}
+		d := resp.GetDelivery()
+		if _, err := r2.dlv.AckTasks(admin(), &delaydv1.AckTasksRequest{Namespace: ns, Tokens: []string{d.GetToken()}}); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetLeaseDeadline().AsTime().Sub(d.GetTask().GetDueTime().AsTime())
+	}
+	if l := lease("before"); l < 50*time.Minute {
+		t.Fatalf("lease before the change = %s, want about 1h", l)
+	}
+	if _, err := r1.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+		Namespace:  &delaydv1.Namespace{Name: ns, Policy: &delaydv1.NamespacePolicy{AckTimeout: durationpb.New(5 * time.Second)}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy.ack_timeout"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(dlvWait)
+	for i := 0; ; i++ {
+		if l := lease("after-" + string(rune('a'+i%26)) + dlvSuffix()); l <= 10*time.Second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the running dispatcher never used the new ack timeout")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
