@@ -77,6 +77,30 @@ type Config struct {
 	// DisableReflection turns off gRPC server reflection. Default: on, so
 	// grpcurl works with no .proto files at hand.
 	DisableReflection bool
+
+	// AdminKey is the bootstrap admin key: a global key with every scope,
+	// sent as gRPC metadata "authorization: Bearer <key>", for operators to
+	// create namespaces and their API keys with. Setting it turns API-key
+	// authentication on (16-512 printable ASCII characters). If empty,
+	// authentication is off and every client may do everything: the delayd
+	// binary refuses that against a real Redis unless --no-auth is given
+	// (server.ResolveAuth); Start allows it for tests and tools that run
+	// delayd in-process on loopback.
+	AdminKey string
+	// AutoCreateNamespaces creates an unknown namespace with the default
+	// policy on its first use. Default off when authentication is on
+	// (namespaces are created with NamespaceService.CreateNamespace);
+	// always on in embedded mode and while authentication is off.
+	AutoCreateNamespaces bool
+
+	// TLSCertFile and TLSKeyFile are the PEM certificate chain and private
+	// key the listener serves TLS with; both or neither. If neither,
+	// plaintext. A changed file is picked up without a restart.
+	TLSCertFile string
+	TLSKeyFile  string
+	// TLSClientCAFile, if set, requires every client to present a
+	// certificate signed by one of these PEM CAs (mTLS).
+	TLSClientCAFile string
 }
 
 // Defaults of Config.

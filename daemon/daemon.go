@@ -111,13 +111,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		return nil, fmt.Errorf("redis at %s does not answer: %w", d.redis.where, err)
 	}
 
-	// 2. The task store over it. Every namespace gets the same policy until
-	// the namespace registry serves per-namespace ones.
+	// 2. The task store over it.
 	store := redisstore.New(d.redis.client, redisstore.Options{
 		Logger:  logger.With("component", "redisstore"),
 		Timeout: cfg.StoreTimeout,
 	})
-	policies := storage.StaticPolicies{P: cfg.policy()}
 
 	// 2b. Durable mode: MySQL is the authority and store its index
 	// (durable.go); tasks is what the server and the dispatcher use.
@@ -130,11 +128,27 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		tasks = d.durable.store
 	}
 
+	// 2c. Tenancy (tenancy.go): namespaces with their policies and API keys,
+	// kept where the tasks' authority is; auth; TLS.
+	var regStore storage.Registry = store
+	if r, ok := tasks.(storage.Registry); ok {
+		regStore = r
+	}
+	ten, err := openTenancy(cfg, d.redis.embedded != nil, regStore, logger)
+	if err != nil {
+		return nil, err
+	}
+	var namespaces dispatcher.NamespaceLister = store
+	if l, ok := tasks.(dispatcher.NamespaceLister); ok {
+		namespaces = l
+	}
+
 	// 3. The dispatcher: pops due tasks for Subscribe streams.
 	d.dispatcher, err = dispatcher.New(dispatcher.Config{
 		Store:      tasks,
 		Wakeups:    store,
-		Policies:   policies,
+		Policies:   ten.registry,
+		Namespaces: namespaces,
 		Logger:     logger.With("component", "dispatcher"),
 		SafetyPoll: cfg.SafetyPoll,
 	})
@@ -149,7 +163,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Deliveries:        tasks,
 		DeadLetters:       tasks,
 		Counter:           tasks,
-		Policies:          policies,
+		Policies:          ten.registry,
+		Registry:          ten.registry,
+		Auth:              ten.auth,
+		TLS:               ten.tls,
 		Dispatcher:        d.dispatcher,
 		Limits:            cfg.Limits,
 		DisableReflection: cfg.DisableReflection,
@@ -185,7 +202,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		go d.durable.serveWhenIndexed(d.server, logger) // SERVING once the index is complete
 	}
 	logger.Info("delayd serving", "addr", d.Addr(), "store", d.redis.mode, "redis", d.redis.where,
-		"durable", d.durable != nil, "reflection", !cfg.DisableReflection)
+		"durable", d.durable != nil, "auth", !ten.auth.Disabled, "tls", ten.tls != nil,
+		"auto_create_namespaces", ten.registry.AutoCreate(), "reflection", !cfg.DisableReflection)
 	return d, nil
 }
 

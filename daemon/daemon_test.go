@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -129,6 +130,9 @@ func cleanNamespace(t *testing.T, url, ns string) {
 		if len(keys) > 0 {
 			rdb.Del(ctx, keys...)
 		}
+		// The namespace's registry record (auto-created on first use).
+		rdb.Del(ctx, "delayd:{registry}:ns:"+ns)
+		rdb.ZRem(ctx, "delayd:{registry}:namespaces", ns)
 	})
 }
 
@@ -532,5 +536,45 @@ func TestRunReturnsWithinShutdownTimeout(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "graceful stop timed out") {
 		t.Fatalf("no log of the cut-short drain:\n%s", logs.String())
+	}
+}
+
+// TestAdminKeyTurnsAuthOn starts a daemon on the real Redis with an admin
+// key: a call without a key is refused, the admin key works, and unknown
+// namespaces are not created behind the admin's back.
+func TestAdminKeyTurnsAuthOn(t *testing.T) {
+	t.Parallel()
+	const adminKey = "daemon-test-admin-key-0123456789"
+	ns := "dmn-" + suffix()
+	cleanNamespace(t, testRedisURL(), ns)
+	s := start(t, Config{RedisURL: testRedisURL(), AdminKey: adminKey})
+	ctx := ctxFor(t)
+
+	_, err := s.tasks.UpsertTask(ctx, upsert(ns, "t1"))
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("upsert without a key = %v, want Unauthenticated", err)
+	}
+	admin := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+adminKey)
+	_, err = s.tasks.UpsertTask(admin, upsert(ns, "t1"))
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("upsert into a namespace nobody created = %v, want NotFound", err)
+	}
+	if _, err := delaydv1.NewNamespaceServiceClient(s.conn).CreateNamespace(admin, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
+		t.Fatalf("CreateNamespace: %v", err)
+	}
+	if _, err := s.tasks.UpsertTask(admin, upsert(ns, "t1")); err != nil {
+		t.Fatalf("upsert with the admin key: %v", err)
+	}
+	// Health stays open: probes carry no key.
+	if resp, err := healthpb.NewHealthClient(s.conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health without a key = %v, %v", resp, err)
+	}
+}
+
+func TestBadAdminKeyRefusesToStart(t *testing.T) {
+	t.Parallel()
+	_, err := Start(t.Context(), Config{Listen: "127.0.0.1:0", AdminKey: "short"}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "admin key") {
+		t.Fatalf("Start with a 5-character admin key = %v, want a refusal naming the admin key", err)
 	}
 }

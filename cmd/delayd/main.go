@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayd/delayd/daemon"
+	"github.com/delayd/delayd/server"
 )
 
 const envPrefix = "DELAYD"
@@ -41,6 +42,12 @@ func main() {
 	fs.DurationVar(&cfg.SafetyPoll, "safety-poll", 0, "dispatcher safety-net poll interval; 0 = 1s")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
 	reflection := fs.Bool("reflection", true, "serve gRPC server reflection (for grpcurl)")
+	fs.StringVar(&cfg.AdminKey, "admin-key", "", "bootstrap admin key (16-512 printable ASCII); turns API-key auth on; e.g. $(openssl rand -hex 32)")
+	noAuth := fs.Bool("no-auth", false, "run without authentication against a real Redis: every client may do everything")
+	fs.BoolVar(&cfg.AutoCreateNamespaces, "auto-create-namespaces", false, "create an unknown namespace on first use (always on in embedded mode and without auth)")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate chain to serve TLS with (with --tls-key)")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&cfg.TLSClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates are required (mTLS)")
 	fs.Usage = func() { usage(fs) }
 
 	if err := ff.Parse(fs, os.Args[1:], ff.WithEnvVarPrefix(envPrefix)); err != nil {
@@ -52,6 +59,12 @@ func main() {
 	}
 	cfg.Limits.MaxConcurrentStreams = uint32(*maxStreams)
 	cfg.DisableReflection = !*reflection
+	// A shared Redis is never open to everyone by accident: without an
+	// admin key, --no-auth must say so (embedded mode is open by default).
+	if _, err := server.ResolveAuth(cfg.AdminKey, *noAuth, cfg.RedisURL == ""); err != nil {
+		fmt.Fprintf(os.Stderr, "delayd: %v\n", err)
+		os.Exit(2)
+	}
 
 	logger, err := daemon.NewLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
