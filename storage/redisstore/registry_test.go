@@ -93,3 +93,27 @@ func TestDropNamespace(t *testing.T) {
 		t.Errorf("second DropNamespace = %d, %v; want 0", n, err)
 	}
 }
+
+// TestRegistryUnavailableOnTimeout: every registry call against a Redis
+// that never answers fails with ErrUnavailable after the per-call timeout.
+func TestRegistryUnavailableOnTimeout(t *testing.T) {
+	t.Parallel()
+	addr := fakeRedis(t, func(string) string { return "" }) // never answers
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true,
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	t.Cleanup(func() { c.Close() })
+	s := New(c, Options{Timeout: 100 * time.Millisecond})
+	ctx := context.Background()
+	errs := map[string]error{}
+	_, errs["create namespace"] = s.CreateNamespace(ctx, storage.Namespace{Name: "slow"})
+	_, errs["get namespace"] = s.GetNamespace(ctx, "slow")
+	_, _, errs["list namespaces"] = s.ListNamespaces(ctx, "", 10)
+	_, errs["update namespace"] = s.UpdateNamespace(ctx, "slow", func(p storage.Policy) (storage.Policy, error) { return p, nil })
+	errs["delete namespace"] = s.DeleteNamespace(ctx, "slow")
+	errs["create key"] = s.CreateKey(ctx, storage.Key{ID: "0123456789abcdef", Namespace: "slow"})
+	_, errs["get key"] = s.GetKey(ctx, "0123456789abcdef")
+	_, errs["list keys"] = s.ListKeys(ctx, "slow")
+	errs["revoke key"] = s.RevokeKey(ctx, "0123456789abcdef")
+	_, errs["drop namespace"] = s.DropNamespace(ctx, "slow")
+	wantUnavailable(t, errs)
+}
