@@ -10,22 +10,24 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// The committer is a two-stage pipeline that group-commits writes:
+// The committer group-commits writes. One collector goroutine gathers the
+// ops callers submit into batches (up to MaxBatch rows / MaxBatchBytes,
+// lingering Linger for more when the queue runs dry) and hands each batch to
+// one of Committers workers:
 //
-//	callers ──op──▶ collect (stage 1: MySQL) ──batch──▶ indexLoop (stage 2: index) ──▶ done
+//	callers ──op──▶ collect ──batch──▶ worker: MySQL transaction ─▶ index writes ─▶ answers
 //
-// Stage 1 is one goroutine: it gathers the ops that are waiting (up to
-// MaxBatch rows / MaxBatchBytes, lingering Linger for more when the queue
-// runs dry), runs them as multi-row statements in ONE transaction, and
-// passes the committed batch on. Stage 2 is one goroutine: it applies the
-// index side of upserts and removes in commit order, then answers the
-// callers. While stage 2 indexes batch n, stage 1 already commits batch
-// n+1, and callers arriving meanwhile queue for batch n+2: the busier
-// MySQL is, the larger the batches.
+// A worker runs the batch's ops as multi-row statements in ONE transaction,
+// answers the ops that need nothing more, then applies the index side of
+// upserts and removes and answers those. Several workers commit at once, so
+// their fsyncs share InnoDB's group commit; while all are busy, arriving ops
+// queue into the next batch: the busier MySQL is, the larger the batches.
 //
-// Because both stages are serial, writes to one task reach MySQL and the
-// index in the same order. Within one transaction the ops keep their order
-// for each task (see segments).
+// Batches that run at the same time never touch the same task: an op whose
+// task is in a batch still running waits (with every later op of that task)
+// for the next batch. So the writes to one task reach MySQL and the index
+// in the order they were submitted, and within one transaction the ops keep
+// their order per task (see segments).
 
 // opKind is what an op does.
 type opKind uint8
@@ -42,8 +44,21 @@ type upsertRow struct {
 	id      string
 	kind    string
 	payload []byte
-	dueMS   int64
+	dueMS   int64 // absolute due time; for a relative one, the estimate MySQL keeps
 	gen     int64 // explicit generation; 0 = assigned by MySQL
+	// relative: the spec gave a delay, which the index resolves exactly
+	// against its own clock when it is written (see Store.Upsert).
+	relative bool
+	delay    time.Duration
+}
+
+// indexSpec is the index write of a row MySQL committed as t.
+func (r upsertRow) indexSpec(t storage.Task) storage.UpsertSpec {
+	sp := specOf(t)
+	if r.relative {
+		sp.DueTime, sp.Delay = time.Time{}, r.delay
+	}
+	return sp
 }
 
 // ackRow is one acked delivery.
@@ -145,86 +160,158 @@ func (s *Store) submit(ctx context.Context, o *op) error {
 	}
 }
 
-// collect is stage 1. It returns when Stop closes quit, after committing
-// what it holds; then it closes indexQ so stage 2 drains and ends.
+// batch is a set of ops one worker commits together.
+type batch struct {
+	ops  []*op
+	keys []taskKey // every task the ops touch (with repeats)
+}
+
+// collect forms batches and hands them to the workers. It returns when
+// Stop closed quit and every op it accepted has been answered; then it
+// closes work so the workers end.
 func (s *Store) collect() {
-	defer close(s.indexQ)
-	var timer *time.Timer
+	defer close(s.work)
+	var (
+		pending   []*op // accepted, not yet dispatched, in order
+		prows     int   // rows in pending
+		inflight  = map[taskKey]int{}
+		busy      int  // batches dispatched and not done
+		ready     bool // pending may go out (linger over, or full)
+		lingering bool // timer runs
+		quitting  bool
+		quit      = s.quit
+		timer     = time.NewTimer(time.Hour)
+	)
+	timer.Stop()
 	for {
-		var first *op
-		select {
-		case first = <-s.in:
-		case <-s.quit:
+		for busy < s.cfg.Committers && len(pending) > 0 && (ready || quitting || prows >= s.cfg.MaxBatch) {
+			b, rest := s.form(pending, inflight)
+			if b == nil {
+				break // everything pending waits for a running batch
+			}
+			pending, prows = rest, 0
+			for _, o := range pending {
+				r, _ := o.size()
+				prows += r
+			}
+			for _, k := range b.keys {
+				inflight[k]++
+			}
+			busy++
+			s.work <- b
+		}
+		if len(pending) == 0 {
+			ready = false
+		}
+		if quitting && busy == 0 && len(pending) == 0 {
 			return
 		}
-		batch := []*op{first}
-		rows, bytes := first.size()
+		var in chan *op
+		if !quitting && prows < 2*s.cfg.MaxBatch {
+			in = s.in
+		}
 		var lingerC <-chan time.Time
-		if s.cfg.Linger > 0 {
-			if timer == nil {
-				timer = time.NewTimer(s.cfg.Linger)
-			} else {
-				timer.Reset(s.cfg.Linger)
-			}
+		if lingering {
 			lingerC = timer.C
 		}
-	gather:
-		for rows < s.cfg.MaxBatch && bytes < s.cfg.MaxBatchBytes {
-			var o *op
-			select {
-			case o = <-s.in:
-			default:
-				if lingerC == nil {
-					break gather
-				}
-				select {
-				case o = <-s.in:
-				case <-lingerC:
-					lingerC = nil
-					break gather
-				case <-s.quit:
-					break gather
+		select {
+		case o := <-in:
+			if len(pending) == 0 && !ready {
+				if s.cfg.Linger > 0 {
+					timer.Reset(s.cfg.Linger)
+					lingering = true
+				} else {
+					ready = true
 				}
 			}
-			batch = append(batch, o)
-			r, b := o.size()
-			rows, bytes = rows+r, bytes+b
+			pending = append(pending, o)
+			r, _ := o.size()
+			prows += r
+		case <-lingerC:
+			lingering, ready = false, true
+		case b := <-s.doneQ:
+			busy--
+			for _, k := range b.keys {
+				if inflight[k]--; inflight[k] == 0 {
+					delete(inflight, k)
+				}
+			}
+		case <-quit:
+			quit, quitting = nil, true
 		}
-		if lingerC != nil && !timer.Stop() {
-			<-timer.C
-		}
-		s.commit(batch)
 	}
 }
 
-// commit runs batch in one transaction and passes it to stage 2. If the
+// form takes from pending, in order, the ops that touch no task of a
+// running batch (nor of an earlier op that has to wait), up to the batch
+// bounds. It returns nil when every pending op waits.
+func (s *Store) form(pending []*op, inflight map[taskKey]int) (*batch, []*op) {
+	b := &batch{}
+	var rest []*op
+	blocked := map[taskKey]bool{}
+	rows, bytes := 0, 0
+	for _, o := range pending {
+		if len(b.ops) > 0 && (rows >= s.cfg.MaxBatch || bytes >= s.cfg.MaxBatchBytes) {
+			rest = append(rest, o)
+			continue
+		}
+		wait := false
+		o.ids(func(id string) {
+			k := taskKey{o.ns, id}
+			if inflight[k] > 0 || blocked[k] {
+				wait = true
+			}
+		})
+		if wait {
+			o.ids(func(id string) { blocked[taskKey{o.ns, id}] = true })
+			rest = append(rest, o)
+			continue
+		}
+		b.ops = append(b.ops, o)
+		o.ids(func(id string) { b.keys = append(b.keys, taskKey{o.ns, id}) })
+		r, by := o.size()
+		rows, bytes = rows+r, bytes+by
+	}
+	if len(b.ops) == 0 {
+		return nil, pending
+	}
+	return b, rest
+}
+
+// worker commits batches until collect closes work.
+func (s *Store) worker() {
+	for b := range s.work {
+		s.run(b.ops)
+		s.doneQ <- b
+	}
+}
+
+// run commits ops in one transaction, answers those with nothing more to
+// do, applies the index side of the others and answers them. If the
 // transaction fails for a reason that is not MySQL's health (a bad row),
 // each op is retried alone so one bad op does not fail the others.
-func (s *Store) commit(batch []*op) {
-	err := s.commitOps(batch)
-	if err != nil && len(batch) > 1 && !unavailable(err) {
-		s.log.Warn("group commit failed; committing its writes one by one", "ops", len(batch), "err", err)
-		for _, o := range batch {
+func (s *Store) run(ops []*op) {
+	err := s.commitOps(ops)
+	if err != nil && len(ops) > 1 && !unavailable(err) {
+		s.log.Warn("group commit failed; committing its writes one by one", "ops", len(ops), "err", err)
+		for _, o := range ops {
 			o.err = s.commitOps([]*op{o})
 		}
 	} else {
-		for _, o := range batch {
+		for _, o := range ops {
 			o.err = err
 		}
 	}
 	var next []*op
-	for _, o := range batch {
-		switch {
-		case o.err != nil:
-			o.finish(nil)
-		case o.hasIndexStage():
+	for _, o := range ops {
+		if o.err == nil && o.hasIndexStage() {
 			next = append(next, o)
-		default:
+		} else {
 			o.finish(nil)
 		}
 	}
 	if len(next) > 0 {
-		s.indexQ <- next
+		s.applyIndex(next)
 	}
 }
 
@@ -345,18 +432,9 @@ func (s *Store) execSegment(ctx context.Context, tx *sql.Tx, sg segment) error {
 	return s.execRemoves(ctx, tx, sg.removes)
 }
 
-// indexLoop is stage 2: it applies committed upserts and removes to the
-// index in commit order and answers their callers. It ends when stage 1
-// closes indexQ.
-func (s *Store) indexLoop() {
-	for batch := range s.indexQ {
-		s.applyIndex(batch)
-	}
-}
-
-// applyIndex writes one committed batch to the index. Upserts of one
-// namespace go in one index call (the last write of each task, with its
-// MySQL generation); removes go one by one. Segments keep per-task order.
+// applyIndex writes committed upserts and removes to the index and answers
+// them. Upserts of one namespace go in one index call; removes go one by
+// one. Segments keep per-task order.
 func (s *Store) applyIndex(batch []*op) {
 	ctx, cancel := s.opCtx()
 	defer cancel()
@@ -391,7 +469,7 @@ func (s *Store) indexUpserts(ctx context.Context, ops []*op) {
 		for _, o := range byNS[ns] {
 			for i := range o.upserts {
 				results = append(results, &o.upserts[i])
-				specs = append(specs, specOf(o.upserts[i].Task))
+				specs = append(specs, o.rows[i].indexSpec(o.upserts[i].Task))
 			}
 		}
 		s.indexWrite(ctx, ns, specs, results)
@@ -427,6 +505,9 @@ func (s *Store) indexWrite(ctx context.Context, ns string, specs []storage.Upser
 			continue // a newer generation is already indexed
 		}
 		r.Earliest = res[i].Earliest
+		if !res[i].Task.DueTime.IsZero() {
+			r.Task.DueTime = res[i].Task.DueTime
+		}
 		if !res[i].Task.CreateTime.IsZero() {
 			r.Task.CreateTime = res[i].Task.CreateTime
 		}

@@ -19,9 +19,10 @@
 //     index (it knows the delivery in flight) and written through to MySQL
 //     with generation-guarded statements: an ack deletes only the acked
 //     generation (or moves it to a history table).
-//   - Writes from concurrent callers are group-committed: one committer
-//     goroutine gathers them into multi-row statements in one transaction,
-//     and applies the resulting index writes in commit order.
+//   - Writes from concurrent callers are group-committed: they are gathered
+//     into multi-row statements in shared transactions (a few at once, never
+//     two on the same task), and each task's writes reach MySQL and the
+//     index in the order they were made.
 //   - A reconciler (one leader at a time across replicas, a lease in Redis)
 //     rebuilds each namespace whose index marker is missing (a cold start,
 //     a Redis that lost everything) and, every ReconcileInterval, re-indexes
@@ -111,6 +112,9 @@ type Config struct {
 	// 10 seconds.
 	OpTimeout time.Duration
 
+	// Committers is how many group commits (transactions) run at once;
+	// concurrent commits share InnoDB's log flush. If zero, 4.
+	Committers int
 	// MaxBatch is the most task rows one group commit carries; a batch
 	// that is full is committed at once. One call larger than it is
 	// committed alone. If zero, 512.
@@ -158,6 +162,9 @@ func (c *Config) defaults() {
 	if c.OpTimeout <= 0 {
 		c.OpTimeout = 10 * time.Second
 	}
+	if c.Committers <= 0 {
+		c.Committers = 4
+	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 512
 	}
@@ -204,9 +211,10 @@ type Store struct {
 	log    *slog.Logger
 	leader string // leader lease name
 
-	// committer pipeline (committer.go)
+	// committer (committer.go)
 	in      chan *op
-	indexQ  chan []*op
+	work    chan *batch
+	doneQ   chan *batch
 	quit    chan struct{}
 	stopped chan struct{} // closed when Stop has finished
 
@@ -289,7 +297,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		idx:     cfg.Index,
 		log:     cfg.Logger,
 		in:      make(chan *op),
-		indexQ:  make(chan []*op, 1),
+		work:    make(chan *batch),
+		doneQ:   make(chan *batch),
 		quit:    make(chan struct{}),
 		stopped: make(chan struct{}),
 		ready:   make(chan struct{}),
@@ -310,9 +319,11 @@ func (s *Store) Start(ctx context.Context) error {
 		s.started = true
 		rctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
-		s.wg.Add(3)
+		s.wg.Add(2 + s.cfg.Committers)
 		go func() { defer s.wg.Done(); s.collect() }()
-		go func() { defer s.wg.Done(); s.indexLoop() }()
+		for range s.cfg.Committers {
+			go func() { defer s.wg.Done(); s.worker() }()
+		}
 		go func() { defer s.wg.Done(); s.reconcileLoop(rctx) }()
 	})
 	return nil
@@ -328,8 +339,9 @@ func (s *Store) Ready() <-chan struct{} { return s.ready }
 // Stop stops the reconciler, commits and indexes every write already
 // accepted, refuses new ones (storage.ErrUnavailable), waits for every
 // goroutine, and closes the MySQL pool; or gives up waiting when ctx is
-// done. Shutdown order: writers are refused first (quit), the committer
-// drains into the index stage, the index stage drains, then the pool closes.
+// done. Shutdown order: writers are refused first (quit), the collector
+// dispatches what it accepted and waits for the workers to finish it, the
+// workers end, then the pool closes.
 func (s *Store) Stop(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
@@ -337,9 +349,6 @@ func (s *Store) Stop(ctx context.Context) error {
 			s.cancel()
 		}
 		close(s.quit)
-		if !s.started {
-			close(s.indexQ)
-		}
 		done := make(chan struct{})
 		go func() { s.wg.Wait(); close(done) }()
 		select {
@@ -399,7 +408,11 @@ func (s *Store) now(ctx context.Context, ns string) time.Time {
 // ---- storage.Tasks ----
 
 // Upsert creates or replaces tasks of ns: MySQL first (generation decided
-// there), then the index with that generation. It returns only after the
+// there), then the index with that generation. A relative delay is resolved
+// by the index against its clock (Redis TIME, which decides due-ness) when
+// it writes the task, and that due time is answered; MySQL keeps this
+// replica's estimate of it (see now), which only matters if the task must
+// be restored from MySQL. It returns only after the
 // MySQL commit; an index failure after it is logged and repaired later
 // (the result then has Earliest false). Specs with an explicit Generation
 // are applied as such: Stale when MySQL holds a newer one. MySQL down:
@@ -420,7 +433,8 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		if payload == nil {
 			payload = []byte{}
 		}
-		rows[i] = upsertRow{id: sp.ID, kind: sp.Kind, payload: payload, dueMS: due.UnixMilli(), gen: sp.Generation}
+		rows[i] = upsertRow{id: sp.ID, kind: sp.Kind, payload: payload, dueMS: due.UnixMilli(), gen: sp.Generation,
+			relative: sp.DueTime.IsZero(), delay: sp.Delay}
 		if sp.Generation != 0 {
 			exact = true
 		}

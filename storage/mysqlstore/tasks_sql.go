@@ -535,7 +535,7 @@ func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, no
 	specs := make([]storage.UpsertSpec, len(applied))
 	results := make([]*storage.UpsertResult, len(applied))
 	for j, i := range applied {
-		specs[j] = specOf(res[i].Task)
+		specs[j] = rows[i].indexSpec(res[i].Task)
 		results[j] = &res[i]
 	}
 	s.indexWrite(ctx, ns, specs, results)
