@@ -341,3 +341,55 @@ func TestMigrateIdempotent(t *testing.T) {
 		t.Fatalf("schema version %d dirty %d, want %d clean", version, dirty, mysqlstore.SchemaVersion)
 	}
 }
+
+// TestTwoReplicasOneLeader: two stores (replicas) on one database and one
+// Redis start against a cold index; one takes the leader lease and rebuilds,
+// both become Ready, and the index holds every task once.
+func TestTwoReplicasOneLeader(t *testing.T) {
+	t.Parallel()
+	const total = 3000
+	dsn := newDB(t)
+	ctx := context.Background()
+	if err := mysqlstore.Migrate(ctx, dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	db := directDB(t, dsn)
+	ns := testNamespace()
+	var b strings.Builder
+	var args []any
+	b.WriteString("INSERT INTO delayd_tasks (namespace, id, payload, due_ms, state, generation, create_ms, update_ms) VALUES ")
+	for i := range total {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?, ?, '', ?, 1, 1, 0, 0)")
+		args = append(args, ns, fmt.Sprintf("r%05d", i), time.Now().Add(time.Hour).UnixMilli())
+	}
+	if _, err := db.Exec(b.String(), args...); err != nil {
+		t.Fatal(err)
+	}
+	url := startRedis(t)
+	holders := []string{"replica-a", "replica-b"}
+	var envs []*env
+	for _, h := range holders {
+		envs = append(envs, newEnvOn(t, dsn, url, func(c *mysqlstore.Config) {
+			c.Holder = h
+			c.IndexCheckInterval = 50 * time.Millisecond
+		}))
+	}
+	for _, e := range envs {
+		e.waitReady()
+	}
+	st, err := envs[0].store.Stats(ctx, ns)
+	if err != nil || st.Scheduled != total {
+		t.Fatalf("index holds %d scheduled (%v), want %d", st.Scheduled, err, total)
+	}
+	keys, err := envs[0].rdb.Keys(ctx, "delayd:lead:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("leader lease keys: %v %v, want one", keys, err)
+	}
+	holder, err := envs[0].rdb.Get(ctx, keys[0]).Result()
+	if err != nil || (holder != holders[0] && holder != holders[1]) {
+		t.Fatalf("lease held by %q (%v), want one of %v", holder, err, holders)
+	}
+}

@@ -466,6 +466,9 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 	}
 	ok, err := s.idx.Indexed(ctx, ns)
 	if err != nil {
+		s.markMu.Lock()
+		s.checked[ns] = now // the index is down: do not ask on every write
+		s.markMu.Unlock()
 		return
 	}
 	if !ok {
