@@ -69,6 +69,12 @@ build: ## Build bin/delayd, bin/delayctl and bin/delaybench.
 bench: services ## Short benchmark run (under 3 minutes); see docs/BENCHMARKS.md.
 	go run ./cmd/delaybench --short
 
+FUZZTIME ?= 30s
+
 .PHONY: fuzz
-fuzz: ## Fuzz the request validation and key builder for 30 s each.
-	go test ./server -run '^$$' -fuzz FuzzValidateAndKeys -fuzztime 30s
+fuzz: ## Fuzz client-input parsers (validation, keys, records, tokens, auth) for FUZZTIME (30s) each.
+	go test ./server -run '^$$' -fuzz '^FuzzValidateAndKeys$$' -fuzztime $(FUZZTIME)
+	go test ./server -run '^$$' -fuzz '^FuzzDecodeToken$$' -fuzztime $(FUZZTIME)
+	go test ./server -run '^$$' -fuzz '^FuzzAuthMetadata$$' -fuzztime $(FUZZTIME)
+	go test ./storage/redisstore -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME)
+	go test ./storage/redisstore -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME)
