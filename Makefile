@@ -62,7 +62,7 @@ run: ## Run delayd on :7070 (embedded store unless DELAYD_REDIS_URL is set).
 	go run ./cmd/delayd $(RUN_FLAGS)
 
 .PHONY: build
-build: ## Build bin/delayd, bin/delayctl and bin/delaybench.
+build: ## Build every command in cmd/ into ./bin.
 	go build -o $(BIN)/ ./cmd/...
 
 .PHONY: bench
