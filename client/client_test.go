@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/daemon"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 )
 
@@ -560,5 +561,45 @@ func TestConsumeFailsOnPermanentError(t *testing.T) {
 	err := c.Consume(t.Context(), "Not A Namespace", func(context.Context, *client.Delivery) error { return nil }, client.ConsumeOptions{})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("Consume with an invalid namespace = %v, want InvalidArgument", err)
+	}
+}
+
+func TestAPIKeyAgainstRealServer(t *testing.T) {
+	t.Parallel()
+	const adminKey = "client-test-admin-key-0123456789"
+	srv := startDelaydWith(t, daemon.Config{AdminKey: adminKey})
+	admin := newClient(t, srv.addr(), client.WithAPIKey(adminKey))
+	ns := namespace(t, admin)
+	setPolicy(t, admin, ns, &delaydv1.NamespacePolicy{})
+	other := namespace(t, admin)
+	setPolicy(t, admin, other, &delaydv1.NamespacePolicy{})
+	keys := delaydv1.NewNamespaceServiceClient(admin.Conn())
+	created, err := keys.CreateKey(t.Context(), &delaydv1.CreateKeyRequest{
+		Namespace: ns,
+		Scopes:    []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_PRODUCE, delaydv1.KeyScope_KEY_SCOPE_CONSUME},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nop := func(context.Context, *client.Delivery) error { return nil }
+	spec := client.TaskSpec{ID: "a", When: client.After(time.Hour)}
+
+	anon := newClient(t, srv.addr())
+	if _, err := anon.Upsert(t.Context(), ns, spec); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("Upsert without a key = %v, want Unauthenticated", err)
+	}
+	if err := anon.Consume(t.Context(), ns, nop, client.ConsumeOptions{}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("Consume without a key = %v, want Unauthenticated (and to return, not retry)", err)
+	}
+
+	team := newClient(t, srv.addr(), client.WithAPIKey(created.GetSecret()))
+	if _, err := team.Upsert(t.Context(), ns, spec); err != nil {
+		t.Errorf("Upsert with the namespace's key: %v", err)
+	}
+	if _, err := team.Upsert(t.Context(), other, spec); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("Upsert into another namespace = %v, want PermissionDenied", err)
+	}
+	if err := team.Consume(t.Context(), other, nop, client.ConsumeOptions{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("Consume of another namespace = %v, want PermissionDenied", err)
 	}
 }

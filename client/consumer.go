@@ -99,6 +99,7 @@ type PanicError struct {
 	Stack []byte
 }
 
+// Error says that the handler panicked and with what.
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
 
 // ConsumeOptions tune Consume. Zero fields take the defaults given.

@@ -54,11 +54,18 @@ type delayd struct {
 // it at the end of the test unless the test stopped it.
 func startDelayd(t *testing.T, listen string) *delayd {
 	t.Helper()
-	d, err := daemon.Start(t.Context(), daemon.Config{
-		Listen:          listen,
-		RedisURL:        redisURL(),
-		ShutdownTimeout: 5 * time.Second,
-	}, testLogger(t).With("side", "server"))
+	return startDelaydWith(t, daemon.Config{Listen: listen})
+}
+
+// startDelaydWith starts delayd with cfg, on the test Redis.
+func startDelaydWith(t *testing.T, cfg daemon.Config) *delayd {
+	t.Helper()
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	cfg.RedisURL = redisURL()
+	cfg.ShutdownTimeout = 5 * time.Second
+	d, err := daemon.Start(t.Context(), cfg, testLogger(t).With("side", "server"))
 	if err != nil {
 		t.Fatalf("start delayd: %v", err)
 	}
