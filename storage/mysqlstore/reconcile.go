@@ -291,6 +291,7 @@ func (s *Store) watchMarkers(ctx context.Context) {
 	s.markReady()
 }
 
+// markReady closes Ready (once).
 func (s *Store) markReady() {
 	s.readyOnce.Do(func() {
 		s.log.Info("index complete: every namespace is indexed from mysql")
