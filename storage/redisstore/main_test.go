@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,8 +49,12 @@ func testRedisClient(t testing.TB) *redis.Client {
 func testMiniClient(t testing.TB) *redis.Client {
 	t.Helper()
 	m := miniredis.RunT(t)
+	miniByAddr.Store(m.Addr(), m)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() {
+		c.Close()
+		miniByAddr.Delete(m.Addr())
+	})
 	return c
 }
 
@@ -164,6 +169,9 @@ func startCluster(t testing.TB, n int) *redis.ClusterClient {
 }
 
 var fmtSscanf = fmt.Sscanf
+
+// miniByAddr finds the miniredis of a test client by its address.
+var miniByAddr sync.Map
 
 // randomNS returns a random suffix for a test namespace.
 func randomNS(t testing.TB) string {

@@ -17,8 +17,8 @@ import (
 //
 //	gen,attempt,created,updated,due,kindlen,errlen|<kind><last error><payload>
 //
-// Every header number is a base-36 integer (lower case, '-' for negative)
-// and an empty field means 0. Times are Unix milliseconds; updated is stored
+// Every header number is a hexadecimal integer (lower case, '-' for
+// negative) and an empty field means 0. Times are Unix milliseconds; updated is stored
 // as the difference from created (empty while equal). due is the task's due
 // time and is stored only while the task is not in the due ZSET (whose score
 // holds it then): in flight it is the due time the task was popped at, when
@@ -41,19 +41,19 @@ var errBadRecord = errors.New("malformed task record")
 // encode returns the record in its stored form.
 func (r *record) encode() []byte {
 	b := make([]byte, 0, 32+len(r.kind)+len(r.lastErr)+len(r.payload))
-	b = appendB36(b, r.gen)
+	b = appendHex(b, r.gen)
 	b = append(b, ',')
-	b = appendB36(b, int64(r.attempt))
+	b = appendHex(b, int64(r.attempt))
 	b = append(b, ',')
-	b = appendB36(b, r.created)
+	b = appendHex(b, r.created)
 	b = append(b, ',')
-	b = appendB36(b, r.updated-r.created)
+	b = appendHex(b, r.updated-r.created)
 	b = append(b, ',')
-	b = appendB36(b, r.due)
+	b = appendHex(b, r.due)
 	b = append(b, ',')
-	b = appendB36(b, int64(len(r.kind)))
+	b = appendHex(b, int64(len(r.kind)))
 	b = append(b, ',')
-	b = appendB36(b, int64(len(r.lastErr)))
+	b = appendHex(b, int64(len(r.lastErr)))
 	b = append(b, '|')
 	b = append(b, r.kind...)
 	b = append(b, r.lastErr...)
@@ -61,11 +61,11 @@ func (r *record) encode() []byte {
 	return b
 }
 
-func appendB36(b []byte, n int64) []byte {
+func appendHex(b []byte, n int64) []byte {
 	if n == 0 {
 		return b
 	}
-	return strconv.AppendInt(b, n, 36)
+	return strconv.AppendInt(b, n, 16)
 }
 
 // decodeRecord parses a stored record.
@@ -88,7 +88,7 @@ func decodeRecord(s string) (record, error) {
 		if field == "" {
 			continue
 		}
-		n, err := strconv.ParseInt(field, 36, 64)
+		n, err := strconv.ParseInt(field, 16, 64)
 		if err != nil {
 			return record{}, errBadRecord
 		}

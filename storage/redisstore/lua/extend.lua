@@ -2,33 +2,33 @@
 --
 -- KEYS[1] inflight ZSET, KEYS[2] task HASH
 -- ARGV[1] by ms
--- ARGV[2] n; then per token i (from 0), at ARGV[3+3i ..]: id, generation,
---         attempt
+-- ARGV[2] n (at most 1,000); then per token i (from 0), at ARGV[3+3i ..]:
+--         id, generation, attempt
 --
 -- Returns {new lease deadline ms, then one status per token: 1 OK, 2 STALE,
 -- 3 NOT_FOUND (unchanged)}.
 local now = now_ms()
 local deadline = now + tonumber(ARGV[1])
-local d = int(deadline)
 local n = tonumber(ARGV[2])
 local out = {deadline}
+if n == 0 then
+  return out
+end
+local ids = {}
+for i = 0, n - 1 do
+  ids[i + 1] = ARGV[3 + 3 * i]
+end
+local recs = redis.call('HMGET', KEYS[2], unpack(ids))
+local leased = redis.call('ZMSCORE', KEYS[1], unpack(ids))
+local d = int(deadline)
+local zargs = {}
 for i = 0, n - 1 do
   local j = 3 + 3 * i
-  local id = ARGV[j]
-  local g, a = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-  local st = 3
-  local rec = redis.call('HGET', KEYS[2], id)
-  if rec then
-    local r = parse(rec)
-    if r.gen == g and r.attempt == a then
-      if redis.call('ZSCORE', KEYS[1], id) then
-        redis.call('ZADD', KEYS[1], d, id)
-        st = 1
-      end
-    elseif r.gen > g or (r.gen == g and r.attempt > a) then
-      st = 2
-    end
+  local st = token_status(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
+  if st == 1 then
+    push(zargs, d, ids[i + 1])
   end
   out[#out + 1] = st
 end
+flush('ZADD', KEYS[1], zargs)
 return out

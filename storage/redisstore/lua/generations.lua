@@ -5,10 +5,13 @@
 --
 -- Returns one generation per id, 0 when the task is absent.
 local out = {}
+if #ARGV == 0 then
+  return out
+end
+local recs = redis.call('HMGET', KEYS[1], unpack(ARGV))
 for i = 1, #ARGV do
-  local rec = redis.call('HGET', KEYS[1], ARGV[i])
-  if rec then
-    out[i] = dec(string.match(rec, '^([^,]*),'))
+  if recs[i] then
+    out[i] = gen_created(recs[i])
   else
     out[i] = 0
   end

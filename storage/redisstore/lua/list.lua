@@ -43,14 +43,21 @@ if got == limit then
   out[2] = items[#items]
   out[3] = items[#items - 1]
 end
+local ids, scores = {}, {}
 for i = 1, #items, 2 do
   local id, score = items[i], items[i + 1]
   if not (cs and tonumber(score) == cs and le(id, cid)) then
-    local rec = redis.call('HGET', KEYS[2], id)
-    if rec then
-      out[#out + 1] = id
-      out[#out + 1] = score
-      out[#out + 1] = rec
+    ids[#ids + 1] = id
+    scores[#scores + 1] = score
+  end
+end
+if #ids > 0 then
+  local recs = redis.call('HMGET', KEYS[2], unpack(ids))
+  for i = 1, #ids do
+    if recs[i] then
+      out[#out + 1] = ids[i]
+      out[#out + 1] = scores[i]
+      out[#out + 1] = recs[i]
     end
   end
 end

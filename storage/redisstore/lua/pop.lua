@@ -20,27 +20,26 @@ if #items == 0 then
 end
 -- the popped tasks are exactly the first #items/2 members of due
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #items / 2 - 1)
+local ids = {}
+for i = 1, #items, 2 do
+  ids[#ids + 1] = items[i]
+end
+local recs = redis.call('HMGET', KEYS[3], unpack(ids))
 local zargs, hargs = {}, {}
 local d = int(deadline)
-for i = 1, #items, 2 do
-  local id = items[i]
-  local rec = redis.call('HGET', KEYS[3], id)
+for k = 1, #ids do
+  local id, rec = ids[k], recs[k]
   if rec then
     local r = parse(rec)
     r.attempt = r.attempt + 1
-    r.due = tonumber(items[i + 1])
+    r.due = tonumber(items[2 * k])
     r.updated = now
     rec = rewrite(rec, r)
-    zargs[#zargs + 1] = d
-    zargs[#zargs + 1] = id
-    hargs[#hargs + 1] = id
-    hargs[#hargs + 1] = rec
-    out[#out + 1] = id
-    out[#out + 1] = rec
+    push(zargs, d, id)
+    push(hargs, id, rec)
+    push(out, id, rec)
   end
 end
-if #zargs > 0 then
-  redis.call('ZADD', KEYS[2], unpack(zargs))
-  redis.call('HSET', KEYS[3], unpack(hargs))
-end
+flush('ZADD', KEYS[2], zargs)
+flush('HSET', KEYS[3], hargs)
 return out

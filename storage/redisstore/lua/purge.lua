@@ -6,20 +6,24 @@
 -- ARGV[2] limit (with ARGV[1] = '1', at most 1,000)
 --
 -- Returns the ids deleted.
-local ids
+local ids = {}
 if ARGV[1] == '1' then
   ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
-else
-  ids = {}
+elseif #ARGV >= 3 then
+  local given, seen = {}, {}
   for i = 3, #ARGV do
-    ids[#ids + 1] = ARGV[i]
+    if not seen[ARGV[i]] then
+      seen[ARGV[i]] = true
+      given[#given + 1] = ARGV[i]
+    end
+  end
+  local dead = redis.call('ZMSCORE', KEYS[1], unpack(given))
+  for i = 1, #given do
+    if dead[i] then
+      ids[#ids + 1] = given[i]
+    end
   end
 end
-local out = {}
-for i = 1, #ids do
-  if redis.call('ZREM', KEYS[1], ids[i]) == 1 then
-    redis.call('HDEL', KEYS[2], ids[i])
-    out[#out + 1] = ids[i]
-  end
-end
-return out
+flush('ZREM', KEYS[1], ids)
+flush('HDEL', KEYS[2], ids)
+return ids

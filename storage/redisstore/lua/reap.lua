@@ -16,22 +16,22 @@
 -- state (1 scheduled, 3 dead), time (due ms or death ms)}.
 local now = now_ms()
 local p = retry_policy(3)
-local K = {due = KEYS[1], dead = KEYS[3], task = KEYS[4]}
-local items = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(now), 'LIMIT', 0,
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(now), 'LIMIT', 0,
   tonumber(ARGV[11]))
 local out = {now}
-if #items == 0 then
+if #ids == 0 then
   return out
 end
-redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #items - 1)
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #ids - 1)
+local recs = redis.call('HMGET', KEYS[4], unpack(ids))
 local first = head(KEYS[1])
 local wake = false
-for i = 1, #items do
-  local id = items[i]
-  local rec = redis.call('HGET', KEYS[4], id)
+local W = {due = {}, dead = {}, task = {}}
+for i = 1, #ids do
+  local id, rec = ids[i], recs[i]
   if rec then
     local r = parse(rec)
-    local state, at = settle(K, id, rec, r, now, p, i)
+    local state, at = settle(W, id, rec, r, now, p, i)
     if state == 1 and (first == nil or at < first) then
       first = at
       wake = true
@@ -43,6 +43,7 @@ for i = 1, #items do
     out[#out + 1] = at
   end
 end
+apply(W, KEYS[1], KEYS[3], KEYS[4])
 if wake then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end

@@ -13,32 +13,47 @@
 -- Returns {now ms, then 3 values per moved task: id, generation, due ms}.
 local now = now_ms()
 local due = now + tonumber(ARGV[3])
-local ids
+local out = {now}
+local ids = {}
 if ARGV[4] == '1' then
   ids = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[5]) - 1)
-else
-  ids = {}
+elseif #ARGV >= 6 then
+  local given, seen = {}, {}
   for i = 6, #ARGV do
-    ids[#ids + 1] = ARGV[i]
+    if not seen[ARGV[i]] then
+      seen[ARGV[i]] = true
+      given[#given + 1] = ARGV[i]
+    end
   end
-end
-local first = head(KEYS[1])
-local out = {now}
-for i = 1, #ids do
-  local id = ids[i]
-  if redis.call('ZREM', KEYS[2], id) == 1 then
-    local rec = redis.call('HGET', KEYS[3], id)
-    if rec then
-      local r = parse(rec)
-      r.attempt, r.due, r.updated = 0, 0, now
-      redis.call('HSET', KEYS[3], id, rewrite(rec, r))
-      redis.call('ZADD', KEYS[1], int(due), id)
-      out[#out + 1] = id
-      out[#out + 1] = r.gen
-      out[#out + 1] = due
+  local dead = redis.call('ZMSCORE', KEYS[2], unpack(given))
+  for i = 1, #given do
+    if dead[i] then
+      ids[#ids + 1] = given[i]
     end
   end
 end
+if #ids == 0 then
+  return out
+end
+local recs = redis.call('HMGET', KEYS[3], unpack(ids))
+local first = head(KEYS[1])
+local d = int(due)
+local zadd, hset = {}, {}
+for i = 1, #ids do
+  local rec = recs[i]
+  if rec then
+    local r = parse(rec)
+    r.attempt, r.due, r.updated = 0, 0, now
+    push(hset, ids[i], rewrite(rec, r))
+    push(zadd, d, ids[i])
+    out[#out + 1] = ids[i]
+    out[#out + 1] = r.gen
+    out[#out + 1] = due
+  end
+end
+flush('ZREM', KEYS[2], ids)
+flush('ZADD', KEYS[1], zadd)
+flush('HSET', KEYS[3], hset)
 if #out > 1 and (first == nil or due < first) then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end

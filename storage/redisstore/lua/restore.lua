@@ -3,43 +3,68 @@
 --
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] task HASH
 -- ARGV[1] wake channel, ARGV[2] namespace
--- ARGV[3] n; then per task i (from 0), at ARGV[4+5i ..]: id, generation,
---         state (1 = due, 3 = dead), score (due ms or death ms), record
+-- ARGV[3] n (at most 1,000); then per task i (from 0), at ARGV[4+5i ..]: id,
+--         generation, state (1 = due, 3 = dead), score (due ms or death
+--         ms), record
 --
 -- Publishes the namespace on the wake channel when a task became earlier
 -- than the head of due.
 --
--- Returns the number of tasks written.
+-- Returns the number of tasks written (an id given twice counts once).
 local n = tonumber(ARGV[3])
+if n == 0 then
+  return 0
+end
+local ids = {}
+for i = 0, n - 1 do
+  ids[i + 1] = ARGV[4 + 5 * i]
+end
+local olds = redis.call('HMGET', KEYS[4], unpack(ids))
 local first = head(KEYS[1])
 local wake = false
-local written = 0
+local final, order, zrem = {}, {}, {} -- id -> argument index of its write
 for i = 0, n - 1 do
   local j = 4 + 5 * i
-  local id = ARGV[j]
+  local id = ids[i + 1]
   local gen = tonumber(ARGV[j + 1])
-  local old = redis.call('HGET', KEYS[4], id)
-  if not old or parse(old).gen < gen then
-    if old then
-      redis.call('ZREM', KEYS[1], id)
-      redis.call('ZREM', KEYS[2], id)
-      redis.call('ZREM', KEYS[3], id)
-    end
-    local score = tonumber(ARGV[j + 3])
-    if ARGV[j + 2] == '3' then
-      redis.call('ZADD', KEYS[3], ARGV[j + 3], id)
-    else
-      redis.call('ZADD', KEYS[1], ARGV[j + 3], id)
-      if first == nil or score < first then
-        first = score
-        wake = true
+  local have
+  if final[id] then
+    have = tonumber(ARGV[final[id] + 1])
+  elseif olds[i + 1] then
+    have = gen_created(olds[i + 1])
+  end
+  if not have or have < gen then
+    if not final[id] then
+      order[#order + 1] = id
+      if olds[i + 1] then
+        zrem[#zrem + 1] = id
       end
     end
-    redis.call('HSET', KEYS[4], id, ARGV[j + 4])
-    written = written + 1
+    final[id] = j
   end
 end
+local zdue, zdead, hset = {}, {}, {}
+for _, id in ipairs(order) do
+  local j = final[id]
+  local score = tonumber(ARGV[j + 3])
+  if ARGV[j + 2] == '3' then
+    push(zdead, ARGV[j + 3], id)
+  else
+    push(zdue, ARGV[j + 3], id)
+    if first == nil or score < first then
+      first = score
+      wake = true
+    end
+  end
+  push(hset, id, ARGV[j + 4])
+end
+flush('ZREM', KEYS[1], zrem)
+flush('ZREM', KEYS[2], zrem)
+flush('ZREM', KEYS[3], zrem)
+flush('ZADD', KEYS[1], zdue)
+flush('ZADD', KEYS[3], zdead)
+flush('HSET', KEYS[4], hset)
 if wake then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end
-return written
+return #order

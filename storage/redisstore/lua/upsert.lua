@@ -3,13 +3,15 @@
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] task HASH
 -- ARGV[1] wake channel
 -- ARGV[2] namespace (the wake-up message)
--- ARGV[3] n, the number of tasks; then 6 arguments per task i (from 0), at
---         ARGV[4+6i ..]: id, due ms ('' = now + delay), delay ms,
---         generation ('0' = bump the stored one, 1 if new), kind, payload
+-- ARGV[3] n, the number of tasks (at most 1,000); then 6 arguments per task
+--         i (from 0), at ARGV[4+6i ..]: id, due ms ('' = now + delay),
+--         delay ms, generation ('0' = bump the stored one, 1 if new), kind,
+--         payload
 --
 -- Each task goes to due at its due time, out of inflight and dead, with
 -- attempt 0, last error cleared, create time kept. A given generation older
--- than the stored one changes nothing (stale). When a task becomes earlier
+-- than the stored one changes nothing (stale). A later task with the id of
+-- an earlier one in the same call replaces it. When a task becomes earlier
 -- than the head of due, the namespace is published on the wake channel
 -- (once per call).
 --
@@ -20,12 +22,22 @@
 --     2 delivered, 3 dead), c = its score in that state's ZSET
 local now = now_ms()
 local n = tonumber(ARGV[3])
+local out = {now}
+if n == 0 then
+  return out
+end
+local ids = {}
+for i = 0, n - 1 do
+  ids[i + 1] = ARGV[4 + 6 * i]
+end
+local olds = redis.call('HMGET', KEYS[4], unpack(ids))
 local first = head(KEYS[1])
 local wake = false
-local out = {now}
+local pending = {} -- id -> {rec, due} written by this call
+local zadd, hset, zrem = {}, {}, {}
 for i = 0, n - 1 do
   local j = 4 + 6 * i
-  local id = ARGV[j]
+  local id = ids[i + 1]
   local due
   if ARGV[j + 1] == '' then
     due = now + tonumber(ARGV[j + 2])
@@ -34,37 +46,48 @@ for i = 0, n - 1 do
   end
   local want = tonumber(ARGV[j + 3])
   local kind = ARGV[j + 4]
-  local old = redis.call('HGET', KEYS[4], id)
+  local pend = pending[id]
+  local old = olds[i + 1]
+  if pend then
+    old = pend.rec
+  end
   local gen, created, code = 1, now, 1
   local stale = false
   if old then
-    local r = parse(old)
-    code, created = 0, r.created
+    local ogen
+    ogen, created = gen_created(old)
+    code = 0
     if want == 0 then
-      gen = r.gen + 1
-    elseif r.gen > want then
+      gen = ogen + 1
+    elseif ogen > want then
       stale = true
     else
       gen = want
     end
-    if not stale then
-      redis.call('ZREM', KEYS[2], id)
-      redis.call('ZREM', KEYS[3], id)
+    if not stale and not pend then
+      zrem[#zrem + 1] = id
     end
   elseif want > 0 then
     gen = want
   end
   if stale then
-    local st, sc = locate(KEYS[1], KEYS[2], KEYS[3], id)
+    local st, sc
+    if pend then
+      st, sc = 1, pend.due
+    else
+      st, sc = locate(KEYS[1], KEYS[2], KEYS[3], id)
+    end
     out[#out + 1] = 4
     out[#out + 1] = old
     out[#out + 1] = st
     out[#out + 1] = sc
   else
-    redis.call('ZADD', KEYS[1], int(due), id)
     local r = {gen = gen, attempt = 0, created = created, updated = now, due = 0,
       kl = #kind, el = 0}
-    redis.call('HSET', KEYS[4], id, header(r) .. kind .. ARGV[j + 5])
+    local rec = header(r) .. kind .. ARGV[j + 5]
+    push(zadd, int(due), id)
+    push(hset, id, rec)
+    pending[id] = {rec = rec, due = due}
     if first == nil or due < first then
       first = due
       code = code + 2
@@ -76,6 +99,10 @@ for i = 0, n - 1 do
     out[#out + 1] = due
   end
 end
+flush('ZREM', KEYS[2], zrem)
+flush('ZREM', KEYS[3], zrem)
+flush('ZADD', KEYS[1], zadd)
+flush('HSET', KEYS[4], hset)
 if wake then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end

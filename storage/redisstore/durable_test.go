@@ -1,0 +1,278 @@
+package redisstore
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// stores returns the real-Redis and the miniredis store, by name.
+func stores(t *testing.T) map[string]*Store {
+	return map[string]*Store{
+		"redis":    New(testRedisClient(t), Options{}),
+		"embedded": New(testMiniClient(t), Options{}),
+	}
+}
+
+// dropNS deletes every key of ns when t ends.
+func dropNS(t *testing.T, s *Store, ns string) {
+	t.Cleanup(func() {
+		k := keysFor(ns, shard)
+		s.rdb.Del(context.Background(), allKeys(k)...)
+	})
+}
+
+func TestRestore(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := "rs-" + randomNS(t)
+			dropNS(t, s, ns)
+			base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+			in := []storage.Task{
+				{ID: "sched", Kind: "k", Payload: []byte("p1"), State: storage.StateScheduled, DueTime: base.Add(2 * time.Hour),
+					Generation: 4, Attempt: 0, CreateTime: base, UpdateTime: base.Add(time.Minute)},
+				{ID: "deliv", Payload: []byte("p2"), State: storage.StateDelivered, DueTime: base.Add(-time.Minute),
+					LeaseDeadline: base.Add(time.Hour), Generation: 2, Attempt: 3, CreateTime: base, UpdateTime: base, LastError: "boom"},
+				{ID: "dead", Payload: []byte("p3"), State: storage.StateDead, DueTime: base.Add(-2 * time.Minute),
+					DeadTime: base.Add(time.Second), Generation: 9, Attempt: 10, CreateTime: base, UpdateTime: base.Add(time.Second), LastError: "gave up"},
+			}
+			n, err := s.Restore(ctx, ns, in)
+			if err != nil || n != 3 {
+				t.Fatalf("restore = %d, %v; want 3", n, err)
+			}
+			want := []storage.Task{in[0], in[1], in[2]}
+			for i := range want {
+				want[i].Namespace = ns
+			}
+			// a delivered task comes back scheduled at its due time
+			want[1].State = storage.StateScheduled
+			want[1].LeaseDeadline = time.Time{}
+			var got []storage.Task
+			for _, id := range []string{"sched", "deliv", "dead"} {
+				task, err := s.Get(ctx, ns, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, task)
+			}
+			if diff := cmp.Diff(want, got, cmpopts.EquateApproxTime(0)); diff != "" {
+				t.Errorf("restored tasks (-want +got):\n%s", diff)
+			}
+
+			// the same or an older generation is not written again
+			older := in[0]
+			older.Generation = 3
+			older.Payload = []byte("old")
+			if n, err := s.Restore(ctx, ns, []storage.Task{in[0], older, in[2]}); err != nil || n != 0 {
+				t.Errorf("restore of known generations = %d, %v; want 0", n, err)
+			}
+			if task, _ := s.Get(ctx, ns, "sched"); string(task.Payload) != "p1" {
+				t.Errorf("older generation overwrote the index: payload %q", task.Payload)
+			}
+
+			// Lua reads what Go wrote: the restored delivered task is popped
+			// with its attempt counted on, then acked.
+			ds, err := s.Pop(ctx, ns, 10, time.Minute)
+			if err != nil || len(ds) != 1 || ds[0].Task.ID != "deliv" || ds[0].Task.Attempt != 4 || ds[0].Task.LastError != "boom" || string(ds[0].Task.Payload) != "p2" {
+				t.Fatalf("pop after restore = %+v, %v", ds, err)
+			}
+			// a newer generation replaces an in-flight task and takes it out
+			// of flight
+			newer := in[1]
+			newer.Generation = 3
+			newer.Attempt = 0
+			newer.State = storage.StateScheduled
+			newer.DueTime = base.Add(5 * time.Hour)
+			if n, err := s.Restore(ctx, ns, []storage.Task{newer}); err != nil || n != 1 {
+				t.Fatalf("restore of a newer generation = %d, %v", n, err)
+			}
+			if st, _ := s.Ack(ctx, ns, []storage.Token{ds[0].Token}); st[0] != storage.TokenStale {
+				t.Errorf("ack after newer restore = %v, want STALE", st)
+			}
+			if task, _ := s.Get(ctx, ns, "deliv"); task.State != storage.StateScheduled || task.Generation != 3 || !task.DueTime.Equal(newer.DueTime) {
+				t.Errorf("after newer restore: %+v", task)
+			}
+			st, _ := s.Stats(ctx, ns)
+			if st.Scheduled != 2 || st.Delivered != 0 || st.Dead != 1 {
+				t.Errorf("stats = %+v, want 2 scheduled, 1 dead", st)
+			}
+		})
+	}
+}
+
+func TestGenerations(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := "gen-" + randomNS(t)
+			dropNS(t, s, ns)
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a"}, {ID: "b", Generation: 41}, {ID: "a"}}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Generations(ctx, ns, []string{"a", "missing", "b"})
+			if err != nil || !slices.Equal(got, []int64{2, 0, 41}) {
+				t.Errorf("generations = %v, %v; want [2 0 41]", got, err)
+			}
+			ids := make([]string, 2500)
+			for i := range ids {
+				ids[i] = "none"
+			}
+			ids[2499] = "b"
+			got, err = s.Generations(ctx, ns, ids)
+			if err != nil || len(got) != 2500 || got[2499] != 41 || got[0] != 0 {
+				t.Errorf("generations of 2500 ids: %d values, last %v, %v", len(got), got[len(got)-1], err)
+			}
+		})
+	}
+}
+
+func TestIndexedMarker(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := "mark-" + randomNS(t)
+			dropNS(t, s, ns)
+			if ok, err := s.Indexed(ctx, ns); err != nil || ok {
+				t.Fatalf("indexed before marking = %v, %v", ok, err)
+			}
+			if err := s.MarkIndexed(ctx, ns); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := s.Indexed(ctx, ns); err != nil || !ok {
+				t.Errorf("indexed after marking = %v, %v", ok, err)
+			}
+			if ok, _ := s.Indexed(ctx, ns+"x"); ok {
+				t.Errorf("another namespace is marked")
+			}
+		})
+	}
+}
+
+func TestTryLead(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			lease := "test-" + randomNS(t)
+			t.Cleanup(func() { s.rdb.Del(context.Background(), leaderKey(lease)) })
+			try := func(holder string, ttl time.Duration) bool {
+				t.Helper()
+				ok, err := s.TryLead(ctx, lease, holder, ttl)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			if !try("a", time.Hour) {
+				t.Fatal("a could not take a free lease")
+			}
+			if try("b", time.Hour) {
+				t.Fatal("b took a lease a holds")
+			}
+			if !try("a", 100*time.Millisecond) {
+				t.Fatal("a could not renew its lease")
+			}
+			if try("b", time.Hour) {
+				t.Fatal("b took a renewed lease")
+			}
+			// once a stops renewing, the lease runs out and b gets it
+			deadline := time.Now().Add(20 * time.Second)
+			for !try("b", time.Hour) {
+				if time.Now().After(deadline) {
+					t.Fatal("b never got the expired lease")
+				}
+				if name == "embedded" {
+					time.Sleep(10 * time.Millisecond)
+					miniFastForward(t, s, 10*time.Millisecond)
+				} else {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			if try("a", time.Hour) {
+				t.Error("a took b's lease back")
+			}
+		})
+	}
+}
+
+// miniFastForward advances miniredis' TTL clock (miniredis expires keys
+// only when told time passed).
+func miniFastForward(t *testing.T, s *Store, d time.Duration) {
+	t.Helper()
+	// DEBUG SLEEP is not in miniredis; the test client reaches the server
+	// through the address only, so look it up by address.
+	if m, ok := miniByAddr.Load(s.rdb.(*redis.Client).Options().Addr); ok {
+		m.(interface{ FastForward(time.Duration) }).FastForward(d)
+	}
+}
+
+func TestNamespaces(t *testing.T) {
+	t.Parallel()
+	run := func(t *testing.T, s *Store) {
+		ctx := context.Background()
+		a, b := "nsa-"+randomNS(t), "nsb-"+randomNS(t)
+		dropNS(t, s, a)
+		dropNS(t, s, b)
+		if _, err := s.Upsert(ctx, a, []storage.UpsertSpec{{ID: "x"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.MarkIndexed(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Namespaces(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(got, a) || !slices.Contains(got, b) || !slices.IsSorted(got) {
+			t.Errorf("namespaces = %v, want sorted and holding %s and %s", got, a, b)
+		}
+		for _, ns := range got {
+			if storage.ValidateNamespace(ns) != nil {
+				t.Errorf("namespaces lists %q, not a namespace name", ns)
+			}
+		}
+	}
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			run(t, s)
+		})
+	}
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		s := New(startCluster(t, 2), Options{})
+		// enough namespaces that both masters hold some
+		var names []string
+		ctx := context.Background()
+		for range 8 {
+			ns := "nsc-" + randomNS(t)
+			names = append(names, ns)
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := s.Namespaces(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(names)
+		if diff := cmp.Diff(names, got); diff != "" {
+			t.Errorf("namespaces (-want +got):\n%s", diff)
+		}
+	})
+}
