@@ -72,3 +72,50 @@ func TestWriteThrough(t *testing.T) {
 		t.Fatalf("second remove: %v, want ErrNotFound", err)
 	}
 }
+
+// TestDeadLetterWriteThrough: dead-lettering keeps the attempt count and
+// the last error in MySQL; requeue and purge are written through.
+func TestDeadLetterWriteThrough(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	ns := testNamespace()
+	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "d1", Delay: -time.Second}, {ID: "d2", Delay: -time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := e.store.Pop(ctx, ns, 2, time.Minute)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("pop: %v %v", ds, err)
+	}
+	toks := []storage.Token{ds[0].Token, ds[1].Token}
+	if _, _, err := e.store.Nack(ctx, ns, toks, storage.NackOptions{MaxAttempts: 1, Reason: "gave up"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"d1", "d2"} {
+		r, ok := e.row(ns, id)
+		if !ok || r.State != int(storage.StateDead) || r.Attempt != 1 || r.LastError != "gave up" {
+			t.Fatalf("mysql row of dead %s: %+v %v", id, r, ok)
+		}
+	}
+	var deadMS int64
+	if err := e.db.QueryRow("SELECT dead_ms FROM delayd_tasks WHERE namespace = ? AND id = 'd1'", ns).Scan(&deadMS); err != nil || deadMS == 0 {
+		t.Fatalf("dead_ms = %d (%v), want the time it died", deadMS, err)
+	}
+	moved, err := e.store.Requeue(ctx, ns, []string{"d1"}, false, 0, 0)
+	if err != nil || len(moved) != 1 {
+		t.Fatalf("requeue: %v %v", moved, err)
+	}
+	if r, _ := e.row(ns, "d1"); r.State != int(storage.StateScheduled) || r.Attempt != 0 {
+		t.Fatalf("mysql row after requeue: %+v", r)
+	}
+	purged, err := e.store.Purge(ctx, ns, []string{"d1", "d2"}, false, 0)
+	if err != nil || len(purged) != 1 || purged[0] != "d2" {
+		t.Fatalf("purge: %v %v, want [d2] (d1 is scheduled again)", purged, err)
+	}
+	if _, ok := e.row(ns, "d2"); ok {
+		t.Fatal("purged d2 still in mysql")
+	}
+	if _, ok := e.row(ns, "d1"); !ok {
+		t.Fatal("purge deleted d1, which is not dead")
+	}
+}
