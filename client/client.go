@@ -23,14 +23,17 @@ const (
 	DefaultTimeout = 5 * time.Second
 )
 
-// DefaultRetryPolicy is the retry policy a Client has unless [WithRetry]
-// replaces it: up to 4 attempts, waiting a random time up to 100 ms, 200 ms,
-// 400 ms (capped at 2 s) between them, for calls that fail with Unavailable.
-var DefaultRetryPolicy = RetryPolicy{
-	MaxAttempts:    4,
-	InitialBackoff: 100 * time.Millisecond,
-	MaxBackoff:     2 * time.Second,
-	Multiplier:     2,
+// DefaultRetryPolicy returns the retry policy a Client has unless
+// [WithRetry] replaces it: up to 4 attempts, waiting a random time up to
+// 100 ms, 200 ms, 400 ms (capped at 2 s) between them, for calls that fail
+// with Unavailable.
+func DefaultRetryPolicy() RetryPolicy {
+	return RetryPolicy{
+		MaxAttempts:    4,
+		InitialBackoff: 100 * time.Millisecond,
+		MaxBackoff:     2 * time.Second,
+		Multiplier:     2,
+	}
 }
 
 // RetryPolicy says how a unary call that failed with codes.Unavailable is
@@ -145,7 +148,7 @@ type Client struct {
 func New(target string, opts ...Option) (*Client, error) {
 	o := options{
 		timeout:    DefaultTimeout,
-		retry:      DefaultRetryPolicy,
+		retry:      DefaultRetryPolicy(),
 		maxBackoff: 5 * time.Second,
 	}
 	for _, opt := range opts {
