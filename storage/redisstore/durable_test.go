@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -275,4 +277,50 @@ func TestNamespaces(t *testing.T) {
 			t.Errorf("namespaces (-want +got):\n%s", diff)
 		}
 	})
+}
+
+func TestListCursorChecks(t *testing.T) {
+	t.Parallel()
+	s := New(testMiniClient(t), Options{})
+	ctx := context.Background()
+	if _, err := s.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}, {ID: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, next, err := s.List(ctx, "ns", storage.StateScheduled, 1, "")
+	if err != nil || next == "" {
+		t.Fatalf("first page: next %q, %v", next, err)
+	}
+	for _, c := range []string{"garbage", "1:x:a", "1:12:a{b}", "1:12"} {
+		if _, _, err := s.List(ctx, "ns", storage.StateScheduled, 1, c); !errors.Is(err, ErrInvalidCursor) {
+			t.Errorf("cursor %q: err = %v, want ErrInvalidCursor", c, err)
+		}
+	}
+	if _, _, err := s.List(ctx, "ns", storage.StateDead, 1, next); !errors.Is(err, ErrInvalidCursor) {
+		t.Errorf("a scheduled cursor for dead tasks: err = %v, want ErrInvalidCursor", err)
+	}
+	page, _, err := s.List(ctx, "ns", storage.StateUnspecified, 5, next)
+	if err != nil || len(page) != 1 || page[0].ID != "b" {
+		t.Errorf("UNSPECIFIED lists scheduled: %v, %v", page, err)
+	}
+}
+
+func TestPopLimitCappedAtMaxBatch(t *testing.T) {
+	t.Parallel()
+	s := New(testMiniClient(t), Options{})
+	ctx := context.Background()
+	specs := make([]storage.UpsertSpec, MaxBatch+5)
+	for i := range specs {
+		specs[i] = storage.UpsertSpec{ID: "t" + strconv.Itoa(i)}
+	}
+	if _, err := s.Upsert(ctx, "ns", specs); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := s.Pop(ctx, "ns", 5000, time.Minute)
+	if err != nil || len(ds) != MaxBatch {
+		t.Errorf("pop of 5000: %d, %v; want %d", len(ds), err, MaxBatch)
+	}
+	st, _ := s.Stats(ctx, "ns")
+	if st.Scheduled != 5 || st.Delivered != MaxBatch {
+		t.Errorf("stats = %+v", st)
+	}
 }

@@ -138,6 +138,12 @@ func testAck(t *testing.T, newStore func(t *testing.T) Store) {
 		},
 		want: []Row{row("x", deliv, 1, 1, "")},
 	}, {
+		name:  "the same token twice in one call: OK, then NOT_FOUND",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			e.wantStatuses("ack", e.ack(e.tok["x"], e.tok["x"]), statuses(storage.TokenOK, storage.TokenNotFound))
+		},
+	}, {
 		name: "empty batch",
 		run: func(e *env) {
 			if st := e.ack(); len(st) != 0 {
@@ -239,6 +245,17 @@ func testNack(t *testing.T, newStore func(t *testing.T) Store) {
 			}
 		},
 		want: []Row{row("y", sched, 1, 1, ""), row("x", dead, 1, 1, "bad payload")},
+	}, {
+		name:  "the same token twice in one call: OK, then NOT_FOUND",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			st, mv := e.nack(storage.NackOptions{RetryAfter: dur(time.Hour), Reason: "r"}, e.tok["x"], e.tok["x"])
+			e.wantStatuses("nack", st, statuses(storage.TokenOK, storage.TokenNotFound))
+			if len(mv) != 1 {
+				e.t.Errorf("moved = %+v, want one", mv)
+			}
+		},
+		want: []Row{row("x", sched, 1, 1, "r")},
 	}, {
 		name:  "stale and unknown tokens change nothing",
 		seeds: []Seed{{ID: "x", State: deliv}, {ID: "z", State: deliv}},

@@ -101,6 +101,14 @@ func testUpsert(t *testing.T, newStore func(t *testing.T) Store) {
 			if !r.Stale || r.Created || r.Task.Generation != 7 || string(r.Task.Payload) != "g7" || r.Task.State != sched {
 				e.t.Errorf("older generation result = %+v, want stale with the stored generation 7 task", r)
 			}
+			// within one batch, as in separate calls
+			rs := e.upsert(
+				storage.UpsertSpec{ID: "z", Payload: []byte("z9"), Delay: time.Hour, Generation: 9},
+				storage.UpsertSpec{ID: "z", Payload: []byte("z8"), Delay: time.Hour, Generation: 8},
+			)
+			if rs[0].Stale || !rs[1].Stale || rs[1].Task.Generation != 9 || string(rs[1].Task.Payload) != "z9" || rs[1].Task.State != sched {
+				e.t.Errorf("batch results = %+v, want the second stale with the first's task", rs)
+			}
 			r = e.upsert(storage.UpsertSpec{ID: "y", Payload: []byte("y"), Delay: time.Hour, Generation: 3})[0]
 			r = e.upsert(storage.UpsertSpec{ID: "y", Payload: []byte("y4"), Delay: time.Hour})[0]
 			if r.Task.Generation != 4 {
@@ -110,6 +118,7 @@ func testUpsert(t *testing.T, newStore func(t *testing.T) Store) {
 		want: []Row{
 			{ID: "x", State: sched, Generation: 7, Payload: "g7"},
 			{ID: "y", State: sched, Generation: 4, Payload: "y4"},
+			{ID: "z", State: sched, Generation: 9, Payload: "z9"},
 		},
 	}, {
 		name: "batch answers in order and tells which task became the earliest",
