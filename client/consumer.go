@@ -237,8 +237,7 @@ type consumer struct {
 
 type job struct {
 	d    *Delivery
-	recv time.Time  // local time it arrived
-	line *streamRun // the stream it came on
+	recv time.Time // local time it arrived
 }
 
 func newConsumer(c *Client, ns string, h Handler, opts ConsumeOptions) *consumer {
@@ -405,7 +404,7 @@ func (cs *consumer) receive(ctx context.Context, r *streamRun) error {
 		}
 		r.received = true
 		d := &Delivery{Task: taskFromProto(pd.GetTask()), Token: pd.GetToken(), LeaseDeadline: timeFromProto(pd.GetLeaseDeadline())}
-		j := job{d: d, recv: time.Now(), line: r}
+		j := job{d: d, recv: time.Now()}
 		select {
 		case <-r.stop:
 			// Stopping: the delivery stays with the stream, which hands it
