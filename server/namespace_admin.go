@@ -495,8 +495,8 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	total := st.Scheduled + st.Delivered + st.Dead
 	if total > 0 && !req.GetForce() {
 		return nil, status.Errorf(codes.FailedPrecondition,
-			"namespace %q still has %d tasks (%d scheduled, %d delivered, %d dead): remove them first, or delete with force to delete them too",
-			name, total, st.Scheduled, st.Delivered, st.Dead)
+			"namespace %q still has tasks (%d scheduled, %d delivered, %d dead): remove them first, or delete with force to delete them too",
+			name, st.Scheduled, st.Delivered, st.Dead)
 	}
 	var deleted int64
 	if total > 0 {
