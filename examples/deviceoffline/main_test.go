@@ -28,13 +28,17 @@ type started struct {
 // serves, and runs it until the test ends.
 func start(t *testing.T, offlineAfter time.Duration, setup func(*App)) *started {
 	t.Helper()
-	cfg := Config{
-		DelaydAddr:   exampletest.Delayd(t),
-		MySQLDSN:     exampletest.Database(t, "ex_devices"),
-		Namespace:    "devices-" + exampletest.Suffix(),
-		OfflineAfter: offlineAfter,
-		HTTPAddr:     "127.0.0.1:0",
-		Concurrency:  4,
+	// The program's own flags, with durations shortened to seconds.
+	cfg, err := parseConfig([]string{
+		"-delayd", exampletest.Delayd(t),
+		"-mysql-dsn", exampletest.Database(t, "ex_devices"),
+		"-namespace", "devices-" + exampletest.Suffix(),
+		"-offline-after", offlineAfter.String(),
+		"-http", "127.0.0.1:0",
+		"-concurrency", "4",
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	app, err := open(t.Context(), cfg, exampletest.Logger(t))
 	if err != nil {

@@ -62,18 +62,13 @@ type Config struct {
 }
 
 func main() {
-	var cfg Config
-	flag.StringVar(&cfg.DelaydAddr, "delayd", envOr("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address (env DELAYD_ADDR)")
-	flag.StringVar(&cfg.APIKey, "api-key", os.Getenv("DELAYD_API_KEY"), "delayd API key with produce and consume scopes (env DELAYD_API_KEY)")
-	flag.StringVar(&cfg.MySQLDSN, "mysql-dsn", envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/library"), "MySQL DSN, go-sql-driver form (env MYSQL_DSN)")
-	flag.StringVar(&cfg.Namespace, "namespace", "loans", "delayd namespace of the overdue tasks")
-	flag.DurationVar(&cfg.LoanPeriod, "loan-period", 30*24*time.Hour, "loan period from confirm to due date")
-	flag.DurationVar(&cfg.RenewBy, "renew-by", 14*24*time.Hour, "how far a renewal moves the due date")
-	flag.DurationVar(&cfg.ReconcileEvery, "reconcile-every", 10*time.Minute, "how often the reconciliation query runs (0: never)")
-	flag.DurationVar(&cfg.ReconcileGrace, "reconcile-grace", time.Minute, "how long past its due date a BORROWED loan must be for the reconciliation to re-upsert its task")
-	flag.StringVar(&cfg.HTTPAddr, "http", "127.0.0.1:8081", "HTTP API listen address")
-	flag.IntVar(&cfg.Concurrency, "concurrency", 8, "overdue handlers running at once")
-	flag.Parse()
+	cfg, err := parseConfig(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		os.Exit(2) // the flag package has printed the error and the usage
+	}
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -82,6 +77,25 @@ func main() {
 		logger.Error("loanoverdue failed", "error", err)
 		os.Exit(1)
 	}
+}
+
+// parseConfig reads the flags (and their environment defaults) into a
+// Config.
+func parseConfig(args []string) (Config, error) {
+	var cfg Config
+	fs := flag.NewFlagSet("loanoverdue", flag.ContinueOnError)
+	fs.StringVar(&cfg.DelaydAddr, "delayd", envOr("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address (env DELAYD_ADDR)")
+	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("DELAYD_API_KEY"), "delayd API key with produce and consume scopes (env DELAYD_API_KEY)")
+	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/library"), "MySQL DSN, go-sql-driver form (env MYSQL_DSN)")
+	fs.StringVar(&cfg.Namespace, "namespace", "loans", "delayd namespace of the overdue tasks")
+	fs.DurationVar(&cfg.LoanPeriod, "loan-period", 30*24*time.Hour, "loan period from confirm to due date")
+	fs.DurationVar(&cfg.RenewBy, "renew-by", 14*24*time.Hour, "how far a renewal moves the due date")
+	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", 10*time.Minute, "how often the reconciliation query runs (0: never)")
+	fs.DurationVar(&cfg.ReconcileGrace, "reconcile-grace", time.Minute, "how long past its due date a BORROWED loan must be for the reconciliation to re-upsert its task")
+	fs.StringVar(&cfg.HTTPAddr, "http", "127.0.0.1:8081", "HTTP API listen address")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 8, "overdue handlers running at once")
+	err := fs.Parse(args)
+	return cfg, err
 }
 
 func envOr(key, def string) string {

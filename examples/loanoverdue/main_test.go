@@ -31,14 +31,19 @@ type started struct {
 // cfg asks; tests call Reconcile directly.
 func start(t *testing.T, period, renewBy time.Duration, setup func(*App)) *started {
 	t.Helper()
-	cfg := Config{
-		DelaydAddr:  exampletest.Delayd(t),
-		MySQLDSN:    exampletest.Database(t, "ex_loans"),
-		Namespace:   "loans-" + exampletest.Suffix(),
-		LoanPeriod:  period,
-		RenewBy:     renewBy,
-		HTTPAddr:    "127.0.0.1:0",
-		Concurrency: 4,
+	// The program's own flags, with durations shortened to seconds.
+	cfg, err := parseConfig([]string{
+		"-delayd", exampletest.Delayd(t),
+		"-mysql-dsn", exampletest.Database(t, "ex_loans"),
+		"-namespace", "loans-" + exampletest.Suffix(),
+		"-loan-period", period.String(),
+		"-renew-by", renewBy.String(),
+		"-reconcile-every", "0",
+		"-http", "127.0.0.1:0",
+		"-concurrency", "4",
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	app, err := open(t.Context(), cfg, exampletest.Logger(t))
 	if err != nil {

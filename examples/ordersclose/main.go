@@ -55,15 +55,13 @@ type Config struct {
 }
 
 func main() {
-	var cfg Config
-	flag.StringVar(&cfg.DelaydAddr, "delayd", envOr("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address (env DELAYD_ADDR)")
-	flag.StringVar(&cfg.APIKey, "api-key", os.Getenv("DELAYD_API_KEY"), "delayd API key with produce and consume scopes (env DELAYD_API_KEY)")
-	flag.StringVar(&cfg.MySQLDSN, "mysql-dsn", envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/orders"), "MySQL DSN, go-sql-driver form (env MYSQL_DSN)")
-	flag.StringVar(&cfg.Namespace, "namespace", "orders", "delayd namespace of the close tasks")
-	flag.DurationVar(&cfg.CloseAfter, "close-after", 15*time.Minute, "how long an order may wait for payment")
-	flag.StringVar(&cfg.HTTPAddr, "http", "127.0.0.1:8080", "HTTP API listen address")
-	flag.IntVar(&cfg.Concurrency, "concurrency", 8, "close handlers running at once")
-	flag.Parse()
+	cfg, err := parseConfig(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		os.Exit(2) // the flag package has printed the error and the usage
+	}
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -72,6 +70,22 @@ func main() {
 		logger.Error("ordersclose failed", "error", err)
 		os.Exit(1)
 	}
+}
+
+// parseConfig reads the flags (and their environment defaults) into a
+// Config.
+func parseConfig(args []string) (Config, error) {
+	var cfg Config
+	fs := flag.NewFlagSet("ordersclose", flag.ContinueOnError)
+	fs.StringVar(&cfg.DelaydAddr, "delayd", envOr("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address (env DELAYD_ADDR)")
+	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("DELAYD_API_KEY"), "delayd API key with produce and consume scopes (env DELAYD_API_KEY)")
+	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/orders"), "MySQL DSN, go-sql-driver form (env MYSQL_DSN)")
+	fs.StringVar(&cfg.Namespace, "namespace", "orders", "delayd namespace of the close tasks")
+	fs.DurationVar(&cfg.CloseAfter, "close-after", 15*time.Minute, "how long an order may wait for payment")
+	fs.StringVar(&cfg.HTTPAddr, "http", "127.0.0.1:8080", "HTTP API listen address")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 8, "close handlers running at once")
+	err := fs.Parse(args)
+	return cfg, err
 }
 
 func envOr(key, def string) string {

@@ -34,13 +34,17 @@ type started struct {
 // before it serves, and runs it until the test ends.
 func start(t *testing.T, closeAfter time.Duration, setup func(*App)) *started {
 	t.Helper()
-	cfg := Config{
-		DelaydAddr:  exampletest.Delayd(t),
-		MySQLDSN:    exampletest.Database(t, "ex_orders"),
-		Namespace:   "orders-" + exampletest.Suffix(),
-		CloseAfter:  closeAfter,
-		HTTPAddr:    "127.0.0.1:0",
-		Concurrency: 8,
+	// The program's own flags, with durations shortened to seconds.
+	cfg, err := parseConfig([]string{
+		"-delayd", exampletest.Delayd(t),
+		"-mysql-dsn", exampletest.Database(t, "ex_orders"),
+		"-namespace", "orders-" + exampletest.Suffix(),
+		"-close-after", closeAfter.String(),
+		"-http", "127.0.0.1:0",
+		"-concurrency", "8",
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	logger := exampletest.Logger(t)
 	app, err := open(t.Context(), cfg, logger)
