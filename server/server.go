@@ -51,12 +51,15 @@ const (
 	keepaliveMinClientPing = 10 * time.Second
 )
 
-// ServiceNames are the delayd services a Server registers, in the form the
-// health and reflection services use.
-var ServiceNames = []string{
-	delaydv1.TaskService_ServiceDesc.ServiceName,
-	delaydv1.DeliveryService_ServiceDesc.ServiceName,
-	delaydv1.NamespaceService_ServiceDesc.ServiceName,
+// ServiceNames returns the full names of the delayd services a Server
+// registers ("delayd.v1.TaskService", ...), as the health and reflection
+// services name them. Each call returns a new slice.
+func ServiceNames() []string {
+	return []string{
+		delaydv1.TaskService_ServiceDesc.ServiceName,
+		delaydv1.DeliveryService_ServiceDesc.ServiceName,
+		delaydv1.NamespaceService_ServiceDesc.ServiceName,
+	}
 }
 
 // Server is delayd's gRPC server. Its methods are safe for concurrent use.
@@ -173,7 +176,7 @@ func (s *Server) SetServing(serving bool) {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
 	s.health.SetServingStatus("", st)
-	for _, name := range ServiceNames {
+	for _, name := range ServiceNames() {
 		s.health.SetServingStatus(name, st)
 	}
 }

@@ -51,13 +51,13 @@ func TestReflectionListsDelaydServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range append(slices.Clone(server.ServiceNames), "grpc.health.v1.Health") {
+	for _, want := range append(server.ServiceNames(), "grpc.health.v1.Health") {
 		if !slices.Contains(names, want) {
 			t.Errorf("reflection lists %v; %s missing", names, want)
 		}
 	}
-	if len(server.ServiceNames) != 3 {
-		t.Errorf("ServiceNames = %v, want the three delayd services", server.ServiceNames)
+	if len(server.ServiceNames()) != 3 {
+		t.Errorf("ServiceNames = %v, want the three delayd services", server.ServiceNames())
 	}
 }
 
@@ -66,7 +66,7 @@ func TestHealthServingThenNotServingOnShutdown(t *testing.T) {
 	e := newTskEnv(t, tskOpts{})
 	ctx := tskCtx(t)
 	health := healthpb.NewHealthClient(e.conn)
-	for _, svc := range append([]string{""}, server.ServiceNames...) {
+	for _, svc := range append([]string{""}, server.ServiceNames()...) {
 		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
 		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			t.Fatalf("Check(%q) = %v, %v; want SERVING", svc, resp, err)
@@ -76,7 +76,7 @@ func TestHealthServingThenNotServingOnShutdown(t *testing.T) {
 	// SetServing(false) is what the daemon does while starting or
 	// rebuilding, and first thing on shutdown.
 	e.server.SetServing(false)
-	resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: server.ServiceNames[0]})
+	resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: server.ServiceNames()[0]})
 	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("after SetServing(false): %v, %v; want NOT_SERVING", resp, err)
 	}
