@@ -418,23 +418,17 @@ func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Dur
 	return out, nil
 }
 
-// tokenArgs appends id, generation, attempt per token. Tokens of another
-// namespace are not sent; skip[i] marks them.
-func tokenArgs(args []any, ns string, tokens []storage.Token) ([]any, []bool) {
-	var skip []bool
-	for i, t := range tokens {
+// tokenArgs appends id, generation, attempt per token. A token of another
+// namespace is sent with an id no task has, so it answers NOT_FOUND.
+func tokenArgs(args []any, ns string, tokens []storage.Token) []any {
+	for _, t := range tokens {
 		if t.Namespace != "" && t.Namespace != ns {
-			if skip == nil {
-				skip = make([]bool, len(tokens))
-			}
-			skip[i] = true
-			// An id that no task can have: answers NOT_FOUND.
 			args = append(args, "", 0, 0)
 			continue
 		}
 		args = append(args, t.ID, t.Generation, t.Attempt)
 	}
-	return args, skip
+	return args
 }
 
 func tokenStatus(v any) storage.TokenStatus {
@@ -460,7 +454,7 @@ func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]s
 	err := chunks(len(tokens), func(lo, hi int) error {
 		args := make([]any, 0, 1+3*(hi-lo))
 		args = append(args, hi-lo)
-		args, _ = tokenArgs(args, ns, tokens[lo:hi])
+		args = tokenArgs(args, ns, tokens[lo:hi])
 		rep, err := s.runSlice(ctx, "ack", scripts.ack, []string{k.inflight, k.task}, args...)
 		if err != nil {
 			return err
@@ -529,7 +523,7 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 		args = append(args, s.wake, ns)
 		args = append(args, retryArgs(opts.RetryAfter, opts)...)
 		args = append(args, len(part))
-		args, _ = tokenArgs(args, ns, part)
+		args = tokenArgs(args, ns, part)
 		rep, err := s.runSlice(ctx, "nack", scripts.nack, keys, args...)
 		if err != nil {
 			return err
@@ -563,7 +557,7 @@ func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, b
 	err := chunks(len(tokens), func(lo, hi int) error {
 		args := make([]any, 0, 2+3*(hi-lo))
 		args = append(args, max(by.Milliseconds(), 0), hi-lo)
-		args, _ = tokenArgs(args, ns, tokens[lo:hi])
+		args = tokenArgs(args, ns, tokens[lo:hi])
 		rep, err := s.runSlice(ctx, "extend", scripts.extend, []string{k.inflight, k.task}, args...)
 		if err != nil {
 			return err
