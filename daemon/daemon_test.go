@@ -578,3 +578,30 @@ func TestBadAdminKeyRefusesToStart(t *testing.T) {
 		t.Fatalf("Start with a 5-character admin key = %v, want a refusal naming the admin key", err)
 	}
 }
+
+// TestStoreTimeoutBoundsHungRedis holds one call's Redis traffic forever:
+// the call answers Unavailable once StoreTimeout has passed (the client's
+// own deadline is much longer), so a hung Redis cannot hold requests.
+func TestStoreTimeoutBoundsHungRedis(t *testing.T) {
+	t.Parallel()
+	ns := "dmn-" + suffix()
+	cleanNamespace(t, testRedisURL(), ns)
+	proxy := newHoldProxy(t, strings.TrimPrefix(testRedisURL(), "redis://"))
+	// The socket read timeout (30 s) is longer than the client's deadline
+	// (10 s): only the store timeout (300 ms) can end the call in time.
+	s := start(t, Config{RedisURL: proxy.url() + "?read_timeout=30s", StoreTimeout: 300 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id := "hung-" + suffix()
+	if _, err := s.tasks.UpsertTask(ctx, upsert(ns, id)); err != nil {
+		t.Fatal(err)
+	}
+	proxy.hold(id)
+	_, err := s.tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: id})
+	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "store unavailable, safe to retry" {
+		t.Fatalf("GetTask on a hung Redis = %v %q, want Unavailable", st.Code(), st.Message())
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the call ended only with the client's deadline")
+	}
+}

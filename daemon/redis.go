@@ -32,7 +32,10 @@ func (r *redisConn) close() error {
 }
 
 // openRedis connects to rawURL as Config.RedisURL documents; "" starts an
-// embedded miniredis on a free loopback port.
+// embedded miniredis on a free loopback port. Every client honours context
+// deadlines (go-redis ContextTimeoutEnabled), so the store's per-call
+// timeout and a caller's own deadline bound each Redis call, not only the
+// socket timeouts.
 func openRedis(rawURL string) (*redisConn, error) {
 	if rawURL == "" {
 		m := miniredis.NewMiniRedis()
@@ -40,7 +43,7 @@ func openRedis(rawURL string) (*redisConn, error) {
 			return nil, fmt.Errorf("embedded store: %w", err)
 		}
 		return &redisConn{
-			client:   redis.NewClient(&redis.Options{Addr: m.Addr()}),
+			client:   redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true}),
 			embedded: m,
 			mode:     "embedded",
 			where:    m.Addr(),
@@ -53,12 +56,14 @@ func openRedis(rawURL string) (*redisConn, error) {
 		if err != nil {
 			return nil, err
 		}
+		opts.ContextTimeoutEnabled = true
 		return &redisConn{client: redis.NewClusterClient(opts), mode: "redis-cluster", where: redact(rawURL)}, nil
 	default:
 		opts, err := redis.ParseURL(rawURL)
 		if err != nil {
 			return nil, fmt.Errorf("redis url %s: %w", redact(rawURL), unwrapURLError(err))
 		}
+		opts.ContextTimeoutEnabled = true
 		return &redisConn{client: redis.NewClient(opts), mode: "redis", where: redact(rawURL)}, nil
 	}
 }
