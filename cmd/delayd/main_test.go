@@ -46,11 +46,24 @@ func TestBinary(t *testing.T) {
 			t.Fatalf("--help: %v\n%s", err, out)
 		}
 		for _, flag := range []string{"listen", "redis-url", "mysql-dsn", "log-level", "log-format", "max-batch",
-			"max-message-bytes", "max-payload-bytes", "shutdown-timeout", "reflection"} {
+			"max-message-bytes", "max-payload-bytes", "shutdown-timeout", "reflection", "admin-key", "no-auth", "tls-cert"} {
 			env := "DELAYD_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 			if !strings.Contains(string(out), "--"+flag+"  ("+env+")") {
 				t.Errorf("--help lacks --%s (%s):\n%s", flag, env, out)
 			}
+		}
+	})
+
+	t.Run("a real Redis without auth is refused", func(t *testing.T) {
+		cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--redis-url", "redis://127.0.0.1:6379")
+		for _, kv := range os.Environ() { // no DELAYD_* from the caller's shell
+			if !strings.HasPrefix(kv, "DELAYD_") {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+		out, err := cmd.CombinedOutput()
+		if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "--no-auth") {
+			t.Fatalf("exit %v, %v; want exit 2 naming --admin-key and --no-auth:\n%s", cmd.ProcessState, err, out)
 		}
 	})
 
