@@ -409,7 +409,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
 		return 0, nil
 	}
 	k := keysFor(ns, shard)
-	v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace, []string{k.due, k.inflight, k.dead, k.task})
+	v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace, []string{k.due, k.inflight, k.dead, k.task, k.indexed})
 	if err != nil {
 		return 0, err
 	}

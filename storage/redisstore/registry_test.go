@@ -75,6 +75,9 @@ func TestDropNamespace(t *testing.T) {
 	if _, err := s.Pop(ctx, ns, 1, time.Minute); err != nil {
 		t.Fatalf("Pop: %v", err)
 	}
+	if err := s.MarkIndexed(ctx, ns); err != nil {
+		t.Fatalf("MarkIndexed: %v", err)
+	}
 	n, err := s.DropNamespace(ctx, ns)
 	if err != nil || n != 25 {
 		t.Fatalf("DropNamespace = %d, %v; want 25", n, err)
@@ -85,6 +88,11 @@ func TestDropNamespace(t *testing.T) {
 	}
 	if _, err := s.Get(ctx, ns, "t3"); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("Get after drop: err = %v, want ErrNotFound", err)
+	}
+	// A re-created namespace must start unindexed, or durable mode would
+	// never rebuild it from MySQL.
+	if ok, err := s.Indexed(ctx, ns); err != nil || ok {
+		t.Errorf("Indexed after drop = %v, %v; want false", ok, err)
 	}
 	if st, _ := s.Stats(ctx, keep); st.Scheduled+st.Delivered != 25 {
 		t.Errorf("the other namespace lost tasks: %+v", st)
