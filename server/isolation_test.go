@@ -275,7 +275,9 @@ func listServices(conn *grpc.ClientConn) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := st.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+	// A Send that fails with io.EOF means the server already ended the
+	// stream (e.g. Unimplemented); Recv returns that status.
+	if err := st.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	resp, err := st.Recv()
