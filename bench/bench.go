@@ -225,8 +225,12 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 		if err != nil {
 			return Result{Workload: w.Name, System: sysName, Params: w, Skipped: err.Error()}
 		}
+		key := d.apiKey
+		if cfg.APIKey != "" {
+			key = cfg.APIKey
+		}
 		ds, err := newDelaydSystem(delaydConfig{
-			Addr: d.addr, APIKey: cfg.APIKey, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
+			Addr: d.addr, APIKey: key, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
 			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger,
 		})
 		if err != nil {

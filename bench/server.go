@@ -25,25 +25,31 @@ import (
 // how to stop it.
 type delayd struct {
 	addr string
+	// apiKey is the admin key delaybench started it with; "" for an
+	// external delayd (then --api-key applies).
+	apiKey string
 	// cpu measures the process that runs delayd; nil if unknown.
 	cpu  func() (time.Duration, string, bool)
 	stop func(ctx context.Context) error
 }
 
-// startInProcess starts delayd in this process on a free loopback port. Its
-// CPU cannot be told apart from the load generator's, so the figure covers
-// both.
+// startInProcess starts delayd in this process on a free loopback port,
+// with authentication on (a fresh admin key), as in production. Its CPU
+// cannot be told apart from the load generator's, so the figure covers both.
 func startInProcess(ctx context.Context, redisURL, mysqlDSN string, logger *slog.Logger) (*delayd, error) {
+	key := randomSuffix(24)
 	d, err := daemon.Start(ctx, daemon.Config{
 		Listen:   "127.0.0.1:0",
 		RedisURL: redisURL,
 		MySQLDSN: mysqlDSN,
+		AdminKey: key,
 	}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("start delayd in-process: %w", err)
 	}
 	return &delayd{
-		addr: d.Addr(),
+		addr:   d.Addr(),
+		apiKey: key,
 		cpu: func() (time.Duration, string, bool) {
 			return SelfCPU(), "delaybench process: in-process delayd + load generator", true
 		},
@@ -64,9 +70,11 @@ func buildDelayd(ctx context.Context, dir string, stderr io.Writer) (string, err
 }
 
 // startChild runs the delayd binary bin as a child process on a free
-// loopback port and waits until its health service answers SERVING. Its
-// CPU is read from /proc, so it excludes the load generator.
+// loopback port, with authentication on (a fresh admin key, passed in the
+// environment), and waits until its health service answers SERVING. Its CPU
+// is read from /proc, so it excludes the load generator.
 func startChild(ctx context.Context, bin string, redisURL, mysqlDSN string, extra []string, stderr io.Writer) (*delayd, error) {
+	key := randomSuffix(24)
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -78,19 +86,22 @@ func startChild(ctx context.Context, bin string, redisURL, mysqlDSN string, extr
 	}
 	args = append(args, extra...)
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "DELAYD_ADMIN_KEY="+key)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// exited is closed when the child has exited; waitErr is its status.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	stop := func(ctx context.Context) error {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case err := <-exited:
+		case <-exited:
 			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				return fmt.Errorf("delayd exited: %w", err)
+			if errors.As(waitErr, &ee) {
+				return fmt.Errorf("delayd exited: %w", waitErr)
 			}
 			return nil
 		case <-ctx.Done():
@@ -107,7 +118,8 @@ func startChild(ctx context.Context, bin string, redisURL, mysqlDSN string, extr
 	}
 	pid := cmd.Process.Pid
 	return &delayd{
-		addr: addr,
+		addr:   addr,
+		apiKey: key,
 		cpu: func() (time.Duration, string, bool) {
 			d, err := ProcCPU(pid)
 			return d, "delayd child process", err == nil
@@ -130,8 +142,8 @@ func external(addr string, pid int) *delayd {
 }
 
 // waitServing polls addr's health service until it answers SERVING, the
-// process exits, or 60 s pass.
-func waitServing(ctx context.Context, addr string, exited <-chan error) error {
+// process exits (exited is closed), or 60 s pass.
+func waitServing(ctx context.Context, addr string, exited <-chan struct{}) error {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", addr, err)
@@ -147,8 +159,8 @@ func waitServing(ctx context.Context, addr string, exited <-chan error) error {
 			return nil
 		}
 		select {
-		case err := <-exited:
-			return fmt.Errorf("delayd exited before serving: %v", err)
+		case <-exited:
+			return fmt.Errorf("delayd exited before serving (its log is shown with -v)")
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
