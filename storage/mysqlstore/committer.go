@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/delayd/delayd/storage"
@@ -315,21 +316,26 @@ func (s *Store) run(ops []*op) {
 	}
 }
 
-// commitOps runs ops in one transaction, retrying it (at most twice) when
-// MySQL rolled it back for a reason a retry can fix: a deadlock, a lock
-// wait timeout, a connection that was killed or reset before COMMIT was
-// sent. A failure of COMMIT itself is not retried: its outcome is unknown
+// maxTxAttempts bounds how often commitOps runs one transaction.
+const maxTxAttempts = 8
+
+// commitOps runs ops in one transaction, running it again (up to
+// maxTxAttempts times, after a short random pause, within OpTimeout) when
+// MySQL rolled it back for a reason a retry can fix: a deadlock (InnoDB's
+// duplicate-key checks take gap locks even in READ COMMITTED, so batches
+// inserting neighbouring ids can deadlock), a lock wait timeout, a
+// connection that was killed or reset before COMMIT was sent. A failure of COMMIT itself is not retried: its outcome is unknown
 // (for an upsert the reconciler then indexes whatever MySQL kept).
 func (s *Store) commitOps(ops []*op) error {
 	ctx, cancel := s.opCtx()
 	defer cancel()
 	segs := segments(ops)
 	var err error
-	for attempt := 0; attempt < 3; attempt++ {
+	for attempt := 0; attempt < maxTxAttempts; attempt++ {
 		if attempt > 0 {
 			s.warn("retry", "mysql transaction rolled back; retrying", "attempt", attempt, "err", err)
 			select {
-			case <-time.After(time.Duration(attempt) * 20 * time.Millisecond):
+			case <-time.After(retryPause(attempt)):
 			case <-ctx.Done():
 				return classify("mysql write", err)
 			}
@@ -351,6 +357,14 @@ func (s *Store) commitOps(ops []*op) error {
 		}
 	}
 	return classify("mysql write", err)
+}
+
+// retryPause is the pause before running a transaction again: a few
+// milliseconds growing with the attempt, randomized so the transactions
+// that deadlocked do not meet again.
+func retryPause(attempt int) time.Duration {
+	d := time.Duration(attempt) * 5 * time.Millisecond
+	return d/2 + time.Duration(rand.Int64N(int64(d)))
 }
 
 // commitError marks a failed COMMIT: the transaction may or may not have

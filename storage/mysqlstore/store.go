@@ -693,10 +693,15 @@ type indexDropper interface {
 // were (the larger of the two counts). A forced DeleteNamespace uses it.
 func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
 	var deleted int64
-	for {
+	for attempt := 0; ; {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 		res, err := s.db.ExecContext(cctx, "DELETE FROM delayd_tasks WHERE namespace = ? LIMIT 10000", ns)
 		cancel()
+		if err != nil && retryable(err) && attempt < maxTxAttempts-1 {
+			attempt++
+			time.Sleep(retryPause(attempt)) // deadlocked with concurrent writes: again
+			continue
+		}
 		if err != nil {
 			return deleted, classify("drop namespace", err)
 		}

@@ -101,8 +101,8 @@ func placeholders(n int) string {
 // execUpserts runs kindUpsert ops: one multi-row INSERT ... ON DUPLICATE
 // KEY UPDATE per chunk (a new row gets generation 1, an existing one
 // generation+1, so concurrent writers on any replica never reuse a
-// generation), then reads back the generations under the row locks the
-// insert holds. Rows are written sorted by (namespace, id), a stable sort,
+// generation), then reads back the generations while the insert holds the
+// rows' locks. Rows are written sorted by (namespace, id), a stable sort,
 // so concurrent transactions lock rows in one order and the repeated writes
 // of one task keep their order.
 func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
@@ -179,8 +179,12 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 			for _, id := range chunk {
 				args = append(args, id)
 			}
+			// A plain read: the insert holds every row's lock until the
+			// commit, so nobody else changed them, and READ COMMITTED sees
+			// this transaction's own writes. (A locking read here would only
+			// add chances to deadlock with other batches.)
 			rows, err := tx.QueryContext(ctx, "SELECT id, generation, create_ms FROM delayd_tasks WHERE namespace = ? AND id IN ("+
-				placeholders(len(chunk))+") FOR UPDATE", args...)
+				placeholders(len(chunk))+")", args...)
 			if err != nil {
 				return fmt.Errorf("upsert: read generations: %w", err)
 			}
