@@ -47,6 +47,13 @@ func startInProcess(ctx context.Context, redisURL, mysqlDSN string, logger *slog
 	if err != nil {
 		return nil, fmt.Errorf("start delayd in-process: %w", err)
 	}
+	// Durable mode serves only once its Redis index is complete.
+	if err := waitServing(ctx, d.Addr(), nil); err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = d.Stop(sctx)
+		return nil, err
+	}
 	return &delayd{
 		addr:   d.Addr(),
 		apiKey: key,
