@@ -128,6 +128,7 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 		return ka.o.rows[ka.i].id < kb.o.rows[kb.i].id
 	})
 
+	readBack := map[taskKey]bool{} // tasks that existed (or repeat) and must be read back
 	const head = "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES "
 	const tail = " ON DUPLICATE KEY UPDATE generation = generation + 1, kind = VALUES(kind), payload = VALUES(payload)," +
 		" due_ms = VALUES(due_ms), state = 1, attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0"
@@ -148,13 +149,22 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 			end++
 		}
 		b.WriteString(tail)
-		if _, err := tx.ExecContext(ctx, b.String(), args...); err != nil {
+		res, err := tx.ExecContext(ctx, b.String(), args...)
+		if err != nil {
 			return fmt.Errorf("upsert: insert: %w", err)
+		}
+		// MySQL counts 1 per inserted row and 2 per updated one: when the
+		// count is the number of rows, every row was new (generation 1)
+		// and need not be read back.
+		if n, err := res.RowsAffected(); err != nil || n != int64(end-start) {
+			for _, rf := range refs[start:end] {
+				readBack[taskKey{rf.o.ns, rf.o.rows[rf.i].id}] = true
+			}
 		}
 		start = end
 	}
 
-	// Read back the final generation of each task.
+	// Read back the final generation of each task that was not new.
 	type final struct{ gen, create int64 }
 	finals := map[taskKey]final{}
 	count := map[taskKey]int{}
@@ -162,7 +172,10 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 	var nsOrder []string
 	for _, rf := range refs {
 		k := taskKey{rf.o.ns, rf.o.rows[rf.i].id}
-		if count[k] == 0 {
+		if count[k] == 0 && !readBack[k] {
+			finals[k] = final{gen: 1, create: rf.o.nowMS} // created by this insert
+		}
+		if count[k] == 0 && readBack[k] {
 			if _, ok := byNS[k.ns]; !ok {
 				nsOrder = append(nsOrder, k.ns)
 			}
