@@ -161,24 +161,43 @@ func (s *Store) GetNamespace(ctx context.Context, name string) (storage.Namespac
 }
 
 // ListNamespaces implements storage.Registry: one ZRANGEBYLEX of the index
-// and one pipeline of reads. limit is capped at MaxBatch.
+// and one pipeline of reads per round. limit is capped at MaxBatch. When
+// every namespace of a round was deleted between the two reads, it reads
+// on from the last name it saw, so "more" never comes with an empty page
+// (a caller could not page on from nothing).
 func (s *Store) ListNamespaces(ctx context.Context, after string, limit int) ([]storage.Namespace, bool, error) {
 	limit = max(1, min(limit, MaxBatch))
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	for {
+		out, more, last, err := s.listNamespacesOnce(ctx, after, limit)
+		if err != nil || len(out) > 0 || !more {
+			return out, more, err
+		}
+		after = last
+	}
+}
+
+// listNamespacesOnce reads one round of ListNamespaces and also returns the
+// last name it scanned.
+func (s *Store) listNamespacesOnce(ctx context.Context, after string, limit int) ([]storage.Namespace, bool, string, error) {
 	lo := "-"
 	if after != "" {
 		lo = "(" + after
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	names, err := s.rdb.ZRangeByLex(ctx, registryNamespaceIndexKey(), &redis.ZRangeBy{
 		Min: lo, Max: "+", Count: int64(limit) + 1,
 	}).Result()
 	if err != nil {
-		return nil, false, wrapErr("list namespaces", err)
+		return nil, false, "", wrapErr("list namespaces", err)
 	}
 	more := len(names) > limit
 	if more {
 		names = names[:limit]
+	}
+	last := ""
+	if len(names) > 0 {
+		last = names[len(names)-1]
 	}
 	var valid []string
 	for _, n := range names {
@@ -187,7 +206,7 @@ func (s *Store) ListNamespaces(ctx context.Context, after string, limit int) ([]
 		}
 	}
 	if len(valid) == 0 {
-		return nil, more, nil
+		return nil, more, last, nil
 	}
 	cmds := make([]*redis.SliceCmd, len(valid))
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -197,7 +216,7 @@ func (s *Store) ListNamespaces(ctx context.Context, after string, limit int) ([]
 		return nil
 	})
 	if err != nil {
-		return nil, false, wrapErr("list namespaces", err)
+		return nil, false, "", wrapErr("list namespaces", err)
 	}
 	out := make([]storage.Namespace, 0, len(valid))
 	for i, n := range valid {
@@ -207,11 +226,11 @@ func (s *Store) ListNamespaces(ctx context.Context, after string, limit int) ([]
 		}
 		r, err := decodeNamespace(n, f)
 		if err != nil {
-			return nil, false, fmt.Errorf("list namespaces: %w", err)
+			return nil, false, "", fmt.Errorf("list namespaces: %w", err)
 		}
 		out = append(out, r.ns)
 	}
-	return out, more, nil
+	return out, more, last, nil
 }
 
 // UpdateNamespace implements storage.Registry with compare-and-set on the
