@@ -7,6 +7,7 @@ SHELL := /usr/bin/env bash
 BUF_VERSION                ?= v1.75.0
 PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.5.1
+STATICCHECK_VERSION        ?= v0.8.2
 
 BIN := $(CURDIR)/bin
 export PATH := $(BIN):$(PATH)
@@ -27,6 +28,8 @@ $(BIN)/protoc-gen-go:
 	GOBIN=$(BIN) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(BIN)/protoc-gen-go-grpc:
 	GOBIN=$(BIN) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+$(BIN)/staticcheck:
+	GOBIN=$(BIN) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: tools
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc ## Install the pinned code generators into ./bin.
@@ -43,10 +46,11 @@ check-generate: generate ## Fail when gen/ differs from what proto/ generates.
 		git status --porcelain -- gen proto; exit 1; fi
 
 .PHONY: lint
-lint: tools ## buf lint, buf format check, go vet.
+lint: tools $(BIN)/staticcheck ## buf lint, buf format check, go vet, staticcheck.
 	buf lint
 	buf format -d --exit-code
 	go vet ./...
+	staticcheck ./...
 
 .PHONY: services
 services: ## Make sure Redis and MySQL answer (start them if installed).

@@ -183,13 +183,6 @@ func (l *subscriberLimiter) release(ns string) {
 	l.mu.Unlock()
 }
 
-// count returns the streams of ns holding a slot (for tests).
-func (l *subscriberLimiter) count(ns string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.active[ns]
-}
-
 func (l *subscriberLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if info.FullMethod != delaydv1.DeliveryService_Subscribe_FullMethodName {
 		return handler(srv, ss)

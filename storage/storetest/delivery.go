@@ -60,10 +60,7 @@ func testPop(t *testing.T, newStore func(t *testing.T) Store) {
 			var ds []storage.Delivery
 			poll(e.t, "the task to fall due", func() bool {
 				ds = e.pop(10, time.Hour)
-				if len(ds) == 0 {
-					return false
-				}
-				return true
+				return len(ds) != 0
 			})
 			// popped no earlier than due by the store clock
 			if now := e.now(); now.Before(due) {
