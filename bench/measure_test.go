@@ -209,3 +209,46 @@ func TestRedisProbeAndClock(t *testing.T) {
 		t.Errorf("clock uncertainty %v", c.Uncertainty)
 	}
 }
+
+func TestWaitLazyFreeReturnsOnceFreed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testRedis(t)
+	p, err := NewRedisProbe(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A big key unlinked right before: Redis frees it in the background.
+	key := "delaybench:{test-" + randomSuffix(6) + "}:big"
+	t.Cleanup(func() { rdb.Unlink(context.Background(), key) })
+	args := make([]any, 0, 2*20000)
+	for i := range 20000 {
+		args = append(args, i, fmt.Sprint(i))
+	}
+	if err := rdb.ZAdd(ctx, key, redisZ(args)...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Unlink(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitLazyFree(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	info, err := redisInfo(ctx, rdb, "memory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other tests may be unlinking too; ours at least is gone.
+	if n, _ := rdb.Exists(ctx, key).Result(); n != 0 {
+		t.Errorf("key still exists; lazyfree_pending_objects=%s", info["lazyfree_pending_objects"])
+	}
+}
+
+// redisZ turns score, member pairs into ZAdd members.
+func redisZ(pairs []any) []redis.Z {
+	z := make([]redis.Z, 0, len(pairs)/2)
+	for i := 0; i < len(pairs); i += 2 {
+		z = append(z, redis.Z{Score: float64(pairs[i].(int)), Member: pairs[i+1]})
+	}
+	return z
+}

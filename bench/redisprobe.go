@@ -72,6 +72,31 @@ func (p *RedisProbe) UsedMemory(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
+// WaitLazyFree waits until Redis has no objects left to free in the
+// background (INFO memory lazyfree_pending_objects is 0), or up to limit:
+// the previous run's UNLINKed keys would otherwise shrink used_memory and
+// add CPU while the next run measures.
+func (p *RedisProbe) WaitLazyFree(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		info, err := redisInfo(ctx, p.rdb, "memory")
+		if err != nil {
+			return err
+		}
+		if n, err := strconv.ParseInt(info["lazyfree_pending_objects"], 10, 64); err != nil || n == 0 {
+			return nil // 0, or a server that does not report it
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis still freeing %s objects after %s", info["lazyfree_pending_objects"], limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // redisInfo returns the key:value lines of one INFO section.
 func redisInfo(ctx context.Context, rdb redis.UniversalClient, section string) (map[string]string, error) {
 	s, err := rdb.Info(ctx, section).Result()

@@ -240,6 +240,11 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	}
 	e.progress.begin(fmt.Sprintf("%s/%s", w.Name, sys.name()))
 	defer e.progress.end()
+	if e.redis != nil {
+		if err := e.redis.WaitLazyFree(ctx, 2*time.Minute); err != nil {
+			return fail(err)
+		}
+	}
 
 	memStart := e.memory(ctx)
 
