@@ -380,9 +380,14 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 				done = true
 				break
 			}
+			// Stalled: nothing happened for Stall, counted from the last
+			// delivery or ack, or from the last due time if that is later.
 			now := time.Now()
-			idle := now.Sub(time.Unix(0, sk.lastChange.Load()))
-			if e.clock.At(now).After(lastDue) && idle > w.Stall {
+			since := time.Unix(0, sk.lastChange.Load())
+			if due := lastDue.Add(-e.clock.Offset); due.After(since) {
+				since = due
+			}
+			if now.Sub(since) > w.Stall {
 				res.Error = fmt.Sprintf("stalled: nothing delivered or acked for %s", w.Stall)
 				done = true
 			}

@@ -88,3 +88,34 @@ func TestSmokeTinyRunLosesNothing(t *testing.T) {
 		})
 	}
 }
+
+// A sparse run — one task due well after the load, nothing happening
+// before — must wait for it rather than call the quiet time a stall.
+func TestSparseRunWaitsForLateDueTask(t *testing.T) {
+	t.Parallel()
+	url := os.Getenv("TEST_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379"
+	}
+	cfg := Config{
+		Workloads: []string{"custom"}, Systems: []string{SystemDelayd, SystemBaseline10ms},
+		Server: "inproc", RedisURL: url, MySQLDSN: "root@tcp(127.0.0.1:3306)/",
+		BaselineBatch: 50, JSON: true, Quiet: true, Timeout: time.Minute,
+		Override: func(w *Workload) {
+			*w = Workload{Name: "custom", Tasks: 1, Lead: 2 * time.Second, Stall: 500 * time.Millisecond}
+		},
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Error != "" || r.Lost != 0 || r.Delivered != 1 {
+			t.Errorf("%s: error %q, delivered %d, lost %d", r.System, r.Error, r.Delivered, r.Lost)
+		}
+	}
+}
