@@ -14,8 +14,11 @@ import (
 // the ratios, problems, and the command of every row.
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	bw := bufio.NewWriter(w)
-	fmt.Fprintf(bw, "Machine: %d CPUs (%s), %s memory. Load average %s at start, %s at end.\n\n",
-		r.Machine.CPUs, r.Machine.Model, r.Machine.MemTotal, r.Machine.LoadAvgStart, r.Machine.LoadAvgEnd)
+	load := fmt.Sprintf("Load average %s at start, %s at end.", r.Machine.LoadAvgStart, r.Machine.LoadAvgEnd)
+	if r.Machine.LoadAvgEnd == "" { // merged by Render
+		load = "Load average (start → end, per run): " + r.Machine.LoadAvgStart + "."
+	}
+	fmt.Fprintf(bw, "Machine: %d CPUs (%s), %s memory. %s\n\n", r.Machine.CPUs, r.Machine.Model, r.Machine.MemTotal, load)
 	fmt.Fprintf(bw, "Versions: Go %s, Redis %s", r.Versions.Go, r.Versions.Redis)
 	if r.Versions.MySQL != "" {
 		fmt.Fprintf(bw, ", MySQL %s", r.Versions.MySQL)
@@ -128,7 +131,7 @@ func Render(paths []string, w io.Writer) error {
 	}
 	if len(loads) > 1 {
 		out.Machine.LoadAvgStart = strings.Join(loads, "; ")
-		out.Machine.LoadAvgEnd = "(per file)"
+		out.Machine.LoadAvgEnd = ""
 	}
 	out.Ratios = ratios(out.Results)
 	return out.WriteMarkdown(w)
