@@ -138,6 +138,14 @@ type Config struct {
 	// so the batch is kept small enough that a burst of due tasks never holds
 	// Redis for long. If unset or zero, 128.
 	PopBatch int
+	// PopConcurrency is the most Pop calls one namespace has in flight at
+	// once; a namespace issues more than one only when its streams' free
+	// credit exceeds PopBatch (each call pops at most PopBatch, and their
+	// limits add up to no more than the free credit). Pops are atomic
+	// scripts, so concurrent ones never return the same task; running them
+	// together overlaps their round trips, which is what bounds the drain of
+	// a backlog. If unset or zero, 4; 1 pops one batch at a time.
+	PopConcurrency int
 	// ReapBatch is the most expired leases one Reap call takes back. If unset
 	// or zero, 128.
 	ReapBatch int
@@ -163,6 +171,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PopBatch <= 0 {
 		c.PopBatch = 128
+	}
+	if c.PopConcurrency <= 0 {
+		c.PopConcurrency = 4
 	}
 	if c.ReapBatch <= 0 {
 		c.ReapBatch = 128

@@ -508,3 +508,108 @@ func TestSweepReapsNamespacesWithoutSubscriber(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// overlapStore is the real store with Pop instrumented: it counts Pops in
+// flight at once, and until two have overlapped it holds each Pop for up to
+// a second so that pops issued together are sure to meet.
+type overlapStore struct {
+	dispatcher.Store
+	mu       sync.Mutex
+	inflight int
+	limits   []int
+	met      chan struct{}
+	metOnce  sync.Once
+}
+
+func (o *overlapStore) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+	o.mu.Lock()
+	o.inflight++
+	o.limits = append(o.limits, limit)
+	if o.inflight >= 2 {
+		o.metOnce.Do(func() { close(o.met) })
+	}
+	o.mu.Unlock()
+	defer func() {
+		o.mu.Lock()
+		o.inflight--
+		o.mu.Unlock()
+	}()
+	select {
+	case <-o.met:
+	case <-time.After(time.Second):
+	}
+	return o.Store.Pop(ctx, ns, limit, leaseFor)
+}
+
+func (o *overlapStore) overlapped() bool {
+	select {
+	case <-o.met:
+		return true
+	default:
+		return false
+	}
+}
+
+// TestConcurrentPopsKeepCreditExact: with free credit above PopBatch the
+// namespace pops in several calls at once, yet no stream is ever given more
+// than its credit and no task is popped twice (an over-pop would be handed
+// back and come again as attempt 2).
+func TestConcurrentPopsKeepCreditExact(t *testing.T) {
+	t.Parallel()
+	var ov *overlapStore
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
+		ov = &overlapStore{Store: c.Store, met: make(chan struct{})}
+		c.Store = ov
+		c.PopBatch = 3
+		c.PopConcurrency = 4
+	})
+	const tasks = 40
+	ids := make([]string, tasks)
+	for i := range ids {
+		ids[i] = string(rune('A'+i/26)) + string(rune('a'+i%26))
+	}
+	h.upsert(h.d, 0, ids...)
+	subs := []*sub{h.subscribe(h.d, h.ns, 5), h.subscribe(h.d, h.ns, 5)}
+
+	seen := map[string]int{}
+	for len(seen) < tasks {
+		var toks []storage.Token
+		for _, s := range subs {
+			// Each stream gets its full credit, then nothing until an ack.
+			for range 5 {
+				if len(seen) == tasks {
+					break
+				}
+				d := s.next(t)
+				if d.Token.Attempt != 1 {
+					t.Fatalf("%s delivered as attempt %d, want 1 (popped twice or handed back)", d.Task.ID, d.Token.Attempt)
+				}
+				seen[d.Task.ID]++
+				toks = append(toks, d.Token)
+			}
+		}
+		for _, s := range subs {
+			s.none(t)
+		}
+		for i, st := range h.ack(h.d, toks...) {
+			if st != storage.TokenOK {
+				t.Fatalf("ack %s: %v, want OK", toks[i].ID, st)
+			}
+		}
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("%s delivered %d times, want once", id, n)
+		}
+	}
+	if !ov.overlapped() {
+		t.Error("never two Pops in flight at once with free credit 10 > PopBatch 3")
+	}
+	ov.mu.Lock()
+	defer ov.mu.Unlock()
+	for _, l := range ov.limits {
+		if l > 3 {
+			t.Errorf("a Pop asked for %d tasks, more than PopBatch 3", l)
+		}
+	}
+}

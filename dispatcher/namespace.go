@@ -123,22 +123,15 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	free := n.freeCredit(cfg.Clock.Now())
 	popFull := false
 	if free > 0 {
-		limit := min(free, cfg.PopBatch)
-		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
-		dels, err := cfg.Store.Pop(c, n.name, limit, pol.AckTimeout)
-		cancel()
+		got, full, err := n.pop(ctx, free, pol.AckTimeout)
+		if got > 0 {
+			progress = true
+			free -= got
+		}
 		if err != nil {
 			return n.failed("pop", err), false, true
 		}
-		if len(dels) > 0 {
-			// The store's deadline is store-now + AckTimeout; reading the
-			// local clock after the call errs on the late side, so credit
-			// is never freed before the store's lease really ended.
-			n.distribute(dels, cfg.Clock.Now().Add(pol.AckTimeout))
-			progress = true
-			free -= len(dels)
-		}
-		popFull = len(dels) >= limit
+		popFull = full
 	}
 	if reapFull || (popFull && free > 0) {
 		return 0, false, reapFull // More to do right away.
@@ -181,6 +174,57 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		wait = min(wait, max(np.Sub(cfg.Clock.Now()), time.Millisecond))
 	}
 	return wait, true, false
+}
+
+// pop pops for free credit: one Pop of at most PopBatch, or, when free
+// exceeds PopBatch, up to PopConcurrency Pops at once whose limits add up
+// to at most free (the credit is reserved before the calls; what they do
+// not fill stays free). Every popped delivery is distributed, even when
+// another of the calls failed. It returns how many were popped, whether
+// every call was filled (more may be due), and the first error.
+func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (got int, full bool, err error) {
+	cfg := &n.d.cfg
+	calls := min(cfg.PopConcurrency, (free+cfg.PopBatch-1)/cfg.PopBatch)
+	limits := make([]int, calls)
+	for i, left := 0, free; i < calls; i++ {
+		limits[i] = min(left, cfg.PopBatch)
+		left -= limits[i]
+	}
+	results := make([][]storage.Delivery, calls)
+	errs := make([]error, calls)
+	popOne := func(i int) {
+		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
+		defer cancel()
+		results[i], errs[i] = cfg.Store.Pop(c, n.name, limits[i], leaseFor)
+	}
+	if calls > 1 {
+		var wg sync.WaitGroup
+		for i := 1; i < calls; i++ {
+			wg.Go(func() { popOne(i) })
+		}
+		popOne(0)
+		wg.Wait()
+	} else {
+		popOne(0)
+	}
+	// The store's deadline is store-now + the lease; reading the local
+	// clock after the calls errs on the late side, so credit is never freed
+	// before the store's lease really ended.
+	deadline := cfg.Clock.Now().Add(leaseFor)
+	full = true
+	for i, dels := range results {
+		if len(dels) > 0 {
+			n.distribute(dels, deadline)
+			got += len(dels)
+		}
+		if err == nil && errs[i] != nil {
+			err = errs[i]
+		}
+		if len(dels) < limits[i] {
+			full = false
+		}
+	}
+	return got, full, err
 }
 
 // failed logs a store error (at most every 10 s while it persists) and

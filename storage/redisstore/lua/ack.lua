@@ -25,7 +25,7 @@ for i = 0, n - 1 do
   local id = ids[i + 1]
   local st = 3
   if not done[id] then
-    st = token_status(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
+    st = token_check(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
     if st == 1 then
       done[id] = true
       gone[#gone + 1] = id

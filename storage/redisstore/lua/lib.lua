@@ -63,6 +63,23 @@ local function gen_created(rec)
   return dec(g), dec(c)
 end
 
+-- gen_attempt reads only the generation and the attempt of a record: all a
+-- delivery token is checked against (much cheaper than parse).
+local function gen_attempt(rec)
+  local g, a = string.match(rec, '^([^,]*),([^,]*),')
+  return dec(g), dec(a)
+end
+
+-- repop returns rec popped once more: attempt + 1, updated = now, due =
+-- due. It rewrites only those header fields with one match and one concat
+-- (no parse table, no full header re-encode); the rest of the record is
+-- copied once.
+local function repop(rec, now, due)
+  local g, a, c, e = string.match(rec, '^([^,]*),([^,]*),([^,]*),[^,]*,[^,]*,()')
+  return g .. ',' .. enc(dec(a) + 1) .. ',' .. c .. ',' .. enc(now - dec(c)) .. ',' ..
+    enc(due) .. ',' .. string.sub(rec, e)
+end
+
 -- header formats a record header from fields (the parse table shape).
 local function header(r)
   return enc(r.gen) .. ',' .. enc(r.attempt) .. ',' .. enc(r.created) .. ',' ..
@@ -188,6 +205,25 @@ local function apply(W, kdue, kdead, ktask)
   flush('ZADD', kdue, W.due)
   flush('ZADD', kdead, W.dead)
   flush('HSET', ktask, W.task)
+end
+
+-- token_check is token_status for a caller that needs only the status: it
+-- reads just the generation and attempt of rec.
+local function token_check(rec, inflight, g, a)
+  if not rec then
+    return 3
+  end
+  local rg, ra = gen_attempt(rec)
+  if rg == g and ra == a then
+    if inflight then
+      return 1
+    end
+    return 3
+  end
+  if rg > g or (rg == g and ra > a) then
+    return 2
+  end
+  return 3
 end
 
 -- token_status compares a delivery token (generation g, attempt a) with the

@@ -30,11 +30,7 @@ local d = int(deadline)
 for k = 1, #ids do
   local id, rec = ids[k], recs[k]
   if rec then
-    local r = parse(rec)
-    r.attempt = r.attempt + 1
-    r.due = tonumber(items[2 * k])
-    r.updated = now
-    rec = rewrite(rec, r)
+    rec = repop(rec, now, tonumber(items[2 * k]))
     push(zargs, d, id)
     push(hargs, id, rec)
     push(out, id, rec)
