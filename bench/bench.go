@@ -22,8 +22,9 @@ import (
 // Run runs the workloads cfg selects and writes the report (a table, or
 // JSON with cfg.JSON) to stdout; progress and warnings go to stderr. It
 // returns an error when the benchmark could not run at all; a row that
-// failed has Result.Error set and makes Run return ErrRowsFailed after the
-// report is written.
+// failed (Result.Error) or saw an early, duplicate or lost delivery
+// (Result.Violations) makes Run return ErrRowsFailed after the report is
+// written.
 func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) {
 	if cfg.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -146,14 +147,15 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		return err
 	}
 	for _, r := range rep.Results {
-		if r.Error != "" {
+		if r.Error != "" || r.Violations != "" {
 			return ErrRowsFailed
 		}
 	}
 	return ctx.Err()
 }
 
-// ErrRowsFailed is returned by Run when at least one row failed.
+// ErrRowsFailed is returned by Run when at least one row failed or saw an
+// early, duplicate, lost or unknown delivery.
 var ErrRowsFailed = errors.New("some benchmark rows failed")
 
 // row is one workload and the systems it runs on.

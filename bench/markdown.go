@@ -50,6 +50,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		if x.Error != "" {
 			fail = " **FAILED: " + x.Error + "**"
 		}
+		if x.Violations != "" {
+			fail += " **FAILED the delivery check: " + x.Violations + "**"
+		}
 		fmt.Fprintf(bw, "| %d | %s | %s | %d | %.0f %s | %.0f | %s | %d | %d | %d | %s | %.2f | %s |%s\n",
 			i+1, x.Workload, x.System, x.Params.Tasks, x.UpsertsPerSec, x.UpsertMode, x.DeliveredAckedSec,
 			late, x.Early, x.Duplicates, x.Lost, cpu, x.RedisCPU.Load+x.RedisCPU.Deliver, mem, fail)

@@ -252,3 +252,60 @@ func redisZ(pairs []any) []redis.Z {
 	}
 	return z
 }
+
+// fakeSystem delivers what was upserted, once each, except that it
+// delivers task 0 twice and never delivers task 1: the harness must count
+// exactly that. It tests delaybench's own accounting, not a store.
+type fakeSystem struct {
+	mu    sync.Mutex
+	items []item
+}
+
+func (f *fakeSystem) name() string                          { return "fake" }
+func (f *fakeSystem) setup(context.Context, []string) error { return nil }
+func (f *fakeSystem) upsert(_ context.Context, _ string, items []item, _ []byte, _ bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.items = append(f.items, items...)
+	return nil
+}
+func (f *fakeSystem) consume(ctx context.Context, _ []string, _, _ int, s sink) (func(), error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.mu.Lock()
+		items := append([]item(nil), f.items...)
+		f.mu.Unlock()
+		for _, it := range items {
+			switch it.id {
+			case "t1":
+				continue
+			case "t0":
+				s.delivered("ns", it.id, time.Now())
+			}
+			s.delivered("ns", it.id, time.Now())
+			s.acked(1, 0, time.Now())
+		}
+	}()
+	return func() { <-done }, nil
+}
+func (f *fakeSystem) cpu() (time.Duration, string, bool)      { return 0, "", false }
+func (f *fakeSystem) cleanup(context.Context, []string) error { return nil }
+
+func TestRunCountsDuplicatesAndLossesAsViolations(t *testing.T) {
+	t.Parallel()
+	w := Workload{Name: "fake", Tasks: 10, Backlog: true, Stall: 200 * time.Millisecond, Grace: 10 * time.Millisecond}
+	res := runWorkload(context.Background(), env{}, &fakeSystem{}, w)
+	if res.Delivered != 9 || res.Duplicates != 1 || res.Lost != 1 {
+		t.Fatalf("tally %+v, want 9 delivered, 1 duplicate, 1 lost", res.Tally)
+	}
+	if res.Violations != "0 early, 1 duplicate, 1 lost, 0 unknown deliveries" {
+		t.Errorf("violations %q", res.Violations)
+	}
+	if res.Error == "" {
+		t.Error("a lost task must end the run as stalled")
+	}
+	if res.Lateness.N != 9 {
+		t.Errorf("lateness over %d tasks, want the 9 delivered", res.Lateness.N)
+	}
+}

@@ -208,6 +208,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		case x.Error != "":
 			problems = append(problems, fmt.Sprintf("%s/%s FAILED: %s", x.Workload, x.System, x.Error))
 		}
+		if x.Violations != "" {
+			problems = append(problems, fmt.Sprintf("%s/%s FAILED the delivery check: %s", x.Workload, x.System, x.Violations))
+		}
 		if x.UpsertedAfterDue > 0 {
 			problems = append(problems, fmt.Sprintf("%s/%s: %d tasks were upserted after their due time (load slower than --lead); their lateness includes load time", x.Workload, x.System, x.UpsertedAfterDue))
 		}

@@ -118,6 +118,9 @@ type Result struct {
 	Skipped string `json:"skipped,omitempty"`
 	// Error, when set, says why the run failed; figures may be partial.
 	Error string `json:"error,omitempty"`
+	// Violations, when set, lists deliveries that break delayd's promises
+	// without faults: early, duplicate, lost or unknown. Run fails then.
+	Violations string `json:"violations,omitempty"`
 
 	// UpsertMode is "unary" or "batch".
 	UpsertMode    string  `json:"upsert_mode"`
@@ -407,6 +410,9 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 
 	res.Tally = sk.tracker.Tally()
 	res.Early = int(sk.early.Load())
+	if res.Early+res.Duplicates+res.Lost+res.Unknown > 0 {
+		res.Violations = fmt.Sprintf("%d early, %d duplicate, %d lost, %d unknown deliveries", res.Early, res.Duplicates, res.Lost, res.Unknown)
+	}
 	res.AckFailed = int(sk.ackFailed.Load())
 	if ds, ok := sys.(*delaydSystem); ok {
 		res.StreamErrors = int(ds.streamErrs.Load())
