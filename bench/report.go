@@ -91,7 +91,8 @@ type Ratio struct {
 	Upserts        float64 `json:"upserts"`
 	DeliveredAcked float64 `json:"delivered_acked"`
 	// LatenessP99 is Against's p99 lateness divided by System's (above 1:
-	// System is that many times more punctual); 0 when either is <= 0.
+	// System is that many times more punctual); 0 when either is <= 0 or
+	// the workload is a backlog (lateness there is queueing time).
 	LatenessP99 float64 `json:"lateness_p99_times_lower"`
 	// RedisCPU and RedisBytes are System's Redis CPU seconds (load and
 	// deliver) and memory per task divided by Against's (below 1: System
@@ -116,13 +117,17 @@ func ratios(rs []Result) []Ratio {
 			if !strings.HasPrefix(b.System, "baseline") && !(a.System == SystemDelaydDurable && b.System == SystemDelayd) {
 				continue
 			}
+			lat := div(b.Lateness.P99, a.Lateness.P99)
+			if a.Params.Backlog {
+				lat = 0 // due before the load began: queueing time, not precision
+			}
 			out = append(out, Ratio{
 				Workload:       a.Workload,
 				System:         a.System,
 				Against:        b.System,
 				Upserts:        div(a.UpsertsPerSec, b.UpsertsPerSec),
 				DeliveredAcked: div(a.DeliveredAckedSec, b.DeliveredAckedSec),
-				LatenessP99:    div(b.Lateness.P99, a.Lateness.P99),
+				LatenessP99:    lat,
 				RedisCPU:       div(a.RedisCPU.Load+a.RedisCPU.Deliver, b.RedisCPU.Load+b.RedisCPU.Deliver),
 				RedisBytes:     div(a.RedisBytesPerTask, b.RedisBytesPerTask),
 			})
