@@ -58,6 +58,10 @@ type Options struct {
 	// WakeChannel is the pub/sub channel of wake-ups, shared by every
 	// replica. If empty, DefaultWakeChannel ("delayd:wake") is used.
 	WakeChannel string
+	// NoCoalesce turns off the joining of concurrent Upsert calls of one
+	// namespace into one script call (see Upsert). If false (the default),
+	// they are joined.
+	NoCoalesce bool
 }
 
 // Store is the Redis task index. It is safe for concurrent use; it does not
@@ -67,6 +71,8 @@ type Store struct {
 	log     *slog.Logger
 	timeout time.Duration
 	wake    string
+	noCo    bool
+	co      coalescer
 }
 
 var (
@@ -79,7 +85,8 @@ var (
 
 // New returns a Store over client. It does not contact Redis.
 func New(client redis.UniversalClient, opts Options) *Store {
-	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel}
+	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
+		noCo: opts.NoCoalesce, co: coalescer{queues: make(map[string]*upsertQueue)}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -183,7 +190,23 @@ func chunks(n int, fn func(lo, hi int) error) error {
 // specs. Due times are resolved with the Redis clock when DueTime is zero.
 // Results are in spec order. When any task becomes the earliest of ns, the
 // namespace is published on the wake channel.
+//
+// Unless Options.NoCoalesce is set, a call of fewer than CoalesceMax specs
+// made while another such call of ns is in flight waits for it and then goes
+// out together with the other calls that queued meanwhile, in one script
+// call: it behaves as if the calls ran one after another in arrival order,
+// and an error of the shared script call is every caller's error. A call
+// whose ctx ends while it waits returns ctx's error, with its specs not
+// written; once sent, it returns the script call's answer (see coalescer).
 func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	if s.noCo || len(specs) == 0 || len(specs) >= CoalesceMax {
+		return s.upsertScript(ctx, ns, specs)
+	}
+	return s.upsertCoalesced(ctx, ns, specs)
+}
+
+// upsertScript runs the upsert script for specs, in calls of MaxBatch.
+func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	k := keysFor(ns, shard)
 	keys := []string{k.due, k.inflight, k.dead, k.task}
 	out := make([]storage.UpsertResult, 0, len(specs))

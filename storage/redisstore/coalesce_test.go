@@ -1,0 +1,401 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// scriptGate is a go-redis hook that counts script calls (EVALSHA, EVAL)
+// and can hold the first one until released, so a test can queue Upsert
+// calls behind a script call in flight.
+type scriptGate struct {
+	calls   atomic.Int64
+	hold    chan struct{} // nil: never hold
+	held    chan struct{} // closed when the first call is held
+	once    sync.Once
+	release sync.Once
+}
+
+func newScriptGate(hold bool) *scriptGate {
+	g := &scriptGate{held: make(chan struct{})}
+	if hold {
+		g.hold = make(chan struct{})
+	}
+	return g
+}
+
+func (g *scriptGate) open() { g.release.Do(func() { close(g.hold) }) }
+
+func (g *scriptGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			if g.calls.Add(1) == 1 && g.hold != nil {
+				g.once.Do(func() { close(g.held) })
+				<-g.hold
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// queued returns how many Upsert calls of ns wait behind a script call.
+func queued(s *Store, ns string) int {
+	s.co.mu.Lock()
+	defer s.co.mu.Unlock()
+	if q := s.co.queues[ns]; q != nil {
+		return len(q.waiting)
+	}
+	return 0
+}
+
+// waitQueued waits until n calls of ns are queued.
+func waitQueued(t *testing.T, s *Store, ns string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for queued(s, ns) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", queued(s, ns), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// loadScripts runs every script once so a later call is one EVALSHA.
+func loadScripts(t *testing.T, s *Store) {
+	t.Helper()
+	ns := "load-" + randomNS(t)
+	dropNS(t, s, ns)
+	if _, err := s.Upsert(context.Background(), ns, []storage.UpsertSpec{{ID: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// upsertOut is one caller's answer.
+type upsertOut struct {
+	res []storage.UpsertResult
+	err error
+}
+
+// queueCalls holds the script call of calls[0], then queues calls[1:] in
+// order behind it, releases it and returns every caller's answer.
+func queueCalls(t *testing.T, s *Store, g *scriptGate, ns string, calls [][]storage.UpsertSpec) []upsertOut {
+	t.Helper()
+	out := make([]upsertOut, len(calls))
+	var wg sync.WaitGroup
+	for i, specs := range calls {
+		wg.Go(func() {
+			out[i].res, out[i].err = s.Upsert(context.Background(), ns, specs)
+		})
+		if i == 0 {
+			<-g.held
+		} else {
+			waitQueued(t, s, ns, i)
+		}
+	}
+	g.open()
+	wg.Wait()
+	return out
+}
+
+// TestUpsertCoalesces: unary upserts queued behind one in flight go out
+// together in one script call, each caller getting its own results (with
+// Earliest as if the calls had run one by one in arrival order).
+func TestUpsertCoalesces(t *testing.T) {
+	t.Parallel()
+	loadScripts(t, New(testRedisClient(t), Options{}))
+	c := testRedisClient(t)
+	g := newScriptGate(true)
+	c.AddHook(g)
+	s := New(c, Options{})
+	ns := "co-" + randomNS(t)
+	dropNS(t, s, ns)
+
+	const n = 100
+	base := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	calls := make([][]storage.UpsertSpec, n)
+	wantEarliest := make([]bool, n)
+	for i := range calls {
+		due := base.Add(time.Duration(2000+i) * time.Second) // later than all: not earliest
+		switch {
+		case i == 0:
+			due = base.Add(1000 * time.Second)
+			wantEarliest[i] = true
+		case i%2 == 1:
+			due = base.Add(time.Duration(1000-i) * time.Second) // each earlier than all before
+			wantEarliest[i] = true
+		}
+		calls[i] = []storage.UpsertSpec{{ID: fmt.Sprintf("t%03d", i), Kind: "k", Payload: []byte(fmt.Sprint(i)), DueTime: due}}
+	}
+	calls[n-1] = append(calls[n-1], storage.UpsertSpec{ID: "extra", DueTime: base}) // a two-spec call
+	out := queueCalls(t, s, g, ns, calls)
+
+	if got := g.calls.Load(); got != 2 {
+		t.Errorf("%d upserts made %d script calls, want 2 (one alone, then the queue)", n, got)
+	}
+	for i, o := range out {
+		if o.err != nil {
+			t.Fatalf("call %d: %v", i, o.err)
+		}
+		if len(o.res) != len(calls[i]) {
+			t.Fatalf("call %d: %d results for %d specs", i, len(o.res), len(calls[i]))
+		}
+		r := o.res[0]
+		sp := calls[i][0]
+		if r.Task.ID != sp.ID || string(r.Task.Payload) != string(sp.Payload) || !r.Task.DueTime.Equal(sp.DueTime) ||
+			!r.Created || r.Stale || r.Task.Generation != 1 || r.Task.Namespace != ns {
+			t.Errorf("call %d: result %+v for spec %+v", i, r, sp)
+		}
+		if r.Earliest != wantEarliest[i] {
+			t.Errorf("call %d: Earliest = %v, want %v", i, r.Earliest, wantEarliest[i])
+		}
+	}
+	if last := out[n-1].res[1]; last.Task.ID != "extra" || !last.Earliest || !last.Created {
+		t.Errorf("second spec of the last call: %+v", last)
+	}
+	for i, sp := range calls {
+		got, err := s.Get(context.Background(), ns, sp[0].ID)
+		if err != nil || string(got.Payload) != string(sp[0].Payload) {
+			t.Errorf("stored %d: %+v, %v", i, got, err)
+		}
+	}
+	if q := queued(s, ns); q != 0 || len(s.co.queues) != 0 {
+		t.Errorf("coalescer not idle after: %d queued, %d namespaces", q, len(s.co.queues))
+	}
+}
+
+// TestUpsertCoalesceGenerations: given generations, stale specs and bumps
+// from different queued calls of one id apply in arrival order.
+func TestUpsertCoalesceGenerations(t *testing.T) {
+	t.Parallel()
+	loadScripts(t, New(testRedisClient(t), Options{}))
+	c := testRedisClient(t)
+	g := newScriptGate(true)
+	c.AddHook(g)
+	s := New(c, Options{})
+	ns := "cog-" + randomNS(t)
+	dropNS(t, s, ns)
+
+	calls := [][]storage.UpsertSpec{
+		{{ID: "g", Payload: []byte("a")}},                                           // created, gen 1 (alone)
+		{{ID: "g", Payload: []byte("b"), Generation: 10}},                           // gen 10
+		{{ID: "g", Payload: []byte("c"), Generation: 5}},                            // stale: stored gen 10
+		{{ID: "g", Payload: []byte("d")}},                                           // bump: gen 11
+		{{ID: "h", Generation: 3}, {ID: "g", Generation: 11, Payload: []byte("e")}}, // created gen 3; equal gen: replaced
+		{{ID: "h", Generation: 2}},                                                  // stale
+	}
+	out := queueCalls(t, s, g, ns, calls)
+	type want struct {
+		gen            int64
+		created, stale bool
+		payload        string
+	}
+	wants := [][]want{
+		{{1, true, false, "a"}},
+		{{10, false, false, "b"}},
+		{{10, false, true, "b"}},
+		{{11, false, false, "d"}},
+		{{3, true, false, ""}, {11, false, false, "e"}},
+		{{3, false, true, ""}},
+	}
+	for i, o := range out {
+		if o.err != nil {
+			t.Fatalf("call %d: %v", i, o.err)
+		}
+		for j, w := range wants[i] {
+			r := o.res[j]
+			if r.Task.Generation != w.gen || r.Created != w.created || r.Stale != w.stale || string(r.Task.Payload) != w.payload {
+				t.Errorf("call %d spec %d: gen %d created %v stale %v payload %q, want %+v",
+					i, j, r.Task.Generation, r.Created, r.Stale, r.Task.Payload, w)
+			}
+		}
+	}
+	if got, err := s.Get(context.Background(), ns, "g"); err != nil || got.Generation != 11 || string(got.Payload) != "e" {
+		t.Errorf("stored g: %+v, %v", got, err)
+	}
+}
+
+// TestUpsertCoalesceSameID: many goroutines upserting one id end with one
+// generation per upsert, each caller seeing a distinct one, and the stored
+// task being the one that got the last.
+func TestUpsertCoalesceSameID(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]*redis.Client{"redis": testRedisClient(t), "miniredis": testMiniClient(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := New(c, Options{})
+			ns := "cos-" + randomNS(t)
+			dropNS(t, s, ns)
+			const n = 64
+			gens := make([]int64, n)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range n {
+				wg.Go(func() {
+					<-start
+					res, err := s.Upsert(context.Background(), ns, []storage.UpsertSpec{{ID: "same", Payload: []byte(fmt.Sprint(i))}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if string(res[0].Task.Payload) != fmt.Sprint(i) {
+						t.Errorf("caller %d got payload %q", i, res[0].Task.Payload)
+					}
+					gens[i] = res[0].Task.Generation
+				})
+			}
+			close(start)
+			wg.Wait()
+			seen := make(map[int64]int)
+			for i, gen := range gens {
+				seen[gen] = i
+			}
+			for gen := int64(1); gen <= n; gen++ {
+				if _, ok := seen[gen]; !ok {
+					t.Errorf("no caller got generation %d: %v", gen, gens)
+				}
+			}
+			got, err := s.Get(context.Background(), ns, "same")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Generation != n || string(got.Payload) != fmt.Sprint(seen[n]) {
+				t.Errorf("stored generation %d payload %q, want %d and %q", got.Generation, got.Payload, n, fmt.Sprint(seen[n]))
+			}
+		})
+	}
+}
+
+// TestUpsertCoalesceContextEnds: a queued call whose context ends returns
+// its error (ErrUnavailable for a deadline) and is not written; the calls
+// around it are.
+func TestUpsertCoalesceContextEnds(t *testing.T) {
+	t.Parallel()
+	loadScripts(t, New(testRedisClient(t), Options{}))
+	c := testRedisClient(t)
+	g := newScriptGate(true)
+	c.AddHook(g)
+	s := New(c, Options{})
+	ns := "coc-" + randomNS(t)
+	dropNS(t, s, ns)
+
+	var wg sync.WaitGroup
+	var first, last error
+	wg.Go(func() { _, first = s.Upsert(context.Background(), ns, []storage.UpsertSpec{{ID: "first"}}) })
+	<-g.held
+	cctx, cancel := context.WithCancel(context.Background())
+	var canceled, timedOut error
+	wg.Go(func() { _, canceled = s.Upsert(cctx, ns, []storage.UpsertSpec{{ID: "canceled"}}) })
+	waitQueued(t, s, ns, 1)
+	dctx, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	wg.Go(func() { _, timedOut = s.Upsert(dctx, ns, []storage.UpsertSpec{{ID: "timedout"}}) })
+	waitQueued(t, s, ns, 2)
+	wg.Go(func() { _, last = s.Upsert(context.Background(), ns, []storage.UpsertSpec{{ID: "last"}}) })
+	waitQueued(t, s, ns, 3)
+	cancel()
+	<-dctx.Done()
+	waitQueued(t, s, ns, 1) // both gave up and left
+	g.open()
+	wg.Wait()
+
+	if first != nil || last != nil {
+		t.Fatalf("calls around: %v, %v", first, last)
+	}
+	if !errors.Is(canceled, context.Canceled) || errors.Is(canceled, storage.ErrUnavailable) {
+		t.Errorf("canceled call: %v, want context.Canceled", canceled)
+	}
+	if !errors.Is(timedOut, storage.ErrUnavailable) {
+		t.Errorf("timed-out call: %v, want ErrUnavailable", timedOut)
+	}
+	for id, want := range map[string]bool{"first": true, "canceled": false, "timedout": false, "last": true} {
+		_, err := s.Get(context.Background(), ns, id)
+		if got := err == nil; got != want || (err != nil && !errors.Is(err, storage.ErrNotFound)) {
+			t.Errorf("%s stored = %v (%v), want %v", id, got, err, want)
+		}
+	}
+	if len(s.co.queues) != 0 {
+		t.Errorf("coalescer not idle: %d namespaces", len(s.co.queues))
+	}
+}
+
+// TestUpsertCoalesceRedisDown: when Redis goes away under a shared script
+// call, every caller of it gets ErrUnavailable, and no goroutine is left
+// (TestMain checks leaks).
+func TestUpsertCoalesceRedisDown(t *testing.T) {
+	t.Parallel()
+	srv := startRedisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.addr, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	s := New(c, Options{Timeout: 2 * time.Second})
+	loadScripts(t, s)
+	g := newScriptGate(true)
+	c.AddHook(g)
+	ns := "cod-" + randomNS(t)
+
+	const n = 20
+	calls := make([][]storage.UpsertSpec, n)
+	for i := range calls {
+		calls[i] = []storage.UpsertSpec{{ID: fmt.Sprint(i)}}
+	}
+	out := make([]upsertOut, n)
+	var wg sync.WaitGroup
+	for i, specs := range calls {
+		wg.Go(func() { out[i].res, out[i].err = s.Upsert(context.Background(), ns, specs) })
+		if i == 0 {
+			<-g.held
+		}
+	}
+	waitQueued(t, s, ns, n-1)
+	srv.stop()
+	g.open()
+	wg.Wait()
+	for i, o := range out {
+		if !errors.Is(o.err, storage.ErrUnavailable) || o.res != nil {
+			t.Errorf("call %d: %v, %v, want ErrUnavailable", i, o.res, o.err)
+		} else if strings.Contains(o.err.Error(), "coalesc") {
+			t.Errorf("call %d: %v", i, o.err)
+		}
+	}
+	if got := g.calls.Load(); got > 3 {
+		t.Errorf("%d script calls for one held call and one queue", got)
+	}
+}
+
+// TestUpsertNoCoalesce: with NoCoalesce every call is its own script call.
+func TestUpsertNoCoalesce(t *testing.T) {
+	t.Parallel()
+	loadScripts(t, New(testRedisClient(t), Options{}))
+	c := testRedisClient(t)
+	g := newScriptGate(false)
+	c.AddHook(g)
+	s := New(c, Options{NoCoalesce: true})
+	ns := "con-" + randomNS(t)
+	dropNS(t, s, ns)
+	const n = 20
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			if _, err := s.Upsert(context.Background(), ns, []storage.UpsertSpec{{ID: fmt.Sprint(i)}}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := g.calls.Load(); got != n {
+		t.Errorf("%d calls made %d script calls, want %d", n, got, n)
+	}
+}
