@@ -546,6 +546,66 @@ func TestDeliveryRemoveWhileInFlight(t *testing.T) {
 	}
 }
 
+// TestDeliveryAckOfRemovedThenRecreatedTask: a task removed while in
+// flight and re-created with the same id starts again at the same
+// generation and attempt; the old subscriber's token must not ack (nor
+// nack, nor extend) the new incarnation, which would lose it.
+func TestDeliveryAckOfRemovedThenRecreatedTask(t *testing.T) {
+	t.Parallel()
+	e := newDlvEnv(t, dlvPolicy())
+	r := e.replica()
+	s := e.subscribe(r, 0)
+	e.upsert(r, "again", 0)
+	old := s.next(t)
+	if _, err := r.tasks.RemoveTask(context.Background(), &delaydv1.RemoveTaskRequest{Namespace: e.ns, Id: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	// The re-created task must get another create time (the store's clock
+	// has to move on by a millisecond).
+	created := old.GetTask().GetCreateTime().AsTime()
+	for deadline := time.Now().Add(dlvWait); !e.redisNow().After(created.Add(time.Millisecond)); {
+		if time.Now().After(deadline) {
+			t.Fatalf("store clock did not pass %v", created)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	e.upsert(r, "again", 0)
+	cur := s.next(t)
+	if cur.GetTask().GetId() != "again" || cur.GetToken() == old.GetToken() {
+		t.Fatalf("redelivery %v with token %q, want the re-created task with a new token (old %q)", cur.GetTask(), cur.GetToken(), old.GetToken())
+	}
+	if g, a := cur.GetTask().GetGeneration(), cur.GetTask().GetAttempt(); g != old.GetTask().GetGeneration() || a != old.GetTask().GetAttempt() {
+		t.Logf("re-created delivery is gen %d attempt %d, the removed one was gen %d attempt %d", g, a, old.GetTask().GetGeneration(), old.GetTask().GetAttempt())
+	}
+	if st := e.ack(r, old.GetToken()); st[0] != delaydv1.TokenStatus_TOKEN_STATUS_NOT_FOUND {
+		t.Fatalf("ack of the removed task's token: %v, want NOT_FOUND", st[0])
+	}
+	if st := e.nack(r, durationpb.New(0), "old", old.GetToken()); st[0] != delaydv1.TokenStatus_TOKEN_STATUS_NOT_FOUND {
+		t.Fatalf("nack of the removed task's token: %v, want NOT_FOUND", st[0])
+	}
+	ext, err := r.dlv.ExtendLease(context.Background(), &delaydv1.ExtendLeaseRequest{
+		Namespace: e.ns, Tokens: []string{old.GetToken()}, ExtendBy: durationpb.New(2 * time.Hour),
+	})
+	if err != nil {
+		t.Fatalf("ExtendLease: %v", err)
+	}
+	if st := dlvStatuses(ext.GetResults()); st[0] != delaydv1.TokenStatus_TOKEN_STATUS_NOT_FOUND {
+		t.Fatalf("extend of the removed task's token: %v, want NOT_FOUND", st[0])
+	}
+	task := e.mustGet(r, "again")
+	if task.GetState() != delaydv1.TaskState_TASK_STATE_DELIVERED || task.GetAttempt() != 1 ||
+		!task.GetLeaseDeadline().AsTime().Equal(cur.GetLeaseDeadline().AsTime()) {
+		t.Fatalf("re-created task after the old token: %v, want still DELIVERED, attempt 1, lease %v", task, cur.GetLeaseDeadline().AsTime())
+	}
+	if st := e.ack(r, cur.GetToken()); st[0] != delaydv1.TokenStatus_TOKEN_STATUS_OK {
+		t.Fatalf("ack of the re-created task's token: %v, want OK", st[0])
+	}
+	if _, err := e.getTask(r, "again"); status.Code(err) != codes.NotFound {
+		t.Fatalf("GetTask after ack: %v, want NotFound", err)
+	}
+	s.none(t)
+}
+
 func TestDeliveryStreamCutRedeliversAtOnce(t *testing.T) {
 	t.Parallel()
 	e := newDlvEnv(t, dlvPolicy()) // lease: one hour

@@ -11,19 +11,22 @@ import (
 
 // A delivery token's wire form is opaque to clients: unpadded base64url of
 //
-//	version byte (1) | uvarint generation | uvarint attempt |
-//	uvarint len(namespace) | namespace | task id
+//	version byte (2) | uvarint generation | uvarint attempt |
+//	uvarint created | uvarint len(namespace) | namespace | task id
 //
-// It names the delivery (namespace, task, generation, attempt) and nothing
-// else: no secret, no signature. A token is only honoured in its own
-// namespace, and the store checks generation and attempt against what is
-// in flight, so a forged token can at most ack a delivery of a namespace the
-// caller may already consume.
+// It names the delivery (namespace, task, the task's incarnation — its
+// create time in Unix ms —, generation, attempt) and nothing else: no
+// secret, no signature. A token is only honoured in its own namespace, and
+// the store checks incarnation, generation and attempt against what is in
+// flight, so a forged token can at most ack a delivery of a namespace the
+// caller may already consume, and a token of a removed task never touches
+// a task re-created with the same id. Tokens of version 1 (without the
+// incarnation) are rejected as malformed.
 
 const (
-	tokenVersion = 1
+	tokenVersion = 2
 	// maxTokenLen bounds a token before it is decoded: the longest valid
-	// token (63-byte namespace, 128-byte id, two 10-byte varints) is 288
+	// token (63-byte namespace, 128-byte id, four varints) is under 300
 	// base64 characters.
 	maxTokenLen = 512
 )
@@ -35,10 +38,11 @@ var tokenEncoding = base64.RawURLEncoding
 
 // encodeToken returns the wire form of t.
 func encodeToken(t storage.Token) string {
-	buf := make([]byte, 0, 1+3*binary.MaxVarintLen64+len(t.Namespace)+len(t.ID))
+	buf := make([]byte, 0, 1+4*binary.MaxVarintLen64+len(t.Namespace)+len(t.ID))
 	buf = append(buf, tokenVersion)
 	buf = binary.AppendUvarint(buf, uint64(t.Generation))
 	buf = binary.AppendUvarint(buf, uint64(t.Attempt))
+	buf = binary.AppendUvarint(buf, uint64(t.Created))
 	buf = binary.AppendUvarint(buf, uint64(len(t.Namespace)))
 	buf = append(buf, t.Namespace...)
 	buf = append(buf, t.ID...)
@@ -67,6 +71,12 @@ func decodeToken(s string) (storage.Token, error) {
 		return storage.Token{}, errBadToken
 	}
 	b = b[n:]
+	// Every task has a create time, so the server never issues 0.
+	created, n := binary.Uvarint(b)
+	if n <= 0 || created == 0 || created > math.MaxInt64 {
+		return storage.Token{}, errBadToken
+	}
+	b = b[n:]
 	nsLen, n := binary.Uvarint(b)
 	if n <= 0 || nsLen > uint64(len(b)-n) {
 		return storage.Token{}, errBadToken
@@ -77,6 +87,7 @@ func decodeToken(s string) (storage.Token, error) {
 		ID:         string(b[nsLen:]),
 		Generation: int64(gen),
 		Attempt:    int32(attempt),
+		Created:    int64(created),
 	}
 	if storage.ValidateNamespace(t.Namespace) != nil || storage.ValidateTaskID(t.ID) != nil {
 		return storage.Token{}, errBadToken

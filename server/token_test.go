@@ -12,9 +12,9 @@ import (
 
 func TestTokenRoundTrip(t *testing.T) {
 	for _, tok := range []storage.Token{
-		{Namespace: "a", ID: "b", Generation: 1, Attempt: 1},
-		{Namespace: "orders-eu_1", ID: "order.42-x_Y", Generation: 1 << 40, Attempt: 7},
-		{Namespace: strings.Repeat("n", storage.MaxNamespaceLen), ID: strings.Repeat("I", storage.MaxTaskIDLen), Generation: math.MaxInt64, Attempt: math.MaxInt32},
+		{Namespace: "a", ID: "b", Generation: 1, Attempt: 1, Created: 1},
+		{Namespace: "orders-eu_1", ID: "order.42-x_Y", Generation: 1 << 40, Attempt: 7, Created: 1_764_470_000_123},
+		{Namespace: strings.Repeat("n", storage.MaxNamespaceLen), ID: strings.Repeat("I", storage.MaxTaskIDLen), Generation: math.MaxInt64, Attempt: math.MaxInt32, Created: math.MaxInt64},
 	} {
 		s := encodeToken(tok)
 		if len(s) > maxTokenLen {
@@ -31,19 +31,23 @@ func TestTokenRoundTrip(t *testing.T) {
 }
 
 func TestTokenRejectsMalformed(t *testing.T) {
-	good := encodeToken(storage.Token{Namespace: "ns", ID: "id", Generation: 3, Attempt: 2})
+	good := encodeToken(storage.Token{Namespace: "ns", ID: "id", Generation: 3, Attempt: 2, Created: 5})
 	for name, s := range map[string]string{
 		"empty":        "",
 		"not base64":   "!!!",
 		"padded":       good + "=",
 		"truncated":    good[:len(good)-4],
-		"other ver":    encodeRaw([]byte{2, 1, 1, 2, 'n', 's', 'i', 'd'}),
-		"zero gen":     encodeRaw([]byte{1, 0, 1, 2, 'n', 's', 'i', 'd'}),
-		"zero attempt": encodeRaw([]byte{1, 1, 0, 2, 'n', 's', 'i', 'd'}),
-		"ns too long":  encodeRaw([]byte{1, 1, 1, 9, 'n', 's', 'i', 'd'}),
-		"bad ns":       encodeRaw([]byte{1, 1, 1, 2, 'N', 'S', 'i', 'd'}),
-		"bad id":       encodeRaw([]byte{1, 1, 1, 2, 'n', 's', 'i', '{'}),
-		"no id":        encodeRaw([]byte{1, 1, 1, 2, 'n', 's'}),
+		"other ver":    encodeRaw([]byte{3, 1, 1, 5, 2, 'n', 's', 'i', 'd'}),
+		"version 1":    encodeRaw([]byte{1, 3, 2, 2, 'n', 's', 'i', 'd'}), // the form before incarnations
+		"zero gen":     encodeRaw([]byte{2, 0, 1, 5, 2, 'n', 's', 'i', 'd'}),
+		"zero attempt": encodeRaw([]byte{2, 1, 0, 5, 2, 'n', 's', 'i', 'd'}),
+		"zero created": encodeRaw([]byte{2, 1, 1, 0, 2, 'n', 's', 'i', 'd'}),
+		"no created":   encodeRaw([]byte{2, 1, 1}),
+		"long varint":  encodeRaw([]byte{2, 1, 1, 0x85, 0x00, 2, 'n', 's', 'i', 'd'}),
+		"ns too long":  encodeRaw([]byte{2, 1, 1, 5, 9, 'n', 's', 'i', 'd'}),
+		"bad ns":       encodeRaw([]byte{2, 1, 1, 5, 2, 'N', 'S', 'i', 'd'}),
+		"bad id":       encodeRaw([]byte{2, 1, 1, 5, 2, 'n', 's', 'i', '{'}),
+		"no id":        encodeRaw([]byte{2, 1, 1, 5, 2, 'n', 's'}),
 		"huge":         strings.Repeat("A", maxTokenLen+1),
 	} {
 		if tok, err := decodeToken(s); err == nil {
@@ -59,16 +63,17 @@ func encodeRaw(b []byte) string {
 // FuzzDecodeToken: any client string either fails to decode or decodes to a
 // token with a valid namespace and id that encodes back to the same string.
 func FuzzDecodeToken(f *testing.F) {
-	f.Add(encodeToken(storage.Token{Namespace: "ns", ID: "id", Generation: 3, Attempt: 2}))
+	f.Add(encodeToken(storage.Token{Namespace: "ns", ID: "id", Generation: 3, Attempt: 2, Created: 1_764_470_000_123}))
 	f.Add("")
-	f.Add("AQEBBGRlbW9vcmRlci00Mg")
+	f.Add("AQEBBGRlbW9vcmRlci00Mg") // version 1: no incarnation
+	f.Add(encodeRaw([]byte{2, 1, 1, 0x85, 0x00, 2, 'n', 's', 'i', 'd'}))
 	f.Fuzz(func(t *testing.T, s string) {
 		tok, err := decodeToken(s)
 		if err != nil {
 			return
 		}
 		if storage.ValidateNamespace(tok.Namespace) != nil || storage.ValidateTaskID(tok.ID) != nil ||
-			tok.Generation < 1 || tok.Attempt < 1 {
+			tok.Generation < 1 || tok.Attempt < 1 || tok.Created < 1 {
 			t.Fatalf("decodeToken(%q) = %+v: invalid fields accepted", s, tok)
 		}
 		if again := encodeToken(tok); again != s {

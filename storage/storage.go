@@ -119,13 +119,15 @@ type Delivery struct {
 	LeaseDeadline time.Time
 }
 
-// Token names one delivery: the task, the generation and the attempt it was
-// made for. Its wire form (an opaque string) is the server's business.
+// Token names one delivery: the task (and its incarnation), the generation
+// and the attempt it was made for. Its wire form (an opaque string) is the
+// server's business.
 type Token struct {
 	Namespace  string
 	ID         string
 	Generation int64
 	Attempt    int32
+	Created    int64 // the task's create time (Unix ms): names the incarnation, so a token of a removed task never matches a re-created one
 }
 
 // TokenStatus is the per-token answer of ack, nack and extend.

@@ -22,7 +22,10 @@ import (
 // DueTime; delivered ones are re-indexed as scheduled, due at DueTime (their
 // lease holder is presumed gone); dead ones go to dead at DeadTime (or
 // UpdateTime, if DeadTime is zero). Generation, attempt, kind, payload, last
-// error and create/update times are kept as given. Returns how many tasks
+// error and create/update times are kept as given, except that a task
+// without a create time gets the Redis clock's now (and so does its update
+// time, if it has none): the create time names the incarnation in delivery
+// tokens, and a token without one matches nothing. Returns how many tasks
 // were written.
 func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task) (int, error) {
 	k := keysFor(ns, shard)

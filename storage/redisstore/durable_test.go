@@ -31,6 +31,37 @@ func dropNS(t *testing.T, s *Store, ns string) {
 	})
 }
 
+// TestRestoreWithoutCreateTime: a task the authority holds without a create
+// time (e.g. bulk-loaded rows) is restored with the Redis clock's now, so
+// its deliveries carry an incarnation and can be acked.
+func TestRestoreWithoutCreateTime(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := "rs-" + randomNS(t)
+			dropNS(t, s, ns)
+			due := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+			in := []storage.Task{{ID: "bare", Kind: "k", Payload: []byte("p"), State: storage.StateScheduled, Generation: 3, DueTime: due}}
+			if n, err := s.Restore(ctx, ns, in); err != nil || n != 1 {
+				t.Fatalf("restore = %d, %v", n, err)
+			}
+			task, err := s.Get(ctx, ns, "bare")
+			if err != nil || task.CreateTime.IsZero() || task.UpdateTime.Before(task.CreateTime) || task.Generation != 3 || !task.DueTime.Equal(due) {
+				t.Fatalf("restored task = %+v, %v; want a create time, generation 3, due %v", task, err, due)
+			}
+			ds, err := s.Pop(ctx, ns, 1, time.Minute)
+			if err != nil || len(ds) != 1 || ds[0].Token.Created != task.CreateTime.UnixMilli() {
+				t.Fatalf("pop = %+v, %v; want a token naming create time %v", ds, err, task.CreateTime)
+			}
+			if st, err := s.Ack(ctx, ns, []storage.Token{ds[0].Token}); err != nil || st[0] != storage.TokenOK {
+				t.Fatalf("ack = %v, %v; want OK", st, err)
+			}
+		})
+	}
+}
+
 func TestRestore(t *testing.T) {
 	t.Parallel()
 	for name, s := range stores(t) {

@@ -434,25 +434,30 @@ func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Dur
 		}
 		out = append(out, storage.Delivery{
 			Task:          t,
-			Token:         storage.Token{Namespace: ns, ID: id, Generation: t.Generation, Attempt: t.Attempt},
+			Token:         storage.Token{Namespace: ns, ID: id, Generation: t.Generation, Attempt: t.Attempt, Created: toMS(t.CreateTime)},
 			LeaseDeadline: t.LeaseDeadline,
 		})
 	}
 	return out, nil
 }
 
-// tokenArgs appends id, generation, attempt per token. A token of another
-// namespace is sent with an id no task has, so it answers NOT_FOUND.
+// tokenArgs appends id, generation, attempt, created per token (tokenArity
+// values). A token of another namespace is sent with an id no task has, so
+// it answers NOT_FOUND; so does one with no create time (the scripts match
+// created against the record's, and no record has 0).
 func tokenArgs(args []any, ns string, tokens []storage.Token) []any {
 	for _, t := range tokens {
 		if t.Namespace != "" && t.Namespace != ns {
-			args = append(args, "", 0, 0)
+			args = append(args, "", 0, 0, 0)
 			continue
 		}
-		args = append(args, t.ID, t.Generation, t.Attempt)
+		args = append(args, t.ID, t.Generation, t.Attempt, t.Created)
 	}
 	return args
 }
+
+// tokenArity is how many ARGV values tokenArgs sends per token.
+const tokenArity = 4
 
 func tokenStatus(v any) storage.TokenStatus {
 	n, _ := replyInt(v)
@@ -467,15 +472,16 @@ func tokenStatus(v any) storage.TokenStatus {
 }
 
 // Ack deletes each task whose token still names the delivery in flight
-// (same generation and attempt): OK. A token whose task has since been
-// upserted or redelivered answers STALE, one whose task is gone or not in
-// flight NOT_FOUND; both change nothing. A token of another namespace
+// (same incarnation, generation and attempt): OK. A token whose task has
+// since been upserted or redelivered answers STALE, one whose task is gone,
+// re-created since (another create time) or not in flight NOT_FOUND; both
+// change nothing. A token of another namespace
 // answers NOT_FOUND. One round trip per MaxBatch tokens.
 func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
 	k := keysFor(ns, shard)
 	out := make([]storage.TokenStatus, 0, len(tokens))
 	err := chunks(len(tokens), func(lo, hi int) error {
-		args := make([]any, 0, 1+3*(hi-lo))
+		args := make([]any, 0, 1+tokenArity*(hi-lo))
 		args = append(args, hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
 		rep, err := s.runSlice(ctx, "ack", scripts.ack, []string{k.inflight, k.task}, args...)
@@ -542,7 +548,7 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 	var movedTasks []storage.Moved
 	err := chunks(len(tokens), func(lo, hi int) error {
 		part := tokens[lo:hi]
-		args := make([]any, 0, 11+3*len(part))
+		args := make([]any, 0, 11+tokenArity*len(part))
 		args = append(args, s.wake, ns)
 		args = append(args, retryArgs(opts.RetryAfter, opts)...)
 		args = append(args, len(part))
@@ -578,7 +584,7 @@ func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, b
 	k := keysFor(ns, shard)
 	out := make([]storage.ExtendResult, 0, len(tokens))
 	err := chunks(len(tokens), func(lo, hi int) error {
-		args := make([]any, 0, 2+3*(hi-lo))
+		args := make([]any, 0, 2+tokenArity*(hi-lo))
 		args = append(args, max(by.Milliseconds(), 0), hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
 		rep, err := s.runSlice(ctx, "extend", scripts.extend, []string{k.inflight, k.task}, args...)

@@ -17,7 +17,7 @@ import (
 
 // everyOp calls each store operation once and returns the errors by name.
 func everyOp(ctx context.Context, s *Store, ns string) map[string]error {
-	tok := []storage.Token{{Namespace: ns, ID: "x", Generation: 1, Attempt: 1}}
+	tok := []storage.Token{{Namespace: ns, ID: "x", Generation: 1, Attempt: 1, Created: 1}}
 	errs := map[string]error{}
 	_, errs["upsert"] = s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x"}})
 	_, errs["remove"] = s.Remove(ctx, ns, "x")

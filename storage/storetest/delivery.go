@@ -130,10 +130,60 @@ func testAck(t *testing.T, newStore func(t *testing.T) Store) {
 			other.Namespace = Namespace(e.t)
 			missing := tok
 			missing.ID = "missing"
-			e.wantStatuses("ack", e.ack(newer, other, missing),
-				statuses(storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound))
+			// A token naming no incarnation matches nothing, not even a
+			// delivery whose generation and attempt it names.
+			noIncarnation := tok
+			noIncarnation.Created = 0
+			otherIncarnation := tok
+			otherIncarnation.Created++
+			e.wantStatuses("ack", e.ack(newer, other, missing, noIncarnation, otherIncarnation),
+				statuses(storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound))
 		},
 		want: []Row{row("x", deliv, 1, 1, "")},
+	}, {
+		name:  "a token from before a remove never touches the re-created task",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			old := e.tok["x"]
+			if old.Created == 0 {
+				e.t.Fatalf("popped token names no incarnation: %+v", old)
+			}
+			if _, err := e.s.Remove(e.ctx, e.ns, "x"); err != nil {
+				e.t.Fatalf("remove: %v", err)
+			}
+			// The re-created task must get another create time.
+			poll(e.t, "the store clock to pass the old create time", func() bool {
+				return e.now().UnixMilli() > old.Created
+			})
+			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x"), DueTime: e.now().Add(-time.Hour)})
+			ds := e.pop(1, time.Hour)
+			if len(ds) != 1 || ds[0].Task.ID != "x" {
+				e.t.Fatalf("pop of the re-created task = %+v", ds)
+			}
+			cur := ds[0].Token
+			if cur.Created == old.Created {
+				e.t.Fatalf("re-created task has the old incarnation: old %+v, new %+v", old, cur)
+			}
+			if cur.Generation != old.Generation || cur.Attempt != old.Attempt {
+				e.t.Logf("re-created delivery is gen %d attempt %d (old gen %d attempt %d)",
+					cur.Generation, cur.Attempt, old.Generation, old.Attempt)
+			}
+			e.wantStatuses("ack of the old token", e.ack(old), statuses(storage.TokenNotFound))
+			st, mv := e.nack(storage.NackOptions{RetryAfter: dur(0)}, old)
+			e.wantStatuses("nack of the old token", st, statuses(storage.TokenNotFound))
+			if len(mv) != 0 {
+				e.t.Errorf("nack of the old token moved %+v", mv)
+			}
+			res, err := e.s.Extend(e.ctx, e.ns, []storage.Token{old}, 2*time.Hour)
+			if err != nil || len(res) != 1 || res[0].Status != storage.TokenNotFound {
+				e.t.Errorf("extend of the old token = %+v, %v; want NOT_FOUND", res, err)
+			}
+			if g := e.get("x"); g.State != deliv || g.Attempt != 1 || !g.LeaseDeadline.Equal(ds[0].LeaseDeadline) {
+				e.t.Errorf("re-created task after the old token = %+v, want still in flight, attempt 1, lease %v", g, ds[0].LeaseDeadline)
+			}
+			e.wantStatuses("ack of the new token", e.ack(cur), statuses(storage.TokenOK))
+			e.wantNotFound("x")
+		},
 	}, {
 		name:  "the same token twice in one call: OK, then NOT_FOUND",
 		seeds: []Seed{{ID: "x", State: deliv}},
@@ -303,7 +353,9 @@ func testExtend(t *testing.T, newStore func(t *testing.T) Store) {
 		seeds: []Seed{{ID: "x", State: dead}, {ID: "d", State: deliv}},
 		run: func(e *env) {
 			e.nack(storage.NackOptions{RetryAfter: dur(time.Hour)}, e.tok["d"])
-			res, err := e.s.Extend(e.ctx, e.ns, []storage.Token{e.tok["d"], {Namespace: e.ns, ID: "x", Generation: 1, Attempt: 1}}, time.Hour)
+			// x's last delivery, exact in all but being in flight.
+			deadTok := storage.Token{Namespace: e.ns, ID: "x", Generation: 1, Attempt: 1, Created: e.get("x").CreateTime.UnixMilli()}
+			res, err := e.s.Extend(e.ctx, e.ns, []storage.Token{e.tok["d"], deadTok}, time.Hour)
 			if err != nil || len(res) != 2 || res[0].Status != storage.TokenNotFound || res[1].Status != storage.TokenNotFound {
 				e.t.Errorf("extend = %+v, %v", res, err)
 			}

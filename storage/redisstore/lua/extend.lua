@@ -2,8 +2,9 @@
 --
 -- KEYS[1] inflight ZSET, KEYS[2] task HASH
 -- ARGV[1] by ms
--- ARGV[2] n (at most 1,000); then per token i (from 0), at ARGV[3+3i ..]:
---         id, generation, attempt
+-- ARGV[2] n (at most 1,000); then per token i (from 0), at ARGV[3+4i ..]:
+--         id, generation, attempt, task create time (Unix ms; a token whose
+--         create time is not the task's, or is 0, answers NOT_FOUND)
 --
 -- Returns {new lease deadline ms, then one status per token: 1 OK, 2 STALE,
 -- 3 NOT_FOUND (unchanged)}.
@@ -16,15 +17,16 @@ if n == 0 then
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[3 + 3 * i]
+  ids[i + 1] = ARGV[3 + 4 * i]
 end
 local recs = redis.call('HMGET', KEYS[2], unpack(ids))
 local leased = redis.call('ZMSCORE', KEYS[1], unpack(ids))
 local d = int(deadline)
 local zargs = {}
 for i = 0, n - 1 do
-  local j = 3 + 3 * i
-  local st = token_status(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
+  local j = 3 + 4 * i
+  local st = token_status(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
+      tonumber(ARGV[j + 3]))
   if st == 1 then
     push(zargs, d, ids[i + 1])
   end

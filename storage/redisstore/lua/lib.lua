@@ -63,11 +63,12 @@ local function gen_created(rec)
   return dec(g), dec(c)
 end
 
--- gen_attempt reads only the generation and the attempt of a record: all a
--- delivery token is checked against (much cheaper than parse).
-local function gen_attempt(rec)
-  local g, a = string.match(rec, '^([^,]*),([^,]*),')
-  return dec(g), dec(a)
+-- gen_attempt_created reads only the generation, the attempt and the create
+-- time of a record: all a delivery token is checked against (much cheaper
+-- than parse).
+local function gen_attempt_created(rec)
+  local g, a, c = string.match(rec, '^([^,]*),([^,]*),([^,]*),')
+  return dec(g), dec(a), dec(c)
 end
 
 -- repop returns rec popped once more: attempt + 1, updated = now, due =
@@ -208,12 +209,17 @@ local function apply(W, kdue, kdead, ktask)
 end
 
 -- token_check is token_status for a caller that needs only the status: it
--- reads just the generation and attempt of rec.
-local function token_check(rec, inflight, g, a)
+-- reads just the generation, attempt and create time of rec.
+local function token_check(rec, inflight, g, a, c)
   if not rec then
     return 3
   end
-  local rg, ra = gen_attempt(rec)
+  local rg, ra, rc = gen_attempt_created(rec)
+  -- Another create time: the task the token named was removed and this is
+  -- a re-created one. A token without one (c == 0) matches nothing.
+  if c == 0 or rc ~= c then
+    return 3
+  end
   if rg == g and ra == a then
     if inflight then
       return 1
@@ -226,15 +232,20 @@ local function token_check(rec, inflight, g, a)
   return 3
 end
 
--- token_status compares a delivery token (generation g, attempt a) with the
--- stored record rec and whether the task is in flight: 1 OK, 2 STALE (the
--- task has a newer generation or attempt), 3 NOT_FOUND. Returns the status
+-- token_status compares a delivery token (generation g, attempt a, task
+-- create time c) with the stored record rec and whether the task is in
+-- flight: 1 OK, 2 STALE (the task has a newer generation or attempt), 3
+-- NOT_FOUND (no task, not in flight, or another incarnation: its create
+-- time is not c; a token with c == 0 never matches). Returns the status
 -- and the parsed record.
-local function token_status(rec, inflight, g, a)
+local function token_status(rec, inflight, g, a, c)
   if not rec then
     return 3, nil
   end
   local r = parse(rec)
+  if c == 0 or r.created ~= c then
+    return 3, r
+  end
   if r.gen == g and r.attempt == a then
     if inflight then
       return 1, r

@@ -7,8 +7,9 @@
 -- ARGV[3] retry_after ms ('' = backoff), ARGV[4] max attempts (0 = no limit),
 -- ARGV[5] backoff initial ms, ARGV[6] backoff max ms, ARGV[7] multiplier,
 -- ARGV[8] jitter fraction, ARGV[9] jitter seed in [0, 1), ARGV[10] reason
--- ARGV[11] n (at most 1,000); then per token i (from 0), at ARGV[12+3i ..]:
---          id, generation, attempt
+-- ARGV[11] n (at most 1,000); then per token i (from 0), at ARGV[12+4i ..]:
+--          id, generation, attempt, task create time (Unix ms; a token whose
+--          create time is not the task's, or is 0, answers NOT_FOUND)
 --
 -- Publishes the namespace on the wake channel when a task became earlier
 -- than the head of due.
@@ -26,7 +27,7 @@ end
 local p = retry_policy(3)
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[12 + 3 * i]
+  ids[i + 1] = ARGV[12 + 4 * i]
 end
 local recs = redis.call('HMGET', KEYS[4], unpack(ids))
 local leased = redis.call('ZMSCORE', KEYS[2], unpack(ids))
@@ -35,12 +36,13 @@ local wake = false
 local W = {due = {}, dead = {}, task = {}}
 local back, done = {}, {}
 for i = 0, n - 1 do
-  local j = 12 + 3 * i
+  local j = 12 + 4 * i
   local id = ids[i + 1]
   local st, state, at = 3, 0, 0
   if not done[id] then
     local r
-    st, r = token_status(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
+    st, r = token_status(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
+      tonumber(ARGV[j + 3]))
     if st == 1 then
       done[id] = true
       back[#back + 1] = id

@@ -5,7 +5,9 @@
 -- ARGV[1] wake channel, ARGV[2] namespace
 -- ARGV[3] n (at most 1,000); then per task i (from 0), at ARGV[4+5i ..]: id,
 --         generation, state (1 = due, 3 = dead), score (due ms or death
---         ms), record
+--         ms), record (one without a create time is given the Redis clock's
+--         now: the create time names the task's incarnation in delivery
+--         tokens, and a token without one matches nothing)
 --
 -- Publishes the namespace on the wake channel when a task became earlier
 -- than the head of due.
@@ -44,6 +46,7 @@ for i = 0, n - 1 do
   end
 end
 local zdue, zdead, hset = {}, {}, {}
+local now
 for _, id in ipairs(order) do
   local j = final[id]
   local score = tonumber(ARGV[j + 3])
@@ -56,7 +59,18 @@ for _, id in ipairs(order) do
       wake = true
     end
   end
-  push(hset, id, ARGV[j + 4])
+  local rec = ARGV[j + 4]
+  local _, created = gen_created(rec)
+  if created == 0 then
+    now = now or now_ms()
+    local r = parse(rec)
+    r.created = now
+    if r.updated == 0 then
+      r.updated = now
+    end
+    rec = rewrite(rec, r, nil)
+  end
+  push(hset, id, rec)
 end
 flush('ZREM', KEYS[1], zrem)
 flush('ZREM', KEYS[2], zrem)
