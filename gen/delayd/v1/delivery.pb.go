@@ -188,8 +188,10 @@ type Delivery struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The task, state DELIVERED, attempt counting this delivery.
 	Task *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
-	// Opaque token naming this delivery (namespace, task, generation, attempt);
-	// pass it to AckTasks, NackTasks or ExtendLease in the same namespace.
+	// Opaque token naming this delivery (namespace, task and its incarnation,
+	// generation, attempt); pass it to AckTasks, NackTasks or ExtendLease in
+	// the same namespace. A token from before the task was removed never
+	// matches a task re-created with the same id.
 	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
 	// When the lease ends; an unacked delivery is retried after it.
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
