@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -47,24 +46,7 @@ func start(t *testing.T, offlineAfter time.Duration, setup func(*App)) *started 
 	if setup != nil {
 		setup(app)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() { done <- app.serve(ctx, func(a net.Addr) { ready <- a }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("program returned %v", err)
-		}
-		app.Close()
-	})
-	select {
-	case addr := <-ready:
-		return &started{app: app, base: "http://" + addr.String()}
-	case err := <-done:
-		t.Fatalf("program stopped at start: %v", err)
-		return nil
-	}
+	return &started{app: app, base: exampletest.Serve(t, app.serve, app.Close)}
 }
 
 // heartbeat sends one heartbeat over HTTP, as a device would.

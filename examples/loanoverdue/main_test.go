@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -52,24 +51,7 @@ func start(t *testing.T, period, renewBy time.Duration, setup func(*App)) *start
 	if setup != nil {
 		setup(app)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() { done <- app.serve(ctx, func(a net.Addr) { ready <- a }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("program returned %v", err)
-		}
-		app.Close()
-	})
-	select {
-	case addr := <-ready:
-		return &started{app: app, base: "http://" + addr.String()}
-	case err := <-done:
-		t.Fatalf("program stopped at start: %v", err)
-		return nil
-	}
+	return &started{app: app, base: exampletest.Serve(t, app.serve, app.Close)}
 }
 
 func (s *started) post(t *testing.T, path, body string) (int, Loan) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -54,24 +53,7 @@ func start(t *testing.T, closeAfter time.Duration, setup func(*App)) *started {
 	if setup != nil {
 		setup(app)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() { done <- app.serve(ctx, func(a net.Addr) { ready <- a }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("program returned %v", err)
-		}
-		app.Close()
-	})
-	var addr net.Addr
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("program stopped at start: %v", err)
-	}
-	return &started{app: app, base: "http://" + addr.String()}
+	return &started{app: app, base: exampletest.Serve(t, app.serve, app.Close)}
 }
 
 func (s *started) post(t *testing.T, path, body string) (int, map[string]any) {

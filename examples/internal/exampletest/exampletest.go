@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"log/slog"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -114,5 +115,34 @@ func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Serve runs an example program's serve loop in the background until the
+// test ends, and returns its HTTP base URL ("http://host:port") once the
+// program says it listens. serve gets a context that is cancelled at
+// cleanup and a ready callback for the listen address; closeFn (may be nil)
+// runs after serve returned. A program that stops at start fails the test.
+func Serve(t testing.TB, serve func(ctx context.Context, ready func(net.Addr)) error, closeFn func()) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, func(a net.Addr) { ready <- a }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("program returned %v", err)
+		}
+		if closeFn != nil {
+			closeFn()
+		}
+	})
+	select {
+	case addr := <-ready:
+		return "http://" + addr.String()
+	case err := <-done:
+		t.Fatalf("program stopped at start: %v", err)
+		return ""
 	}
 }
