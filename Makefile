@@ -3,8 +3,9 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
-# Tool versions, pinned. `make tools` installs them into ./bin.
-BUF_VERSION                ?= v1.75.0
+# Tool versions, pinned. `make tools` installs them into ./bin. buf is the
+# prebuilt binary from its npm package (pinned in tools/buf/package-lock.json),
+# so a fresh clone does not compile buf from source.
 PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.5.1
 STATICCHECK_VERSION        ?= v0.8.2
@@ -22,8 +23,11 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 help: ## List the targets.
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-$(BIN)/buf:
-	GOBIN=$(BIN) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+$(BIN)/buf: tools/buf/package-lock.json
+	@command -v npm >/dev/null || { echo "buf comes from npm: install Node.js 20 and npm (Debian: apt-get install -y nodejs npm)"; exit 1; }
+	npm ci --prefix tools/buf --no-audit --no-fund --loglevel=error
+	mkdir -p $(BIN) && ln -sf $(CURDIR)/tools/buf/node_modules/.bin/buf $(BIN)/buf
+	@$(BIN)/buf --version >/dev/null
 $(BIN)/protoc-gen-go:
 	GOBIN=$(BIN) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(BIN)/protoc-gen-go-grpc:
