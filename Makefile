@@ -50,11 +50,12 @@ check-generate: generate ## Fail when gen/ differs from what proto/ generates.
 		git status --porcelain -- gen proto; exit 1; fi
 
 .PHONY: lint
-lint: tools $(BIN)/staticcheck ## buf lint, buf format check, go vet, staticcheck.
+lint: tools $(BIN)/staticcheck ## buf lint, buf format check, go vet, staticcheck, the package-boundary check.
 	buf lint
 	buf format -d --exit-code
 	go vet ./...
 	staticcheck ./...
+	go test -count=1 ./internal/boundary
 
 .PHONY: services
 services: ## Make sure Redis and MySQL answer (start them if installed).
