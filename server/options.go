@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/tls"
 	"log/slog"
+	"time"
 
 	"github.com/delayd/delayd/dispatcher"
 	"github.com/delayd/delayd/storage"
@@ -53,8 +54,22 @@ type Limits struct {
 	// MaxBatch is the most items in one BatchUpsertTasks, AckTasks,
 	// NackTasks or ExtendLease call. If zero, 1,000.
 	MaxBatch int
-	// MaxMessageBytes is the largest gRPC message received. If zero, 16 MiB.
+	// MaxMessageBytes is the largest gRPC message received or sent. If
+	// zero, 5 MiB: what the largest legal batch needs (1,000 items whose
+	// payloads total at most MaxBatchPayloadBytes, plus ids, kinds and times).
 	MaxMessageBytes int
+	// MaxBatchPayloadBytes is the most payload bytes one BatchUpsertTasks
+	// may carry in total (its reply carries them back). If zero, 4 MiB: one
+	// task of the largest payload a namespace may allow.
+	MaxBatchPayloadBytes int
+	// MaxConnections is the most client connections the server holds
+	// open; a connection accepted beyond it is closed at once. If zero,
+	// 10,000.
+	MaxConnections int
+	// MaxConnectionIdle is how long a connection with no call in progress
+	// stays open before the server sends it GOAWAY (clients reconnect
+	// transparently). If zero, 5 minutes.
+	MaxConnectionIdle time.Duration
 	// MaxConcurrentStreams per connection. If zero, 1,000.
 	MaxConcurrentStreams uint32
 	// MaxInFlight is the largest max_in_flight a subscriber may ask for. If

@@ -35,7 +35,10 @@ import (
 // Defaults of Limits, used where a field is zero.
 const (
 	defaultMaxBatch             = 1000
-	defaultMaxMessageBytes      = 16 << 20
+	defaultMaxMessageBytes      = 5 << 20
+	defaultMaxBatchPayload      = 4 << 20
+	defaultMaxConnections       = 10000
+	defaultMaxConnectionIdle    = 5 * time.Minute
 	defaultMaxConcurrentStreams = 1000
 	defaultMaxInFlight          = 10000
 	defaultDefaultInFlight      = 64
@@ -49,6 +52,9 @@ const (
 	keepalivePing          = time.Minute
 	keepalivePingTimeout   = 20 * time.Second
 	keepaliveMinClientPing = 10 * time.Second
+	// handshakeTimeout bounds how long a new connection may take to finish
+	// its TLS and HTTP/2 handshake.
+	handshakeTimeout = 10 * time.Second
 )
 
 // ServiceNames returns the full names of the delayd services a Server
@@ -64,9 +70,10 @@ func ServiceNames() []string {
 
 // Server is delayd's gRPC server. Its methods are safe for concurrent use.
 type Server struct {
-	grpc   *grpc.Server
-	health *health.Server
-	logger *slog.Logger
+	grpc     *grpc.Server
+	health   *health.Server
+	logger   *slog.Logger
+	maxConns int
 }
 
 // New builds a Server from opts: interceptors (panic recovery first, then
@@ -86,15 +93,25 @@ func New(opts Options) (*Server, error) {
 	}
 	opts.Limits = opts.Limits.withDefaults()
 
-	unary, stream := interceptors(opts.Logger)
+	codec := newAdmissionCodec(opts.Limits.MaxBatch)
+	unary, stream := interceptors(opts.Logger, codec)
 	serverOpts := []grpc.ServerOption{
+		grpc.ForceServerCodecV2(codec),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(opts.Limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.Limits.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(opts.Limits.MaxConcurrentStreams),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepalivePing, Timeout: keepalivePingTimeout}),
+		grpc.MaxHeaderListSize(maxHeaderListBytes),
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time: keepalivePing, Timeout: keepalivePingTimeout,
+			MaxConnectionIdle: opts.Limits.MaxConnectionIdle,
+		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinClientPing, PermitWithoutStream: true}),
+	}
+	if authEnabled(opts) {
+		serverOpts = append(serverOpts, grpc.InTapHandle(tapAuth(opts)))
 	}
 	// Tenancy and security run inside recovery and logging (chained
 	// interceptors accumulate in order): authentication, authorization,
@@ -112,7 +129,7 @@ func New(opts Options) (*Server, error) {
 		reflection.Register(gs)
 	}
 
-	s := &Server{grpc: gs, health: hs, logger: opts.Logger}
+	s := &Server{grpc: gs, health: hs, logger: opts.Logger, maxConns: opts.Limits.MaxConnections}
 	s.SetServing(false)
 	return s, nil
 }
@@ -120,9 +137,10 @@ func New(opts Options) (*Server, error) {
 // interceptors returns the server's interceptor chains, outermost first:
 // panic recovery (logs the panic and its stack, answers Internal with a
 // generic message), request logging (one line per finished call: method,
-// namespace, code, duration; never a payload), then the namespace field for
-// that log line.
-func interceptors(logger *slog.Logger) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
+// namespace, code, duration; never a payload), the answer to requests the
+// codec refused (admissionCodec), then the namespace field for that log
+// line.
+func interceptors(logger *slog.Logger, codec *admissionCodec) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		method, _ := grpc.Method(ctx)
 		logger.ErrorContext(ctx, "panic in handler", "grpc.method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
@@ -136,11 +154,13 @@ func interceptors(logger *slog.Logger) ([]grpc.UnaryServerInterceptor, []grpc.St
 	unary := []grpc.UnaryServerInterceptor{
 		recovery.UnaryServerInterceptor(recoverOpt),
 		logging.UnaryServerInterceptor(reqLogger, logOpts...),
+		codec.decodeCheckUnary,
 		namespaceFieldUnary,
 	}
 	stream := []grpc.StreamServerInterceptor{
 		recovery.StreamServerInterceptor(recoverOpt),
 		logging.StreamServerInterceptor(reqLogger, logOpts...),
+		codec.decodeCheckStream,
 		namespaceFieldStream,
 	}
 	return unary, stream
@@ -153,6 +173,15 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxMessageBytes <= 0 {
 		l.MaxMessageBytes = defaultMaxMessageBytes
+	}
+	if l.MaxBatchPayloadBytes <= 0 {
+		l.MaxBatchPayloadBytes = defaultMaxBatchPayload
+	}
+	if l.MaxConnections <= 0 {
+		l.MaxConnections = defaultMaxConnections
+	}
+	if l.MaxConnectionIdle <= 0 {
+		l.MaxConnectionIdle = defaultMaxConnectionIdle
 	}
 	if l.MaxConcurrentStreams == 0 {
 		l.MaxConcurrentStreams = defaultMaxConcurrentStreams
@@ -181,10 +210,11 @@ func (s *Server) SetServing(serving bool) {
 	}
 }
 
-// Serve accepts connections on lis until GracefulStop. It returns nil after
-// a stop and the listener's error otherwise.
+// Serve accepts connections on lis until GracefulStop, at most
+// Limits.MaxConnections at a time (more are closed as soon as accepted). It
+// returns nil after a stop and the listener's error otherwise.
 func (s *Server) Serve(lis net.Listener) error {
-	if err := s.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	if err := s.grpc.Serve(&limitListener{Listener: lis, max: int64(s.maxConns)}); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve: %w", err)
 	}
 	return nil

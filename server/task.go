@@ -28,6 +28,7 @@ type taskService struct {
 	dispatcher *dispatcher.Dispatcher // nil: nobody to notify
 	logger     *slog.Logger
 	maxBatch   int
+	maxPayload int // most payload bytes of one batch, in total
 	now        func() time.Time
 }
 
@@ -38,6 +39,7 @@ func newTaskService(opts Options) *taskService {
 		dispatcher: opts.Dispatcher,
 		logger:     opts.Logger,
 		maxBatch:   opts.Limits.MaxBatch,
+		maxPayload: opts.Limits.MaxBatchPayloadBytes,
 		now:        time.Now,
 	}
 }
@@ -81,6 +83,9 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 	}
 	items := req.GetTasks()
 	if err := validateBatchSize("tasks", len(items), s.maxBatch); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	if err := validateBatchPayload(items, s.maxPayload); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
 	pol, err := s.policy(ctx, ns)

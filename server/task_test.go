@@ -496,7 +496,7 @@ func TestInvalidArguments(t *testing.T) {
 		{"batch too big", func(ctx context.Context) error {
 			_, err := e.tasks.BatchUpsertTasks(ctx, &delaydv1.BatchUpsertTasksRequest{Namespace: ns, Tasks: []*delaydv1.UpsertTaskRequest{ok("a"), ok("b"), ok("c"), ok("d")}})
 			return err
-		}, "tasks has 4 items; at most 3 are allowed"},
+		}, "tasks has more than 3 items; at most 3 are allowed"},
 		{"remove namespace", func(ctx context.Context) error {
 			_, err := e.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Id: "a"})
 			return err

@@ -127,6 +127,20 @@ func validateBatchSize(field string, n, limit int) error {
 	return nil
 }
 
+// validateBatchPayload checks that a batch's payloads total at most limit
+// bytes, so the store call and the reply (which carries them back) stay
+// bounded however many items the batch has.
+func validateBatchPayload(items []*delaydv1.UpsertTaskRequest, limit int) error {
+	total := 0
+	for _, it := range items {
+		total += len(it.GetPayload())
+	}
+	if limit > 0 && total > limit {
+		return invalidf("tasks", "carry %d payload bytes in total; at most %d are allowed in one call: split the batch", total, limit)
+	}
+	return nil
+}
+
 // pageSize resolves ListTasks' page_size: 0 means defaultPageSize.
 func pageSize(n int32) (int, error) {
 	switch {

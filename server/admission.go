@@ -1,0 +1,214 @@
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// Admission: what a client must get right before the server spends memory
+// or a store call on it. In the order a call meets them:
+//
+//  1. the listener: at most Limits.MaxConnections connections; more are
+//     closed as soon as they are accepted (limitListener);
+//  2. the HTTP/2 header list: at most maxHeaderListBytes decoded bytes, so
+//     HPACK-compressed floods of metadata cannot pin memory;
+//  3. the tap handle (tapAuth): with auth on, a call to a delayd service
+//     whose metadata holds no well-formed bearer key is refused with
+//     Unauthenticated before its stream is accepted, so its body is never
+//     read (health and reflection stay open);
+//  4. the codec (admissionCodec): a request whose repeated fields have more
+//     items than a call may carry is refused before they are built, and
+//     malformed protobuf (including invalid UTF-8 in a string field) is
+//     refused as InvalidArgument instead of grpc-go's Internal;
+//  5. then authentication proper (the key lookup), authorization, limits.
+
+// maxHeaderListBytes is the largest decoded header list (all metadata of
+// one call) the server accepts. A well-formed call needs well under 1 KiB:
+// the bearer key is 63 bytes, tracing headers a few hundred.
+const maxHeaderListBytes = 8 << 10
+
+// tapAuth returns the InTapHandle that refuses, before the stream is
+// accepted, calls to delayd services without a well-formed bearer key: the
+// bootstrap admin key or a string of the API-key form. It does no I/O (it
+// runs on the connection's reader goroutine); whether the key exists is
+// checked later, by authenticate.
+func tapAuth(opts Options) tap.ServerInHandle {
+	var adminHash []byte
+	if opts.Auth.AdminKey != "" {
+		adminHash = hashSecret(opts.Auth.AdminKey)
+	}
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if openMethod(info.FullMethodName) {
+			return ctx, nil
+		}
+		token, err := bearerToken(info.Header.Get("authorization"))
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := parseAPIKey(token); ok {
+			return ctx, nil
+		}
+		if adminHash != nil && subtle.ConstantTimeCompare(hashSecret(token), adminHash) == 1 {
+			return ctx, nil
+		}
+		return nil, errBadKey
+	}
+}
+
+// admissionCodec is the server's codec: grpc-go's protobuf codec for
+// replies, and for requests a decoder that refuses what must not be built.
+// grpc-go answers every codec error with Internal; a client's bad message
+// must answer InvalidArgument, so Unmarshal records the refusal (keyed by
+// the message it was asked to fill) and returns nil, and the first
+// interceptor (decodeCheckUnary / decodeCheckStream) answers it before
+// anything reads the message.
+type admissionCodec struct {
+	base     encoding.CodecV2
+	maxItems int // most items of one repeated field of a request
+
+	refused sync.Map // proto.Message -> error
+}
+
+func newAdmissionCodec(maxItems int) *admissionCodec {
+	return &admissionCodec{base: encoding.GetCodecV2("proto"), maxItems: maxItems}
+}
+
+// Name implements encoding.CodecV2: the content subtype stays "proto".
+func (c *admissionCodec) Name() string { return c.base.Name() }
+
+// Marshal implements encoding.CodecV2.
+func (c *admissionCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+
+// Unmarshal implements encoding.CodecV2.
+func (c *admissionCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return c.base.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	b := buf.ReadOnlyData()
+	if err := checkRepeated(b, m.ProtoReflect().Descriptor(), c.maxItems); err != nil {
+		c.refused.Store(m, err)
+		return nil
+	}
+	if err := proto.Unmarshal(b, m); err != nil {
+		c.refused.Store(m, status.Errorf(codes.InvalidArgument,
+			"the request is not a valid %s message: %v", m.ProtoReflect().Descriptor().FullName(), err))
+		return nil
+	}
+	return nil
+}
+
+// take returns (and forgets) the refusal recorded for m, if any.
+func (c *admissionCodec) take(m any) error {
+	if err, ok := c.refused.LoadAndDelete(m); ok {
+		return err.(error)
+	}
+	return nil
+}
+
+// checkRepeated counts the items of md's top-level repeated fields in the
+// wire bytes b, without decoding them, and refuses more than limit items in
+// one field. Malformed bytes are left to proto.Unmarshal to report.
+func checkRepeated(b []byte, md protoreflect.MessageDescriptor, limit int) error {
+	var counts map[protowire.Number]int
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return nil
+		}
+		b = b[m:]
+		fd := md.Fields().ByNumber(num)
+		if fd == nil || !fd.IsList() {
+			continue
+		}
+		if counts == nil {
+			counts = make(map[protowire.Number]int)
+		}
+		counts[num]++
+		if counts[num] > limit {
+			return status.Errorf(codes.InvalidArgument, "%s has more than %d items; at most %d are allowed in one call",
+				fd.Name(), limit, limit)
+		}
+	}
+	return nil
+}
+
+// decodeCheckUnary answers a unary request the codec refused.
+func (c *admissionCodec) decodeCheckUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := c.take(req); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+// decodeCheckStream answers a stream message the codec refused.
+func (c *admissionCodec) decodeCheckStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &decodeCheckedStream{ServerStream: ss, codec: c})
+}
+
+type decodeCheckedStream struct {
+	grpc.ServerStream
+	codec *admissionCodec
+}
+
+func (s *decodeCheckedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return s.codec.take(m)
+}
+
+// limitListener closes connections accepted beyond max open ones at once,
+// so a client over the cap fails fast instead of waiting in the backlog.
+type limitListener struct {
+	net.Listener
+	max  int64
+	open atomic.Int64
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) > l.max {
+			l.open.Add(-1)
+			_ = c.Close()
+			continue
+		}
+		return &limitConn{Conn: c, l: l}, nil
+	}
+}
+
+type limitConn struct {
+	net.Conn
+	l    *limitListener
+	once sync.Once
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.l.open.Add(-1) })
+	return err
+}

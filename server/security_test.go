@@ -1,0 +1,328 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server"
+)
+
+// The attacks of issue 11, each reproduced over real gRPC (or raw HTTP/2
+// where grpc-go's own client would refuse to send the attack) against real
+// Redis.
+
+// h2Conn is a raw HTTP/2 client connection to a replica: the attacker's.
+type h2Conn struct {
+	t    *testing.T
+	conn net.Conn
+	fr   *http2.Framer
+	hbuf bytes.Buffer
+	enc  *hpack.Encoder
+	next uint32 // next stream id
+}
+
+func dialH2(t *testing.T, addr string) *h2Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(dlvWait))
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	c := &h2Conn{t: t, conn: conn, fr: http2.NewFramer(conn, conn), next: 1}
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.MaxHeaderListSize = 1 << 20
+	c.enc = hpack.NewEncoder(&c.hbuf)
+	if err := c.fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// open starts a gRPC call to method with the given extra header fields and
+// no body (the stream stays open). It returns the stream id.
+func (c *h2Conn) open(method string, extra ...hpack.HeaderField) uint32 {
+	c.t.Helper()
+	c.hbuf.Reset()
+	fields := []hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "http"},
+		{Name: ":path", Value: method}, {Name: ":authority", Value: "delayd"},
+		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+	}
+	for _, f := range append(fields, extra...) {
+		if err := c.enc.WriteField(f); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	id := c.next
+	c.next += 2
+	block := c.hbuf.Bytes()
+	const chunk = 16 << 10
+	first := block[:min(len(block), chunk)]
+	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(block) <= chunk}); err != nil {
+		c.t.Fatal(err)
+	}
+	for rest := block[len(first):]; len(rest) > 0; {
+		n := min(len(rest), chunk)
+		if err := c.fr.WriteContinuation(id, n == len(rest), rest[:n]); err != nil {
+			c.t.Fatal(err)
+		}
+		rest = rest[n:]
+	}
+	return id
+}
+
+// sync sends a PING and reads frames until its ack: the server has then
+// processed every frame sent before it. It returns the grpc-status of each
+// stream the server answered meanwhile.
+func (c *h2Conn) sync() map[uint32]string {
+	c.t.Helper()
+	if err := c.fr.WritePing(false, [8]byte{7}); err != nil {
+		c.t.Fatal(err)
+	}
+	answered := make(map[uint32]string)
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.t.Fatalf("reading frames: %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = c.fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if f.IsAck() {
+				return answered
+			}
+		case *http2.MetaHeadersFrame:
+			if v := f.PseudoValue("status"); v != "" && v != "200" {
+				answered[f.StreamID] = "http " + v
+			}
+			for _, hf := range f.RegularFields() {
+				if hf.Name == "grpc-status" {
+					answered[f.StreamID] = hf.Value
+				}
+			}
+		case *http2.RSTStreamFrame:
+			answered[f.StreamID] = "rst " + f.ErrCode.String()
+		case *http2.GoAwayFrame:
+			c.t.Fatalf("GOAWAY %v %q", f.ErrCode, f.DebugData())
+		}
+	}
+}
+
+// answers reads frames until the server answered n streams (grpc-status
+// or RST_STREAM), and returns them; it fails the test when the connection
+// ends or its deadline passes first.
+func (c *h2Conn) answers(n int) map[uint32]string {
+	c.t.Helper()
+	answered := make(map[uint32]string)
+	for len(answered) < n {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.t.Fatalf("reading frames with %d of %d streams answered: %v", len(answered), n, err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = c.fr.WriteSettingsAck()
+			}
+		case *http2.MetaHeadersFrame:
+			for _, hf := range f.RegularFields() {
+				if hf.Name == "grpc-status" {
+					answered[f.StreamID] = hf.Value
+				}
+			}
+		case *http2.RSTStreamFrame:
+			if _, ok := answered[f.StreamID]; !ok {
+				answered[f.StreamID] = "rst " + f.ErrCode.String()
+			}
+		}
+	}
+	return answered
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// TestHeaderFloodIsRefused reproduces the unauthenticated header flood:
+// streams with no API key and HPACK-repeated "-bin" metadata (a few KB on
+// the wire, megabytes decoded) and no body. The server must not hold that
+// memory: the header list is capped at a few KiB and the streams refused.
+// (Not parallel: it measures the process's heap.)
+func TestHeaderFloodIsRefused(t *testing.T) {
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	c := dialH2(t, r.addr)
+	c.sync()
+
+	const streams, repeats = 16, 1500 // 16 × 1,500 × ~2.7 KB decoded ≈ 64 MB
+	value := strings.Repeat("QUFB", 900)
+	field := hpack.HeaderField{Name: "x-flood-bin", Value: value}
+	before := heapInUse()
+	for range streams {
+		extra := make([]hpack.HeaderField, repeats)
+		for i := range extra {
+			extra[i] = field
+		}
+		c.open(delaydv1.TaskService_BatchUpsertTasks_FullMethodName, extra...)
+	}
+	answered := c.sync()
+	grown := int64(heapInUse()) - int64(before)
+	t.Logf("%d unauthenticated header-flood streams: heap %+d KiB, answered %d", streams, grown>>10, len(answered))
+	if grown > 8<<20 {
+		t.Errorf("the heap grew by %d MiB holding %d unauthenticated streams' headers; want the header list capped", grown>>20, streams)
+	}
+	if len(answered) != streams {
+		t.Errorf("%d of %d flood streams were refused; want every one refused at once", len(answered), streams)
+	}
+}
+
+// TestUnauthenticatedCallRefusedBeforeBody: a call to a delayd service with
+// no API key, or a malformed one, is answered Unauthenticated as soon as its
+// headers arrive, before the client sends any body; health stays open.
+func TestUnauthenticatedCallRefusedBeforeBody(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	c := dialH2(t, r.addr)
+	noKey := c.open(delaydv1.TaskService_BatchUpsertTasks_FullMethodName)
+	badKey := c.open(delaydv1.DeliveryService_Subscribe_FullMethodName,
+		hpack.HeaderField{Name: "authorization", Value: "Bearer not-a-key"})
+	health := c.open("/grpc.health.v1.Health/Check")
+	got := c.answers(2)
+	for name, id := range map[string]uint32{"no key": noKey, "malformed key": badKey} {
+		if got[id] != "16" {
+			t.Errorf("%s: answered %q before the body was sent, want grpc-status 16 (Unauthenticated)", name, got[id])
+		}
+	}
+	if st, ok := got[health]; ok {
+		t.Errorf("health check was answered %q before its request body; want it left open (no key needed)", st)
+	}
+
+	// A real client with a well-formed key gets past the tap, and a real
+	// client without one gets Unauthenticated.
+	_, err := r.tasks.GetTask(context.Background(), &delaydv1.GetTaskRequest{Namespace: "x", Id: "y"})
+	wantCode(t, err, codes.Unauthenticated, "missing API key")
+}
+
+// TestConnectionCapAndIdle: connections beyond Limits.MaxConnections are
+// closed as soon as they are accepted, and a connection idle for
+// Limits.MaxConnectionIdle is sent GOAWAY.
+func TestConnectionCapAndIdle(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{server: func(o *server.Options) {
+		o.Limits.MaxConnections = 2 // the replica's own client connection is not dialed yet
+		o.Limits.MaxConnectionIdle = 300 * time.Millisecond
+	}})
+	a := dialH2(t, r.addr)
+	a.sync()
+	b := dialH2(t, r.addr)
+	b.sync()
+	over := dialH2(t, r.addr)
+	if _, err := over.fr.ReadFrame(); err == nil {
+		t.Errorf("a third connection over MaxConnections 2 was served")
+	}
+	// a and b go idle: GOAWAY.
+	for {
+		f, err := a.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("idle connection ended without GOAWAY: %v", err)
+		}
+		if g, ok := f.(*http2.GoAwayFrame); ok {
+			if g.ErrCode != http2.ErrCodeNo {
+				t.Errorf("idle GOAWAY code %v, want NO_ERROR", g.ErrCode)
+			}
+			break
+		}
+	}
+}
+
+// TestOverlongRepeatedFieldRefusedBeforeBuilding: a request whose repeated
+// field has more items than a call may carry is refused with
+// InvalidArgument naming the field, and malformed protobuf or invalid UTF-8
+// answers InvalidArgument, not Internal.
+func TestOverlongRepeatedFieldRefusedBeforeBuilding(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{server: func(o *server.Options) {
+		o.Limits.MaxBatch = 10
+		o.Limits.MaxBatchPayloadBytes = 1000
+	}})
+	ns := e.newNamespace(r, "codec-", nil)
+	tokens := make([]string, 11)
+	for i := range tokens {
+		tokens[i] = "x"
+	}
+	_, err := r.dlv.AckTasks(admin(), &delaydv1.AckTasksRequest{Namespace: ns, Tokens: tokens})
+	wantCode(t, err, codes.InvalidArgument, "tokens has more than 10 items")
+
+	// Invalid UTF-8 in a string field, sent as raw bytes.
+	var raw []byte
+	raw = protowire.AppendTag(raw, 1, protowire.BytesType)
+	raw = protowire.AppendString(raw, ns)
+	raw = protowire.AppendTag(raw, 2, protowire.BytesType)
+	raw = protowire.AppendBytes(raw, []byte{'a', 0xff, 'b'})
+	err = r.conn.Invoke(admin(), delaydv1.TaskService_GetTask_FullMethodName, rawMessage(raw), new(delaydv1.GetTaskResponse), grpc.ForceCodecV2(rawCodec{}))
+	wantCode(t, err, codes.InvalidArgument, "UTF-8")
+
+	// Truncated protobuf.
+	err = r.conn.Invoke(admin(), delaydv1.TaskService_GetTask_FullMethodName, rawMessage([]byte{0x0a, 0x40, 'a'}), new(delaydv1.GetTaskResponse), grpc.ForceCodecV2(rawCodec{}))
+	wantCode(t, err, codes.InvalidArgument, "not a valid delayd.v1.GetTaskRequest")
+
+	// A batch's payloads are bounded in total, however few its items.
+	_, err = r.tasks.BatchUpsertTasks(admin(), &delaydv1.BatchUpsertTasksRequest{Namespace: ns, Tasks: []*delaydv1.UpsertTaskRequest{
+		{Id: "a", Payload: make([]byte, 600), When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)}},
+		{Id: "b", Payload: make([]byte, 600), When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)}},
+	}})
+	wantCode(t, err, codes.InvalidArgument, "1200 payload bytes in total")
+
+	// Within the limits, the call goes through.
+	if _, err := r.tasks.BatchUpsertTasks(admin(), &delaydv1.BatchUpsertTasksRequest{Namespace: ns, Tasks: []*delaydv1.UpsertTaskRequest{
+		{Id: "a", When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)}},
+	}}); err != nil {
+		t.Errorf("a legal batch: %v", err)
+	}
+}
+
+// rawMessage is a request sent as the bytes given, through rawCodec: what
+// an attacker's client sends.
+type rawMessage []byte
+
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.(rawMessage))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
