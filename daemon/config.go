@@ -32,7 +32,7 @@ type Config struct {
 	//     redis.ParseClusterURL. No database number (Cluster has only db 0).
 	RedisURL string
 
-	// MySQLDSN turns on durable mode (see storage/mysqlstore): MySQL becomes
+	// MySQLDSN turns on durable mode (see storage/durable): MySQL becomes
 	// the authority for every task and Redis the fast index. go-sql-driver
 	// form, e.g. "user:pass@tcp(host:3306)/delayd". If empty (default),
 	// delayd runs Redis-only and says so at start. The schema is migrated

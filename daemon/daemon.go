@@ -33,7 +33,7 @@ type Daemon struct {
 	logger *slog.Logger
 
 	redis      *redisConn
-	durable    *durable // durable mode (durable.go); nil when Redis-only
+	durable    *durableMode // durable mode (durable.go); nil when Redis-only
 	dispatcher *dispatcher.Dispatcher
 	server     *server.Server
 	lis        net.Listener
@@ -131,8 +131,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	// 2c. Tenancy (tenancy.go): namespaces with their policies and API keys,
 	// kept where the tasks' authority is; auth; TLS.
 	var regStore storage.Registry = store
-	if r, ok := tasks.(storage.Registry); ok {
-		regStore = r
+	if d.durable != nil {
+		regStore = d.durable.store.Registry()
 	}
 	ten, err := openTenancy(cfg, d.redis.embedded != nil, regStore, logger)
 	if err != nil {

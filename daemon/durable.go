@@ -7,7 +7,7 @@ import (
 
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/mysqlstore"
+	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/redisstore"
 )
 
@@ -26,9 +26,9 @@ type taskStore interface {
 	storage.Counter
 }
 
-// durable is the durable-mode part of a running Daemon.
-type durable struct {
-	store *mysqlstore.Store
+// durableMode is the durable-mode part of a running Daemon.
+type durableMode struct {
+	store *durable.Store
 	stop  chan struct{} // closed when the daemon stops: stop waiting for readiness
 	done  chan struct{} // closed when serveWhenIndexed has returned
 }
@@ -36,14 +36,14 @@ type durable struct {
 // openDurable connects to MySQL, applies the schema migrations and starts
 // the durable store over index (its committer and reconciler). It returns
 // nil, nil when cfg.MySQLDSN is empty.
-func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logger *slog.Logger) (*durable, error) {
+func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logger *slog.Logger) (*durableMode, error) {
 	if cfg.MySQLDSN == "" {
 		return nil, nil
 	}
-	s, err := mysqlstore.New(ctx, mysqlstore.Config{
+	s, err := durable.New(ctx, durable.Config{
 		DSN:               cfg.MySQLDSN,
 		Index:             index,
-		Logger:            logger.With("component", "mysqlstore"),
+		Logger:            logger.With("component", "durable"),
 		OpTimeout:         cfg.StoreTimeout,
 		ReconcileInterval: cfg.ReconcileInterval,
 	})
@@ -54,13 +54,13 @@ func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logge
 		_ = s.Stop(ctx)
 		return nil, fmt.Errorf("durable mode: %w", err)
 	}
-	return &durable{store: s, stop: make(chan struct{}), done: make(chan struct{})}, nil
+	return &durableMode{store: s, stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // serveWhenIndexed sets health SERVING once every namespace's index is
 // complete (rebuilt from MySQL where Redis lost it), or returns when the
 // daemon stops first. Run it in its own goroutine.
-func (du *durable) serveWhenIndexed(srv *server.Server, logger *slog.Logger) {
+func (du *durableMode) serveWhenIndexed(srv *server.Server, logger *slog.Logger) {
 	defer close(du.done)
 	select {
 	case <-du.store.Ready():
@@ -72,13 +72,13 @@ func (du *durable) serveWhenIndexed(srv *server.Server, logger *slog.Logger) {
 
 // stopWaiting ends serveWhenIndexed and waits for it, so it cannot set
 // SERVING after Stop set NOT_SERVING.
-func (du *durable) stopWaiting() {
+func (du *durableMode) stopWaiting() {
 	close(du.stop)
 	<-du.done
 }
 
 // close stops the durable store: accepted writes are committed and indexed,
 // the reconciler ends and the MySQL pool closes.
-func (du *durable) close(ctx context.Context) error {
+func (du *durableMode) close(ctx context.Context) error {
 	return du.store.Stop(ctx)
 }

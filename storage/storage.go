@@ -1,7 +1,7 @@
 // Package storage holds delayd's domain types, the sentinel errors every
 // store returns, and the small interfaces the server and the dispatcher
 // consume. Implementations live in subpackages: redisstore (the fast index)
-// and mysqlstore (the durable authority).
+// and mysqlstore (the durable authority), composed by storage/durable.
 //
 // Times are time.Time everywhere in Go; stores convert to Unix milliseconds
 // only at their own boundary.

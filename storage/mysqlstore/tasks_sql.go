@@ -98,34 +98,34 @@ func placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
 }
 
-// execUpserts runs kindUpsert ops: one multi-row INSERT ... ON DUPLICATE
+// execUpserts runs WriteUpsert ops: one multi-row INSERT ... ON DUPLICATE
 // KEY UPDATE per chunk (a new row gets generation 1, an existing one
 // generation+1, so concurrent writers on any replica never reuse a
 // generation), then reads back the generations while the insert holds the
 // rows' locks. Rows are written sorted by (namespace, id), a stable sort,
 // so concurrent transactions lock rows in one order and the repeated writes
 // of one task keep their order.
-func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
+func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 	if len(ops) == 0 {
 		return nil
 	}
 	type ref struct {
-		o *op
+		o *Write
 		i int
 	}
 	var refs []ref
 	for _, o := range ops {
-		o.upserts = make([]storage.UpsertResult, len(o.rows))
-		for i := range o.rows {
+		o.Upserts = make([]storage.UpsertResult, len(o.Rows))
+		for i := range o.Rows {
 			refs = append(refs, ref{o, i})
 		}
 	}
 	sort.SliceStable(refs, func(a, b int) bool {
 		ka, kb := refs[a], refs[b]
-		if ka.o.ns != kb.o.ns {
-			return ka.o.ns < kb.o.ns
+		if ka.o.NS != kb.o.NS {
+			return ka.o.NS < kb.o.NS
 		}
-		return ka.o.rows[ka.i].id < kb.o.rows[kb.i].id
+		return ka.o.Rows[ka.i].ID < kb.o.Rows[kb.i].ID
 	})
 
 	readBack := map[taskKey]bool{} // tasks that existed (or repeat) and must be read back
@@ -139,13 +139,13 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 		bytes, end := 0, start
 		for end < len(refs) && end-start < maxStmtRows && (end == start || bytes < s.cfg.MaxBatchBytes) {
 			rf := refs[end]
-			r := rf.o.rows[rf.i]
+			r := rf.o.Rows[rf.i]
 			if end > start {
 				b.WriteByte(',')
 			}
 			b.WriteString("(?,?,?,?,?,1,1,0,'',?,?,0)")
-			args = append(args, rf.o.ns, r.id, r.kind, r.payload, r.dueMS, rf.o.nowMS, rf.o.nowMS)
-			bytes += len(r.payload)
+			args = append(args, rf.o.NS, r.ID, r.Kind, r.Payload, r.DueMS, rf.o.NowMS, rf.o.NowMS)
+			bytes += len(r.Payload)
 			end++
 		}
 		b.WriteString(tail)
@@ -158,7 +158,7 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 		// and need not be read back.
 		if n, err := res.RowsAffected(); err != nil || n != int64(end-start) {
 			for _, rf := range refs[start:end] {
-				readBack[taskKey{rf.o.ns, rf.o.rows[rf.i].id}] = true
+				readBack[taskKey{rf.o.NS, rf.o.Rows[rf.i].ID}] = true
 			}
 		}
 		start = end
@@ -171,9 +171,9 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 	byNS := map[string][]string{}
 	var nsOrder []string
 	for _, rf := range refs {
-		k := taskKey{rf.o.ns, rf.o.rows[rf.i].id}
+		k := taskKey{rf.o.NS, rf.o.Rows[rf.i].ID}
 		if count[k] == 0 && !readBack[k] {
-			finals[k] = final{gen: 1, create: rf.o.nowMS} // created by this insert
+			finals[k] = final{gen: 1, create: rf.o.NowMS} // created by this insert
 		}
 		if count[k] == 0 && readBack[k] {
 			if _, ok := byNS[k.ns]; !ok {
@@ -224,29 +224,29 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 	// existed had generation >= 1 before).
 	seen := map[taskKey]int{}
 	for _, rf := range refs {
-		r := rf.o.rows[rf.i]
-		k := taskKey{rf.o.ns, r.id}
+		r := rf.o.Rows[rf.i]
+		k := taskKey{rf.o.NS, r.ID}
 		f, ok := finals[k]
 		if !ok {
 			return fmt.Errorf("upsert: task %s/%s missing after insert", k.ns, k.id)
 		}
 		n, kth := count[k], seen[k]
 		seen[k]++
-		payload := r.payload
+		payload := r.Payload
 		if len(payload) == 0 {
 			payload = nil
 		}
-		rf.o.upserts[rf.i] = storage.UpsertResult{
+		rf.o.Upserts[rf.i] = storage.UpsertResult{
 			Task: storage.Task{
-				Namespace:  rf.o.ns,
-				ID:         r.id,
-				Kind:       r.kind,
+				Namespace:  rf.o.NS,
+				ID:         r.ID,
+				Kind:       r.Kind,
 				Payload:    payload,
-				DueTime:    time.UnixMilli(r.dueMS),
+				DueTime:    time.UnixMilli(r.DueMS),
 				State:      storage.StateScheduled,
 				Generation: f.gen - int64(n-1-kth),
 				CreateTime: msTime(f.create),
-				UpdateTime: time.UnixMilli(rf.o.nowMS),
+				UpdateTime: time.UnixMilli(rf.o.NowMS),
 			},
 			Created: kth == 0 && f.gen == int64(n),
 		}
@@ -258,7 +258,7 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*op) error {
 // UPDATE per namespace chunk, each row guarded by its generation, so a
 // transition of an older generation never touches a newer upsert. Of
 // several transitions of one delivery in the batch, the last wins.
-func (s *Store) execMoved(ctx context.Context, tx *sql.Tx, ops []*op) error {
+func (s *Store) execMoved(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 	type gk struct {
 		id  string
 		gen int64
@@ -267,23 +267,23 @@ func (s *Store) execMoved(ctx context.Context, tx *sql.Tx, ops []*op) error {
 	var nsOrder []string
 	pos := map[string]map[gk]int{}
 	for _, o := range ops {
-		if _, ok := byNS[o.ns]; !ok {
-			nsOrder = append(nsOrder, o.ns)
-			pos[o.ns] = map[gk]int{}
+		if _, ok := byNS[o.NS]; !ok {
+			nsOrder = append(nsOrder, o.NS)
+			pos[o.NS] = map[gk]int{}
 		}
-		for _, m := range o.moved {
+		for _, m := range o.Moved {
 			k := gk{m.ID, m.Generation}
-			if i, ok := pos[o.ns][k]; ok {
-				byNS[o.ns][i] = m
+			if i, ok := pos[o.NS][k]; ok {
+				byNS[o.NS][i] = m
 				continue
 			}
-			pos[o.ns][k] = len(byNS[o.ns])
-			byNS[o.ns] = append(byNS[o.ns], m)
+			pos[o.NS][k] = len(byNS[o.NS])
+			byNS[o.NS] = append(byNS[o.NS], m)
 		}
 	}
 	nowMS := int64(0)
 	for _, o := range ops {
-		nowMS = max(nowMS, o.nowMS)
+		nowMS = max(nowMS, o.NowMS)
 	}
 	for _, ns := range nsOrder {
 		ms := byNS[ns]
@@ -346,16 +346,16 @@ func movedStatement(ns string, ms []storage.Moved, nowMS int64) (string, []any) 
 // execAcks deletes acked generations (after copying them to the history
 // table when HistoryRetention is set). A row whose generation changed since
 // the delivery is left alone.
-func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*op) error {
-	byNS := map[string][]ackRow{}
+func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*Write) error {
+	byNS := map[string][]AckRow{}
 	var nsOrder []string
 	nowMS := int64(0)
 	for _, o := range ops {
-		if _, ok := byNS[o.ns]; !ok {
-			nsOrder = append(nsOrder, o.ns)
+		if _, ok := byNS[o.NS]; !ok {
+			nsOrder = append(nsOrder, o.NS)
 		}
-		byNS[o.ns] = append(byNS[o.ns], o.acks...)
-		nowMS = max(nowMS, o.nowMS)
+		byNS[o.NS] = append(byNS[o.NS], o.Acks...)
+		nowMS = max(nowMS, o.NowMS)
 	}
 	for _, ns := range nsOrder {
 		acks := byNS[ns]
@@ -369,7 +369,7 @@ func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*op) error {
 					where.WriteString(" OR ")
 				}
 				where.WriteString("(id = ? AND generation = ?)")
-				whereArgs = append(whereArgs, a.id, a.gen)
+				whereArgs = append(whereArgs, a.ID, a.Gen)
 			}
 			where.WriteString(")")
 			if s.cfg.HistoryRetention > 0 {
@@ -379,7 +379,7 @@ func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*op) error {
 					" SELECT namespace, id, kind, payload, due_ms, generation, CASE")
 				for _, a := range chunk {
 					b.WriteString(" WHEN id = ? AND generation = ? THEN ?")
-					args = append(args, a.id, a.gen, a.attempt)
+					args = append(args, a.ID, a.Gen, a.Attempt)
 				}
 				b.WriteString(" ELSE attempt END, create_ms, ? FROM delayd_tasks")
 				args = append(args, nowMS)
@@ -399,15 +399,15 @@ func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*op) error {
 
 // execRemoves deletes tasks in any state, recording the state MySQL held
 // (for the first remove of each task in the batch).
-func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*op) error {
-	byNS := map[string][]*op{}
+func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error {
+	byNS := map[string][]*Write{}
 	var nsOrder []string
 	for _, o := range ops {
-		o.mysqlSt = storage.StateUnspecified
-		if _, ok := byNS[o.ns]; !ok {
-			nsOrder = append(nsOrder, o.ns)
+		o.MySQLState = storage.StateUnspecified
+		if _, ok := byNS[o.NS]; !ok {
+			nsOrder = append(nsOrder, o.NS)
 		}
-		byNS[o.ns] = append(byNS[o.ns], o)
+		byNS[o.NS] = append(byNS[o.NS], o)
 	}
 	for _, ns := range nsOrder {
 		nsOps := byNS[ns]
@@ -415,7 +415,7 @@ func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*op) error {
 			chunk := nsOps[start:min(start+maxStmtRows, len(nsOps))]
 			args := []any{ns}
 			for _, o := range chunk {
-				args = append(args, o.id)
+				args = append(args, o.ID)
 			}
 			where := " WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ")"
 			rows, err := tx.QueryContext(ctx, "SELECT id, state FROM delayd_tasks"+where+" FOR UPDATE", args...)
@@ -444,9 +444,9 @@ func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*op) error {
 				}
 			}
 			for _, o := range chunk {
-				if st, ok := states[o.id]; ok {
-					o.mysqlSt = st
-					delete(states, o.id)
+				if st, ok := states[o.ID]; ok {
+					o.MySQLState = st
+					delete(states, o.ID)
 				}
 			}
 		}
@@ -454,12 +454,13 @@ func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*op) error {
 	return nil
 }
 
-// upsertExact applies specs that name their generation (and any others of
+// UpsertExact applies rows that name their generation (and any others of
 // the same call, which get the next generation) in one transaction of
-// their own, then writes the index. A spec older than what MySQL holds is
-// Stale and changes nothing. Such specs come from tools and tests, never
-// from the server's hot path, so they bypass group commit.
-func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, nowMS int64) ([]storage.UpsertResult, error) {
+// their own. A row older than what MySQL holds is Stale and changes
+// nothing. It returns a result per row and the indexes of the rows it
+// applied, in order. Such rows come from tools and tests, never from the
+// server's hot path, so they bypass group commit.
+func (s *Store) UpsertExact(ctx context.Context, ns string, rows []UpsertRow, nowMS int64) ([]storage.UpsertResult, []int, error) {
 	res := make([]storage.UpsertResult, len(rows))
 	var applied []int
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -468,9 +469,9 @@ func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, no
 		ids := make([]string, 0, len(rows))
 		seen := map[string]bool{}
 		for _, r := range rows {
-			if !seen[r.id] {
-				seen[r.id] = true
-				ids = append(ids, r.id)
+			if !seen[r.ID] {
+				seen[r.ID] = true
+				ids = append(ids, r.ID)
 			}
 		}
 		sort.Strings(ids)
@@ -487,8 +488,8 @@ func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, no
 		}
 		dirty := map[string]bool{}
 		for i, r := range rows {
-			old, exists := held[r.id]
-			gen := r.gen
+			old, exists := held[r.ID]
+			gen := r.Gen
 			if gen == 0 {
 				gen = old.Generation + 1
 			}
@@ -497,8 +498,8 @@ func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, no
 				continue
 			}
 			t := storage.Task{
-				Namespace: ns, ID: r.id, Kind: r.kind, Payload: r.payload,
-				DueTime: time.UnixMilli(r.dueMS), State: storage.StateScheduled,
+				Namespace: ns, ID: r.ID, Kind: r.Kind, Payload: r.Payload,
+				DueTime: time.UnixMilli(r.DueMS), State: storage.StateScheduled,
 				Generation: gen, CreateTime: time.UnixMilli(nowMS), UpdateTime: time.UnixMilli(nowMS),
 			}
 			if exists {
@@ -507,8 +508,8 @@ func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, no
 			if len(t.Payload) == 0 {
 				t.Payload = nil
 			}
-			held[r.id] = t
-			dirty[r.id] = true
+			held[r.ID] = t
+			dirty[r.ID] = true
 			res[i] = storage.UpsertResult{Task: t, Created: !exists}
 			applied = append(applied, i)
 		}
@@ -543,20 +544,9 @@ func (s *Store) upsertExact(ctx context.Context, ns string, rows []upsertRow, no
 		return nil
 	})
 	if err != nil {
-		return nil, classify("upsert", err)
+		return nil, nil, classify("upsert", err)
 	}
-	if len(applied) == 0 {
-		return res, nil
-	}
-	// Index every applied write in order, with its generation.
-	specs := make([]storage.UpsertSpec, len(applied))
-	results := make([]*storage.UpsertResult, len(applied))
-	for j, i := range applied {
-		specs[j] = rows[i].indexSpec(res[i].Task)
-		results[j] = &res[i]
-	}
-	s.indexWrite(ctx, ns, specs, results)
-	return res, nil
+	return res, applied, nil
 }
 
 // queryer is *sql.DB or *sql.Tx.
@@ -581,8 +571,8 @@ func queryTasks(ctx context.Context, q queryer, query string, args []any, fn fun
 	return rows.Err()
 }
 
-// getMySQL reads one task from MySQL.
-func (s *Store) getMySQL(ctx context.Context, ns, id string) (storage.Task, error) {
+// Get reads one task; storage.ErrNotFound if MySQL has none.
+func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
 	t, err := scanTask(s.db.QueryRowContext(ctx, "SELECT "+taskColumns+" FROM delayd_tasks WHERE namespace = ? AND id = ?", ns, id))
@@ -595,10 +585,11 @@ func (s *Store) getMySQL(ctx context.Context, ns, id string) (storage.Task, erro
 	return t, nil
 }
 
-// listMySQL pages through MySQL: scheduled tasks in (due time, id) order,
-// dead ones in (death time, id) order. cursor is "<ms>:<id>" of the last
-// task of the previous page, without the mysqlCursor prefix.
-func (s *Store) listMySQL(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+// List pages through MySQL: scheduled tasks in (due time, id) order,
+// dead ones in (death time, id) order; any other state lists nothing.
+// cursor is "<ms>:<id>" of the last task of the previous page, as the
+// previous page returned it ("" at the start and at the end).
+func (s *Store) List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -638,14 +629,14 @@ func (s *Store) listMySQL(ctx context.Context, ns string, state storage.State, l
 		if state == storage.StateDead {
 			ms = timeMS(last.DeadTime)
 		}
-		next = mysqlCursor + strconv.FormatInt(ms, 10) + ":" + last.ID
+		next = strconv.FormatInt(ms, 10) + ":" + last.ID
 	}
 	return out, next, nil
 }
 
-// purgeMySQL deletes the named tasks that are dead in MySQL and returns
-// their ids.
-func (s *Store) purgeMySQL(ctx context.Context, ns string, ids []string) ([]string, error) {
+// Purge deletes the named tasks that are dead in MySQL and returns their
+// ids.
+func (s *Store) Purge(ctx context.Context, ns string, ids []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
 	var deleted []string
@@ -686,4 +677,125 @@ func (s *Store) purgeMySQL(ctx context.Context, ns string, ids []string) ([]stri
 		return nil, classify("purge", err)
 	}
 	return deleted, nil
+}
+
+// KeyGen is one primary key and its generation.
+type KeyGen struct {
+	ID  string
+	Gen int64
+}
+
+// ReadGenerations reads up to limit (id, generation) of ns after id, in id
+// order (keyset pagination on the primary key).
+func (s *Store) ReadGenerations(ctx context.Context, ns, after string, limit int) ([]KeyGen, error) {
+	rows, err := s.db.QueryContext(ctx,
+		"SELECT id, generation FROM delayd_tasks WHERE namespace = ? AND id > ? ORDER BY id LIMIT ?", ns, after, limit)
+	if err != nil {
+		return nil, classify("reconcile: read", err)
+	}
+	defer rows.Close()
+	out := make([]KeyGen, 0, limit)
+	for rows.Next() {
+		var k KeyGen
+		if err := rows.Scan(&k.ID, &k.Gen); err != nil {
+			return nil, classify("reconcile: read", err)
+		}
+		out = append(out, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("reconcile: read", err)
+	}
+	return out, nil
+}
+
+// ReadTasks reads the named tasks of ns (those that exist).
+func (s *Store) ReadTasks(ctx context.Context, ns string, ids []string) ([]storage.Task, error) {
+	var out []storage.Task
+	for start := 0; start < len(ids); start += 1000 {
+		chunk := ids[start:min(start+1000, len(ids))]
+		args := []any{ns}
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		q := "SELECT " + taskColumns + " FROM delayd_tasks WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ")"
+		if err := queryTasks(ctx, s.db, q, args, func(t storage.Task) { out = append(out, t) }); err != nil {
+			return nil, classify("reconcile: read tasks", err)
+		}
+	}
+	return out, nil
+}
+
+// TaskNamespaces lists the namespaces MySQL holds tasks of (a loose index
+// scan of the primary key).
+func (s *Store) TaskNamespaces(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT DISTINCT namespace FROM delayd_tasks")
+	if err != nil {
+		return nil, classify("list namespaces", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var ns string
+		if err := rows.Scan(&ns); err != nil {
+			return nil, classify("list namespaces", err)
+		}
+		out = append(out, ns)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("list namespaces", err)
+	}
+	return out, nil
+}
+
+// HasTasks reports whether MySQL holds any task of ns.
+func (s *Store) HasTasks(ctx context.Context, ns string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	var one int
+	err := s.db.QueryRowContext(ctx, "SELECT 1 FROM delayd_tasks WHERE namespace = ? LIMIT 1", ns).Scan(&one)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, classify("has tasks", err)
+	}
+	return true, nil
+}
+
+// PruneHistory deletes up to limit history rows acked before cutoff and
+// returns how many it deleted.
+func (s *Store) PruneHistory(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
+	res, err := s.db.ExecContext(ctx, "DELETE FROM delayd_task_history WHERE acked_ms < ? ORDER BY acked_ms LIMIT ?", cutoff.UnixMilli(), limit)
+	if err != nil {
+		return 0, classify("prune history", err)
+	}
+	n, _ := res.RowsAffected()
+	return n, nil
+}
+
+// DropTasks deletes every task of ns, in batches of 10,000 rows, and
+// returns how many there were.
+func (s *Store) DropTasks(ctx context.Context, ns string) (int64, error) {
+	var deleted int64
+	for attempt := 0; ; {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		res, err := s.db.ExecContext(cctx, "DELETE FROM delayd_tasks WHERE namespace = ? LIMIT 10000", ns)
+		cancel()
+		if err != nil && retryable(err) && attempt < maxTxAttempts-1 {
+			attempt++
+			time.Sleep(retryPause(attempt)) // deadlocked with concurrent writes: again
+			continue
+		}
+		if err != nil {
+			return deleted, classify("drop namespace", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return deleted, classify("drop namespace", err)
+		}
+		deleted += n
+		if n < 10000 {
+			return deleted, nil
+		}
+	}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// This file holds what durable mode (storage/mysqlstore) needs from the
+// This file holds what durable mode (storage/durable) needs from the
 // index besides the storage interfaces: re-indexing from the authority, the
 // per-namespace index marker, a leader lease and namespace discovery.
 

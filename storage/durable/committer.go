@@ -1,14 +1,13 @@
-package mysqlstore
+package durable
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/mysqlstore"
 )
 
 // The committer group-commits writes. One collector goroutine gathers the
@@ -30,79 +29,48 @@ import (
 // in the order they were submitted, and within one transaction the ops keep
 // their order per task (see segments).
 
-// opKind is what an op does.
-type opKind uint8
-
+// The kinds of op (mysqlstore.WriteKind).
 const (
-	kindUpsert opKind = iota + 1 // upsert with MySQL-assigned generations
-	kindRemove                   // delete a task in any state
-	kindAck                      // delete acked generations
-	kindMoved                    // write index transitions (nack, reap, requeue)
+	kindUpsert = mysqlstore.WriteUpsert // upsert with MySQL-assigned generations
+	kindRemove = mysqlstore.WriteRemove // delete a task in any state
+	kindAck    = mysqlstore.WriteAck    // delete acked generations
+	kindMoved  = mysqlstore.WriteMoved  // write index transitions (nack, reap, requeue)
 )
 
-// upsertRow is one resolved upsert spec.
-type upsertRow struct {
-	id      string
-	kind    string
-	payload []byte
-	dueMS   int64 // absolute due time; for a relative one, the estimate MySQL keeps
-	gen     int64 // explicit generation; 0 = assigned by MySQL
-	// relative: the spec gave a delay, which the index resolves exactly
-	// against its own clock when it is written (see Store.Upsert).
-	relative bool
-	delay    time.Duration
-}
-
-// indexSpec is the index write of a row MySQL committed as t.
-func (r upsertRow) indexSpec(t storage.Task) storage.UpsertSpec {
+// indexSpec is the index write of row r, which MySQL committed as t.
+func indexSpec(r mysqlstore.UpsertRow, t storage.Task) storage.UpsertSpec {
 	sp := specOf(t)
-	if r.relative {
-		sp.DueTime, sp.Delay = time.Time{}, r.delay
+	if r.Relative {
+		sp.DueTime, sp.Delay = time.Time{}, r.Delay
 	}
 	return sp
 }
 
-// ackRow is one acked delivery.
-type ackRow struct {
-	id      string
-	gen     int64
-	attempt int32
-}
-
 // op is one caller's write, waiting in the committer.
 type op struct {
-	kind  opKind
-	ns    string
-	nowMS int64
-
-	rows  []upsertRow     // kindUpsert
-	id    string          // kindRemove
-	acks  []ackRow        // kindAck
-	moved []storage.Moved // kindMoved
+	mysqlstore.Write // what to write, and MySQL's results
 
 	// Results, set by the committer before done is closed.
-	upserts []storage.UpsertResult // kindUpsert
-	prev    storage.State          // kindRemove
-	mysqlSt storage.State          // kindRemove: state MySQL held; 0 = no row
-	err     error
-	done    chan struct{}
+	prev storage.State // kindRemove
+	err  error
+	done chan struct{}
 }
 
 // size returns the rows and payload bytes of o.
 func (o *op) size() (rows, bytes int) {
-	switch o.kind {
+	switch o.Kind {
 	case kindUpsert:
-		for _, r := range o.rows {
-			bytes += len(r.payload) + len(r.kind) + len(r.id)
+		for _, r := range o.Rows {
+			bytes += len(r.Payload) + len(r.Kind) + len(r.ID)
 		}
-		return len(o.rows), bytes
+		return len(o.Rows), bytes
 	case kindAck:
-		return len(o.acks), 0
+		return len(o.Acks), 0
 	case kindMoved:
-		for _, m := range o.moved {
+		for _, m := range o.Moved {
 			bytes += len(m.LastError)
 		}
-		return len(o.moved), bytes
+		return len(o.Moved), bytes
 	default:
 		return 1, 0
 	}
@@ -110,26 +78,26 @@ func (o *op) size() (rows, bytes int) {
 
 // ids calls fn with every task id o writes.
 func (o *op) ids(fn func(id string)) {
-	switch o.kind {
+	switch o.Kind {
 	case kindUpsert:
-		for _, r := range o.rows {
-			fn(r.id)
+		for _, r := range o.Rows {
+			fn(r.ID)
 		}
 	case kindRemove:
-		fn(o.id)
+		fn(o.ID)
 	case kindAck:
-		for _, a := range o.acks {
-			fn(a.id)
+		for _, a := range o.Acks {
+			fn(a.ID)
 		}
 	case kindMoved:
-		for _, m := range o.moved {
+		for _, m := range o.Moved {
 			fn(m.ID)
 		}
 	}
 }
 
 // hasIndexStage reports whether o still has index work after its commit.
-func (o *op) hasIndexStage() bool { return o.kind == kindUpsert || o.kind == kindRemove }
+func (o *op) hasIndexStage() bool { return o.Kind == kindUpsert || o.Kind == kindRemove }
 
 // finish answers o's caller.
 func (o *op) finish(err error) {
@@ -143,7 +111,7 @@ func (o *op) finish(err error) {
 // for ctx. A write whose caller gave up may still be committed.
 func (s *Store) submit(ctx context.Context, o *op) error {
 	if !s.started {
-		return errors.New("mysqlstore: store not started")
+		return errors.New("durable: store not started")
 	}
 	o.done = make(chan struct{})
 	select {
@@ -258,18 +226,18 @@ func (s *Store) form(pending []*op, inflight map[taskKey]int) (*batch, []*op) {
 		}
 		wait := false
 		o.ids(func(id string) {
-			k := taskKey{o.ns, id}
+			k := taskKey{o.NS, id}
 			if inflight[k] > 0 || blocked[k] {
 				wait = true
 			}
 		})
 		if wait {
-			o.ids(func(id string) { blocked[taskKey{o.ns, id}] = true })
+			o.ids(func(id string) { blocked[taskKey{o.NS, id}] = true })
 			rest = append(rest, o)
 			continue
 		}
 		b.ops = append(b.ops, o)
-		o.ids(func(id string) { b.keys = append(b.keys, taskKey{o.ns, id}) })
+		o.ids(func(id string) { b.keys = append(b.keys, taskKey{o.NS, id}) })
 		r, by := o.size()
 		rows, bytes = rows+r, bytes+by
 	}
@@ -293,7 +261,7 @@ func (s *Store) worker() {
 // each op is retried alone so one bad op does not fail the others.
 func (s *Store) run(ops []*op) {
 	err := s.commitOps(ops)
-	if err != nil && len(ops) > 1 && !unavailable(err) {
+	if err != nil && len(ops) > 1 && !errors.Is(err, storage.ErrUnavailable) {
 		s.log.Warn("group commit failed; committing its writes one by one", "ops", len(ops), "err", err)
 		for _, o := range ops {
 			o.err = s.commitOps([]*op{o})
@@ -316,79 +284,21 @@ func (s *Store) run(ops []*op) {
 	}
 }
 
-// maxTxAttempts bounds how often commitOps runs one transaction.
-const maxTxAttempts = 8
-
-// commitOps runs ops in one transaction, running it again (up to
-// maxTxAttempts times, after a short random pause, within OpTimeout) when
-// MySQL rolled it back for a reason a retry can fix: a deadlock (InnoDB's
-// duplicate-key checks take gap locks even in READ COMMITTED, so batches
-// inserting neighbouring ids can deadlock), a lock wait timeout, a
-// connection that was killed or reset before COMMIT was sent. A failure of COMMIT itself is not retried: its outcome is unknown
-// (for an upsert the reconciler then indexes whatever MySQL kept).
+// commitOps runs ops in one transaction (see mysqlstore.Store.Commit).
 func (s *Store) commitOps(ops []*op) error {
-	ctx, cancel := s.opCtx()
-	defer cancel()
 	segs := segments(ops)
-	var err error
-	for attempt := 0; attempt < maxTxAttempts; attempt++ {
-		if attempt > 0 {
-			s.warn("retry", "mysql transaction rolled back; retrying", "attempt", attempt, "err", err)
-			select {
-			case <-time.After(retryPause(attempt)):
-			case <-ctx.Done():
-				return classify("mysql write", err)
-			}
+	out := make([]mysqlstore.Segment, len(segs))
+	writes := func(ops []*op) []*mysqlstore.Write {
+		ws := make([]*mysqlstore.Write, len(ops))
+		for i, o := range ops {
+			ws[i] = &o.Write
 		}
-		err = s.inTx(ctx, func(tx *sql.Tx) error {
-			for _, sg := range segs {
-				if err := s.execSegment(ctx, tx, sg); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err == nil {
-			return nil
-		}
-		var ce *commitError
-		if errors.As(err, &ce) || !retryable(err) {
-			break
-		}
+		return ws
 	}
-	return classify("mysql write", err)
-}
-
-// retryPause is the pause before running a transaction again: a few
-// milliseconds growing with the attempt, randomized so the transactions
-// that deadlocked do not meet again.
-func retryPause(attempt int) time.Duration {
-	d := time.Duration(attempt) * 5 * time.Millisecond
-	return d/2 + time.Duration(rand.Int64N(int64(d)))
-}
-
-// commitError marks a failed COMMIT: the transaction may or may not have
-// been applied.
-type commitError struct{ err error }
-
-func (e *commitError) Error() string { return "commit: " + e.err.Error() }
-func (e *commitError) Unwrap() error { return e.err }
-
-// inTx runs fn in a transaction and commits it. Connections are READ
-// COMMITTED (see readCommittedConnector).
-func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+	for i, sg := range segs {
+		out[i] = mysqlstore.Segment{Upserts: writes(sg.upserts), Removes: writes(sg.removes), Acks: writes(sg.acks), Moved: writes(sg.moved)}
 	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return &commitError{err}
-	}
-	return nil
+	return s.db.Commit(out)
 }
 
 // segment is a run of ops that touch disjoint tasks per kind: within a
@@ -404,11 +314,11 @@ type segment struct {
 func segments(ops []*op) []segment {
 	var out []segment
 	var cur segment
-	owner := map[taskKey]opKind{}
+	owner := map[taskKey]mysqlstore.WriteKind{}
 	for _, o := range ops {
 		conflict := false
 		o.ids(func(id string) {
-			if k, ok := owner[taskKey{o.ns, id}]; ok && k != o.kind {
+			if k, ok := owner[taskKey{o.NS, id}]; ok && k != o.Kind {
 				conflict = true
 			}
 		})
@@ -417,8 +327,8 @@ func segments(ops []*op) []segment {
 			cur = segment{}
 			clear(owner)
 		}
-		o.ids(func(id string) { owner[taskKey{o.ns, id}] = o.kind })
-		switch o.kind {
+		o.ids(func(id string) { owner[taskKey{o.NS, id}] = o.Kind })
+		switch o.Kind {
 		case kindUpsert:
 			cur.upserts = append(cur.upserts, o)
 		case kindRemove:
@@ -430,20 +340,6 @@ func segments(ops []*op) []segment {
 		}
 	}
 	return append(out, cur)
-}
-
-// execSegment runs one segment's statements.
-func (s *Store) execSegment(ctx context.Context, tx *sql.Tx, sg segment) error {
-	if err := s.execUpserts(ctx, tx, sg.upserts); err != nil {
-		return err
-	}
-	if err := s.execMoved(ctx, tx, sg.moved); err != nil {
-		return err
-	}
-	if err := s.execAcks(ctx, tx, sg.acks); err != nil {
-		return err
-	}
-	return s.execRemoves(ctx, tx, sg.removes)
 }
 
 // applyIndex writes committed upserts and removes to the index and answers
@@ -472,18 +368,18 @@ func (s *Store) indexUpserts(ctx context.Context, ops []*op) {
 	byNS := map[string][]*op{}
 	var order []string
 	for _, o := range ops {
-		if _, ok := byNS[o.ns]; !ok {
-			order = append(order, o.ns)
+		if _, ok := byNS[o.NS]; !ok {
+			order = append(order, o.NS)
 		}
-		byNS[o.ns] = append(byNS[o.ns], o)
+		byNS[o.NS] = append(byNS[o.NS], o)
 	}
 	for _, ns := range order {
 		var results []*storage.UpsertResult
 		var specs []storage.UpsertSpec
 		for _, o := range byNS[ns] {
-			for i := range o.upserts {
-				results = append(results, &o.upserts[i])
-				specs = append(specs, o.rows[i].indexSpec(o.upserts[i].Task))
+			for i := range o.Upserts {
+				results = append(results, &o.Upserts[i])
+				specs = append(specs, indexSpec(o.Rows[i], o.Upserts[i].Task))
 			}
 		}
 		s.indexWrite(ctx, ns, specs, results)
@@ -533,15 +429,15 @@ func (s *Store) indexWrite(ctx context.Context, ns string, specs []storage.Upser
 
 // indexRemove removes one task from the index after its MySQL delete.
 func (s *Store) indexRemove(ctx context.Context, o *op) {
-	st, err := s.idx.Remove(ctx, o.ns, o.id)
+	st, err := s.idx.Remove(ctx, o.NS, o.ID)
 	switch {
 	case err == nil:
 		o.prev = st
 	case errors.Is(err, storage.ErrNotFound):
-		if o.mysqlSt == storage.StateUnspecified {
+		if o.MySQLState == storage.StateUnspecified {
 			o.err = fmt.Errorf("remove: %w", storage.ErrNotFound)
 		} else {
-			o.prev = o.mysqlSt
+			o.prev = o.MySQLState
 		}
 	default:
 		o.err = fmt.Errorf("remove: index (the task is already deleted from mysql; retry): %w", err)

@@ -1,4 +1,4 @@
-package mysqlstore_test
+package durable_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd/daemon"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
 // startDurableDaemon runs delayd in durable mode on a loopback port and
@@ -29,7 +30,7 @@ func startDurableDaemon(t *testing.T, redisURL, dsn string) *grpc.ClientConn {
 		MySQLDSN:          dsn,
 		ReconcileInterval: 2 * time.Second,
 		ShutdownTimeout:   10 * time.Second,
-	}, testLogger(t))
+	}, testkit.Logger(t))
 	if err != nil {
 		t.Fatalf("daemon.Start: %v", err)
 	}
@@ -160,11 +161,11 @@ func (c *grpcConsumer) counts() (delivered, acked, dups int) {
 func TestDaemonFlushAllMidway(t *testing.T) {
 	t.Parallel()
 	const total = 10_000
-	url := startRedis(t)
-	dsn := newDB(t)
+	url := testkit.StartRedis(t).URL
+	dsn := testkit.Database(t, "delayd_test")
 	conn := startDurableDaemon(t, url, dsn)
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	tc := delaydv1.NewTaskServiceClient(conn)
 	for i := 0; i < total; i += 500 {
 		req := &delaydv1.BatchUpsertTasksRequest{Namespace: ns}

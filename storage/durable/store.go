@@ -1,9 +1,10 @@
-// Package mysqlstore is delayd's durable mode: MySQL (or MariaDB) is the
-// authority for every task, and the Redis index (storage/redisstore) is
-// written through after it and rebuilt from it.
+// Package durable is delayd's durable mode: MySQL (or MariaDB, through
+// storage/mysqlstore) is the authority for every task, and the Redis index
+// (storage/redisstore) is written through after it and rebuilt from it.
 //
-// Store wraps an Index and implements storage.Tasks, storage.Deliveries,
-// storage.DeadLetters, storage.Counter and storage.Registry, so the server
+// Store composes an Authority and an Index and implements storage.Tasks,
+// storage.Deliveries, storage.DeadLetters and storage.Counter (and hands
+// out the authority's storage.Registry), so the server
 // and the dispatcher use it exactly as they use the index alone. What it
 // promises:
 //
@@ -33,7 +34,7 @@
 // Pops and lease extensions stay in the index only: MySQL does not know
 // which task is in flight, so after a Redis loss a delivered task is
 // delivered again (at-least-once; never lost).
-package mysqlstore
+package durable
 
 import (
 	"context"
@@ -48,9 +49,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/mysqlstore"
 )
 
 // Index is the fast index durable mode writes through to; redisstore.Store
@@ -78,6 +78,44 @@ type Index interface {
 	TryLead(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
 	// Namespaces lists the namespaces the index holds keys for.
 	Namespaces(ctx context.Context) ([]string, error)
+}
+
+// Authority is the durable side, MySQL; mysqlstore.Store implements it.
+// Its errors wrap storage.ErrUnavailable when it cannot serve now.
+type Authority interface {
+	storage.Registry
+
+	// Commit runs the segments, in order, in one transaction, setting the
+	// writes' results.
+	Commit(segs []mysqlstore.Segment) error
+	// UpsertExact applies rows that name their generation in a transaction
+	// of their own; see mysqlstore.Store.UpsertExact.
+	UpsertExact(ctx context.Context, ns string, rows []mysqlstore.UpsertRow, nowMS int64) ([]storage.UpsertResult, []int, error)
+	// Get reads one task; storage.ErrNotFound if there is none.
+	Get(ctx context.Context, ns, id string) (storage.Task, error)
+	// List pages through the scheduled or dead tasks of ns.
+	List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error)
+	// Purge deletes the named tasks that are dead and returns their ids.
+	Purge(ctx context.Context, ns string, ids []string) ([]string, error)
+	// DropTasks deletes every task of ns and returns how many there were.
+	DropTasks(ctx context.Context, ns string) (int64, error)
+	// HasTasks reports whether any task of ns exists.
+	HasTasks(ctx context.Context, ns string) (bool, error)
+	// TaskNamespaces lists the namespaces that have tasks.
+	TaskNamespaces(ctx context.Context) ([]string, error)
+	// ReadGenerations reads up to limit (id, generation) of ns after id, in
+	// id order.
+	ReadGenerations(ctx context.Context, ns, after string, limit int) ([]mysqlstore.KeyGen, error)
+	// ReadTasks reads the named tasks of ns (those that exist).
+	ReadTasks(ctx context.Context, ns string, ids []string) ([]storage.Task, error)
+	// PruneHistory deletes up to limit history rows acked before cutoff.
+	PruneHistory(ctx context.Context, cutoff time.Time, limit int) (int64, error)
+	// DB is the connection pool (for tests and operators' tools).
+	DB() *sql.DB
+	// Database names the database, to scope the leader lease.
+	Database() string
+	// Close closes the connection pool.
+	Close() error
 }
 
 // Clock tells the local time. Tests inject a fake one.
@@ -200,13 +238,13 @@ func (c *Config) defaults() {
 const leaderPrefix = "mysqlstore-reconciler:"
 
 // errStopped is returned to writes that arrive after Stop.
-var errStopped = fmt.Errorf("mysqlstore: store stopped: %w", storage.ErrUnavailable)
+var errStopped = fmt.Errorf("durable: store stopped: %w", storage.ErrUnavailable)
 
 // Store is the durable task store. Create it with New, then Start it; Stop
 // it once. All methods are safe for concurrent use.
 type Store struct {
 	cfg    Config
-	db     *sql.DB
+	db     Authority
 	idx    Index
 	log    *slog.Logger
 	leader string // leader lease name
@@ -253,47 +291,19 @@ type taskKey struct{ ns, id string }
 // itself; past it, the reconciler's periodic pass repairs the rest.
 const maxRepairs = 100_000
 
-// New connects to MySQL, applies the schema migrations (see Migrate) and
-// returns a Store that does nothing in the background until Start.
+// New connects to MySQL, applies the schema migrations (see
+// mysqlstore.Migrate) and returns a Store that does nothing in the
+// background until Start.
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	cfg.defaults()
 	if cfg.DSN == "" {
-		return nil, errors.New("mysqlstore: Config.DSN is required")
+		return nil, errors.New("durable: Config.DSN is required")
 	}
 	if cfg.Index == nil {
-		return nil, errors.New("mysqlstore: Config.Index is required")
+		return nil, errors.New("durable: Config.Index is required")
 	}
-	mcfg, err := mysql.ParseDSN(cfg.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("mysqlstore: parse dsn: %w", err)
-	}
-	if mcfg.DBName == "" {
-		return nil, errors.New("mysqlstore: the DSN names no database (user@tcp(host:port)/DBNAME)")
-	}
-	mcfg.InterpolateParams = true
-	mcfg.MultiStatements = false
-	if mcfg.Timeout == 0 {
-		mcfg.Timeout = 5 * time.Second
-	}
-	if err := Migrate(ctx, mcfg.FormatDSN(), cfg.Logger); err != nil {
-		return nil, err
-	}
-	connector, err := mysql.NewConnector(mcfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysqlstore: %w", err)
-	}
-	db := sql.OpenDB(readCommittedConnector{connector})
-	db.SetMaxOpenConns(cfg.MaxOpenConns)
-	db.SetMaxIdleConns(cfg.MaxOpenConns)
-	db.SetConnMaxLifetime(5 * time.Minute)
-	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		return nil, classify("mysqlstore: connect", err)
-	}
-	return &Store{
+	s := &Store{
 		cfg:     cfg,
-		leader:  leaderPrefix + mcfg.DBName,
-		db:      db,
 		idx:     cfg.Index,
 		log:     cfg.Logger,
 		in:      make(chan *op),
@@ -306,11 +316,29 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		marked:  make(map[string]bool),
 		checked: make(map[string]time.Time),
 		warned:  make(map[string]time.Time),
-	}, nil
+	}
+	db, err := mysqlstore.Open(ctx, mysqlstore.Config{
+		DSN:              cfg.DSN,
+		Logger:           cfg.Logger,
+		MaxOpenConns:     cfg.MaxOpenConns,
+		OpTimeout:        cfg.OpTimeout,
+		MaxBatchBytes:    cfg.MaxBatchBytes,
+		HistoryRetention: cfg.HistoryRetention,
+		Now:              s.now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.db = db
+	s.leader = leaderPrefix + db.Database()
+	return s, nil
 }
 
 // DB returns the store's connection pool (for tests and operators' tools).
-func (s *Store) DB() *sql.DB { return s.db }
+func (s *Store) DB() *sql.DB { return s.db.DB() }
+
+// Registry is the namespace and API-key registry, kept in MySQL.
+func (s *Store) Registry() storage.Registry { return s.db }
 
 // Start starts the committer and the reconciler. It returns at once; ctx
 // only bounds the start itself. Call it once.
@@ -354,10 +382,10 @@ func (s *Store) Stop(ctx context.Context) error {
 		select {
 		case <-done:
 		case <-ctx.Done():
-			err = fmt.Errorf("mysqlstore: stop: %w", ctx.Err())
+			err = fmt.Errorf("durable: stop: %w", ctx.Err())
 		}
 		if cerr := s.db.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("mysqlstore: close: %w", cerr)
+			err = fmt.Errorf("durable: close: %w", cerr)
 		}
 		close(s.stopped)
 	})
@@ -422,7 +450,7 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		return nil, nil
 	}
 	now := s.now(ctx, ns)
-	rows := make([]upsertRow, len(specs))
+	rows := make([]mysqlstore.UpsertRow, len(specs))
 	exact := false
 	for i, sp := range specs {
 		due := sp.DueTime
@@ -433,8 +461,8 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		if payload == nil {
 			payload = []byte{}
 		}
-		rows[i] = upsertRow{id: sp.ID, kind: sp.Kind, payload: payload, dueMS: due.UnixMilli(), gen: sp.Generation,
-			relative: sp.DueTime.IsZero(), delay: sp.Delay}
+		rows[i] = mysqlstore.UpsertRow{ID: sp.ID, Kind: sp.Kind, Payload: payload, DueMS: due.UnixMilli(), Gen: sp.Generation,
+			Relative: sp.DueTime.IsZero(), Delay: sp.Delay}
 		if sp.Generation != 0 {
 			exact = true
 		}
@@ -443,11 +471,29 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	if exact {
 		return s.upsertExact(ctx, ns, rows, now.UnixMilli())
 	}
-	o := &op{kind: kindUpsert, ns: ns, nowMS: now.UnixMilli(), rows: rows}
+	o := &op{Write: mysqlstore.Write{Kind: kindUpsert, NS: ns, NowMS: now.UnixMilli(), Rows: rows}}
 	if err := s.submit(ctx, o); err != nil {
 		return nil, err
 	}
-	return o.upserts, nil
+	return o.Upserts, nil
+}
+
+// upsertExact applies specs that name their generation in MySQL (see
+// mysqlstore.Store.UpsertExact), then writes the applied ones to the index
+// in order, each with its generation.
+func (s *Store) upsertExact(ctx context.Context, ns string, rows []mysqlstore.UpsertRow, nowMS int64) ([]storage.UpsertResult, error) {
+	res, applied, err := s.db.UpsertExact(ctx, ns, rows, nowMS)
+	if err != nil || len(applied) == 0 {
+		return res, err
+	}
+	specs := make([]storage.UpsertSpec, len(applied))
+	results := make([]*storage.UpsertResult, len(applied))
+	for j, i := range applied {
+		specs[j] = indexSpec(rows[i], res[i].Task)
+		results[j] = &res[i]
+	}
+	s.indexWrite(ctx, ns, specs, results)
+	return res, nil
 }
 
 // ensureMarked sets the index marker of a namespace MySQL holds no task of
@@ -472,12 +518,9 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 		return
 	}
 	if !ok {
-		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		var one int
-		err := s.db.QueryRowContext(cctx, "SELECT 1 FROM delayd_tasks WHERE namespace = ? LIMIT 1", ns).Scan(&one)
-		cancel()
+		has, err := s.db.HasTasks(ctx, ns)
 		switch {
-		case errors.Is(err, sql.ErrNoRows):
+		case err == nil && !has:
 			ok = s.idx.MarkIndexed(ctx, ns) == nil
 		case err == nil:
 			s.markMu.Lock()
@@ -499,7 +542,7 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 // touched. Index down after the MySQL delete: ErrUnavailable; the task is
 // gone from the authority and a retry removes it from the index.
 func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error) {
-	o := &op{kind: kindRemove, ns: ns, nowMS: s.cfg.Clock.Now().UnixMilli(), id: id}
+	o := &op{Write: mysqlstore.Write{Kind: kindRemove, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), ID: id}}
 	if err := s.submit(ctx, o); err != nil {
 		return storage.StateUnspecified, err
 	}
@@ -516,7 +559,7 @@ func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
 	if !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrUnavailable) {
 		return storage.Task{}, err
 	}
-	mt, merr := s.getMySQL(ctx, ns, id)
+	mt, merr := s.db.Get(ctx, ns, id)
 	if merr != nil {
 		if errors.Is(merr, storage.ErrNotFound) && errors.Is(err, storage.ErrUnavailable) {
 			return storage.Task{}, err
@@ -556,6 +599,15 @@ func (s *Store) List(ctx context.Context, ns string, state storage.State, limit 
 	return ts, next, nil
 }
 
+// listMySQL pages through MySQL; its cursors carry the mysqlCursor prefix.
+func (s *Store) listMySQL(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+	ts, next, err := s.db.List(ctx, ns, state, limit, cursor)
+	if next != "" {
+		next = mysqlCursor + next
+	}
+	return ts, next, err
+}
+
 // indexLost reports whether the index holds nothing of ns and no marker
 // says that is complete.
 func (s *Store) indexLost(ctx context.Context, ns string) bool {
@@ -584,16 +636,16 @@ func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]s
 	if err != nil {
 		return st, err
 	}
-	var acks []ackRow
+	var acks []mysqlstore.AckRow
 	for i, t := range tokens {
 		if i < len(st) && st[i] == storage.TokenOK {
-			acks = append(acks, ackRow{id: t.ID, gen: t.Generation, attempt: t.Attempt})
+			acks = append(acks, mysqlstore.AckRow{ID: t.ID, Gen: t.Generation, Attempt: t.Attempt})
 		}
 	}
 	if len(acks) == 0 {
 		return st, nil
 	}
-	o := &op{kind: kindAck, ns: ns, nowMS: s.cfg.Clock.Now().UnixMilli(), acks: acks}
+	o := &op{Write: mysqlstore.Write{Kind: kindAck, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), Acks: acks}}
 	if err := s.submit(ctx, o); err != nil {
 		return st, fmt.Errorf("ack: write through: %w", err)
 	}
@@ -658,7 +710,7 @@ func (s *Store) Purge(ctx context.Context, ns string, ids []string, all bool, li
 	if len(targets) == 0 {
 		return purged, nil
 	}
-	deleted, err := s.purgeMySQL(ctx, ns, targets)
+	deleted, err := s.db.Purge(ctx, ns, targets)
 	if err != nil {
 		return purged, err
 	}
@@ -692,27 +744,9 @@ type indexDropper interface {
 // 10,000 rows), then from the index, and returns how many tasks there
 // were (the larger of the two counts). A forced DeleteNamespace uses it.
 func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
-	var deleted int64
-	for attempt := 0; ; {
-		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		res, err := s.db.ExecContext(cctx, "DELETE FROM delayd_tasks WHERE namespace = ? LIMIT 10000", ns)
-		cancel()
-		if err != nil && retryable(err) && attempt < maxTxAttempts-1 {
-			attempt++
-			time.Sleep(retryPause(attempt)) // deadlocked with concurrent writes: again
-			continue
-		}
-		if err != nil {
-			return deleted, classify("drop namespace", err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return deleted, classify("drop namespace", err)
-		}
-		deleted += n
-		if n < 10000 {
-			break
-		}
+	deleted, err := s.db.DropTasks(ctx, ns)
+	if err != nil {
+		return deleted, err
 	}
 	var inIndex int64
 	if d, ok := s.idx.(indexDropper); ok {
@@ -745,7 +779,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
 
 // writeMoved writes index transitions through to MySQL.
 func (s *Store) writeMoved(ctx context.Context, ns string, moved []storage.Moved, what string) error {
-	o := &op{kind: kindMoved, ns: ns, nowMS: s.cfg.Clock.Now().UnixMilli(), moved: moved}
+	o := &op{Write: mysqlstore.Write{Kind: kindMoved, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), Moved: moved}}
 	if err := s.submit(ctx, o); err != nil {
 		return fmt.Errorf("%s: write through: %w", what, err)
 	}

@@ -1,4 +1,4 @@
-package mysqlstore_test
+package durable_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -15,7 +16,7 @@ func TestWriteThrough(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 
 	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a", Payload: []byte("x"), Delay: -time.Second}, {ID: "b", Delay: time.Hour}})
 	if err != nil {
@@ -79,7 +80,7 @@ func TestDeadLetterWriteThrough(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "d1", Delay: -time.Second}, {ID: "d2", Delay: -time.Second}}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package mysqlstore_test
+package durable_test
 
 import (
 	"context"
@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/mysqlstore"
 )
 
@@ -96,14 +98,14 @@ func (c *consumer) counts() (delivered, acked, dups int) {
 func TestFlushAllMidway(t *testing.T) {
 	t.Parallel()
 	const total = 10_000
-	url := startRedis(t)
-	e := newEnvOn(t, newDB(t), url, func(c *mysqlstore.Config) {
+	url := testkit.StartRedis(t).URL
+	e := newEnvOn(t, testkit.Database(t, "delayd_test"), url, func(c *durable.Config) {
 		c.IndexCheckInterval = 50 * time.Millisecond
 		c.OpTimeout = 2 * time.Second
 	})
 	e.waitReady()
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	now := time.Now()
 	for i := 0; i < total; i += 500 {
 		specs := make([]storage.UpsertSpec, 0, 500)
@@ -142,13 +144,13 @@ func TestFlushAllMidway(t *testing.T) {
 func TestColdStart100k(t *testing.T) {
 	t.Parallel()
 	const total = 100_000
-	dsn := newDB(t)
+	dsn := testkit.Database(t, "delayd_test")
 	ctx := context.Background()
 	if err := mysqlstore.Migrate(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}
 	db := directDB(t, dsn)
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	nowMS := time.Now().UnixMilli()
 	for i := 0; i < total; i += 2000 {
 		var b strings.Builder
@@ -166,7 +168,7 @@ func TestColdStart100k(t *testing.T) {
 		}
 	}
 
-	e := newEnvOn(t, dsn, startRedis(t), func(c *mysqlstore.Config) { c.IndexCheckInterval = 50 * time.Millisecond })
+	e := newEnvOn(t, dsn, testkit.StartRedis(t).URL, func(c *durable.Config) { c.IndexCheckInterval = 50 * time.Millisecond })
 	e.waitReady()
 	st, err := e.store.Stats(ctx, ns)
 	if err != nil || st.Scheduled != total {
@@ -191,14 +193,14 @@ func TestColdStart100k(t *testing.T) {
 // not brought back.
 func TestReconcilerRepairsIndex(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *mysqlstore.Config) {
+	e := newEnv(t, func(c *durable.Config) {
 		c.ReconcileInterval = 200 * time.Millisecond
 		c.OpTimeout = time.Second
 		c.IndexCheckInterval = 50 * time.Millisecond
 	})
 	e.waitReady()
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{
 		{ID: "lost", Payload: []byte("L"), Delay: time.Hour},
 		{ID: "old", Payload: []byte("v2"), Delay: time.Hour},
@@ -237,9 +239,9 @@ func TestReconcilerRepairsIndex(t *testing.T) {
 // task), List pages through MySQL with a cursor of its own.
 func TestListFallsBackToMySQL(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *mysqlstore.Config) { c.IndexCheckInterval = time.Hour })
+	e := newEnv(t, func(c *durable.Config) { c.IndexCheckInterval = time.Hour })
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	var specs []storage.UpsertSpec
 	now := time.Now()
 	for i := range 25 {
@@ -280,13 +282,13 @@ func TestListFallsBackToMySQL(t *testing.T) {
 // past the retention.
 func TestHistoryRetention(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *mysqlstore.Config) {
+	e := newEnv(t, func(c *durable.Config) {
 		c.HistoryRetention = 2 * time.Second
 		c.ReconcileInterval = 100 * time.Millisecond
 		c.IndexCheckInterval = 50 * time.Millisecond
 	})
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "h", Kind: "k", Payload: []byte("p"), Delay: -time.Second}}); err != nil {
 		t.Fatal(err)
 	}
@@ -315,46 +317,19 @@ func TestHistoryRetention(t *testing.T) {
 	})
 }
 
-// TestMigrateIdempotent: migrating again changes nothing, and a schema left
-// dirty by a failed migration is repaired.
-func TestMigrateIdempotent(t *testing.T) {
-	t.Parallel()
-	dsn := newDB(t)
-	ctx := context.Background()
-	for range 2 {
-		if err := mysqlstore.Migrate(ctx, dsn, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db := directDB(t, dsn)
-	if _, err := db.Exec("UPDATE delayd_schema_migrations SET dirty = 1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := mysqlstore.Migrate(ctx, dsn, nil); err != nil {
-		t.Fatalf("migrate a dirty schema: %v", err)
-	}
-	var version, dirty int
-	if err := db.QueryRow("SELECT version, dirty FROM delayd_schema_migrations").Scan(&version, &dirty); err != nil {
-		t.Fatal(err)
-	}
-	if version != mysqlstore.SchemaVersion || dirty != 0 {
-		t.Fatalf("schema version %d dirty %d, want %d clean", version, dirty, mysqlstore.SchemaVersion)
-	}
-}
-
 // TestTwoReplicasOneLeader: two stores (replicas) on one database and one
 // Redis start against a cold index; one takes the leader lease and rebuilds,
 // both become Ready, and the index holds every task once.
 func TestTwoReplicasOneLeader(t *testing.T) {
 	t.Parallel()
 	const total = 3000
-	dsn := newDB(t)
+	dsn := testkit.Database(t, "delayd_test")
 	ctx := context.Background()
 	if err := mysqlstore.Migrate(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}
 	db := directDB(t, dsn)
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	var b strings.Builder
 	var args []any
 	b.WriteString("INSERT INTO delayd_tasks (namespace, id, payload, due_ms, state, generation, create_ms, update_ms) VALUES ")
@@ -368,11 +343,11 @@ func TestTwoReplicasOneLeader(t *testing.T) {
 	if _, err := db.Exec(b.String(), args...); err != nil {
 		t.Fatal(err)
 	}
-	url := startRedis(t)
+	url := testkit.StartRedis(t).URL
 	holders := []string{"replica-a", "replica-b"}
 	var envs []*env
 	for _, h := range holders {
-		envs = append(envs, newEnvOn(t, dsn, url, func(c *mysqlstore.Config) {
+		envs = append(envs, newEnvOn(t, dsn, url, func(c *durable.Config) {
 			c.Holder = h
 			c.IndexCheckInterval = 50 * time.Millisecond
 		}))

@@ -1,4 +1,4 @@
-package mysqlstore
+package durable
 
 import (
 	"context"
@@ -299,28 +299,11 @@ func (s *Store) markReady() {
 	})
 }
 
-// taskNamespaces lists the namespaces MySQL holds tasks of (a loose index
-// scan of the primary key).
+// taskNamespaces lists the namespaces MySQL holds tasks of.
 func (s *Store) taskNamespaces(ctx context.Context) ([]string, error) {
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
-	rows, err := s.db.QueryContext(cctx, "SELECT DISTINCT namespace FROM delayd_tasks")
-	if err != nil {
-		return nil, classify("list namespaces", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var ns string
-		if err := rows.Scan(&ns); err != nil {
-			return nil, classify("list namespaces", err)
-		}
-		out = append(out, ns)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify("list namespaces", err)
-	}
-	return out, nil
+	return s.db.TaskNamespaces(cctx)
 }
 
 // rebuild re-indexes every task of ns from MySQL, logging progress, then
@@ -420,41 +403,17 @@ type keyGen struct {
 // readGenerations reads up to limit (id, generation) of ns after id, in id
 // order (keyset pagination on the primary key).
 func (s *Store) readGenerations(ctx context.Context, ns, after string, limit int) ([]keyGen, error) {
-	rows, err := s.db.QueryContext(ctx,
-		"SELECT id, generation FROM delayd_tasks WHERE namespace = ? AND id > ? ORDER BY id LIMIT ?", ns, after, limit)
-	if err != nil {
-		return nil, classify("reconcile: read", err)
+	keys, err := s.db.ReadGenerations(ctx, ns, after, limit)
+	out := make([]keyGen, len(keys))
+	for i, k := range keys {
+		out[i] = keyGen{id: k.ID, gen: k.Gen}
 	}
-	defer rows.Close()
-	out := make([]keyGen, 0, limit)
-	for rows.Next() {
-		var k keyGen
-		if err := rows.Scan(&k.id, &k.gen); err != nil {
-			return nil, classify("reconcile: read", err)
-		}
-		out = append(out, k)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify("reconcile: read", err)
-	}
-	return out, nil
+	return out, err
 }
 
 // readTasks reads the named tasks of ns (those that exist).
 func (s *Store) readTasks(ctx context.Context, ns string, ids []string) ([]storage.Task, error) {
-	var out []storage.Task
-	for start := 0; start < len(ids); start += 1000 {
-		chunk := ids[start:min(start+1000, len(ids))]
-		args := []any{ns}
-		for _, id := range chunk {
-			args = append(args, id)
-		}
-		q := "SELECT " + taskColumns + " FROM delayd_tasks WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ")"
-		if err := queryTasks(ctx, s.db, q, args, func(t storage.Task) { out = append(out, t) }); err != nil {
-			return nil, classify("reconcile: read tasks", err)
-		}
-	}
-	return out, nil
+	return s.db.ReadTasks(ctx, ns, ids)
 }
 
 // repairFailed re-indexes, from MySQL, the tasks whose index write failed
@@ -502,17 +461,16 @@ func (s *Store) pruneHistory(ctx context.Context) {
 	if s.cfg.HistoryRetention <= 0 {
 		return
 	}
-	cutoff := s.cfg.Clock.Now().Add(-s.cfg.HistoryRetention).UnixMilli()
+	cutoff := s.cfg.Clock.Now().Add(-s.cfg.HistoryRetention)
 	total := int64(0)
 	for ctx.Err() == nil {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		res, err := s.db.ExecContext(cctx, "DELETE FROM delayd_task_history WHERE acked_ms < ? ORDER BY acked_ms LIMIT 1000", cutoff)
+		n, err := s.db.PruneHistory(cctx, cutoff, 1000)
 		cancel()
 		if err != nil {
 			s.warn("prune", "reconciler: pruning history failed", "err", err)
 			return
 		}
-		n, _ := res.RowsAffected()
 		total += n
 		if n < 1000 {
 			break

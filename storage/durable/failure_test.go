@@ -1,4 +1,4 @@
-package mysqlstore_test
+package durable_test
 
 import (
 	"context"
@@ -14,18 +14,19 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/mysqlstore"
+	"github.com/delayd/delayd/storage/durable"
 )
 
 // viaProxy returns dsn with its address replaced by a proxy's.
-func viaProxy(t *testing.T, dsn string) (string, *proxy) {
+func viaProxy(t *testing.T, dsn string) (string, *testkit.Proxy) {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newProxy(t, cfg.Addr)
+	p := testkit.NewProxy(t, cfg.Addr)
 	cfg.Addr = p.Addr()
 	return cfg.FormatDSN(), p
 }
@@ -46,17 +47,17 @@ func directDB(t *testing.T, dsn string) *sql.DB {
 // when MySQL is back, writes work again.
 func TestMySQLDown(t *testing.T) {
 	t.Parallel()
-	dsn := newDB(t)
+	dsn := testkit.Database(t, "delayd_test")
 	viaDSN, p := viaProxy(t, dsn)
-	e := newEnvOn(t, viaDSN, redisURL(), func(c *mysqlstore.Config) { c.OpTimeout = 3 * time.Second })
+	e := newEnvOn(t, viaDSN, testkit.RedisURL(), func(c *durable.Config) { c.OpTimeout = 3 * time.Second })
 	e.db = directDB(t, dsn)
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "keep", Delay: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
-	p.setDown(true)
+	p.SetDown(true)
 
 	_, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "new", Delay: time.Hour}, {ID: "keep", Delay: time.Minute}})
 	if !errors.Is(err, storage.ErrUnavailable) {
@@ -78,7 +79,7 @@ func TestMySQLDown(t *testing.T) {
 		t.Errorf("mysql row of keep after failed writes: %+v %v", r, ok)
 	}
 
-	p.setDown(false)
+	p.SetDown(false)
 	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "new", Delay: time.Hour}})
 	if err != nil || !res[0].Created {
 		t.Fatalf("upsert after mysql is back: %+v %v", res, err)
@@ -93,20 +94,20 @@ func TestMySQLDown(t *testing.T) {
 // back the task is re-indexed and delivered.
 func TestRedisDownUpsertIsDurable(t *testing.T) {
 	t.Parallel()
-	opt, err := redis.ParseURL(redisURL())
+	opt, err := redis.ParseURL(testkit.RedisURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp := newProxy(t, opt.Addr)
+	rp := testkit.NewProxy(t, opt.Addr)
 	url := fmt.Sprintf("redis://%s/%d", rp.Addr(), opt.DB)
-	e := newEnvOn(t, newDB(t), url, func(c *mysqlstore.Config) { c.IndexCheckInterval = 50 * time.Millisecond })
+	e := newEnvOn(t, testkit.Database(t, "delayd_test"), url, func(c *durable.Config) { c.IndexCheckInterval = 50 * time.Millisecond })
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "first", Delay: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 
-	rp.setDown(true)
+	rp.SetDown(true)
 	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "t", Payload: []byte("durable"), DueTime: time.Now().Add(-time.Second)}})
 	if err != nil {
 		t.Fatalf("upsert with redis down: %v (MySQL has it: the answer must be OK)", err)
@@ -122,7 +123,7 @@ func TestRedisDownUpsertIsDurable(t *testing.T) {
 		t.Fatalf("get with redis down (mysql fallback): %+v %v", got, err)
 	}
 
-	rp.setDown(false)
+	rp.SetDown(false)
 	var ds []storage.Delivery
 	poll(t, "the task to be re-indexed and popped", func() bool {
 		ds, err = e.store.Pop(ctx, ns, 10, time.Minute)
@@ -155,7 +156,7 @@ func poll(t testing.TB, what string, f func() bool) {
 // period until stop is called; it returns how many it killed.
 func killer(t *testing.T, db string, period time.Duration) (stop func() int) {
 	t.Helper()
-	admin := directDB(t, mysqlDSN())
+	admin := directDB(t, testkit.MySQLDSN())
 	var killed atomic.Int64
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -203,19 +204,19 @@ func killer(t *testing.T, db string, period time.Duration) (stop func() int) {
 // generation, and every task is delivered: none lost.
 func TestConnectionsKilledMidBatch(t *testing.T) {
 	t.Parallel()
-	dsn := newDB(t)
-	e := newEnvOn(t, dsn, redisURL(), func(c *mysqlstore.Config) {
+	dsn := testkit.Database(t, "delayd_test")
+	e := newEnvOn(t, dsn, testkit.RedisURL(), func(c *durable.Config) {
 		c.OpTimeout = 2 * time.Second
 		c.ReconcileInterval = 500 * time.Millisecond
 		c.IndexCheckInterval = 50 * time.Millisecond
 	})
 	cfg, _ := mysql.ParseDSN(dsn)
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	const producers, perProducer = 8, 250
 	// Counting rows goes through a connection to another database, which
 	// the killer leaves alone.
-	admin := directDB(t, mysqlDSN())
+	admin := directDB(t, testkit.MySQLDSN())
 	countRows := func() int {
 		var n int
 		if err := admin.QueryRow("SELECT COUNT(*) FROM "+cfg.DBName+".delayd_tasks WHERE namespace = ?", ns).Scan(&n); err != nil {
@@ -332,7 +333,7 @@ func TestGenerationRaces(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	ctx := context.Background()
-	ns := testNamespace()
+	ns := testkit.Namespace(t, "du")
 	ids := []string{"a", "b", "c", "d"}
 	const writers, rounds = 16, 25
 

@@ -1,4 +1,4 @@
-package mysqlstore_test
+package durable_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -39,10 +40,10 @@ func benchUpserts(b *testing.B, s storage.Tasks, ns string) {
 // BenchmarkUpsertDurable: single-task upserts through the durable store
 // (MySQL group commit, then Redis) from 64 concurrent callers.
 //
-//	go test ./storage/mysqlstore -run '^$' -bench 'Upsert(Durable|RedisOnly)' -benchtime 20000x
+//	go test ./storage/durable -run '^$' -bench 'Upsert(Durable|RedisOnly)' -benchtime 20000x
 func BenchmarkUpsertDurable(b *testing.B) {
 	e := newEnv(b, nil)
-	ns := testNamespace()
+	ns := testkit.Namespace(b, "du")
 	b.Cleanup(func() { _, _ = e.store.DropNamespace(context.Background(), ns) })
 	benchUpserts(b, e.store, ns)
 }
@@ -51,7 +52,7 @@ func BenchmarkUpsertDurable(b *testing.B) {
 // baseline durable mode is measured against.
 func BenchmarkUpsertRedisOnly(b *testing.B) {
 	e := newEnv(b, nil)
-	ns := testNamespace()
+	ns := testkit.Namespace(b, "du")
 	b.Cleanup(func() { _, _ = e.idx.DropNamespace(context.Background(), ns) })
 	benchUpserts(b, e.idx, ns)
 }

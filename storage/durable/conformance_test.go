@@ -1,0 +1,17 @@
+package durable_test
+
+import (
+	"testing"
+
+	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/storage/storetest"
+)
+
+// TestConformance runs the shared store suite against the durable store:
+// one database for the run, a store and a namespace per subtest.
+func TestConformance(t *testing.T) {
+	dsn := testkit.Database(t, "delayd_test")
+	storetest.Run(t, func(t *testing.T) storetest.Store {
+		return newEnvOn(t, dsn, testkit.RedisURL(), nil).store
+	})
+}

@@ -1,0 +1,121 @@
+package durable_test
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"log"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/storage/durable"
+	"github.com/delayd/delayd/storage/redisstore"
+)
+
+func TestMain(m *testing.M) {
+	// The driver logs killed and dropped connections to stderr; the tests
+	// provoke plenty of those on purpose.
+	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
+	goleak.VerifyTestMain(m)
+}
+
+// env is one durable store over a database of its own.
+type env struct {
+	t     testing.TB
+	dsn   string
+	rdb   *redis.Client
+	idx   *redisstore.Store
+	store *durable.Store
+	db    *sql.DB // a pool of the test's own on the test database
+}
+
+// newEnv builds and starts a durable store. cfg may adjust the Config.
+func newEnv(t testing.TB, cfg func(*durable.Config)) *env {
+	t.Helper()
+	return newEnvOn(t, testkit.Database(t, "delayd_test"), testkit.RedisURL(), cfg)
+}
+
+// newEnvOn builds and starts a durable store on the given database and
+// Redis.
+func newEnvOn(t testing.TB, dsn, url string, cfg func(*durable.Config)) *env {
+	t.Helper()
+	e := &env{t: t, dsn: dsn, rdb: testkit.RedisAt(t, url)}
+	e.idx = redisstore.New(e.rdb, redisstore.Options{Logger: testkit.Logger(t)})
+	c := durable.Config{DSN: dsn, Index: e.idx, Logger: testkit.Logger(t), IndexCheckInterval: 50 * time.Millisecond}
+	if cfg != nil {
+		cfg(&c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := durable.New(ctx, c)
+	if err != nil {
+		t.Fatalf("durable.New: %v", err)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	e.store = s
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	e.db = db
+	return e
+}
+
+// mysqlRow is a task's row as MySQL holds it.
+type mysqlRow struct {
+	State      int
+	Generation int64
+	Attempt    int32
+	DueMS      int64
+	LastError  string
+}
+
+// row reads a task's row from MySQL; ok is false when there is none.
+func (e *env) row(ns, id string) (mysqlRow, bool) {
+	e.t.Helper()
+	var r mysqlRow
+	err := e.db.QueryRow("SELECT state, generation, attempt, due_ms, last_error FROM delayd_tasks WHERE namespace = ? AND id = ?", ns, id).
+		Scan(&r.State, &r.Generation, &r.Attempt, &r.DueMS, &r.LastError)
+	if err == sql.ErrNoRows {
+		return r, false
+	}
+	if err != nil {
+		e.t.Fatalf("read row %s/%s: %v", ns, id, err)
+	}
+	return r, true
+}
+
+// count returns the rows MySQL holds for ns.
+func (e *env) count(ns string) int {
+	e.t.Helper()
+	var n int
+	if err := e.db.QueryRow("SELECT COUNT(*) FROM delayd_tasks WHERE namespace = ?", ns).Scan(&n); err != nil {
+		e.t.Fatalf("count: %v", err)
+	}
+	return n
+}
+
+// waitReady waits until the store's index is complete.
+func (e *env) waitReady() {
+	e.t.Helper()
+	select {
+	case <-e.store.Ready():
+	case <-time.After(60 * time.Second):
+		e.t.Fatal("store never became ready")
+	}
+}

@@ -1,0 +1,163 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// This file runs group commits: the durable store gathers writes into
+// segments and Commit runs them as multi-row statements in one transaction.
+
+// WriteKind is what a Write does.
+type WriteKind uint8
+
+// The kinds of Write.
+const (
+	WriteUpsert WriteKind = iota + 1 // upsert with MySQL-assigned generations
+	WriteRemove                      // delete a task in any state
+	WriteAck                         // delete acked generations
+	WriteMoved                       // write index transitions (nack, reap, requeue)
+)
+
+// UpsertRow is one resolved upsert spec.
+type UpsertRow struct {
+	ID      string
+	Kind    string
+	Payload []byte
+	DueMS   int64 // absolute due time; for a relative one, the estimate MySQL keeps
+	Gen     int64 // explicit generation; 0 = assigned by MySQL
+	// Relative: the spec gave a delay, which the index resolves exactly
+	// against its own clock when it is written.
+	Relative bool
+	Delay    time.Duration
+}
+
+// AckRow is one acked delivery.
+type AckRow struct {
+	ID      string
+	Gen     int64
+	Attempt int32
+}
+
+// Write is one caller's write to delayd_tasks.
+type Write struct {
+	Kind  WriteKind
+	NS    string
+	NowMS int64
+
+	Rows  []UpsertRow     // WriteUpsert
+	ID    string          // WriteRemove
+	Acks  []AckRow        // WriteAck
+	Moved []storage.Moved // WriteMoved
+
+	// Results, set by Commit.
+	Upserts    []storage.UpsertResult // WriteUpsert: the rows as committed
+	MySQLState storage.State          // WriteRemove: state MySQL held; 0 = no row
+}
+
+// Segment is a run of writes that touch disjoint tasks per kind: within a
+// segment no task is written by two kinds, so the kinds' statements may run
+// in any order. Writes of one kind may repeat a task; their statements keep
+// the writes' order.
+type Segment struct {
+	Upserts, Removes, Acks, Moved []*Write
+}
+
+// taskKey names a task across namespaces.
+type taskKey struct{ ns, id string }
+
+// maxTxAttempts bounds how often Commit runs one transaction.
+const maxTxAttempts = 8
+
+// Commit runs segs, in order, in one transaction, and sets the writes'
+// results. It runs the transaction again (up to maxTxAttempts times, after
+// a short random pause, within OpTimeout) when MySQL rolled it back for a
+// reason a retry can fix: a deadlock (InnoDB's duplicate-key checks take
+// gap locks even in READ COMMITTED, so batches inserting neighbouring ids
+// can deadlock), a lock wait timeout, a connection that was killed or reset
+// before COMMIT was sent. A failure of COMMIT itself is not retried: its
+// outcome is unknown (for an upsert the reconciler then indexes whatever
+// MySQL kept).
+func (s *Store) Commit(segs []Segment) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	var err error
+	for attempt := 0; attempt < maxTxAttempts; attempt++ {
+		if attempt > 0 {
+			s.log.Debug("mysql transaction rolled back; retrying", "attempt", attempt, "err", err)
+			select {
+			case <-time.After(retryPause(attempt)):
+			case <-ctx.Done():
+				return classify("mysql write", err)
+			}
+		}
+		err = s.inTx(ctx, func(tx *sql.Tx) error {
+			for _, sg := range segs {
+				if err := s.execSegment(ctx, tx, sg); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err == nil {
+			return nil
+		}
+		var ce *commitError
+		if errors.As(err, &ce) || !retryable(err) {
+			break
+		}
+	}
+	return classify("mysql write", err)
+}
+
+// retryPause is the pause before running a transaction again: a few
+// milliseconds growing with the attempt, randomized so the transactions
+// that deadlocked do not meet again.
+func retryPause(attempt int) time.Duration {
+	d := time.Duration(attempt) * 5 * time.Millisecond
+	return d/2 + time.Duration(rand.Int64N(int64(d)))
+}
+
+// commitError marks a failed COMMIT: the transaction may or may not have
+// been applied.
+type commitError struct{ err error }
+
+func (e *commitError) Error() string { return "commit: " + e.err.Error() }
+func (e *commitError) Unwrap() error { return e.err }
+
+// inTx runs fn in a transaction and commits it. Connections are READ
+// COMMITTED (see readCommittedConnector).
+func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return &commitError{err}
+	}
+	return nil
+}
+
+// execSegment runs one segment's statements.
+func (s *Store) execSegment(ctx context.Context, tx *sql.Tx, sg Segment) error {
+	if err := s.execUpserts(ctx, tx, sg.Upserts); err != nil {
+		return err
+	}
+	if err := s.execMoved(ctx, tx, sg.Moved); err != nil {
+		return err
+	}
+	if err := s.execAcks(ctx, tx, sg.Acks); err != nil {
+		return err
+	}
+	return s.execRemoves(ctx, tx, sg.Removes)
+}
