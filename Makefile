@@ -87,3 +87,9 @@ fuzz: ## Fuzz client-input parsers (validation, keys, records, tokens, auth) for
 	go test ./server -run '^$$' -fuzz '^FuzzAuthMetadata$$' -fuzztime $(FUZZTIME)
 	go test ./storage/redisstore -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME)
 	go test ./storage/redisstore -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME)
+
+SOAK ?= 3m
+
+.PHONY: soak
+soak: services ## Steady flow for SOAK (3m; SOAK=20m for longer): 500 tasks/s due 2 s after upsert, child delayd, own Redis; fails on lost/duplicate/early.
+	go run ./cmd/delaybench --soak $(SOAK) --server child --own-redis $(SOAK_FLAGS)

@@ -90,6 +90,12 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		e.progress = NewProgress(stderr)
 	}
 
+	if cfg.Soak.Duration > 0 {
+		if cfg.Server != "child" && cfg.Target == "" {
+			return errors.New("--soak needs --server child (or --target): its memory, goroutine and log figures are the server process's own")
+		}
+		return runSoak(ctx, cfg, e, redisURL, stdout, stderr)
+	}
 	if cfg.DelaydLog == nil {
 		cfg.DelaydLog = io.Discard
 	}
@@ -307,7 +313,7 @@ func (d *deployments) start(ctx context.Context, dep string) (*delayd, error) {
 				}
 			}
 		}
-		return startChild(ctx, d.bin, d.redisURL, dsn, d.cfg.DelaydArgs, d.log)
+		return startChild(ctx, d.bin, d.redisURL, dsn, d.cfg.DelaydLogLevel, d.cfg.DelaydArgs, d.log)
 	}
 	return startInProcess(ctx, d.redisURL, dsn, slog.New(slog.NewTextHandler(d.log, &slog.HandlerOptions{Level: slog.LevelWarn})))
 }

@@ -31,6 +31,10 @@ type Config struct {
 	DelaydBin string
 	// DelaydArgs are extra flags passed to a child delayd.
 	DelaydArgs []string
+	// DelaydLogLevel is a child delayd's --log-level; empty: its own
+	// default. Workload runs use "warn" (RegisterFlags' default), so the
+	// log costs nothing in their figures; a soak uses the default.
+	DelaydLogLevel string
 	// Target, if set, is an external delayd (host:port) used instead of
 	// starting one; TargetPID, if set, is its pid for CPU figures.
 	Target    string
@@ -47,6 +51,10 @@ type Config struct {
 	// MySQLDSN is the MySQL server for durable rows, without a database
 	// name: each run creates a database of its own and drops it afterwards.
 	MySQLDSN string
+
+	// Soak, when its Duration is set, runs a steady flow instead of the
+	// workloads (see Soak).
+	Soak Soak
 
 	// Override changes every workload after the presets are chosen (the
 	// workload flags that were given explicitly).
@@ -111,6 +119,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.StringVar(&c.Server, "server", "inproc", "how to run delayd: inproc (in this process; CPU includes the load generator) or child (./cmd/delayd as a child process; CPU is delayd's own)")
 	fs.StringVar(&c.DelaydBin, "delayd-bin", "", "delayd binary for --server child (default: go build ./cmd/delayd)")
 	fs.Var(listFlag{&c.DelaydArgs}, "delayd-args", "comma-separated extra flags for a child delayd")
+	fs.StringVar(&c.DelaydLogLevel, "delayd-log-level", "warn", "--log-level of a child delayd for workload runs (a soak uses --soak-log-level)")
 	fs.StringVar(&c.Target, "target", "", "drive an external delayd at host:port instead of starting one")
 	fs.IntVar(&c.TargetPID, "target-pid", 0, "pid of the --target delayd on this host, for its CPU figures")
 	fs.StringVar(&c.APIKey, "api-key", "", "API key sent as a bearer token")
@@ -127,6 +136,13 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.BoolVar(&c.Quiet, "quiet", false, "no live progress line on stderr")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (with --server inproc: delayd and the load generator) to this file")
 	fs.DurationVar(&c.Timeout, "timeout", time.Hour, "bound on the whole run")
+	fs.DurationVar(&c.Soak.Duration, "soak", 0, "run a steady flow for this long instead of the workloads (make soak); the workload flags --producers, --subscribers, --max-in-flight and --payload apply")
+	fs.IntVar(&c.Soak.Rate, "rate", 500, "soak: tasks upserted per second, one UpsertTask each")
+	fs.DurationVar(&c.Soak.DueAfter, "due-after", 2*time.Second, "soak: time from a task's upsert to its due time")
+	fs.DurationVar(&c.Soak.Sample, "soak-sample", 10*time.Second, "soak: how often delayd's RSS, goroutines, threads and log volume are read")
+	fs.DurationVar(&c.Soak.LateMark, "late-mark", 50*time.Millisecond, "soak: lateness above which a due-time second is listed as a late burst")
+	fs.StringVar(&c.Soak.LogLevel, "soak-log-level", "", "soak: the child delayd's --log-level (default: delayd's own default, so the log volume is an operator's)")
+	fs.StringVar(&c.Soak.LogFile, "soak-log", "", "soak: keep the child delayd's log in this file")
 
 	fs.IntVar(&w.Tasks, "tasks", 0, "tasks per run (each checked for early, duplicate and lost delivery)")
 	fs.DurationVar(&w.Spread, "spread", 0, "window the due times are spread over")

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,6 +29,11 @@ type delayd struct {
 	// apiKey is the admin key delaybench started it with; "" for an
 	// external delayd (then --api-key applies).
 	apiKey string
+	// pid is the child process's id; 0 if it is not a child.
+	pid int
+	// opsAddr is the child's ops listener (host:port) when its binary has
+	// one (--ops-listen); "" otherwise.
+	opsAddr string
 	// cpu measures the process that runs delayd; nil if unknown.
 	cpu  func() (time.Duration, string, bool)
 	stop func(ctx context.Context) error
@@ -79,15 +85,30 @@ func buildDelayd(ctx context.Context, dir string, stderr io.Writer) (string, err
 // startChild runs the delayd binary bin as a child process on a free
 // loopback port, with authentication on (a fresh admin key, passed in the
 // environment), and waits until its health service answers SERVING. Its CPU
-// is read from /proc, so it excludes the load generator.
-func startChild(ctx context.Context, bin string, redisURL, mysqlDSN string, extra []string, stderr io.Writer) (*delayd, error) {
+// is read from /proc, so it excludes the load generator. logLevel is its
+// --log-level ("" = its default). When the binary has an ops listener
+// (--ops-listen), it is put on a free loopback port too, so that no two
+// benchmark runs contend for its default port.
+func startChild(ctx context.Context, bin string, redisURL, mysqlDSN, logLevel string, extra []string, stderr io.Writer) (*delayd, error) {
 	key := randomSuffix(24)
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	args := []string{"--listen", addr, "--redis-url", redisURL, "--log-level", "warn"}
+	args := []string{"--listen", addr, "--redis-url", redisURL}
+	if logLevel != "" {
+		args = append(args, "--log-level", logLevel)
+	}
+	opsAddr := ""
+	if hasFlag(ctx, bin, "ops-listen") {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		opsAddr = "127.0.0.1:" + strconv.Itoa(p)
+		args = append(args, "--ops-listen", opsAddr)
+	}
 	if mysqlDSN != "" {
 		args = append(args, "--mysql-dsn", mysqlDSN)
 	}
@@ -125,8 +146,10 @@ func startChild(ctx context.Context, bin string, redisURL, mysqlDSN string, extr
 	}
 	pid := cmd.Process.Pid
 	return &delayd{
-		addr:   addr,
-		apiKey: key,
+		addr:    addr,
+		apiKey:  key,
+		pid:     pid,
+		opsAddr: opsAddr,
 		cpu: func() (time.Duration, string, bool) {
 			d, err := ProcCPU(pid)
 			return d, "delayd child process", err == nil
@@ -135,10 +158,16 @@ func startChild(ctx context.Context, bin string, redisURL, mysqlDSN string, extr
 	}, nil
 }
 
+// hasFlag reports whether bin's --help lists --name.
+func hasFlag(ctx context.Context, bin, name string) bool {
+	out, _ := exec.CommandContext(ctx, bin, "--help").CombinedOutput()
+	return strings.Contains(string(out), "--"+name+" ")
+}
+
 // external is a delayd someone else runs at addr; pid, if non-zero, is its
 // process on this host, for CPU figures.
 func external(addr string, pid int) *delayd {
-	d := &delayd{addr: addr, stop: func(context.Context) error { return nil }}
+	d := &delayd{addr: addr, pid: pid, stop: func(context.Context) error { return nil }}
 	if pid > 0 {
 		d.cpu = func() (time.Duration, string, bool) {
 			c, err := ProcCPU(pid)
