@@ -47,6 +47,11 @@ type Config struct {
 	// LogLevel is the lowest level logged: debug, info, warn or error.
 	// Used only when Run or Start is given a nil logger. If empty, "info".
 	LogLevel string
+	// SlowCall is the duration from which a unary call is logged at WARN
+	// ("slow call"). Calls that succeed faster are logged only at DEBUG,
+	// so the default INFO level is quiet under load (server.CallLog). If
+	// zero, 1 second; negative: never.
+	SlowCall time.Duration
 	// LogFormat is "text" (logfmt-like) or "json". Used only when Run or
 	// Start is given a nil logger. If empty, "text".
 	LogFormat string

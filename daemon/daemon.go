@@ -159,6 +159,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	// 4. The gRPC server; health says NOT_SERVING until the end of Start.
 	d.server, err = server.New(server.Options{
 		Logger:            logger.With("component", "server"),
+		CallLog:           server.CallLog{SlowCall: cfg.SlowCall},
 		Tasks:             tasks,
 		Deliveries:        tasks,
 		DeadLetters:       tasks,

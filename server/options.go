@@ -13,6 +13,8 @@ import (
 type Options struct {
 	// Logger for request logs and errors. If nil, logs are discarded.
 	Logger *slog.Logger
+	// CallLog configures the request log (quiet at INFO by default).
+	CallLog CallLog
 
 	// Tasks backs TaskService. Required.
 	Tasks storage.Tasks

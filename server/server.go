@@ -18,7 +18,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -94,7 +93,7 @@ func New(opts Options) (*Server, error) {
 	opts.Limits = opts.Limits.withDefaults()
 
 	codec := newAdmissionCodec(opts.Limits.MaxBatch)
-	unary, stream := interceptors(opts.Logger, codec)
+	unary, stream := interceptors(opts.Logger, opts.CallLog, codec)
 	serverOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.ChainUnaryInterceptor(unary...),
@@ -136,32 +135,25 @@ func New(opts Options) (*Server, error) {
 
 // interceptors returns the server's interceptor chains, outermost first:
 // panic recovery (logs the panic and its stack, answers Internal with a
-// generic message), request logging (one line per finished call: method,
-// namespace, code, duration; never a payload), the answer to requests the
-// codec refused (admissionCodec), then the namespace field for that log
-// line.
-func interceptors(logger *slog.Logger, codec *admissionCodec) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
+// generic message), the request log (see CallLog: quiet at INFO for calls
+// that succeed; never a payload), then the answer to requests the codec
+// refused (admissionCodec).
+func interceptors(logger *slog.Logger, cl CallLog, codec *admissionCodec) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		method, _ := grpc.Method(ctx)
 		logger.ErrorContext(ctx, "panic in handler", "grpc.method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, msgInternal)
 	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall), // never PayloadReceived/PayloadSent
-		logging.WithDurationField(logging.DurationToTimeMillisFields),
-	}
-	reqLogger := interceptorLogger(logger)
+	calls := newCallLogger(logger, cl)
 	unary := []grpc.UnaryServerInterceptor{
 		recovery.UnaryServerInterceptor(recoverOpt),
-		logging.UnaryServerInterceptor(reqLogger, logOpts...),
+		calls.unary,
 		codec.decodeCheckUnary,
-		namespaceFieldUnary,
 	}
 	stream := []grpc.StreamServerInterceptor{
 		recovery.StreamServerInterceptor(recoverOpt),
-		logging.StreamServerInterceptor(reqLogger, logOpts...),
+		calls.stream,
 		codec.decodeCheckStream,
-		namespaceFieldStream,
 	}
 	return unary, stream
 }
@@ -240,45 +232,4 @@ func (s *Server) GracefulStop(ctx context.Context) error {
 		<-done
 		return fmt.Errorf("graceful stop: %w", ctx.Err())
 	}
-}
-
-// interceptorLogger adapts slog to the logging middleware.
-func interceptorLogger(l *slog.Logger) logging.Logger {
-	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		l.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
-}
-
-// namespaced is any request that names a namespace.
-type namespaced interface{ GetNamespace() string }
-
-// namespaceFieldUnary adds the request's namespace (never its payload) to
-// the request log line written by the logging interceptor.
-func namespaceFieldUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if r, ok := req.(namespaced); ok && r.GetNamespace() != "" {
-		logging.AddFields(ctx, logging.Fields{"namespace", r.GetNamespace()})
-	}
-	return handler(ctx, req)
-}
-
-// namespaceFieldStream does what namespaceFieldUnary does for the first
-// message of a stream (a Subscribe request).
-func namespaceFieldStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return handler(srv, &namespaceStream{ServerStream: ss})
-}
-
-type namespaceStream struct {
-	grpc.ServerStream
-	seen bool
-}
-
-func (s *namespaceStream) RecvMsg(m any) error {
-	err := s.ServerStream.RecvMsg(m)
-	if err == nil && !s.seen {
-		s.seen = true
-		if r, ok := m.(namespaced); ok && r.GetNamespace() != "" {
-			logging.AddFields(s.Context(), logging.Fields{"namespace", r.GetNamespace()})
-		}
-	}
-	return err
 }

@@ -238,7 +238,7 @@ func TestToStatus(t *testing.T) {
 
 // chainUnary runs req through the server's unary interceptors into handler.
 func chainUnary(ctx context.Context, logger *slog.Logger, method string, req any, handler grpc.UnaryHandler) (any, error) {
-	unary, _ := interceptors(logger, newAdmissionCodec(defaultMaxBatch))
+	unary, _ := interceptors(logger, CallLog{}, newAdmissionCodec(defaultMaxBatch))
 	info := &grpc.UnaryServerInfo{FullMethod: method}
 	h := handler
 	for i := len(unary) - 1; i >= 0; i-- {
@@ -266,7 +266,7 @@ func TestRecoveryAnswersGenericInternal(t *testing.T) {
 func TestRequestLogHasNamespaceNotPayload(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
-	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	req := &delaydv1.UpsertTaskRequest{Namespace: "orders-eu", Id: "o1", Payload: []byte("card-4111-1111")}
 	_, err := chainUnary(context.Background(), logger, "/delayd.v1.TaskService/UpsertTask", req,
 		func(context.Context, any) (any, error) { return nil, status.Error(codes.NotFound, "nope") })
