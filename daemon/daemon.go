@@ -118,29 +118,30 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	})
 
 	// 2b. Durable mode: MySQL is the authority and store its index
-	// (durable.go); tasks is what the server and the dispatcher use.
-	var tasks taskStore = store
+	// (durable.go). tasks is what the server and the dispatcher use;
+	// namespaces and their keys are kept where the tasks' authority is; the
+	// lease reaper sweeps the namespaces the Redis index holds (leases live
+	// there in both modes). Each is assigned a concrete store, so a store
+	// lacking a method the server or the dispatcher needs is a compile error
+	// here, not a feature that silently goes missing.
+	var (
+		tasks      server.Store               = store
+		registry   storage.Registry           = store
+		namespaces dispatcher.NamespaceLister = store
+	)
 	if d.durable, err = openDurable(ctx, cfg, store, logger); err != nil {
 		return nil, err
 	}
 	if d.durable != nil {
 		cleanup = append(cleanup, func() { _ = d.durable.close(context.Background()) })
-		tasks = d.durable.store
+		tasks, registry = d.durable.store, d.durable.store.Registry()
 	}
 
-	// 2c. Tenancy (tenancy.go): namespaces with their policies and API keys,
-	// kept where the tasks' authority is; auth; TLS.
-	var regStore storage.Registry = store
-	if d.durable != nil {
-		regStore = d.durable.store.Registry()
-	}
-	ten, err := openTenancy(cfg, d.redis.embedded != nil, regStore, logger)
+	// 2c. Tenancy (tenancy.go): namespaces with their policies and API keys;
+	// auth; TLS.
+	ten, err := openTenancy(cfg, d.redis.embedded != nil, registry, logger)
 	if err != nil {
 		return nil, err
-	}
-	var namespaces dispatcher.NamespaceLister = store
-	if l, ok := tasks.(dispatcher.NamespaceLister); ok {
-		namespaces = l
 	}
 
 	// 3. The dispatcher: pops due tasks for Subscribe streams.
@@ -160,15 +161,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	d.server, err = server.New(server.Options{
 		Logger:            logger.With("component", "server"),
 		CallLog:           server.CallLog{SlowCall: cfg.SlowCall},
-		Tasks:             tasks,
-		Deliveries:        tasks,
-		DeadLetters:       tasks,
-		Counter:           tasks,
-		Policies:          ten.registry,
-		Registry:          ten.registry,
+		Store:             tasks,
+		Tenancy:           ten.registry,
+		Subscriptions:     d.dispatcher,
 		Auth:              ten.auth,
 		TLS:               ten.tls,
-		Dispatcher:        d.dispatcher,
 		Limits:            cfg.Limits,
 		DisableReflection: cfg.DisableReflection,
 	})

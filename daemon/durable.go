@@ -6,7 +6,6 @@ import (
 	"log/slog"
 
 	"github.com/delayd/delayd/server"
-	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/redisstore"
 )
@@ -16,15 +15,6 @@ import (
 // calls openDurable, hands the result to the server and the dispatcher, and
 // keeps health NOT_SERVING until the index is complete; Stop closes it
 // after the gRPC server and before Redis.
-
-// taskStore is what the server and the dispatcher use: the Redis store, or
-// in durable mode the MySQL store over it.
-type taskStore interface {
-	storage.Tasks
-	storage.Deliveries
-	storage.DeadLetters
-	storage.Counter
-}
 
 // durableMode is the durable-mode part of a running Daemon.
 type durableMode struct {

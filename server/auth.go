@@ -27,14 +27,12 @@ import (
 
 // AuthOptions configure API-key authentication.
 //
-// Auth is on when Disabled is false and there is a way to authenticate
-// anyone: an AdminKey, or a Options.Registry holding keys. (A Server built
-// with neither, as in tests of single services, runs without auth and logs a
-// warning; the daemon refuses to start that way against a real Redis.)
-// Clients send an API key as gRPC
-// metadata "authorization: Bearer <key>". A key is either the bootstrap
-// AdminKey or a key created with NamespaceService.CreateKey (looked up in
-// Options.Registry). The health service and server reflection need no key.
+// Auth is on unless Disabled. (A Server built with auth off logs a warning;
+// the daemon refuses to start that way against a real Redis unless told
+// to.) Clients send an API key as gRPC metadata "authorization: Bearer
+// <key>". A key is either the bootstrap AdminKey or a key created with
+// NamespaceService.CreateKey (looked up through Options.Tenancy). The
+// health service and server reflection need no key.
 type AuthOptions struct {
 	// Disabled turns authentication and authorization off: every caller may
 	// do everything (--no-auth; the embedded mode's default). Rate limits,
@@ -88,7 +86,7 @@ func ResolveAuth(adminKey string, noAuth, embedded bool) (AuthOptions, error) {
 // authEnabled reports whether a Server built from opts authenticates
 // requests (see AuthOptions).
 func authEnabled(opts Options) bool {
-	return !opts.Auth.Disabled && (opts.Auth.AdminKey != "" || opts.Registry != nil)
+	return !opts.Auth.Disabled
 }
 
 // API key format: "dk_" + 16 hex characters of id + "_" + 43 characters of
@@ -235,12 +233,6 @@ func principalFrom(ctx context.Context) *principal {
 	return p
 }
 
-// keyLookup is a cached key lookup (tenancy.Registry has it); without it the
-// registry's GetKey is used.
-type keyLookup interface {
-	Key(ctx context.Context, id string) (storage.Key, error)
-}
-
 // authenticator turns an authorization header into a principal.
 type authenticator struct {
 	adminHash []byte // nil: no bootstrap key
@@ -253,14 +245,7 @@ func newAuthenticator(opts Options) *authenticator {
 	if opts.Auth.AdminKey != "" {
 		a.adminHash = hashSecret(opts.Auth.AdminKey)
 	}
-	switch r := opts.Registry.(type) {
-	case nil:
-		a.keys = func(context.Context, string) (storage.Key, error) { return storage.Key{}, storage.ErrNotFound }
-	case keyLookup:
-		a.keys = r.Key
-	default:
-		a.keys = r.GetKey
-	}
+	a.keys = opts.Tenancy.Key
 	return a
 }
 
@@ -372,7 +357,7 @@ var rules = map[string]rule{
 
 // authorizer checks a principal against the rules.
 type authorizer struct {
-	registry storage.Registry // for RevokeKey's lookup; may be nil
+	registry storage.Registry // for RevokeKey's lookup
 	logger   *slog.Logger
 }
 
@@ -407,7 +392,7 @@ func (z *authorizer) authorize(ctx context.Context, method string, req any) erro
 		if p.global() && p.allows(r.scope, storage.GlobalNamespace) {
 			return nil // a global admin may revoke any key
 		}
-		if z.registry == nil || !validKeyID(id) {
+		if !validKeyID(id) {
 			return status.Errorf(codes.PermissionDenied, "API key %s may not revoke key %q", p.keyID, id)
 		}
 		k, err := z.registry.GetKey(ctx, id)
@@ -484,7 +469,7 @@ func authInterceptors(opts Options) ([]grpc.UnaryServerInterceptor, []grpc.Strea
 		return nil, nil
 	}
 	authn := newAuthenticator(opts)
-	authz := &authorizer{registry: opts.Registry, logger: opts.Logger}
+	authz := &authorizer{registry: opts.Tenancy, logger: opts.Logger}
 	needsKey := selector.MatchFunc(func(_ context.Context, c callmeta.CallMeta) bool {
 		return !openMethod(c.FullMethod())
 	})
@@ -510,19 +495,11 @@ func tenancyServerOptions(opts Options) []grpc.ServerOption {
 			"set --admin-key (DELAYD_ADMIN_KEY) to turn it on")
 	}
 	unary, stream := authInterceptors(opts)
-	policies := opts.Policies
-	if policies == nil {
-		policies = storage.StaticPolicies{P: storage.DefaultPolicy()}
-	}
-	rl := newRateLimiter(policies, opts.Logger)
-	subs := newSubscriberLimiter(policies, opts.Logger)
-	unary = append(unary, rl.unary)
+	rl := newRateLimiter(opts.Tenancy, opts.Logger)
+	subs := newSubscriberLimiter(opts.Tenancy, opts.Logger)
+	q := newPendingQuota(opts)
+	unary = append(unary, rl.unary, q.unary)
 	stream = append(stream, rl.stream, subs.stream)
-	if opts.Counter != nil && opts.Tasks != nil {
-		q := newPendingQuota(opts)
-		q.policies = policies
-		unary = append(unary, q.unary)
-	}
 	out := []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
 	return append(out, tlsServerOptions(opts)...)
 }

@@ -68,16 +68,13 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 		return toStatus(ctx, s.logger, invalidf("max_in_flight", "is %d; allowed: 1-%d, or 0 for %d",
 			inFlight, s.limits.MaxInFlight, s.limits.DefaultInFlight))
 	}
-	if _, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns); err != nil {
+	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return err
 	}
 	// Per-namespace subscriber and rate limits belong here, before Serve
 	// (the policy above carries MaxSubscribers; Dispatcher.Subscribers(ns)
 	// counts this replica's streams).
-	if s.opts.Dispatcher == nil {
-		return status.Error(codes.Unavailable, msgShuttingDown)
-	}
-	err := s.opts.Dispatcher.Serve(ctx, dispatcher.Subscriber{
+	err := s.opts.Subscriptions.Serve(ctx, dispatcher.Subscriber{
 		Namespace:   ns,
 		MaxInFlight: inFlight,
 		Ready:       func() error { return stream.SendHeader(metadata.MD{}) },
@@ -102,7 +99,7 @@ func (s *deliveryService) AckTasks(ctx context.Context, req *delaydv1.AckTasksRe
 		return nil, toStatus(ctx, s.logger, err)
 	}
 	if len(b.tokens) > 0 {
-		statuses, err := s.opts.Deliveries.Ack(ctx, ns, b.tokens)
+		statuses, err := s.opts.Store.Ack(ctx, ns, b.tokens)
 		if err == nil && len(statuses) != len(b.tokens) {
 			err = fmt.Errorf("ack: store answered %d statuses for %d tokens", len(statuses), len(b.tokens))
 		}
@@ -125,7 +122,7 @@ func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasks
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	pol, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns)
+	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +139,7 @@ func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasks
 		opts.RetryAfter = &d
 	}
 	if len(b.tokens) > 0 {
-		statuses, moved, err := s.opts.Deliveries.Nack(ctx, ns, b.tokens, opts)
+		statuses, moved, err := s.opts.Store.Nack(ctx, ns, b.tokens, opts)
 		if err == nil && len(statuses) != len(b.tokens) {
 			err = fmt.Errorf("nack: store answered %d statuses for %d tokens", len(statuses), len(b.tokens))
 		}
@@ -154,9 +151,9 @@ func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasks
 			b.results[b.index[i]].Status = delaydv1.TokenStatus(st)
 		}
 		for _, m := range moved {
-			if m.State == storage.StateScheduled && s.opts.Dispatcher != nil {
+			if m.State == storage.StateScheduled {
 				// The retry may be due before the dispatcher's planned wake.
-				s.opts.Dispatcher.Notify(ns)
+				s.opts.Subscriptions.Notify(ns)
 				break
 			}
 		}
@@ -172,7 +169,7 @@ func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendL
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	pol, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns)
+	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +180,7 @@ func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendL
 		}
 	}
 	if len(b.tokens) > 0 {
-		res, err := s.opts.Deliveries.Extend(ctx, ns, b.tokens, by)
+		res, err := s.opts.Store.Extend(ctx, ns, b.tokens, by)
 		if err == nil && len(res) != len(b.tokens) {
 			err = fmt.Errorf("extend: store answered %d results for %d tokens", len(res), len(b.tokens))
 		}
@@ -199,8 +196,8 @@ func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendL
 				extended = append(extended, b.tokens[i])
 			}
 		}
-		if s.opts.Dispatcher != nil && len(extended) > 0 {
-			s.opts.Dispatcher.LeaseExtended(ns, extended, by)
+		if len(extended) > 0 {
+			s.opts.Subscriptions.LeaseExtended(ns, extended, by)
 		}
 	}
 	return &delaydv1.ExtendLeaseResponse{Results: b.results}, nil
@@ -246,9 +243,7 @@ func (s *deliveryService) decodeBatch(ns string, raw []string) (tokenBatch, erro
 // settle gives the credit of settled deliveries back to their streams on
 // this replica.
 func (s *deliveryService) settle(ns string, tokens []storage.Token) {
-	if s.opts.Dispatcher != nil {
-		s.opts.Dispatcher.Settle(ns, tokens)
-	}
+	s.opts.Subscriptions.Settle(ns, tokens)
 }
 
 // deliveryToProto converts a delivery to its wire form.
@@ -261,12 +256,8 @@ func deliveryToProto(d storage.Delivery) *delaydv1.Delivery {
 }
 
 // lookupPolicy returns ns's policy, or a status error to return as is:
-// NotFound when the namespace does not exist. A nil Policies serves
-// storage.DefaultPolicy.
+// NotFound when the namespace does not exist.
 func lookupPolicy(ctx context.Context, policies storage.Policies, logger *slog.Logger, ns string) (storage.Policy, error) {
-	if policies == nil {
-		return storage.DefaultPolicy(), nil
-	}
 	pol, err := policies.Policy(ctx, ns)
 	if errors.Is(err, storage.ErrNotFound) {
 		return storage.Policy{}, status.Errorf(codes.NotFound, "namespace %q not found", ns)

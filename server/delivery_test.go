@@ -117,8 +117,8 @@ func (e *dlvEnv) replica() *dlvReplica {
 		e.t.Fatalf("dispatcher.New: %v", err)
 	}
 	srv, err := server.New(server.Options{
-		Tasks: e.store, Deliveries: e.store, DeadLetters: e.store, Counter: e.store,
-		Policies: pols, Dispatcher: d,
+		Store: e.store, Tenancy: staticTenancy{policy: e.pol}, Subscriptions: d,
+		Auth: server.AuthOptions{Disabled: true},
 	})
 	if err != nil {
 		e.t.Fatalf("server.New: %v", err)

@@ -99,8 +99,7 @@ func (e *tenEnv) replica(o tenOpts) *tenReplica {
 		e.t.Fatalf("dispatcher.New: %v", err)
 	}
 	opts := server.Options{
-		Tasks: e.store, Deliveries: e.store, DeadLetters: e.store, Counter: e.store,
-		Policies: reg, Registry: reg, Dispatcher: d,
+		Store: e.store, Tenancy: reg, Subscriptions: d,
 		Auth: server.AuthOptions{AdminKey: tenAdminKey},
 	}
 	if o.server != nil {

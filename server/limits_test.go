@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
+	"github.com/delayd/delayd/dispatcher"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
@@ -347,10 +348,14 @@ func TestStoreCallTimeout(t *testing.T) {
 		ReadTimeout: time.Minute, WriteTimeout: time.Minute, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	st := redisstore.New(c, redisstore.Options{Timeout: 200 * time.Millisecond})
+	pol := storage.DefaultPolicy()
+	d, err := dispatcher.New(dispatcher.Config{Store: st, Policies: storage.StaticPolicies{P: pol}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv, err := server.New(server.Options{
-		Tasks: st, Deliveries: st, DeadLetters: st, Counter: st,
-		Policies: storage.StaticPolicies{P: storage.DefaultPolicy()},
-		Auth:     server.AuthOptions{Disabled: true},
+		Store: st, Tenancy: staticTenancy{policy: pol}, Subscriptions: d, // d is never started: no Subscribe here
+		Auth: server.AuthOptions{Disabled: true},
 	})
 	if err != nil {
 		t.Fatal(err)

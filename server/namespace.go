@@ -46,10 +46,10 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	if err := validateNamespace("name", ns); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	if _, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns); err != nil {
+	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return nil, err
 	}
-	st, err := s.opts.Counter.Stats(ctx, ns)
+	st, err := s.opts.Store.Stats(ctx, ns)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: %w", err))
 	}
@@ -80,10 +80,10 @@ func (s *namespaceService) ListDeadLetters(ctx context.Context, req *delaydv1.Li
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	if _, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns); err != nil {
+	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return nil, err
 	}
-	tasks, next, err := s.opts.Tasks.List(ctx, ns, storage.StateDead, size, cursor)
+	tasks, next, err := s.opts.Store.List(ctx, ns, storage.StateDead, size, cursor)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("list dead letters: %w", err))
 	}
@@ -106,7 +106,7 @@ func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1
 	if err := s.validateDeadLetterIDs(ns, req.GetIds(), req.GetAll()); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	pol, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns)
+	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +118,7 @@ func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1
 	}
 	var requeued int64
 	for i := 0; i < maxDeadLetterBatches; i++ {
-		moved, err := s.opts.DeadLetters.Requeue(ctx, ns, req.GetIds(), req.GetAll(), deadLetterBatch, delay)
+		moved, err := s.opts.Store.Requeue(ctx, ns, req.GetIds(), req.GetAll(), deadLetterBatch, delay)
 		if err != nil {
 			return nil, toStatus(ctx, s.logger, fmt.Errorf("requeue dead letters: %w", err))
 		}
@@ -127,8 +127,8 @@ func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1
 			break
 		}
 	}
-	if requeued > 0 && s.opts.Dispatcher != nil {
-		s.opts.Dispatcher.Notify(ns)
+	if requeued > 0 {
+		s.opts.Subscriptions.Notify(ns)
 	}
 	return &delaydv1.RequeueDeadLettersResponse{Requeued: requeued}, nil
 }
@@ -140,12 +140,12 @@ func (s *namespaceService) PurgeDeadLetters(ctx context.Context, req *delaydv1.P
 	if err := s.validateDeadLetterIDs(ns, req.GetIds(), req.GetAll()); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	if _, err := lookupPolicy(ctx, s.opts.Policies, s.logger, ns); err != nil {
+	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return nil, err
 	}
 	var purged int64
 	for i := 0; i < maxDeadLetterBatches; i++ {
-		ids, err := s.opts.DeadLetters.Purge(ctx, ns, req.GetIds(), req.GetAll(), deadLetterBatch)
+		ids, err := s.opts.Store.Purge(ctx, ns, req.GetIds(), req.GetAll(), deadLetterBatch)
 		if err != nil {
 			return nil, toStatus(ctx, s.logger, fmt.Errorf("purge dead letters: %w", err))
 		}

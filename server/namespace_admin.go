@@ -36,22 +36,7 @@ const (
 	maxNamespacePage     = 1000
 	// namespaceListToken marks page tokens of ListNamespaces.
 	namespaceListToken = "*namespaces"
-	// dropBatch is how many tasks one round of a forced delete lists.
-	dropBatch = 1000
 )
-
-// policyDefaults is the registry's view of the server defaults
-// (tenancy.Registry.Defaults); without it storage.DefaultPolicy is used.
-type policyDefaults interface {
-	Defaults() storage.Policy
-}
-
-// namespaceDropper is a task store that deletes every task of a namespace
-// in bulk. Without it a forced DeleteNamespace lists and removes tasks one
-// by one.
-type namespaceDropper interface {
-	DropNamespace(ctx context.Context, ns string) (int64, error)
-}
 
 // policyField is one NamespacePolicy field: its update-mask name, whether
 // only a global admin may change it, how to read it from the wire
@@ -248,13 +233,7 @@ func policyToProto(p storage.Policy) *delaydv1.NamespacePolicy {
 
 // defaults returns the server default policy.
 func (s *namespaceService) defaults() storage.Policy {
-	if d, ok := s.opts.Registry.(policyDefaults); ok {
-		return d.Defaults()
-	}
-	if d, ok := s.opts.Policies.(policyDefaults); ok {
-		return d.Defaults()
-	}
-	return storage.DefaultPolicy()
+	return s.opts.Tenancy.Defaults()
 }
 
 // checkConsistent rejects an effective policy whose fields contradict each
@@ -276,13 +255,6 @@ func (s *namespaceService) namespaceToProto(n storage.Namespace) *delaydv1.Names
 	}
 }
 
-func (s *namespaceService) registry() (storage.Registry, error) {
-	if s.opts.Registry == nil {
-		return nil, status.Error(codes.Unimplemented, "this server has no namespace registry")
-	}
-	return s.opts.Registry, nil
-}
-
 // audit logs an admin action with the key that did it.
 func (s *namespaceService) audit(ctx context.Context, msg string, attrs ...slog.Attr) {
 	who := "no-auth"
@@ -295,10 +267,7 @@ func (s *namespaceService) audit(ctx context.Context, msg string, attrs ...slog.
 // CreateNamespace creates a namespace with its policy (zero fields = server
 // defaults) and returns it with the effective policy.
 func (s *namespaceService) CreateNamespace(ctx context.Context, req *delaydv1.CreateNamespaceRequest) (*delaydv1.CreateNamespaceResponse, error) {
-	reg, err := s.registry()
-	if err != nil {
-		return nil, err
-	}
+	reg := s.opts.Tenancy
 	if req.GetNamespace() == nil {
 		return nil, toStatus(ctx, s.logger, invalidf("namespace", "is required: {name, policy}"))
 	}
@@ -326,10 +295,7 @@ func (s *namespaceService) CreateNamespace(ctx context.Context, req *delaydv1.Cr
 
 // GetNamespace returns a namespace with its effective policy.
 func (s *namespaceService) GetNamespace(ctx context.Context, req *delaydv1.GetNamespaceRequest) (*delaydv1.GetNamespaceResponse, error) {
-	reg, err := s.registry()
-	if err != nil {
-		return nil, err
-	}
+	reg := s.opts.Tenancy
 	if err := validateNamespace("name", req.GetName()); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
@@ -345,10 +311,7 @@ func (s *namespaceService) GetNamespace(ctx context.Context, req *delaydv1.GetNa
 
 // ListNamespaces pages through namespaces in name order.
 func (s *namespaceService) ListNamespaces(ctx context.Context, req *delaydv1.ListNamespacesRequest) (*delaydv1.ListNamespacesResponse, error) {
-	reg, err := s.registry()
-	if err != nil {
-		return nil, err
-	}
+	reg := s.opts.Tenancy
 	size := int(req.GetPageSize())
 	switch {
 	case size == 0:
@@ -383,10 +346,7 @@ func (s *namespaceService) ListNamespaces(ctx context.Context, req *delaydv1.Lis
 // (max_payload_bytes, max_pending_tasks, rate_limit, rate_burst,
 // max_subscribers, max_delay); the namespace's own admin may change the rest.
 func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.UpdateNamespaceRequest) (*delaydv1.UpdateNamespaceResponse, error) {
-	reg, err := s.registry()
-	if err != nil {
-		return nil, err
-	}
+	reg := s.opts.Tenancy
 	if req.GetNamespace() == nil {
 		return nil, toStatus(ctx, s.logger, invalidf("namespace", "is required: {name, policy}"))
 	}
@@ -475,10 +435,7 @@ func maskedPolicyFields(paths []string) ([]policyField, error) {
 // then its tasks are deleted first (the namespace record last, so a failed
 // delete can be retried).
 func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.DeleteNamespaceRequest) (*delaydv1.DeleteNamespaceResponse, error) {
-	reg, err := s.registry()
-	if err != nil {
-		return nil, err
-	}
+	reg := s.opts.Tenancy
 	name := req.GetName()
 	if err := validateNamespace("name", name); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
@@ -488,7 +445,7 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	} else if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
 	}
-	st, err := s.opts.Counter.Stats(ctx, name)
+	st, err := s.opts.Store.Stats(ctx, name)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: count: %w", err))
 	}
@@ -518,32 +475,9 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	return &delaydv1.DeleteNamespaceResponse{DeletedTasks: deleted}, nil
 }
 
-// dropTasks deletes every task of ns: in bulk when the store can, else by
-// listing each state and removing what it lists, until nothing is left.
+// dropTasks deletes every task of ns, in bulk.
 func (s *namespaceService) dropTasks(ctx context.Context, ns string) (int64, error) {
-	if d, ok := s.opts.Tasks.(namespaceDropper); ok {
-		return d.DropNamespace(ctx, ns)
-	}
-	var deleted int64
-	for _, state := range []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead} {
-		for {
-			tasks, _, err := s.opts.Tasks.List(ctx, ns, state, dropBatch, "")
-			if err != nil {
-				return deleted, err
-			}
-			if len(tasks) == 0 {
-				break
-			}
-			for _, t := range tasks {
-				if _, err := s.opts.Tasks.Remove(ctx, ns, t.ID); err == nil {
-					deleted++
-				} else if !errors.Is(err, storage.ErrNotFound) {
-					return deleted, err
-				}
-			}
-		}
-	}
-	return deleted, nil
+	return s.opts.Store.DropNamespace(ctx, ns)
 }
 
 // keyScopesFromProto validates and de-duplicates requested scopes.
@@ -594,10 +528,7 @@ func validateKeyNamespace(ns string) error {
 // CreateKey creates an API key and returns its secret, once. delayd keeps
 // only the secret's SHA-256.
 func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKeyRequest) (*delaydv1.CreateKeyResponse, error) {
-	reg, err := s.registry()
-	if err != nil {
-		return nil, err
-	}
+	reg := s.opts.Tenancy
 	ns := req.GetNamespace()
 	if err := validateKeyNamespace(ns); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
@@ -644,8 +575,8 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 // instead when the server auto-creates namespaces.
 func (s *namespaceService) namespaceExists(ctx context.Context, reg storage.Registry, ns string) error {
 	_, err := reg.GetNamespace(ctx, ns)
-	if errors.Is(err, storage.ErrNotFound) && s.opts.Policies != nil {
-		_, err = s.opts.Policies.Policy(ctx, ns) // auto-creates when configured
+	if errors.Is(err, storage.ErrNotFound) {
+		_, err = s.opts.Tenancy.Policy(ctx, ns) // auto-creates when configured
 	}
 	if errors.Is(err, storage.ErrNotFound) {
 		return status.Errorf(codes.NotFound, "namespace %q not found: create it first", ns)
@@ -674,10 +605,7 @@ func validateDescription(d string) error {
 // ListKeys lists the keys of a namespace ("*": the global keys), newest
 // first, never their secrets.
 func (s *namespaceService) ListKeys(ctx context.Context, req *delaydv1.ListKeysRequest) (*delaydv1.ListKeysResponse, error) {
-	reg, err := s.registry()
-	if err != nil {
-		return nil, err
-	}
+	reg := s.opts.Tenancy
 	if err := validateKeyNamespace(req.GetNamespace()); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
@@ -695,15 +623,12 @@ func (s *namespaceService) ListKeys(ctx context.Context, req *delaydv1.ListKeysR
 // RevokeKey deletes a key: it stops working on this replica at once and on
 // every other within the registry cache's TTL (1 s by default).
 func (s *namespaceService) RevokeKey(ctx context.Context, req *delaydv1.RevokeKeyRequest) (*delaydv1.RevokeKeyResponse, error) {
-	reg, err := s.registry()
-	if err != nil {
-		return nil, err
-	}
+	reg := s.opts.Tenancy
 	id := req.GetId()
 	if !validKeyID(id) {
 		return nil, toStatus(ctx, s.logger, invalidf("id", "is %q; allowed: the %d hex characters after dk_ in a key (as ListKeys shows)", id, apiKeyIDLen))
 	}
-	err = reg.RevokeKey(ctx, id)
+	err := reg.RevokeKey(ctx, id)
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "API key %q not found", id)
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/tls"
 	"log/slog"
 	"time"
@@ -9,6 +10,60 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
+// Store is everything the server asks of the task store: the task RPCs,
+// ack / nack / extend, the dead-letter RPCs, stats and quotas, and the bulk
+// drop of a forced DeleteNamespace. redisstore and the durable store
+// implement it; a store that lacks a method does not compile into the
+// daemon instead of silently losing a feature.
+type Store interface {
+	storage.Tasks
+	storage.Deliveries
+	storage.DeadLetters
+	storage.Counter
+	// DropNamespace deletes every task of ns in every state, in bulk, and
+	// returns how many it deleted.
+	DropNamespace(ctx context.Context, ns string) (int64, error)
+}
+
+// Tenancy is what the server asks of the namespace registry: the stored
+// namespaces and keys (NamespaceService), effective policies on the hot
+// paths, cached key lookups for authentication, and the server defaults.
+// *tenancy.Registry implements it.
+type Tenancy interface {
+	storage.Registry
+	// Policy returns ns's effective policy (defaults filled in), creating
+	// the namespace when the registry auto-creates; storage.ErrNotFound
+	// otherwise for an unknown namespace.
+	Policy(ctx context.Context, ns string) (storage.Policy, error)
+	// LookupPolicy is Policy without ever creating the namespace. Checks
+	// that run before the handler (rate limit, subscriber limit, quota) use
+	// it, so a request refused for another reason creates nothing.
+	LookupPolicy(ctx context.Context, ns string) (storage.Policy, error)
+	// Key returns the API key with that id, from a short-lived cache.
+	// storage.ErrNotFound if there is none.
+	Key(ctx context.Context, id string) (storage.Key, error)
+	// Defaults returns the server default policy: what a zero policy field
+	// of a namespace means.
+	Defaults() storage.Policy
+}
+
+// Subscriptions is what the server asks of the dispatcher: serve a Subscribe
+// stream, and hear about what the RPCs did to deliveries and due times.
+// *dispatcher.Dispatcher implements it.
+type Subscriptions interface {
+	// Serve delivers ns's due tasks to sub until ctx ends or the dispatcher
+	// stops (dispatcher.ErrStopped).
+	Serve(ctx context.Context, sub dispatcher.Subscriber) error
+	// Notify says that ns may have a new earliest due task.
+	Notify(ns string)
+	// Settle returns the credit of acked or nacked deliveries.
+	Settle(ns string, tokens []storage.Token)
+	// LeaseExtended moves the local lease estimate of the deliveries by by.
+	LeaseExtended(ns string, tokens []storage.Token, by time.Duration)
+}
+
+var _ Subscriptions = (*dispatcher.Dispatcher)(nil)
+
 // Options are the parts and limits a Server is built from.
 type Options struct {
 	// Logger for request logs and errors. If nil, logs are discarded.
@@ -16,20 +71,16 @@ type Options struct {
 	// CallLog configures the request log (quiet at INFO by default).
 	CallLog CallLog
 
-	// Tasks backs TaskService. Required.
-	Tasks storage.Tasks
-	// Deliveries backs DeliveryService's ack, nack and extend. Required.
-	Deliveries storage.Deliveries
-	// DeadLetters backs NamespaceService's dead-letter RPCs. Required.
-	DeadLetters storage.DeadLetters
-	// Counter backs GetNamespaceStats. Required.
-	Counter storage.Counter
-	// Policies answers each namespace's policy (ack timeout, payload limit,
-	// horizon...). If nil, storage.DefaultPolicy for every namespace.
-	Policies storage.Policies
-	// Dispatcher serves Subscribe streams and is told about upserts that
-	// put an earlier task at the head of a namespace. Required.
-	Dispatcher *dispatcher.Dispatcher
+	// Store backs every task, delivery, dead-letter and stats RPC. Required.
+	Store Store
+	// Tenancy answers each namespace's policy (ack timeout, payload limit,
+	// horizon...), stores namespaces and API keys for NamespaceService, and
+	// looks keys up for authentication. Required; pass a *tenancy.Registry.
+	Tenancy Tenancy
+	// Subscriptions serves Subscribe streams and is told about upserts that
+	// put an earlier task at the head of a namespace. Required; pass the
+	// *dispatcher.Dispatcher.
+	Subscriptions Subscriptions
 
 	// Limits bound what one request may ask for.
 	Limits Limits
@@ -37,11 +88,6 @@ type Options struct {
 	// DisableReflection turns off gRPC server reflection. Default: on.
 	DisableReflection bool
 
-	// Registry stores namespaces and API keys. NamespaceService's namespace
-	// and key RPCs need it (without it they answer Unimplemented), and
-	// authentication looks keys up in it. Pass a *tenancy.Registry: it
-	// caches key lookups, and the same value serves as Policies.
-	Registry storage.Registry
 	// Auth configures API-key authentication; see AuthOptions for when it
 	// is on. ResolveAuth builds it from the daemon's flags.
 	Auth AuthOptions

@@ -32,7 +32,7 @@ const quotaCountTTL = time.Second
 // window; it never stays over, since every later upsert of a new task is
 // refused until the count drops.
 type pendingQuota struct {
-	policies storage.Policies
+	policies policyLookup
 	counter  storage.Counter
 	tasks    storage.Tasks
 	logger   *slog.Logger
@@ -50,9 +50,9 @@ type quotaCount struct {
 
 func newPendingQuota(opts Options) *pendingQuota {
 	return &pendingQuota{
-		policies: opts.Policies,
-		counter:  opts.Counter,
-		tasks:    opts.Tasks,
+		policies: opts.Tenancy,
+		counter:  opts.Store,
+		tasks:    opts.Store,
 		logger:   opts.Logger,
 		now:      time.Now,
 		counts:   make(map[string]*quotaCount),

@@ -19,26 +19,20 @@ import (
 )
 
 // policyLookup answers a namespace's policy without creating the namespace
-// (tenancy.Registry.LookupPolicy). Checks that run before the handler use it
-// so that, with auto-create on, a request refused for another reason does
-// not create a namespace as a side effect.
+// (Tenancy.LookupPolicy). Checks that run before the handler use it so that,
+// with auto-create on, a request refused for another reason does not create
+// a namespace as a side effect.
 type policyLookup interface {
 	LookupPolicy(ctx context.Context, ns string) (storage.Policy, error)
 }
 
 // limitPolicy returns ns's policy for a limit check: ok is false when there
 // is none to apply (unknown namespace: the handler answers for it).
-func limitPolicy(ctx context.Context, p storage.Policies, ns string) (storage.Policy, bool, error) {
+func limitPolicy(ctx context.Context, p policyLookup, ns string) (storage.Policy, bool, error) {
 	if ns == "" || storage.ValidateNamespace(ns) != nil {
 		return storage.Policy{}, false, nil
 	}
-	var pol storage.Policy
-	var err error
-	if l, ok := p.(policyLookup); ok {
-		pol, err = l.LookupPolicy(ctx, ns)
-	} else {
-		pol, err = p.Policy(ctx, ns)
-	}
+	pol, err := p.LookupPolicy(ctx, ns)
 	if errors.Is(err, storage.ErrNotFound) {
 		return storage.Policy{}, false, nil
 	}
@@ -59,14 +53,14 @@ var adminServicePrefix = "/" + delaydv1.NamespaceService_ServiceDesc.ServiceName
 // operator can always change the limits of a namespace that is being
 // throttled. A new policy applies to the existing bucket at once.
 type rateLimiter struct {
-	policies storage.Policies
+	policies policyLookup
 	logger   *slog.Logger
 
 	mu      sync.Mutex
 	buckets map[string]*rate.Limiter
 }
 
-func newRateLimiter(policies storage.Policies, logger *slog.Logger) *rateLimiter {
+func newRateLimiter(policies policyLookup, logger *slog.Logger) *rateLimiter {
 	return &rateLimiter{policies: policies, logger: logger, buckets: make(map[string]*rate.Limiter)}
 }
 
@@ -144,14 +138,14 @@ func (l *rateLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 // Subscribe streams of a namespace on this replica. A stream holds its slot
 // from its first message until its handler returns.
 type subscriberLimiter struct {
-	policies storage.Policies
+	policies policyLookup
 	logger   *slog.Logger
 
 	mu     sync.Mutex
 	active map[string]int
 }
 
-func newSubscriberLimiter(policies storage.Policies, logger *slog.Logger) *subscriberLimiter {
+func newSubscriberLimiter(policies policyLookup, logger *slog.Logger) *subscriberLimiter {
 	return &subscriberLimiter{policies: policies, logger: logger, active: make(map[string]int)}
 }
 

@@ -28,7 +28,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
-	"github.com/delayd/delayd/storage"
 )
 
 // Defaults of Limits, used where a field is zero.
@@ -81,14 +80,16 @@ type Server struct {
 // NOT_SERVING until SetServing(true)) and, unless opts.DisableReflection,
 // server reflection. Zero Limits take their documented defaults.
 func New(opts Options) (*Server, error) {
-	if opts.Tasks == nil {
-		return nil, errors.New("server: Options.Tasks is required")
+	switch {
+	case opts.Store == nil:
+		return nil, errors.New("server: Options.Store is required")
+	case opts.Tenancy == nil:
+		return nil, errors.New("server: Options.Tenancy is required")
+	case opts.Subscriptions == nil:
+		return nil, errors.New("server: Options.Subscriptions is required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	if opts.Policies == nil {
-		opts.Policies = storage.StaticPolicies{P: storage.DefaultPolicy()}
 	}
 	opts.Limits = opts.Limits.withDefaults()
 

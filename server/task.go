@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/delayd/delayd/dispatcher"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/storage"
 )
@@ -25,7 +24,7 @@ type taskService struct {
 
 	tasks      storage.Tasks
 	policies   storage.Policies
-	dispatcher *dispatcher.Dispatcher // nil: nobody to notify
+	subs       Subscriptions
 	logger     *slog.Logger
 	maxBatch   int
 	maxPayload int // most payload bytes of one batch, in total
@@ -34,9 +33,9 @@ type taskService struct {
 
 func newTaskService(opts Options) *taskService {
 	return &taskService{
-		tasks:      opts.Tasks,
-		policies:   opts.Policies,
-		dispatcher: opts.Dispatcher,
+		tasks:      opts.Store,
+		policies:   opts.Tenancy,
+		subs:       opts.Subscriptions,
 		logger:     opts.Logger,
 		maxBatch:   opts.Limits.MaxBatch,
 		maxPayload: opts.Limits.MaxBatchPayloadBytes,
@@ -207,9 +206,7 @@ func (s *taskService) policy(ctx context.Context, ns string) (storage.Policy, er
 }
 
 func (s *taskService) notify(ns string) {
-	if s.dispatcher != nil {
-		s.dispatcher.Notify(ns)
-	}
+	s.subs.Notify(ns)
 }
 
 func validateNamespaceAndID(ns, id string) error {

@@ -47,13 +47,13 @@ func tskSuffix() string {
 // countingTasks is the real store with a count of Upsert calls (it
 // delegates every call; nothing is faked).
 type countingTasks struct {
-	storage.Tasks
+	server.Store
 	upserts atomic.Int32
 }
 
 func (c *countingTasks) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	c.upserts.Add(1)
-	return c.Tasks.Upsert(ctx, ns, specs)
+	return c.Store.Upsert(ctx, ns, specs)
 }
 
 // tskEnv is one delayd server (dispatcher + gRPC server over the real
@@ -89,10 +89,10 @@ func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &tskEnv{ns: "tsk-" + tskSuffix(), rdb: rdb, store: &countingTasks{Tasks: store}}
+	e := &tskEnv{ns: "tsk-" + tskSuffix(), rdb: rdb, store: &countingTasks{Store: store}}
 	e.server, err = server.New(server.Options{
-		Tasks: e.store, Deliveries: store, DeadLetters: store, Counter: store,
-		Policies: pols, Dispatcher: d, Limits: o.limits,
+		Store: e.store, Tenancy: staticTenancy{policy: pol}, Subscriptions: d,
+		Auth: server.AuthOptions{Disabled: true}, Limits: o.limits,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,31 @@
+package server_test
+
+import (
+	"context"
+
+	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/storage"
+)
+
+// staticTenancy serves one policy for every namespace and knows no API
+// keys, for tests of the task and delivery RPCs with auth off. It holds no
+// namespaces: the embedded Registry is nil, so those tests must not call
+// the namespace and key RPCs (tenEnv runs them over a real registry).
+type staticTenancy struct {
+	storage.Registry
+	policy storage.Policy
+}
+
+var _ server.Tenancy = staticTenancy{}
+
+func (s staticTenancy) Policy(context.Context, string) (storage.Policy, error) { return s.policy, nil }
+
+func (s staticTenancy) LookupPolicy(context.Context, string) (storage.Policy, error) {
+	return s.policy, nil
+}
+
+func (s staticTenancy) Key(context.Context, string) (storage.Key, error) {
+	return storage.Key{}, storage.ErrNotFound
+}
+
+func (s staticTenancy) Defaults() storage.Policy { return s.policy }
