@@ -108,7 +108,7 @@ func (s *deliveryService) AckTasks(ctx context.Context, req *delaydv1.AckTasksRe
 		}
 		s.settle(ns, b.tokens)
 		for i, st := range statuses {
-			b.results[b.index[i]].Status = delaydv1.TokenStatus(st)
+			b.results[b.index[i]].Status = tokenStatusToProto(st)
 		}
 	}
 	return &delaydv1.AckTasksResponse{Results: b.results}, nil
@@ -148,7 +148,7 @@ func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasks
 		}
 		s.settle(ns, b.tokens)
 		for i, st := range statuses {
-			b.results[b.index[i]].Status = delaydv1.TokenStatus(st)
+			b.results[b.index[i]].Status = tokenStatusToProto(st)
 		}
 		for _, m := range moved {
 			if m.State == storage.StateScheduled {
@@ -190,7 +190,7 @@ func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendL
 		extended := make([]storage.Token, 0, len(res))
 		for i, r := range res {
 			out := b.results[b.index[i]]
-			out.Status = delaydv1.TokenStatus(r.Status)
+			out.Status = tokenStatusToProto(r.Status)
 			if r.Status == storage.TokenOK {
 				out.LeaseDeadline = timeToProto(r.LeaseDeadline)
 				extended = append(extended, b.tokens[i])

@@ -487,13 +487,12 @@ func keyScopesFromProto(in []delaydv1.KeyScope) ([]storage.Scope, error) {
 	}
 	var out []storage.Scope
 	for i, sc := range in {
-		switch sc {
-		case delaydv1.KeyScope_KEY_SCOPE_PRODUCE, delaydv1.KeyScope_KEY_SCOPE_CONSUME, delaydv1.KeyScope_KEY_SCOPE_ADMIN:
-			if s := storage.Scope(sc); !slices.Contains(out, s) {
-				out = append(out, s)
-			}
-		default:
+		s, ok := scopeFromProto(sc)
+		if !ok {
 			return nil, invalidf(fmt.Sprintf("scopes[%d]", i), "is %d; allowed: KEY_SCOPE_PRODUCE, KEY_SCOPE_CONSUME, KEY_SCOPE_ADMIN", int32(sc))
+		}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
 		}
 	}
 	slices.Sort(out)
@@ -503,7 +502,7 @@ func keyScopesFromProto(in []delaydv1.KeyScope) ([]storage.Scope, error) {
 func keyToProto(k storage.Key) *delaydv1.Key {
 	scopes := make([]delaydv1.KeyScope, len(k.Scopes))
 	for i, s := range k.Scopes {
-		scopes[i] = delaydv1.KeyScope(s)
+		scopes[i] = scopeToProto(s)
 	}
 	return &delaydv1.Key{
 		Id:          k.ID,

@@ -139,7 +139,7 @@ func (s *taskService) RemoveTask(ctx context.Context, req *delaydv1.RemoveTaskRe
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("remove: %w", err))
 	}
-	return &delaydv1.RemoveTaskResponse{Removed: true, PreviousState: delaydv1.TaskState(prev)}, nil
+	return &delaydv1.RemoveTaskResponse{Removed: true, PreviousState: stateToProto(prev)}, nil
 }
 
 // GetTask returns one task or NotFound.
@@ -225,7 +225,7 @@ func taskToProto(t storage.Task) *delaydv1.Task {
 		Kind:          t.Kind,
 		Payload:       t.Payload,
 		DueTime:       timeToProto(t.DueTime),
-		State:         delaydv1.TaskState(t.State),
+		State:         stateToProto(t.State),
 		Attempt:       t.Attempt,
 		Generation:    t.Generation,
 		CreateTime:    timeToProto(t.CreateTime),

@@ -15,7 +15,8 @@ const GlobalNamespace = "*"
 // Scope is what an API key may do in its namespace.
 type Scope uint8
 
-// Key scopes. The numeric values match delayd.v1.KeyScope.
+// Key scopes. The edge converts them to and from delayd.v1.KeyScope by
+// name (server/enums.go).
 const (
 	ScopeUnspecified Scope = iota
 	// ScopeProduce: UpsertTask, BatchUpsertTasks, RemoveTask, GetTask, ListTasks.

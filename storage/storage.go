@@ -33,7 +33,8 @@ var (
 // State is where a task is in its lifecycle.
 type State uint8
 
-// Task states. The numeric values match delayd.v1.TaskState.
+// Task states. The edge converts them to delayd.v1.TaskState by name
+// (server/enums.go); nothing relies on the numbers matching.
 const (
 	StateUnspecified State = iota
 	StateScheduled
@@ -133,7 +134,8 @@ type Token struct {
 // TokenStatus is the per-token answer of ack, nack and extend.
 type TokenStatus uint8
 
-// Token statuses. The numeric values match delayd.v1.TokenStatus.
+// Token statuses. The edge converts them to delayd.v1.TokenStatus by name
+// (server/enums.go).
 const (
 	TokenUnspecified TokenStatus = iota
 	// TokenOK: applied.
