@@ -140,8 +140,9 @@ type Config struct {
 	PopBatch int
 	// PopConcurrency is the most Pop calls one namespace has in flight at
 	// once; a namespace issues more than one only when its streams' free
-	// credit exceeds PopBatch (each call pops at most PopBatch, and their
-	// limits add up to no more than the free credit). Pops are atomic
+	// credit exceeds PopBatch and its last pop came back full (a backlog;
+	// each call pops at most PopBatch, and their limits add up to no more
+	// than the free credit). Pops are atomic
 	// scripts, so concurrent ones never return the same task; running them
 	// together overlaps their round trips, which is what bounds the drain of
 	// a backlog. If unset or zero, 4; 1 pops one batch at a time.

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -611,5 +612,70 @@ func TestConcurrentPopsKeepCreditExact(t *testing.T) {
 		if l > 3 {
 			t.Errorf("a Pop asked for %d tasks, more than PopBatch 3", l)
 		}
+	}
+}
+
+// countStore is the real store with Reap and Pop counted, and the most Pops
+// in flight at once recorded.
+type countStore struct {
+	dispatcher.Store
+	mu             sync.Mutex
+	reaps, pops    int
+	inflight, peak int
+}
+
+func (c *countStore) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
+	c.mu.Lock()
+	c.reaps++
+	c.mu.Unlock()
+	return c.Store.Reap(ctx, ns, limit, opts)
+}
+
+func (c *countStore) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+	c.mu.Lock()
+	c.pops++
+	c.inflight++
+	c.peak = max(c.peak, c.inflight)
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.inflight--
+		c.mu.Unlock()
+	}()
+	return c.Store.Pop(ctx, ns, limit, leaseFor)
+}
+
+// TestSteadyFlowCostsOnePopPerWake: tasks falling due one by one (a steady
+// flow) are each fetched by one Pop and no Reap. Reaping on every planned
+// wake and fanning out PopConcurrency Pops whenever free credit exceeded
+// PopBatch used to cost three extra Redis calls per delivery (a reap and
+// three empty pops), which under load delayed every pop behind them.
+func TestSteadyFlowCostsOnePopPerWake(t *testing.T) {
+	t.Parallel()
+	var cs *countStore
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
+		cs = &countStore{Store: c.Store}
+		c.Store = cs
+		c.PopBatch = 16
+		c.PopConcurrency = 4
+		c.SafetyPoll = 30 * time.Second // periodic reaps every 3 s: none in this test
+	})
+	s := h.subscribe(h.d, h.ns, 1000) // free credit 1000 > PopBatch 16
+	const tasks = 30
+	for i := range tasks {
+		h.upsert(h.d, 100*time.Millisecond+time.Duration(i)*20*time.Millisecond, fmt.Sprintf("t%02d", i))
+	}
+	for range tasks {
+		d := s.next(t)
+		h.ack(h.d, d.Token)
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.peak != 1 {
+		t.Errorf("%d Pops in flight at once with nothing backlogged, want 1", cs.peak)
+	}
+	// The first tick reaps; a lease or a late timer may add one or two.
+	if cs.reaps > 4 {
+		t.Errorf("%d Reaps for %d tasks falling due one by one (%d Pops), want at most 4: a reap per wake", cs.reaps, tasks, cs.pops)
 	}
 }

@@ -31,6 +31,7 @@ type namespace struct {
 
 	// Loop-only state.
 	lastReap time.Time
+	popFull  bool          // the last pop round was filled: a backlog may be waiting
 	errWait  time.Duration // backoff after a store error; 0 when healthy
 	idleWait time.Duration // backoff when the store says "due" but gives nothing
 	lastWarn time.Time
@@ -86,7 +87,11 @@ func (n *namespace) run() {
 		case <-n.wake:
 		case <-credit:
 		case <-timer.C:
-			reap = true // Planned wake: possibly a lease deadline.
+			// A planned wake is nearly always a due task: under a steady
+			// flow it comes every few milliseconds, and reaping on each
+			// would add a store round trip to every delivery. An expired
+			// lease is reaped when NextWake reports it (tick), and every
+			// tenth of the safety poll in any case (below).
 		}
 		timer.Stop()
 		// Reap at least every tenth of the safety poll even when woken early
@@ -132,6 +137,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 			return n.failed("pop", err), false, true
 		}
 		popFull = full
+		n.popFull = full
 	}
 	if reapFull || (popFull && free > 0) {
 		return 0, false, reapFull // More to do right away.
@@ -153,15 +159,17 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		return min(until, cfg.SafetyPoll), false, false
 	}
 	// Something is due, or a lease ran out, right now.
+	if free > 0 && progress {
+		// More fell due since the pop (a steady flow): pop again, without
+		// a reap, which would add a round trip to every delivery.
+		n.idleWait = 0
+		return 0, false, false
+	}
 	if !reap {
-		// It may be an expired lease: reap and look again.
+		// Nothing moved: it may be an expired lease. Reap and look again.
 		return 0, false, true
 	}
 	if free > 0 {
-		if progress {
-			n.idleWait = 0
-			return 0, false, false
-		}
 		// The store says "due" but neither pop nor reap moved anything:
 		// retry soon, but never spin.
 		n.idleWait = min(max(2*n.idleWait, time.Millisecond), cfg.SafetyPoll)
@@ -177,14 +185,20 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 }
 
 // pop pops for free credit: one Pop of at most PopBatch, or, when free
-// exceeds PopBatch, up to PopConcurrency Pops at once whose limits add up
-// to at most free (the credit is reserved before the calls; what they do
+// exceeds PopBatch and the last round came back full, up to PopConcurrency
+// Pops at once whose limits add up to at most free (the credit is reserved before the calls; what they do
 // not fill stays free). Every popped delivery is distributed, even when
 // another of the calls failed. It returns how many were popped, whether
 // every call was filled (more may be due), and the first error.
 func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (got int, full bool, err error) {
 	cfg := &n.d.cfg
-	calls := min(cfg.PopConcurrency, (free+cfg.PopBatch-1)/cfg.PopBatch)
+	// Fan out only while a backlog drains (the last round came back
+	// full): under a steady flow one Pop finds the few tasks that just fell
+	// due, and more calls would only cost Redis and this loop.
+	calls := 1
+	if n.popFull {
+		calls = min(cfg.PopConcurrency, (free+cfg.PopBatch-1)/cfg.PopBatch)
+	}
 	limits := make([]int, calls)
 	for i, left := 0, free; i < calls; i++ {
 		limits[i] = min(left, cfg.PopBatch)
