@@ -300,7 +300,7 @@ func (s *delaydSystem) cpu() (time.Duration, string, bool) {
 func (s *delaydSystem) cleanup(ctx context.Context, nss []string) error {
 	var errs []error
 	for _, ns := range nss {
-		_, err := s.admin.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Name: ns, Force: true})
+		_, err := s.admin.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Namespace: ns, Force: true})
 		switch status.Code(err) {
 		case codes.OK, codes.NotFound, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
 		default:

@@ -127,7 +127,7 @@ func setPolicy(t *testing.T, c *client.Client, ns string, p *delaydv1.NamespaceP
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, _ = admin.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Name: ns, Force: true})
+		_, _ = admin.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Namespace: ns, Force: true})
 	})
 }
 

@@ -297,6 +297,12 @@ type rule struct {
 	// ns returns the namespace the request names ("" for none, "*" for the
 	// global keys). Nil for RPCs whose namespace is looked up (RevokeKey).
 	ns func(req any) string
+	// field is the request field ns reads, for InvalidArgument messages:
+	// the name is validated before the key's permissions are checked, so a
+	// malformed name is answered InvalidArgument, never PermissionDenied.
+	field string
+	// star: "*" (the global keys) is a valid ns (CreateKey, ListKeys).
+	star bool
 	// global: only a global key may call it (the namespace list and
 	// creating namespaces).
 	global bool
@@ -308,14 +314,6 @@ func reqNamespace(req any) string {
 		return ""
 	}
 	return r.GetNamespace()
-}
-
-func reqName(req any) string {
-	r, ok := req.(interface{ GetName() string })
-	if !ok {
-		return ""
-	}
-	return r.GetName()
 }
 
 func reqNamespaceMsgName(req any) string {
@@ -330,29 +328,46 @@ func reqNamespaceMsgName(req any) string {
 // here is refused (default deny); a test checks every registered method has
 // a rule.
 var rules = map[string]rule{
-	delaydv1.TaskService_UpsertTask_FullMethodName:       {scope: storage.ScopeProduce, ns: reqNamespace},
-	delaydv1.TaskService_BatchUpsertTasks_FullMethodName: {scope: storage.ScopeProduce, ns: reqNamespace},
-	delaydv1.TaskService_RemoveTask_FullMethodName:       {scope: storage.ScopeProduce, ns: reqNamespace},
-	delaydv1.TaskService_GetTask_FullMethodName:          {scope: storage.ScopeProduce, ns: reqNamespace},
-	delaydv1.TaskService_ListTasks_FullMethodName:        {scope: storage.ScopeProduce, ns: reqNamespace},
+	delaydv1.TaskService_UpsertTask_FullMethodName:       {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
+	delaydv1.TaskService_BatchUpsertTasks_FullMethodName: {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
+	delaydv1.TaskService_RemoveTask_FullMethodName:       {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
+	delaydv1.TaskService_GetTask_FullMethodName:          {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
+	delaydv1.TaskService_ListTasks_FullMethodName:        {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 
-	delaydv1.DeliveryService_Subscribe_FullMethodName:   {scope: storage.ScopeConsume, ns: reqNamespace},
-	delaydv1.DeliveryService_AckTasks_FullMethodName:    {scope: storage.ScopeConsume, ns: reqNamespace},
-	delaydv1.DeliveryService_NackTasks_FullMethodName:   {scope: storage.ScopeConsume, ns: reqNamespace},
-	delaydv1.DeliveryService_ExtendLease_FullMethodName: {scope: storage.ScopeConsume, ns: reqNamespace},
+	delaydv1.DeliveryService_Subscribe_FullMethodName:   {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_AckTasks_FullMethodName:    {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_NackTasks_FullMethodName:   {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_ExtendLease_FullMethodName: {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
 
-	delaydv1.NamespaceService_CreateNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespaceMsgName, global: true},
+	delaydv1.NamespaceService_CreateNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespaceMsgName, field: "namespace.name", global: true},
 	delaydv1.NamespaceService_ListNamespaces_FullMethodName:     {scope: storage.ScopeAdmin, global: true},
-	delaydv1.NamespaceService_GetNamespace_FullMethodName:       {scope: storage.ScopeAdmin, ns: reqName},
-	delaydv1.NamespaceService_UpdateNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespaceMsgName},
-	delaydv1.NamespaceService_DeleteNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqName},
-	delaydv1.NamespaceService_GetNamespaceStats_FullMethodName:  {scope: storage.ScopeAdmin, ns: reqName},
-	delaydv1.NamespaceService_ListDeadLetters_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespace},
-	delaydv1.NamespaceService_RequeueDeadLetters_FullMethodName: {scope: storage.ScopeAdmin, ns: reqNamespace},
-	delaydv1.NamespaceService_PurgeDeadLetters_FullMethodName:   {scope: storage.ScopeAdmin, ns: reqNamespace},
-	delaydv1.NamespaceService_CreateKey_FullMethodName:          {scope: storage.ScopeAdmin, ns: reqNamespace},
-	delaydv1.NamespaceService_ListKeys_FullMethodName:           {scope: storage.ScopeAdmin, ns: reqNamespace},
+	delaydv1.NamespaceService_GetNamespace_FullMethodName:       {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.NamespaceService_UpdateNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespaceMsgName, field: "namespace.name"},
+	delaydv1.NamespaceService_DeleteNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.NamespaceService_GetNamespaceStats_FullMethodName:  {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.NamespaceService_ListDeadLetters_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.NamespaceService_RequeueDeadLetters_FullMethodName: {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.NamespaceService_PurgeDeadLetters_FullMethodName:   {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.NamespaceService_CreateKey_FullMethodName:          {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace", star: true},
+	delaydv1.NamespaceService_ListKeys_FullMethodName:           {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace", star: true},
 	delaydv1.NamespaceService_RevokeKey_FullMethodName:          {scope: storage.ScopeAdmin}, // namespace of the key, looked up
+}
+
+// validate checks the part of req that authorization reads — the
+// namespace name, or RevokeKey's key id — so a malformed one is answered
+// InvalidArgument naming the field, the same answer the handler gives
+// without auth, instead of PermissionDenied.
+func (r rule) validate(req any) error {
+	if rk, ok := req.(*delaydv1.RevokeKeyRequest); ok {
+		return validateKeyID(rk.GetId())
+	}
+	if r.ns == nil {
+		return nil
+	}
+	if r.star {
+		return validateKeyNamespace(r.ns(req))
+	}
+	return validateNamespace(r.field, r.ns(req))
 }
 
 // authorizer checks a principal against the rules.
@@ -374,6 +389,9 @@ func (z *authorizer) authorize(ctx context.Context, method string, req any) erro
 	if !ok {
 		return status.Errorf(codes.PermissionDenied, "%s has no authorization rule; refused", method)
 	}
+	if err := r.validate(req); err != nil {
+		return toStatus(ctx, z.logger, err)
+	}
 	if r.global {
 		if !p.global() || !p.allows(r.scope, storage.GlobalNamespace) {
 			return status.Errorf(codes.PermissionDenied, "API key %s may not call %s: it needs a global key with the %s scope", p.keyID, shortMethod(method), r.scope)
@@ -391,9 +409,6 @@ func (z *authorizer) authorize(ctx context.Context, method string, req any) erro
 		}
 		if p.global() && p.allows(r.scope, storage.GlobalNamespace) {
 			return nil // a global admin may revoke any key
-		}
-		if !validKeyID(id) {
-			return status.Errorf(codes.PermissionDenied, "API key %s may not revoke key %q", p.keyID, id)
 		}
 		k, err := z.registry.GetKey(ctx, id)
 		switch {

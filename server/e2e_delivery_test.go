@@ -154,7 +154,7 @@ func dlvWaitAll(t *testing.T, mu *sync.Mutex, seen map[string]int, n int, within
 
 func (e *dlvEnv) wantEmpty(r *dlvReplica) {
 	e.t.Helper()
-	st, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Name: e.ns})
+	st, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Namespace: e.ns})
 	if err != nil {
 		e.t.Fatal(err)
 	}

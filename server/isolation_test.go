@@ -399,7 +399,7 @@ func TestIsolationMatrix(t *testing.T) {
 			return r.admin.ListNamespaces(ctx, &delaydv1.ListNamespacesRequest{PageSize: 1})
 		}},
 		{"GetNamespace", A, false, func(ctx context.Context, ns string) (any, error) {
-			return r.admin.GetNamespace(ctx, &delaydv1.GetNamespaceRequest{Name: ns})
+			return r.admin.GetNamespace(ctx, &delaydv1.GetNamespaceRequest{Namespace: ns})
 		}},
 		{"UpdateNamespace", A, false, func(ctx context.Context, ns string) (any, error) {
 			return r.admin.UpdateNamespace(ctx, &delaydv1.UpdateNamespaceRequest{
@@ -408,10 +408,10 @@ func TestIsolationMatrix(t *testing.T) {
 			})
 		}},
 		{"DeleteNamespace", A, false, func(ctx context.Context, ns string) (any, error) {
-			return r.admin.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Name: ns}) // has tasks: never deletes
+			return r.admin.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Namespace: ns}) // has tasks: never deletes
 		}},
 		{"GetNamespaceStats", A, false, func(ctx context.Context, ns string) (any, error) {
-			return r.admin.GetNamespaceStats(ctx, &delaydv1.GetNamespaceStatsRequest{Name: ns})
+			return r.admin.GetNamespaceStats(ctx, &delaydv1.GetNamespaceStatsRequest{Namespace: ns})
 		}},
 		{"ListDeadLetters", A, false, func(ctx context.Context, ns string) (any, error) {
 			return r.admin.ListDeadLetters(ctx, &delaydv1.ListDeadLettersRequest{Namespace: ns})
@@ -447,6 +447,28 @@ func TestIsolationMatrix(t *testing.T) {
 		for _, sc := range []delaydv1.KeyScope{P, C, A} {
 			_, secret := e.newKey(r, ns, sc)
 			keys = append(keys, key{ns: ns, scope: sc, secret: secret})
+		}
+	}
+
+	// A malformed namespace name is answered InvalidArgument naming the
+	// field, whatever the key may do: validation comes before
+	// authorization, so a typo never reads as a missing permission.
+	const badName = "Orders Typo"
+	for _, c := range calls {
+		if c.name == "ListNamespaces" || c.name == "RevokeKey" { // no namespace in the request
+			continue
+		}
+		for _, k := range keys {
+			_, err := c.do(as(k.secret), badName)
+			if codeOf(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "namespace") {
+				t.Errorf("%s on %q with a %s key of %q: %v, want InvalidArgument naming the namespace field", c.name, badName, k.scope, k.ns, err)
+			}
+		}
+	}
+	for _, k := range keys {
+		_, err := r.admin.RevokeKey(as(k.secret), &delaydv1.RevokeKeyRequest{Id: "not-a-key-id"})
+		if codeOf(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "id") {
+			t.Errorf("RevokeKey of a malformed id with a %s key of %q: %v, want InvalidArgument naming id", k.scope, k.ns, err)
 		}
 	}
 

@@ -108,7 +108,7 @@ func TestRateLimit(t *testing.T) {
 	}
 	// Admin calls are not limited, so the operator can lift the limit, and
 	// the new policy applies at once on this replica.
-	if _, err := r.admin.GetNamespaceStats(admin(), &delaydv1.GetNamespaceStatsRequest{Name: ns}); err != nil {
+	if _, err := r.admin.GetNamespaceStats(admin(), &delaydv1.GetNamespaceStatsRequest{Namespace: ns}); err != nil {
 		t.Errorf("GetNamespaceStats of a throttled namespace: %v", err)
 	}
 	if _, err := r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{

@@ -42,8 +42,8 @@ func newNamespaceService(opts Options) *namespaceService {
 // GetNamespaceStats counts the namespace's tasks per state and says how late
 // the oldest due, undelivered task is (by the store's clock).
 func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.GetNamespaceStatsRequest) (*delaydv1.GetNamespaceStatsResponse, error) {
-	ns := req.GetName()
-	if err := validateNamespace("name", ns); err != nil {
+	ns := req.GetNamespace()
+	if err := validateNamespace("namespace", ns); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
 	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {

@@ -296,12 +296,12 @@ func (s *namespaceService) CreateNamespace(ctx context.Context, req *delaydv1.Cr
 // GetNamespace returns a namespace with its effective policy.
 func (s *namespaceService) GetNamespace(ctx context.Context, req *delaydv1.GetNamespaceRequest) (*delaydv1.GetNamespaceResponse, error) {
 	reg := s.opts.Tenancy
-	if err := validateNamespace("name", req.GetName()); err != nil {
+	if err := validateNamespace("namespace", req.GetNamespace()); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	n, err := reg.GetNamespace(ctx, req.GetName())
+	n, err := reg.GetNamespace(ctx, req.GetNamespace())
 	if errors.Is(err, storage.ErrNotFound) {
-		return nil, status.Errorf(codes.NotFound, "namespace %q not found", req.GetName())
+		return nil, status.Errorf(codes.NotFound, "namespace %q not found", req.GetNamespace())
 	}
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("get namespace: %w", err))
@@ -436,8 +436,8 @@ func maskedPolicyFields(paths []string) ([]policyField, error) {
 // delete can be retried).
 func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.DeleteNamespaceRequest) (*delaydv1.DeleteNamespaceResponse, error) {
 	reg := s.opts.Tenancy
-	name := req.GetName()
-	if err := validateNamespace("name", name); err != nil {
+	name := req.GetNamespace()
+	if err := validateNamespace("namespace", name); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
 	if _, err := reg.GetNamespace(ctx, name); errors.Is(err, storage.ErrNotFound) {
@@ -511,6 +511,14 @@ func keyToProto(k storage.Key) *delaydv1.Key {
 		Description: k.Description,
 		CreateTime:  timeToProto(k.CreateTime),
 	}
+}
+
+// validateKeyID accepts a key id as newAPIKey makes them.
+func validateKeyID(id string) error {
+	if !validKeyID(id) {
+		return invalidf("id", "is %q; allowed: the %d hex characters after dk_ in a key (as ListKeys shows)", id, apiKeyIDLen)
+	}
+	return nil
 }
 
 // validateKeyNamespace accepts "*" (global keys) or a valid namespace name.
@@ -624,8 +632,8 @@ func (s *namespaceService) ListKeys(ctx context.Context, req *delaydv1.ListKeysR
 func (s *namespaceService) RevokeKey(ctx context.Context, req *delaydv1.RevokeKeyRequest) (*delaydv1.RevokeKeyResponse, error) {
 	reg := s.opts.Tenancy
 	id := req.GetId()
-	if !validKeyID(id) {
-		return nil, toStatus(ctx, s.logger, invalidf("id", "is %q; allowed: the %d hex characters after dk_ in a key (as ListKeys shows)", id, apiKeyIDLen))
+	if err := validateKeyID(id); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
 	}
 	err := reg.RevokeKey(ctx, id)
 	if errors.Is(err, storage.ErrNotFound) {

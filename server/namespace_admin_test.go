@@ -61,11 +61,11 @@ func TestNamespaceLifecycle(t *testing.T) {
 	if _, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: name}}); codeOf(err) != codes.AlreadyExists {
 		t.Errorf("second CreateNamespace: %v, want AlreadyExists", err)
 	}
-	got, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Name: name})
+	got, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Namespace: name})
 	if err != nil || !cmp.Equal(created.GetNamespace(), got.GetNamespace(), protocmp.Transform()) {
 		t.Errorf("GetNamespace = %v, %v; want %v", got, err, created)
 	}
-	if _, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Name: "missing-" + dlvSuffix()}); codeOf(err) != codes.NotFound {
+	if _, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Namespace: "missing-" + dlvSuffix()}); codeOf(err) != codes.NotFound {
 		t.Errorf("GetNamespace(missing): %v, want NotFound", err)
 	}
 
@@ -94,13 +94,13 @@ func TestNamespaceLifecycle(t *testing.T) {
 	if err := upsertAs(admin(), r, name, "t2"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Name: name})
+	_, err = r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Namespace: name})
 	wantCode(t, err, codes.FailedPrecondition, "force")
-	del, err := r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Name: name, Force: true})
+	del, err := r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Namespace: name, Force: true})
 	if err != nil || del.GetDeletedTasks() != 2 {
 		t.Fatalf("DeleteNamespace(force) = %v, %v; want 2 tasks deleted", del, err)
 	}
-	if _, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Name: name}); codeOf(err) != codes.NotFound {
+	if _, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Namespace: name}); codeOf(err) != codes.NotFound {
 		t.Errorf("GetNamespace after delete: %v, want NotFound", err)
 	}
 	if st, err := e.store.Stats(context.Background(), name); err != nil || st.Scheduled+st.Delivered+st.Dead != 0 {
@@ -111,7 +111,7 @@ func TestNamespaceLifecycle(t *testing.T) {
 	wantCode(t, err, codes.NotFound, name)
 	// An empty namespace is deleted without force.
 	empty := e.newNamespace(r, "empty-", nil)
-	if _, err := r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Name: empty}); err != nil {
+	if _, err := r.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Namespace: empty}); err != nil {
 		t.Errorf("DeleteNamespace(empty): %v", err)
 	}
 }
@@ -247,7 +247,7 @@ func TestNamespaceAdminCannotRaiseQuotas(t *testing.T) {
 	}
 	// Rewriting the whole policy with unchanged limits is fine for the
 	// namespace admin (a read-modify-write of GetNamespace's answer).
-	got, err := r.admin.GetNamespace(as(nsAdmin), &delaydv1.GetNamespaceRequest{Name: ns})
+	got, err := r.admin.GetNamespace(as(nsAdmin), &delaydv1.GetNamespaceRequest{Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +378,7 @@ func TestAutoCreate(t *testing.T) {
 	if err := upsertAs(context.Background(), r, ns, "a"); err != nil {
 		t.Fatalf("UpsertTask into a new namespace with auto-create: %v", err)
 	}
-	got, err := r.admin.GetNamespace(context.Background(), &delaydv1.GetNamespaceRequest{Name: ns})
+	got, err := r.admin.GetNamespace(context.Background(), &delaydv1.GetNamespaceRequest{Namespace: ns})
 	if err != nil || !cmp.Equal(defaultPolicyProto(), got.GetNamespace().GetPolicy(), protocmp.Transform()) {
 		t.Errorf("auto-created namespace = %v, %v; want the default policy", got, err)
 	}

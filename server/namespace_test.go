@@ -165,8 +165,8 @@ func TestDeadLetterValidation(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument, "page_size")
 	_, err = r.admin.ListDeadLetters(ctx, &delaydv1.ListDeadLettersRequest{Namespace: e.ns, PageToken: "garbage"})
 	wantCode(t, err, codes.InvalidArgument, "page_token")
-	_, err = r.admin.GetNamespaceStats(ctx, &delaydv1.GetNamespaceStatsRequest{Name: ""})
-	wantCode(t, err, codes.InvalidArgument, "name")
+	_, err = r.admin.GetNamespaceStats(ctx, &delaydv1.GetNamespaceStatsRequest{Namespace: ""})
+	wantCode(t, err, codes.InvalidArgument, "namespace")
 	// The tenancy RPCs are not part of this service yet.
 	if _, err := r.admin.CreateKey(ctx, &delaydv1.CreateKeyRequest{Namespace: e.ns}); status.Code(err) == codes.OK {
 		t.Fatal("CreateKey answered OK without a registry")
@@ -189,7 +189,7 @@ func TestNamespaceStats(t *testing.T) {
 	e.upsert(r, "due2", 0)
 	time.Sleep(50 * time.Millisecond)
 
-	resp, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Name: e.ns})
+	resp, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Namespace: e.ns})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestNamespaceStats(t *testing.T) {
 		t.Fatalf("oldest due lateness %s, want at least the 50ms the due tasks waited", l)
 	}
 
-	empty, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Name: "st-empty-" + dlvSuffix()})
+	empty, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Namespace: "st-empty-" + dlvSuffix()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -388,8 +388,8 @@ func (x *CreateNamespaceResponse) GetNamespace() *Namespace {
 // GetNamespaceRequest names a namespace.
 type GetNamespaceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Namespace name.
-	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The namespace, by name: [a-z0-9][a-z0-9_-]{0,62}.
+	Namespace     string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -424,9 +424,9 @@ func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
 	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *GetNamespaceRequest) GetName() string {
+func (x *GetNamespaceRequest) GetNamespace() string {
 	if x != nil {
-		return x.Name
+		return x.Namespace
 	}
 	return ""
 }
@@ -692,8 +692,8 @@ func (x *UpdateNamespaceResponse) GetNamespace() *Namespace {
 // DeleteNamespaceRequest deletes a namespace.
 type DeleteNamespaceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Namespace name.
-	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The namespace, by name: [a-z0-9][a-z0-9_-]{0,62}.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Delete even if it still has tasks (they are deleted too).
 	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -730,9 +730,9 @@ func (*DeleteNamespaceRequest) Descriptor() ([]byte, []int) {
 	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{10}
 }
 
-func (x *DeleteNamespaceRequest) GetName() string {
+func (x *DeleteNamespaceRequest) GetNamespace() string {
 	if x != nil {
-		return x.Name
+		return x.Namespace
 	}
 	return ""
 }
@@ -793,8 +793,8 @@ func (x *DeleteNamespaceResponse) GetDeletedTasks() int64 {
 // GetNamespaceStatsRequest names a namespace.
 type GetNamespaceStatsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Namespace name.
-	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The namespace, by name: [a-z0-9][a-z0-9_-]{0,62}.
+	Namespace     string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -829,9 +829,9 @@ func (*GetNamespaceStatsRequest) Descriptor() ([]byte, []int) {
 	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{12}
 }
 
-func (x *GetNamespaceStatsRequest) GetName() string {
+func (x *GetNamespaceStatsRequest) GetNamespace() string {
 	if x != nil {
-		return x.Name
+		return x.Namespace
 	}
 	return ""
 }
@@ -1674,9 +1674,9 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x16CreateNamespaceRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.delayd.v1.NamespaceR\tnamespace\"M\n" +
 	"\x17CreateNamespaceResponse\x122\n" +
-	"\tnamespace\x18\x01 \x01(\v2\x14.delayd.v1.NamespaceR\tnamespace\")\n" +
-	"\x13GetNamespaceRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"J\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x14.delayd.v1.NamespaceR\tnamespace\"3\n" +
+	"\x13GetNamespaceRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"J\n" +
 	"\x14GetNamespaceResponse\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.delayd.v1.NamespaceR\tnamespace\"S\n" +
 	"\x15ListNamespacesRequest\x12\x1b\n" +
@@ -1693,14 +1693,14 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\vupdate_mask\x18\x02 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
 	"updateMask\"M\n" +
 	"\x17UpdateNamespaceResponse\x122\n" +
-	"\tnamespace\x18\x01 \x01(\v2\x14.delayd.v1.NamespaceR\tnamespace\"B\n" +
-	"\x16DeleteNamespaceRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x14.delayd.v1.NamespaceR\tnamespace\"L\n" +
+	"\x16DeleteNamespaceRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\">\n" +
 	"\x17DeleteNamespaceResponse\x12#\n" +
-	"\rdeleted_tasks\x18\x01 \x01(\x03R\fdeletedTasks\".\n" +
-	"\x18GetNamespaceStatsRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xcf\x01\n" +
+	"\rdeleted_tasks\x18\x01 \x01(\x03R\fdeletedTasks\"8\n" +
+	"\x18GetNamespaceStatsRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xcf\x01\n" +
 	"\x19GetNamespaceStatsResponse\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\x03R\tscheduled\x12\x1c\n" +
 	"\tdelivered\x18\x02 \x01(\x03R\tdelivered\x12\x12\n" +
