@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -111,8 +112,9 @@ func WithRetry(p RetryPolicy) Option {
 	return func(o *options) { o.retry = p }
 }
 
-// WithLogger sets where the consumer logs reconnects, lost leases and
-// handler panics. If unset, logs are discarded.
+// WithLogger sets where the consumer logs failures to subscribe,
+// reconnects, lost leases and handler panics. If unset, slog.Default() (read
+// when New is called); pass slog.New(slog.DiscardHandler) to discard them.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
@@ -155,7 +157,7 @@ func New(target string, opts ...Option) (*Client, error) {
 		opt(&o)
 	}
 	if o.logger == nil {
-		o.logger = slog.New(slog.DiscardHandler)
+		o.logger = slog.Default()
 	}
 	if o.creds == nil {
 		o.creds = insecure.NewCredentials()
@@ -200,6 +202,13 @@ func New(target string, opts ...Option) (*Client, error) {
 // timeout; only TaskService and the DeliveryService verdict calls are
 // retried.
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// ConnState is the connection's state: connectivity.Ready when delayd answers;
+// Connecting, TransientFailure (the last attempt failed: a wrong address, a
+// refused connection, a failed TLS handshake) or Idle otherwise. A Consume
+// that cannot subscribe also reports each failure to its logger and
+// ConsumeOptions.OnError.
+func (c *Client) ConnState() connectivity.State { return c.conn.GetState() }
 
 // Close closes the connection. Calls in progress fail with Canceled; a
 // Consume still running ends with an error.

@@ -1,9 +1,12 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -600,5 +604,102 @@ func TestAPIKeyAgainstRealServer(t *testing.T) {
 	}
 	if err := team.Consume(t.Context(), other, nop, client.ConsumeOptions{}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("Consume of another namespace = %v, want PermissionDenied", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A consumer pointed at an address where nothing listens (a typo) must not
+// look healthy: every failed attempt reaches OnError (with a nil Delivery)
+// and the logger, the client's connection state is not Ready, and Consume
+// returns the failure when its context ends instead of nil.
+func TestConsumeAtAWrongAddressIsNotSilent(t *testing.T) {
+	t.Parallel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close() // nothing listens there now: connections are refused
+	var logs syncBuffer
+	c, err := client.New(addr, client.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+
+	failures := make(chan error, 100)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Consume(ctx, "orders", func(context.Context, *client.Delivery) error { return nil },
+			client.ConsumeOptions{OnError: func(d *client.Delivery, err error) {
+				if d != nil {
+					t.Errorf("OnError got a delivery %+v for a connection failure", d)
+				}
+				select {
+				case failures <- err:
+				default:
+				}
+			}})
+	}()
+	first := within(t, failures, 60*time.Second, "OnError to report the failed connection")
+	if status.Code(first) != codes.Unavailable {
+		t.Errorf("OnError got %v, want an Unavailable status", first)
+	}
+	if st := c.ConnState(); st == connectivity.Ready {
+		t.Errorf("ConnState() = %v with nothing listening at %s", st, addr)
+	}
+	cancel()
+	err = within(t, done, 30*time.Second, "Consume to return after cancel")
+	if err == nil || status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), addr) {
+		t.Errorf("Consume returned %v, want the Unavailable connection error naming %s", err, addr)
+	}
+	if l := logs.String(); !strings.Contains(l, "cannot subscribe") || !strings.Contains(l, addr) {
+		t.Errorf("the logger got %q, want a WARN line saying it cannot subscribe to %s", l, addr)
+	}
+}
+
+// A consumer that is subscribed when its context ends returns nil, and its
+// client's connection is Ready meanwhile.
+func TestConsumeSubscribedReturnsNilAndIsReady(t *testing.T) {
+	t.Parallel()
+	srv := startDelayd(t, "127.0.0.1:0")
+	c := newClient(t, srv.addr())
+	ns := namespace(t, c)
+	if _, err := c.Upsert(t.Context(), ns, client.TaskSpec{ID: "one", When: client.After(0)}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan struct{}, 1)
+	var failures atomic.Int32
+	stop := consume(t, c, ns, func(context.Context, *client.Delivery) error {
+		got <- struct{}{}
+		return nil
+	}, client.ConsumeOptions{OnError: func(*client.Delivery, error) { failures.Add(1) }})
+	within(t, got, 30*time.Second, "the delivery")
+	if st := c.ConnState(); st != connectivity.Ready {
+		t.Errorf("ConnState() = %v while a delivery arrived, want READY", st)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Consume returned %v after a clean stop, want nil", err)
+	}
+	if n := failures.Load(); n != 0 {
+		t.Errorf("OnError called %d times without a failure", n)
 	}
 }

@@ -9,9 +9,9 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -138,6 +138,13 @@ type ConsumeOptions struct {
 	// handler returned) with every error a handler returned or panicked with
 	// (*PanicError). Use it for metrics and alerts; the nack is sent either
 	// way.
+	//
+	// It is also called with d == nil, from Consume's own goroutine, each
+	// time opening the subscription fails for a reason worth retrying (a
+	// wrong address, a server that is down or draining, a stream that
+	// broke): err is then a gRPC status error (usually Unavailable) whose
+	// message says what happened, e.g. "connection refused". Consume keeps
+	// retrying; it logs the same error at WARN.
 	OnError func(d *Delivery, err error)
 }
 
@@ -200,7 +207,12 @@ const maxInFlight = 10000
 // It returns an error, after the same drain, when delayd refuses the
 // subscription for good (InvalidArgument, NotFound, Unauthenticated,
 // PermissionDenied, Unimplemented, FailedPrecondition) or the Client is
-// closed.
+// closed. A Consume that cannot reach delayd (a wrong address, delayd down)
+// never fails silently: it keeps retrying with backoff, reports every
+// failed attempt to the logger (WARN) and to opts.OnError (with a nil
+// Delivery), and when ctx ends while it is still not subscribed it returns
+// the last of those errors instead of nil. [Client.ConnState] says whether the
+// connection is up.
 func (c *Client) Consume(ctx context.Context, ns string, h Handler, opts ConsumeOptions) error {
 	if h == nil {
 		return errors.New("delayd consume: handler is nil")
@@ -274,6 +286,18 @@ func (cs *consumer) run(ctx context.Context) error {
 	go func() { defer close(ackerDone); cs.acker.run(bg) }()
 
 	var line *streamRun
+	// lastErr is the last failure to subscribe since the last stream that
+	// was subscribed (nil once one is): what Consume returns when ctx ends
+	// before it could subscribe again.
+	var lastErr error
+	// stopped is what Consume returns when ctx ends: nil when it is
+	// subscribed or never saw a failure, else the failure.
+	stopped := func() error {
+		if line != nil && line.subscribed.Load() || lastErr == nil {
+			return nil
+		}
+		return fmt.Errorf("delayd consume %s: stopped without a subscription to delayd at %q: %w", cs.ns, cs.c.conn.Target(), lastErr)
+	}
 	// drain stops everything in the documented order.
 	drain := func() {
 		if line != nil {
@@ -307,8 +331,9 @@ func (cs *consumer) run(ctx context.Context) error {
 		var end error
 		select {
 		case <-ctx.Done():
+			err := stopped()
 			drain()
-			return nil
+			return err
 		case <-line.finished:
 			end = line.err
 		}
@@ -322,14 +347,23 @@ func (cs *consumer) run(ctx context.Context) error {
 			return fmt.Errorf("delayd consume %s: %w", cs.ns, end)
 		}
 		wait := bo.next()
-		cs.logger.Info("delayd consumer: stream ended; reconnecting", "error", end, "after", wait)
+		lastErr = end
+		if line.subscribed.Load() {
+			cs.logger.Info("delayd consumer: stream ended; reconnecting", "error", end, "after", wait)
+		} else {
+			cs.logger.Warn("delayd consumer: cannot subscribe; retrying", "target", cs.c.conn.Target(), "error", end, "after", wait)
+		}
+		if cs.opts.OnError != nil {
+			cs.opts.OnError(nil, end)
+		}
 		line = nil
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			err := stopped()
 			drain()
-			return nil
+			return err
 		case <-t.C:
 		}
 	}
@@ -357,6 +391,9 @@ type streamRun struct {
 	stopOnce sync.Once
 	start    time.Time
 	received bool // set by the receiver; read after finished
+	// subscribed is set once delayd confirmed the subscription (the
+	// stream's header arrived).
+	subscribed atomic.Bool
 }
 
 func (cs *consumer) open(bg context.Context) *streamRun {
@@ -384,14 +421,27 @@ func (r *streamRun) close() {
 func (r *streamRun) healthy() bool { return r.received || time.Since(r.start) > 5*time.Second }
 
 func (cs *consumer) receive(ctx context.Context, r *streamRun) error {
-	// WaitForReady: while the server is down, opening waits for the
-	// connection (which grpc re-dials with backoff) instead of failing.
+	// Fail fast (no WaitForReady): while delayd cannot be reached, opening
+	// fails with the dial error ("connection refused", "no such host"),
+	// which run reports and retries with backoff, instead of waiting
+	// silently for a connection that may never come.
 	stream, err := cs.c.delivery.Subscribe(ctx, &delaydv1.SubscribeRequest{
 		Namespace:   cs.ns,
 		MaxInFlight: int32(cs.opts.MaxInFlight),
-	}, grpc.WaitForReady(true))
+	})
 	if err != nil {
 		return err
+	}
+	// delayd sends the header once the subscription is registered; a
+	// refusal (auth, validation) comes as the stream's error instead.
+	// (A stream that ends without one has a nil header; Recv returns its
+	// error.)
+	md, err := stream.Header()
+	if err != nil {
+		return err
+	}
+	if md != nil {
+		r.subscribed.Store(true)
 	}
 	for {
 		resp, err := stream.Recv()
