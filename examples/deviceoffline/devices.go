@@ -130,7 +130,7 @@ func (s *Devices) Heartbeat(ctx context.Context, deviceID string) (*Device, erro
 func (s *Devices) HandleOffline(ctx context.Context, d *client.Delivery) error {
 	var p offlinePayload
 	if err := json.Unmarshal(d.Payload, &p); err != nil || p.DeviceID == "" {
-		s.logger.Error("offline task with a bad payload; dropping it", "task", d.ID, "payload", string(d.Payload))
+		s.logger.Error("offline task with a bad payload; dropping it", "task", d.ID, "payload_bytes", len(d.Payload)) // never the payload: it may be large or private
 		return nil
 	}
 	if s.beforeOffline != nil {

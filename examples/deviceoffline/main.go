@@ -82,7 +82,7 @@ func parseConfig(args []string) (Config, error) {
 	fs.StringVar(&cfg.DelaydAddr, "delayd", envOr("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address (env DELAYD_ADDR)")
 	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("DELAYD_API_KEY"), "delayd API key with produce and consume scopes (env DELAYD_API_KEY)")
 	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/devices"), "MySQL DSN, go-sql-driver form (env MYSQL_DSN)")
-	fs.StringVar(&cfg.Namespace, "namespace", "devices", "delayd namespace of the offline tasks")
+	fs.StringVar(&cfg.Namespace, "namespace", "example-devices", "delayd namespace of the offline tasks")
 	fs.DurationVar(&cfg.OfflineAfter, "offline-after", 90*time.Second, "silence after the last heartbeat that makes a device offline")
 	fs.StringVar(&cfg.HTTPAddr, "http", "127.0.0.1:8082", "HTTP API listen address")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 8, "offline handlers running at once")

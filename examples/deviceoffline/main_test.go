@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"sync"
 	"testing"
@@ -207,4 +208,15 @@ func TestBadDeviceID(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("heartbeat of a bad id = %d, want 400", resp.StatusCode)
 	}
+}
+
+// The example keeps out of the README tour's namespaces and never logs a
+// payload (a malformed one is acked and only its size logged).
+func TestOwnNamespaceAndNoPayloadInLogs(t *testing.T) {
+	cfg, err := parseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exampletest.OwnNamespace(t, cfg.Namespace)
+	exampletest.QuietOnBadPayload(t, func(l *slog.Logger) client.Handler { return (&Devices{logger: l}).HandleOffline })
 }

@@ -174,7 +174,7 @@ func (l *Loans) Return(ctx context.Context, id uint64) (*Loan, error) {
 func (l *Loans) HandleOverdue(ctx context.Context, d *client.Delivery) error {
 	var p overduePayload
 	if err := json.Unmarshal(d.Payload, &p); err != nil || p.LoanID == 0 {
-		l.logger.Error("overdue task with a bad payload; dropping it", "task", d.ID, "payload", string(d.Payload))
+		l.logger.Error("overdue task with a bad payload; dropping it", "task", d.ID, "payload_bytes", len(d.Payload)) // never the payload: it may be large or private
 		return nil
 	}
 	if l.beforeOverdue != nil {

@@ -87,7 +87,7 @@ func parseConfig(args []string) (Config, error) {
 	fs.StringVar(&cfg.DelaydAddr, "delayd", envOr("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address (env DELAYD_ADDR)")
 	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("DELAYD_API_KEY"), "delayd API key with produce and consume scopes (env DELAYD_API_KEY)")
 	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/library"), "MySQL DSN, go-sql-driver form (env MYSQL_DSN)")
-	fs.StringVar(&cfg.Namespace, "namespace", "loans", "delayd namespace of the overdue tasks")
+	fs.StringVar(&cfg.Namespace, "namespace", "example-loans", "delayd namespace of the overdue tasks")
 	fs.DurationVar(&cfg.LoanPeriod, "loan-period", 30*24*time.Hour, "loan period from confirm to due date")
 	fs.DurationVar(&cfg.RenewBy, "renew-by", 14*24*time.Hour, "how far a renewal moves the due date")
 	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", 10*time.Minute, "how often the reconciliation query runs (0: never)")

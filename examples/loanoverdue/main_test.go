@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -281,4 +282,15 @@ func TestReconcileRepairsLostTasks(t *testing.T) {
 	if n, err := s.app.loans.Reconcile(t.Context(), time.Minute, 500); err != nil || n != 0 {
 		t.Errorf("second reconcile = %d, %v; want 0", n, err)
 	}
+}
+
+// The example keeps out of the README tour's namespaces and never logs a
+// payload (a malformed one is acked and only its size logged).
+func TestOwnNamespaceAndNoPayloadInLogs(t *testing.T) {
+	cfg, err := parseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exampletest.OwnNamespace(t, cfg.Namespace)
+	exampletest.QuietOnBadPayload(t, func(l *slog.Logger) client.Handler { return (&Loans{logger: l}).HandleOverdue })
 }

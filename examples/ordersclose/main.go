@@ -80,7 +80,7 @@ func parseConfig(args []string) (Config, error) {
 	fs.StringVar(&cfg.DelaydAddr, "delayd", envOr("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address (env DELAYD_ADDR)")
 	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("DELAYD_API_KEY"), "delayd API key with produce and consume scopes (env DELAYD_API_KEY)")
 	fs.StringVar(&cfg.MySQLDSN, "mysql-dsn", envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/orders"), "MySQL DSN, go-sql-driver form (env MYSQL_DSN)")
-	fs.StringVar(&cfg.Namespace, "namespace", "orders", "delayd namespace of the close tasks")
+	fs.StringVar(&cfg.Namespace, "namespace", "example-orders", "delayd namespace of the close tasks")
 	fs.DurationVar(&cfg.CloseAfter, "close-after", 15*time.Minute, "how long an order may wait for payment")
 	fs.StringVar(&cfg.HTTPAddr, "http", "127.0.0.1:8080", "HTTP API listen address")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 8, "close handlers running at once")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/examples/internal/exampletest"
 )
 
@@ -226,4 +228,15 @@ func TestPaymentAndCloseRace(t *testing.T) {
 	if paid+closed != orders {
 		t.Errorf("%d paid + %d closed, want %d orders", paid, closed, orders)
 	}
+}
+
+// The example keeps out of the README tour's namespaces and never logs a
+// payload (a malformed one is acked and only its size logged).
+func TestOwnNamespaceAndNoPayloadInLogs(t *testing.T) {
+	cfg, err := parseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exampletest.OwnNamespace(t, cfg.Namespace)
+	exampletest.QuietOnBadPayload(t, func(l *slog.Logger) client.Handler { return (&Orders{logger: l}).HandleClose })
 }

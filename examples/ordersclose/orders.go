@@ -147,7 +147,7 @@ func (o *Orders) HandleClose(ctx context.Context, d *client.Delivery) error {
 	id, err := strconv.ParseUint(string(d.Payload), 10, 64)
 	if err != nil {
 		// A malformed task will never succeed: log it and ack it.
-		o.logger.Error("close task with a bad payload; dropping it", "task", d.ID, "payload", string(d.Payload))
+		o.logger.Error("close task with a bad payload; dropping it", "task", d.ID, "payload_bytes", len(d.Payload)) // never the payload: it may be large or private
 		return nil
 	}
 	if o.beforeClose != nil {
