@@ -49,10 +49,15 @@ check-generate: generate ## Fail when gen/ differs from what proto/ generates.
 		echo "gen/ is stale: run 'make generate' and commit the result"; \
 		git status --porcelain -- gen proto; exit 1; fi
 
+# buf breaking compares proto/ with this ref (the main branch by default):
+# a change that breaks the wire or JSON contract fails lint (docs/VERSIONING.md).
+BUF_BREAKING_AGAINST ?= .git\#branch=main
+
 .PHONY: lint
-lint: tools $(BIN)/staticcheck ## buf lint, buf format check, go vet, staticcheck, the package-boundary check.
+lint: tools $(BIN)/staticcheck ## buf lint, buf format check, buf breaking against main, go vet, staticcheck, the package-boundary check.
 	buf lint
 	buf format -d --exit-code
+	buf breaking --against '$(BUF_BREAKING_AGAINST)'
 	go vet ./...
 	staticcheck ./...
 	go test -count=1 ./internal/boundary
