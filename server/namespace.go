@@ -118,7 +118,9 @@ func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1
 	}
 	var requeued int64
 	for i := 0; i < maxDeadLetterBatches; i++ {
-		moved, err := s.opts.Store.Requeue(ctx, ns, req.GetIds(), req.GetAll(), deadLetterBatch, delay)
+		moved, err := s.opts.Store.Requeue(ctx, ns, storage.RequeueParams{
+			IDs: req.GetIds(), All: req.GetAll(), Limit: deadLetterBatch, Delay: delay,
+		})
 		if err != nil {
 			return nil, toStatus(ctx, s.logger, fmt.Errorf("requeue dead letters: %w", err))
 		}
@@ -145,7 +147,7 @@ func (s *namespaceService) PurgeDeadLetters(ctx context.Context, req *delaydv1.P
 	}
 	var purged int64
 	for i := 0; i < maxDeadLetterBatches; i++ {
-		ids, err := s.opts.Store.Purge(ctx, ns, req.GetIds(), req.GetAll(), deadLetterBatch)
+		ids, err := s.opts.Store.Purge(ctx, ns, storage.PurgeParams{IDs: req.GetIds(), All: req.GetAll(), Limit: deadLetterBatch})
 		if err != nil {
 			return nil, toStatus(ctx, s.logger, fmt.Errorf("purge dead letters: %w", err))
 		}

@@ -49,13 +49,39 @@ type Deliveries interface {
 
 // DeadLetters is what the dead-letter admin RPCs need.
 type DeadLetters interface {
-	// Requeue moves the named dead tasks (or, with all, up to limit of them)
-	// back to scheduled, due after delay, with attempts reset. Ids that are
-	// not dead are skipped. Returns where each moved task went.
-	Requeue(ctx context.Context, ns string, ids []string, all bool, limit int, delay time.Duration) ([]Moved, error)
-	// Purge deletes the named dead tasks (or, with all, up to limit of them)
-	// and returns the ids it deleted.
-	Purge(ctx context.Context, ns string, ids []string, all bool, limit int) ([]string, error)
+	// Requeue moves the dead tasks p selects back to scheduled, due after
+	// p.Delay, with attempts reset. Ids that are not dead are skipped.
+	// Returns where each moved task went.
+	Requeue(ctx context.Context, ns string, p RequeueParams) ([]Moved, error)
+	// Purge deletes the dead tasks p selects and returns the ids it deleted.
+	Purge(ctx context.Context, ns string, p PurgeParams) ([]string, error)
+}
+
+// RequeueParams selects the dead tasks Requeue moves back and says when they
+// fall due.
+type RequeueParams struct {
+	// IDs are the dead tasks to requeue; ids that are not dead are skipped.
+	// Ignored when All is set.
+	IDs []string
+	// All selects the oldest dead tasks, up to Limit, instead of IDs.
+	All bool
+	// Limit bounds All. Stores clamp it to 1..their batch size (redisstore:
+	// 1..MaxBatch); zero means 1.
+	Limit int
+	// Delay is how long after the store's now the tasks fall due. Zero or
+	// negative: at once.
+	Delay time.Duration
+}
+
+// PurgeParams selects the dead tasks Purge deletes.
+type PurgeParams struct {
+	// IDs are the dead tasks to delete; ids that are not dead are skipped.
+	// Ignored when All is set.
+	IDs []string
+	// All selects the oldest dead tasks, up to Limit, instead of IDs.
+	All bool
+	// Limit bounds All, clamped as for RequeueParams.Limit.
+	Limit int
 }
 
 // Counter is what stats and quotas need.

@@ -686,8 +686,8 @@ func (s *Store) NextWake(ctx context.Context, ns string) (time.Time, time.Time, 
 // ---- storage.DeadLetters ----
 
 // Requeue is the index's, written through to MySQL.
-func (s *Store) Requeue(ctx context.Context, ns string, ids []string, all bool, limit int, delay time.Duration) ([]storage.Moved, error) {
-	moved, err := s.idx.Requeue(ctx, ns, ids, all, limit, delay)
+func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
+	moved, err := s.idx.Requeue(ctx, ns, p)
 	if err != nil || len(moved) == 0 {
 		return moved, err
 	}
@@ -698,14 +698,14 @@ func (s *Store) Requeue(ctx context.Context, ns string, ids []string, all bool, 
 // that are dead there). Named ids that MySQL holds as dead but the index
 // does not (not yet rebuilt) are purged too. It returns every id deleted
 // from either store.
-func (s *Store) Purge(ctx context.Context, ns string, ids []string, all bool, limit int) ([]string, error) {
-	purged, err := s.idx.Purge(ctx, ns, ids, all, limit)
+func (s *Store) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]string, error) {
+	purged, err := s.idx.Purge(ctx, ns, p)
 	if err != nil {
 		return purged, err
 	}
 	targets := purged
-	if !all {
-		targets = ids
+	if !p.All {
+		targets = p.IDs
 	}
 	if len(targets) == 0 {
 		return purged, nil

@@ -102,14 +102,14 @@ func TestDeadLetterWriteThrough(t *testing.T) {
 	if err := e.db.QueryRow("SELECT dead_ms FROM delayd_tasks WHERE namespace = ? AND id = 'd1'", ns).Scan(&deadMS); err != nil || deadMS == 0 {
 		t.Fatalf("dead_ms = %d (%v), want the time it died", deadMS, err)
 	}
-	moved, err := e.store.Requeue(ctx, ns, []string{"d1"}, false, 0, 0)
+	moved, err := e.store.Requeue(ctx, ns, storage.RequeueParams{IDs: []string{"d1"}})
 	if err != nil || len(moved) != 1 {
 		t.Fatalf("requeue: %v %v", moved, err)
 	}
 	if r, _ := e.row(ns, "d1"); r.State != int(storage.StateScheduled) || r.Attempt != 0 {
 		t.Fatalf("mysql row after requeue: %+v", r)
 	}
-	purged, err := e.store.Purge(ctx, ns, []string{"d1", "d2"}, false, 0)
+	purged, err := e.store.Purge(ctx, ns, storage.PurgeParams{IDs: []string{"d1", "d2"}})
 	if err != nil || len(purged) != 1 || purged[0] != "d2" {
 		t.Fatalf("purge: %v %v, want [d2] (d1 is scheduled again)", purged, err)
 	}

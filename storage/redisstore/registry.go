@@ -318,10 +318,7 @@ func (s *Store) CreateKey(ctx context.Context, k storage.Key) error {
 	if err != nil {
 		return fmt.Errorf("create key: %w", err)
 	}
-	global := "0"
-	if k.Namespace == storage.GlobalNamespace {
-		global = "1"
-	}
+	global := luaBool(k.Namespace == storage.GlobalNamespace)
 	v, err := s.run(ctx, "create key", registryScripts.keyCreate,
 		[]string{registryKeysKey(), registryNamespaceKeysKey(k.Namespace), registryNamespaceKey(k.Namespace)},
 		k.ID, b, rec.CreateMS, global)

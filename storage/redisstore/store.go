@@ -674,17 +674,18 @@ func (s *Store) NextWake(ctx context.Context, ns string) (next, now time.Time, o
 	return time.UnixMilli(best), time.UnixMilli(nowMS), true, nil
 }
 
-// Requeue moves dead tasks back to scheduled, due after delay by the Redis
-// clock, with attempts reset to 0 (generation and last error kept): the
-// named ids (those not dead are skipped), or with all the oldest limit dead
-// tasks (limit clamped to 1..MaxBatch). Returns where each moved task went.
-func (s *Store) Requeue(ctx context.Context, ns string, ids []string, all bool, limit int, delay time.Duration) ([]storage.Moved, error) {
+// Requeue moves dead tasks back to scheduled, due after p.Delay by the
+// Redis clock, with attempts reset to 0 (generation and last error kept):
+// p.IDs (those not dead are skipped), or with p.All the oldest p.Limit dead
+// tasks (clamped to 1..MaxBatch). Returns where each moved task went.
+func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
 	k := keysFor(ns, shard)
 	keys := []string{k.due, k.dead, k.task}
 	var out []storage.Moved
-	call := func(flag string, ids []string) error {
+	call := func(ids []string) error {
+		// ARGV as documented in lua/requeue.lua.
 		args := make([]any, 0, 5+len(ids))
-		args = append(args, s.wake, ns, max(delay.Milliseconds(), 0), flag, min(max(limit, 1), MaxBatch))
+		args = append(args, s.wake, ns, max(p.Delay.Milliseconds(), 0), luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
 		for _, id := range ids {
 			args = append(args, id)
 		}
@@ -703,28 +704,23 @@ func (s *Store) Requeue(ctx context.Context, ns string, ids []string, all bool, 
 		}
 		return nil
 	}
-	var err error
-	if all {
-		err = call("1", nil)
-	} else {
-		err = chunks(len(ids), func(lo, hi int) error { return call("0", ids[lo:hi]) })
-	}
-	if err != nil {
+	if err := eachChunk(p.All, p.IDs, call); err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// Purge deletes dead tasks: the named ids (those not dead are skipped), or
-// with all the oldest limit dead tasks (limit clamped to 1..MaxBatch).
-// Returns the ids deleted.
-func (s *Store) Purge(ctx context.Context, ns string, ids []string, all bool, limit int) ([]string, error) {
+// Purge deletes dead tasks: p.IDs (those not dead are skipped), or with
+// p.All the oldest p.Limit dead tasks (clamped to 1..MaxBatch). Returns the
+// ids deleted.
+func (s *Store) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]string, error) {
 	k := keysFor(ns, shard)
 	keys := []string{k.dead, k.task}
 	var out []string
-	call := func(flag string, ids []string) error {
+	call := func(ids []string) error {
+		// ARGV as documented in lua/purge.lua.
 		args := make([]any, 0, 2+len(ids))
-		args = append(args, flag, min(max(limit, 1), MaxBatch))
+		args = append(args, luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
 		for _, id := range ids {
 			args = append(args, id)
 		}
@@ -738,16 +734,28 @@ func (s *Store) Purge(ctx context.Context, ns string, ids []string, all bool, li
 		}
 		return nil
 	}
-	var err error
-	if all {
-		err = call("1", nil)
-	} else {
-		err = chunks(len(ids), func(lo, hi int) error { return call("0", ids[lo:hi]) })
-	}
-	if err != nil {
+	if err := eachChunk(p.All, p.IDs, call); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// eachChunk runs call once with no ids when all is set, else once per
+// MaxBatch-sized chunk of ids.
+func eachChunk(all bool, ids []string, call func(ids []string) error) error {
+	if all {
+		return call(nil)
+	}
+	return chunks(len(ids), func(lo, hi int) error { return call(ids[lo:hi]) })
+}
+
+// luaBool is a boolean script argument: "1" or "0" (Lua reads ARGV as
+// strings; the scripts test == "1").
+func luaBool(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
 
 // Stats counts ns's tasks per state, how many scheduled tasks are due by

@@ -15,7 +15,7 @@ func testRequeue(t *testing.T, newStore func(t *testing.T) Store) {
 		seeds: []Seed{{ID: "a", State: dead}, {ID: "s"}, {ID: "d", State: deliv}},
 		run: func(e *env) {
 			before := e.now()
-			mv, err := e.s.Requeue(e.ctx, e.ns, []string{"a", "s", "d", "missing"}, false, 0, time.Minute)
+			mv, err := e.s.Requeue(e.ctx, e.ns, storage.RequeueParams{IDs: []string{"a", "s", "d", "missing"}, Delay: time.Minute})
 			after := e.now()
 			if err != nil || len(mv) != 1 || mv[0].ID != "a" || mv[0].State != sched || mv[0].Generation != 1 || mv[0].Attempt != 0 {
 				e.t.Fatalf("requeue = %+v, %v; want only a, scheduled, attempt 0", mv, err)
@@ -31,11 +31,11 @@ func testRequeue(t *testing.T, newStore func(t *testing.T) Store) {
 		name:  "all: the oldest up to limit",
 		seeds: []Seed{{ID: "a", State: dead}, {ID: "b", State: dead}, {ID: "c", State: dead}},
 		run: func(e *env) {
-			mv, err := e.s.Requeue(e.ctx, e.ns, nil, true, 2, 0)
+			mv, err := e.s.Requeue(e.ctx, e.ns, storage.RequeueParams{All: true, Limit: 2})
 			if err != nil || len(mv) != 2 {
 				e.t.Fatalf("requeue = %+v, %v; want 2", mv, err)
 			}
-			mv, err = e.s.Requeue(e.ctx, e.ns, nil, true, 2, 0)
+			mv, err = e.s.Requeue(e.ctx, e.ns, storage.RequeueParams{All: true, Limit: 2})
 			if err != nil || len(mv) != 1 {
 				e.t.Fatalf("second requeue = %+v, %v; want 1", mv, err)
 			}
@@ -53,7 +53,7 @@ func testPurge(t *testing.T, newStore func(t *testing.T) Store) {
 		name:  "named dead tasks are deleted; others are skipped",
 		seeds: []Seed{{ID: "a", State: dead}, {ID: "b", State: dead}, {ID: "s"}, {ID: "d", State: deliv}},
 		run: func(e *env) {
-			got, err := e.s.Purge(e.ctx, e.ns, []string{"a", "s", "d", "missing"}, false, 0)
+			got, err := e.s.Purge(e.ctx, e.ns, storage.PurgeParams{IDs: []string{"a", "s", "d", "missing"}})
 			if err != nil || !cmp.Equal(got, []string{"a"}) {
 				e.t.Errorf("purge = %v, %v; want [a]", got, err)
 			}
@@ -64,11 +64,11 @@ func testPurge(t *testing.T, newStore func(t *testing.T) Store) {
 		name:  "all: the oldest up to limit",
 		seeds: []Seed{{ID: "a", State: dead}, {ID: "b", State: dead}, {ID: "c", State: dead}, {ID: "s"}},
 		run: func(e *env) {
-			got, err := e.s.Purge(e.ctx, e.ns, nil, true, 2)
+			got, err := e.s.Purge(e.ctx, e.ns, storage.PurgeParams{All: true, Limit: 2})
 			if err != nil || len(got) != 2 {
 				e.t.Errorf("purge = %v, %v; want 2 ids", got, err)
 			}
-			got2, err := e.s.Purge(e.ctx, e.ns, nil, true, 2)
+			got2, err := e.s.Purge(e.ctx, e.ns, storage.PurgeParams{All: true, Limit: 2})
 			if err != nil || len(got2) != 1 {
 				e.t.Errorf("second purge = %v, %v; want 1 id", got2, err)
 			}
