@@ -13,7 +13,7 @@ STATICCHECK_VERSION        ?= v0.8.2
 BIN := $(CURDIR)/bin
 export PATH := $(BIN):$(PATH)
 
-TEST_REDIS_URL ?= redis://127.0.0.1:6379
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_MYSQL_DSN ?= root@tcp(127.0.0.1:3306)/test
 export TEST_REDIS_URL TEST_MYSQL_DSN
 

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/delayd/delayd/internal/testkit"
+
 	"context"
 	"fmt"
 	"os"
@@ -166,20 +168,7 @@ func TestParseInfo(t *testing.T) {
 // testRedis connects to TEST_REDIS_URL (default the local Redis).
 func testRedis(t *testing.T) *redis.Client {
 	t.Helper()
-	url := os.Getenv("TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379"
-	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL: %v", err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("redis at %s: %v", url, err)
-	}
-	return rdb
+	return testkit.Redis(t)
 }
 
 func TestRedisProbeAndClock(t *testing.T) {

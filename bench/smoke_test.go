@@ -1,18 +1,17 @@
 package bench
 
 import (
+	"github.com/delayd/delayd/internal/testkit"
+
 	"bytes"
 	"context"
 	"encoding/json"
 	"io"
-	"os"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // A tiny run through the whole tool — an in-process delayd on the test
 // Redis and the baseline poller beside it, a spread and a backlog workload —
@@ -20,10 +19,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // behind. Timing is not asserted.
 func TestSmokeTinyRunLosesNothing(t *testing.T) {
 	t.Parallel()
-	url := os.Getenv("TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379"
-	}
+	url := testkit.RedisURL()
 	rdb := testRedis(t)
 	spread := Workload{Tasks: 300, Spread: 300 * time.Millisecond, Lead: time.Second, PayloadBytes: 100,
 		Namespaces: 2, Producers: 4, Subscribers: 3, MaxInFlight: 50}
@@ -93,10 +89,7 @@ func TestSmokeTinyRunLosesNothing(t *testing.T) {
 // before — must wait for it rather than call the quiet time a stall.
 func TestSparseRunWaitsForLateDueTask(t *testing.T) {
 	t.Parallel()
-	url := os.Getenv("TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379"
-	}
+	url := testkit.RedisURL()
 	cfg := Config{
 		Workloads: []string{"custom"}, Systems: []string{SystemDelayd, SystemBaseline10ms},
 		Server: "inproc", RedisURL: url, MySQLDSN: "root@tcp(127.0.0.1:3306)/",

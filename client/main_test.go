@@ -6,29 +6,23 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/daemon"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }
 
-func redisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379"
-}
+func redisURL() string { return testkit.RedisURL() }
 
 // testLogger writes to the test log when -v is given, else nowhere.
 func testLogger(t *testing.T) *slog.Logger {

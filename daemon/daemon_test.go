@@ -3,14 +3,10 @@ package daemon
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,12 +24,13 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
 // TestMain fails the package when a goroutine outlives its tests: Stop must
 // leave nothing behind.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	testkit.Main(m,
 		// After a failed dial go-redis retries in the background, sleeping
 		// 1 s between tries; it exits on its next wake-up once the client
 		// is closed (the Redis-down tests close theirs).
@@ -41,18 +38,9 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func testRedisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379"
-}
+func testRedisURL() string { return testkit.RedisURL() }
 
-func suffix() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
+func suffix() string { return testkit.Suffix() }
 
 // syncBuffer is a log sink safe for the daemon's goroutines.
 type syncBuffer struct {
@@ -217,65 +205,21 @@ func TestHealthNotServingOnceShutdownBegins(t *testing.T) {
 	}
 }
 
-// ownRedis starts a redis-server of the test's own on a free loopback port
-// (no persistence) and returns its URL and the process; it is killed in
-// t.Cleanup if still running.
-func ownRedis(t *testing.T) (string, *exec.Cmd) {
-	t.Helper()
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server not installed")
-	}
-	port := freePort(t)
-	cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	url := "redis://127.0.0.1:" + port
-	opt, _ := redis.ParseURL(url)
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
-	for i := 0; ; i++ {
-		if rdb.Ping(context.Background()).Err() == nil {
-			return url, cmd
-		}
-		if i == 200 {
-			t.Fatalf("own redis-server on %s did not answer", port)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	return strconv.Itoa(lis.Addr().(*net.TCPAddr).Port)
-}
+func freePort(t *testing.T) string { return strconv.Itoa(testkit.FreePort(t)) }
 
 // TestRedisDownAnswersUnavailable kills the daemon's Redis: every task RPC
 // answers Unavailable with a message that is safe to show (no address, no
 // driver text), and the daemon still shuts down.
 func TestRedisDownAnswersUnavailable(t *testing.T) {
 	t.Parallel()
-	url, redisCmd := ownRedis(t)
+	own := testkit.StartRedis(t)
+	url := own.URL
 	s := start(t, Config{RedisURL: url, StoreTimeout: 2 * time.Second})
 	ctx := ctxFor(t)
 	if _, err := s.tasks.UpsertTask(ctx, upsert("down", "t1")); err != nil {
 		t.Fatalf("upsert while Redis is up: %v", err)
 	}
-	if err := redisCmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	own.Kill()
 	port := strings.TrimPrefix(url, "redis://127.0.0.1:")
 	calls := map[string]func() error{
 		"UpsertTask": func() error { _, err := s.tasks.UpsertTask(ctx, upsert("down", "t2")); return err },

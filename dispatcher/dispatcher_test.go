@@ -2,25 +2,22 @@ package dispatcher_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/delayd/delayd/dispatcher"
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }
 
 // wait is how long a test waits for something that should happen; it is a
@@ -29,13 +26,6 @@ const wait = 15 * time.Second
 
 // quiet is how long a test watches for something that must NOT happen.
 const quiet = 300 * time.Millisecond
-
-func redisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379"
-}
 
 // harness is one store on the shared Redis, a namespace of the test's own
 // and a started dispatcher.
@@ -47,21 +37,13 @@ type harness struct {
 	ns    string
 }
 
-func randomSuffix() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
+func randomSuffix() string { return testkit.Suffix() }
 
 // newHarness starts a dispatcher over the shared Redis with pol for every
 // namespace; edit adjusts the Config before New.
 func newHarness(t *testing.T, pol storage.Policy, edit func(*dispatcher.Config)) *harness {
 	t.Helper()
-	opt, err := redis.ParseURL(redisURL())
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL: %v", err)
-	}
-	rdb := redis.NewClient(opt)
+	rdb := testkit.Redis(t)
 	h := &harness{t: t, rdb: rdb, store: redisstore.New(rdb, redisstore.Options{}), ns: "dt-" + randomSuffix()}
 	t.Cleanup(func() {
 		cleanNamespace(rdb, h.ns)

@@ -5,7 +5,7 @@
 # TEST_MYSQL_DSN (go-sql-driver form, user@tcp(host:port)/db).
 set -uo pipefail
 
-redis_url=${TEST_REDIS_URL:-redis://127.0.0.1:6379}
+redis_url=${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
 hostport=${redis_url#redis://}; hostport=${hostport#*@}; hostport=${hostport%%/*}
 redis_host=${hostport%:*}; redis_port=${hostport##*:}
 [ "$redis_port" = "$hostport" ] && redis_port=6379
@@ -50,6 +50,15 @@ elif command -v redis-server >/dev/null; then
 else
 	echo "redis: nothing answers on $redis_host:$redis_port and redis-server is not installed."
 	echo "       Install it:  sudo apt-get install -y redis-server   (or set TEST_REDIS_URL to a Redis 7 you have)"
+	fail=1
+fi
+
+# The fault tests start redis-servers of their own (to kill, pause, restart
+# and promote them), so redis-server must be installed even when
+# TEST_REDIS_URL names a Redis elsewhere.
+if ! command -v redis-server >/dev/null; then
+	echo "redis-server: not installed; the fault tests start their own."
+	echo "       Install it:  sudo apt-get install -y redis-server"
 	fail=1
 fi
 

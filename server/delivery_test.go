@@ -2,10 +2,7 @@ package server_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd/dispatcher"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -34,19 +32,6 @@ const (
 	dlvWait  = 20 * time.Second
 	dlvQuiet = 400 * time.Millisecond
 )
-
-func dlvRedisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379"
-}
-
-func dlvSuffix() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // dlvEnv is one Redis store and a namespace; replicas are delayd servers
 // (dispatcher + gRPC server) over that store.
@@ -69,17 +54,13 @@ func dlvPolicy() storage.Policy {
 
 func newDlvEnv(t *testing.T, pol storage.Policy) *dlvEnv {
 	t.Helper()
-	return newDlvEnvAt(t, dlvRedisURL(), pol)
+	return newDlvEnvAt(t, testkit.RedisURL(), pol)
 }
 
 func newDlvEnvAt(t *testing.T, url string, pol storage.Policy) *dlvEnv {
 	t.Helper()
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("redis url: %v", err)
-	}
-	rdb := redis.NewClient(opt)
-	e := &dlvEnv{t: t, rdb: rdb, store: redisstore.New(rdb, redisstore.Options{}), pol: pol, ns: "st-" + dlvSuffix()}
+	rdb := testkit.RedisAt(t, url)
+	e := &dlvEnv{t: t, rdb: rdb, store: redisstore.New(rdb, redisstore.Options{}), pol: pol, ns: "st-" + testkit.Suffix()}
 	t.Cleanup(func() {
 		dlvCleanNamespace(rdb, e.ns)
 		_ = rdb.Close()
@@ -675,7 +656,7 @@ func TestDeliveryTokens(t *testing.T) {
 	wantCode(t, err, codes.InvalidArgument, "namespace")
 
 	// A token is only valid in its own namespace.
-	other := "st-other-" + dlvSuffix()
+	other := "st-other-" + testkit.Suffix()
 	resp, err := r.dlv.AckTasks(context.Background(), &delaydv1.AckTasksRequest{Namespace: other, Tokens: []string{d.GetToken()}})
 	if err != nil {
 		t.Fatal(err)

@@ -3,20 +3,16 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
 // End-to-end delivery tests: several delayd replicas over one Redis, many
@@ -187,49 +183,17 @@ func TestE2ETwoReplicasThreeSubscribersNoDuplicateNoLoss(t *testing.T) {
 	}
 }
 
-// dlvOwnRedis starts a redis-server of the test's own on a free loopback port
-// (no persistence) and returns its URL; it is stopped in t.Cleanup.
+// dlvOwnRedis starts a redis-server of the test's own (see
+// testkit.StartRedis) and returns its URL. SLOWLOG measures wall time: on a
+// busy machine (this test runs 50,000 deliveries under -race next to it,
+// other work may run beside it) a command that costs a few milliseconds can
+// wait tens of milliseconds for a CPU, so the server gets the CPU first
+// where the test may (Prioritize).
 func dlvOwnRedis(t *testing.T) string {
 	t.Helper()
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server not installed")
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := lis.Addr().(*net.TCPAddr).Port
-	_ = lis.Close()
-	cmd := exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // its own scheduling group, see below
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// SLOWLOG measures wall time: on a busy machine (this test runs 50,000
-	// deliveries under -race next to it, other work may run beside it) a
-	// command that costs a few milliseconds can wait tens of milliseconds
-	// for a CPU. Where allowed (root on Linux), give this Redis the CPU
-	// first, so SLOWLOG measures the commands and not the scheduler. It only
-	// uses the CPU while the test keeps it busy.
-	_ = syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, -20)
-	_ = os.WriteFile(fmt.Sprintf("/proc/%d/autogroup", cmd.Process.Pid), []byte("-20"), 0)
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	url := fmt.Sprintf("redis://127.0.0.1:%d", port)
-	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
-	defer rdb.Close()
-	for i := 0; ; i++ {
-		if rdb.Ping(context.Background()).Err() == nil {
-			return url
-		}
-		if i > 200 {
-			t.Fatal("own redis-server did not answer")
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	srv := testkit.StartRedis(t)
+	srv.Prioritize()
+	return srv.URL
 }
 
 func TestE2EFiftyThousandDueInOneMillisecond(t *testing.T) {

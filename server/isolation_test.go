@@ -26,6 +26,7 @@ import (
 
 	"github.com/delayd/delayd/dispatcher"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -48,16 +49,12 @@ type tenEnv struct {
 
 func newTenEnv(t *testing.T) *tenEnv {
 	t.Helper()
-	return newTenEnvAt(t, dlvRedisURL())
+	return newTenEnvAt(t, testkit.RedisURL())
 }
 
 func newTenEnvAt(t *testing.T, url string) *tenEnv {
 	t.Helper()
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("redis url: %v", err)
-	}
-	rdb := redis.NewClient(opt)
+	rdb := testkit.RedisAt(t, url)
 	t.Cleanup(func() { _ = rdb.Close() })
 	return &tenEnv{t: t, rdb: rdb, store: redisstore.New(rdb, redisstore.Options{})}
 }
@@ -162,7 +159,7 @@ func admin() context.Context { return as(tenAdminKey) }
 // through the admin API and deletes it, with its tasks, when the test ends.
 func (e *tenEnv) newNamespace(r *tenReplica, prefix string, pol *delaydv1.NamespacePolicy) string {
 	e.t.Helper()
-	name := prefix + dlvSuffix()
+	name := prefix + testkit.Suffix()
 	if _, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{
 		Namespace: &delaydv1.Namespace{Name: name, Policy: pol},
 	}); err != nil {

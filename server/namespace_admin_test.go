@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/tenancy"
@@ -41,7 +42,7 @@ func TestNamespaceLifecycle(t *testing.T) {
 	t.Parallel()
 	e := newTenEnv(t)
 	r := e.replica(tenOpts{})
-	name := "life-" + dlvSuffix()
+	name := "life-" + testkit.Suffix()
 	t.Cleanup(func() { e.drop(name) })
 
 	created, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{
@@ -65,7 +66,7 @@ func TestNamespaceLifecycle(t *testing.T) {
 	if err != nil || !cmp.Equal(created.GetNamespace(), got.GetNamespace(), protocmp.Transform()) {
 		t.Errorf("GetNamespace = %v, %v; want %v", got, err, created)
 	}
-	if _, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Namespace: "missing-" + dlvSuffix()}); codeOf(err) != codes.NotFound {
+	if _, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Namespace: "missing-" + testkit.Suffix()}); codeOf(err) != codes.NotFound {
 		t.Errorf("GetNamespace(missing): %v, want NotFound", err)
 	}
 
@@ -187,7 +188,7 @@ func TestPolicyValidation(t *testing.T) {
 		{"max_subscribers", &delaydv1.NamespacePolicy{MaxSubscribers: 100001}, "1-100000"},
 		{"max_delay", &delaydv1.NamespacePolicy{MaxDelay: durationpb.New(time.Millisecond)}, "1s-3660 days"},
 	} {
-		name := "val-" + dlvSuffix()
+		name := "val-" + testkit.Suffix()
 		_, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: name, Policy: tc.pol}})
 		wantCode(t, err, codes.InvalidArgument, "namespace.policy."+tc.field)
 		wantCode(t, err, codes.InvalidArgument, tc.say)
@@ -326,7 +327,7 @@ func TestAPIKeys(t *testing.T) {
 		{&delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{9}}, codes.InvalidArgument, "scopes[0]"},
 		{&delaydv1.CreateKeyRequest{Namespace: "BAD", Scopes: []delaydv1.KeyScope{1}}, codes.InvalidArgument, "namespace"},
 		{&delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{1}, Description: strings.Repeat("d", 257)}, codes.InvalidArgument, "description"},
-		{&delaydv1.CreateKeyRequest{Namespace: "nope-" + dlvSuffix(), Scopes: []delaydv1.KeyScope{1}}, codes.NotFound, "nope-"},
+		{&delaydv1.CreateKeyRequest{Namespace: "nope-" + testkit.Suffix(), Scopes: []delaydv1.KeyScope{1}}, codes.NotFound, "nope-"},
 	} {
 		_, err := r.admin.CreateKey(admin(), tc.req)
 		wantCode(t, err, tc.code, tc.say)
@@ -373,7 +374,7 @@ func TestAutoCreate(t *testing.T) {
 		tenancy: func(c *tenancy.Config) { c.AutoCreate = true },
 		server:  func(o *server.Options) { o.Auth = server.AuthOptions{Disabled: true} },
 	})
-	ns := "auto-" + dlvSuffix()
+	ns := "auto-" + testkit.Suffix()
 	t.Cleanup(func() { e.drop(ns) })
 	if err := upsertAs(context.Background(), r, ns, "a"); err != nil {
 		t.Fatalf("UpsertTask into a new namespace with auto-create: %v", err)
@@ -383,7 +384,7 @@ func TestAutoCreate(t *testing.T) {
 		t.Errorf("auto-created namespace = %v, %v; want the default policy", got, err)
 	}
 	// Reading does not create.
-	other := "auto-" + dlvSuffix()
+	other := "auto-" + testkit.Suffix()
 	if _, err := r.tasks.GetTask(context.Background(), &delaydv1.GetTaskRequest{Namespace: other, Id: "x"}); codeOf(err) != codes.NotFound {
 		t.Errorf("GetTask in an unknown namespace: %v", err)
 	}
@@ -436,7 +437,7 @@ func TestPolicyChangeReachesRunningDispatcher(t *testing.T) {
 	}
 	deadline := time.Now().Add(dlvWait)
 	for i := 0; ; i++ {
-		if l := lease("after-" + string(rune('a'+i%26)) + dlvSuffix()); l <= 10*time.Second {
+		if l := lease("after-" + string(rune('a'+i%26)) + testkit.Suffix()); l <= 10*time.Second {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
 // killTasks makes dead letters of ids: with max attempts 1, one delivery
@@ -201,7 +202,7 @@ func TestNamespaceStats(t *testing.T) {
 		t.Fatalf("oldest due lateness %s, want at least the 50ms the due tasks waited", l)
 	}
 
-	empty, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Namespace: "st-empty-" + dlvSuffix()})
+	empty, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Namespace: "st-empty-" + testkit.Suffix()})
 	if err != nil {
 		t.Fatal(err)
 	}

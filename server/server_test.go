@@ -6,18 +6,18 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 )
 
 // TestMain fails the package when a goroutine outlives its tests.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }
 
 // listServices asks server reflection for the service names.

@@ -3,11 +3,8 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,6 +20,7 @@ import (
 
 	"github.com/delayd/delayd/dispatcher"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -30,19 +28,6 @@ import (
 
 // TaskService tests: every RPC over real gRPC on loopback TCP, backed by the
 // real Redis (TEST_REDIS_URL). Each test has its own namespace.
-
-func tskRedisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379"
-}
-
-func tskSuffix() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // countingTasks is the real store with a count of Upsert calls (it
 // delegates every call; nothing is faked).
@@ -74,11 +59,7 @@ type tskOpts struct {
 
 func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	t.Helper()
-	opt, err := redis.ParseURL(tskRedisURL())
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL: %v", err)
-	}
-	rdb := redis.NewClient(opt)
+	rdb := testkit.Redis(t)
 	store := redisstore.New(rdb, redisstore.Options{})
 	pol := storage.DefaultPolicy()
 	if o.policy != nil {
@@ -89,7 +70,7 @@ func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &tskEnv{ns: "tsk-" + tskSuffix(), rdb: rdb, store: &countingTasks{Store: store}}
+	e := &tskEnv{ns: "tsk-" + testkit.Suffix(), rdb: rdb, store: &countingTasks{Store: store}}
 	e.server, err = server.New(server.Options{
 		Store: e.store, Tenancy: staticTenancy{policy: pol}, Subscriptions: d,
 		Auth: server.AuthOptions{Disabled: true}, Limits: o.limits,

@@ -6,39 +6,23 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
-
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
 	"github.com/delayd/delayd/tenancy"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // newStore returns the Redis registry on the shared test Redis.
 func newStore(t *testing.T) *redisstore.Store {
 	t.Helper()
-	url := os.Getenv("TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379"
-	}
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL: %v", err)
-	}
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { _ = c.Close() })
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("redis at %s: %v", url, err)
-	}
-	return redisstore.New(c, redisstore.Options{})
+	return redisstore.New(testkit.Redis(t), redisstore.Options{})
 }
 
 func newName(t *testing.T, store storage.Registry) string {

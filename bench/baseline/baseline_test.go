@@ -1,43 +1,27 @@
 package baseline
 
 import (
+	"github.com/delayd/delayd/internal/testkit"
+
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // newQueue returns a Queue on the test Redis under a fresh prefix, deleted
 // when the test ends.
 func newQueue(t *testing.T) (*Queue, *redis.Client) {
 	t.Helper()
-	url := os.Getenv("TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379"
-	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL: %v", err)
-	}
-	rdb := redis.NewClient(opt)
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		rdb.Close()
-		t.Fatalf("redis at %s: %v", url, err)
-	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	q := New(rdb, "test-"+hex.EncodeToString(b))
+	rdb := testkit.Redis(t)
+	q := New(rdb, "test-"+testkit.Suffix())
 	t.Cleanup(func() {
 		if _, err := q.Cleanup(context.Background()); err != nil {
 			t.Errorf("cleanup: %v", err)

@@ -9,15 +9,15 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/examples/internal/exampletest"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 type started struct {
 	app  *App
@@ -31,8 +31,8 @@ func start(t *testing.T, offlineAfter time.Duration, setup func(*App)) *started 
 	// The program's own flags, with durations shortened to seconds.
 	cfg, err := parseConfig([]string{
 		"-delayd", exampletest.Delayd(t),
-		"-mysql-dsn", exampletest.Database(t, "ex_devices"),
-		"-namespace", "devices-" + exampletest.Suffix(),
+		"-mysql-dsn", testkit.Database(t, "ex_devices"),
+		"-namespace", testkit.Namespace(t, "devices"),
 		"-offline-after", offlineAfter.String(),
 		"-http", "127.0.0.1:0",
 		"-concurrency", "4",
@@ -40,7 +40,7 @@ func start(t *testing.T, offlineAfter time.Duration, setup func(*App)) *started 
 	if err != nil {
 		t.Fatal(err)
 	}
-	app, err := open(t.Context(), cfg, exampletest.Logger(t))
+	app, err := open(t.Context(), cfg, testkit.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,12 +126,12 @@ func TestSilentDeviceGoesOfflineWithATicket(t *testing.T) {
 	s := start(t, 500*time.Millisecond, nil)
 	s.heartbeat(t, "dev-2")
 	s.heartbeat(t, "dev-2")
-	exampletest.Eventually(t, 20*time.Second, "the silent device to go offline", func() bool { return s.device(t, "dev-2").Status == StatusOffline })
+	testkit.Eventually(t, 20*time.Second, "the silent device to go offline", func() bool { return s.device(t, "dev-2").Status == StatusOffline })
 	tks := s.tickets(t, "dev-2")
 	if len(tks) != 1 || tks[0].Reason != "offline" || tks[0].HeartbeatSeq != 2 || tks[0].RecoveredAt != nil {
 		t.Fatalf("tickets = %+v, want one open 'offline' ticket after heartbeat 2", tks)
 	}
-	exampletest.Eventually(t, 10*time.Second, "the task to be acked", func() bool { _, ok := s.task(t, "dev-2"); return !ok })
+	testkit.Eventually(t, 10*time.Second, "the task to be acked", func() bool { _, ok := s.task(t, "dev-2"); return !ok })
 
 	// A late heartbeat brings it back and closes the ticket.
 	dev := s.heartbeat(t, "dev-2")
@@ -146,7 +146,7 @@ func TestSilentDeviceGoesOfflineWithATicket(t *testing.T) {
 		t.Error("no offline task after the late heartbeat; a second silence would go unnoticed")
 	}
 	// And a second silence is noticed again.
-	exampletest.Eventually(t, 20*time.Second, "the second silence", func() bool { return s.device(t, "dev-2").Status == StatusOffline })
+	testkit.Eventually(t, 20*time.Second, "the second silence", func() bool { return s.device(t, "dev-2").Status == StatusOffline })
 	if tks := s.tickets(t, "dev-2"); len(tks) != 2 {
 		t.Errorf("%d tickets after two silences, want 2", len(tks))
 	}
@@ -183,7 +183,7 @@ func TestHeartbeatRacingTheExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(release)
-	exampletest.Eventually(t, 20*time.Second, "the probe behind the raced delivery to be handled", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the probe behind the raced delivery to be handled", func() bool {
 		_, err := s.app.delayd.Get(t.Context(), s.app.cfg.Namespace, "probe")
 		return status.Code(err) == codes.NotFound
 	})

@@ -11,15 +11,15 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/examples/internal/exampletest"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 type started struct {
 	app  *App
@@ -34,8 +34,8 @@ func start(t *testing.T, period, renewBy time.Duration, setup func(*App)) *start
 	// The program's own flags, with durations shortened to seconds.
 	cfg, err := parseConfig([]string{
 		"-delayd", exampletest.Delayd(t),
-		"-mysql-dsn", exampletest.Database(t, "ex_loans"),
-		"-namespace", "loans-" + exampletest.Suffix(),
+		"-mysql-dsn", testkit.Database(t, "ex_loans"),
+		"-namespace", testkit.Namespace(t, "loans"),
 		"-loan-period", period.String(),
 		"-renew-by", renewBy.String(),
 		"-reconcile-every", "0",
@@ -45,7 +45,7 @@ func start(t *testing.T, period, renewBy time.Duration, setup func(*App)) *start
 	if err != nil {
 		t.Fatal(err)
 	}
-	app, err := open(t.Context(), cfg, exampletest.Logger(t))
+	app, err := open(t.Context(), cfg, testkit.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestLoanBecomesOverdueAtItsDueDate(t *testing.T) {
 	if !ok || !task.DueTime.Equal(*s.loan(t, id).DueAt) {
 		t.Fatalf("overdue task = %+v, want one due at the loan's due date", task)
 	}
-	exampletest.Eventually(t, 20*time.Second, "the loan to become overdue", func() bool { return s.loan(t, id).Status == StatusOverdue })
+	testkit.Eventually(t, 20*time.Second, "the loan to become overdue", func() bool { return s.loan(t, id).Status == StatusOverdue })
 	ln := s.loan(t, id)
 	if ln.OverdueAt.Before(*ln.DueAt) {
 		t.Errorf("marked overdue at %v, before its due date %v", ln.OverdueAt, ln.DueAt)
@@ -127,7 +127,7 @@ func TestLoanBecomesOverdueAtItsDueDate(t *testing.T) {
 	if n := s.notices(t, id); n != 1 {
 		t.Errorf("%d overdue notices, want 1", n)
 	}
-	exampletest.Eventually(t, 10*time.Second, "the task to be acked", func() bool { _, ok := s.task(t, id); return !ok })
+	testkit.Eventually(t, 10*time.Second, "the task to be acked", func() bool { _, ok := s.task(t, id); return !ok })
 	// An overdue book can still be returned.
 	if code, ln := s.post(t, fmt.Sprintf("/loans/%d/return", id), ""); code != http.StatusOK || ln.Status != StatusReturned {
 		t.Errorf("return of an overdue loan = %d %+v, want 200 RETURNED", code, ln)
@@ -177,7 +177,7 @@ func TestRenewMovesTheDueDate(t *testing.T) {
 	if !ok || task.Generation != 2 || !task.DueTime.Equal(*ln.DueAt) {
 		t.Fatalf("task after renew = %+v, want generation 2 due at the new date", task)
 	}
-	exampletest.Eventually(t, 20*time.Second, "the loan to become overdue at the new date", func() bool { return s.loan(t, id).Status == StatusOverdue })
+	testkit.Eventually(t, 20*time.Second, "the loan to become overdue at the new date", func() bool { return s.loan(t, id).Status == StatusOverdue })
 	if got := s.loan(t, id).OverdueAt; got.Before(*ln.DueAt) {
 		t.Errorf("overdue at %v, before the renewed due date %v", got, ln.DueAt)
 	}
@@ -227,7 +227,7 @@ func TestRenewWhileOldDeliveryInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(release)
-	exampletest.Eventually(t, 20*time.Second, "the probe behind the stale delivery to be handled", func() bool {
+	testkit.Eventually(t, 20*time.Second, "the probe behind the stale delivery to be handled", func() bool {
 		_, err := s.app.delayd.Get(t.Context(), s.app.cfg.Namespace, "probe")
 		return status.Code(err) == codes.NotFound
 	})
@@ -269,7 +269,7 @@ func TestReconcileRepairsLostTasks(t *testing.T) {
 	if n != 1 {
 		t.Errorf("reconcile re-upserted %d tasks, want 1 (only the borrowed, past-due loan)", n)
 	}
-	exampletest.Eventually(t, 20*time.Second, "the repaired loan to become overdue", func() bool { return s.loan(t, lost).Status == StatusOverdue })
+	testkit.Eventually(t, 20*time.Second, "the repaired loan to become overdue", func() bool { return s.loan(t, lost).Status == StatusOverdue })
 	if n := s.notices(t, lost); n != 1 {
 		t.Errorf("%d notices for the repaired loan, want 1", n)
 	}

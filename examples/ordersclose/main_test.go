@@ -14,15 +14,15 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/examples/internal/exampletest"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // started is the program running against a real delayd and its own
 // database.
@@ -38,8 +38,8 @@ func start(t *testing.T, closeAfter time.Duration, setup func(*App)) *started {
 	// The program's own flags, with durations shortened to seconds.
 	cfg, err := parseConfig([]string{
 		"-delayd", exampletest.Delayd(t),
-		"-mysql-dsn", exampletest.Database(t, "ex_orders"),
-		"-namespace", "orders-" + exampletest.Suffix(),
+		"-mysql-dsn", testkit.Database(t, "ex_orders"),
+		"-namespace", testkit.Namespace(t, "orders"),
 		"-close-after", closeAfter.String(),
 		"-http", "127.0.0.1:0",
 		"-concurrency", "8",
@@ -47,7 +47,7 @@ func start(t *testing.T, closeAfter time.Duration, setup func(*App)) *started {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logger := exampletest.Logger(t)
+	logger := testkit.Logger(t)
 	app, err := open(t.Context(), cfg, logger)
 	if err != nil {
 		t.Fatal(err)
@@ -111,11 +111,11 @@ func TestUnpaidOrderIsClosed(t *testing.T) {
 		t.Fatalf("POST /orders = %d %v, want 201 WAIT_PAY", code, body)
 	}
 	id := uint64(body["id"].(float64))
-	exampletest.Eventually(t, 20*time.Second, "the order to close", func() bool { return s.status(t, id) == StatusClosed })
+	testkit.Eventually(t, 20*time.Second, "the order to close", func() bool { return s.status(t, id) == StatusClosed })
 	if got := s.events(t, id); got != "CREATED,CLOSED" {
 		t.Errorf("events = %s, want CREATED,CLOSED", got)
 	}
-	exampletest.Eventually(t, 10*time.Second, "the close task to be acked", func() bool { return s.taskGone(t, id) })
+	testkit.Eventually(t, 10*time.Second, "the close task to be acked", func() bool { return s.taskGone(t, id) })
 	if code, body := s.post(t, fmt.Sprintf("/orders/%d/pay", id), ""); code != http.StatusConflict {
 		t.Errorf("paying a closed order = %d %v, want 409", code, body)
 	}
@@ -164,7 +164,7 @@ func TestFailedCloseIsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exampletest.Eventually(t, 30*time.Second, "the order to close on the retry", func() bool { return s.status(t, ord.ID) == StatusClosed })
+	testkit.Eventually(t, 30*time.Second, "the order to close on the retry", func() bool { return s.status(t, ord.ID) == StatusClosed })
 	v, _ := attempts.Load(ord.ID)
 	if fmt.Sprint(v) != "[1 2]" {
 		t.Errorf("close attempts = %v, want [1 2]: the failed first attempt nacked and delayd retried", v)
@@ -211,7 +211,7 @@ func TestPaymentAndCloseRace(t *testing.T) {
 
 	var paid, closed int
 	for r := range results {
-		exampletest.Eventually(t, 20*time.Second, "every order to settle", func() bool {
+		testkit.Eventually(t, 20*time.Second, "every order to settle", func() bool {
 			return s.status(t, r.id) != StatusWaitPay && s.taskGone(t, r.id)
 		})
 		st, ev := s.status(t, r.id), s.events(t, r.id)

@@ -64,6 +64,9 @@ var rules = map[string]rule{
 	},
 	// The shared test kit: connect helpers, redis-server starters, proxies.
 	"internal/testkit": {imports: []string{"storage"}, testOnly: true},
+	// Starts delayd for tests (in-process); apart from testkit because the
+	// daemon's own tests use testkit.
+	"internal/testkit/delaydtest": {imports: []string{"daemon", "internal/testkit"}, testOnly: true},
 
 	// The layers above the stores see only storage's types and interfaces.
 	"tenancy": {
@@ -110,10 +113,10 @@ var rules = map[string]rule{
 		testImports: []string{"daemon", "internal/testkit"},
 	},
 	// Examples are client programs.
-	"examples/internal/exampletest": {imports: []string{"daemon", "internal/testkit"}, testOnly: true},
+	"examples/internal/exampletest": {imports: []string{"daemon", "internal/testkit", "internal/testkit/delaydtest"}, testOnly: true},
 	"examples/...": {
 		imports:     []string{"client"},
-		testImports: []string{"examples/internal/exampletest"},
+		testImports: []string{"examples/internal/exampletest", "internal/testkit"},
 	},
 }
 

@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,13 +83,26 @@ func RedisAt(t testing.TB, url string) *redis.Client {
 }
 
 // Suffix returns 12 random lower-case hex digits for names of one test.
+// Main deletes, after the package's tests, every namespace whose name ends
+// with a suffix Suffix returned in this process.
 func Suffix() string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err)
 	}
-	return hex.EncodeToString(b[:])
+	sfx := hex.EncodeToString(b[:])
+	suffixes.Lock()
+	suffixes.m[sfx] = true
+	suffixes.Unlock()
+	return sfx
 }
+
+// suffixes are the name suffixes this test process handed out (Main
+// sweeps the namespaces that carry one).
+var suffixes = struct {
+	sync.Mutex
+	m map[string]bool
+}{m: map[string]bool{}}
 
 // Namespace returns a fresh namespace name, prefix + "-" + Suffix(), and
 // deletes every key of it from the test Redis when t ends: its task keys,
@@ -115,14 +129,20 @@ func DeleteNamespaceKeys(t testing.TB, url, ns string) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if err := deleteNamespaceKeys(ctx, c, ns); err != nil {
+		t.Logf("cleanup of namespace %s: %v", ns, err)
+	}
+}
+
+// deleteNamespaceKeys deletes every key delayd keeps for ns.
+func deleteNamespaceKeys(ctx context.Context, c *redis.Client, ns string) error {
 	var keys []string
 	iter := c.Scan(ctx, 0, "delayd:{"+ns+"#*", 1000).Iterator()
 	for iter.Next(ctx) {
 		keys = append(keys, iter.Val())
 	}
 	if err := iter.Err(); err != nil {
-		t.Logf("cleanup of namespace %s: %v", ns, err)
-		return
+		return err
 	}
 	for _, k := range keys {
 		c.Del(ctx, k)
@@ -133,7 +153,7 @@ func DeleteNamespaceKeys(t testing.TB, url, ns string) {
 		c.HDel(ctx, reg+"keys", ids...)
 	}
 	c.Del(ctx, reg+"nskeys:"+ns, reg+"ns:"+ns)
-	c.ZRem(ctx, reg+"namespaces", ns)
+	return c.ZRem(ctx, reg+"namespaces", ns).Err()
 }
 
 // Database creates a MySQL database of the test's own (prefix + "_" +

@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage/durable"
@@ -21,7 +20,7 @@ func TestMain(m *testing.M) {
 	// The driver logs killed and dropped connections to stderr; the tests
 	// provoke plenty of those on purpose.
 	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }
 
 // env is one durable store over a database of its own.

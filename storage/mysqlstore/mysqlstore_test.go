@@ -5,15 +5,13 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/mysqlstore"
 	"github.com/delayd/delayd/storage/registrytest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // TestRegistryConformance runs the shared registry suite against the MySQL
 // registry, each subtest on a database of its own (the suite lists every

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -14,7 +15,7 @@ import (
 func BenchmarkUpsertBatch(b *testing.B) {
 	s := New(testRedisClient(b), Options{})
 	ctx := context.Background()
-	ns := "bench-" + randomNS(b)
+	ns := testkit.Namespace(b, "bench")
 	b.Cleanup(func() { s.rdb.Del(context.Background(), allKeys(keysFor(ns, shard))...) })
 	payload := make([]byte, 100)
 	specs := make([]storage.UpsertSpec, MaxBatch)
@@ -35,7 +36,7 @@ func BenchmarkUpsertBatch(b *testing.B) {
 func BenchmarkPopAck(b *testing.B) {
 	s := New(testRedisClient(b), Options{})
 	ctx := context.Background()
-	ns := "bench-" + randomNS(b)
+	ns := testkit.Namespace(b, "bench")
 	b.Cleanup(func() { s.rdb.Del(context.Background(), allKeys(keysFor(ns, shard))...) })
 	payload := make([]byte, 100)
 	const batch = 100

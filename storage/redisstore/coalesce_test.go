@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -77,7 +78,7 @@ func waitQueued(t *testing.T, s *Store, ns string, n int) {
 // loadScripts runs every script once so a later call is one EVALSHA.
 func loadScripts(t *testing.T, s *Store) {
 	t.Helper()
-	ns := "load-" + randomNS(t)
+	ns := testkit.Namespace(t, "load")
 	dropNS(t, s, ns)
 	if _, err := s.Upsert(context.Background(), ns, []storage.UpsertSpec{{ID: "x"}}); err != nil {
 		t.Fatal(err)
@@ -121,7 +122,7 @@ func TestUpsertCoalesces(t *testing.T) {
 	g := newScriptGate(true)
 	c.AddHook(g)
 	s := New(c, Options{})
-	ns := "co-" + randomNS(t)
+	ns := testkit.Namespace(t, "co")
 	dropNS(t, s, ns)
 
 	const n = 100
@@ -186,7 +187,7 @@ func TestUpsertCoalesceGenerations(t *testing.T) {
 	g := newScriptGate(true)
 	c.AddHook(g)
 	s := New(c, Options{})
-	ns := "cog-" + randomNS(t)
+	ns := testkit.Namespace(t, "cog")
 	dropNS(t, s, ns)
 
 	calls := [][]storage.UpsertSpec{
@@ -237,7 +238,7 @@ func TestUpsertCoalesceSameID(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			s := New(c, Options{})
-			ns := "cos-" + randomNS(t)
+			ns := testkit.Namespace(t, "cos")
 			dropNS(t, s, ns)
 			const n = 64
 			gens := make([]int64, n)
@@ -289,7 +290,7 @@ func TestUpsertCoalesceContextEnds(t *testing.T) {
 	g := newScriptGate(true)
 	c.AddHook(g)
 	s := New(c, Options{})
-	ns := "coc-" + randomNS(t)
+	ns := testkit.Namespace(t, "coc")
 	dropNS(t, s, ns)
 
 	var wg sync.WaitGroup
@@ -337,14 +338,14 @@ func TestUpsertCoalesceContextEnds(t *testing.T) {
 // (TestMain checks leaks).
 func TestUpsertCoalesceRedisDown(t *testing.T) {
 	t.Parallel()
-	srv := startRedisServer(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.addr, MaxRetries: -1})
+	srv := testkit.StartRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	s := New(c, Options{Timeout: 2 * time.Second})
 	loadScripts(t, s)
 	g := newScriptGate(true)
 	c.AddHook(g)
-	ns := "cod-" + randomNS(t)
+	ns := testkit.Namespace(t, "cod")
 
 	const n = 20
 	calls := make([][]storage.UpsertSpec, n)
@@ -360,7 +361,7 @@ func TestUpsertCoalesceRedisDown(t *testing.T) {
 		}
 	}
 	waitQueued(t, s, ns, n-1)
-	srv.stop()
+	srv.Kill()
 	g.open()
 	wg.Wait()
 	for i, o := range out {
@@ -383,7 +384,7 @@ func TestUpsertNoCoalesce(t *testing.T) {
 	g := newScriptGate(false)
 	c.AddHook(g)
 	s := New(c, Options{NoCoalesce: true})
-	ns := "con-" + randomNS(t)
+	ns := testkit.Namespace(t, "con")
 	dropNS(t, s, ns)
 	const n = 20
 	var wg sync.WaitGroup

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -40,7 +41,7 @@ func TestRestoreWithoutCreateTime(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			ns := "rs-" + randomNS(t)
+			ns := testkit.Namespace(t, "rs")
 			dropNS(t, s, ns)
 			due := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 			in := []storage.Task{{ID: "bare", Kind: "k", Payload: []byte("p"), State: storage.StateScheduled, Generation: 3, DueTime: due}}
@@ -68,7 +69,7 @@ func TestRestore(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			ns := "rs-" + randomNS(t)
+			ns := testkit.Namespace(t, "rs")
 			dropNS(t, s, ns)
 			base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 			in := []storage.Task{
@@ -149,7 +150,7 @@ func TestGenerations(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			ns := "gen-" + randomNS(t)
+			ns := testkit.Namespace(t, "gen")
 			dropNS(t, s, ns)
 			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a"}, {ID: "b", Generation: 41}, {ID: "a"}}); err != nil {
 				t.Fatal(err)
@@ -177,7 +178,7 @@ func TestIndexedMarker(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			ns := "mark-" + randomNS(t)
+			ns := testkit.Namespace(t, "mark")
 			dropNS(t, s, ns)
 			if ok, err := s.Indexed(ctx, ns); err != nil || ok {
 				t.Fatalf("indexed before marking = %v, %v", ok, err)
@@ -201,7 +202,7 @@ func TestTryLead(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			lease := "test-" + randomNS(t)
+			lease := testkit.Namespace(t, "test")
 			t.Cleanup(func() { s.rdb.Del(context.Background(), leaderKey(lease)) })
 			try := func(holder string, ttl time.Duration) bool {
 				t.Helper()
@@ -258,7 +259,7 @@ func TestNamespaces(t *testing.T) {
 	t.Parallel()
 	run := func(t *testing.T, s *Store) {
 		ctx := context.Background()
-		a, b := "nsa-"+randomNS(t), "nsb-"+randomNS(t)
+		a, b := testkit.Namespace(t, "nsa"), testkit.Namespace(t, "nsb")
 		dropNS(t, s, a)
 		dropNS(t, s, b)
 		if _, err := s.Upsert(ctx, a, []storage.UpsertSpec{{ID: "x"}}); err != nil {
@@ -293,7 +294,7 @@ func TestNamespaces(t *testing.T) {
 		var names []string
 		ctx := context.Background()
 		for range 8 {
-			ns := "nsc-" + randomNS(t)
+			ns := testkit.Namespace(t, "nsc")
 			names = append(names, ns)
 			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x"}}); err != nil {
 				t.Fatal(err)

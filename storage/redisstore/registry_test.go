@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -11,28 +10,14 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/registrytest"
 )
 
-// registryTestStore returns a Store on the shared test Redis
-// (TEST_REDIS_URL, default redis://127.0.0.1:6379).
+// registryTestStore returns a Store on the shared test Redis.
 func registryTestStore(t *testing.T) *Store {
-	t.Helper()
-	url := os.Getenv("TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379"
-	}
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL: %v", err)
-	}
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { _ = c.Close() })
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("redis at %s: %v", url, err)
-	}
-	return New(c, Options{})
+	return New(testkit.Redis(t), Options{})
 }
 
 func TestRegistryConformance(t *testing.T) {

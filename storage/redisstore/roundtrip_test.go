@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -39,7 +40,7 @@ func TestOneRoundTripPerBatch(t *testing.T) {
 	c.AddHook(counter)
 	s := New(c, Options{})
 	ctx := context.Background()
-	ns := "rt-" + randomNS(t)
+	ns := testkit.Namespace(t, "rt")
 	dropNS(t, s, ns)
 
 	specs := make([]storage.UpsertSpec, 1000)
@@ -108,7 +109,7 @@ func TestMemoryPerTask(t *testing.T) {
 	c := testRedisClient(t)
 	s := New(c, Options{})
 	ctx := context.Background()
-	ns := "mem-" + randomNS(t)
+	ns := testkit.Namespace(t, "mem")
 	dropNS(t, s, ns)
 	const n = 30000
 	payload := []byte(strings.Repeat("p", 100))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -55,16 +56,16 @@ func wantUnavailable(t *testing.T, errs map[string]error) {
 // killed fails with ErrUnavailable.
 func TestUnavailableWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
-	srv := startRedisServer(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.addr, MaxRetries: -1, DialerRetries: 1})
+	srv := testkit.StartRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { c.Close() })
 	s := New(c, Options{Timeout: 2 * time.Second})
 	ctx := context.Background()
-	ns := "down-" + randomNS(t)
+	ns := testkit.Namespace(t, "down")
 	if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x"}}); err != nil {
 		t.Fatalf("upsert while up: %v", err)
 	}
-	srv.stop()
+	srv.Kill()
 	wantUnavailable(t, everyOp(ctx, s, ns))
 }
 
@@ -117,7 +118,7 @@ func TestUnavailableWhileLoading(t *testing.T) {
 func TestScriptErrorIsNotUnavailable(t *testing.T) {
 	t.Parallel()
 	s := New(testRedisClient(t), Options{})
-	ns := "err-" + randomNS(t)
+	ns := testkit.Namespace(t, "err")
 	// a task record that is not one: the scripts fail on it
 	k := keysFor(ns, shard)
 	if err := s.rdb.HSet(context.Background(), k.task, "x", "garbage").Err(); err != nil {

@@ -1,124 +1,28 @@
 // Package exampletest starts what the examples' tests run against: a real
-// delayd in-process on the test Redis, and a MySQL database of their own.
-// Everything it starts is stopped, and every database dropped, in
-// t.Cleanup.
+// delayd in-process on the test Redis, and the example program itself.
+// Everything it starts is stopped in t.Cleanup. Databases, namespaces and
+// waits come from internal/testkit.
 package exampletest
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/daemon"
+	"github.com/delayd/delayd/internal/testkit/delaydtest"
 )
 
-// RedisURL is TEST_REDIS_URL, or the local default.
-func RedisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379"
-}
-
-// MySQLDSN is TEST_MYSQL_DSN, or the local default.
-func MySQLDSN() string {
-	if d := os.Getenv("TEST_MYSQL_DSN"); d != "" {
-		return d
-	}
-	return "root@tcp(127.0.0.1:3306)/test"
-}
-
-// Logger logs to the test log under -v, and nowhere otherwise.
-func Logger(t testing.TB) *slog.Logger {
-	if !testing.Verbose() {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
-
 // Delayd starts a real delayd on 127.0.0.1 (any free port) over the test
-// Redis, and returns its address. It is stopped when the test ends.
+// Redis (see internal/testkit), and returns its address. It is stopped
+// when the test ends.
 func Delayd(t testing.TB) string {
 	t.Helper()
-	d, err := daemon.Start(context.Background(), daemon.Config{
-		Listen:          "127.0.0.1:0",
-		RedisURL:        RedisURL(),
-		ShutdownTimeout: 5 * time.Second,
-	}, Logger(t).With("side", "delayd"))
-	if err != nil {
-		t.Fatalf("start delayd: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = d.Stop(ctx)
-	})
-	return d.Addr()
-}
-
-// Suffix returns a random lower-case hex string for names of one test.
-func Suffix() string {
-	b := make([]byte, 5)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// Database creates a database of its own for the test (prefix + random
-// suffix) on the test MySQL, drops it when the test ends, and returns a DSN
-// for it.
-func Database(t testing.TB, prefix string) string {
-	t.Helper()
-	cfg, err := mysql.ParseDSN(MySQLDSN())
-	if err != nil {
-		t.Fatalf("TEST_MYSQL_DSN: %v", err)
-	}
-	name := prefix + "_" + Suffix()
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec("CREATE DATABASE `" + name + "`"); err != nil {
-		t.Fatalf("create database %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		db, err := sql.Open("mysql", cfg.FormatDSN())
-		if err != nil {
-			return
-		}
-		defer db.Close()
-		_, _ = db.Exec("DROP DATABASE IF EXISTS `" + name + "`")
-	})
-	cfg.DBName = name
-	return cfg.FormatDSN()
-}
-
-// Eventually calls cond every 20 ms until it returns true, and fails the
-// test if it has not after d (a hang guard, not a speed assertion).
-func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return delaydtest.Start(t, daemon.Config{}).Addr()
 }
 
 // Serve runs an example program's serve loop in the background until the
