@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -39,6 +40,15 @@ func TestMain(m *testing.M) {
 }
 
 func testRedisURL() string { return testkit.RedisURL() }
+
+// testRedisOpts are the test Redis's address and database.
+func testRedisOpts(t testing.TB) *redis.Options {
+	opt, err := redis.ParseURL(testRedisURL())
+	if err != nil {
+		t.Fatalf("TEST_REDIS_URL: %v", err)
+	}
+	return opt
+}
 
 func suffix() string { return testkit.Suffix() }
 
@@ -260,6 +270,7 @@ func TestRedisDownAnswersUnavailable(t *testing.T) {
 type holdProxy struct {
 	lis    net.Listener
 	target string
+	db     int // the test Redis's database, kept in url()
 
 	mu      sync.Mutex
 	marker  []byte
@@ -275,7 +286,7 @@ func newHoldProxy(t *testing.T, target string) *holdProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &holdProxy{lis: lis, target: target}
+	p := &holdProxy{lis: lis, target: target, db: testRedisOpts(t).DB}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(func() {
@@ -286,7 +297,9 @@ func newHoldProxy(t *testing.T, target string) *holdProxy {
 	return p
 }
 
-func (p *holdProxy) url() string { return "redis://" + p.lis.Addr().String() }
+func (p *holdProxy) url() string {
+	return fmt.Sprintf("redis://%s/%d", p.lis.Addr(), p.db)
+}
 
 // hold makes writes containing marker wait until release; it returns a
 // channel closed once such a write is being held.
@@ -375,7 +388,7 @@ func TestStopDrainsInFlightCall(t *testing.T) {
 	t.Parallel()
 	ns := "dmn-" + suffix()
 	cleanNamespace(t, testRedisURL(), ns)
-	proxy := newHoldProxy(t, strings.TrimPrefix(testRedisURL(), "redis://"))
+	proxy := newHoldProxy(t, testRedisOpts(t).Addr)
 	s := start(t, Config{RedisURL: proxy.url()})
 	ctx := ctxFor(t)
 	id := "inflight-" + suffix()
@@ -438,7 +451,7 @@ func TestRunReturnsWithinShutdownTimeout(t *testing.T) {
 	t.Parallel()
 	ns := "dmn-" + suffix()
 	cleanNamespace(t, testRedisURL(), ns)
-	proxy := newHoldProxy(t, strings.TrimPrefix(testRedisURL(), "redis://"))
+	proxy := newHoldProxy(t, testRedisOpts(t).Addr)
 	listen := "127.0.0.1:" + freePort(t)
 	logs := &syncBuffer{}
 	logger := slog.New(slog.NewTextHandler(io.MultiWriter(logs, t.Output()), nil))
@@ -530,7 +543,7 @@ func TestStoreTimeoutBoundsHungRedis(t *testing.T) {
 	t.Parallel()
 	ns := "dmn-" + suffix()
 	cleanNamespace(t, testRedisURL(), ns)
-	proxy := newHoldProxy(t, strings.TrimPrefix(testRedisURL(), "redis://"))
+	proxy := newHoldProxy(t, testRedisOpts(t).Addr)
 	// The socket read timeout (30 s) is longer than the client's deadline
 	// (10 s): only the store timeout (300 ms) can end the call in time.
 	s := start(t, Config{RedisURL: proxy.url() + "?read_timeout=30s", StoreTimeout: 300 * time.Millisecond})
