@@ -113,7 +113,7 @@ var rules = map[string]rule{
 		testImports: []string{"daemon", "internal/testkit"},
 	},
 	// Examples are client programs.
-	"examples/internal/exampletest": {imports: []string{"daemon", "internal/testkit", "internal/testkit/delaydtest"}, testOnly: true},
+	"examples/internal/exampletest": {imports: []string{"client", "daemon", "internal/testkit", "internal/testkit/delaydtest"}, testOnly: true},
 	"examples/...": {
 		imports:     []string{"client"},
 		testImports: []string{"examples/internal/exampletest", "internal/testkit"},
