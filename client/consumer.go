@@ -197,12 +197,14 @@ const maxInFlight = 10000
 // once (with the error text as the reason), and extends the lease of
 // handlers that run long, before it ends. When the stream breaks, the server
 // drains (Unavailable) or is restarted, Consume reconnects with exponential
-// backoff; deliveries the old stream held are redelivered by the server.
+// backoff; deliveries the old stream sent stay leased to this consumer, so
+// the running handlers' acks (retried through the reconnect) still count.
 //
 // When ctx is cancelled Consume stops taking deliveries, waits for running
 // handlers (opts.ShutdownTimeout, then cancels their contexts and waits on),
-// sends their acks and nacks, closes the stream (delayd hands back at once
-// whatever it had sent but no handler started) and returns nil.
+// sends their acks and nacks, closes the stream and returns nil. Deliveries
+// delayd had sent but no handler started stay leased until their lease
+// deadline, then are delivered again (to another consumer).
 //
 // It returns an error, after the same drain, when delayd refuses the
 // subscription for good (InvalidArgument, NotFound, Unauthenticated,
@@ -232,8 +234,8 @@ func (c *Client) Consume(ctx context.Context, ns string, h Handler, opts Consume
 // Shutdown order, senders before receivers: stop handing deliveries to
 // workers → workers finish (their verdicts go to the acker, their leases
 // leave the leaser) → stop the leaser → close the acker's input, which
-// flushes → cancel the stream (the server hands back what it still held) →
-// wait for the receiver.
+// flushes → cancel the stream (what the server sent stays leased; what it
+// had not sent it takes back) → wait for the receiver.
 type consumer struct {
 	c      *Client
 	ns     string
@@ -408,8 +410,8 @@ func (cs *consumer) open(bg context.Context) *streamRun {
 
 func (r *streamRun) stopHanding() { r.stopOnce.Do(func() { close(r.stop) }) }
 
-// close ends the stream and waits for its receiver. The server hands back
-// whatever the stream still held.
+// close ends the stream and waits for its receiver. What the server sent
+// stays leased until its deadline; what it had not sent it takes back.
 func (r *streamRun) close() {
 	r.stopHanding()
 	r.cancel()
@@ -457,8 +459,8 @@ func (cs *consumer) receive(ctx context.Context, r *streamRun) error {
 		j := job{d: d, recv: time.Now()}
 		select {
 		case <-r.stop:
-			// Stopping: the delivery stays with the stream, which hands it
-			// back when it is cancelled.
+			// Stopping: no handler takes the delivery; it stays leased
+			// until its deadline and is then delivered again.
 			<-ctx.Done()
 			return ctx.Err()
 		default:

@@ -40,10 +40,20 @@
 //
 // # Leases
 //
-// A stream that ends hands back what it holds at once: a Nack with
-// RetryAfter 0 and the reason "subscriber stream closed". Deliveries popped
-// for a stream but never sent to it are handed back without counting
-// towards max attempts. Each namespace loop also reaps the namespace's
+// A delivery's lease in the store is short: Config.Liveness (6 s), renewed
+// by this replica every third of it for every delivery its streams hold,
+// up to the ack timeout the subscriber was told. So the deliveries of a
+// replica that dies (SIGKILL, a lost machine) come back within about
+// Liveness, not after the whole ack timeout; and a live replica's
+// deliveries stay leased for the full ack timeout.
+//
+// A stream that ends, and Stop, leave what the stream was SENT leased for
+// the rest of its ack timeout (the store lease is set to it): the
+// subscriber may be working on it and can ack it over any stream of any
+// replica, so a rolling deploy or a reconnect does not redeliver the tasks
+// in progress. Deliveries popped for a stream but never sent to it are
+// handed back at once (Nack, retry now, reason "no subscriber") without
+// costing an attempt. Each namespace loop also reaps the namespace's
 // expired leases (Store.Reap, safe on every replica at once), and, when
 // Config.Namespaces is set, a slower sweep reaps every namespace this
 // replica does not serve. Policies are re-read every Config.PolicyRefresh.
@@ -51,9 +61,10 @@
 // # Shutdown
 //
 // Stop stops the namespace loops (a pop in progress completes and is
-// distributed), then hands back every delivery the streams hold, then ends
-// every Serve with [ErrStopped] (the server answers Unavailable "reconnect"),
-// then stops the wake-up subscription and the sweeper, waiting for each.
+// distributed), then leaves what the streams were sent leased and hands
+// back what they were not, then ends every Serve with [ErrStopped] (the
+// server answers Unavailable "reconnect"), then stops the wake-up
+// subscription and the sweeper, waiting for each.
 package dispatcher
 
 import (
@@ -102,8 +113,6 @@ const (
 	// ReasonStreamClosed: the subscriber's stream ended while it held the
 	// delivery.
 	ReasonStreamClosed = "subscriber stream closed"
-	// ReasonShutdown: the server shut down while the stream held the delivery.
-	ReasonShutdown = "server shutting down"
 	// ReasonNoSubscriber: the task was popped for a stream that ended before
 	// it could be handed over; it was never sent.
 	ReasonNoSubscriber = "no subscriber"
@@ -158,6 +167,14 @@ type Config struct {
 	SweepInterval time.Duration
 	// StoreTimeout bounds each store call. If unset or zero, 5 seconds.
 	StoreTimeout time.Duration
+	// Liveness is how long a delivery stays leased in the store unless this
+	// replica renews it; the replica renews every Liveness/3, up to the
+	// namespace's ack timeout. A replica that stops (crash, hang) has its
+	// deliveries taken back after about Liveness instead of the whole ack
+	// timeout. Keep it well above StoreTimeout/3 and the worst pause of the
+	// process. If zero, 6 seconds; negative: no renewal, the store lease is
+	// the ack timeout.
+	Liveness time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -187,6 +204,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.StoreTimeout <= 0 {
 		c.StoreTimeout = 5 * time.Second
+	}
+	if c.Liveness == 0 {
+		c.Liveness = 6 * time.Second
 	}
 }
 
@@ -275,10 +295,11 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	if err := waitCtx(ctx, &d.loops); err != nil {
 		return fmt.Errorf("dispatcher stop: waiting for namespace loops: %w", err)
 	}
-	// 2. Hand back everything the streams hold and end them.
+	// 2. Leave what the streams were sent leased, hand back the rest, end
+	// the streams.
 	for _, n := range nss {
 		sent, unsent := n.closeAll()
-		d.handBack(ctx, n, sent, unsent, ReasonShutdown)
+		d.handBack(ctx, n, sent, unsent)
 	}
 	// 3. Wait for the Serve calls (the streams' senders) to return.
 	errServe := waitCtx(ctx, &d.serving)
@@ -388,6 +409,9 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 				continue // Handed back or lease expired meanwhile.
 			}
 			if err := sub.Send(del); err != nil {
+				// Not sent after all: it goes back without costing an
+				// attempt (unless Stop already let go of it as sent).
+				n.unmarkSent(st, del.Token)
 				return err
 			}
 		}
@@ -416,23 +440,73 @@ func (d *Dispatcher) release(n *namespace, st *stream) {
 	}
 	ctx, cancel := context.WithTimeout(d.base, d.cfg.StoreTimeout)
 	defer cancel()
-	d.handBack(ctx, n, sent, unsent, ReasonStreamClosed)
+	d.handBack(ctx, n, sent, unsent)
 }
 
-// handBack nacks deliveries for an immediate retry: sent ones count towards
-// max attempts (a subscriber crashing on a task must not retry it forever),
-// unsent ones do not.
-func (d *Dispatcher) handBack(ctx context.Context, n *namespace, sent, unsent []storage.Token, reason string) {
-	zero := time.Duration(0)
-	pol := n.policy(ctx)
-	if len(sent) > 0 {
-		d.nack(ctx, n.name, sent, storage.NackOptions{RetryAfter: &zero, Reason: reason, MaxAttempts: pol.MaxAttempts, Backoff: pol.Backoff})
+// handBack lets go of deliveries a stream held. Sent ones stay leased until
+// the ack timeout the subscriber was told (their store lease, kept short by
+// renewals, is set to it), so their acks work on any replica; unsent ones
+// go back for an immediate retry without costing an attempt.
+func (d *Dispatcher) handBack(ctx context.Context, n *namespace, sent []heldLease, unsent []storage.Token) {
+	if d.cfg.Liveness > 0 && len(sent) > 0 {
+		d.renew(ctx, n, sent, true)
 	}
 	if len(unsent) > 0 {
-		d.nack(ctx, n.name, unsent, storage.NackOptions{RetryAfter: &zero, Reason: ReasonNoSubscriber, MaxAttempts: math.MaxInt32, Backoff: pol.Backoff})
+		zero := time.Duration(0)
+		pol := n.policy(ctx)
+		d.nack(ctx, n.name, unsent, storage.NackOptions{RetryAfter: &zero, Reason: ReasonNoSubscriber,
+			MaxAttempts: math.MaxInt32, Backoff: pol.Backoff, Unsent: true})
+		// Another local stream may take them at once.
+		n.poke(n.wake)
 	}
-	// Another local stream may take them at once.
-	n.poke(n.wake)
+}
+
+// heldLease is a delivery this replica holds and the lease deadline its
+// subscriber was told.
+type heldLease struct {
+	tok      storage.Token
+	deadline time.Time
+}
+
+// renew sets the store lease of each held delivery to the earlier of now +
+// Liveness and the deadline its subscriber was told; with final, to that
+// deadline (the replica lets go of it). Tokens the store no longer leases
+// (acked, nacked or reaped anywhere) are returned.
+func (d *Dispatcher) renew(ctx context.Context, n *namespace, held []heldLease, final bool) (gone []storage.Token) {
+	now := d.cfg.Clock.Now()
+	groups := map[time.Duration][]storage.Token{}
+	for _, h := range held {
+		left := h.deadline.Sub(now)
+		if left <= 0 {
+			continue
+		}
+		by := left
+		if !final && by > d.cfg.Liveness {
+			by = d.cfg.Liveness
+		}
+		by = by.Round(100 * time.Millisecond)
+		if by <= 0 {
+			continue
+		}
+		groups[by] = append(groups[by], h.tok)
+	}
+	for by, toks := range groups {
+		for start := 0; start < len(toks); start += d.cfg.PopBatch {
+			end := min(start+d.cfg.PopBatch, len(toks))
+			res, err := d.cfg.Store.Extend(ctx, n.name, toks[start:end], by)
+			if err != nil {
+				d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: renewing leases failed; they may be taken back and delivered again",
+					slog.String("namespace", n.name), slog.Int("deliveries", end-start), slog.String("error", err.Error()))
+				continue
+			}
+			for i, r := range res {
+				if r.Status != storage.TokenOK && start+i < len(toks) {
+					gone = append(gone, toks[start+i])
+				}
+			}
+		}
+	}
+	return gone
 }
 
 func (d *Dispatcher) nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) {

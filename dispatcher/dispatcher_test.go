@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,8 +286,8 @@ func TestSlowSubscriberDoesNotStallOthers(t *testing.T) {
 		got[d.Task.ID]++
 		h.ack(h.d, d.Token)
 	}
-	// The one task the slow subscriber holds comes back when it goes away,
-	// at once (the lease is an hour).
+	// The one task the slow subscriber's Send never got through comes back
+	// when it goes away, at once (the lease is an hour).
 	if err := slow.close(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("slow Serve returned %v, want context.Canceled", err)
 	}
@@ -303,9 +304,15 @@ func TestSlowSubscriberDoesNotStallOthers(t *testing.T) {
 	}
 }
 
-func TestStreamEndHandsBackAtOnce(t *testing.T) {
+// A stream that ends leaves what it was sent leased (issue 10 item 4): the
+// subscriber may still be working on it and ack it over another stream or
+// replica. With max_attempts 1 a stream close used to send every task in
+// progress to the dead letters.
+func TestStreamEndLeavesSentLeased(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, testPolicy(), nil) // lease: one hour
+	pol := testPolicy() // lease: one hour
+	pol.MaxAttempts = 1
+	h := newHarness(t, pol, nil)
 	a := h.subscribe(h.d, h.ns, 10)
 	h.upsert(h.d, 0, "x")
 	first := a.next(t)
@@ -319,17 +326,106 @@ func TestStreamEndHandsBackAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if task.State != storage.StateScheduled || task.LastError != dispatcher.ReasonStreamClosed {
-		t.Fatalf("after the stream ended: state %v, last error %q; want scheduled, %q", task.State, task.LastError, dispatcher.ReasonStreamClosed)
+	if task.State != storage.StateDelivered || task.Attempt != 1 {
+		t.Fatalf("after the stream ended: state %v attempt %d (%q); want delivered (still leased) attempt 1", task.State, task.Attempt, task.LastError)
 	}
 	b := h.subscribe(h.d, h.ns, 10)
-	again := b.next(t)
-	if again.Task.ID != "x" || again.Token.Attempt != 2 {
-		t.Fatalf("redelivery: %s attempt %d, want x attempt 2", again.Task.ID, again.Token.Attempt)
+	b.none(t)
+	// The subscriber finishes the work and acks over its new stream.
+	if st := h.ack(h.d, first.Token); st[0] != storage.TokenOK {
+		t.Fatalf("ack after the stream ended: %v, want OK", st[0])
 	}
-	// The old delivery's ack changes nothing.
-	if st := h.ack(h.d, first.Token); st[0] != storage.TokenStale {
-		t.Fatalf("ack of the handed-back delivery: %v, want STALE", st[0])
+}
+
+// A delivery popped for a stream but never sent to it goes back without
+// costing an attempt (issue 10 item 4).
+func TestUnsentHandBackCostsNoAttempt(t *testing.T) {
+	t.Parallel()
+	pol := testPolicy()
+	pol.MaxAttempts = 1
+	h := newHarness(t, pol, nil)
+	block := make(chan struct{}) // never closed: the first Send never completes
+	a := h.subscribeWith(h.d, h.ns, 5, block)
+	ids := []string{"u1", "u2", "u3", "u4", "u5"}
+	h.upsert(h.d, 0, ids...)
+	testkit.Eventually(t, wait, "five tasks popped for the stream", func() bool {
+		st, err := h.store.Stats(context.Background(), h.ns)
+		return err == nil && st.Delivered == 5
+	})
+	if err := a.close(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve returned %v, want context.Canceled", err)
+	}
+	// Four waited in the stream's queue; the fifth was in a Send that
+	// failed (the stream ended): none reached the subscriber.
+	for _, id := range ids {
+		task, err := h.get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if task.State != storage.StateScheduled || task.Attempt != 0 {
+			t.Errorf("%s after the stream ended: state %v attempt %d (%q); want scheduled, attempt 0", id, task.State, task.Attempt, task.LastError)
+		}
+	}
+}
+
+// frozenStore is the real store until frozen; then every call blocks until
+// its context ends, as the store calls of a replica that hangs or died do.
+type frozenStore struct {
+	dispatcher.Store
+	frozen atomic.Bool
+}
+
+func (f *frozenStore) wait(ctx context.Context) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (f *frozenStore) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+	if f.frozen.Load() {
+		return nil, f.wait(ctx)
+	}
+	return f.Store.Pop(ctx, ns, limit, leaseFor)
+}
+
+func (f *frozenStore) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
+	if f.frozen.Load() {
+		return nil, f.wait(ctx)
+	}
+	return f.Store.Extend(ctx, ns, tokens, by)
+}
+
+// The deliveries of a replica that stopped working (crashed, hung) come
+// back within about the liveness lease, not after the ack timeout (an
+// hour here): the replica renews the store leases of what it holds, and
+// the renewals stop with it (issue 10 item 4).
+func TestDeadReplicaLeasesComeBackSoon(t *testing.T) {
+	t.Parallel()
+	live := func(c *dispatcher.Config) { c.Liveness = time.Second }
+	h := newHarness(t, testPolicy(), live)
+	fs := &frozenStore{Store: h.store}
+	dead := h.startDispatcher(testPolicy(), func(c *dispatcher.Config) { live(c); c.Store = fs; c.StoreTimeout = 500 * time.Millisecond })
+	a := h.subscribe(dead, h.ns, 10)
+	h.upsert(dead, 0, "d1", "d2")
+	got := map[string]storage.Delivery{}
+	for range 2 {
+		d := a.next(t)
+		got[d.Task.ID] = d
+	}
+	// Outlive a few renewals first: a live replica keeps its leases.
+	time.Sleep(3 * time.Second)
+	b := h.subscribe(h.d, h.ns, 10)
+	b.none(t)
+	fs.frozen.Store(true)
+	again := map[string]bool{}
+	for range 2 {
+		d := b.next(t)
+		again[d.Task.ID] = true
+		if d.Token.Attempt != 2 {
+			t.Errorf("%s reclaimed with attempt %d, want 2", d.Task.ID, d.Token.Attempt)
+		}
+	}
+	if !again["d1"] || !again["d2"] {
+		t.Fatalf("reclaimed %v, want d1 and d2", again)
 	}
 }
 
@@ -351,14 +447,18 @@ func TestLeaseExpiryFreesCreditAndRedelivers(t *testing.T) {
 	}
 }
 
-func TestStopHandsBackAndEndsStreams(t *testing.T) {
+// Stop leaves what the streams were sent leased, so a rolling deploy does
+// not redeliver the tasks in progress (nor, with max_attempts 1, kill
+// them): their acks work on any replica (issue 10 item 4).
+func TestStopLeavesSentLeasedAndEndsStreams(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, testPolicy(), nil)
-	d := h.startDispatcher(testPolicy(), nil)
+	pol := testPolicy()
+	pol.MaxAttempts = 1
+	h := newHarness(t, pol, nil)
+	d := h.startDispatcher(pol, nil)
 	s := h.subscribe(d, h.ns, 10)
 	h.upsert(d, 0, "s1", "s2")
-	s.next(t)
-	s.next(t)
+	toks := []storage.Token{s.next(t).Token, s.next(t).Token}
 
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
@@ -379,8 +479,14 @@ func TestStopHandsBackAndEndsStreams(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if task.State != storage.StateScheduled || task.LastError != dispatcher.ReasonShutdown {
-			t.Errorf("%s after Stop: state %v, last error %q; want scheduled, %q", id, task.State, task.LastError, dispatcher.ReasonShutdown)
+		if task.State != storage.StateDelivered || task.Attempt != 1 {
+			t.Errorf("%s after Stop: state %v attempt %d (%q); want delivered (still leased) attempt 1", id, task.State, task.Attempt, task.LastError)
+		}
+	}
+	// The other replica takes the acks.
+	for i, st := range h.ack(h.d, toks...) {
+		if st != storage.TokenOK {
+			t.Errorf("ack %d after Stop: %v, want OK", i, st)
 		}
 	}
 	err := d.Serve(context.Background(), dispatcher.Subscriber{Namespace: h.ns, MaxInFlight: 1, Send: func(storage.Delivery) error { return nil }})

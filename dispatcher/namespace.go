@@ -30,11 +30,12 @@ type namespace struct {
 	polAt     time.Time // when pol was read; zero: never
 
 	// Loop-only state.
-	lastReap time.Time
-	popFull  bool          // the last pop round was filled: a backlog may be waiting
-	errWait  time.Duration // backoff after a store error; 0 when healthy
-	idleWait time.Duration // backoff when the store says "due" but gives nothing
-	lastWarn time.Time
+	lastReap  time.Time
+	popFull   bool          // the last pop round was filled: a backlog may be waiting
+	nextRenew time.Time     // when the held deliveries' store leases are renewed next
+	errWait   time.Duration // backoff after a store error; 0 when healthy
+	idleWait  time.Duration // backoff when the store says "due" but gives nothing
+	lastWarn  time.Time
 }
 
 func newNamespace(d *Dispatcher, name string) *namespace {
@@ -125,6 +126,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		reapFull = len(moved) >= cfg.ReapBatch
 	}
 
+	n.renewHeld(ctx)
 	free := n.freeCredit(cfg.Clock.Now())
 	popFull := false
 	if free > 0 {
@@ -152,11 +154,11 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	n.errWait = 0
 	if !ok {
 		n.idleWait = 0
-		return cfg.SafetyPoll, false, false
+		return n.renewWait(cfg.SafetyPoll), false, false
 	}
 	if until := next.Sub(storeNow); until > 0 {
 		n.idleWait = 0
-		return min(until, cfg.SafetyPoll), false, false
+		return n.renewWait(min(until, cfg.SafetyPoll)), false, false
 	}
 	// Something is due, or a lease ran out, right now.
 	if free > 0 && progress {
@@ -176,12 +178,51 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		return n.idleWait, false, true
 	}
 	// Blocked on credit: wake when credit comes back, when a local lease
-	// runs out, or after the safety poll (which also reaps).
+	// runs out, when the leases are due for renewal, or after the safety
+	// poll (which also reaps).
 	wait = cfg.SafetyPoll
 	if np := n.earliestLease(); !np.IsZero() {
 		wait = min(wait, max(np.Sub(cfg.Clock.Now()), time.Millisecond))
 	}
-	return wait, true, false
+	return n.renewWait(wait), true, false
+}
+
+// renewWait shortens wait to the next lease renewal when deliveries are
+// held (the loop only sleeps up to SafetyPoll otherwise, which may be
+// longer than a third of Liveness).
+func (n *namespace) renewWait(wait time.Duration) time.Duration {
+	if n.d.cfg.Liveness <= 0 || n.nextRenew.IsZero() {
+		return wait
+	}
+	return min(wait, max(n.nextRenew.Sub(n.d.cfg.Clock.Now()), time.Millisecond))
+}
+
+// renewHeld renews the store leases of every delivery the streams hold,
+// every Liveness/3 (see Config.Liveness), and frees the credit of those the
+// store no longer leases (acked or nacked through another replica).
+func (n *namespace) renewHeld(ctx context.Context) {
+	cfg := &n.d.cfg
+	now := cfg.Clock.Now()
+	if cfg.Liveness <= 0 || (!n.nextRenew.IsZero() && now.Before(n.nextRenew)) {
+		return
+	}
+	n.mu.Lock()
+	held := make([]heldLease, 0, len(n.held))
+	for tok, st := range n.held {
+		held = append(held, heldLease{tok: tok, deadline: st.held[tok].deadline})
+	}
+	n.mu.Unlock()
+	if len(held) == 0 {
+		n.nextRenew = time.Time{}
+		return
+	}
+	n.nextRenew = now.Add(cfg.Liveness / 3)
+	c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
+	gone := n.d.renew(c, n, held, false)
+	cancel()
+	if n.settle(gone) > 0 {
+		n.poke(n.credit)
+	}
 }
 
 // pop pops for free credit: one Pop of at most PopBatch, or, when free
@@ -192,6 +233,12 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 // every call was filled (more may be due), and the first error.
 func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (got int, full bool, err error) {
 	cfg := &n.d.cfg
+	// The store lease is the short liveness lease, renewed while this
+	// replica holds the delivery; the subscriber is told the ack timeout.
+	storeLease := leaseFor
+	if cfg.Liveness > 0 && cfg.Liveness < leaseFor {
+		storeLease = cfg.Liveness
+	}
 	// Fan out only while a backlog drains (the last round came back
 	// full): under a steady flow one Pop finds the few tasks that just fell
 	// due, and more calls would only cost Redis and this loop.
@@ -209,7 +256,11 @@ func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (
 	popOne := func(i int) {
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		defer cancel()
-		results[i], errs[i] = cfg.Store.Pop(c, n.name, limits[i], leaseFor)
+		results[i], errs[i] = cfg.Store.Pop(c, n.name, limits[i], storeLease)
+		for j := range results[i] {
+			results[i][j].LeaseDeadline = results[i][j].LeaseDeadline.Add(leaseFor - storeLease)
+			results[i][j].Task.LeaseDeadline = results[i][j].LeaseDeadline
+		}
 	}
 	if calls > 1 {
 		var wg sync.WaitGroup
@@ -348,11 +399,14 @@ func (n *namespace) distribute(dels []storage.Delivery, deadline time.Time) {
 	if len(orphans) < len(dels) && (n.nextPrune.IsZero() || deadline.Before(n.nextPrune)) {
 		n.nextPrune = deadline
 	}
+	if len(orphans) < len(dels) && n.nextRenew.IsZero() && n.d.cfg.Liveness > 0 {
+		n.nextRenew = n.d.cfg.Clock.Now().Add(n.d.cfg.Liveness / 3)
+	}
 	n.mu.Unlock()
 	if len(orphans) > 0 {
 		ctx, cancel := context.WithTimeout(n.d.base, n.d.cfg.StoreTimeout)
 		defer cancel()
-		n.d.handBack(ctx, n, nil, orphans, ReasonNoSubscriber)
+		n.d.handBack(ctx, n, nil, orphans)
 	}
 }
 
@@ -385,6 +439,15 @@ func (n *namespace) markSent(st *stream, tok storage.Token) bool {
 	return true
 }
 
+// unmarkSent records that sending tok failed: the subscriber never got it.
+func (n *namespace) unmarkSent(st *stream, tok storage.Token) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if l := st.held[tok]; l != nil {
+		l.sent = false
+	}
+}
+
 // settle frees the credit of the tokens held here; it returns how many were.
 func (n *namespace) settle(tokens []storage.Token) int {
 	n.mu.Lock()
@@ -413,7 +476,7 @@ func (n *namespace) extend(tokens []storage.Token, deadline time.Time) {
 
 // remove unregisters a stream and returns what it held (split into sent
 // and never sent) and whether no stream is left. d.mu is held.
-func (n *namespace) remove(st *stream) (sent, unsent []storage.Token, empty bool) {
+func (n *namespace) remove(st *stream) (sent []heldLease, unsent []storage.Token, empty bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !st.closed {
@@ -431,7 +494,7 @@ func (n *namespace) remove(st *stream) (sent, unsent []storage.Token, empty bool
 
 // closeAll ends every stream (their Serve returns ErrStopped) and returns
 // what they held.
-func (n *namespace) closeAll() (sent, unsent []storage.Token) {
+func (n *namespace) closeAll() (sent []heldLease, unsent []storage.Token) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, st := range n.streams {
@@ -445,10 +508,10 @@ func (n *namespace) closeAll() (sent, unsent []storage.Token) {
 	return sent, unsent
 }
 
-func (n *namespace) takeHeld(st *stream) (sent, unsent []storage.Token) {
+func (n *namespace) takeHeld(st *stream) (sent []heldLease, unsent []storage.Token) {
 	for tok, l := range st.held {
 		if l.sent {
-			sent = append(sent, tok)
+			sent = append(sent, heldLease{tok: tok, deadline: l.deadline})
 		} else {
 			unsent = append(unsent, tok)
 		}

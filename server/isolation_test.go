@@ -555,8 +555,11 @@ func TestCrossNamespaceTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.GetTask().GetState() != delaydv1.TaskState_TASK_STATE_DELIVERED || !got.GetTask().GetLeaseDeadline().AsTime().Equal(deadline) {
-		t.Errorf("B's task after A's attempts: state %v lease %v, want DELIVERED with lease %v",
+	// (The store lease a live replica renews is at most the deadline the
+	// subscriber was told; an extension by A's token would have moved it
+	// past it.)
+	if got.GetTask().GetState() != delaydv1.TaskState_TASK_STATE_DELIVERED || got.GetTask().GetLeaseDeadline().AsTime().After(deadline) {
+		t.Errorf("B's task after A's attempts: state %v lease %v, want DELIVERED with lease at most %v",
 			got.GetTask().GetState(), got.GetTask().GetLeaseDeadline().AsTime(), deadline)
 	}
 	// And B's own consumer still can ack it.

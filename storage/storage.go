@@ -226,6 +226,9 @@ type NackOptions struct {
 	MaxAttempts int32
 	// Backoff is used when RetryAfter is nil.
 	Backoff Backoff
+	// Unsent says the deliveries were popped but never sent to a
+	// subscriber: each gives back the attempt its pop counted (Nack only).
+	Unsent bool
 }
 
 // Stats counts one namespace's tasks.

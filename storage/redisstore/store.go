@@ -548,10 +548,14 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 	var movedTasks []storage.Moved
 	err := chunks(len(tokens), func(lo, hi int) error {
 		part := tokens[lo:hi]
-		args := make([]any, 0, 11+tokenArity*len(part))
+		args := make([]any, 0, 12+tokenArity*len(part))
 		args = append(args, s.wake, ns)
 		args = append(args, retryArgs(opts.RetryAfter, opts)...)
-		args = append(args, len(part))
+		uncount := "0"
+		if opts.Unsent {
+			uncount = "1"
+		}
+		args = append(args, uncount, len(part))
 		args = tokenArgs(args, ns, part)
 		rep, err := s.runSlice(ctx, "nack", scripts.nack, keys, args...)
 		if err != nil {
@@ -566,7 +570,11 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 			if st == storage.TokenOK {
 				state, _ := replyInt(rep[2+3*i])
 				at, _ := replyInt(rep[3+3*i])
-				movedTasks = append(movedTasks, moved(t.ID, t.Generation, t.Attempt, state, at, opts.Reason))
+				attempt := t.Attempt
+				if opts.Unsent && attempt > 0 {
+					attempt-- // the pop's count was given back
+				}
+				movedTasks = append(movedTasks, moved(t.ID, t.Generation, attempt, state, at, opts.Reason))
 			}
 		}
 		return nil

@@ -7,7 +7,9 @@
 -- ARGV[3] retry_after ms ('' = backoff), ARGV[4] max attempts (0 = no limit),
 -- ARGV[5] backoff initial ms, ARGV[6] backoff max ms, ARGV[7] multiplier,
 -- ARGV[8] jitter fraction, ARGV[9] jitter seed in [0, 1), ARGV[10] reason
--- ARGV[11] n (at most 1,000); then per token i (from 0), at ARGV[12+4i ..]:
+-- ARGV[11] '1' when the deliveries were popped but never sent: each gives
+--          back the attempt its pop counted, else '0'
+-- ARGV[12] n (at most 1,000); then per token i (from 0), at ARGV[13+4i ..]:
 --          id, generation, attempt, task create time (Unix ms; a token whose
 --          create time is not the task's, or is 0, answers NOT_FOUND)
 --
@@ -19,7 +21,8 @@
 -- earlier token of this call); when OK, state 1 (scheduled, time = due ms)
 -- or 3 (dead, time = death ms), else 0 and 0.
 local now = now_ms()
-local n = tonumber(ARGV[11])
+local uncount = ARGV[11] == '1'
+local n = tonumber(ARGV[12])
 local out = {now}
 if n == 0 then
   return out
@@ -27,7 +30,7 @@ end
 local p = retry_policy(3)
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[12 + 4 * i]
+  ids[i + 1] = ARGV[13 + 4 * i]
 end
 local recs = redis.call('HMGET', KEYS[4], unpack(ids))
 local leased = redis.call('ZMSCORE', KEYS[2], unpack(ids))
@@ -36,7 +39,7 @@ local wake = false
 local W = {due = {}, dead = {}, task = {}}
 local back, done = {}, {}
 for i = 0, n - 1 do
-  local j = 12 + 4 * i
+  local j = 13 + 4 * i
   local id = ids[i + 1]
   local st, state, at = 3, 0, 0
   if not done[id] then
@@ -46,6 +49,9 @@ for i = 0, n - 1 do
     if st == 1 then
       done[id] = true
       back[#back + 1] = id
+      if uncount and r.attempt > 0 then
+        r.attempt = r.attempt - 1
+      end
       state, at = settle(W, id, recs[i + 1], r, now, p, i)
       if state == 1 and (first == nil or at < first) then
         first = at
