@@ -135,6 +135,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	if d.durable != nil {
 		cleanup = append(cleanup, func() { _ = d.durable.close(context.Background()) })
 		tasks, registry = d.durable.store, d.durable.store.Registry()
+		// A Redis-only deployment switching to durable mode keeps its
+		// namespaces and API keys (registryimport.go).
+		if err := importRedisRegistry(ctx, store, registry, logger); err != nil {
+			return nil, fmt.Errorf("durable mode: importing the Redis-only registry (namespaces, API keys) into MySQL: %w", err)
+		}
 	}
 
 	// 2c. Tenancy (tenancy.go): namespaces with their policies and API keys;

@@ -30,6 +30,7 @@ import (
 //	delayd:{registry}:namespaces    ZSET  every namespace name, score 0 (name order)
 //	delayd:{registry}:keys          HASH  API key id -> key record (JSON, SHA-256 of the secret)
 //	delayd:{registry}:nskeys:<ns>   ZSET  key ids of namespace ns ("*" = global) -> create time (ms)
+//	delayd:{registry}:imported      STRING when durable mode copied this registry into MySQL (Unix ms)
 //
 // Namespaces are validated with storage.ValidateNamespace before they reach
 // these functions ([a-z0-9][a-z0-9_-]*), so no name can open or close a hash
@@ -104,6 +105,9 @@ func registryNamespaceKey(name string) string { return keyPrefix + registryTag +
 
 // registryNamespaceIndexKey is the ZSET of every namespace name, score 0.
 func registryNamespaceIndexKey() string { return keyPrefix + registryTag + ":namespaces" }
+
+// registryImportedKey marks a registry durable mode has copied into MySQL.
+func registryImportedKey() string { return keyPrefix + registryTag + ":imported" }
 
 // registryKeysKey is the HASH of every API key: id -> key record.
 func registryKeysKey() string { return keyPrefix + registryTag + ":keys" }

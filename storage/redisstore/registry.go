@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -430,4 +431,27 @@ func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
 		return 0, err
 	}
 	return replyInt(v)
+}
+
+// RegistryImported reports whether durable mode has copied this Redis
+// registry into MySQL (MarkRegistryImported), so it is copied only once.
+func (s *Store) RegistryImported(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	n, err := s.rdb.Exists(ctx, registryImportedKey()).Result()
+	if err != nil {
+		return false, wrapErr("registry imported", err)
+	}
+	return n == 1, nil
+}
+
+// MarkRegistryImported records that durable mode copied this registry into
+// MySQL; the registry itself is left as it was (a way back to Redis-only).
+func (s *Store) MarkRegistryImported(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.rdb.Set(ctx, registryImportedKey(), time.Now().UnixMilli(), 0).Err(); err != nil {
+		return wrapErr("mark registry imported", err)
+	}
+	return nil
 }
