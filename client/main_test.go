@@ -2,8 +2,6 @@ package client_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"log/slog"
 	"testing"
@@ -80,9 +78,7 @@ func (s *delayd) stop() {
 // tasks are left in it at the end.
 func namespace(t *testing.T, c *client.Client) string {
 	t.Helper()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	ns := "ct-" + hex.EncodeToString(b)
+	ns := "ct-" + testkit.Suffix()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

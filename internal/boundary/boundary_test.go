@@ -54,7 +54,7 @@ var rules = map[string]rule{
 			"storage/registrytest", "internal/testkit"},
 	},
 	// Conformance suites: every store passes them; tests only.
-	"storage/storetest":    {imports: []string{"storage"}, testOnly: true},
+	"storage/storetest":    {imports: []string{"storage", "internal/testkit"}, testOnly: true},
 	"storage/registrytest": {imports: []string{"storage"}, testOnly: true},
 	// In-memory and faulty stores for the layers above the stores; tests only.
 	"storage/storagefake": {

@@ -18,8 +18,6 @@ package storetest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -29,6 +27,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -63,14 +62,12 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("ConcurrentPop", func(t *testing.T) { testConcurrentPop(t, newStore) })
 }
 
-// Namespace returns a fresh random namespace name ("st" + 16 hex digits).
+// Namespace returns a fresh random namespace name ("st" + 12 hex digits
+// from testkit.Suffix, so testkit.Main deletes whatever a store keeps of it
+// beyond its tasks, such as durable mode's index marker).
 func Namespace(t testing.TB) string {
 	t.Helper()
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	return "st" + hex.EncodeToString(b[:])
+	return "st" + testkit.Suffix()
 }
 
 // Seed is one task put in place before a transition is tested.
