@@ -96,6 +96,9 @@ func New(client redis.UniversalClient, opts Options) *Store {
 	if s.wake == "" {
 		s.wake = DefaultWakeChannel
 	}
+	// Fail fast once Redis is known down (see breaker). Only calls that
+	// waited half the store timeout (at most 1 s) count as evidence.
+	client.AddHook(breakerHook{&breaker{openFor: time.Second, tripAfter: min(s.timeout/2, time.Second)}})
 	return s
 }
 
@@ -138,6 +141,8 @@ func wrapErr(op string, err error) error {
 func unavailable(err error) bool {
 	var ne net.Error
 	switch {
+	case errors.Is(err, storage.ErrUnavailable):
+		return true
 	case errors.Is(err, context.DeadlineExceeded),
 		errors.As(err, &ne),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
