@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
@@ -301,5 +303,67 @@ func TestFaultRedisLossDurable(t *testing.T) {
 				t.Fatalf("lost %d, early %d (%v); want 0 and 0", lost, early, ty.early)
 			}
 		})
+	}
+}
+
+// TestFaultRedisSIGSTOP: Redis hangs (SIGSTOP) under a running delayd. The
+// first call waits out the store timeout; the following ones answer
+// UNAVAILABLE at once instead of each holding its caller for the whole
+// timeout; after SIGCONT everything accepted before is delivered (0 lost,
+// 0 early) (issue 10 items 5 and 7).
+func TestFaultRedisSIGSTOP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault suite: real processes; not in -short")
+	}
+	bin := buildBinary(t)
+	rs := testkit.StartRedis(t)
+	r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--store-timeout", "2s")
+	ns := "fault-sigstop"
+	ty := newTally()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	consume(ctx, t, r.conn, ns, 0, ty)
+	upsertAll(t, r.conn, ns, 100, ty)
+	rs.Pause()
+	paused := true
+	defer func() {
+		if paused {
+			rs.Resume()
+		}
+	}()
+	tc := delaydv1.NewTaskServiceClient(r.conn)
+	call := func() (time.Duration, error) {
+		cctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := tc.GetTask(cctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: "task-0000"})
+		return time.Since(start), err
+	}
+	first, err := call()
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("GetTask with Redis stopped: %v, want Unavailable", err)
+	}
+	var slowest time.Duration
+	for range 5 {
+		d, err := call()
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("GetTask with Redis known down: %v, want Unavailable", err)
+		}
+		slowest = max(slowest, d)
+	}
+	t.Logf("first call %v; slowest of the next five %v", first.Round(time.Millisecond), slowest.Round(time.Millisecond))
+	if slowest*4 > first {
+		t.Fatalf("calls with Redis known down took up to %v (the first %v): want them to fail fast", slowest, first)
+	}
+	rs.Resume()
+	paused = false
+	testkit.Eventually(t, 60*time.Second, "every task acked after SIGCONT", func() bool {
+		_, lost, _, _ := ty.counts()
+		return lost == 0
+	})
+	accepted, lost, dups, early := ty.counts()
+	t.Logf("accepted %d, lost %d, duplicates %d, early %d", accepted, lost, dups, early)
+	if lost != 0 || early != 0 {
+		t.Fatalf("lost %d, early %d (%v); want 0 and 0", lost, early, ty.early)
 	}
 }
