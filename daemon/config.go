@@ -7,8 +7,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/delayd/delayd/dispatcher"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/durable"
 )
 
 // Config is everything a delayd process is started from. The zero value is
@@ -108,32 +110,51 @@ type Config struct {
 	TLSClientCAFile string
 }
 
-// Defaults of Config.
+// Defaults of Config, each stated once: withDefaults fills zero fields with
+// them and BindFlags shows them as the flags' defaults. Defaults owned by
+// the part that uses them are re-exported here under the Config field's
+// name.
 const (
-	DefaultListen          = ":7070"
-	DefaultShutdownTimeout = 10 * time.Second
+	DefaultListen            = ":7070"
+	DefaultShutdownTimeout   = 10 * time.Second
+	DefaultLogLevel          = "info"
+	DefaultLogFormat         = "text"
+	DefaultReconcileInterval = durable.DefaultReconcileInterval
+	DefaultSafetyPoll        = dispatcher.DefaultSafetyPoll
 )
 
-// withDefaults returns c with empty fields set to their defaults.
+// defaultPolicy is the namespace policy a zero Config gives every
+// namespace (MaxPayloadBytes, MaxDelay).
+func defaultPolicy() storage.Policy { return storage.DefaultPolicy() }
+
+// withDefaults returns c with empty fields set to their defaults. Fields
+// whose default belongs to another part (Limits, SlowCall, StoreTimeout)
+// are left zero and that part applies its own.
 func (c Config) withDefaults() Config {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
 	if c.LogLevel == "" {
-		c.LogLevel = "info"
+		c.LogLevel = DefaultLogLevel
 	}
 	if c.LogFormat == "" {
-		c.LogFormat = "text"
+		c.LogFormat = DefaultLogFormat
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.ReconcileInterval <= 0 {
+		c.ReconcileInterval = DefaultReconcileInterval
+	}
+	if c.SafetyPoll <= 0 {
+		c.SafetyPoll = DefaultSafetyPoll
 	}
 	return c
 }
 
 // policy is the namespace policy every namespace gets from this Config.
 func (c Config) policy() storage.Policy {
-	p := storage.DefaultPolicy()
+	p := defaultPolicy()
 	if c.MaxPayloadBytes > 0 {
 		p.MaxPayloadBytes = c.MaxPayloadBytes
 	}
@@ -148,7 +169,7 @@ func (c Config) policy() storage.Policy {
 func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lvl slog.Level
 	if level == "" {
-		level = "info"
+		level = DefaultLogLevel
 	}
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("log level %q: allowed: debug, info, warn, error", level)

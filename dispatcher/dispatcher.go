@@ -97,6 +97,9 @@ type NamespaceLister interface {
 	Namespaces(ctx context.Context) ([]string, error)
 }
 
+// DefaultSafetyPoll is Config.SafetyPoll's default.
+const DefaultSafetyPoll = time.Second
+
 // Clock tells the time on the Go side. Only local lease estimates and the
 // policy refresh read it; due-ness is decided by the store's clock.
 type Clock interface {
@@ -185,7 +188,7 @@ func (c *Config) setDefaults() {
 		c.Clock = systemClock{}
 	}
 	if c.SafetyPoll <= 0 {
-		c.SafetyPoll = time.Second
+		c.SafetyPoll = DefaultSafetyPoll
 	}
 	if c.PopBatch <= 0 {
 		c.PopBatch = 128

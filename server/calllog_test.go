@@ -47,7 +47,7 @@ func TestCallLogLevels(t *testing.T) {
 			t.Parallel()
 			var buf bytes.Buffer
 			logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: tc.level}))
-			unary, _ := interceptors(logger, CallLog{SlowCall: tc.slow}, newAdmissionCodec(defaultMaxBatch))
+			unary, _ := interceptors(logger, CallLog{SlowCall: tc.slow}, newAdmissionCodec(DefaultMaxBatch))
 			_, _ = unary[1](context.Background(), req, &grpc.UnaryServerInfo{FullMethod: "/delayd.v1.TaskService/UpsertTask"}, tc.handler)
 			got := buf.String()
 			if tc.want == "" {
@@ -69,7 +69,7 @@ func TestCallLogLevels(t *testing.T) {
 // allocation in the request log (the handler's own aside).
 func TestCallLogOffAllocatesNothing(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))
-	unary, _ := interceptors(logger, CallLog{}, newAdmissionCodec(defaultMaxBatch))
+	unary, _ := interceptors(logger, CallLog{}, newAdmissionCodec(DefaultMaxBatch))
 	info := &grpc.UnaryServerInfo{FullMethod: "/delayd.v1.TaskService/UpsertTask"}
 	req := &delaydv1.UpsertTaskRequest{Namespace: "orders", Id: "o1"}
 	resp := &delaydv1.UpsertTaskResponse{}
@@ -89,7 +89,7 @@ func BenchmarkCallLog(b *testing.B) {
 	for _, lvl := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
 		b.Run(lvl.String(), func(b *testing.B) {
 			logger := slog.New(slog.NewTextHandler(&bytes.Buffer{}, &slog.HandlerOptions{Level: lvl}))
-			unary, _ := interceptors(logger, CallLog{}, newAdmissionCodec(defaultMaxBatch))
+			unary, _ := interceptors(logger, CallLog{}, newAdmissionCodec(DefaultMaxBatch))
 			b.ReportAllocs()
 			for b.Loop() {
 				_, _ = unary[1](context.Background(), req, info, handler)

@@ -30,16 +30,17 @@ import (
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 )
 
-// Defaults of Limits, used where a field is zero.
+// Defaults of Limits, used where a field is zero; the daemon's flags show
+// the same values.
 const (
-	defaultMaxBatch             = 1000
-	defaultMaxMessageBytes      = 5 << 20
-	defaultMaxBatchPayload      = 4 << 20
-	defaultMaxConnections       = 10000
-	defaultMaxConnectionIdle    = 5 * time.Minute
-	defaultMaxConcurrentStreams = 1000
-	defaultMaxInFlight          = 10000
-	defaultDefaultInFlight      = 64
+	DefaultMaxBatch             = 1000
+	DefaultMaxMessageBytes      = 5 << 20
+	DefaultMaxBatchPayload      = 4 << 20
+	DefaultMaxConnections       = 10000
+	DefaultMaxConnectionIdle    = 5 * time.Minute
+	DefaultMaxConcurrentStreams = 1000
+	DefaultMaxInFlight          = 10000
+	DefaultDefaultInFlight      = 64
 )
 
 // Connection keepalive. Subscribers hold long streams, so the server pings
@@ -162,28 +163,28 @@ func interceptors(logger *slog.Logger, cl CallLog, codec *admissionCodec) ([]grp
 // withDefaults fills zero fields with their documented defaults.
 func (l Limits) withDefaults() Limits {
 	if l.MaxBatch <= 0 {
-		l.MaxBatch = defaultMaxBatch
+		l.MaxBatch = DefaultMaxBatch
 	}
 	if l.MaxMessageBytes <= 0 {
-		l.MaxMessageBytes = defaultMaxMessageBytes
+		l.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if l.MaxBatchPayloadBytes <= 0 {
-		l.MaxBatchPayloadBytes = defaultMaxBatchPayload
+		l.MaxBatchPayloadBytes = DefaultMaxBatchPayload
 	}
 	if l.MaxConnections <= 0 {
-		l.MaxConnections = defaultMaxConnections
+		l.MaxConnections = DefaultMaxConnections
 	}
 	if l.MaxConnectionIdle <= 0 {
-		l.MaxConnectionIdle = defaultMaxConnectionIdle
+		l.MaxConnectionIdle = DefaultMaxConnectionIdle
 	}
 	if l.MaxConcurrentStreams == 0 {
-		l.MaxConcurrentStreams = defaultMaxConcurrentStreams
+		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
 	if l.MaxInFlight <= 0 {
-		l.MaxInFlight = defaultMaxInFlight
+		l.MaxInFlight = DefaultMaxInFlight
 	}
 	if l.DefaultInFlight <= 0 {
-		l.DefaultInFlight = defaultDefaultInFlight
+		l.DefaultInFlight = DefaultDefaultInFlight
 	}
 	return l
 }

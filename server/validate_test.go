@@ -238,7 +238,7 @@ func TestToStatus(t *testing.T) {
 
 // chainUnary runs req through the server's unary interceptors into handler.
 func chainUnary(ctx context.Context, logger *slog.Logger, method string, req any, handler grpc.UnaryHandler) (any, error) {
-	unary, _ := interceptors(logger, CallLog{}, newAdmissionCodec(defaultMaxBatch))
+	unary, _ := interceptors(logger, CallLog{}, newAdmissionCodec(DefaultMaxBatch))
 	info := &grpc.UnaryServerInfo{FullMethod: method}
 	h := handler
 	for i := len(unary) - 1; i >= 0; i-- {

@@ -97,9 +97,7 @@ var rules = map[string]rule{
 	},
 
 	// Binaries.
-	// cmd/delayd → server (server.ResolveAuth) goes when main.go moves into
-	// daemon (issue 18).
-	"cmd/delayd":        {imports: []string{"daemon", "server"}, testImports: []string{"gen/delayd/v1", "internal/testkit"}},
+	"cmd/delayd":        {imports: []string{"daemon"}, testImports: []string{"gen/delayd/v1", "internal/testkit"}},
 	"cmd/delayctl":      {imports: []string{"client", "gen/delayd/v1"}, testImports: []string{"daemon", "internal/testkit"}},
 	"cmd/delaybench":    {imports: []string{"bench"}},
 	"bench":             {imports: []string{"daemon", "gen/delayd/v1", "bench/baseline"}, testImports: []string{"internal/testkit"}},

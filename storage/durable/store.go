@@ -127,6 +127,9 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
+// DefaultReconcileInterval is Config.ReconcileInterval's default.
+const DefaultReconcileInterval = 30 * time.Second
+
 // Config configures a Store.
 type Config struct {
 	// DSN names the MySQL database: a go-sql-driver/mysql DSN such as
@@ -213,7 +216,7 @@ func (c *Config) defaults() {
 		c.Linger = 100 * time.Microsecond
 	}
 	if c.ReconcileInterval <= 0 {
-		c.ReconcileInterval = 30 * time.Second
+		c.ReconcileInterval = DefaultReconcileInterval
 	}
 	if c.ReconcileBatch <= 0 {
 		c.ReconcileBatch = 1000

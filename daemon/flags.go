@@ -1,0 +1,165 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/peterbourgon/ff/v3"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/server"
+)
+
+// This file is the delayd command: its flags, bound to Config fields with
+// the defaults Config itself documents, and Main, which cmd/delayd calls.
+// A new setting is a Config field, its default constant, and one line in
+// BindFlags.
+
+// EnvPrefix starts the environment variable of every flag: --redis-url is
+// also DELAYD_REDIS_URL.
+const EnvPrefix = "DELAYD"
+
+// Flags are the command-line settings: a Config, plus the few flags that
+// are not Config fields.
+type Flags struct {
+	Config Config
+	// NoAuth is --no-auth: run without authentication against a real Redis
+	// (see server.ResolveAuth).
+	NoAuth bool
+}
+
+// BindFlags defines every delayd flag on fs, bound to f, each with its
+// default taken from the constant the code itself uses, so `delayd --help`
+// shows the value a zero Config gets.
+func BindFlags(fs *flag.FlagSet, f *Flags) {
+	c := &f.Config
+	pol := defaultPolicy()
+	fs.StringVar(&c.Listen, "listen", DefaultListen, "gRPC listen address, host:port")
+	fs.StringVar(&c.RedisURL, "redis-url", "", "Redis for the task index: redis://host:port/db, rediss://..., or redis-cluster://h1:p1,h2:p2; empty = embedded in-memory store (nothing survives a restart)")
+	fs.StringVar(&c.MySQLDSN, "mysql-dsn", "", "MySQL DSN for durable mode, user:pass@tcp(host:3306)/db; empty = Redis-only")
+	fs.DurationVar(&c.ReconcileInterval, "reconcile-interval", DefaultReconcileInterval, "durable mode: how often the leader re-indexes tasks MySQL has and Redis lacks")
+	fs.StringVar(&c.LogLevel, "log-level", DefaultLogLevel, "lowest level logged: debug, info, warn, error; debug logs every gRPC call (info logs failed and slow calls only)")
+	fs.DurationVar(&c.SlowCall, "log-slow-calls", server.DefaultSlowCall, "log unary calls that take at least this long at WARN; negative = never")
+	fs.StringVar(&c.LogFormat, "log-format", DefaultLogFormat, "log format: text or json")
+	fs.IntVar(&c.Limits.MaxBatch, "max-batch", server.DefaultMaxBatch, "most items in one batch call (BatchUpsertTasks, AckTasks, ...)")
+	fs.IntVar(&c.Limits.MaxMessageBytes, "max-message-bytes", server.DefaultMaxMessageBytes, "largest gRPC message received or sent, in bytes")
+	c.Limits.MaxConcurrentStreams = server.DefaultMaxConcurrentStreams
+	fs.Var(uint32Flag{&c.Limits.MaxConcurrentStreams}, "max-concurrent-streams", "most concurrent calls per client connection")
+	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", pol.MaxPayloadBytes, "largest task payload, in bytes")
+	fs.DurationVar(&c.MaxDelay, "max-delay", pol.MaxDelay, "horizon: the furthest ahead a task may be due")
+	fs.DurationVar(&c.StoreTimeout, "store-timeout", 0, "deadline of each store call; 0 = each store's own default")
+	fs.DurationVar(&c.SafetyPoll, "safety-poll", DefaultSafetyPoll, "dispatcher safety-net poll interval")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
+	fs.Var(negatedFlag{&c.DisableReflection}, "reflection", "serve gRPC server reflection (for grpcurl)")
+	fs.StringVar(&c.AdminKey, "admin-key", "", "bootstrap admin key (16-512 printable ASCII); turns API-key auth on; e.g. $(openssl rand -hex 32)")
+	fs.BoolVar(&f.NoAuth, "no-auth", false, "run without authentication against a real Redis: every client may do everything")
+	fs.BoolVar(&c.AutoCreateNamespaces, "auto-create-namespaces", false, "create an unknown namespace on first use (always on in embedded mode and without auth)")
+	fs.StringVar(&c.TLSCertFile, "tls-cert", "", "PEM certificate chain to serve TLS with (with --tls-key)")
+	fs.StringVar(&c.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&c.TLSClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates are required (mTLS)")
+}
+
+// Main is the delayd command: it parses args (without the program name)
+// and the DELAYD_* environment variables, refuses to run a real Redis open
+// to everyone unless --no-auth says so, builds the logger, and runs Run
+// until ctx is done. It returns the process's exit code: 0 after a clean
+// shutdown or --help, 1 when delayd failed, 2 for bad flags. Usage and flag
+// errors go to stderr, and so does the log.
+func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f Flags
+	BindFlags(fs, &f)
+	fs.Usage = func() { usage(fs) }
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix(EnvPrefix)); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "delayd: %v\n", err)
+		return 2
+	}
+	cfg := f.Config
+	// A shared Redis is never open to everyone by accident: without an
+	// admin key, --no-auth must say so (embedded mode is open by default).
+	if _, err := server.ResolveAuth(cfg.AdminKey, f.NoAuth, cfg.RedisURL == ""); err != nil {
+		fmt.Fprintf(stderr, "delayd: %v\n", err)
+		return 2
+	}
+	logger, err := NewLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		fmt.Fprintf(stderr, "delayd: %v\n", err)
+		return 2
+	}
+	// go-redis logs reconnect failures through a package-level logger; send
+	// them to ours so the log stays one structured stream. Only the command
+	// does this: in-process users (tests, tools) keep their own.
+	redis.SetLogger(redisLogger{logger.With("component", "go-redis")})
+	if err := Run(ctx, cfg, logger); err != nil {
+		logger.Error("delayd failed", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// redisLogger adapts slog to go-redis's internal logger, at WARN.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.WarnContext(ctx, fmt.Sprintf(format, v...))
+}
+
+// usage prints every flag with its environment variable and default.
+func usage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprintf(w, "delayd: the delay-task gRPC server.\n\nUsage: delayd [flags]\n\nEvery flag can also be set by the environment variable shown; a flag given on\nthe command line wins.\n\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		fmt.Fprintf(w, "  --%s  (%s)\n        %s", f.Name, env, f.Usage)
+		if f.DefValue != "" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// uint32Flag is a flag bound to a uint32 field; its default is the field's
+// value when the flag is defined.
+type uint32Flag struct{ p *uint32 }
+
+func (f uint32Flag) String() string {
+	if f.p == nil {
+		return "0"
+	}
+	return strconv.FormatUint(uint64(*f.p), 10)
+}
+
+func (f uint32Flag) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return errors.New("not a whole number from 0 to 4294967295")
+	}
+	*f.p = uint32(n)
+	return nil
+}
+
+// negatedFlag is a boolean flag bound to a field that means its opposite
+// (--reflection sets DisableReflection to false).
+type negatedFlag struct{ p *bool }
+
+func (f negatedFlag) String() string   { return strconv.FormatBool(f.p == nil || !*f.p) }
+func (f negatedFlag) IsBoolFlag() bool { return true }
+
+func (f negatedFlag) Set(s string) error {
+	on, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("not true or false")
+	}
+	*f.p = !on
+	return nil
+}
