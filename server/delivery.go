@@ -68,7 +68,7 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 		return toStatus(ctx, s.logger, invalidf("max_in_flight", "is %d; allowed: 1-%d, or 0 for %d",
 			inFlight, s.limits.MaxInFlight, s.limits.DefaultInFlight))
 	}
-	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
+	if _, err := policyOrCreate(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return err
 	}
 	// Per-namespace subscriber and rate limits belong here, before Serve
@@ -256,9 +256,24 @@ func deliveryToProto(d storage.Delivery) *delaydv1.Delivery {
 }
 
 // lookupPolicy returns ns's policy, or a status error to return as is:
-// NotFound when the namespace does not exist.
-func lookupPolicy(ctx context.Context, policies storage.Policies, logger *slog.Logger, ns string) (storage.Policy, error) {
+// NotFound when the namespace does not exist. It never creates the
+// namespace, even when the server auto-creates them: a read, a verdict or an
+// admin call naming a typo must not leave a namespace behind. Only calls that
+// put a namespace to use create it (policyOrCreate).
+func lookupPolicy(ctx context.Context, policies policyLookup, logger *slog.Logger, ns string) (storage.Policy, error) {
+	pol, err := policies.LookupPolicy(ctx, ns)
+	return policyStatus(ctx, logger, ns, pol, err)
+}
+
+// policyOrCreate is lookupPolicy for UpsertTask, BatchUpsertTasks and
+// Subscribe: with auto-create on, an unknown namespace is created.
+func policyOrCreate(ctx context.Context, policies storage.Policies, logger *slog.Logger, ns string) (storage.Policy, error) {
 	pol, err := policies.Policy(ctx, ns)
+	return policyStatus(ctx, logger, ns, pol, err)
+}
+
+// policyStatus turns a policy lookup's error into the status to answer.
+func policyStatus(ctx context.Context, logger *slog.Logger, ns string, pol storage.Policy, err error) (storage.Policy, error) {
 	if errors.Is(err, storage.ErrNotFound) {
 		return storage.Policy{}, status.Errorf(codes.NotFound, "namespace %q not found", ns)
 	}

@@ -600,3 +600,75 @@ func TestBatchCannotWriteIntoAnotherNamespace(t *testing.T) {
 		t.Errorf("B has the task A's batch named: %v", err)
 	}
 }
+
+// With auto-create on (embedded mode, no auth), only calls that put a
+// namespace to use (UpsertTask, BatchUpsertTasks, Subscribe) create it; a
+// read, a verdict or an admin call naming a typo answers NotFound and
+// leaves nothing behind.
+func TestReadsNeverAutoCreate(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{
+		server:  func(o *server.Options) { o.Auth = server.AuthOptions{Disabled: true} },
+		tenancy: func(c *tenancy.Config) { c.AutoCreate = true },
+	})
+	ctx := context.Background()
+	typo := "typo-" + testkit.Suffix()
+	t.Cleanup(func() { e.drop(typo) })
+	// A well-formed token (of another namespace) for the verdict calls.
+	real := e.newNamespace(r, "real-", nil)
+	if err := upsertAs(ctx, r, real, "a"); err != nil {
+		t.Fatal(err)
+	}
+	d, cancel, err := firstDelivery(ctx, r, real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	token := d.GetToken()
+	reads := map[string]func() error{
+		"GetNamespaceStats": func() error {
+			_, err := r.admin.GetNamespaceStats(ctx, &delaydv1.GetNamespaceStatsRequest{Namespace: typo})
+			return err
+		},
+		"GetNamespace": func() error {
+			_, err := r.admin.GetNamespace(ctx, &delaydv1.GetNamespaceRequest{Namespace: typo})
+			return err
+		},
+		"ListDeadLetters": func() error {
+			_, err := r.admin.ListDeadLetters(ctx, &delaydv1.ListDeadLettersRequest{Namespace: typo})
+			return err
+		},
+		"RequeueDeadLetters": func() error {
+			_, err := r.admin.RequeueDeadLetters(ctx, &delaydv1.RequeueDeadLettersRequest{Namespace: typo, All: true})
+			return err
+		},
+		"PurgeDeadLetters": func() error {
+			_, err := r.admin.PurgeDeadLetters(ctx, &delaydv1.PurgeDeadLettersRequest{Namespace: typo, All: true})
+			return err
+		},
+		"NackTasks": func() error {
+			_, err := r.dlv.NackTasks(ctx, &delaydv1.NackTasksRequest{Namespace: typo, Tokens: []string{token}})
+			return err
+		},
+		"ExtendLease": func() error {
+			_, err := r.dlv.ExtendLease(ctx, &delaydv1.ExtendLeaseRequest{Namespace: typo, Tokens: []string{token}})
+			return err
+		},
+	}
+	for name, call := range reads {
+		if err := call(); codeOf(err) != codes.NotFound {
+			t.Errorf("%s on an unknown namespace with auto-create on: %v, want NotFound", name, err)
+		}
+	}
+	if _, err := e.store.GetNamespace(ctx, typo); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("after reads only, the registry has %q (err %v): a read auto-created it", typo, err)
+	}
+	// A write still creates it.
+	if err := upsertAs(ctx, r, typo, "a"); err != nil {
+		t.Fatalf("UpsertTask with auto-create on: %v", err)
+	}
+	if _, err := e.store.GetNamespace(ctx, typo); err != nil {
+		t.Errorf("UpsertTask did not auto-create %q: %v", typo, err)
+	}
+}

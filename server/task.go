@@ -195,14 +195,7 @@ func (s *taskService) policy(ctx context.Context, ns string) (storage.Policy, er
 	if s.policies == nil {
 		return storage.DefaultPolicy(), nil
 	}
-	pol, err := s.policies.Policy(ctx, ns)
-	if errors.Is(err, storage.ErrNotFound) {
-		return storage.Policy{}, status.Errorf(codes.NotFound, "namespace %q not found", ns)
-	}
-	if err != nil {
-		return storage.Policy{}, toStatus(ctx, s.logger, fmt.Errorf("policy: %w", err))
-	}
-	return pol, nil
+	return policyOrCreate(ctx, s.policies, s.logger, ns)
 }
 
 func (s *taskService) notify(ns string) {
