@@ -367,3 +367,63 @@ func TestFaultRedisSIGSTOP(t *testing.T) {
 		t.Fatalf("lost %d, early %d (%v); want 0 and 0", lost, early, ty.early)
 	}
 }
+
+// TestFaultDelaydSIGKILLDuringWrites: a producer upserts through replica A
+// and, when a call fails (A is SIGKILLed mid-way), retries it through
+// replica B, as a client behind a load balancer does. Every task is then
+// delivered and acked (0 lost, 0 early): a write A answered is in Redis, a
+// write A did not answer is retried, and an upsert is idempotent.
+func TestFaultDelaydSIGKILLDuringWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault suite: real processes; not in -short")
+	}
+	bin := buildBinary(t)
+	rs := testkit.StartRedis(t)
+	args := []string{"--redis-url", rs.URL, "--no-auth"}
+	a, b := startReplica(t, bin, args...), startReplica(t, bin, args...)
+	ns := "fault-writes"
+	ty := newTally()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	consume(ctx, t, b.conn, ns, 0, ty)
+	const n = 400
+	ta, tb := delaydv1.NewTaskServiceClient(a.conn), delaydv1.NewTaskServiceClient(b.conn)
+	start := time.Now().Add(time.Second)
+	retried := 0
+	for i := range n {
+		if i == n/2 {
+			go a.kill() // mid-way, while calls are in flight
+		}
+		id := fmt.Sprintf("task-%04d", i)
+		due := start.Add(time.Duration(i) * 2 * time.Millisecond).Truncate(time.Millisecond)
+		req := &delaydv1.UpsertTaskRequest{Namespace: ns, Id: id, Payload: []byte("p"),
+			When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(due)}}
+		cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := ta.UpsertTask(cctx, req)
+		ccancel()
+		if err != nil {
+			retried++
+			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err = tb.UpsertTask(cctx, req)
+			ccancel()
+			if err != nil {
+				t.Fatalf("upsert %s through B: %v", id, err)
+			}
+		}
+		ty.mu.Lock()
+		ty.due[id] = due
+		ty.mu.Unlock()
+	}
+	testkit.Eventually(t, 60*time.Second, "every task acked", func() bool {
+		_, lost, _, _ := ty.counts()
+		return lost == 0
+	})
+	accepted, lost, dups, early := ty.counts()
+	t.Logf("accepted %d (%d retried through B after A died), lost %d, duplicates %d, early %d", accepted, retried, lost, dups, early)
+	if retried == 0 {
+		t.Fatal("no upsert failed over to B: the kill did not happen mid-way")
+	}
+	if lost != 0 || early != 0 || dups != 0 {
+		t.Fatalf("lost %d, early %d (%v), duplicates %d; want 0, 0, 0", lost, early, ty.early, dups)
+	}
+}
