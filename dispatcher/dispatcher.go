@@ -407,15 +407,18 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 			return ctx.Err()
 		case <-st.done:
 			return ErrStopped
-		case del := <-st.ch:
-			if !n.markSent(st, del.Token) {
-				continue // Handed back or lease expired meanwhile.
-			}
-			if err := sub.Send(del); err != nil {
-				// Not sent after all: it goes back without costing an
-				// attempt (unless Stop already let go of it as sent).
-				n.unmarkSent(st, del.Token)
-				return err
+		case <-st.ready:
+			for {
+				del, ok := n.next(st)
+				if !ok {
+					break
+				}
+				if err := sub.Send(del); err != nil {
+					// Not sent after all: it goes back without costing an
+					// attempt (unless Stop already let go of it as sent).
+					n.unmarkSent(st, del.Token)
+					return err
+				}
 			}
 		}
 	}

@@ -381,7 +381,7 @@ func (n *namespace) earliestLease() time.Time {
 }
 
 // distribute hands popped deliveries to the streams round robin, each to a
-// stream with room (so the channel send never blocks). Deliveries no stream
+// stream with room. Deliveries no stream
 // can take (their streams ended since the pop) are handed back unsent.
 func (n *namespace) distribute(dels []storage.Delivery, deadline time.Time) {
 	var orphans []storage.Token
@@ -394,7 +394,7 @@ func (n *namespace) distribute(dels []storage.Delivery, deadline time.Time) {
 		}
 		st.held[del.Token] = &lease{deadline: deadline}
 		n.held[del.Token] = st
-		st.ch <- del
+		st.push(del)
 	}
 	if len(orphans) < len(dels) && (n.nextPrune.IsZero() || deadline.Before(n.nextPrune)) {
 		n.nextPrune = deadline
@@ -423,20 +423,25 @@ func (n *namespace) pick() *stream {
 	return nil
 }
 
-// markSent records that the stream's sender is about to send tok; false if
-// the stream no longer holds it (handed back, lease ran out, settled).
-func (n *namespace) markSent(st *stream, tok storage.Token) bool {
+// next takes the stream's next delivery that it still holds and records
+// that the sender is about to send it; ok is false when the queue is empty
+// (deliveries handed back, settled or whose lease ran out are skipped).
+func (n *namespace) next(st *stream) (del storage.Delivery, ok bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if st.closed {
-		return false
+	for len(st.queue) > 0 && !st.closed {
+		del = st.queue[0]
+		st.queue[0] = storage.Delivery{}
+		st.queue = st.queue[1:]
+		if len(st.queue) == 0 {
+			st.queue = nil // let the backing array go
+		}
+		if l := st.held[del.Token]; l != nil {
+			l.sent = true
+			return del, true
+		}
 	}
-	l := st.held[tok]
-	if l == nil {
-		return false
-	}
-	l.sent = true
-	return true
+	return storage.Delivery{}, false
 }
 
 // unmarkSent records that sending tok failed: the subscriber never got it.
@@ -518,5 +523,6 @@ func (n *namespace) takeHeld(st *stream) (sent []heldLease, unsent []storage.Tok
 		delete(n.held, tok)
 	}
 	st.held = make(map[storage.Token]*lease)
+	st.queue = nil
 	return sent, unsent
 }

@@ -6,15 +6,18 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// stream is one subscriber. Its fields other than id, max, ch and done are
-// guarded by its namespace's mu.
+// stream is one subscriber. Its fields other than id, max, ready and done
+// are guarded by its namespace's mu.
 type stream struct {
 	id  uint64
 	max int
-	// ch carries deliveries from the namespace loop to the stream's sender.
-	// Its capacity is max, and the loop only sends when room() > 0, so a
-	// send never blocks.
-	ch chan storage.Delivery
+	// queue carries deliveries from the namespace loop to the stream's
+	// sender. It grows with what the stream is given, never past max (the
+	// loop only appends when room() > 0): a stream's memory follows the
+	// credit it uses, not the max_in_flight it asked for.
+	queue []storage.Delivery
+	// ready (capacity 1) tells the sender that queue has something.
+	ready chan struct{}
 	// done is closed by Stop: the sender returns ErrStopped.
 	done   chan struct{}
 	closed bool
@@ -33,20 +36,29 @@ type lease struct {
 
 func newStream(id uint64, maxInFlight int) *stream {
 	return &stream{
-		id:   id,
-		max:  maxInFlight,
-		ch:   make(chan storage.Delivery, maxInFlight),
-		done: make(chan struct{}),
-		held: make(map[storage.Token]*lease),
+		id:    id,
+		max:   maxInFlight,
+		ready: make(chan struct{}, 1),
+		done:  make(chan struct{}),
+		held:  make(map[storage.Token]*lease),
 	}
 }
 
 // room is the stream's free credit: what it may still be given. A delivery
-// whose lease estimate passed while it still sat in ch no longer counts as
-// held but still takes a slot of ch, hence the second bound.
+// whose lease estimate passed while it still sat in queue no longer counts
+// as held but still takes a slot of queue, hence the second bound.
 func (st *stream) room() int {
 	if st.closed {
 		return 0
 	}
-	return max(0, min(st.max-len(st.held), cap(st.ch)-len(st.ch)))
+	return max(0, min(st.max-len(st.held), st.max-len(st.queue)))
+}
+
+// push queues del for the sender and wakes it. The namespace's mu is held.
+func (st *stream) push(del storage.Delivery) {
+	st.queue = append(st.queue, del)
+	select {
+	case st.ready <- struct{}{}:
+	default:
+	}
 }

@@ -199,6 +199,10 @@ func bearerToken(values []string) (string, error) {
 	return token, nil
 }
 
+// adminKeyID is the key id of a principal authenticated with the bootstrap
+// admin key.
+const adminKeyID = "admin-key"
+
 // principal is who a request authenticated as: the scopes it holds and in
 // which namespace ("*" = every namespace).
 type principal struct {
@@ -260,7 +264,7 @@ func (a *authenticator) authenticate(ctx context.Context) (context.Context, erro
 	hash := hashSecret(token)
 	if a.adminHash != nil && subtle.ConstantTimeCompare(hash, a.adminHash) == 1 {
 		return context.WithValue(ctx, principalKey{}, &principal{
-			keyID:     "admin-key",
+			keyID:     adminKeyID,
 			namespace: storage.GlobalNamespace,
 			scopes:    []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
 		}), nil
@@ -511,7 +515,7 @@ func tenancyServerOptions(opts Options) []grpc.ServerOption {
 	}
 	unary, stream := authInterceptors(opts)
 	rl := newRateLimiter(opts.Tenancy, opts.Logger)
-	subs := newSubscriberLimiter(opts.Tenancy, opts.Logger)
+	subs := newSubscriberLimiter(opts.Tenancy, opts.Logger, opts.Limits.withDefaults().MaxStreamsPerKey)
 	q := newPendingQuota(opts)
 	unary = append(unary, rl.unary, q.unary)
 	stream = append(stream, rl.stream, subs.stream)

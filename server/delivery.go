@@ -40,6 +40,7 @@ type deliveryService struct {
 	opts   Options
 	limits Limits
 	logger *slog.Logger
+	guard  *streamGuard
 }
 
 func newDeliveryService(opts Options) *deliveryService {
@@ -47,7 +48,7 @@ func newDeliveryService(opts Options) *deliveryService {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &deliveryService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger}
+	return &deliveryService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger, guard: newStreamGuard(opts)}
 }
 
 // Subscribe streams due tasks of one namespace until the client goes away or
@@ -74,6 +75,9 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	// Per-namespace subscriber and rate limits belong here, before Serve
 	// (the policy above carries MaxSubscribers; Dispatcher.Subscribers(ns)
 	// counts this replica's streams).
+	// The stream ends when its key is revoked or its namespace deleted.
+	ctx, stopGuard, guardEnded := s.guard.watch(ctx, principalFrom(ctx), ns)
+	defer stopGuard()
 	err := s.opts.Subscriptions.Serve(ctx, dispatcher.Subscriber{
 		Namespace:   ns,
 		MaxInFlight: inFlight,
@@ -85,6 +89,8 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	switch {
 	case errors.Is(err, dispatcher.ErrStopped):
 		return status.Error(codes.Unavailable, msgShuttingDown)
+	case guardEnded() != nil:
+		return guardEnded()
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	}

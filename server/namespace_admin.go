@@ -167,7 +167,7 @@ var policyFields = []policyField{
 		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
 			n := src.GetMaxSubscribers()
 			if n < 0 || n > maxSubscribers {
-				return invalidf(f, "is %d; allowed: 1-%d, or 0 for unlimited", n, maxSubscribers)
+				return invalidf(f, "is %d; allowed: 1-%d, or 0 for the server default", n, maxSubscribers)
 			}
 			dst.MaxSubscribers = int(n)
 			return nil

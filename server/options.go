@@ -39,6 +39,11 @@ type Tenancy interface {
 	// that run before the handler (rate limit, subscriber limit, quota) use
 	// it, so a request refused for another reason creates nothing.
 	LookupPolicy(ctx context.Context, ns string) (storage.Policy, error)
+	// Lookup returns ns with its effective policy and create time, from a
+	// short-lived cache, never creating it: storage.ErrNotFound for an
+	// unknown namespace. Subscribe streams re-check their namespace's
+	// incarnation (create time) with it.
+	Lookup(ctx context.Context, ns string) (storage.Namespace, error)
 	// Key returns the API key with that id, from a short-lived cache.
 	// storage.ErrNotFound if there is none.
 	Key(ctx context.Context, id string) (storage.Key, error)
@@ -123,6 +128,10 @@ type Limits struct {
 	// MaxInFlight is the largest max_in_flight a subscriber may ask for. If
 	// zero, 10,000.
 	MaxInFlight int
+	// MaxStreamsPerKey is the most Subscribe streams one API key may hold
+	// open on this server replica, across all namespaces (a namespace's
+	// policy.max_subscribers bounds its streams on top). If zero, 100.
+	MaxStreamsPerKey int
 	// DefaultInFlight is used when a subscriber asks for 0. If zero, 64.
 	DefaultInFlight int
 }

@@ -134,24 +134,29 @@ func (l *rateLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	}})
 }
 
-// subscriberLimiter enforces policy.max_subscribers: the most concurrent
-// Subscribe streams of a namespace on this replica. A stream holds its slot
-// from its first message until its handler returns.
+// subscriberLimiter enforces policy.max_subscribers (the most concurrent
+// Subscribe streams of a namespace on this replica) and
+// Limits.MaxStreamsPerKey (the most of one API key, across namespaces). A
+// stream holds its slots from its first message until its handler returns.
 type subscriberLimiter struct {
 	policies policyLookup
 	logger   *slog.Logger
+	perKey   int
 
 	mu     sync.Mutex
-	active map[string]int
+	active map[string]int // by namespace
+	byKey  map[string]int // by API key id
 }
 
-func newSubscriberLimiter(policies policyLookup, logger *slog.Logger) *subscriberLimiter {
-	return &subscriberLimiter{policies: policies, logger: logger, active: make(map[string]int)}
+func newSubscriberLimiter(policies policyLookup, logger *slog.Logger, perKey int) *subscriberLimiter {
+	return &subscriberLimiter{policies: policies, logger: logger, perKey: perKey,
+		active: make(map[string]int), byKey: make(map[string]int)}
 }
 
-// acquire takes a stream slot of ns, or returns ResourceExhausted naming the
-// limit. release must be called once for every successful acquire.
-func (l *subscriberLimiter) acquire(ctx context.Context, ns string) error {
+// acquire takes a stream slot of ns and of key (the caller's key id; "" when
+// auth is off), or returns ResourceExhausted naming the limit. release must
+// be called once for every successful acquire.
+func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) error {
 	pol, ok, err := limitPolicy(ctx, l.policies, ns)
 	if err != nil {
 		return toStatus(ctx, l.logger, fmt.Errorf("subscriber limit: %w", err))
@@ -163,38 +168,57 @@ func (l *subscriberLimiter) acquire(ctx context.Context, ns string) error {
 			"namespace %q already has %d Subscribe streams on this server replica (policy.max_subscribers %d); close one or raise the limit",
 			ns, l.active[ns], pol.MaxSubscribers)
 	}
+	if key != "" && l.perKey > 0 && l.byKey[key] >= l.perKey {
+		return status.Errorf(codes.ResourceExhausted,
+			"API key %s already holds %d Subscribe streams on this server replica (at most %d per key); close one or use another key",
+			key, l.byKey[key], l.perKey)
+	}
 	l.active[ns]++
+	if key != "" {
+		l.byKey[key]++
+	}
 	return nil
 }
 
-func (l *subscriberLimiter) release(ns string) {
+func (l *subscriberLimiter) release(ns, key string) {
 	l.mu.Lock()
-	if l.active[ns] <= 1 {
-		delete(l.active, ns)
-	} else {
-		l.active[ns]--
+	decrement(l.active, ns)
+	if key != "" {
+		decrement(l.byKey, key)
 	}
 	l.mu.Unlock()
+}
+
+// decrement lowers m[k] by one, dropping it at zero.
+func decrement(m map[string]int, k string) {
+	if m[k] <= 1 {
+		delete(m, k)
+	} else {
+		m[k]--
+	}
 }
 
 func (l *subscriberLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if info.FullMethod != delaydv1.DeliveryService_Subscribe_FullMethodName {
 		return handler(srv, ss)
 	}
-	var held string
+	var held, key string
+	if p := principalFrom(ss.Context()); p != nil {
+		key = p.keyID
+	}
 	err := handler(srv, &firstMessageStream{ServerStream: ss, check: func(m any) error {
 		ns := requestNamespace(info.FullMethod, m)
 		if ns == "" {
 			return nil // invalid request: the handler answers InvalidArgument
 		}
-		if err := l.acquire(ss.Context(), ns); err != nil {
+		if err := l.acquire(ss.Context(), ns, key); err != nil {
 			return err
 		}
 		held = ns
 		return nil
 	}})
 	if held != "" {
-		l.release(held)
+		l.release(held, key)
 	}
 	return err
 }

@@ -29,3 +29,7 @@ func (s staticTenancy) Key(context.Context, string) (storage.Key, error) {
 }
 
 func (s staticTenancy) Defaults() storage.Policy { return s.policy }
+
+func (s staticTenancy) Lookup(_ context.Context, ns string) (storage.Namespace, error) {
+	return storage.Namespace{Name: ns, Policy: s.policy}, nil
+}

@@ -21,6 +21,7 @@ import (
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/storage"
 )
 
 // The attacks of issue 11, each reproduced over real gRPC (or raw HTTP/2
@@ -325,4 +326,159 @@ func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+// subscribeRecv opens a Subscribe stream on r with ctx and returns a channel
+// of what it receives: deliveries, then the error it ended with.
+func subscribeRecv(t *testing.T, ctx context.Context, r *tenReplica, ns string) (<-chan *delaydv1.Delivery, <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, dlvWait)
+	t.Cleanup(cancel)
+	s, err := r.dlv.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Header(); err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	dels, done := make(chan *delaydv1.Delivery, 100), make(chan error, 1)
+	go func() {
+		for {
+			resp, err := s.Recv()
+			if err != nil {
+				done <- err
+				return
+			}
+			dels <- resp.GetDelivery()
+		}
+	}()
+	return dels, done
+}
+
+// TestRevokedKeyEndsStreams: a consume key's open Subscribe stream on
+// another replica ends (Unauthenticated) within the cache lifetime after
+// the key is revoked, and gets no task upserted after that.
+func TestRevokedKeyEndsStreams(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r1, r2 := e.replica(tenOpts{}), e.replica(tenOpts{})
+	ns := e.newNamespace(r1, "revoke-", nil)
+	id, secret := e.newKey(r1, ns, delaydv1.KeyScope_KEY_SCOPE_CONSUME)
+	dels, done := subscribeRecv(t, as(secret), r2, ns)
+	if err := upsertAs(admin(), r1, ns, "before"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-dels:
+	case err := <-done:
+		t.Fatalf("stream ended before the revocation: %v", err)
+	}
+	if _, err := r1.admin.RevokeKey(admin(), &delaydv1.RevokeKeyRequest{Id: id}); err != nil {
+		t.Fatal(err)
+	}
+	err := <-done
+	wantCode(t, err, codes.Unauthenticated, "revoked")
+	if err := upsertAs(admin(), r1, ns, "after"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-dels:
+		t.Errorf("a revoked key's stream received %q", d.GetTask().GetId())
+	default:
+	}
+}
+
+// TestDeletedNamespaceEndsStreams: a stream of a namespace that is
+// force-deleted and re-created by someone else ends, on every replica, and
+// never receives the new namespace's tasks.
+func TestDeletedNamespaceEndsStreams(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r1, r2 := e.replica(tenOpts{}), e.replica(tenOpts{})
+	ns := e.newNamespace(r1, "recreate-", nil)
+	dels, done := subscribeRecv(t, admin(), r2, ns)
+	if _, err := r1.admin.DeleteNamespace(admin(), &delaydv1.DeleteNamespaceRequest{Namespace: ns, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r1.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	// Within the cache lifetime the old stream ends.
+	wantCode(t, <-done, codes.NotFound, "deleted")
+	if err := upsertAs(admin(), r1, ns, "new-owner"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-dels:
+		t.Errorf("the old namespace's stream received the new namespace's task %q", d.GetTask().GetId())
+	default:
+	}
+}
+
+// TestSubscribeMemoryFollowsCredit: a stream asking for the largest
+// max_in_flight costs memory for what it is given, not for what it asked:
+// 50 idle streams asking 10,000 each must not pin their credit up front.
+// (Not parallel: it measures the process's heap.)
+func TestSubscribeMemoryFollowsCredit(t *testing.T) {
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	ns := e.newNamespace(r, "credit-", &delaydv1.NamespacePolicy{MaxSubscribers: 1000})
+	const streams = 50
+	ctx, cancel := context.WithCancel(admin())
+	defer cancel()
+	before := heapInUse()
+	for range streams {
+		s, err := r.dlv.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 10000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Header(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grown := int64(heapInUse()) - int64(before)
+	t.Logf("%d idle streams with max_in_flight 10,000: heap %+d KiB", streams, grown>>10)
+	if grown > 16<<20 {
+		t.Errorf("%d idle streams pinned %d MiB; want memory to follow the credit used", streams, grown>>20)
+	}
+}
+
+// TestStreamsPerKeyCap: one API key holds at most Limits.MaxStreamsPerKey
+// Subscribe streams on a replica, across namespaces; and a namespace's
+// max_subscribers has a finite default.
+func TestStreamsPerKeyCap(t *testing.T) {
+	t.Parallel()
+	if got := storage.DefaultPolicy().MaxSubscribers; got <= 0 {
+		t.Errorf("the default max_subscribers is %d; want a finite default", got)
+	}
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{server: func(o *server.Options) { o.Limits.MaxStreamsPerKey = 2 }})
+	ns := e.newNamespace(r, "perkey-", nil)
+	_, secret := e.newKey(r, ns, delaydv1.KeyScope_KEY_SCOPE_CONSUME)
+	ctx, cancel := context.WithCancel(as(secret))
+	defer cancel()
+	open := func(ctx context.Context) error {
+		s, err := r.dlv.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns})
+		if err != nil {
+			return err
+		}
+		// A registered stream sends headers; a refused one ends at once
+		// (its trailers then carry the status).
+		if md, err := s.Header(); err != nil || len(md) == 0 {
+			_, err = s.Recv()
+			return err
+		}
+		return nil
+	}
+	for i := range 2 {
+		if err := open(ctx); err != nil {
+			t.Fatalf("stream %d under the cap: %v", i, err)
+		}
+	}
+	wantCode(t, open(ctx), codes.ResourceExhausted, "at most 2 per key")
+	// Another key of the same namespace is not affected.
+	_, other := e.newKey(r, ns, delaydv1.KeyScope_KEY_SCOPE_CONSUME)
+	if err := open(as(other)); err != nil {
+		t.Errorf("another key: %v", err)
+	}
 }

@@ -40,6 +40,7 @@ const (
 	DefaultMaxConnectionIdle    = 5 * time.Minute
 	DefaultMaxConcurrentStreams = 1000
 	DefaultMaxInFlight          = 10000
+	DefaultMaxStreamsPerKey     = 100
 	DefaultDefaultInFlight      = 64
 )
 
@@ -179,6 +180,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxConcurrentStreams == 0 {
 		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if l.MaxStreamsPerKey <= 0 {
+		l.MaxStreamsPerKey = DefaultMaxStreamsPerKey
 	}
 	if l.MaxInFlight <= 0 {
 		l.MaxInFlight = DefaultMaxInFlight

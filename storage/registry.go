@@ -120,8 +120,9 @@ type Registry interface {
 
 // WithDefaults returns p with every zero field taken from defaults. A zero
 // RateBurst with a positive RateLimit becomes the rate rounded up, at least
-// 1. Limits whose zero means "unlimited" (MaxPendingTasks, RateLimit,
-// MaxSubscribers) take the default's value, which is normally unlimited too.
+// 1. Limits whose zero means "unlimited" (MaxPendingTasks, RateLimit) take
+// the default's value, which is normally unlimited too; MaxSubscribers
+// takes the default's (100 unless the server is configured otherwise).
 func (p Policy) WithDefaults(defaults Policy) Policy {
 	if p.AckTimeout <= 0 {
 		p.AckTimeout = defaults.AckTimeout

@@ -179,7 +179,8 @@ type Policy struct {
 	RateLimit float64
 	// RateBurst is the burst above RateLimit.
 	RateBurst int
-	// MaxSubscribers caps concurrent Subscribe streams; 0 = unlimited.
+	// MaxSubscribers caps concurrent Subscribe streams of the namespace on
+	// one server replica. Default 100.
 	MaxSubscribers int
 	// MaxDelay is the furthest ahead a task may be due. Default 366 days.
 	MaxDelay time.Duration
@@ -198,6 +199,7 @@ func DefaultPolicy() Policy {
 			Jitter:     0.2,
 		},
 		MaxPayloadBytes: 64 << 10,
+		MaxSubscribers:  100,
 		MaxDelay:        366 * 24 * time.Hour,
 	}
 }
