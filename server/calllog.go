@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -10,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/delayd/delayd/storage"
 )
 
 // DefaultSlowCall is the duration past which a unary call is logged as slow
@@ -92,7 +95,7 @@ func (c *callLogger) write(ctx context.Context, lvl slog.Level, msg, fullMethod,
 		slog.String("grpc.code", st.Code().String()),
 		slog.Float64("grpc.time_ms", float64(took.Microseconds())/1000))
 	if err != nil {
-		attrs = append(attrs, slog.String("grpc.error", st.Message()))
+		attrs = append(attrs, slog.String("grpc.error", truncateUTF8(st.Message(), maxLoggedError)))
 	}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		attrs = append(attrs, slog.String("peer.address", p.Addr.String()))
@@ -112,12 +115,24 @@ func splitMethod(full string) (service, method string) {
 // namespaced is any request that names a namespace.
 type namespaced interface{ GetNamespace() string }
 
+// namespaceOf is the namespace a request names, for the log line: as sent
+// when it is a valid name, else only its length. It is read before
+// validation, and a client must not decide what the log holds.
 func namespaceOf(m any) string {
-	if r, ok := m.(namespaced); ok {
-		return r.GetNamespace()
+	r, ok := m.(namespaced)
+	if !ok || r.GetNamespace() == "" {
+		return ""
 	}
-	return ""
+	ns := r.GetNamespace()
+	if storage.ValidateNamespace(ns) != nil && ns != storage.GlobalNamespace {
+		return fmt.Sprintf("(invalid, %d bytes)", len(ns))
+	}
+	return ns
 }
+
+// maxLoggedError bounds the grpc.error field of a log line: a status
+// message may quote what a client sent.
+const maxLoggedError = 512
 
 // unary is the unary request-log interceptor.
 func (c *callLogger) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

@@ -19,13 +19,14 @@ import (
 // own error text (addresses, commands, driver messages) never reaches a
 // client; it goes to the log.
 const (
-	msgUnavailable = "store unavailable, safe to retry"
-	msgInternal    = "internal error; it has been logged"
-	msgNotFound    = "not found"
-	msgExists      = "already exists"
-	msgQuota       = "namespace quota exceeded: max_pending_tasks reached"
-	msgNotEmpty    = "namespace not empty: remove or purge its tasks first"
-	msgStale       = "stale generation: the task changed concurrently; retry"
+	msgUnavailable  = "store unavailable, safe to retry"
+	msgInternal     = "internal error; it has been logged"
+	msgNotFound     = "not found"
+	msgExists       = "already exists"
+	msgQuota        = "namespace quota exceeded: max_pending_tasks reached"
+	msgNotEmpty     = "namespace not empty: remove or purge its tasks first"
+	msgStale        = "stale generation: the task changed concurrently; retry"
+	msgBadPageToken = "page_token is not a token this server issued; start again with an empty page_token"
 )
 
 // fieldError is a client mistake in one request field. Its text names the
@@ -63,6 +64,7 @@ func invalidWrap(field string, err error) error {
 //   - storage.ErrAlreadyExists            → AlreadyExists
 //   - storage.ErrNotEmpty                 → FailedPrecondition
 //   - storage.ErrStale                    → Aborted
+//   - storage.ErrInvalidCursor            → InvalidArgument (page_token)
 //   - anything else                       → Internal, generic message
 //
 // Only messages written in this package reach the client; whenever the code
@@ -104,6 +106,8 @@ func classify(err error) (codes.Code, string) {
 		return codes.FailedPrecondition, msgNotEmpty
 	case errors.Is(err, storage.ErrStale):
 		return codes.Aborted, msgStale
+	case errors.Is(err, storage.ErrInvalidCursor):
+		return codes.InvalidArgument, msgBadPageToken
 	case isUnavailable(err):
 		return codes.Unavailable, msgUnavailable
 	default:

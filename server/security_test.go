@@ -3,10 +3,13 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"io"
+	"log/slog"
 	"net"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/server"
@@ -481,4 +485,97 @@ func TestStreamsPerKeyCap(t *testing.T) {
 	if err := open(as(other)); err != nil {
 		t.Errorf("another key: %v", err)
 	}
+}
+
+// craftedToken builds a page token of the server's layout around a cursor
+// the store never made.
+func craftedToken(ns string, state byte, cursor string) string {
+	b := append([]byte{1, state, byte(len(ns))}, ns...)
+	return base64.RawURLEncoding.EncodeToString(append(b, cursor...))
+}
+
+// TestCraftedPageTokenIsInvalidArgument: a page token that decodes but
+// carries a cursor the store never made answers InvalidArgument, and
+// nothing is logged at ERROR.
+func TestCraftedPageTokenIsInvalidArgument(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{server: func(o *server.Options) {
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	}})
+	ns := e.newNamespace(r, "token-", nil)
+	_, err := r.tasks.ListTasks(admin(), &delaydv1.ListTasksRequest{Namespace: ns, PageToken: craftedToken(ns, 1, "not:a:cursor")})
+	wantCode(t, err, codes.InvalidArgument, "page_token")
+	_, err = r.admin.ListDeadLetters(admin(), &delaydv1.ListDeadLettersRequest{Namespace: ns, PageToken: craftedToken(ns, 3, "3:x:y")})
+	wantCode(t, err, codes.InvalidArgument, "page_token")
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("a crafted page token was logged as an error: %s", logs.String())
+	}
+}
+
+// TestRequestLogNeverWritesAnInvalidNamespace: a request without a key
+// naming a 1 MiB namespace must not put it in the request log.
+func TestRequestLogNeverWritesAnInvalidNamespace(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{server: func(o *server.Options) {
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		o.Limits.MaxMessageBytes = 2 << 20
+	}})
+	huge := strings.Repeat("n", 1<<20)
+	_, err := r.tasks.GetTask(admin(), &delaydv1.GetTaskRequest{Namespace: huge, Id: "x"})
+	wantCode(t, err, codes.InvalidArgument, "namespace")
+	if n := logs.Len(); n > 64<<10 {
+		t.Errorf("one request with a 1 MiB namespace wrote %d bytes of log", n)
+	}
+}
+
+// TestDueTimeAtEpochOrYearOne: a due time at the Unix epoch or in year 1 is
+// refused with InvalidArgument naming due_time (it could not be read back
+// as sent).
+func TestDueTimeAtEpochOrYearOne(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	ns := e.newNamespace(r, "epoch-", nil)
+	for name, ts := range map[string]*timestamppb.Timestamp{
+		"epoch":  timestamppb.New(time.Unix(0, 0)),
+		"year 1": {Seconds: -62135596800},
+	} {
+		_, err := r.tasks.UpsertTask(admin(), &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "t", When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: ts}})
+		if codeOf(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "due_time") {
+			t.Errorf("%s: %v, want InvalidArgument naming due_time", name, err)
+		}
+	}
+	// A recent past time still means due now.
+	past := timestamppb.New(time.Now().Add(-time.Hour))
+	if _, err := r.tasks.UpsertTask(admin(), &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "t", When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: past}}); err != nil {
+		t.Errorf("a due time an hour ago: %v", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (s *syncBuffer) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Len()
 }

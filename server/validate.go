@@ -23,6 +23,9 @@ const (
 	maxPageTokenLen = 4096
 )
 
+// minDueTime is the earliest due_time accepted.
+var minDueTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
 // Validation happens at the edge, before any store call. Every error is a
 // *fieldError naming the field (with its index inside a batch, e.g.
 // "tasks[3].id") and what is allowed.
@@ -90,12 +93,17 @@ func upsertSpec(prefix string, req *delaydv1.UpsertTaskRequest, batchNS string, 
 			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is not a valid timestamp; allowed: 0001-01-01 to 9999-12-31 UTC")
 		}
 		due := w.DueTime.AsTime()
+		if due.Before(minDueTime) {
+			// The epoch and year 1 are what an unset time field turns into
+			// in many clients; a store could not read them back as sent.
+			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is %s; allowed: %s or later (a past time means due now), or use delay",
+				due.Format(time.RFC3339), minDueTime.Format(time.RFC3339))
+		}
 		if pol.MaxDelay > 0 && due.Sub(now) > pol.MaxDelay {
 			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is %s ahead; at most %s ahead (the namespace's horizon) is allowed",
 				humanDuration(due.Sub(now)), humanDuration(pol.MaxDelay))
 		}
-		// A time in the past means due now. 0001-01-01T00:00:00Z becomes the
-		// zero time.Time, which a store reads as "use Delay" (0): due now too.
+		// A time in the past means due now.
 		spec.DueTime = due
 	case *delaydv1.UpsertTaskRequest_Delay:
 		if err := w.Delay.CheckValid(); err != nil {

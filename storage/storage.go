@@ -28,6 +28,9 @@ var (
 	ErrNotEmpty = errors.New("namespace not empty")
 	// ErrStale: an older generation tried to overwrite a newer one.
 	ErrStale = errors.New("stale generation")
+	// ErrInvalidCursor: a List cursor the store did not make (a crafted or
+	// corrupted page token). The client's mistake, not the store's.
+	ErrInvalidCursor = errors.New("invalid list cursor")
 )
 
 // State is where a task is in its lifecycle.

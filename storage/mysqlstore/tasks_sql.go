@@ -608,7 +608,7 @@ func (s *Store) List(ctx context.Context, ns string, state storage.State, limit 
 		msText, id, ok := strings.Cut(cursor, ":")
 		ms, err := strconv.ParseInt(msText, 10, 64)
 		if !ok || err != nil {
-			return nil, "", fmt.Errorf("list: bad page cursor")
+			return nil, "", fmt.Errorf("list: %w", storage.ErrInvalidCursor)
 		}
 		q += " AND (" + order + " > ? OR (" + order + " = ? AND id > ?))"
 		args = append(args, ms, ms, id)

@@ -41,7 +41,7 @@ const MaxBatch = 1000
 
 // ErrInvalidCursor is returned by List for a cursor it did not make (or one
 // made for another state).
-var ErrInvalidCursor = errors.New("invalid list cursor")
+var ErrInvalidCursor = storage.ErrInvalidCursor
 
 // Options configure a Store. Zero fields take the defaults given.
 type Options struct {
