@@ -23,6 +23,7 @@ import (
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/tenancy"
 )
 
 // AuthOptions configure API-key authentication.
@@ -162,6 +163,9 @@ var (
 	errBadScheme = status.Error(codes.Unauthenticated,
 		`malformed authorization metadata: expected exactly one "authorization: Bearer <api key>"`)
 	errBadKey = status.Error(codes.Unauthenticated, "invalid API key: unknown, revoked or malformed")
+	// errKeyFlood: too many unknown key ids are being tried on this
+	// replica to look this one up now.
+	errKeyFlood = status.Error(codes.Unavailable, "too many unknown API keys are being tried on this server; retry shortly")
 )
 
 // bearerToken extracts the API key from the values of the "authorization"
@@ -276,6 +280,9 @@ func (a *authenticator) authenticate(ctx context.Context) (context.Context, erro
 	k, err := a.keys(ctx, id)
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, errBadKey
+	}
+	if errors.Is(err, tenancy.ErrTooManyKeyMisses) {
+		return nil, errKeyFlood // not logged: it is what a flood looks like
 	}
 	if err != nil {
 		return nil, toStatus(ctx, a.logger, fmt.Errorf("authenticate: %w", err))

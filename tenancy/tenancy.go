@@ -16,8 +16,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/delayd/delayd/storage"
 )
@@ -47,6 +50,16 @@ type Config struct {
 	// entries are swept; if it is still full, answers are not cached. If
 	// unset or zero, 100,000 is used.
 	MaxEntries int
+	// MaxKeyMisses is how many lookups per second of key ids the cache does
+	// not hold may reach the store (with a burst of ten times that), so
+	// clients trying made-up keys cannot cost a store call each without
+	// bound. Over it, Key answers ErrTooManyKeyMisses. If unset or zero,
+	// 100 per second.
+	MaxKeyMisses float64
+	// MaxUnknownKeys bounds the cache of "no such key" answers, kept apart
+	// from the known keys so that made-up key ids cannot crowd them out;
+	// when full, an arbitrary answer is dropped. If unset or zero, 10,000.
+	MaxUnknownKeys int
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 	// Now is the clock the cache expires entries by. If nil, time.Now.
@@ -69,6 +82,10 @@ type Registry struct {
 	namespaces *cache[storage.Namespace]
 	keys       *cache[storage.Key]
 }
+
+// ErrTooManyKeyMisses is Key's answer when more lookups of uncached key ids
+// arrive than Config.MaxKeyMisses lets through: retry shortly.
+var ErrTooManyKeyMisses = errors.New("tenancy: too many lookups of unknown API keys; retry shortly")
 
 var (
 	_ storage.Registry = (*Registry)(nil)
@@ -110,6 +127,18 @@ func New(cfg Config) (*Registry, error) {
 	}
 	r.namespaces = newCache[storage.Namespace](maxEntries)
 	r.keys = newCache[storage.Key](maxEntries)
+	unknown := cfg.MaxUnknownKeys
+	if unknown <= 0 {
+		unknown = 10_000
+	}
+	r.keys.misses = make(map[string]time.Time)
+	r.keys.missLimit = unknown
+	misses := cfg.MaxKeyMisses
+	if misses <= 0 {
+		misses = 100
+	}
+	budget := rate.NewLimiter(rate.Limit(misses), int(math.Max(1, 10*misses)))
+	r.keys.admit = func(now time.Time) bool { return budget.AllowN(now, 1) }
 	return r, nil
 }
 
@@ -182,7 +211,8 @@ func (r *Registry) LookupPolicy(ctx context.Context, ns string) (storage.Policy,
 }
 
 // Key returns the API key with id, from the cache when it is fresh.
-// storage.ErrNotFound if there is none (or it was revoked).
+// storage.ErrNotFound if there is none (or it was revoked);
+// ErrTooManyKeyMisses when too many uncached ids are being looked up.
 func (r *Registry) Key(ctx context.Context, id string) (storage.Key, error) {
 	return r.keys.get(ctx, r, id, func(ctx context.Context) (storage.Key, error) {
 		return r.store.GetKey(ctx, id)
@@ -254,9 +284,17 @@ func (r *Registry) RevokeKey(ctx context.Context, id string) error {
 // not (an expired value is served instead, up to maxStale).
 type cache[V any] struct {
 	limit int
+	// missLimit > 0 keeps "not found" answers in misses (at most
+	// missLimit, expiry by key) instead of entries.
+	missLimit int
+	// admit, if set, is asked before loading a key the cache holds no
+	// entry for (a refresh of a held entry is not asked); false answers
+	// ErrTooManyKeyMisses without a load.
+	admit func(now time.Time) bool
 
 	mu      sync.Mutex
 	entries map[string]*entry[V]
+	misses  map[string]time.Time
 }
 
 type entry[V any] struct {
@@ -280,6 +318,14 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 	for {
 		now := r.now()
 		c.mu.Lock()
+		if exp, ok := c.misses[k]; ok {
+			if now.Before(exp) {
+				c.mu.Unlock()
+				var zero V
+				return zero, storage.ErrNotFound
+			}
+			delete(c.misses, k)
+		}
 		e := c.entries[k]
 		if e != nil && e.loaded && now.Before(e.expires) {
 			v, err := e.val, e.err
@@ -298,6 +344,11 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 			}
 		}
 		if e == nil {
+			if c.admit != nil && !c.admit(now) {
+				c.mu.Unlock()
+				var zero V
+				return zero, ErrTooManyKeyMisses
+			}
 			e = &entry[V]{}
 			if !c.makeRoomLocked(now) {
 				c.mu.Unlock()
@@ -324,6 +375,14 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 			e.stale = now.Add(r.ttl + r.maxStale)
 			if e.invalid {
 				e.expires = time.Time{}
+			}
+			if err != nil && c.misses != nil {
+				if !e.invalid {
+					c.rememberMissLocked(k, e.expires)
+				}
+				if c.entries[k] == e {
+					delete(c.entries, k)
+				}
 			}
 		case e.loaded && now.Before(e.stale) && ctx.Err() == nil:
 			r.logger.LogAttrs(ctx, slog.LevelWarn, "registry unreachable; serving a cached answer",
@@ -354,8 +413,21 @@ func (c *cache[V]) makeRoomLocked(now time.Time) bool {
 	return len(c.entries) < c.limit
 }
 
+// rememberMissLocked keeps a "not found" answer for k until exp, dropping
+// an arbitrary one when misses is full.
+func (c *cache[V]) rememberMissLocked(k string, exp time.Time) {
+	if len(c.misses) >= c.missLimit {
+		for old := range c.misses {
+			delete(c.misses, old)
+			break
+		}
+	}
+	c.misses[k] = exp
+}
+
 func (c *cache[V]) forget(k string) {
 	c.mu.Lock()
+	delete(c.misses, k)
 	if e := c.entries[k]; e != nil && e.done == nil {
 		delete(c.entries, k)
 	} else if e != nil {

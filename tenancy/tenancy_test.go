@@ -291,3 +291,77 @@ func TestConcurrentMissesShareOneRead(t *testing.T) {
 		t.Errorf("registry reads = %d, want 1", got)
 	}
 }
+
+// countingKeys wraps a real registry and counts key reads.
+type countingKeys struct {
+	storage.Registry
+	reads atomic.Int64
+}
+
+func (c *countingKeys) GetKey(ctx context.Context, id string) (storage.Key, error) {
+	c.reads.Add(1)
+	return c.Registry.GetKey(ctx, id)
+}
+
+// TestUnknownKeysAreBounded: a flood of made-up key ids costs a bounded
+// number of store reads (MaxKeyMisses per second, with its burst) and
+// cannot push known keys out of the cache.
+func TestUnknownKeysAreBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	c := &countingKeys{Registry: store}
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r, err := tenancy.New(tenancy.Config{Store: c, Now: clk.Now, MaxEntries: 100, MaxKeyMisses: 10, MaxUnknownKeys: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := newName(t, store)
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	known := storage.Key{ID: "00000000000000aa", Namespace: name, Scopes: []storage.Scope{storage.ScopeConsume}, CreateTime: time.Now(), Hash: []byte("h")}
+	if err := store.CreateKey(ctx, known); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.RevokeKey(context.Background(), known.ID) })
+	if _, err := r.Key(ctx, known.ID); err != nil {
+		t.Fatal(err)
+	}
+	before := c.reads.Load()
+	limited := 0
+	for i := range 10_000 {
+		_, err := r.Key(ctx, fmt.Sprintf("%016x", 0xbad0000+i))
+		switch {
+		case errors.Is(err, tenancy.ErrTooManyKeyMisses):
+			limited++
+		case !errors.Is(err, storage.ErrNotFound):
+			t.Fatalf("unknown key %d: %v", i, err)
+		}
+	}
+	if reads := c.reads.Load() - before; reads > 100 {
+		t.Errorf("10,000 made-up keys cost %d store reads; want at most the burst (100)", reads)
+	}
+	if limited == 0 {
+		t.Errorf("no lookup was limited")
+	}
+	// The known key is still answered, from the cache, within its TTL; and
+	// refreshed from the store after it, whatever the miss budget says.
+	before = c.reads.Load()
+	if _, err := r.Key(ctx, known.ID); err != nil {
+		t.Errorf("known key after the flood: %v", err)
+	}
+	if c.reads.Load() != before {
+		t.Errorf("the known key was pushed out of the cache by the flood")
+	}
+	clk.Add(2 * time.Second)
+	if err := store.RevokeKey(ctx, known.ID); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 { // use the miss budget up again
+		_, _ = r.Key(ctx, fmt.Sprintf("%016x", 0xcad0000+i))
+	}
+	if _, err := r.Key(ctx, known.ID); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("a revoked known key after the TTL with the miss budget spent: %v, want ErrNotFound", err)
+	}
+}
