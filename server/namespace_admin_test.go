@@ -32,6 +32,7 @@ func defaultPolicyProto() *delaydv1.NamespacePolicy {
 		BackoffMax:        durationpb.New(d.Backoff.Max),
 		BackoffMultiplier: d.Backoff.Multiplier,
 		MaxPayloadBytes:   int32(d.MaxPayloadBytes),
+		MaxSubscribers:    int32(d.MaxSubscribers),
 		MaxDelay:          durationpb.New(d.MaxDelay),
 	}
 }
