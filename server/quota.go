@@ -27,10 +27,13 @@ const quotaCountTTL = time.Second
 // quota are refused with ResourceExhausted, except replacements of tasks
 // that exist (checked with Get only when the namespace is at its quota).
 //
-// Under concurrency (several replicas, or requests racing between two
-// counts) a namespace may overshoot its quota by what was created in that
-// window; it never stays over, since every later upsert of a new task is
-// refused until the count drops.
+// On one replica the quota holds exactly under concurrency: an upsert
+// reserves room for the tasks it may create before it writes (every item
+// counted as new unless the namespace is at its quota, then only those that
+// do not exist), and concurrent upserts see each other's reservations. With
+// several replicas a namespace may overshoot by what the other replicas
+// created within one count interval; it never stays over, since every later
+// upsert of a new task is refused until the count drops.
 type pendingQuota struct {
 	policies policyLookup
 	counter  storage.Counter
@@ -38,8 +41,9 @@ type pendingQuota struct {
 	logger   *slog.Logger
 	now      func() time.Time
 
-	mu     sync.Mutex
-	counts map[string]*quotaCount
+	mu       sync.Mutex
+	counts   map[string]*quotaCount
+	reserved map[string]int64 // room held by upserts in progress, by namespace
 }
 
 type quotaCount struct {
@@ -56,6 +60,7 @@ func newPendingQuota(opts Options) *pendingQuota {
 		logger:   opts.Logger,
 		now:      time.Now,
 		counts:   make(map[string]*quotaCount),
+		reserved: make(map[string]int64),
 	}
 }
 
@@ -108,33 +113,52 @@ func (q *pendingQuota) estimate(ctx context.Context, ns string) (int64, error) {
 	}
 }
 
-// created adds n tasks this replica created to the namespace's estimate.
-func (q *pendingQuota) created(ns string, n int64) {
-	if n == 0 {
-		return
+// reserve holds room for n new tasks of ns if the estimate, the room held
+// by upserts in progress and n fit in quota. have is the estimate it used.
+func (q *pendingQuota) reserve(ctx context.Context, ns string, n, quota int64) (ok bool, have int64, err error) {
+	have, err = q.estimate(ctx, ns)
+	if err != nil {
+		return false, 0, err
 	}
 	q.mu.Lock()
+	defer q.mu.Unlock()
+	if have+q.reserved[ns]+n > quota {
+		return false, have + q.reserved[ns], nil
+	}
+	q.reserved[ns] += n
+	return true, have, nil
+}
+
+// release gives back room reserved for ns and counts the tasks created.
+func (q *pendingQuota) release(ns string, reserved, created int64) {
+	q.mu.Lock()
+	if reserved > 0 {
+		if q.reserved[ns] -= reserved; q.reserved[ns] <= 0 {
+			delete(q.reserved, ns)
+		}
+	}
 	if c := q.counts[ns]; c != nil {
-		c.total += n
+		c.total += created
 	}
 	q.mu.Unlock()
 }
 
-// check refuses an upsert of ids into ns that would take it past its quota.
-func (q *pendingQuota) check(ctx context.Context, ns string, ids []string) error {
+// check reserves room for an upsert of ids into ns, or refuses one that
+// would take it past its quota. The caller releases what it reserved.
+func (q *pendingQuota) check(ctx context.Context, ns string, ids []string) (reserved int64, _ error) {
 	pol, ok, err := limitPolicy(ctx, q.policies, ns)
 	if err != nil {
-		return toStatus(ctx, q.logger, fmt.Errorf("quota: %w", err))
+		return 0, toStatus(ctx, q.logger, fmt.Errorf("quota: %w", err))
 	}
 	if !ok || pol.MaxPendingTasks <= 0 || len(ids) == 0 {
-		return nil
+		return 0, nil
 	}
-	have, err := q.estimate(ctx, ns)
+	fits, have, err := q.reserve(ctx, ns, int64(len(ids)), pol.MaxPendingTasks)
 	if err != nil {
-		return toStatus(ctx, q.logger, fmt.Errorf("quota: count: %w", err))
+		return 0, toStatus(ctx, q.logger, fmt.Errorf("quota: count: %w", err))
 	}
-	if have+int64(len(ids)) <= pol.MaxPendingTasks {
-		return nil
+	if fits {
+		return int64(len(ids)), nil
 	}
 	// At the quota: only tasks that are new count. Replacing a task that
 	// exists does not grow the namespace.
@@ -150,15 +174,29 @@ func (q *pendingQuota) check(ctx context.Context, ns string, ids []string) error
 		case errors.Is(err, storage.ErrNotFound):
 			fresh++
 		case err != nil:
-			return toStatus(ctx, q.logger, fmt.Errorf("quota: get: %w", err))
+			return 0, toStatus(ctx, q.logger, fmt.Errorf("quota: get: %w", err))
 		}
 		if have+fresh > pol.MaxPendingTasks {
-			return status.Errorf(codes.ResourceExhausted,
-				"namespace %q is at its task quota: it holds about %d tasks and policy.max_pending_tasks is %d; ack, remove or purge tasks, or raise the quota",
-				ns, have, pol.MaxPendingTasks)
+			return 0, errQuotaFull(ns, have, pol.MaxPendingTasks)
 		}
 	}
-	return nil
+	if fresh == 0 {
+		return 0, nil
+	}
+	fits, have, err = q.reserve(ctx, ns, fresh, pol.MaxPendingTasks)
+	if err != nil {
+		return 0, toStatus(ctx, q.logger, fmt.Errorf("quota: count: %w", err))
+	}
+	if !fits {
+		return 0, errQuotaFull(ns, have, pol.MaxPendingTasks)
+	}
+	return fresh, nil
+}
+
+func errQuotaFull(ns string, have, quota int64) error {
+	return status.Errorf(codes.ResourceExhausted,
+		"namespace %q is at its task quota: it holds about %d tasks and policy.max_pending_tasks is %d; ack, remove or purge tasks, or raise the quota",
+		ns, have, quota)
 }
 
 func (q *pendingQuota) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -176,23 +214,24 @@ func (q *pendingQuota) unary(ctx context.Context, req any, info *grpc.UnaryServe
 	default:
 		return handler(ctx, req)
 	}
-	if err := q.check(ctx, ns, ids); err != nil {
+	reserved, err := q.check(ctx, ns, ids)
+	if err != nil {
 		return nil, err
 	}
 	resp, err := handler(ctx, req)
+	var created int64
 	switch r := resp.(type) {
 	case *delaydv1.UpsertTaskResponse:
 		if r.GetCreated() {
-			q.created(ns, 1)
+			created = 1
 		}
 	case *delaydv1.BatchUpsertTasksResponse:
-		var n int64
 		for _, res := range r.GetResults() {
 			if res.GetCreated() {
-				n++
+				created++
 			}
 		}
-		q.created(ns, n)
 	}
+	q.release(ns, reserved, created)
 	return resp, err
 }

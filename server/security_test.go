@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -578,4 +579,35 @@ func (s *syncBuffer) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Len()
+}
+
+// TestPendingQuotaUnderConcurrentBatches: 20 concurrent batches of new
+// tasks into a namespace with max_pending_tasks 100 leave it with at most
+// 100 tasks (the quota is reserved before the write, not checked against a
+// count that the other batches have not reached yet).
+func TestPendingQuotaUnderConcurrentBatches(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	ns := e.newNamespace(r, "quotarace-", &delaydv1.NamespacePolicy{MaxPendingTasks: 100})
+	var wg sync.WaitGroup
+	for b := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			items := make([]*delaydv1.UpsertTaskRequest, 60)
+			for i := range items {
+				items[i] = &delaydv1.UpsertTaskRequest{Id: fmt.Sprintf("b%d-%d", b, i), When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)}}
+			}
+			_, _ = r.tasks.BatchUpsertTasks(admin(), &delaydv1.BatchUpsertTasksRequest{Namespace: ns, Tasks: items})
+		}()
+	}
+	wg.Wait()
+	st, err := e.store.Stats(context.Background(), ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total := st.Scheduled + st.Delivered + st.Dead; total > 100 {
+		t.Errorf("20 concurrent batches left %d tasks under max_pending_tasks 100", total)
+	}
 }
