@@ -61,8 +61,11 @@ const (
 	maxRateLimit    = 1_000_000
 	maxRateBurst    = 1_000_000
 	maxSubscribers  = 100_000
-	minMaxDelay     = time.Second
-	maxMaxDelay     = 3660 * 24 * time.Hour
+	// maxKeysPerNamespace caps the API keys of one namespace, so a tenant
+	// admin cannot grow the registry (and ListKeys) without bound.
+	maxKeysPerNamespace = 100
+	minMaxDelay         = time.Second
+	maxMaxDelay         = 3660 * 24 * time.Hour
 )
 
 var policyFields = []policyField{
@@ -551,6 +554,14 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 	if ns != storage.GlobalNamespace {
 		if err := s.namespaceExists(ctx, reg, ns); err != nil {
 			return nil, err
+		}
+		keys, err := reg.ListKeys(ctx, ns)
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("create key: count: %w", err))
+		}
+		if len(keys) >= maxKeysPerNamespace {
+			return nil, status.Errorf(codes.ResourceExhausted,
+				"namespace %q already has %d API keys (at most %d); revoke keys it no longer uses", ns, len(keys), maxKeysPerNamespace)
 		}
 	}
 	for attempt := 0; ; attempt++ {

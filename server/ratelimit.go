@@ -101,9 +101,15 @@ func (l *rateLimiter) allow(ctx context.Context, ns string) error {
 
 // requestNamespace is the namespace a rate limit or quota is charged to: the
 // namespace the RPC's request names, "" if none.
-func requestNamespace(method string, req any) string {
+func requestNamespace(ctx context.Context, method string, req any) string {
 	if strings.HasPrefix(method, adminServicePrefix) {
-		return "" // admin calls are never limited: an operator can always lift a limit
+		// An operator's global key is never limited, so it can always
+		// lift a limit; a namespace's own admin key is, like its others.
+		p := principalFrom(ctx)
+		if p == nil || p.global() {
+			return ""
+		}
+		return p.namespace
 	}
 	r, ok := rules[method]
 	if !ok || r.ns == nil {
@@ -117,7 +123,7 @@ func requestNamespace(method string, req any) string {
 }
 
 func (l *rateLimiter) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if ns := requestNamespace(info.FullMethod, req); ns != "" {
+	if ns := requestNamespace(ctx, info.FullMethod, req); ns != "" {
 		if err := l.allow(ctx, ns); err != nil {
 			return nil, err
 		}
@@ -127,7 +133,7 @@ func (l *rateLimiter) unary(ctx context.Context, req any, info *grpc.UnaryServer
 
 func (l *rateLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	return handler(srv, &firstMessageStream{ServerStream: ss, check: func(m any) error {
-		if ns := requestNamespace(info.FullMethod, m); ns != "" {
+		if ns := requestNamespace(ss.Context(), info.FullMethod, m); ns != "" {
 			return l.allow(ss.Context(), ns)
 		}
 		return nil
@@ -207,7 +213,7 @@ func (l *subscriberLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.Str
 		key = p.keyID
 	}
 	err := handler(srv, &firstMessageStream{ServerStream: ss, check: func(m any) error {
-		ns := requestNamespace(info.FullMethod, m)
+		ns := requestNamespace(ss.Context(), info.FullMethod, m)
 		if ns == "" {
 			return nil // invalid request: the handler answers InvalidArgument
 		}

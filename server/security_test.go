@@ -611,3 +611,37 @@ func TestPendingQuotaUnderConcurrentBatches(t *testing.T) {
 		t.Errorf("20 concurrent batches left %d tasks under max_pending_tasks 100", total)
 	}
 }
+
+// TestNamespaceAdminKeysAreLimited: a namespace-scoped admin key is rate
+// limited like the namespace's other keys (a global key is not), and a
+// namespace holds at most 100 API keys.
+func TestNamespaceAdminKeysAreLimited(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	ns := e.newNamespace(r, "adminrate-", &delaydv1.NamespacePolicy{RateLimit: 1, RateBurst: 1})
+	_, tenantAdmin := e.newKey(r, ns, delaydv1.KeyScope_KEY_SCOPE_ADMIN)
+	limited := 0
+	for range 5 {
+		_, err := r.admin.ListKeys(as(tenantAdmin), &delaydv1.ListKeysRequest{Namespace: ns})
+		if codeOf(err) == codes.ResourceExhausted {
+			limited++
+		}
+	}
+	if limited == 0 {
+		t.Errorf("5 admin calls at once by a namespace admin key under rate_limit 1/s: none limited")
+	}
+	for range 5 {
+		if _, err := r.admin.ListKeys(admin(), &delaydv1.ListKeysRequest{Namespace: ns}); err != nil {
+			t.Fatalf("the global admin key was limited: %v", err)
+		}
+	}
+	// Keys per namespace: 1 exists; 99 more fit, the next is refused.
+	for i := range 99 {
+		if _, err := r.admin.CreateKey(admin(), &delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_PRODUCE}}); err != nil {
+			t.Fatalf("key %d: %v", i+2, err)
+		}
+	}
+	_, err := r.admin.CreateKey(admin(), &delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_PRODUCE}})
+	wantCode(t, err, codes.ResourceExhausted, "at most 100")
+}
