@@ -84,6 +84,12 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "delayd: %v\n", err)
 		return 2
 	}
+	// `delayd version` or a stray word would otherwise start a server with
+	// every default (an open embedded store) as if nothing had been said.
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "delayd: unexpected argument %q: delayd takes flags only and has no subcommands; `delayd --help` lists them\n", fs.Arg(0))
+		return 2
+	}
 	cfg := f.Config
 	// A shared Redis is never open to everyone by accident: without an
 	// admin key, --no-auth must say so (embedded mode is open by default).

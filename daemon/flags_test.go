@@ -83,3 +83,18 @@ func TestFlagsParse(t *testing.T) {
 		t.Errorf("real Redis without auth: exit %d, %q; want 2 and the refusal", code, out.String())
 	}
 }
+
+// A positional argument (`delayd version`, a stray word) is refused with
+// exit 2 naming it, instead of starting a server with every default.
+func TestMainRefusesPositionalArguments(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--log-level", "info", "serve"}} {
+		var stderr bytes.Buffer
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // were it to start a server, it would stop at once
+		code := Main(ctx, args, &stderr)
+		last := args[len(args)-1]
+		if code != 2 || !strings.Contains(stderr.String(), "unexpected argument \""+last+"\"") {
+			t.Errorf("Main(%q) = %d, stderr %q; want exit 2 naming %q", args, code, stderr.String(), last)
+		}
+	}
+}
