@@ -87,10 +87,13 @@ type UpsertSpec struct {
 	ID      string
 	Kind    string
 	Payload []byte
-	// DueTime is the absolute due time. If zero, Delay is used.
+	// DueTime is the absolute due time. If zero, Delay is used. Stores keep
+	// milliseconds and round a finer time UP (DueMilli), so a task is never
+	// due before the instant asked for.
 	DueTime time.Time
 	// Delay is resolved against the store's clock (Redis TIME) when DueTime
-	// is zero, so every replica agrees on "now".
+	// is zero, so every replica agrees on "now"; the due time is rounded up
+	// to the millisecond, so the task is never due before now + Delay.
 	Delay time.Duration
 	// Generation, if non-zero, is the exact generation to store (durable mode
 	// assigns generations in MySQL). A store that already holds a newer
@@ -262,3 +265,22 @@ type StaticPolicies struct{ P Policy }
 
 // Policy returns s.P for every namespace.
 func (s StaticPolicies) Policy(context.Context, string) (Policy, error) { return s.P, nil }
+
+// DueMilli is t in Unix milliseconds rounded UP: the millisecond a task due
+// at t is stored as, so it is never due early (t.UnixMilli() rounds down).
+func DueMilli(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if t.Nanosecond()%int(time.Millisecond) != 0 {
+		ms++
+	}
+	return ms
+}
+
+// DelayMicros is d in whole microseconds rounded UP, the unit a store
+// resolves a relative delay in; negative delays are 0.
+func DelayMicros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}

@@ -464,7 +464,7 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		if payload == nil {
 			payload = []byte{}
 		}
-		rows[i] = mysqlstore.UpsertRow{ID: sp.ID, Kind: sp.Kind, Payload: payload, DueMS: due.UnixMilli(), Gen: sp.Generation,
+		rows[i] = mysqlstore.UpsertRow{ID: sp.ID, Kind: sp.Kind, Payload: payload, DueMS: storage.DueMilli(due), Gen: sp.Generation,
 			Relative: sp.DueTime.IsZero(), Delay: sp.Delay}
 		if sp.Generation != 0 {
 			exact = true

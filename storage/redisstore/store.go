@@ -223,9 +223,9 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 			sp := &part[i]
 			due := ""
 			if !sp.DueTime.IsZero() {
-				due = strconv.FormatInt(sp.DueTime.UnixMilli(), 10)
+				due = strconv.FormatInt(storage.DueMilli(sp.DueTime), 10)
 			}
-			args = append(args, sp.ID, due, max(sp.Delay.Milliseconds(), 0), sp.Generation, sp.Kind, sp.Payload)
+			args = append(args, sp.ID, due, storage.DelayMicros(sp.Delay), sp.Generation, sp.Kind, sp.Payload)
 		}
 		rep, err := s.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
 		if err != nil {

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -38,6 +39,58 @@ func testUpsert(t *testing.T, newStore func(t *testing.T) Store) {
 			}
 		},
 		want: []Row{{ID: "x", State: sched, Generation: 1, Kind: "order.close", Payload: "hello"}},
+	}, {
+		// Due times are kept in milliseconds: a finer one is rounded UP,
+		// never down, so no task is due before the instant it asked for.
+		name: "due time rounds up to the millisecond",
+		run: func(e *env) {
+			base := e.now().Add(time.Hour).Truncate(time.Millisecond)
+			cases := map[string]struct {
+				due  time.Time
+				want time.Time
+			}{
+				"exact":  {base, base},
+				"1ns":    {base.Add(time.Nanosecond), base.Add(time.Millisecond)},
+				"999us":  {base.Add(999 * time.Microsecond), base.Add(time.Millisecond)},
+				"1ms1ns": {base.Add(time.Millisecond + time.Nanosecond), base.Add(2 * time.Millisecond)},
+			}
+			for id, c := range cases {
+				r := e.upsert(storage.UpsertSpec{ID: id, DueTime: c.due})[0]
+				if !r.Task.DueTime.Equal(c.want) {
+					e.t.Errorf("%s: due %v stored as %v, want %v", id, c.due, r.Task.DueTime, c.want)
+				}
+				if got := e.get(id).DueTime; !got.Equal(c.want) {
+					e.t.Errorf("%s: Get due %v, want %v", id, got, c.want)
+				}
+			}
+		},
+		want: []Row{{ID: "1ms1ns", State: sched, Generation: 1}, {ID: "1ns", State: sched, Generation: 1},
+			{ID: "999us", State: sched, Generation: 1}, {ID: "exact", State: sched, Generation: 1}},
+	}, {
+		// A relative delay is resolved against the store's clock so that
+		// the task is never due before now + delay: the store's now has
+		// microseconds that a whole-millisecond now would drop, and the
+		// delay's sub-millisecond part must not be dropped either.
+		name: "relative delay is never resolved early",
+		run: func(e *env) {
+			const d = 10*time.Millisecond + 999*time.Microsecond
+			for i := range 5 {
+				id := fmt.Sprintf("d%d", i)
+				before := e.now() // whole ms, at or before the store's now at the upsert
+				r := e.upsert(storage.UpsertSpec{ID: id, Delay: d})[0]
+				// The store's now during the upsert is at least before, and
+				// at least the record's update time (its now, whole ms).
+				floor := r.Task.UpdateTime
+				if before.After(floor) {
+					floor = before
+				}
+				if r.Task.DueTime.Before(floor.Add(d)) {
+					e.t.Errorf("%s: due %v is before now (>= %v) + %v", id, r.Task.DueTime, floor, d)
+				}
+			}
+		},
+		want: []Row{{ID: "d0", State: sched, Generation: 1}, {ID: "d1", State: sched, Generation: 1},
+			{ID: "d2", State: sched, Generation: 1}, {ID: "d3", State: sched, Generation: 1}, {ID: "d4", State: sched, Generation: 1}},
 	}, {
 		name:  "replace keeps create time and bumps generation",
 		seeds: []Seed{{ID: "x"}},

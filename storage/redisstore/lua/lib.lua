@@ -15,6 +15,13 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- now_micros returns the Redis server clock in Unix microseconds (exact in
+-- a Lua number until the year 2255).
+local function now_micros()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- int formats an integral number for redis.call without exponent notation.
 local function int(n)
   return string.format('%d', n)

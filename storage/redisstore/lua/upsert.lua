@@ -4,8 +4,8 @@
 -- ARGV[1] wake channel
 -- ARGV[2] namespace (the wake-up message)
 -- ARGV[3] n, the number of tasks (at most 1,000); then 6 arguments per task
---         i (from 0), at ARGV[4+6i ..]: id, due ms ('' = now + delay),
---         delay ms, generation ('0' = bump the stored one, 1 if new), kind,
+--         i (from 0), at ARGV[4+6i ..]: id, due ms ('' = now + delay,
+--         rounded up to the ms), delay µs, generation ('0' = bump the stored one, 1 if new), kind,
 --         payload
 --
 -- Each task goes to due at its due time, out of inflight and dead, with
@@ -20,7 +20,8 @@
 --     a = generation, b = create time ms, c = due ms
 --   code 4 stale: a = stored record, b = its state (1 scheduled,
 --     2 delivered, 3 dead), c = its score in that state's ZSET
-local now = now_ms()
+local now_us = now_micros()
+local now = math.floor(now_us / 1000)
 local n = tonumber(ARGV[3])
 local out = {now}
 if n == 0 then
@@ -40,7 +41,9 @@ for i = 0, n - 1 do
   local id = ids[i + 1]
   local due
   if ARGV[j + 1] == '' then
-    due = now + tonumber(ARGV[j + 2])
+    -- never before now + delay: whole µs (< 2^53, exact in a double),
+    -- rounded up to the ms
+    due = math.ceil((now_us + tonumber(ARGV[j + 2])) / 1000)
   else
     due = tonumber(ARGV[j + 1])
   end
