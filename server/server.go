@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -99,6 +100,10 @@ func New(opts Options) (*Server, error) {
 	unary, stream := interceptors(opts.Logger, opts.CallLog, codec)
 	serverOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
+		// A fixed pool of goroutines runs the handlers: each call reuses a
+		// grown stack instead of starting a goroutine whose stack grows
+		// again (runtime.morestack was ~12% of a unary call's CPU).
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(opts.Limits.MaxMessageBytes),
