@@ -116,8 +116,11 @@ func testUpsert(t *testing.T, newStore func(t *testing.T) Store) {
 			before := e.now()
 			res := e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x"), Delay: 10 * time.Minute})
 			after := e.now()
-			e.within("due", res[0].Task.DueTime, before.Add(10*time.Minute), after.Add(10*time.Minute))
-			e.within("stored due", e.get("x").DueTime, before.Add(10*time.Minute), after.Add(10*time.Minute))
+			// The store's now has microseconds that after (whole ms) drops,
+			// and the due time is rounded up: at most 1 ms past after + delay.
+			hi := after.Add(10*time.Minute + time.Millisecond)
+			e.within("due", res[0].Task.DueTime, before.Add(10*time.Minute), hi)
+			e.within("stored due", e.get("x").DueTime, before.Add(10*time.Minute), hi)
 		},
 		want: []Row{row("x", sched, 2, 0, "")},
 	}, {

@@ -5,7 +5,7 @@
 -- ARGV[2] namespace (the wake-up message)
 -- ARGV[3] n, the number of tasks (at most 1,000); then 6 arguments per task
 --         i (from 0), at ARGV[4+6i ..]: id, due ms ('' = now + delay,
---         rounded up to the ms), delay µs, generation ('0' = bump the stored one, 1 if new), kind,
+--         rounded up to the ms; a delay of 0 is due now), delay µs, generation ('0' = bump the stored one, 1 if new), kind,
 --         payload
 --
 -- Each task goes to due at its due time, out of inflight and dead, with
@@ -41,9 +41,14 @@ for i = 0, n - 1 do
   local id = ids[i + 1]
   local due
   if ARGV[j + 1] == '' then
-    -- never before now + delay: whole µs (< 2^53, exact in a double),
-    -- rounded up to the ms
-    due = math.ceil((now_us + tonumber(ARGV[j + 2])) / 1000)
+    local delay = tonumber(ARGV[j + 2])
+    if delay == 0 then
+      due = now -- due at once (the task did not exist before this call)
+    else
+      -- never before now + delay: whole µs (< 2^53, exact in a double),
+      -- rounded up to the ms
+      due = math.ceil((now_us + delay) / 1000)
+    end
   else
     due = tonumber(ARGV[j + 1])
   end
