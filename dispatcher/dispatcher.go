@@ -100,16 +100,6 @@ type NamespaceLister interface {
 // DefaultSafetyPoll is Config.SafetyPoll's default.
 const DefaultSafetyPoll = time.Second
 
-// Clock tells the time on the Go side. Only local lease estimates and the
-// policy refresh read it; due-ness is decided by the store's clock.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // Reasons stored as a task's last error when the dispatcher gives a delivery
 // back.
 const (
@@ -141,7 +131,7 @@ type Config struct {
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 	// Clock reads local time. If nil, the system clock.
-	Clock Clock
+	Clock storage.Clock
 	// SafetyPoll is the slow poll that catches a missed wake-up. If unset or
 	// zero, 1 second is used.
 	SafetyPoll time.Duration
@@ -185,7 +175,7 @@ func (c *Config) setDefaults() {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if c.Clock == nil {
-		c.Clock = systemClock{}
+		c.Clock = storage.SystemClock{}
 	}
 	if c.SafetyPoll <= 0 {
 		c.SafetyPoll = DefaultSafetyPoll

@@ -13,6 +13,19 @@ import (
 	"time"
 )
 
+// Clock tells the time on the Go side: the one clock abstraction of the
+// module (dispatcher lease estimates, tenancy cache expiry). Due-ness is
+// never decided by it; the store's clock does that.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the Clock of time.Now.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
 // Sentinel errors. Stores wrap everything else with fmt.Errorf("op: %w", err).
 var (
 	// ErrNotFound: the task (or namespace) does not exist.

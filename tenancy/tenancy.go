@@ -62,8 +62,9 @@ type Config struct {
 	MaxUnknownKeys int
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
-	// Now is the clock the cache expires entries by. If nil, time.Now.
-	Now func() time.Time
+	// Clock is what the cache expires entries by. If nil,
+	// storage.SystemClock.
+	Clock storage.Clock
 }
 
 // Registry wraps a storage.Registry with the cache. It implements
@@ -77,7 +78,7 @@ type Registry struct {
 	ttl        time.Duration
 	maxStale   time.Duration
 	logger     *slog.Logger
-	now        func() time.Time
+	clock      storage.Clock
 
 	namespaces *cache[storage.Namespace]
 	keys       *cache[storage.Key]
@@ -104,7 +105,7 @@ func New(cfg Config) (*Registry, error) {
 		ttl:        cfg.TTL,
 		maxStale:   cfg.MaxStale,
 		logger:     cfg.Logger,
-		now:        cfg.Now,
+		clock:      cfg.Clock,
 	}
 	if r.ttl <= 0 {
 		r.ttl = time.Second
@@ -118,8 +119,8 @@ func New(cfg Config) (*Registry, error) {
 	if r.logger == nil {
 		r.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if r.now == nil {
-		r.now = time.Now
+	if r.clock == nil {
+		r.clock = storage.SystemClock{}
 	}
 	maxEntries := cfg.MaxEntries
 	if maxEntries <= 0 {
@@ -316,7 +317,7 @@ func newCache[V any](limit int) *cache[V] {
 
 func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(context.Context) (V, error)) (V, error) {
 	for {
-		now := r.now()
+		now := r.clock.Now()
 		c.mu.Lock()
 		if exp, ok := c.misses[k]; ok {
 			if now.Before(exp) {

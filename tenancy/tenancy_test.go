@@ -49,7 +49,7 @@ func (c *clock) Add(d time.Duration) {
 
 func newRegistry(t *testing.T, store storage.Registry, clk *clock, autoCreate bool) *tenancy.Registry {
 	t.Helper()
-	r, err := tenancy.New(tenancy.Config{Store: store, Now: clk.Now, AutoCreate: autoCreate, TTL: time.Second, MaxStale: time.Minute})
+	r, err := tenancy.New(tenancy.Config{Store: store, Clock: clk, AutoCreate: autoCreate, TTL: time.Second, MaxStale: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
