@@ -312,7 +312,7 @@ func TestUnknownKeysAreBounded(t *testing.T) {
 	store := newStore(t)
 	c := &countingKeys{Registry: store}
 	clk := &clock{now: time.Unix(1_000_000, 0)}
-	r, err := tenancy.New(tenancy.Config{Store: c, Now: clk.Now, MaxEntries: 100, MaxKeyMisses: 10, MaxUnknownKeys: 50})
+	r, err := tenancy.New(tenancy.Config{Store: c, Clock: clk, MaxEntries: 100, MaxKeyMisses: 10, MaxUnknownKeys: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
