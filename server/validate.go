@@ -100,8 +100,8 @@ func upsertSpec(prefix string, req *delaydv1.UpsertTaskRequest, batchNS string, 
 				due.Format(time.RFC3339), minDueTime.Format(time.RFC3339))
 		}
 		if pol.MaxDelay > 0 && due.Sub(now) > pol.MaxDelay {
-			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is %s ahead; at most %s ahead (the namespace's horizon) is allowed",
-				humanDuration(due.Sub(now)), humanDuration(pol.MaxDelay))
+			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is %s; at most %s ahead (the namespace's horizon, until %s) is allowed",
+				due.UTC().Format(time.RFC3339), humanDuration(pol.MaxDelay), now.Add(pol.MaxDelay).UTC().Format(time.RFC3339))
 		}
 		// A time in the past means due now.
 		spec.DueTime = due

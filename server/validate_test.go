@@ -91,7 +91,10 @@ func TestUpsertSpec(t *testing.T) {
 		{name: "delay beyond horizon", req: &delaydv1.UpsertTaskRequest{Id: "a", When: delay(pol.MaxDelay + 24*time.Hour)},
 			err: "delay is 367 days; at most 366 days (the namespace's horizon) is allowed"},
 		{name: "due beyond horizon", req: &delaydv1.UpsertTaskRequest{Id: "a", When: due(now.Add(400 * 24 * time.Hour))},
-			err: "due_time is 400 days ahead; at most 366 days ahead (the namespace's horizon) is allowed"},
+			err: "due_time is " + now.Add(400*24*time.Hour).UTC().Format(time.RFC3339) + "; at most 366 days ahead (the namespace's horizon, until " + now.Add(366*24*time.Hour).UTC().Format(time.RFC3339) + ") is allowed"},
+		// Year 9999 once read "106752.0 days ahead" (a saturated duration).
+		{name: "due in year 9999", req: &delaydv1.UpsertTaskRequest{Id: "a", When: due(time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC))},
+			err: "due_time is 9999-12-31T00:00:00Z; at most 366 days ahead (the namespace's horizon, until " + now.Add(366*24*time.Hour).UTC().Format(time.RFC3339) + ") is allowed"},
 		{name: "invalid timestamp", req: &delaydv1.UpsertTaskRequest{Id: "a",
 			When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: &timestamppb.Timestamp{Nanos: -1}}},
 			err: "due_time is not a valid timestamp; allowed: 0001-01-01 to 9999-12-31 UTC"},
