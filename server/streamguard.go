@@ -77,18 +77,15 @@ func (g *streamGuard) watch(ctx context.Context, p *principal, ns string) (_ con
 					return
 				case <-t.C:
 				}
-				if checkKey {
-					if _, err := g.keys(ctx, p.keyID); errors.Is(err, storage.ErrNotFound) {
-						cancel(guardStatus{status.Errorf(codes.Unauthenticated, "API key %s was revoked; the stream is closed", p.keyID)})
-						return
-					}
-				}
-				if checkNS {
-					n, err := g.namespaces.Lookup(ctx, ns)
-					if errors.Is(err, storage.ErrNotFound) || err == nil && !n.CreateTime.Equal(created) {
-						cancel(guardStatus{status.Errorf(codes.NotFound, "namespace %q was deleted; the stream is closed", ns)})
-						return
-					}
+				// A check never waits long on the store: other requests
+				// may be sharing its load (and, with the store down, it may
+				// be the probe that waits the whole store timeout).
+				cctx, ccancel := context.WithTimeout(ctx, g.interval/2)
+				ended := g.check(cctx, p, ns, created, checkKey, checkNS)
+				ccancel()
+				if ended != nil {
+					cancel(ended)
+					return
 				}
 			}
 		}()
@@ -105,4 +102,22 @@ func (g *streamGuard) watch(ctx context.Context, p *principal, ns string) (_ con
 		return nil
 	}
 	return ctx, stop, ended
+}
+
+// check returns the guardStatus that ends the stream, or nil while its key
+// and its namespace's incarnation stand (or cannot be read: the stream goes
+// on, and is checked again next time).
+func (g *streamGuard) check(ctx context.Context, p *principal, ns string, created time.Time, checkKey, checkNS bool) error {
+	if checkKey {
+		if _, err := g.keys(ctx, p.keyID); errors.Is(err, storage.ErrNotFound) {
+			return guardStatus{status.Errorf(codes.Unauthenticated, "API key %s was revoked; the stream is closed", p.keyID)}
+		}
+	}
+	if checkNS {
+		n, err := g.namespaces.Lookup(ctx, ns)
+		if errors.Is(err, storage.ErrNotFound) || err == nil && !n.CreateTime.Equal(created) {
+			return guardStatus{status.Errorf(codes.NotFound, "namespace %q was deleted; the stream is closed", ns)}
+		}
+	}
+	return nil
 }
