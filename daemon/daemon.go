@@ -116,6 +116,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Logger:  logger.With("component", "redisstore"),
 		Timeout: cfg.StoreTimeout,
 	})
+	// Tasks stored by a delayd from before the header/payload split are
+	// converted before anything reads them (bounded steps; a no-op after).
+	if n, err := store.Migrate(ctx); err != nil {
+		return nil, fmt.Errorf("redis at %s: converting task records: %w", d.redis.where, err)
+	} else if n > 0 {
+		logger.Info("converted task records to the current layout", "tasks", n)
+	}
 
 	// 2b. Durable mode: MySQL is the authority and store its index
 	// (durable.go). tasks is what the server and the dispatcher use;

@@ -11,22 +11,25 @@ import (
 
 // A delivery token's wire form is opaque to clients: unpadded base64url of
 //
-//	version byte (2) | uvarint generation | uvarint attempt |
-//	uvarint created | uvarint len(namespace) | namespace | task id
+//	version byte (3) | uvarint generation | uvarint attempt |
+//	uvarint incarnation | uvarint delivery | uvarint len(namespace) |
+//	namespace | task id
 //
-// It names the delivery (namespace, task, the task's incarnation — its
-// create time in Unix ms —, generation, attempt) and nothing else: no
-// secret, no signature. A token is only honoured in its own namespace, and
-// the store checks incarnation, generation and attempt against what is in
-// flight, so a forged token can at most ack a delivery of a namespace the
-// caller may already consume, and a token of a removed task never touches
-// a task re-created with the same id. Tokens of version 1 (without the
-// incarnation) are rejected as malformed.
+// It names the delivery (namespace, task, the task's incarnation and
+// generation, the delivery's sequence number; the attempt is carried for
+// the record) and nothing else: no secret, no signature. A token is only
+// honoured in its own namespace, and the store checks incarnation,
+// generation and delivery against what is in flight, so a forged token can
+// at most ack a delivery of a namespace the caller may already consume; a
+// token of a removed task never touches a task re-created with the same id,
+// and no two deliveries share a token (not across a requeue, a rebuild of
+// the index or a restored Redis snapshot). Tokens of versions 1 and 2 are
+// rejected as malformed.
 
 const (
-	tokenVersion = 2
+	tokenVersion = 3
 	// maxTokenLen bounds a token before it is decoded: the longest valid
-	// token (63-byte namespace, 128-byte id, four varints) is under 300
+	// token (63-byte namespace, 128-byte id, five varints) is under 310
 	// base64 characters.
 	maxTokenLen = 512
 )
@@ -38,11 +41,12 @@ var tokenEncoding = base64.RawURLEncoding
 
 // encodeToken returns the wire form of t.
 func encodeToken(t storage.Token) string {
-	buf := make([]byte, 0, 1+4*binary.MaxVarintLen64+len(t.Namespace)+len(t.ID))
+	buf := make([]byte, 0, 1+5*binary.MaxVarintLen64+len(t.Namespace)+len(t.ID))
 	buf = append(buf, tokenVersion)
 	buf = binary.AppendUvarint(buf, uint64(t.Generation))
 	buf = binary.AppendUvarint(buf, uint64(t.Attempt))
-	buf = binary.AppendUvarint(buf, uint64(t.Created))
+	buf = binary.AppendUvarint(buf, uint64(t.Incarnation))
+	buf = binary.AppendUvarint(buf, uint64(t.Delivery))
 	buf = binary.AppendUvarint(buf, uint64(len(t.Namespace)))
 	buf = append(buf, t.Namespace...)
 	buf = append(buf, t.ID...)
@@ -71,9 +75,15 @@ func decodeToken(s string) (storage.Token, error) {
 		return storage.Token{}, errBadToken
 	}
 	b = b[n:]
-	// Every task has a create time, so the server never issues 0.
-	created, n := binary.Uvarint(b)
-	if n <= 0 || created == 0 || created > math.MaxInt64 {
+	// Tasks stored before incarnations existed have incarnation 0.
+	inc, n := binary.Uvarint(b)
+	if n <= 0 || inc > math.MaxInt64 {
+		return storage.Token{}, errBadToken
+	}
+	b = b[n:]
+	// Every delivery has a sequence number, so the server never issues 0.
+	delivery, n := binary.Uvarint(b)
+	if n <= 0 || delivery == 0 || delivery > math.MaxInt64 {
 		return storage.Token{}, errBadToken
 	}
 	b = b[n:]
@@ -83,11 +93,12 @@ func decodeToken(s string) (storage.Token, error) {
 	}
 	b = b[n:]
 	t := storage.Token{
-		Namespace:  string(b[:nsLen]),
-		ID:         string(b[nsLen:]),
-		Generation: int64(gen),
-		Attempt:    int32(attempt),
-		Created:    int64(created),
+		Namespace:   string(b[:nsLen]),
+		ID:          string(b[nsLen:]),
+		Incarnation: int64(inc),
+		Generation:  int64(gen),
+		Attempt:     int32(attempt),
+		Delivery:    int64(delivery),
 	}
 	if storage.ValidateNamespace(t.Namespace) != nil || storage.ValidateTaskID(t.ID) != nil {
 		return storage.Token{}, errBadToken

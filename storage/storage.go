@@ -85,8 +85,14 @@ type Task struct {
 	Attempt int32
 	// Generation is bumped by every upsert of (Namespace, ID); starts at 1.
 	Generation int64
-	CreateTime time.Time
-	UpdateTime time.Time
+	// Incarnation names this life of (Namespace, ID): it is set when the
+	// task is created and kept by every upsert that replaces it, and a task
+	// re-created after a remove or an ack gets a larger one. (Incarnation,
+	// Generation) orders the versions of a task across its whole history;
+	// 0 only for tasks stored before incarnations existed.
+	Incarnation int64
+	CreateTime  time.Time
+	UpdateTime  time.Time
 	// LastError is the reason of the last nack or expiry; empty if none.
 	LastError string
 	// LeaseDeadline is set while State is StateDelivered.
@@ -113,6 +119,12 @@ type UpsertSpec struct {
 	// generation leaves the task unchanged and reports Stale. If zero, the
 	// store bumps the generation it holds (1 for a new task).
 	Generation int64
+	// Incarnation, if non-zero (with Generation), is the exact incarnation
+	// to store (durable mode decides it in MySQL): the version
+	// (Incarnation, Generation) is then stored unless the store holds a
+	// newer version (Stale) or that very one (no change). If zero, a new
+	// task gets a new incarnation and a replaced one keeps its own.
+	Incarnation int64
 }
 
 // UpsertResult is the outcome of one UpsertSpec, in request order.
@@ -125,7 +137,9 @@ type UpsertResult struct {
 	// namespace (a dispatcher sleeping longer should wake up).
 	Earliest bool
 	// Stale is true when Generation was given and the store held a newer
-	// one; Task is then the stored, newer task.
+	// version; Task is then the stored, newer task. When the store held the
+	// very version given, nothing changed and Task is the stored task, with
+	// Stale and Created false.
 	Stale bool
 }
 
@@ -139,15 +153,22 @@ type Delivery struct {
 	LeaseDeadline time.Time
 }
 
-// Token names one delivery: the task (and its incarnation), the generation
-// and the attempt it was made for. Its wire form (an opaque string) is the
+// Token names one delivery: the task, its incarnation and generation, and
+// the delivery's sequence number. Its wire form (an opaque string) is the
 // server's business.
 type Token struct {
-	Namespace  string
-	ID         string
-	Generation int64
-	Attempt    int32
-	Created    int64 // the task's create time (Unix ms): names the incarnation, so a token of a removed task never matches a re-created one
+	Namespace   string
+	ID          string
+	Incarnation int64
+	Generation  int64
+	// Attempt is the task's attempt count of this delivery (informational:
+	// it restarts after a requeue, so it does not name the delivery).
+	Attempt int32
+	// Delivery is the delivery's sequence number: it increases with every
+	// delivery of an incarnation and never repeats, not after a requeue, a
+	// rebuild of the index or a restored Redis snapshot (the store derives
+	// it from its clock), so a token never names two deliveries. Never 0.
+	Delivery int64
 }
 
 // TokenStatus is the per-token answer of ack, nack and extend.
@@ -227,13 +248,27 @@ func DefaultPolicy() Policy {
 // back to StateScheduled (due at DueTime) or to StateDead. Durable mode
 // writes it through to MySQL.
 type Moved struct {
-	ID         string
-	Generation int64
-	Attempt    int32
-	State      State
-	DueTime    time.Time
-	DeadTime   time.Time
-	LastError  string
+	ID          string
+	Incarnation int64
+	Generation  int64
+	Attempt     int32
+	State       State
+	DueTime     time.Time
+	DeadTime    time.Time
+	LastError   string
+}
+
+// Version names one version of a task: its incarnation and generation.
+// Versions of one id are ordered by incarnation, then generation.
+type Version struct {
+	ID          string
+	Incarnation int64
+	Generation  int64
+}
+
+// Newer reports whether v is a later version than w (of the same id).
+func (v Version) Newer(w Version) bool {
+	return v.Incarnation > w.Incarnation || (v.Incarnation == w.Incarnation && v.Generation > w.Generation)
 }
 
 // NackOptions says how nacked deliveries are retried.

@@ -386,9 +386,11 @@ func (s *Store) indexUpserts(ctx context.Context, ops []*op) {
 	}
 }
 
-// specOf is the index write of a task MySQL committed.
+// specOf is the index write of a task MySQL committed: exactly its
+// version.
 func specOf(t storage.Task) storage.UpsertSpec {
-	return storage.UpsertSpec{ID: t.ID, Kind: t.Kind, Payload: t.Payload, DueTime: t.DueTime, Generation: t.Generation}
+	return storage.UpsertSpec{ID: t.ID, Kind: t.Kind, Payload: t.Payload, DueTime: t.DueTime,
+		Generation: t.Generation, Incarnation: t.Incarnation}
 }
 
 // indexWrite writes specs (committed in MySQL) to the index and completes
@@ -410,9 +412,16 @@ func (s *Store) indexWrite(ctx context.Context, ns string, specs []storage.Upser
 		s.requestRepair(ns, ids)
 		return
 	}
+	var stale []string
 	for i, r := range results {
 		if res[i].Stale {
-			continue // a newer generation is already indexed
+			// The index holds a version MySQL did not just commit as the
+			// newest: a concurrent newer write (harmless), or a version
+			// MySQL never had or no longer has (a restored snapshot, a
+			// promoted lagging replica). Either way the task is repaired
+			// from MySQL, which wins, so it is never left hidden.
+			stale = append(stale, specs[i].ID)
+			continue
 		}
 		r.Earliest = res[i].Earliest
 		if !res[i].Task.DueTime.IsZero() {
@@ -424,6 +433,10 @@ func (s *Store) indexWrite(ctx context.Context, ns string, specs []storage.Upser
 		if !res[i].Task.UpdateTime.IsZero() {
 			r.Task.UpdateTime = res[i].Task.UpdateTime
 		}
+	}
+	if len(stale) > 0 {
+		s.log.Info("the index held a newer version than mysql just committed; repairing from mysql", "namespace", ns, "tasks", len(stale))
+		s.requestRepair(ns, stale)
 	}
 }
 

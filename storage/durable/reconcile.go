@@ -4,49 +4,58 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/mysqlstore"
 )
 
-// The reconciler makes the index agree with MySQL. Every replica runs the
-// loop; only the holder of the leader lease (in Redis) works:
+// The reconciler makes the index agree with MySQL, the authority. Every
+// replica runs the loop; only the holder of the leader lease (in Redis)
+// works, and it renews the lease between every bounded step:
 //
 //   - every IndexCheckInterval, each namespace MySQL holds tasks of whose
 //     index marker is missing (a cold start, a Redis restarted empty, a
 //     FLUSHALL) is rebuilt from MySQL in bounded batches, then marked;
-//   - once after start and then every ReconcileInterval, every task the
-//     index lacks or holds at an older generation is re-indexed;
-//   - with HistoryRetention, history rows past it are pruned.
+//   - every ReconcileInterval, an incremental pass reads the versions of
+//     the rows changed since the last pass (by update time, from one
+//     index, minus a margin of twice OpTimeout for commits still in flight
+//     and replicas' clock differences) and repairs every task whose index
+//     version differs, then settles the ack markers left behind by acks
+//     whose MySQL delete failed;
+//   - once after start and then every FullReconcileInterval, a full pass
+//     compares every row with the index (forward), every index entry with
+//     MySQL (reverse: an entry whose task MySQL does not have, as a
+//     restored snapshot or a promoted lagging replica leaves behind, is
+//     forgotten if the index still holds that version), and settles every
+//     ack marker left behind;
+//   - with HistoryRetention, history rows past it are pruned after every
+//     pass.
 //
 // A follower only watches the markers until every namespace is indexed, to
-// close Ready. Every replica also retries its own failed index writes
-// (requestRepair) every IndexCheckInterval.
+// close Ready. Every replica also repairs the tasks whose index write
+// failed or was answered "stale" on it (requestRepair) every
+// IndexCheckInterval.
 //
-// A rebuild step reads ReconcileBatch primary keys (keyset pagination on
-// (namespace, id)), asks the index for their generations, reads the full
-// rows of those it lacks or holds older, and restores them. A task removed
-// between that read and the restore would come back to life in the index;
-// so the restored ids are read again and those MySQL no longer has are
-// removed from the index again.
-//
-// The periodic pass must not resurrect acked tasks either: an ack takes the
-// task out of the index first and deletes its row a moment later (group
-// commit), so a task seen "in MySQL, not in the index" may be one being
-// acked. The pass therefore only collects candidates, waits OpTimeout (by
-// then every ack in flight has committed or failed), and restores the
-// candidates that MySQL still has and the index still lacks. A rebuild does
-// not wait: after a Redis loss an ack racing with it can at worst cause one
-// more delivery.
+// Every repair (repairIDs) runs in a MySQL transaction that holds the
+// tasks' row locks while it reads the index and writes it: no upsert, ack
+// delete or remove of those tasks commits meanwhile, so the index gets
+// exactly the version MySQL holds (forced: MySQL wins even over a version
+// the index calls newer), and a task removed or acked at the same time is
+// never brought back. An acked task is never brought back either when its
+// MySQL delete failed (an outage): the ack left a marker in the index
+// naming the acked version, the repair skips that version, deletes its
+// row itself and drops the marker. No timer decides what was acked.
 
 // reconcileLoop runs until ctx is done.
 func (s *Store) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.IndexCheckInterval)
 	defer t.Stop()
-	var lastFull time.Time // zero: a full pass is due once the index is complete
+	var st passState
 	for {
-		lastFull = s.reconcileTick(ctx, lastFull)
+		s.reconcileTick(ctx, &st)
 		s.repairFailed(ctx)
 		select {
 		case <-ctx.Done():
@@ -56,137 +65,407 @@ func (s *Store) reconcileLoop(ctx context.Context) {
 	}
 }
 
-// reconcileTick is one turn of the loop; it returns when the last full
-// pass ran.
-func (s *Store) reconcileTick(ctx context.Context, lastFull time.Time) time.Time {
+// passState is when the leader's passes ran last.
+type passState struct {
+	lastFull time.Time // zero: a full pass is due once the index is complete
+	lastIncr time.Time
+	// since is the incremental pass's watermark: it reads the rows updated
+	// at or after it (Unix ms, the replicas' clocks).
+	since int64
+}
+
+// margin is how far before its start a pass's watermark is set: commits
+// stamped earlier (queued, or by a replica whose clock is behind) that
+// land after the pass read past them are read again by the next pass.
+func (s *Store) margin() time.Duration { return 2 * s.cfg.OpTimeout }
+
+// reconcileTick is one turn of the loop.
+func (s *Store) reconcileTick(ctx context.Context, st *passState) {
 	lead, err := s.tryLead(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.warn("lead", "reconciler: cannot take the leader lease", "err", err)
 		}
-		return lastFull
+		return
 	}
 	if !lead {
 		s.watchMarkers(ctx)
-		return lastFull
+		st.lastFull = time.Time{} // a new term as leader starts with a full pass
+		return
 	}
 	nss, err := s.taskNamespaces(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.warn("namespaces", "reconciler: cannot list namespaces", "err", err)
 		}
-		return lastFull
+		return
 	}
-	complete := true
 	for _, ns := range nss {
 		ok, err := s.idx.Indexed(ctx, ns)
 		if err != nil {
-			complete = false
 			if ctx.Err() == nil {
 				s.warn("marker", "reconciler: cannot read index marker", "namespace", ns, "err", err)
 			}
-			break
+			return
 		}
 		if ok {
 			continue
 		}
 		if err := s.rebuild(ctx, ns); err != nil {
-			complete = false
 			if ctx.Err() == nil {
 				s.warn("rebuild", "reconciler: index rebuild failed; retrying", "namespace", ns, "err", err)
 			}
-			break
+			return
 		}
-	}
-	if !complete {
-		return lastFull
 	}
 	s.markReady()
-	if !lastFull.IsZero() && time.Since(lastFull) < s.cfg.ReconcileInterval {
-		return lastFull
-	}
-	start := time.Now()
-	scanned, restored, err := s.fullPass(ctx, nss)
-	if err != nil {
-		if ctx.Err() == nil {
-			s.warn("pass", "reconciler: pass failed; retrying next interval", "err", err)
+	now := time.Now()
+	if st.lastFull.IsZero() || now.Sub(st.lastFull) >= s.cfg.FullReconcileInterval {
+		since := s.cfg.Clock.Now().Add(-s.margin()).UnixMilli()
+		scanned, repaired, err := s.fullPass(ctx, nss)
+		s.logPass("full", now, scanned, repaired, err)
+		if err != nil {
+			// try again after an incremental interval, not a full one
+			st.lastFull = now.Add(-s.cfg.FullReconcileInterval + s.cfg.ReconcileInterval)
+			return
 		}
-		return start
+		st.lastFull, st.lastIncr, st.since = now, now, since
+		s.pruneHistory(ctx)
+		return
 	}
-	if restored > 0 {
-		s.log.Warn("reconciler: re-indexed tasks the index lacked or held at an older generation",
-			"restored", restored, "scanned", scanned, "took", time.Since(start).Round(time.Millisecond))
-	} else {
-		s.log.Debug("reconciler: index agrees with mysql", "scanned", scanned, "took", time.Since(start).Round(time.Millisecond))
+	if now.Sub(st.lastIncr) >= s.cfg.ReconcileInterval {
+		since := s.cfg.Clock.Now().Add(-s.margin()).UnixMilli()
+		scanned, repaired, err := s.incrementalPass(ctx, st.since)
+		if err == nil {
+			var n int
+			n, err = s.settleAcked(ctx, nss)
+			repaired += n
+		}
+		s.logPass("incremental", now, scanned, repaired, err)
+		if err == nil {
+			st.lastIncr, st.since = now, since
+		}
+		s.pruneHistory(ctx)
 	}
-	s.pruneHistory(ctx)
-	return start
 }
 
-// maxCandidates bounds the tasks one periodic pass collects to restore;
-// the next pass takes the rest.
-const maxCandidates = 100_000
+// logPass logs the outcome of one pass.
+func (s *Store) logPass(kind string, start time.Time, scanned, repaired int, err error) {
+	took := time.Since(start).Round(time.Millisecond)
+	switch {
+	case err != nil:
+		if !errors.Is(err, context.Canceled) {
+			s.warn("pass", "reconciler: "+kind+" pass failed; retrying", "err", err, "scanned", scanned, "repaired", repaired)
+		}
+	case repaired > 0:
+		s.log.Warn("reconciler: "+kind+" pass repaired tasks whose index entry differed from mysql",
+			"repaired", repaired, "scanned", scanned, "took", took)
+	default:
+		s.log.Debug("reconciler: "+kind+" pass: index agrees with mysql", "scanned", scanned, "took", took)
+	}
+}
 
-// fullPass walks every task of nss and re-indexes those the index lacks
-// or holds at an older generation, after the grace wait described above.
-func (s *Store) fullPass(ctx context.Context, nss []string) (scanned, restored int, err error) {
-	cands := map[string][]string{}
-	var order []string
-	total := 0
+// incrementalPass repairs every task changed in MySQL at or after sinceMS
+// whose index version differs.
+func (s *Store) incrementalPass(ctx context.Context, sinceMS int64) (scanned, repaired int, err error) {
+	lastLease := time.Now()
+	cursor := sinceMS
+	for {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		rows, err := s.db.ReadChanged(cctx, cursor, s.cfg.ReconcileBatch)
+		cancel()
+		if err != nil {
+			return scanned, repaired, err
+		}
+		full := len(rows) == s.cfg.ReconcileBatch
+		if full && rows[0].UpdateMS == rows[len(rows)-1].UpdateMS {
+			// more changes in one millisecond than a page: read it whole
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+			rows, err = s.db.ReadChangedAt(cctx, rows[0].UpdateMS)
+			cancel()
+			if err != nil {
+				return scanned, repaired, err
+			}
+			cursor = rows[0].UpdateMS + 1
+		} else if full {
+			cursor = rows[len(rows)-1].UpdateMS // that millisecond is read again
+		}
+		scanned += len(rows)
+		byNS := map[string][]storage.Version{}
+		var order []string
+		for _, r := range rows {
+			if _, ok := byNS[r.NS]; !ok {
+				order = append(order, r.NS)
+			}
+			byNS[r.NS] = append(byNS[r.NS], r.Version)
+		}
+		for _, ns := range order {
+			n, err := s.checkVersions(ctx, ns, byNS[ns])
+			repaired += n
+			if err != nil {
+				return scanned, repaired, err
+			}
+			if err := s.keepLease(ctx, &lastLease); err != nil {
+				return scanned, repaired, err
+			}
+		}
+		if !full {
+			return scanned, repaired, nil
+		}
+	}
+}
+
+// settleAcked settles the ack markers of nss (the namespaces MySQL holds
+// rows of: an ack whose delete did not reach MySQL left its row there):
+// each marked version MySQL still has is deleted, and every marker whose
+// version MySQL no longer has is dropped (see repairIDs).
+func (s *Store) settleAcked(ctx context.Context, nss []string) (int, error) {
+	lastLease := time.Now()
+	settled := 0
+	for _, ns := range nss {
+		var cursor uint64
+		for {
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+			marks, next, err := s.idx.ScanAcked(cctx, ns, cursor, s.cfg.ReconcileBatch)
+			if err == nil && len(marks) > 0 {
+				ids := make([]string, len(marks))
+				for i, m := range marks {
+					ids[i] = m.ID
+				}
+				var n int
+				n, err = s.repairIDs(cctx, ns, ids)
+				settled += n
+			}
+			cancel()
+			if err != nil {
+				return settled, err
+			}
+			if err := s.keepLease(ctx, &lastLease); err != nil {
+				return settled, err
+			}
+			if next == 0 {
+				break
+			}
+			cursor = next
+		}
+	}
+	return settled, nil
+}
+
+// fullPass compares every task of MySQL with the index (forward), every
+// task of the index with MySQL (reverse), and settles every ack marker.
+func (s *Store) fullPass(ctx context.Context, nss []string) (scanned, repaired int, err error) {
 	lastLease := time.Now()
 	for _, ns := range nss {
 		after := ""
-		for total < maxCandidates {
+		for {
 			cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-			keys, need, err := s.compare(cctx, ns, after)
+			vs, err := s.db.ReadVersions(cctx, ns, after, s.cfg.ReconcileBatch)
 			cancel()
 			if err != nil {
-				return scanned, 0, err
+				return scanned, repaired, err
 			}
-			scanned += len(keys)
-			if len(need) > 0 {
-				if _, ok := cands[ns]; !ok {
-					order = append(order, ns)
-				}
-				cands[ns] = append(cands[ns], need...)
-				total += len(need)
+			scanned += len(vs)
+			n, err := s.checkVersions(ctx, ns, vs)
+			repaired += n
+			if err != nil {
+				return scanned, repaired, err
 			}
-			if len(keys) < s.cfg.ReconcileBatch {
+			if err := s.keepLease(ctx, &lastLease); err != nil {
+				return scanned, repaired, err
+			}
+			if len(vs) < s.cfg.ReconcileBatch {
 				break
 			}
-			after = keys[len(keys)-1].id
-			if err := s.keepLease(ctx, &lastLease); err != nil {
-				return scanned, 0, err
-			}
+			after = vs[len(vs)-1].ID
 		}
 	}
-	if total == 0 {
-		return scanned, 0, nil
+	idxNS, err := s.idx.Namespaces(ctx)
+	if err != nil {
+		return scanned, repaired, fmt.Errorf("index namespaces: %w", err)
 	}
-	s.log.Info("reconciler: tasks missing from the index; restoring them after a grace period",
-		"tasks", total, "grace", s.cfg.OpTimeout)
-	select {
-	case <-ctx.Done():
-		return scanned, 0, ctx.Err()
-	case <-time.After(s.cfg.OpTimeout):
+	for _, ns := range idxNS {
+		n, err := s.reversePass(ctx, ns, &lastLease)
+		repaired += n
+		if err != nil {
+			return scanned, repaired, err
+		}
 	}
-	for _, ns := range order {
-		ids := cands[ns]
-		for start := 0; start < len(ids); start += s.cfg.ReconcileBatch {
-			chunk := ids[start:min(start+s.cfg.ReconcileBatch, len(ids))]
-			cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-			n, err := s.restoreMissing(cctx, ns, chunk)
-			cancel()
-			restored += n
+	return scanned, repaired, nil
+}
+
+// reversePass walks the index's entries of ns (headers only) and forgets
+// those whose task MySQL does not have, repairs those MySQL holds at
+// another version, and settles the ack markers of ns.
+func (s *Store) reversePass(ctx context.Context, ns string, lastLease *time.Time) (repaired int, err error) {
+	var cursor uint64
+	for {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		page, next, err := s.idx.ScanVersions(cctx, ns, cursor, s.cfg.ReconcileBatch)
+		if err == nil && len(page) > 0 {
+			var n int
+			n, err = s.forgetOrphans(cctx, ns, page)
+			repaired += n
+		}
+		cancel()
+		if err != nil {
+			return repaired, err
+		}
+		if err := s.keepLease(ctx, lastLease); err != nil {
+			return repaired, err
+		}
+		if next == 0 {
+			break
+		}
+		cursor = next
+	}
+	n, err := s.settleAcked(ctx, []string{ns})
+	return repaired + n, err
+}
+
+// forgetOrphans takes index versions of ns, forgets those whose task MySQL
+// does not have (if the index still holds that version), and repairs those
+// MySQL holds at another version. The index entries were read before
+// MySQL: an index write follows its MySQL commit, so an entry MySQL lacks
+// here was never committed or was deleted since.
+func (s *Store) forgetOrphans(ctx context.Context, ns string, page []storage.Version) (int, error) {
+	ids := make([]string, len(page))
+	for i, v := range page {
+		ids[i] = v.ID
+	}
+	have, err := s.db.VersionsOf(ctx, ns, ids)
+	if err != nil {
+		return 0, err
+	}
+	inDB := make(map[string]storage.Version, len(have))
+	for _, v := range have {
+		inDB[v.ID] = v
+	}
+	var orphans []storage.Version
+	var differ []string
+	for _, v := range page {
+		m, ok := inDB[v.ID]
+		switch {
+		case !ok:
+			orphans = append(orphans, v)
+		case m != v:
+			differ = append(differ, v.ID)
+		}
+	}
+	n := 0
+	if len(orphans) > 0 {
+		forgot, err := s.idx.Forget(ctx, ns, orphans)
+		if err != nil {
+			return 0, fmt.Errorf("index forget: %w", err)
+		}
+		if forgot > 0 {
+			s.log.Warn("reconciler: removed index entries of tasks mysql does not have", "namespace", ns, "tasks", forgot)
+		}
+		n += forgot
+	}
+	if len(differ) > 0 {
+		r, err := s.repairIDs(ctx, ns, differ)
+		n += r
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// checkVersions compares MySQL versions of tasks of ns with the index and
+// repairs (repairIDs) those that differ or carry an ack marker.
+func (s *Store) checkVersions(ctx context.Context, ns string, vs []storage.Version) (int, error) {
+	if len(vs) == 0 {
+		return 0, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	ids := make([]string, len(vs))
+	for i, v := range vs {
+		ids[i] = v.ID
+	}
+	have, marks, err := s.idx.Versions(cctx, ns, ids)
+	if err != nil {
+		return 0, fmt.Errorf("index versions: %w", err)
+	}
+	if len(have) != len(ids) || len(marks) != len(ids) {
+		return 0, fmt.Errorf("index answered %d versions for %d ids", len(have), len(ids))
+	}
+	var need []string
+	for i, v := range vs {
+		if have[i] != v || marks[i].Delivery != 0 {
+			need = append(need, v.ID)
+		}
+	}
+	if len(need) == 0 {
+		return 0, nil
+	}
+	return s.repairIDs(cctx, ns, need)
+}
+
+// repairIDs makes the index hold, for each named task of ns, exactly the
+// version MySQL holds, under the rows' locks (see mysqlstore.Store.Repair
+// and the top of this file): a task MySQL has at another version than the
+// index is restored (forced); a version an ack marker names is not
+// restored but deleted from MySQL (the ack's own delete failed or is in
+// flight) and its marker dropped; a marker naming a version MySQL no longer
+// has is dropped. Tasks MySQL does not have are left to the reverse pass.
+// Returns how many tasks it restored or settled.
+func (s *Store) repairIDs(ctx context.Context, ns string, ids []string) (int, error) {
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	var settled []storage.Token
+	restored := 0
+	err := s.db.Repair(ctx, ns, ids, func(ctx context.Context, held []storage.Task) ([]mysqlstore.AckRow, error) {
+		settled, restored = settled[:0], 0
+		have, marks, err := s.idx.Versions(ctx, ns, ids)
+		if err != nil {
+			return nil, fmt.Errorf("index versions: %w", err)
+		}
+		if len(have) != len(ids) || len(marks) != len(ids) {
+			return nil, fmt.Errorf("index answered %d versions for %d ids", len(have), len(ids))
+		}
+		byID := make(map[string]storage.Task, len(held))
+		for _, t := range held {
+			byID[t.ID] = t
+		}
+		var restore []storage.Task
+		var acked []mysqlstore.AckRow
+		for i, id := range ids {
+			t, ok := byID[id]
+			v := storage.Version{ID: id, Incarnation: t.Incarnation, Generation: t.Generation}
+			if m := marks[i]; m.Delivery != 0 {
+				if ok && m.Incarnation == t.Incarnation && m.Generation == t.Generation {
+					acked = append(acked, mysqlstore.AckRow{ID: id, Inc: t.Incarnation, Gen: t.Generation, Attempt: t.Attempt})
+					settled = append(settled, m)
+					continue
+				}
+				settled = append(settled, m) // that version is gone from mysql
+			}
+			if ok && have[i] != v {
+				restore = append(restore, t)
+			}
+		}
+		if len(restore) > 0 {
+			n, err := s.idx.Restore(ctx, ns, restore, true)
 			if err != nil {
-				return scanned, restored, err
+				return nil, fmt.Errorf("index restore: %w", err)
 			}
-			if err := s.keepLease(ctx, &lastLease); err != nil {
-				return scanned, restored, err
-			}
+			restored = n
+		}
+		return acked, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if len(settled) > 0 {
+		if _, err := s.idx.ClearAcked(ctx, ns, settled); err != nil {
+			return restored, fmt.Errorf("index clear acked: %w", err)
 		}
 	}
-	return scanned, restored, nil
+	return restored + len(settled), nil
 }
 
 // keepLease renews the leader lease during a long pass, at most every
@@ -204,63 +483,6 @@ func (s *Store) keepLease(ctx context.Context, last *time.Time) error {
 		return errors.New("leader lease lost")
 	}
 	return nil
-}
-
-// compare reads the next ReconcileBatch (id, generation) of ns after id
-// `after` and returns them with the ids the index lacks or holds older.
-func (s *Store) compare(ctx context.Context, ns, after string) ([]keyGen, []string, error) {
-	keys, err := s.readGenerations(ctx, ns, after, s.cfg.ReconcileBatch)
-	if err != nil || len(keys) == 0 {
-		return keys, nil, err
-	}
-	ids := make([]string, len(keys))
-	for i, k := range keys {
-		ids[i] = k.id
-	}
-	have, err := s.idx.Generations(ctx, ns, ids)
-	if err != nil {
-		return keys, nil, fmt.Errorf("index generations: %w", err)
-	}
-	if len(have) != len(ids) {
-		return keys, nil, fmt.Errorf("index answered %d generations for %d ids", len(have), len(ids))
-	}
-	var need []string
-	for i, k := range keys {
-		if have[i] < k.gen {
-			need = append(need, k.id)
-		}
-	}
-	return keys, need, nil
-}
-
-// restoreMissing reads the named tasks from MySQL again and restores those
-// the index still lacks or holds older.
-func (s *Store) restoreMissing(ctx context.Context, ns string, ids []string) (int, error) {
-	tasks, err := s.readTasks(ctx, ns, ids)
-	if err != nil || len(tasks) == 0 {
-		return 0, err
-	}
-	now := make([]string, len(tasks))
-	for i, t := range tasks {
-		now[i] = t.ID
-	}
-	have, err := s.idx.Generations(ctx, ns, now)
-	if err != nil {
-		return 0, fmt.Errorf("index generations: %w", err)
-	}
-	if len(have) != len(now) {
-		return 0, fmt.Errorf("index answered %d generations for %d ids", len(have), len(now))
-	}
-	var need []string
-	for i, t := range tasks {
-		if have[i] < t.Generation {
-			need = append(need, t.ID)
-		}
-	}
-	if len(need) == 0 {
-		return 0, nil
-	}
-	return s.restoreIDs(ctx, ns, need)
 }
 
 // tryLead takes or renews the leader lease.
@@ -324,28 +546,30 @@ func (s *Store) rebuild(ctx context.Context, ns string) error {
 	return nil
 }
 
-// walkLogged re-indexes every task of ns the index lacks or holds older,
-// in bounded batches, logging progress every few seconds.
+// walkLogged re-indexes every task of ns the index lacks or holds at an
+// older version, in bounded batches, logging progress every few seconds.
 func (s *Store) walkLogged(ctx context.Context, ns string) (scanned, restored int, err error) {
 	after := ""
 	lastLog, lastLease := time.Now(), time.Now()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		keys, need, err := s.compare(cctx, ns, after)
-		if err == nil && len(need) > 0 {
-			var n int
-			n, err = s.restoreIDs(cctx, ns, need)
-			restored += n
-		}
+		vs, err := s.db.ReadVersions(cctx, ns, after, s.cfg.ReconcileBatch)
 		cancel()
-		scanned += len(keys)
 		if err != nil {
 			return scanned, restored, err
 		}
-		if len(keys) < s.cfg.ReconcileBatch {
+		scanned += len(vs)
+		cctx, cancel = context.WithTimeout(ctx, s.cfg.OpTimeout)
+		n, err := s.rebuildIDs(cctx, ns, vs)
+		cancel()
+		restored += n
+		if err != nil {
+			return scanned, restored, err
+		}
+		if len(vs) < s.cfg.ReconcileBatch {
 			return scanned, restored, nil
 		}
-		after = keys[len(keys)-1].id
+		after = vs[len(vs)-1].ID
 		if time.Since(lastLog) >= 2*time.Second {
 			lastLog = time.Now()
 			s.log.Info("rebuilding index", "namespace", ns, "scanned", scanned, "restored", restored)
@@ -356,64 +580,48 @@ func (s *Store) walkLogged(ctx context.Context, ns string) (scanned, restored in
 	}
 }
 
-// restoreIDs reads the named tasks from MySQL and restores them into the
-// index; then removes again from the index those MySQL no longer has
-// (acked or removed meanwhile).
-func (s *Store) restoreIDs(ctx context.Context, ns string, ids []string) (int, error) {
-	tasks, err := s.readTasks(ctx, ns, ids)
-	if err != nil {
+// rebuildIDs is the bulk form of a repair for a rebuild (the index lost
+// the namespace, ack markers included, so there is nothing to honour): it
+// restores the tasks of vs the index lacks or holds older without holding
+// row locks, then reads their versions again and forgets from the index
+// those MySQL deleted meanwhile (removed or acked), if the index still
+// holds the version it restored.
+func (s *Store) rebuildIDs(ctx context.Context, ns string, vs []storage.Version) (int, error) {
+	// The index lost the namespace: nearly every task is needed, so read
+	// them all (Restore itself skips what the index holds at the same or
+	// a newer version).
+	need := make([]string, len(vs))
+	for i, v := range vs {
+		need[i] = v.ID
+	}
+	tasks, err := s.db.ReadTasks(ctx, ns, need)
+	if err != nil || len(tasks) == 0 {
 		return 0, err
 	}
-	if len(tasks) == 0 {
-		return 0, nil
-	}
-	n, err := s.idx.Restore(ctx, ns, tasks)
+	n, err := s.idx.Restore(ctx, ns, tasks, false)
 	if err != nil {
 		return 0, fmt.Errorf("index restore: %w", err)
 	}
-	restoredIDs := make([]string, len(tasks))
-	for i, t := range tasks {
-		restoredIDs[i] = t.ID
-	}
-	still, err := s.readTasks(ctx, ns, restoredIDs)
+	still, err := s.db.VersionsOf(ctx, ns, need)
 	if err != nil {
 		return n, err
 	}
-	present := make(map[string]bool, len(still))
-	for _, t := range still {
-		present[t.ID] = true
+	now := make(map[string]storage.Version, len(still))
+	for _, v := range still {
+		now[v.ID] = v
 	}
-	for _, id := range restoredIDs {
-		if present[id] {
-			continue
+	var gone []storage.Version
+	for _, t := range tasks {
+		if _, ok := now[t.ID]; !ok {
+			gone = append(gone, storage.Version{ID: t.ID, Incarnation: t.Incarnation, Generation: t.Generation})
 		}
-		if _, err := s.idx.Remove(ctx, ns, id); err != nil && !errors.Is(err, storage.ErrNotFound) {
-			return n, fmt.Errorf("index remove of a task deleted meanwhile: %w", err)
+	}
+	if len(gone) > 0 {
+		if _, err := s.idx.Forget(ctx, ns, gone); err != nil {
+			return n, fmt.Errorf("index forget of tasks deleted meanwhile: %w", err)
 		}
 	}
 	return n, nil
-}
-
-// keyGen is one primary key and its generation.
-type keyGen struct {
-	id  string
-	gen int64
-}
-
-// readGenerations reads up to limit (id, generation) of ns after id, in id
-// order (keyset pagination on the primary key).
-func (s *Store) readGenerations(ctx context.Context, ns, after string, limit int) ([]keyGen, error) {
-	keys, err := s.db.ReadGenerations(ctx, ns, after, limit)
-	out := make([]keyGen, len(keys))
-	for i, k := range keys {
-		out[i] = keyGen{id: k.ID, gen: k.Gen}
-	}
-	return out, err
-}
-
-// readTasks reads the named tasks of ns (those that exist).
-func (s *Store) readTasks(ctx context.Context, ns string, ids []string) ([]storage.Task, error) {
-	return s.db.ReadTasks(ctx, ns, ids)
 }
 
 // repairFailed re-indexes, from MySQL, the tasks whose index write failed
@@ -442,7 +650,7 @@ func (s *Store) repairFailed(ctx context.Context) {
 	sort.Strings(nss)
 	for _, ns := range nss {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		n, err := s.restoreIDs(cctx, ns, byNS[ns])
+		n, err := s.repairIDs(cctx, ns, byNS[ns])
 		cancel()
 		if err != nil {
 			s.requestRepair(ns, byNS[ns])

@@ -62,13 +62,15 @@ type Index interface {
 	storage.Counter
 
 	// Restore re-indexes tasks read from the authority: each is written
-	// unless the index holds the same or a newer generation. A DELIVERED
-	// task is restored as SCHEDULED at its DueTime; generation and attempt
-	// are kept. It returns how many it wrote.
-	Restore(ctx context.Context, ns string, tasks []storage.Task) (int, error)
-	// Generations returns the generation the index holds for each id, in
-	// order; 0 when it holds none.
-	Generations(ctx context.Context, ns string, ids []string) ([]int64, error)
+	// unless the index holds the same or a newer version (with force:
+	// unless it holds that very version), and never a version its ack
+	// marker names. A DELIVERED task is restored as SCHEDULED at its
+	// DueTime; version and attempt are kept. It returns how many it wrote.
+	Restore(ctx context.Context, ns string, tasks []storage.Task, force bool) (int, error)
+	// Versions returns the version the index holds for each id, in order
+	// (zero where it holds none), and each id's ack marker (Delivery 0
+	// where there is none).
+	Versions(ctx context.Context, ns string, ids []string) ([]storage.Version, []storage.Token, error)
 	// Indexed reports whether ns carries the "index is complete" marker.
 	Indexed(ctx context.Context, ns string) (bool, error)
 	// MarkIndexed sets the marker of ns.
@@ -78,6 +80,23 @@ type Index interface {
 	TryLead(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
 	// Namespaces lists the namespaces the index holds keys for.
 	Namespaces(ctx context.Context) ([]string, error)
+
+	// AckMarked acks like Ack and leaves a marker per acked task naming the
+	// acked version until ClearAcked drops it; Restore never writes a
+	// version its marker names, and a token matching its task's marker
+	// answers OK again (a retried ack).
+	AckMarked(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error)
+	// ClearAcked drops the markers named (those that changed since stay).
+	ClearAcked(ctx context.Context, ns string, marks []storage.Token) (int, error)
+	// ScanAcked and ScanVersions page through ns's ack markers and index
+	// entries (headers only) from cursor (0 = start); next 0 = done.
+	ScanAcked(ctx context.Context, ns string, cursor uint64, count int) ([]storage.Token, uint64, error)
+	ScanVersions(ctx context.Context, ns string, cursor uint64, count int) ([]storage.Version, uint64, error)
+	// Forget removes each named version from the index if the index still
+	// holds exactly that version.
+	Forget(ctx context.Context, ns string, vs []storage.Version) (int, error)
+	// PurgeVersions purges dead tasks like Purge, answering their versions.
+	PurgeVersions(ctx context.Context, ns string, p storage.PurgeParams) ([]storage.Version, error)
 }
 
 // Authority is the durable side, MySQL; mysqlstore.Store implements it.
@@ -97,15 +116,25 @@ type Authority interface {
 	List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error)
 	// Purge deletes the named tasks that are dead and returns their ids.
 	Purge(ctx context.Context, ns string, ids []string) ([]string, error)
+	// DeleteVersions deletes exactly the named versions, in any state.
+	DeleteVersions(ctx context.Context, ns string, vs []storage.Version) error
 	// DropTasks deletes every task of ns and returns how many there were.
 	DropTasks(ctx context.Context, ns string) (int64, error)
 	// HasTasks reports whether any task of ns exists.
 	HasTasks(ctx context.Context, ns string) (bool, error)
 	// TaskNamespaces lists the namespaces that have tasks.
 	TaskNamespaces(ctx context.Context) ([]string, error)
-	// ReadGenerations reads up to limit (id, generation) of ns after id, in
-	// id order.
-	ReadGenerations(ctx context.Context, ns, after string, limit int) ([]mysqlstore.KeyGen, error)
+	// ReadVersions reads up to limit versions of ns after id, in id order.
+	ReadVersions(ctx context.Context, ns, after string, limit int) ([]storage.Version, error)
+	// VersionsOf reads the versions of the named tasks of ns that exist.
+	VersionsOf(ctx context.Context, ns string, ids []string) ([]storage.Version, error)
+	// ReadChanged reads up to limit versions updated at or after sinceMS,
+	// in update order; ReadChangedAt every version updated at ms.
+	ReadChanged(ctx context.Context, sinceMS int64, limit int) ([]mysqlstore.Changed, error)
+	ReadChangedAt(ctx context.Context, ms int64) ([]mysqlstore.Changed, error)
+	// Repair runs decide on the named tasks' rows under their locks and
+	// deletes the acked versions it returns; see mysqlstore.Store.Repair.
+	Repair(ctx context.Context, ns string, ids []string, decide func(ctx context.Context, held []storage.Task) ([]mysqlstore.AckRow, error)) error
 	// ReadTasks reads the named tasks of ns (those that exist).
 	ReadTasks(ctx context.Context, ns string, ids []string) ([]storage.Task, error)
 	// PruneHistory deletes up to limit history rows acked before cutoff.
@@ -168,8 +197,13 @@ type Config struct {
 	// microseconds; negative means no wait.
 	Linger time.Duration
 
-	// ReconcileInterval is how often the leader re-indexes every task the
-	// index lacks or holds at an older generation. If zero, 30 seconds.
+	// FullReconcileInterval is how often the leader compares every task of
+	// MySQL and of the index with the other (see reconcile.go); it also
+	// runs once after a replica becomes leader. If zero, 1 hour.
+	FullReconcileInterval time.Duration
+	// ReconcileInterval is how often the leader's incremental pass repairs
+	// the tasks changed in MySQL since its last pass (by update time) whose
+	// index version differs. If zero, 30 seconds.
 	ReconcileInterval time.Duration
 	// ReconcileBatch is the rows the reconciler and the index rebuild read
 	// per step. If zero, 1,000.
@@ -214,6 +248,9 @@ func (c *Config) defaults() {
 	}
 	if c.Linger == 0 {
 		c.Linger = 100 * time.Microsecond
+	}
+	if c.FullReconcileInterval <= 0 {
+		c.FullReconcileInterval = time.Hour
 	}
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = DefaultReconcileInterval
@@ -281,6 +318,10 @@ type Store struct {
 	clockMu  sync.Mutex
 	offset   time.Duration
 	offsetAt time.Time
+
+	// the last incarnation this replica handed out (newIncarnation)
+	incMu   sync.Mutex
+	lastInc int64
 
 	startOnce sync.Once
 	stopOnce  sync.Once
@@ -436,6 +477,25 @@ func (s *Store) now(ctx context.Context, ns string) time.Time {
 	return after.Add(off)
 }
 
+// newIncarnation returns an incarnation for a task a write may create: the
+// index's clock as this replica knows it (see now), in microseconds, and
+// above every incarnation this replica handed out before. A task re-created
+// after a remove or an ack so gets a larger incarnation than its previous
+// life had, unless replicas' clock estimates differ by more than the time
+// between the two lives (then the index answers "stale" to the new one and
+// the task is repaired from MySQL at once; see indexWrite). A row that
+// exists keeps its own incarnation.
+func (s *Store) newIncarnation(now time.Time) int64 {
+	us := now.UnixMicro()
+	s.incMu.Lock()
+	defer s.incMu.Unlock()
+	if us <= s.lastInc {
+		us = s.lastInc + 1
+	}
+	s.lastInc = us
+	return us
+}
+
 // ---- storage.Tasks ----
 
 // Upsert creates or replaces tasks of ns: MySQL first (generation decided
@@ -464,8 +524,12 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		if payload == nil {
 			payload = []byte{}
 		}
+		inc, exactInc := sp.Incarnation, sp.Incarnation != 0 && sp.Generation != 0
+		if !exactInc {
+			inc = s.newIncarnation(now)
+		}
 		rows[i] = mysqlstore.UpsertRow{ID: sp.ID, Kind: sp.Kind, Payload: payload, DueMS: storage.DueMilli(due), Gen: sp.Generation,
-			Relative: sp.DueTime.IsZero(), Delay: sp.Delay}
+			Inc: inc, ExactInc: exactInc, Relative: sp.DueTime.IsZero(), Delay: sp.Delay}
 		if sp.Generation != 0 {
 			exact = true
 		}
@@ -628,21 +692,27 @@ func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Dur
 	return s.idx.Pop(ctx, ns, limit, leaseFor)
 }
 
-// Ack acks in the index (which checks generation and attempt), then
-// deletes each acked generation from MySQL, or moves it to the history
-// table when HistoryRetention is set. A newer generation's row is never
-// deleted. If the MySQL delete fails, the statuses are returned with an
-// ErrUnavailable error: the index has forgotten the delivery, MySQL still
-// has the task, and the reconciler will deliver it again (at-least-once).
+// Ack acks in the index (which checks incarnation, generation and
+// delivery) leaving an ack marker per acked task, then deletes each acked
+// version from MySQL (or moves it to the history table when
+// HistoryRetention is set), then drops the markers. A newer version's row
+// is never deleted. If the MySQL delete fails, the statuses are returned
+// with an ErrUnavailable error and the markers stay: the task is not
+// delivered again (the reconciler never restores a version a marker names;
+// it deletes the row itself once MySQL answers and drops the marker), and
+// a retry of the same ack answers OK again (the marker matches its token)
+// and retries the delete.
 func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
-	st, err := s.idx.Ack(ctx, ns, tokens)
+	st, err := s.idx.AckMarked(ctx, ns, tokens)
 	if err != nil {
 		return st, err
 	}
 	var acks []mysqlstore.AckRow
+	var marks []storage.Token
 	for i, t := range tokens {
 		if i < len(st) && st[i] == storage.TokenOK {
-			acks = append(acks, mysqlstore.AckRow{ID: t.ID, Gen: t.Generation, Attempt: t.Attempt})
+			acks = append(acks, mysqlstore.AckRow{ID: t.ID, Inc: t.Incarnation, Gen: t.Generation, Attempt: t.Attempt})
+			marks = append(marks, t)
 		}
 	}
 	if len(acks) == 0 {
@@ -651,6 +721,13 @@ func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]s
 	o := &op{Write: mysqlstore.Write{Kind: kindAck, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), Acks: acks}}
 	if err := s.submit(ctx, o); err != nil {
 		return st, fmt.Errorf("ack: write through: %w", err)
+	}
+	// Best effort: a marker left behind only costs memory until the
+	// reconciler's full pass drops it.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
+	defer cancel()
+	if _, err := s.idx.ClearAcked(cctx, ns, marks); err != nil {
+		s.warn("clear-acked", "could not drop ack markers; the reconciler will", "namespace", ns, "err", err)
 	}
 	return st, nil
 }
@@ -697,29 +774,57 @@ func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams)
 	return moved, s.writeMoved(ctx, ns, moved, "requeue")
 }
 
-// Purge deletes dead tasks from the index, then from MySQL (only rows
-// that are dead there). Named ids that MySQL holds as dead but the index
-// does not (not yet rebuilt) are purged too. It returns every id deleted
-// from either store.
+// Purge deletes dead tasks from the index, then exactly the versions the
+// index deleted from MySQL (whatever state MySQL still records: a death
+// whose write-through lags is still a death). Named ids the index holds in
+// no state (a namespace not rebuilt yet) are purged from MySQL when MySQL
+// holds them dead. A named task the index holds in another state (say,
+// requeued, while MySQL still records it dead) is left alone in both. It
+// returns every id deleted from either store.
 func (s *Store) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]string, error) {
-	purged, err := s.idx.Purge(ctx, ns, p)
+	vs, err := s.idx.PurgeVersions(ctx, ns, p)
 	if err != nil {
-		return purged, err
+		return nil, err
 	}
-	targets := purged
-	if !p.All {
-		targets = p.IDs
+	purged := make([]string, len(vs))
+	seen := make(map[string]bool, len(vs))
+	for i, v := range vs {
+		purged[i] = v.ID
+		seen[v.ID] = true
 	}
-	if len(targets) == 0 {
+	if len(vs) > 0 {
+		if err := s.db.DeleteVersions(ctx, ns, vs); err != nil {
+			return purged, err
+		}
+	}
+	if p.All {
 		return purged, nil
 	}
-	deleted, err := s.db.Purge(ctx, ns, targets)
+	var rest []string
+	for _, id := range p.IDs {
+		if !seen[id] {
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) == 0 {
+		return purged, nil
+	}
+	have, _, err := s.idx.Versions(ctx, ns, rest)
 	if err != nil {
 		return purged, err
 	}
-	seen := make(map[string]bool, len(purged))
-	for _, id := range purged {
-		seen[id] = true
+	var absent []string
+	for i, v := range have {
+		if v.Incarnation == 0 && v.Generation == 0 {
+			absent = append(absent, rest[i])
+		}
+	}
+	if len(absent) == 0 {
+		return purged, nil
+	}
+	deleted, err := s.db.Purge(ctx, ns, absent)
+	if err != nil {
+		return purged, err
 	}
 	for _, id := range deleted {
 		if !seen[id] {

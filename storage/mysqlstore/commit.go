@@ -32,17 +32,21 @@ type UpsertRow struct {
 	Payload []byte
 	DueMS   int64 // absolute due time; for a relative one, the estimate MySQL keeps
 	Gen     int64 // explicit generation; 0 = assigned by MySQL
+	// Inc is the incarnation a row this write creates gets; an existing
+	// row keeps its own unless ExactInc (the spec named its incarnation).
+	Inc      int64
+	ExactInc bool
 	// Relative: the spec gave a delay, which the index resolves exactly
 	// against its own clock when it is written.
 	Relative bool
 	Delay    time.Duration
 }
 
-// AckRow is one acked delivery.
+// AckRow is one acked delivery: the version it deletes.
 type AckRow struct {
-	ID      string
-	Gen     int64
-	Attempt int32
+	ID       string
+	Inc, Gen int64
+	Attempt  int32
 }
 
 // Write is one caller's write to delayd_tasks.

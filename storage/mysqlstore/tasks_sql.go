@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,7 +18,8 @@ import (
 // This file holds the SQL on delayd_tasks. Every statement is built for
 // MySQL 8 and MariaDB 10.11 alike: VALUES() in ON DUPLICATE KEY UPDATE (no
 // row alias), plain CASE expressions, and predicates of the form
-// `namespace = ? AND id IN (...)` / `(id = ? AND generation = ?) OR ...`
+// `namespace = ? AND id IN (...)` / `(id = ? AND incarnation = ? AND
+// generation = ?) OR ...`
 // that both optimizers turn into primary-key ranges. The schema is in
 // migrations/0001_init.up.sql.
 
@@ -28,7 +30,7 @@ const (
 )
 
 // taskColumns is the column list scanTask reads, in its order.
-const taskColumns = "namespace, id, kind, payload, due_ms, state, generation, attempt, last_error, create_ms, update_ms, dead_ms"
+const taskColumns = "namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms"
 
 // Statement size bounds: rows per multi-row statement. Payload bytes are
 // bounded by Config.MaxBatchBytes.
@@ -66,7 +68,7 @@ func scanTask(r rowScanner) (storage.Task, error) {
 		due, create, update, dead int64
 		state                     int
 	)
-	if err := r.Scan(&t.Namespace, &t.ID, &t.Kind, &t.Payload, &due, &state, &t.Generation,
+	if err := r.Scan(&t.Namespace, &t.ID, &t.Kind, &t.Payload, &due, &state, &t.Generation, &t.Incarnation,
 		&t.Attempt, &t.LastError, &create, &update, &dead); err != nil {
 		return storage.Task{}, err
 	}
@@ -129,7 +131,7 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 	})
 
 	readBack := map[taskKey]bool{} // tasks that existed (or repeat) and must be read back
-	const head = "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES "
+	const head = "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES "
 	const tail = " ON DUPLICATE KEY UPDATE generation = generation + 1, kind = VALUES(kind), payload = VALUES(payload)," +
 		" due_ms = VALUES(due_ms), state = 1, attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0"
 	for start := 0; start < len(refs); {
@@ -143,8 +145,8 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 			if end > start {
 				b.WriteByte(',')
 			}
-			b.WriteString("(?,?,?,?,?,1,1,0,'',?,?,0)")
-			args = append(args, rf.o.NS, r.ID, r.Kind, r.Payload, r.DueMS, rf.o.NowMS, rf.o.NowMS)
+			b.WriteString("(?,?,?,?,?,1,1,?,0,'',?,?,0)")
+			args = append(args, rf.o.NS, r.ID, r.Kind, r.Payload, r.DueMS, r.Inc, rf.o.NowMS, rf.o.NowMS)
 			bytes += len(r.Payload)
 			end++
 		}
@@ -164,8 +166,9 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 		start = end
 	}
 
-	// Read back the final generation of each task that was not new.
-	type final struct{ gen, create int64 }
+	// Read back the final generation (and the incarnation, which an
+	// existing row keeps) of each task that was not new.
+	type final struct{ gen, inc, create int64 }
 	finals := map[taskKey]final{}
 	count := map[taskKey]int{}
 	byNS := map[string][]string{}
@@ -173,7 +176,7 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 	for _, rf := range refs {
 		k := taskKey{rf.o.NS, rf.o.Rows[rf.i].ID}
 		if count[k] == 0 && !readBack[k] {
-			finals[k] = final{gen: 1, create: rf.o.NowMS} // created by this insert
+			finals[k] = final{gen: 1, inc: rf.o.Rows[rf.i].Inc, create: rf.o.NowMS} // created by this insert
 		}
 		if count[k] == 0 && readBack[k] {
 			if _, ok := byNS[k.ns]; !ok {
@@ -196,7 +199,7 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 			// commit, so nobody else changed them, and READ COMMITTED sees
 			// this transaction's own writes. (A locking read here would only
 			// add chances to deadlock with other batches.)
-			rows, err := tx.QueryContext(ctx, "SELECT id, generation, create_ms FROM delayd_tasks WHERE namespace = ? AND id IN ("+
+			rows, err := tx.QueryContext(ctx, "SELECT id, generation, incarnation, create_ms FROM delayd_tasks WHERE namespace = ? AND id IN ("+
 				placeholders(len(chunk))+")", args...)
 			if err != nil {
 				return fmt.Errorf("upsert: read generations: %w", err)
@@ -204,7 +207,7 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 			for rows.Next() {
 				var id string
 				var f final
-				if err := rows.Scan(&id, &f.gen, &f.create); err != nil {
+				if err := rows.Scan(&id, &f.gen, &f.inc, &f.create); err != nil {
 					rows.Close()
 					return fmt.Errorf("upsert: read generations: %w", err)
 				}
@@ -244,9 +247,10 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 				Payload:    payload,
 				DueTime:    time.UnixMilli(r.DueMS),
 				State:      storage.StateScheduled,
-				Generation: f.gen - int64(n-1-kth),
-				CreateTime: msTime(f.create),
-				UpdateTime: time.UnixMilli(rf.o.NowMS),
+				Generation:  f.gen - int64(n-1-kth),
+				Incarnation: f.inc,
+				CreateTime:  msTime(f.create),
+				UpdateTime:  time.UnixMilli(rf.o.NowMS),
 			},
 			Created: kth == 0 && f.gen == int64(n),
 		}
@@ -260,8 +264,8 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 // several transitions of one delivery in the batch, the last wins.
 func (s *Store) execMoved(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 	type gk struct {
-		id  string
-		gen int64
+		id       string
+		inc, gen int64
 	}
 	byNS := map[string][]storage.Moved{}
 	var nsOrder []string
@@ -272,7 +276,7 @@ func (s *Store) execMoved(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 			pos[o.NS] = map[gk]int{}
 		}
 		for _, m := range o.Moved {
-			k := gk{m.ID, m.Generation}
+			k := gk{m.ID, m.Incarnation, m.Generation}
 			if i, ok := pos[o.NS][k]; ok {
 				byNS[o.NS][i] = m
 				continue
@@ -307,8 +311,8 @@ func movedStatement(ns string, ms []storage.Moved, nowMS int64) (string, []any) 
 		b.WriteString(name + " = CASE")
 		for _, m := range ms {
 			expr, arg, hasArg := value(m)
-			b.WriteString(" WHEN id = ? AND generation = ? THEN " + expr)
-			args = append(args, m.ID, m.Generation)
+			b.WriteString(" WHEN id = ? AND incarnation = ? AND generation = ? THEN " + expr)
+			args = append(args, m.ID, m.Incarnation, m.Generation)
 			if hasArg {
 				args = append(args, arg)
 			}
@@ -336,8 +340,8 @@ func movedStatement(ns string, ms []storage.Moved, nowMS int64) (string, []any) 
 		if i > 0 {
 			b.WriteString(" OR ")
 		}
-		b.WriteString("(id = ? AND generation = ?)")
-		args = append(args, m.ID, m.Generation)
+		b.WriteString("(id = ? AND incarnation = ? AND generation = ?)")
+		args = append(args, m.ID, m.Incarnation, m.Generation)
 	}
 	b.WriteString(")")
 	return b.String(), args
@@ -368,8 +372,8 @@ func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 				if i > 0 {
 					where.WriteString(" OR ")
 				}
-				where.WriteString("(id = ? AND generation = ?)")
-				whereArgs = append(whereArgs, a.ID, a.Gen)
+				where.WriteString("(id = ? AND incarnation = ? AND generation = ?)")
+				whereArgs = append(whereArgs, a.ID, a.Inc, a.Gen)
 			}
 			where.WriteString(")")
 			if s.cfg.HistoryRetention > 0 {
@@ -378,8 +382,8 @@ func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 				b.WriteString("INSERT INTO delayd_task_history (namespace, id, kind, payload, due_ms, generation, attempt, create_ms, acked_ms)" +
 					" SELECT namespace, id, kind, payload, due_ms, generation, CASE")
 				for _, a := range chunk {
-					b.WriteString(" WHEN id = ? AND generation = ? THEN ?")
-					args = append(args, a.ID, a.Gen, a.Attempt)
+					b.WriteString(" WHEN id = ? AND incarnation = ? AND generation = ? THEN ?")
+					args = append(args, a.ID, a.Inc, a.Gen, a.Attempt)
 				}
 				b.WriteString(" ELSE attempt END, create_ms, ? FROM delayd_tasks")
 				args = append(args, nowMS)
@@ -489,20 +493,29 @@ func (s *Store) UpsertExact(ctx context.Context, ns string, rows []UpsertRow, no
 		dirty := map[string]bool{}
 		for i, r := range rows {
 			old, exists := held[r.ID]
-			gen := r.Gen
+			gen, inc := r.Gen, r.Inc
 			if gen == 0 {
 				gen = old.Generation + 1
 			}
-			if exists && old.Generation > gen {
+			if exists && !r.ExactInc {
+				inc = old.Incarnation
+			}
+			want := storage.Version{Incarnation: inc, Generation: gen}
+			have := storage.Version{Incarnation: old.Incarnation, Generation: old.Generation}
+			if exists && have.Newer(want) {
 				res[i] = storage.UpsertResult{Task: old, Stale: true}
+				continue
+			}
+			if exists && have == want {
+				res[i] = storage.UpsertResult{Task: old} // that very version: nothing to do
 				continue
 			}
 			t := storage.Task{
 				Namespace: ns, ID: r.ID, Kind: r.Kind, Payload: r.Payload,
 				DueTime: time.UnixMilli(r.DueMS), State: storage.StateScheduled,
-				Generation: gen, CreateTime: time.UnixMilli(nowMS), UpdateTime: time.UnixMilli(nowMS),
+				Generation: gen, Incarnation: inc, CreateTime: time.UnixMilli(nowMS), UpdateTime: time.UnixMilli(nowMS),
 			}
-			if exists {
+			if exists && inc == old.Incarnation {
 				t.CreateTime = old.CreateTime
 			}
 			if len(t.Payload) == 0 {
@@ -510,7 +523,7 @@ func (s *Store) UpsertExact(ctx context.Context, ns string, rows []UpsertRow, no
 			}
 			held[r.ID] = t
 			dirty[r.ID] = true
-			res[i] = storage.UpsertResult{Task: t, Created: !exists}
+			res[i] = storage.UpsertResult{Task: t, Created: !exists || inc != old.Incarnation}
 			applied = append(applied, i)
 		}
 		var b strings.Builder
@@ -524,20 +537,20 @@ func (s *Store) UpsertExact(ctx context.Context, ns string, rows []UpsertRow, no
 			if n > 0 {
 				b.WriteByte(',')
 			}
-			b.WriteString("(?,?,?,?,?,1,?,0,'',?,?,0)")
+			b.WriteString("(?,?,?,?,?,1,?,?,0,'',?,?,0)")
 			payload := t.Payload
 			if payload == nil {
 				payload = []byte{}
 			}
-			args = append(args, ns, id, t.Kind, payload, t.DueTime.UnixMilli(), t.Generation, timeMS(t.CreateTime), nowMS)
+			args = append(args, ns, id, t.Kind, payload, t.DueTime.UnixMilli(), t.Generation, t.Incarnation, timeMS(t.CreateTime), nowMS)
 			n++
 		}
 		if n == 0 {
 			return nil
 		}
-		q := "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES " +
+		q := "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES " +
 			b.String() + " ON DUPLICATE KEY UPDATE kind = VALUES(kind), payload = VALUES(payload), due_ms = VALUES(due_ms), state = 1," +
-			" generation = VALUES(generation), attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0"
+			" generation = VALUES(generation), incarnation = VALUES(incarnation), create_ms = VALUES(create_ms), attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0"
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return fmt.Errorf("upsert: write: %w", err)
 		}
@@ -679,33 +692,172 @@ func (s *Store) Purge(ctx context.Context, ns string, ids []string) ([]string, e
 	return deleted, nil
 }
 
-// KeyGen is one primary key and its generation.
-type KeyGen struct {
-	ID  string
-	Gen int64
-}
-
-// ReadGenerations reads up to limit (id, generation) of ns after id, in id
-// order (keyset pagination on the primary key).
-func (s *Store) ReadGenerations(ctx context.Context, ns, after string, limit int) ([]KeyGen, error) {
+// ReadVersions reads up to limit versions (id, incarnation, generation) of
+// ns after id, in id order (keyset pagination on the primary key).
+func (s *Store) ReadVersions(ctx context.Context, ns, after string, limit int) ([]storage.Version, error) {
 	rows, err := s.db.QueryContext(ctx,
-		"SELECT id, generation FROM delayd_tasks WHERE namespace = ? AND id > ? ORDER BY id LIMIT ?", ns, after, limit)
+		"SELECT id, incarnation, generation FROM delayd_tasks WHERE namespace = ? AND id > ? ORDER BY id LIMIT ?", ns, after, limit)
 	if err != nil {
 		return nil, classify("reconcile: read", err)
 	}
+	return scanVersions(rows, limit)
+}
+
+// VersionsOf reads the versions of the named tasks of ns (those that
+// exist), without their payloads.
+func (s *Store) VersionsOf(ctx context.Context, ns string, ids []string) ([]storage.Version, error) {
+	var out []storage.Version
+	for start := 0; start < len(ids); start += 1000 {
+		chunk := ids[start:min(start+1000, len(ids))]
+		args := []any{ns}
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		rows, err := s.db.QueryContext(ctx, "SELECT id, incarnation, generation FROM delayd_tasks WHERE namespace = ? AND id IN ("+
+			placeholders(len(chunk))+")", args...)
+		if err != nil {
+			return nil, classify("reconcile: read versions", err)
+		}
+		vs, err := scanVersions(rows, len(chunk))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, vs...)
+	}
+	return out, nil
+}
+
+func scanVersions(rows *sql.Rows, capacity int) ([]storage.Version, error) {
 	defer rows.Close()
-	out := make([]KeyGen, 0, limit)
+	out := make([]storage.Version, 0, capacity)
 	for rows.Next() {
-		var k KeyGen
-		if err := rows.Scan(&k.ID, &k.Gen); err != nil {
+		var v storage.Version
+		if err := rows.Scan(&v.ID, &v.Incarnation, &v.Generation); err != nil {
 			return nil, classify("reconcile: read", err)
 		}
-		out = append(out, k)
+		out = append(out, v)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, classify("reconcile: read", err)
 	}
 	return out, nil
+}
+
+// DeleteVersions deletes exactly the named versions of tasks of ns (in any
+// state); a row at another version is left alone.
+func (s *Store) DeleteVersions(ctx context.Context, ns string, vs []storage.Version) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	for start := 0; start < len(vs); start += maxStmtRows {
+		chunk := vs[start:min(start+maxStmtRows, len(vs))]
+		var b strings.Builder
+		args := []any{ns}
+		b.WriteString("DELETE FROM delayd_tasks WHERE namespace = ? AND (")
+		for i, v := range chunk {
+			if i > 0 {
+				b.WriteString(" OR ")
+			}
+			b.WriteString("(id = ? AND incarnation = ? AND generation = ?)")
+			args = append(args, v.ID, v.Incarnation, v.Generation)
+		}
+		b.WriteString(")")
+		if _, err := s.db.ExecContext(ctx, b.String(), args...); err != nil {
+			return classify("purge", err)
+		}
+	}
+	return nil
+}
+
+// Changed is a task version read by ReadChanged.
+type Changed struct {
+	NS       string
+	Version  storage.Version
+	UpdateMS int64
+}
+
+// ReadChanged reads up to limit task versions whose update time is at or
+// after sinceMS, in update time order, from the delayd_tasks_updated index
+// alone. Pages continue from the last row's update time (rows at that
+// millisecond are read again; callers tolerate repeats).
+func (s *Store) ReadChanged(ctx context.Context, sinceMS int64, limit int) ([]Changed, error) {
+	rows, err := s.db.QueryContext(ctx,
+		"SELECT namespace, id, incarnation, generation, update_ms FROM delayd_tasks WHERE update_ms >= ? ORDER BY update_ms LIMIT ?", sinceMS, limit)
+	if err != nil {
+		return nil, classify("reconcile: read changed", err)
+	}
+	defer rows.Close()
+	out := make([]Changed, 0, limit)
+	for rows.Next() {
+		var c Changed
+		if err := rows.Scan(&c.NS, &c.Version.ID, &c.Version.Incarnation, &c.Version.Generation, &c.UpdateMS); err != nil {
+			return nil, classify("reconcile: read changed", err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("reconcile: read changed", err)
+	}
+	return out, nil
+}
+
+// ReadChangedAt reads every task version whose update time is exactly ms
+// (for a millisecond with more changes than one ReadChanged page).
+func (s *Store) ReadChangedAt(ctx context.Context, ms int64) ([]Changed, error) {
+	rows, err := s.db.QueryContext(ctx,
+		"SELECT namespace, id, incarnation, generation, update_ms FROM delayd_tasks WHERE update_ms = ?", ms)
+	if err != nil {
+		return nil, classify("reconcile: read changed", err)
+	}
+	defer rows.Close()
+	var out []Changed
+	for rows.Next() {
+		var c Changed
+		if err := rows.Scan(&c.NS, &c.Version.ID, &c.Version.Incarnation, &c.Version.Generation, &c.UpdateMS); err != nil {
+			return nil, classify("reconcile: read changed", err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("reconcile: read changed", err)
+	}
+	return out, nil
+}
+
+// Repair runs one repair of the named tasks of ns in a transaction that
+// holds their rows' locks throughout: it reads the rows (FOR UPDATE, in
+// primary-key order), calls decide with them (decide makes the index agree
+// and returns the versions it found acked there), deletes those acked
+// versions (copying them to the history table when HistoryRetention is
+// set), and commits. While decide runs, no write of those tasks (an
+// upsert, an ack's delete, a remove) can commit, so what it writes to the
+// index is what MySQL holds until after the commit.
+func (s *Store) Repair(ctx context.Context, ns string, ids []string, decide func(ctx context.Context, held []storage.Task) ([]AckRow, error)) error {
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var held []storage.Task
+		for start := 0; start < len(ids); start += 1000 {
+			chunk := ids[start:min(start+1000, len(ids))]
+			args := []any{ns}
+			for _, id := range chunk {
+				args = append(args, id)
+			}
+			q := "SELECT " + taskColumns + " FROM delayd_tasks WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ") ORDER BY id FOR UPDATE"
+			if err := queryTasks(ctx, tx, q, args, func(t storage.Task) { held = append(held, t) }); err != nil {
+				return fmt.Errorf("repair: read: %w", err)
+			}
+		}
+		acked, err := decide(ctx, held)
+		if err != nil || len(acked) == 0 {
+			return err
+		}
+		return s.execAcks(ctx, tx, []*Write{{Kind: WriteAck, NS: ns, NowMS: time.Now().UnixMilli(), Acks: acked}})
+	})
+	if err != nil {
+		return classify("repair", err)
+	}
+	return nil
 }
 
 // ReadTasks reads the named tasks of ns (those that exist).

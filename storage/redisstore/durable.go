@@ -2,8 +2,11 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,36 +21,43 @@ import (
 
 // Restore re-indexes tasks of ns read from the durable authority, in one
 // round trip per MaxBatch tasks. A task is written unless the index already
-// holds the same or a newer generation of it. Scheduled tasks go to due at
-// DueTime; delivered ones are re-indexed as scheduled, due at DueTime (their
-// lease holder is presumed gone); dead ones go to dead at DeadTime (or
-// UpdateTime, if DeadTime is zero). Generation, attempt, kind, payload, last
-// error and create/update times are kept as given, except that a task
-// without a create time gets the Redis clock's now (and so does its update
-// time, if it has none): the create time names the incarnation in delivery
-// tokens, and a token without one matches nothing. Returns how many tasks
-// were written.
-func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task) (int, error) {
+// holds the same or a newer version of it ((incarnation, generation)
+// order), or, with force, unless it holds that very version (a repair: the
+// authority wins even over a version it never committed); and never when
+// the task's ack marker names that version (see AckMarked). Scheduled tasks
+// go to due at DueTime; delivered ones are re-indexed as scheduled, due at
+// DueTime (their lease holder is presumed gone); dead ones go to dead at
+// DeadTime (or UpdateTime, if DeadTime is zero). Incarnation, generation,
+// attempt, kind, payload, last error and create/update times are kept as
+// given, except that a task without a create time gets the Redis clock's
+// now (and so does its update time, if it has none). A restored task's
+// next delivery gets a sequence number from the clock, above any delivery
+// made before (see Token.Delivery). Returns how many tasks were written.
+func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, force bool) (int, error) {
 	k := keysFor(ns, shard)
-	keys := []string{k.due, k.inflight, k.dead, k.task}
+	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked}
+	flag := "0"
+	if force {
+		flag = "1"
+	}
 	written := 0
 	err := chunks(len(tasks), func(lo, hi int) error {
 		part := tasks[lo:hi]
-		args := make([]any, 0, 3+5*len(part))
-		args = append(args, s.wake, ns, len(part))
+		args := make([]any, 0, 4+7*len(part))
+		args = append(args, s.wake, ns, flag, len(part))
 		for i := range part {
 			t := &part[i]
 			dead := t.State == storage.StateDead
 			r := recordOf(t, dead)
+			state, score := 1, toMS(t.DueTime)
 			if dead {
 				at := t.DeadTime
 				if at.IsZero() {
 					at = t.UpdateTime
 				}
-				args = append(args, t.ID, t.Generation, 3, toMS(at), r.encode())
-			} else {
-				args = append(args, t.ID, t.Generation, 1, toMS(t.DueTime), r.encode())
+				state, score = 3, toMS(at)
 			}
+			args = append(args, t.ID, t.Incarnation, t.Generation, state, score, r.header(), r.payload)
 		}
 		v, err := s.run(ctx, "restore", scripts.restore, keys, args...)
 		if err != nil {
@@ -63,36 +73,165 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task) (i
 	return written, err
 }
 
-// Generations returns the generation the index holds for each id of ns, 0
-// where it holds none, in one round trip per MaxBatch ids.
-func (s *Store) Generations(ctx context.Context, ns string, ids []string) ([]int64, error) {
+// Versions returns, for each id of ns, the version the index holds (zero
+// incarnation and generation where it holds none) and its ack marker (a
+// token naming the acked delivery; Delivery 0 where there is none), in one
+// round trip per MaxBatch ids. Payloads are not read.
+func (s *Store) Versions(ctx context.Context, ns string, ids []string) ([]storage.Version, []storage.Token, error) {
 	k := keysFor(ns, shard)
-	out := make([]int64, 0, len(ids))
+	vs := make([]storage.Version, 0, len(ids))
+	marks := make([]storage.Token, 0, len(ids))
 	err := chunks(len(ids), func(lo, hi int) error {
 		args := make([]any, 0, hi-lo)
 		for _, id := range ids[lo:hi] {
 			args = append(args, id)
 		}
-		rep, err := s.runSlice(ctx, "generations", scripts.generations, []string{k.task}, args...)
+		rep, err := s.runSlice(ctx, "versions", scripts.generations, []string{k.meta, k.acked}, args...)
 		if err != nil {
 			return err
 		}
-		if len(rep) != hi-lo {
-			return fmt.Errorf("generations: reply has %d values for %d ids", len(rep), hi-lo)
+		if len(rep) != 3*(hi-lo) {
+			return fmt.Errorf("versions: reply has %d values for %d ids", len(rep), hi-lo)
 		}
-		for _, v := range rep {
-			g, err := replyInt(v)
-			if err != nil {
-				return fmt.Errorf("generations: %w", err)
+		for i, id := range ids[lo:hi] {
+			inc, err1 := replyInt(rep[3*i])
+			gen, err2 := replyInt(rep[3*i+1])
+			mark, err3 := replyString(rep[3*i+2])
+			if err := errors.Join(err1, err2, err3); err != nil {
+				return fmt.Errorf("versions: %w", err)
 			}
-			out = append(out, g)
+			vs = append(vs, storage.Version{ID: id, Incarnation: inc, Generation: gen})
+			m := storage.Token{Namespace: ns, ID: id}
+			if mark != "" {
+				if m, err = parseMark(ns, id, mark); err != nil {
+					return fmt.Errorf("versions: %w", err)
+				}
+			}
+			marks = append(marks, m)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return out, nil
+	return vs, marks, nil
+}
+
+// parseMark parses an ack marker ("inc,gen,dseq", decimal, as ack.lua
+// writes it from the token's arguments).
+func parseMark(ns, id, s string) (storage.Token, error) {
+	f := strings.Split(s, ",")
+	if len(f) != 3 {
+		return storage.Token{}, fmt.Errorf("ack marker %q of %q: %w", s, id, errBadRecord)
+	}
+	var n [3]int64
+	for i := range f {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return storage.Token{}, fmt.Errorf("ack marker %q of %q: %w", s, id, errBadRecord)
+		}
+		n[i] = v
+	}
+	return storage.Token{Namespace: ns, ID: id, Incarnation: n[0], Generation: n[1], Delivery: n[2]}, nil
+}
+
+// markOf is the ack marker a token leaves (see ack.lua).
+func markOf(t storage.Token) string {
+	return strconv.FormatInt(t.Incarnation, 10) + "," + strconv.FormatInt(t.Generation, 10) + "," + strconv.FormatInt(t.Delivery, 10)
+}
+
+// ClearAcked drops the ack markers the tokens name (those that changed
+// since are kept), once MySQL has deleted the acked versions. Returns how
+// many it dropped.
+func (s *Store) ClearAcked(ctx context.Context, ns string, marks []storage.Token) (int, error) {
+	k := keysFor(ns, shard)
+	dropped := 0
+	err := chunks(len(marks), func(lo, hi int) error {
+		args := make([]any, 0, 2*(hi-lo))
+		for _, m := range marks[lo:hi] {
+			args = append(args, m.ID, markOf(m))
+		}
+		v, err := s.run(ctx, "clear acked", scripts.clearAcked, []string{k.acked}, args...)
+		if err != nil {
+			return err
+		}
+		n, err := replyInt(v)
+		dropped += int(n)
+		return err
+	})
+	return dropped, err
+}
+
+// ScanAcked returns one page (about count entries) of ns's ack markers from
+// cursor (0 = the start) and the cursor of the next page (0 = done).
+func (s *Store) ScanAcked(ctx context.Context, ns string, cursor uint64, count int) ([]storage.Token, uint64, error) {
+	kv, next, err := s.hscan(ctx, "scan acked", keysFor(ns, shard).acked, cursor, count)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([]storage.Token, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		m, err := parseMark(ns, kv[i], kv[i+1])
+		if err != nil {
+			s.log.Warn("scan acked: malformed ack marker", "namespace", ns, "id", kv[i], "err", err)
+			continue
+		}
+		out = append(out, m)
+	}
+	return out, next, nil
+}
+
+// ScanVersions returns one page (about count tasks) of the versions the
+// index holds for ns from cursor (0 = the start), and the cursor of the
+// next page (0 = done). It reads headers only, never payloads. A task
+// present during the whole scan is returned at least once.
+func (s *Store) ScanVersions(ctx context.Context, ns string, cursor uint64, count int) ([]storage.Version, uint64, error) {
+	kv, next, err := s.hscan(ctx, "scan versions", keysFor(ns, shard).meta, cursor, count)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([]storage.Version, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		r, err := decodeRecord(kv[i+1], "")
+		if err != nil {
+			continue // pop and reap move such a task to dead; nothing to compare
+		}
+		out = append(out, storage.Version{ID: kv[i], Incarnation: r.inc, Generation: r.gen})
+	}
+	return out, next, nil
+}
+
+func (s *Store) hscan(ctx context.Context, op, key string, cursor uint64, count int) ([]string, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	kv, next, err := s.rdb.HScan(ctx, key, cursor, "", int64(max(count, 1))).Result()
+	if err != nil {
+		return nil, 0, wrapErr(op, err)
+	}
+	return kv, next, nil
+}
+
+// Forget removes each named version from the index if the index still
+// holds exactly that version (in any state), and returns how many it
+// removed. Durable mode's reconciler uses it for tasks MySQL does not have.
+func (s *Store) Forget(ctx context.Context, ns string, vs []storage.Version) (int, error) {
+	k := keysFor(ns, shard)
+	removed := 0
+	err := chunks(len(vs), func(lo, hi int) error {
+		args := make([]any, 0, 1+3*(hi-lo))
+		args = append(args, hi-lo)
+		for _, v := range vs[lo:hi] {
+			args = append(args, v.ID, v.Incarnation, v.Generation)
+		}
+		v, err := s.run(ctx, "forget", scripts.forget, []string{k.due, k.inflight, k.dead, k.meta, k.body}, args...)
+		if err != nil {
+			return err
+		}
+		n, err := replyInt(v)
+		removed += int(n)
+		return err
+	})
+	return removed, err
 }
 
 // Indexed reports whether MarkIndexed was called for ns since the index was
@@ -180,4 +319,71 @@ func (s *Store) Namespaces(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// migratePage is how many legacy records Migrate converts per script call.
+const migratePage = 500
+
+// Migrate converts every task stored in the one-value record layout of
+// delayd before the header/payload split (the namespace's "task" HASH) into
+// the current layout (a header in "meta", the payload in "body"), in
+// bounded steps (one HSCAN page and one script call of at most 500 records
+// each), and returns how many records it converted. Converted tasks keep
+// their state, due time, generation, attempts, kind, payload and last
+// error; their incarnation is 0, which durable mode's schema migration
+// gives pre-incarnation MySQL rows too, so both stores agree. It is safe to
+// run again and on every replica at once; a record that cannot be parsed is
+// left in place and logged. Run it before serving: replicas of the old
+// version must be stopped first, since they read and write only the old
+// layout.
+func (s *Store) Migrate(ctx context.Context) (int, error) {
+	nss, err := s.Namespaces(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("migrate: %w", err)
+	}
+	total := 0
+	for _, ns := range nss {
+		n, err := s.migrateNamespace(ctx, ns)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("migrate %s: %w", ns, err)
+		}
+		if n > 0 {
+			s.log.Info("migrated task records to the header/payload layout", "namespace", ns, "tasks", n)
+		}
+	}
+	return total, nil
+}
+
+func (s *Store) migrateNamespace(ctx context.Context, ns string) (int, error) {
+	k := keysFor(ns, shard)
+	total := 0
+	var cursor uint64
+	for {
+		kv, next, err := s.hscan(ctx, "migrate", k.legacy, cursor, migratePage)
+		if err != nil {
+			return total, err
+		}
+		args := make([]any, 0, 2*len(kv))
+		for i := 0; i+1 < len(kv); i += 2 {
+			r, err := legacyRecord(kv[i+1])
+			if err != nil {
+				s.log.Error("migrate: unreadable legacy task record left in place", "namespace", ns, "id", kv[i], "err", err)
+				continue
+			}
+			args = append(args, kv[i], kv[i+1], r.header(), r.payload)
+		}
+		if len(args) > 0 {
+			v, err := s.run(ctx, "migrate", scripts.migrate, []string{k.legacy, k.meta, k.body}, args...)
+			if err != nil {
+				return total, err
+			}
+			n, _ := replyInt(v)
+			total += int(n)
+		}
+		if next == 0 {
+			return total, nil
+		}
+		cursor = next
+	}
 }

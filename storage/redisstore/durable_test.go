@@ -33,8 +33,8 @@ func dropNS(t *testing.T, s *Store, ns string) {
 }
 
 // TestRestoreWithoutCreateTime: a task the authority holds without a create
-// time (e.g. bulk-loaded rows) is restored with the Redis clock's now, so
-// its deliveries carry an incarnation and can be acked.
+// time (e.g. bulk-loaded rows) is restored with the Redis clock's now, and
+// its deliveries can be acked.
 func TestRestoreWithoutCreateTime(t *testing.T) {
 	t.Parallel()
 	for name, s := range stores(t) {
@@ -45,7 +45,7 @@ func TestRestoreWithoutCreateTime(t *testing.T) {
 			dropNS(t, s, ns)
 			due := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 			in := []storage.Task{{ID: "bare", Kind: "k", Payload: []byte("p"), State: storage.StateScheduled, Generation: 3, DueTime: due}}
-			if n, err := s.Restore(ctx, ns, in); err != nil || n != 1 {
+			if n, err := s.Restore(ctx, ns, in, false); err != nil || n != 1 {
 				t.Fatalf("restore = %d, %v", n, err)
 			}
 			task, err := s.Get(ctx, ns, "bare")
@@ -53,8 +53,8 @@ func TestRestoreWithoutCreateTime(t *testing.T) {
 				t.Fatalf("restored task = %+v, %v; want a create time, generation 3, due %v", task, err, due)
 			}
 			ds, err := s.Pop(ctx, ns, 1, time.Minute)
-			if err != nil || len(ds) != 1 || ds[0].Token.Created != task.CreateTime.UnixMilli() {
-				t.Fatalf("pop = %+v, %v; want a token naming create time %v", ds, err, task.CreateTime)
+			if err != nil || len(ds) != 1 || ds[0].Token.Delivery == 0 {
+				t.Fatalf("pop = %+v, %v; want a token naming its delivery", ds, err)
 			}
 			if st, err := s.Ack(ctx, ns, []storage.Token{ds[0].Token}); err != nil || st[0] != storage.TokenOK {
 				t.Fatalf("ack = %v, %v; want OK", st, err)
@@ -80,7 +80,7 @@ func TestRestore(t *testing.T) {
 				{ID: "dead", Payload: []byte("p3"), State: storage.StateDead, DueTime: base.Add(-2 * time.Minute),
 					DeadTime: base.Add(time.Second), Generation: 9, Attempt: 10, CreateTime: base, UpdateTime: base.Add(time.Second), LastError: "gave up"},
 			}
-			n, err := s.Restore(ctx, ns, in)
+			n, err := s.Restore(ctx, ns, in, false)
 			if err != nil || n != 3 {
 				t.Fatalf("restore = %d, %v; want 3", n, err)
 			}
@@ -107,7 +107,7 @@ func TestRestore(t *testing.T) {
 			older := in[0]
 			older.Generation = 3
 			older.Payload = []byte("old")
-			if n, err := s.Restore(ctx, ns, []storage.Task{in[0], older, in[2]}); err != nil || n != 0 {
+			if n, err := s.Restore(ctx, ns, []storage.Task{in[0], older, in[2]}, false); err != nil || n != 0 {
 				t.Errorf("restore of known generations = %d, %v; want 0", n, err)
 			}
 			if task, _ := s.Get(ctx, ns, "sched"); string(task.Payload) != "p1" {
@@ -127,7 +127,7 @@ func TestRestore(t *testing.T) {
 			newer.Attempt = 0
 			newer.State = storage.StateScheduled
 			newer.DueTime = base.Add(5 * time.Hour)
-			if n, err := s.Restore(ctx, ns, []storage.Task{newer}); err != nil || n != 1 {
+			if n, err := s.Restore(ctx, ns, []storage.Task{newer}, false); err != nil || n != 1 {
 				t.Fatalf("restore of a newer generation = %d, %v", n, err)
 			}
 			if st, _ := s.Ack(ctx, ns, []storage.Token{ds[0].Token}); st[0] != storage.TokenStale {
@@ -144,7 +144,7 @@ func TestRestore(t *testing.T) {
 	}
 }
 
-func TestGenerations(t *testing.T) {
+func TestVersions(t *testing.T) {
 	t.Parallel()
 	for name, s := range stores(t) {
 		t.Run(name, func(t *testing.T) {
@@ -152,21 +152,27 @@ func TestGenerations(t *testing.T) {
 			ctx := context.Background()
 			ns := testkit.Namespace(t, "gen")
 			dropNS(t, s, ns)
-			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a"}, {ID: "b", Generation: 41}, {ID: "a"}}); err != nil {
+			res, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a"}, {ID: "b", Generation: 41, Incarnation: 7}, {ID: "a"}})
+			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := s.Generations(ctx, ns, []string{"a", "missing", "b"})
-			if err != nil || !slices.Equal(got, []int64{2, 0, 41}) {
-				t.Errorf("generations = %v, %v; want [2 0 41]", got, err)
+			ainc := res[0].Task.Incarnation
+			if ainc == 0 || res[2].Task.Incarnation != ainc || res[1].Task.Incarnation != 7 {
+				t.Fatalf("incarnations = %d, %d, %d; want a new one kept by the replace, and 7", ainc, res[1].Task.Incarnation, res[2].Task.Incarnation)
+			}
+			got, marks, err := s.Versions(ctx, ns, []string{"a", "missing", "b"})
+			want := []storage.Version{{ID: "a", Incarnation: ainc, Generation: 2}, {ID: "missing"}, {ID: "b", Incarnation: 7, Generation: 41}}
+			if err != nil || !slices.Equal(got, want) || len(marks) != 3 || marks[0].Delivery != 0 {
+				t.Errorf("versions = %v, %v, %v; want %v and no marks", got, marks, err, want)
 			}
 			ids := make([]string, 2500)
 			for i := range ids {
 				ids[i] = "none"
 			}
 			ids[2499] = "b"
-			got, err = s.Generations(ctx, ns, ids)
-			if err != nil || len(got) != 2500 || got[2499] != 41 || got[0] != 0 {
-				t.Errorf("generations of 2500 ids: %d values, last %v, %v", len(got), got[len(got)-1], err)
+			got, _, err = s.Versions(ctx, ns, ids)
+			if err != nil || len(got) != 2500 || got[2499].Generation != 41 || got[0].Generation != 0 {
+				t.Errorf("versions of 2500 ids: %d values, last %v, %v", len(got), got[len(got)-1], err)
 			}
 		})
 	}
@@ -354,5 +360,126 @@ func TestPopLimitCappedAtMaxBatch(t *testing.T) {
 	st, _ := s.Stats(ctx, "ns")
 	if st.Scheduled != 5 || st.Delivered != MaxBatch {
 		t.Errorf("stats = %+v", st)
+	}
+}
+
+// TestMigrateLegacyRecords: tasks written in the one-value layout of delayd
+// before the header/payload split (scheduled, in flight and dead) read the
+// same after Migrate, can be delivered and acked, and a second Migrate
+// changes nothing.
+func TestMigrateLegacyRecords(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := testkit.Namespace(t, "mig")
+			dropNS(t, s, ns)
+			k := keysFor(ns, shard)
+			now := time.Now().Truncate(time.Millisecond)
+			ms := now.UnixMilli()
+			hex := func(n int64) string {
+				if n == 0 {
+					return ""
+				}
+				return strconv.FormatInt(n, 16)
+			}
+			// gen,attempt,created,updated-created,due,kindlen,errlen|kind err payload
+			legacy := func(gen, attempt, due int64, kind, lastErr, payload string) string {
+				return hex(gen) + "," + hex(attempt) + "," + hex(ms-60_000) + "," + hex(1000) + "," + hex(due) + "," +
+					hex(int64(len(kind))) + "," + hex(int64(len(lastErr))) + "|" + kind + lastErr + payload
+			}
+			pipe := s.rdb.TxPipeline()
+			pipe.HSet(ctx, k.legacy, "sched", legacy(3, 0, 0, "order.close", "", "p-sched"),
+				"due", legacy(1, 2, 0, "", "boom", "p-due"),
+				"dead", legacy(2, 5, ms-5000, "k", "gave up", ""))
+			pipe.ZAdd(ctx, k.due, redis.Z{Score: float64(ms + 3_600_000), Member: "sched"}, redis.Z{Score: float64(ms - 1000), Member: "due"})
+			pipe.ZAdd(ctx, k.dead, redis.Z{Score: float64(ms - 2000), Member: "dead"})
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			n, err := s.Migrate(ctx)
+			if err != nil || n < 3 {
+				t.Fatalf("migrate = %d, %v; want at least our 3 tasks", n, err)
+			}
+			if left, _ := s.rdb.Exists(ctx, k.legacy).Result(); left != 0 {
+				t.Errorf("the legacy HASH is still there")
+			}
+			created := time.UnixMilli(ms - 60_000)
+			want := map[string]storage.Task{
+				"sched": {Namespace: ns, ID: "sched", Kind: "order.close", Payload: []byte("p-sched"), State: storage.StateScheduled,
+					DueTime: time.UnixMilli(ms + 3_600_000), Generation: 3, CreateTime: created, UpdateTime: created.Add(time.Second)},
+				"due": {Namespace: ns, ID: "due", Payload: []byte("p-due"), State: storage.StateScheduled, DueTime: time.UnixMilli(ms - 1000),
+					Generation: 1, Attempt: 2, LastError: "boom", CreateTime: created, UpdateTime: created.Add(time.Second)},
+				"dead": {Namespace: ns, ID: "dead", Kind: "k", State: storage.StateDead, DueTime: time.UnixMilli(ms - 5000),
+					DeadTime: time.UnixMilli(ms - 2000), Generation: 2, Attempt: 5, LastError: "gave up", CreateTime: created, UpdateTime: created.Add(time.Second)},
+			}
+			for id, w := range want {
+				got, err := s.Get(ctx, ns, id)
+				if err != nil {
+					t.Fatalf("get %s: %v", id, err)
+				}
+				if diff := cmp.Diff(w, got, cmpopts.EquateApproxTime(0)); diff != "" {
+					t.Errorf("%s after migrate (-want +got):\n%s", id, diff)
+				}
+			}
+			ds, err := s.Pop(ctx, ns, 10, time.Minute)
+			if err != nil || len(ds) != 1 || ds[0].Task.ID != "due" || ds[0].Task.Attempt != 3 || string(ds[0].Task.Payload) != "p-due" {
+				t.Fatalf("pop after migrate = %+v, %v", ds, err)
+			}
+			if st, err := s.Ack(ctx, ns, []storage.Token{ds[0].Token}); err != nil || st[0] != storage.TokenOK {
+				t.Fatalf("ack after migrate = %v, %v", st, err)
+			}
+			if n, err := s.migrateNamespace(ctx, ns); err != nil || n != 0 {
+				t.Errorf("second migrate = %d, %v; want 0", n, err)
+			}
+		})
+	}
+}
+
+// TestMalformedHeaderNeverVanishes (issue 10 item 6): pop and reap check
+// every header before they write anything; a task whose header is
+// malformed goes to dead (kept, purgeable) instead of vanishing, and the
+// other tasks of the call are delivered or reaped as usual.
+func TestMalformedHeaderNeverVanishes(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := testkit.Namespace(t, "bad")
+			dropNS(t, s, ns)
+			k := keysFor(ns, shard)
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a", Delay: -time.Second}, {ID: "b", Delay: -time.Second},
+				{ID: "c", Delay: -time.Second}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.rdb.HSet(ctx, k.meta, "b", "garbage").Err(); err != nil {
+				t.Fatal(err)
+			}
+			ds, err := s.Pop(ctx, ns, 10, 30*time.Millisecond)
+			if err != nil || len(ds) != 2 || ds[0].Task.ID != "a" || ds[1].Task.ID != "c" {
+				t.Fatalf("pop = %+v, %v; want a and c", ds, err)
+			}
+			if sc, err := s.rdb.ZScore(ctx, k.dead, "b").Result(); err != nil || sc == 0 {
+				t.Fatalf("the malformed task is not in dead: %v, %v", sc, err)
+			}
+			// reap: c's header goes bad while it is in flight
+			if err := s.rdb.HSet(ctx, k.meta, "c", "1,2").Err(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			mv, err := s.Reap(ctx, ns, 10, storage.NackOptions{RetryAfter: new(time.Duration)})
+			if err != nil || len(mv) != 1 || mv[0].ID != "a" {
+				t.Fatalf("reap = %+v, %v; want a only", mv, err)
+			}
+			st, err := s.Stats(ctx, ns)
+			if err != nil || st.Scheduled != 1 || st.Delivered != 0 || st.Dead != 2 {
+				t.Errorf("stats = %+v, %v; want a scheduled, b and c dead", st, err)
+			}
+			if got, err := s.Purge(ctx, ns, storage.PurgeParams{All: true, Limit: 10}); err != nil || len(got) != 2 {
+				t.Errorf("purge of the malformed tasks = %v, %v", got, err)
+			}
+		})
 	}
 }

@@ -14,8 +14,13 @@ import (
 //	delayd:{ns#k}:due       ZSET  task id -> due time (Unix ms)
 //	delayd:{ns#k}:inflight  ZSET  task id -> lease deadline (Unix ms)
 //	delayd:{ns#k}:dead      ZSET  task id -> time it died (Unix ms)
-//	delayd:{ns#k}:task      HASH  task id -> task record (see record.go)
+//	delayd:{ns#k}:meta      HASH  task id -> task header (see record.go)
+//	delayd:{ns#k}:body      HASH  task id -> payload (absent when empty)
+//	delayd:{ns#k}:acked     HASH  task id -> ack marker (durable mode only:
+//	                              the version acked until MySQL deleted it)
 //	delayd:{ns#k}:indexed   STRING  present once durable mode has indexed ns
+//	delayd:{ns#k}:task      HASH  the one-value records of delayd before the
+//	                              header/payload split; Migrate converts them
 //
 // Global:
 //
@@ -50,8 +55,11 @@ type nsKeys struct {
 	due      string
 	inflight string
 	dead     string
-	task     string
+	meta     string
+	body     string
+	acked    string
 	indexed  string
+	legacy   string
 }
 
 // hashTag returns "{ns#k}", the hash tag every key of shard k of ns shares.
@@ -67,8 +75,11 @@ func keysFor(ns string, shard int) nsKeys {
 		due:      p + "due",
 		inflight: p + "inflight",
 		dead:     p + "dead",
-		task:     p + "task",
+		meta:     p + "meta",
+		body:     p + "body",
+		acked:    p + "acked",
 		indexed:  p + "indexed",
+		legacy:   p + "task",
 	}
 }
 

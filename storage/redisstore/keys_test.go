@@ -24,7 +24,7 @@ func redisHashTag(key string) string {
 }
 
 func allKeys(k nsKeys) []string {
-	return []string{k.due, k.inflight, k.dead, k.task, k.indexed}
+	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy}
 }
 
 func TestKeys(t *testing.T) {
@@ -33,8 +33,11 @@ func TestKeys(t *testing.T) {
 		due:      "delayd:{orders#0}:due",
 		inflight: "delayd:{orders#0}:inflight",
 		dead:     "delayd:{orders#0}:dead",
-		task:     "delayd:{orders#0}:task",
+		meta:     "delayd:{orders#0}:meta",
+		body:     "delayd:{orders#0}:body",
+		acked:    "delayd:{orders#0}:acked",
 		indexed:  "delayd:{orders#0}:indexed",
+		legacy:   "delayd:{orders#0}:task",
 	}
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)

@@ -10,54 +10,56 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// A task record is the value of a task in the namespace's task HASH. It is
-// laid out so the Lua scripts can read and change the counters and times
-// with a few string operations, without decoding the payload, and so it
-// costs few bytes per task:
+// A task is stored as two HASH fields under its namespace's hash tag: a
+// header in the meta HASH and the payload in the body HASH (absent when
+// empty). Scripts that need only counters and times (ack, nack, extend,
+// reap, requeue, the reconciler's version reads) never touch the payload.
+// The header is laid out so the Lua scripts can read and change it with a
+// few string operations, and costs few bytes:
 //
-//	gen,attempt,created,updated,due,kindlen,errlen|<kind><last error><payload>
+//	inc,gen,attempt,dseq,created,updated,due,kindlen|<kind><last error>
 //
-// Every header number is a hexadecimal integer (lower case, '-' for
-// negative) and an empty field means 0. Times are Unix milliseconds; updated is stored
-// as the difference from created (empty while equal). due is the task's due
+// Every number is a hexadecimal integer (lower case, '-' for negative) and
+// an empty field means 0. inc is the incarnation (the Redis clock in
+// microseconds when the task was created, or the one MySQL decided in
+// durable mode), dseq the sequence number of the last delivery (see
+// lua/lib.lua's repop). Times are Unix milliseconds; created is stored as
+// the difference from the incarnation's millisecond (inc / 1000, rounded
+// down; empty in Redis-only mode, where the incarnation is the create time
+// in microseconds) and updated as the difference from created (empty while
+// equal). due is the task's due
 // time and is stored only while the task is not in the due ZSET (whose score
 // holds it then): in flight it is the due time the task was popped at, when
-// dead the due time of its last delivery. kindlen and errlen are the byte
-// lengths of the kind and the last error that follow the '|'; the payload is
-// the rest. The same layout is implemented in lua/lib.lua.
+// dead the due time of its last delivery. kindlen is the byte length of the
+// kind that follows the '|'; the last error is the rest. The same layout is
+// implemented in lua/lib.lua.
 type record struct {
+	inc     int64
 	gen     int64
 	attempt int32
+	dseq    int64
 	created int64 // Unix ms
 	updated int64 // Unix ms
 	due     int64 // Unix ms; 0 = not stored
 	kind    string
 	lastErr string
-	payload []byte
+	payload []byte // stored apart, in the body HASH
 }
 
 var errBadRecord = errors.New("malformed task record")
 
-// encode returns the record in its stored form.
-func (r *record) encode() []byte {
-	b := make([]byte, 0, 32+len(r.kind)+len(r.lastErr)+len(r.payload))
-	b = appendHex(b, r.gen)
-	b = append(b, ',')
-	b = appendHex(b, int64(r.attempt))
-	b = append(b, ',')
-	b = appendHex(b, r.created)
-	b = append(b, ',')
-	b = appendHex(b, r.updated-r.created)
-	b = append(b, ',')
-	b = appendHex(b, r.due)
-	b = append(b, ',')
-	b = appendHex(b, int64(len(r.kind)))
-	b = append(b, ',')
-	b = appendHex(b, int64(len(r.lastErr)))
+// header returns the record's header in its stored form.
+func (r *record) header() []byte {
+	b := make([]byte, 0, 48+len(r.kind)+len(r.lastErr))
+	for i, n := range [...]int64{r.inc, r.gen, int64(r.attempt), r.dseq, r.created - floorDiv(r.inc, 1000), r.updated - r.created, r.due, int64(len(r.kind))} {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendHex(b, n)
+	}
 	b = append(b, '|')
 	b = append(b, r.kind...)
 	b = append(b, r.lastErr...)
-	b = append(b, r.payload...)
 	return b
 }
 
@@ -68,31 +70,91 @@ func appendHex(b []byte, n int64) []byte {
 	return strconv.AppendInt(b, n, 16)
 }
 
-// decodeRecord parses a stored record.
-func decodeRecord(s string) (record, error) {
+// floorDiv is a / b rounded down (as Lua's math.floor(a / b)).
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && ((a < 0) != (b < 0)) {
+		q--
+	}
+	return q
+}
+
+// headerFields is the number of comma-separated numbers of a header.
+const headerFields = 8
+
+// decodeRecord parses a stored header and takes payload as the task's
+// payload ("" = none).
+func decodeRecord(h, payload string) (record, error) {
+	head, body, ok := strings.Cut(h, "|")
+	if !ok {
+		return record{}, errBadRecord
+	}
+	var f [headerFields]int64
+	if err := parseHexFields(head, f[:]); err != nil {
+		return record{}, err
+	}
+	kl := f[7]
+	if kl < 0 || kl > int64(len(body)) || f[2] < 0 || f[2] > 1<<31-1 {
+		return record{}, errBadRecord
+	}
+	var p []byte
+	if payload != "" {
+		p = []byte(payload)
+	}
+	return record{
+		inc:     f[0],
+		gen:     f[1],
+		attempt: int32(f[2]),
+		dseq:    f[3],
+		created: floorDiv(f[0], 1000) + f[4],
+		updated: floorDiv(f[0], 1000) + f[4] + f[5],
+		due:     f[6],
+		kind:    body[:kl],
+		lastErr: body[kl:],
+		payload: p,
+	}, nil
+}
+
+// parseHexFields parses exactly len(f) comma-separated hexadecimal numbers
+// (empty = 0) into f.
+func parseHexFields(s string, f []int64) error {
+	for i := range f {
+		var field string
+		if i < len(f)-1 {
+			var ok bool
+			field, s, ok = strings.Cut(s, ",")
+			if !ok {
+				return errBadRecord
+			}
+		} else {
+			field = s
+		}
+		if field == "" {
+			f[i] = 0
+			continue
+		}
+		n, err := strconv.ParseInt(field, 16, 64)
+		if err != nil {
+			return errBadRecord
+		}
+		f[i] = n
+	}
+	return nil
+}
+
+// legacyRecord parses a record of the one-value layout delayd stored before
+// the header/payload split ("gen,attempt,created,updated,due,kindlen,errlen|
+// <kind><last error><payload>"), for Migrate. Its incarnation is 0 (the
+// durable schema gives pre-incarnation rows 0 as well, so both stores agree)
+// and its delivery sequence 0 (the next pop takes the clock's).
+func legacyRecord(s string) (record, error) {
 	head, body, ok := strings.Cut(s, "|")
 	if !ok {
 		return record{}, errBadRecord
 	}
 	var f [7]int64
-	for i := range f {
-		var field string
-		if i < len(f)-1 {
-			field, head, ok = strings.Cut(head, ",")
-			if !ok {
-				return record{}, errBadRecord
-			}
-		} else {
-			field = head
-		}
-		if field == "" {
-			continue
-		}
-		n, err := strconv.ParseInt(field, 16, 64)
-		if err != nil {
-			return record{}, errBadRecord
-		}
-		f[i] = n
+	if err := parseHexFields(head, f[:]); err != nil {
+		return record{}, err
 	}
 	kl, el := f[5], f[6]
 	if kl < 0 || el < 0 || kl+el > int64(len(body)) || f[1] < 0 || f[1] > 1<<31-1 {
@@ -118,17 +180,18 @@ func decodeRecord(s string) (record, error) {
 // score in that state's ZSET.
 func (r *record) task(ns, id string, state storage.State, score int64) storage.Task {
 	t := storage.Task{
-		Namespace:  ns,
-		ID:         id,
-		Kind:       r.kind,
-		Payload:    r.payload,
-		State:      state,
-		Attempt:    r.attempt,
-		Generation: r.gen,
-		CreateTime: msTime(r.created),
-		UpdateTime: msTime(r.updated),
-		LastError:  r.lastErr,
-		DueTime:    msTime(r.due),
+		Namespace:   ns,
+		ID:          id,
+		Kind:        r.kind,
+		Payload:     r.payload,
+		State:       state,
+		Attempt:     r.attempt,
+		Generation:  r.gen,
+		Incarnation: r.inc,
+		CreateTime:  msTime(r.created),
+		UpdateTime:  msTime(r.updated),
+		LastError:   r.lastErr,
+		DueTime:     msTime(r.due),
 	}
 	switch state {
 	case storage.StateScheduled:
@@ -145,6 +208,7 @@ func (r *record) task(ns, id string, state storage.State, score int64) storage.T
 // the due time goes into the record or into the due ZSET.
 func recordOf(t *storage.Task, dueInRecord bool) record {
 	r := record{
+		inc:     t.Incarnation,
 		gen:     t.Generation,
 		attempt: t.Attempt,
 		created: toMS(t.CreateTime),

@@ -426,7 +426,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
 		return 0, nil
 	}
 	k := keysFor(ns, shard)
-	v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace, []string{k.due, k.inflight, k.dead, k.task, k.indexed})
+	v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace, []string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy})
 	if err != nil {
 		return 0, err
 	}

@@ -98,10 +98,14 @@ func TestOneRoundTripPerBatch(t *testing.T) {
 }
 
 // TestMemoryPerTask: a pending task with a 100-byte payload costs at most
-// 300 bytes of Redis memory (due ZSET entry + task HASH entry), as Redis'
-// MEMORY USAGE counts it. Most of it is Redis' own structure (dict entries,
-// bucket arrays, skiplist nodes, sds headers); the record header (19 bytes
-// for a fresh task) keeps the value in the 128-byte allocation class. The
+// 350 bytes of Redis memory (due ZSET entry + meta HASH entry + body HASH
+// entry), as Redis' MEMORY USAGE counts it. Most of it is Redis' own
+// structure (dict entries, bucket arrays, skiplist nodes, sds headers). The
+// header (22 bytes for a fresh task: its incarnation is most of it) stays in
+// the 32-byte allocation class; keeping it apart from the payload, so
+// scripts never copy payloads they do not return, costs a second HASH entry
+// (about 48 bytes: dict entry, the id once more, a bucket), which is why
+// this is no longer 300 (it measured 344 when the split was made). The
 // bucket arrays cost 8-16 bytes per entry per dict with the table's fill,
 // so the figure is taken at 30,000 tasks (a 32,768-bucket table, 92% full).
 func TestMemoryPerTask(t *testing.T) {
@@ -124,7 +128,7 @@ func TestMemoryPerTask(t *testing.T) {
 	}
 	k := keysFor(ns, shard)
 	var total int64
-	for _, key := range []string{k.due, k.task} {
+	for _, key := range []string{k.due, k.meta, k.body} {
 		b, err := c.MemoryUsage(ctx, key, 0).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -134,7 +138,7 @@ func TestMemoryPerTask(t *testing.T) {
 	}
 	per := float64(total) / n
 	t.Logf("%.0f bytes per pending task (12-byte ids, 100-byte payloads)", per)
-	if per > 300 {
-		t.Errorf("%.0f bytes per pending task, want at most 300", per)
+	if per > 350 {
+		t.Errorf("%.0f bytes per pending task, want at most 350", per)
 	}
 }

@@ -22,6 +22,7 @@ var scripts = struct {
 	pop, ack, nack, extend, reap    *redis.Script
 	requeue, purge, stats, nextWake *redis.Script
 	restore, generations, tryLead   *redis.Script
+	forget, clearAcked, migrate     *redis.Script
 }{
 	upsert:      load("upsert"),
 	get:         load("get"),
@@ -39,6 +40,9 @@ var scripts = struct {
 	restore:     load("restore"),
 	generations: load("generations"),
 	tryLead:     load("trylead"),
+	forget:      load("forget"),
+	clearAcked:  load("clearacked"),
+	migrate:     load("migrate"),
 }
 
 // load returns lib.lua + name.lua as one script. The files are embedded, so

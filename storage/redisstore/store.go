@@ -213,11 +213,11 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 // upsertScript runs the upsert script for specs, in calls of MaxBatch.
 func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	k := keysFor(ns, shard)
-	keys := []string{k.due, k.inflight, k.dead, k.task}
+	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
 	out := make([]storage.UpsertResult, 0, len(specs))
 	err := chunks(len(specs), func(lo, hi int) error {
 		part := specs[lo:hi]
-		args := make([]any, 0, 3+6*len(part))
+		args := make([]any, 0, 3+7*len(part))
 		args = append(args, s.wake, ns, len(part))
 		for i := range part {
 			sp := &part[i]
@@ -225,45 +225,55 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 			if !sp.DueTime.IsZero() {
 				due = strconv.FormatInt(storage.DueMilli(sp.DueTime), 10)
 			}
-			args = append(args, sp.ID, due, storage.DelayMicros(sp.Delay), sp.Generation, sp.Kind, sp.Payload)
+			inc := sp.Incarnation
+			if sp.Generation == 0 {
+				inc = 0
+			}
+			args = append(args, sp.ID, due, storage.DelayMicros(sp.Delay), inc, sp.Generation, sp.Kind, sp.Payload)
 		}
 		rep, err := s.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
 		if err != nil {
 			return err
 		}
-		if len(rep) != 1+4*len(part) {
+		if len(rep) != 1+5*len(part) {
 			return fmt.Errorf("upsert: reply has %d values for %d tasks", len(rep), len(part))
 		}
 		now, _ := replyInt(rep[0])
 		for i := range part {
 			sp := &part[i]
-			v := rep[1+4*i : 5+4*i]
+			v := rep[1+5*i : 6+5*i]
 			code, err := replyInt(v[0])
 			if err != nil {
 				return fmt.Errorf("upsert: %w", err)
 			}
 			if code == 4 {
-				t, err := decodeTask(ns, sp.ID, v[1], v[2], v[3])
+				t, err := decodeTask(ns, sp.ID, v[1], v[2], v[3], v[4])
 				if err != nil {
 					return fmt.Errorf("upsert: %w", err)
 				}
-				out = append(out, storage.UpsertResult{Task: t, Stale: true})
+				stale := t.Generation > sp.Generation
+				if sp.Incarnation != 0 {
+					stale = t.Incarnation > sp.Incarnation || (t.Incarnation == sp.Incarnation && t.Generation > sp.Generation)
+				}
+				out = append(out, storage.UpsertResult{Task: t, Stale: stale})
 				continue
 			}
 			gen, _ := replyInt(v[1])
 			created, _ := replyInt(v[2])
 			due, _ := replyInt(v[3])
+			inc, _ := replyInt(v[4])
 			out = append(out, storage.UpsertResult{
 				Task: storage.Task{
-					Namespace:  ns,
-					ID:         sp.ID,
-					Kind:       sp.Kind,
-					Payload:    sp.Payload,
-					DueTime:    msTime(due),
-					State:      storage.StateScheduled,
-					Generation: gen,
-					CreateTime: msTime(created),
-					UpdateTime: msTime(now),
+					Namespace:   ns,
+					ID:          sp.ID,
+					Kind:        sp.Kind,
+					Payload:     sp.Payload,
+					DueTime:     msTime(due),
+					State:       storage.StateScheduled,
+					Generation:  gen,
+					Incarnation: inc,
+					CreateTime:  msTime(created),
+					UpdateTime:  msTime(now),
 				},
 				Created:  code&1 != 0,
 				Earliest: code&2 != 0,
@@ -277,9 +287,10 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 	return out, nil
 }
 
-// decodeTask builds a task from a script's (record, state, score) reply.
-func decodeTask(ns, id string, recV, stateV, scoreV any) (storage.Task, error) {
-	recS, err := replyString(recV)
+// decodeTask builds a task from a script's (header, state, score, payload)
+// reply.
+func decodeTask(ns, id string, hdrV, stateV, scoreV, payloadV any) (storage.Task, error) {
+	h, err := replyString(hdrV)
 	if err != nil {
 		return storage.Task{}, err
 	}
@@ -291,7 +302,11 @@ func decodeTask(ns, id string, recV, stateV, scoreV any) (storage.Task, error) {
 	if err != nil {
 		return storage.Task{}, err
 	}
-	r, err := decodeRecord(recS)
+	payload, err := replyString(payloadV)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	r, err := decodeRecord(h, payload)
 	if err != nil {
 		return storage.Task{}, fmt.Errorf("task %q: %w", id, err)
 	}
@@ -302,7 +317,7 @@ func decodeTask(ns, id string, recV, stateV, scoreV any) (storage.Task, error) {
 // storage.ErrNotFound if there was no such task.
 func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error) {
 	k := keysFor(ns, shard)
-	v, err := s.run(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.task}, id)
+	v, err := s.run(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id)
 	if err != nil {
 		return 0, err
 	}
@@ -319,14 +334,14 @@ func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error
 // Get returns one task; storage.ErrNotFound if there is none.
 func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
 	k := keysFor(ns, shard)
-	rep, err := s.runSlice(ctx, "get", scripts.get, []string{k.due, k.inflight, k.dead, k.task}, id)
+	rep, err := s.runSlice(ctx, "get", scripts.get, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id)
 	if err != nil {
 		return storage.Task{}, err
 	}
-	if len(rep) < 3 {
+	if len(rep) < 4 {
 		return storage.Task{}, fmt.Errorf("get %q: %w", id, storage.ErrNotFound)
 	}
-	t, err := decodeTask(ns, id, rep[0], rep[1], rep[2])
+	t, err := decodeTask(ns, id, rep[0], rep[1], rep[2], rep[3])
 	if err != nil {
 		return storage.Task{}, fmt.Errorf("get: %w", err)
 	}
@@ -360,20 +375,20 @@ func (s *Store) List(ctx context.Context, ns string, state storage.State, limit 
 	if err != nil {
 		return nil, "", err
 	}
-	rep, err := s.runSlice(ctx, "list", scripts.list, []string{set, k.task}, limit, cs, cid)
+	rep, err := s.runSlice(ctx, "list", scripts.list, []string{set, k.meta, k.body}, limit, cs, cid)
 	if err != nil {
 		return nil, "", err
 	}
-	if len(rep) < 3 || (len(rep)-3)%3 != 0 {
+	if len(rep) < 3 || (len(rep)-3)%4 != 0 {
 		return nil, "", fmt.Errorf("list: reply has %d values", len(rep))
 	}
-	tasks := make([]storage.Task, 0, (len(rep)-3)/3)
-	for i := 3; i < len(rep); i += 3 {
+	tasks := make([]storage.Task, 0, (len(rep)-3)/4)
+	for i := 3; i < len(rep); i += 4 {
 		id, err := replyString(rep[i])
 		if err != nil {
 			return nil, "", fmt.Errorf("list: %w", err)
 		}
-		t, err := decodeTask(ns, id, rep[i+2], int64(state), rep[i+1])
+		t, err := decodeTask(ns, id, rep[i+2], int64(state), rep[i+1], rep[i+3])
 		if err != nil {
 			return nil, "", fmt.Errorf("list: %w", err)
 		}
@@ -412,51 +427,89 @@ func parseCursor(state storage.State, c string) (score, id string, err error) {
 
 // Pop leases at most limit (and at most MaxBatch) due tasks of ns for
 // leaseFor, in due order, counting the attempt. Due-ness is decided by the
-// Redis clock. Nothing is deleted.
+// Redis clock. Nothing is deleted: a task whose stored header is malformed
+// is moved to dead (and logged) instead of delivered.
 func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	k := keysFor(ns, shard)
-	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.task},
+	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body},
 		min(limit, MaxBatch), max(leaseFor.Milliseconds(), 0))
 	if err != nil {
 		return nil, err
 	}
-	if len(rep) < 2 || len(rep)%2 != 0 {
+	if len(rep) < 2 {
+		return nil, fmt.Errorf("pop: reply has %d values", len(rep))
+	}
+	rep, bad := splitBad(rep, 2, 3)
+	s.logBad("pop", ns, bad)
+	if len(rep)%3 != 2 {
 		return nil, fmt.Errorf("pop: reply has %d values", len(rep))
 	}
 	deadline, _ := replyInt(rep[1])
-	out := make([]storage.Delivery, 0, (len(rep)-2)/2)
-	for i := 2; i < len(rep); i += 2 {
+	out := make([]storage.Delivery, 0, (len(rep)-2)/3)
+	for i := 2; i < len(rep); i += 3 {
 		id, _ := replyString(rep[i])
-		t, err := decodeTask(ns, id, rep[i+1], int64(storage.StateDelivered), deadline)
+		h, _ := replyString(rep[i+1])
+		payload, _ := replyString(rep[i+2])
+		r, err := decodeRecord(h, payload)
 		if err != nil {
-			// The task is leased; its lease will expire and the reaper will
-			// put it back. Report the rest.
+			// The script checked the header; this cannot happen unless the
+			// two layouts disagree. The task is leased; its lease will
+			// expire and the reaper will put it back. Report the rest.
 			s.log.Error("pop: undecodable task record", "namespace", ns, "id", id, "err", err)
 			continue
 		}
+		t := r.task(ns, id, storage.StateDelivered, deadline)
 		out = append(out, storage.Delivery{
-			Task:          t,
-			Token:         storage.Token{Namespace: ns, ID: id, Generation: t.Generation, Attempt: t.Attempt, Created: toMS(t.CreateTime)},
+			Task: t,
+			Token: storage.Token{Namespace: ns, ID: id, Incarnation: r.inc, Generation: r.gen,
+				Attempt: r.attempt, Delivery: r.dseq},
 			LeaseDeadline: t.LeaseDeadline,
 		})
 	}
 	return out, nil
 }
 
-// tokenArgs appends id, generation, attempt, created per token (tokenArity
-// values). A token of another namespace is sent with an id no task has, so
-// it answers NOT_FOUND; so does one with no create time (the scripts match
-// created against the record's, and no record has 0).
+// splitBad splits a pop or reap reply at its '' marker, found where the id
+// of a task would be (from start, every stride values; no id is empty):
+// what precedes it, and the ids after it (tasks moved to dead because their
+// header was malformed).
+func splitBad(rep []any, start, stride int) ([]any, []string) {
+	for i := start; i < len(rep); i += stride {
+		if sv, ok := rep[i].(string); ok && sv == "" {
+			bad := make([]string, 0, len(rep)-i-1)
+			for _, v := range rep[i+1:] {
+				id, _ := replyString(v)
+				bad = append(bad, id)
+			}
+			return rep[:i], bad
+		}
+	}
+	return rep, nil
+}
+
+// logBad logs tasks a script moved to dead because their header was
+// malformed.
+func (s *Store) logBad(op, ns string, ids []string) {
+	if len(ids) > 0 {
+		s.log.Error(op+": malformed task headers; the tasks were moved to dead letters (inspect, then purge or re-upsert them)",
+			"namespace", ns, "ids", ids)
+	}
+}
+
+// tokenArgs appends id, incarnation, generation, delivery per token
+// (tokenArity values). A token of another namespace is sent with an id no
+// task has, so it answers NOT_FOUND; so does one with delivery 0 (the
+// scripts never match it).
 func tokenArgs(args []any, ns string, tokens []storage.Token) []any {
 	for _, t := range tokens {
 		if t.Namespace != "" && t.Namespace != ns {
 			args = append(args, "", 0, 0, 0)
 			continue
 		}
-		args = append(args, t.ID, t.Generation, t.Attempt, t.Created)
+		args = append(args, t.ID, t.Incarnation, t.Generation, t.Delivery)
 	}
 	return args
 }
@@ -477,19 +530,36 @@ func tokenStatus(v any) storage.TokenStatus {
 }
 
 // Ack deletes each task whose token still names the delivery in flight
-// (same incarnation, generation and attempt): OK. A token whose task has
+// (same incarnation, generation and delivery): OK. A token whose task has
 // since been upserted or redelivered answers STALE, one whose task is gone,
-// re-created since (another create time) or not in flight NOT_FOUND; both
-// change nothing. A token of another namespace
-// answers NOT_FOUND. One round trip per MaxBatch tokens.
+// re-created since (another incarnation) or not in flight NOT_FOUND; both
+// change nothing. A token of another namespace answers NOT_FOUND. One round
+// trip per MaxBatch tokens.
 func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
+	return s.ack(ctx, ns, tokens, false)
+}
+
+// AckMarked is Ack for durable mode: each acked task leaves an ack marker
+// naming the acked delivery until ClearAcked drops it (once MySQL has
+// deleted that version). While the marker is there, Restore never writes
+// that version back, and a token that matches the marker answers OK again
+// (an ack retried after its write-through failed).
+func (s *Store) AckMarked(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
+	return s.ack(ctx, ns, tokens, true)
+}
+
+func (s *Store) ack(ctx context.Context, ns string, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
 	k := keysFor(ns, shard)
+	flag := "0"
+	if marks {
+		flag = "1"
+	}
 	out := make([]storage.TokenStatus, 0, len(tokens))
 	err := chunks(len(tokens), func(lo, hi int) error {
-		args := make([]any, 0, 1+tokenArity*(hi-lo))
-		args = append(args, hi-lo)
+		args := make([]any, 0, 2+tokenArity*(hi-lo))
+		args = append(args, flag, hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := s.runSlice(ctx, "ack", scripts.ack, []string{k.inflight, k.task}, args...)
+		rep, err := s.runSlice(ctx, "ack", scripts.ack, []string{k.inflight, k.meta, k.body, k.acked}, args...)
 		if err != nil {
 			return err
 		}
@@ -531,8 +601,8 @@ func retryArgs(retryAfter *time.Duration, opts storage.NackOptions) []any {
 }
 
 // moved builds a storage.Moved from a script's state and time.
-func moved(id string, gen int64, attempt int32, state int64, at int64, reason string) storage.Moved {
-	m := storage.Moved{ID: id, Generation: gen, Attempt: attempt, State: stateOf(state), LastError: reason}
+func moved(id string, inc, gen int64, attempt int32, state int64, at int64, reason string) storage.Moved {
+	m := storage.Moved{ID: id, Incarnation: inc, Generation: gen, Attempt: attempt, State: stateOf(state), LastError: reason}
 	if m.State == storage.StateDead {
 		m.DeadTime = msTime(at)
 	} else {
@@ -548,7 +618,7 @@ func moved(id string, gen int64, attempt int32, state int64, at int64, reason st
 // token's task went, in token order. One round trip per MaxBatch tokens.
 func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
 	k := keysFor(ns, shard)
-	keys := []string{k.due, k.inflight, k.dead, k.task}
+	keys := []string{k.due, k.inflight, k.dead, k.meta}
 	statuses := make([]storage.TokenStatus, 0, len(tokens))
 	var movedTasks []storage.Moved
 	err := chunks(len(tokens), func(lo, hi int) error {
@@ -579,7 +649,7 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 				if opts.Unsent && attempt > 0 {
 					attempt-- // the pop's count was given back
 				}
-				movedTasks = append(movedTasks, moved(t.ID, t.Generation, attempt, state, at, opts.Reason))
+				movedTasks = append(movedTasks, moved(t.ID, t.Incarnation, t.Generation, attempt, state, at, opts.Reason))
 			}
 		}
 		return nil
@@ -600,7 +670,7 @@ func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, b
 		args := make([]any, 0, 2+tokenArity*(hi-lo))
 		args = append(args, max(by.Milliseconds(), 0), hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := s.runSlice(ctx, "extend", scripts.extend, []string{k.inflight, k.task}, args...)
+		rep, err := s.runSlice(ctx, "extend", scripts.extend, []string{k.inflight, k.meta}, args...)
 		if err != nil {
 			return err
 		}
@@ -637,21 +707,27 @@ func (s *Store) Reap(ctx context.Context, ns string, limit int, opts storage.Nac
 	args = append(args, s.wake, ns)
 	args = append(args, retryArgs(opts.RetryAfter, opts)...)
 	args = append(args, min(limit, MaxBatch))
-	rep, err := s.runSlice(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.task}, args...)
+	rep, err := s.runSlice(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.meta}, args...)
 	if err != nil {
 		return nil, err
 	}
-	if len(rep) < 1 || (len(rep)-1)%5 != 0 {
+	if len(rep) < 1 {
+		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
+	}
+	rep, bad := splitBad(rep, 1, 6)
+	s.logBad("reap", ns, bad)
+	if (len(rep)-1)%6 != 0 {
 		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
 	}
 	var out []storage.Moved
-	for i := 1; i < len(rep); i += 5 {
+	for i := 1; i < len(rep); i += 6 {
 		id, _ := replyString(rep[i])
-		gen, _ := replyInt(rep[i+1])
-		attempt, _ := replyInt(rep[i+2])
-		state, _ := replyInt(rep[i+3])
-		at, _ := replyInt(rep[i+4])
-		out = append(out, moved(id, gen, int32(attempt), state, at, opts.Reason))
+		inc, _ := replyInt(rep[i+1])
+		gen, _ := replyInt(rep[i+2])
+		attempt, _ := replyInt(rep[i+3])
+		state, _ := replyInt(rep[i+4])
+		at, _ := replyInt(rep[i+5])
+		out = append(out, moved(id, inc, gen, int32(attempt), state, at, opts.Reason))
 	}
 	return out, nil
 }
@@ -693,7 +769,7 @@ func (s *Store) NextWake(ctx context.Context, ns string) (next, now time.Time, o
 // tasks (clamped to 1..MaxBatch). Returns where each moved task went.
 func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
 	k := keysFor(ns, shard)
-	keys := []string{k.due, k.dead, k.task}
+	keys := []string{k.due, k.dead, k.meta}
 	var out []storage.Moved
 	call := func(ids []string) error {
 		// ARGV as documented in lua/requeue.lua.
@@ -706,14 +782,15 @@ func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams)
 		if err != nil {
 			return err
 		}
-		if len(rep) < 1 || (len(rep)-1)%3 != 0 {
+		if len(rep) < 1 || (len(rep)-1)%4 != 0 {
 			return fmt.Errorf("requeue: reply has %d values", len(rep))
 		}
-		for i := 1; i < len(rep); i += 3 {
+		for i := 1; i < len(rep); i += 4 {
 			id, _ := replyString(rep[i])
-			gen, _ := replyInt(rep[i+1])
-			due, _ := replyInt(rep[i+2])
-			out = append(out, storage.Moved{ID: id, Generation: gen, State: storage.StateScheduled, DueTime: msTime(due)})
+			inc, _ := replyInt(rep[i+1])
+			gen, _ := replyInt(rep[i+2])
+			due, _ := replyInt(rep[i+3])
+			out = append(out, storage.Moved{ID: id, Incarnation: inc, Generation: gen, State: storage.StateScheduled, DueTime: msTime(due)})
 		}
 		return nil
 	}
@@ -727,9 +804,23 @@ func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams)
 // p.All the oldest p.Limit dead tasks (clamped to 1..MaxBatch). Returns the
 // ids deleted.
 func (s *Store) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]string, error) {
+	vs, err := s.PurgeVersions(ctx, ns, p)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = v.ID
+	}
+	return out, nil
+}
+
+// PurgeVersions is Purge answering the version of each task it deleted
+// (durable mode deletes exactly those versions from MySQL).
+func (s *Store) PurgeVersions(ctx context.Context, ns string, p storage.PurgeParams) ([]storage.Version, error) {
 	k := keysFor(ns, shard)
-	keys := []string{k.dead, k.task}
-	var out []string
+	keys := []string{k.dead, k.meta, k.body}
+	var out []storage.Version
 	call := func(ids []string) error {
 		// ARGV as documented in lua/purge.lua.
 		args := make([]any, 0, 2+len(ids))
@@ -741,9 +832,14 @@ func (s *Store) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]
 		if err != nil {
 			return err
 		}
-		for _, v := range rep {
-			id, _ := replyString(v)
-			out = append(out, id)
+		if len(rep)%3 != 0 {
+			return fmt.Errorf("purge: reply has %d values", len(rep))
+		}
+		for i := 0; i < len(rep); i += 3 {
+			id, _ := replyString(rep[i])
+			inc, _ := replyInt(rep[i+1])
+			gen, _ := replyInt(rep[i+2])
+			out = append(out, storage.Version{ID: id, Incarnation: inc, Generation: gen})
 		}
 		return nil
 	}

@@ -18,7 +18,7 @@ import (
 
 // everyOp calls each store operation once and returns the errors by name.
 func everyOp(ctx context.Context, s *Store, ns string) map[string]error {
-	tok := []storage.Token{{Namespace: ns, ID: "x", Generation: 1, Attempt: 1, Created: 1}}
+	tok := []storage.Token{{Namespace: ns, ID: "x", Incarnation: 1, Generation: 1, Attempt: 1, Delivery: 1}}
 	errs := map[string]error{}
 	_, errs["upsert"] = s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x"}})
 	_, errs["remove"] = s.Remove(ctx, ns, "x")
@@ -33,8 +33,8 @@ func everyOp(ctx context.Context, s *Store, ns string) map[string]error {
 	_, errs["requeue"] = s.Requeue(ctx, ns, storage.RequeueParams{All: true, Limit: 10})
 	_, errs["purge"] = s.Purge(ctx, ns, storage.PurgeParams{All: true, Limit: 10})
 	_, errs["stats"] = s.Stats(ctx, ns)
-	_, errs["restore"] = s.Restore(ctx, ns, []storage.Task{{ID: "x", Generation: 1, State: storage.StateScheduled}})
-	_, errs["generations"] = s.Generations(ctx, ns, []string{"x"})
+	_, errs["restore"] = s.Restore(ctx, ns, []storage.Task{{ID: "x", Generation: 1, State: storage.StateScheduled}}, false)
+	_, _, errs["versions"] = s.Versions(ctx, ns, []string{"x"})
 	_, errs["indexed"] = s.Indexed(ctx, ns)
 	errs["markindexed"] = s.MarkIndexed(ctx, ns)
 	_, errs["trylead"] = s.TryLead(ctx, "t-"+ns, "me", time.Second)
@@ -119,15 +119,12 @@ func TestScriptErrorIsNotUnavailable(t *testing.T) {
 	t.Parallel()
 	s := New(testRedisClient(t), Options{})
 	ns := testkit.Namespace(t, "err")
-	// a task record that is not one: the scripts fail on it
 	k := keysFor(ns, shard)
-	if err := s.rdb.HSet(context.Background(), k.task, "x", "garbage").Err(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.rdb.Del(context.Background(), k.task) })
-	_, err := s.Upsert(context.Background(), ns, []storage.UpsertSpec{{ID: "x"}})
+	t.Cleanup(func() { s.rdb.Del(context.Background(), allKeys(k)...) })
+	// an argument the script cannot use: the script fails on it
+	_, err := s.run(context.Background(), "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body}, "not-a-number", 1)
 	if err == nil || errors.Is(err, storage.ErrUnavailable) {
-		t.Errorf("upsert over a corrupt record: err = %v, want a non-Unavailable error", err)
+		t.Errorf("pop with a bad limit: err = %v, want a non-Unavailable error", err)
 	}
 }
 

@@ -45,6 +45,38 @@ func testRequeue(t *testing.T, newStore func(t *testing.T) Store) {
 			}
 		},
 		want: []Row{row("a", deliv, 1, 1, seedReason), row("b", deliv, 1, 1, seedReason), row("c", deliv, 1, 1, seedReason)},
+	}, {
+		// Issue 10 item 2: with max attempts 1, the delivery that killed the
+		// task and the first delivery after the requeue are both attempt 1 of
+		// generation 1; a late ack from the first holder must not finish the
+		// second delivery.
+		name:  "a token from before a requeue never acks the delivery after it",
+		seeds: []Seed{{ID: "x"}},
+		run: func(e *env) {
+			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x"), DueTime: e.now().Add(-time.Hour)})
+			first := e.pop(1, time.Hour)
+			if len(first) != 1 {
+				e.t.Fatalf("pop = %+v", first)
+			}
+			st, _ := e.nack(storage.NackOptions{MaxAttempts: 1, Reason: "boom"}, first[0].Token)
+			e.wantStatuses("nack to dead", st, statuses(storage.TokenOK))
+			if mv, err := e.s.Requeue(e.ctx, e.ns, storage.RequeueParams{IDs: []string{"x"}}); err != nil || len(mv) != 1 {
+				e.t.Fatalf("requeue = %+v, %v", mv, err)
+			}
+			second := e.pop(1, time.Hour)
+			if len(second) != 1 || second[0].Task.Attempt != 1 {
+				e.t.Fatalf("pop after requeue = %+v", second)
+			}
+			if second[0].Token == first[0].Token {
+				e.t.Errorf("the delivery after the requeue repeats the token of the one before: %+v", first[0].Token)
+			}
+			// an older delivery of the same version: STALE, nothing changes
+			e.wantStatuses("ack with the pre-requeue token", e.ack(first[0].Token), statuses(storage.TokenStale))
+			if g := e.get("x"); g.State != deliv {
+				e.t.Fatalf("after the stale ack the task is %v, want still delivered", g.State)
+			}
+			e.wantStatuses("ack with the current token", e.ack(second[0].Token), statuses(storage.TokenOK))
+		},
 	}})
 }
 

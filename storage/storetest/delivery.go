@@ -120,22 +120,22 @@ func testAck(t *testing.T, newStore func(t *testing.T) Store) {
 		},
 		want: []Row{row("x", sched, 1, 1, "")},
 	}, {
-		name:  "unknown task, newer attempt, other namespace: NOT_FOUND, nothing changes",
+		name:  "unknown task, newer delivery, other namespace: NOT_FOUND, nothing changes",
 		seeds: []Seed{{ID: "x", State: deliv}},
 		run: func(e *env) {
 			tok := e.tok["x"]
 			newer := tok
-			newer.Attempt++
+			newer.Delivery++
 			other := tok
 			other.Namespace = Namespace(e.t)
 			missing := tok
 			missing.ID = "missing"
-			// A token naming no incarnation matches nothing, not even a
-			// delivery whose generation and attempt it names.
+			// A token naming no delivery matches nothing, not even the
+			// delivery whose incarnation and generation it names.
 			noIncarnation := tok
-			noIncarnation.Created = 0
+			noIncarnation.Delivery = 0
 			otherIncarnation := tok
-			otherIncarnation.Created++
+			otherIncarnation.Incarnation++
 			e.wantStatuses("ack", e.ack(newer, other, missing, noIncarnation, otherIncarnation),
 				statuses(storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound))
 		},
@@ -145,24 +145,25 @@ func testAck(t *testing.T, newStore func(t *testing.T) Store) {
 		seeds: []Seed{{ID: "x", State: deliv}},
 		run: func(e *env) {
 			old := e.tok["x"]
-			if old.Created == 0 {
-				e.t.Fatalf("popped token names no incarnation: %+v", old)
+			if old.Delivery == 0 {
+				e.t.Fatalf("popped token names no delivery: %+v", old)
 			}
 			if _, err := e.s.Remove(e.ctx, e.ns, "x"); err != nil {
 				e.t.Fatalf("remove: %v", err)
 			}
-			// The re-created task must get another create time.
-			poll(e.t, "the store clock to pass the old create time", func() bool {
-				return e.now().UnixMilli() > old.Created
-			})
+			// Re-created at once (within the same millisecond, often): the
+			// new incarnation and its deliveries must still be told apart.
 			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x"), DueTime: e.now().Add(-time.Hour)})
 			ds := e.pop(1, time.Hour)
 			if len(ds) != 1 || ds[0].Task.ID != "x" {
 				e.t.Fatalf("pop of the re-created task = %+v", ds)
 			}
 			cur := ds[0].Token
-			if cur.Created == old.Created {
-				e.t.Fatalf("re-created task has the old incarnation: old %+v, new %+v", old, cur)
+			if cur == old {
+				e.t.Fatalf("re-created task's delivery repeats the old token %+v", old)
+			}
+			if cur.Incarnation <= old.Incarnation {
+				e.t.Errorf("re-created task's incarnation %d is not above the old one %d", cur.Incarnation, old.Incarnation)
 			}
 			if cur.Generation != old.Generation || cur.Attempt != old.Attempt {
 				e.t.Logf("re-created delivery is gen %d attempt %d (old gen %d attempt %d)",
@@ -354,7 +355,7 @@ func testExtend(t *testing.T, newStore func(t *testing.T) Store) {
 		run: func(e *env) {
 			e.nack(storage.NackOptions{RetryAfter: dur(time.Hour)}, e.tok["d"])
 			// x's last delivery, exact in all but being in flight.
-			deadTok := storage.Token{Namespace: e.ns, ID: "x", Generation: 1, Attempt: 1, Created: e.get("x").CreateTime.UnixMilli()}
+			deadTok := e.tok["x"]
 			res, err := e.s.Extend(e.ctx, e.ns, []storage.Token{e.tok["d"], deadTok}, time.Hour)
 			if err != nil || len(res) != 2 || res[0].Status != storage.TokenNotFound || res[1].Status != storage.TokenNotFound {
 				e.t.Errorf("extend = %+v, %v", res, err)

@@ -100,7 +100,8 @@ type env struct {
 	s   Store
 	ns  string
 	ctx context.Context
-	// tok holds the token of every seeded delivery, by task id.
+	// tok holds the token of every seeded delivery (for a dead seed the
+	// delivery it died of), by task id.
 	tok map[string]storage.Token
 }
 
@@ -169,9 +170,8 @@ func (e *env) seed(seeds ...Seed) {
 		for _, d := range ds {
 			if slices.Contains(dead, d.Task.ID) {
 				deadTok = append(deadTok, d.Token)
-			} else {
-				e.tok[d.Task.ID] = d.Token
 			}
+			e.tok[d.Task.ID] = d.Token // for a dead seed: the delivery it died of
 		}
 		if len(deadTok) > 0 {
 			st, _, err := e.s.Nack(e.ctx, e.ns, deadTok, storage.NackOptions{MaxAttempts: 1, Reason: seedReason})

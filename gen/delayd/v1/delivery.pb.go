@@ -189,9 +189,11 @@ type Delivery struct {
 	// The task, state DELIVERED, attempt counting this delivery.
 	Task *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
 	// Opaque token naming this delivery (namespace, task and its incarnation,
-	// generation, attempt); pass it to AckTasks, NackTasks or ExtendLease in
-	// the same namespace. A token from before the task was removed never
-	// matches a task re-created with the same id.
+	// generation, the delivery's sequence number); pass it to AckTasks,
+	// NackTasks or ExtendLease in the same namespace. No two deliveries share
+	// a token: a token from before the task was removed never matches a task
+	// re-created with the same id, nor one from before a redelivery or a
+	// dead-letter requeue a later delivery.
 	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
 	// When the lease ends; an unacked delivery is retried after it.
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`

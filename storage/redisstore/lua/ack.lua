@@ -1,40 +1,59 @@
 -- ack.lua: finish deliveries: delete each task that is still the named
 -- delivery in flight.
 --
--- KEYS[1] inflight ZSET, KEYS[2] task HASH
--- ARGV[1] n (at most 1,000); then per token i (from 0), at ARGV[2+4i ..]:
---         id, generation, attempt, task create time (Unix ms; a token whose
---         create time is not the task's, or is 0, answers NOT_FOUND)
+-- KEYS[1] inflight ZSET, KEYS[2] meta HASH, KEYS[3] body HASH,
+-- KEYS[4] acked HASH (durable mode's ack markers)
+-- ARGV[1] '1' = durable mode: leave an ack marker per acked task (id ->
+--         'inc,gen,dseq' of the token, decimal) until MySQL has deleted that
+--         version, and answer OK again for a token that matches its
+--         task's marker (a retried ack); '0' = no markers
+-- ARGV[2] n (at most 1,000); then per token i (from 0), at ARGV[3+4i ..]:
+--         id, incarnation, generation, delivery sequence
 --
--- Returns one status per token: 1 OK (deleted), 2 STALE (the task has a
--- newer generation or attempt; unchanged), 3 NOT_FOUND (gone, or not in
+-- Returns one status per token: 1 OK (deleted, or acked before and the
+-- marker still says so), 2 STALE (the task has a newer generation or
+-- delivery; unchanged), 3 NOT_FOUND (gone, another incarnation, not in
 -- flight, or acked by an earlier token of this call; unchanged).
-local n = tonumber(ARGV[1])
+local marks = ARGV[1] == '1'
+local n = tonumber(ARGV[2])
 local out = {}
 if n == 0 then
   return out
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[2 + 4 * i]
+  ids[i + 1] = ARGV[3 + 4 * i]
 end
-local recs = redis.call('HMGET', KEYS[2], unpack(ids))
+local hs = redis.call('HMGET', KEYS[2], unpack(ids))
 local leased = redis.call('ZMSCORE', KEYS[1], unpack(ids))
-local gone, done = {}, {}
+local prior = {}
+if marks then
+  prior = redis.call('HMGET', KEYS[4], unpack(ids))
+end
+local gone, done, mset = {}, {}, {}
 for i = 0, n - 1 do
-  local j = 2 + 4 * i
+  local j = 3 + 4 * i
   local id = ids[i + 1]
   local st = 3
   if not done[id] then
-    st = token_check(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
+    local mark = ARGV[j + 1] .. ',' .. ARGV[j + 2] .. ',' .. ARGV[j + 3]
+    st = token_check(hs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
       tonumber(ARGV[j + 3]))
     if st == 1 then
       done[id] = true
       gone[#gone + 1] = id
+      if marks then
+        push(mset, id, mark)
+      end
+    elseif marks and not hs[i + 1] and prior[i + 1] == mark then
+      done[id] = true
+      st = 1
     end
   end
   out[#out + 1] = st
 end
 flush('ZREM', KEYS[1], gone)
 flush('HDEL', KEYS[2], gone)
+flush('HDEL', KEYS[3], gone)
+flush('HSET', KEYS[4], mset)
 return out

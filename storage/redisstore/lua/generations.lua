@@ -1,19 +1,23 @@
--- generations.lua: the generation the index holds per task.
+-- generations.lua: the version the index holds per task.
 --
--- KEYS[1] task HASH
+-- KEYS[1] meta HASH, KEYS[2] acked HASH (durable mode's ack markers)
 -- ARGV[1 ..] task ids (at most 1,000)
 --
--- Returns one generation per id, 0 when the task is absent.
+-- Returns 3 values per id: incarnation, generation (0, 0 when the task is
+-- absent or its header malformed), and its ack marker ('inc,gen,dseq' of
+-- the acked delivery, '' if none).
 local out = {}
 if #ARGV == 0 then
   return out
 end
-local recs = redis.call('HMGET', KEYS[1], unpack(ARGV))
+local hs = redis.call('HMGET', KEYS[1], unpack(ARGV))
+local ms = redis.call('HMGET', KEYS[2], unpack(ARGV))
 for i = 1, #ARGV do
-  if recs[i] then
-    out[i] = gen_created(recs[i])
-  else
-    out[i] = 0
+  local inc, gen
+  if hs[i] then
+    inc, gen = version(hs[i])
   end
+  push(out, inc or 0, gen or 0)
+  out[#out + 1] = ms[i] or ''
 end
 return out

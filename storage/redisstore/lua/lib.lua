@@ -2,11 +2,15 @@
 -- file to each script, so every script still runs as one self-contained
 -- chunk (and is cached by its own SHA). Nothing here loops without a bound.
 --
--- Task record layout (see record.go, which must agree):
---   gen,attempt,created,updated,due,kindlen,errlen|<kind><last error><payload>
--- header numbers are hexadecimal integers, empty = 0; updated is stored as the
--- difference from created; due is stored only while the task is outside the
--- due ZSET.
+-- A task is two HASH fields under one hash tag (see record.go, which must
+-- agree): its header in the meta HASH and its payload in the body HASH, so a
+-- script that needs only counters never copies a payload. Header layout:
+--   inc,gen,attempt,dseq,created,updated,due,kindlen|<kind><last error>
+-- numbers are hexadecimal integers, empty = 0; created is stored as the
+-- difference from the incarnation's millisecond (inc / 1000, rounded down)
+-- and updated as the difference from created, so both are usually empty;
+-- due is stored only while the task is outside the due ZSET. inc is the
+-- incarnation, dseq the delivery sequence (see repop).
 
 -- now_ms returns the Redis server clock in Unix milliseconds: the one clock
 -- that decides due-ness for every replica.
@@ -20,6 +24,14 @@ end
 local function now_micros()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- clock returns the Redis server clock in Unix milliseconds and in Unix
+-- microseconds (exact in a Lua number until the year 2255).
+local function clock()
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return math.floor(us / 1000), us
 end
 
 -- int formats an integral number for redis.call without exponent notation.
@@ -39,72 +51,124 @@ local function enc(n)
   return string.format('%x', n)
 end
 
--- dec decodes enc's output.
+-- dec decodes enc's output; nil for anything else.
 local function dec(s)
   if s == '' then
     return 0
   end
   if string.sub(s, 1, 1) == '-' then
-    return -tonumber(string.sub(s, 2), 16)
+    local n = tonumber(string.sub(s, 2), 16)
+    if n then
+      return -n
+    end
+    return nil
   end
   return tonumber(s, 16)
 end
 
--- parse reads a record's header into a table; b is where the body starts.
-local function parse(rec)
-  local p = string.find(rec, '|', 1, true)
-  local g, a, c, u, d, kl, el = string.match(string.sub(rec, 1, p - 1),
-    '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
-  local created = dec(c)
-  return {
-    gen = dec(g), attempt = dec(a), created = created,
-    updated = created + dec(u), due = dec(d),
-    kl = dec(kl), el = dec(el), b = p + 1,
-  }
-end
+-- A header's fields, in order, as one pattern: inc, gen, attempt, dseq,
+-- created, updated (minus created), due, kind length; then '|' and the
+-- position where kind and last error start.
+local HDR = '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^|]*)|()'
 
--- gen_created reads only the generation and the create time of a record
--- (cheaper than parse when that is all a script needs).
-local function gen_created(rec)
-  local g, c = string.match(rec, '^([^,]*),[^,]*,([^,]*),')
-  return dec(g), dec(c)
-end
-
--- gen_attempt_created reads only the generation, the attempt and the create
--- time of a record: all a delivery token is checked against (much cheaper
--- than parse).
-local function gen_attempt_created(rec)
-  local g, a, c = string.match(rec, '^([^,]*),([^,]*),([^,]*),')
-  return dec(g), dec(a), dec(c)
-end
-
--- repop returns rec popped once more: attempt + 1, updated = now, due =
--- due. It rewrites only those header fields with one match and one concat
--- (no parse table, no full header re-encode); the rest of the record is
--- copied once.
-local function repop(rec, now, due)
-  local g, a, c, e = string.match(rec, '^([^,]*),([^,]*),([^,]*),[^,]*,[^,]*,()')
-  return g .. ',' .. enc(dec(a) + 1) .. ',' .. c .. ',' .. enc(now - dec(c)) .. ',' ..
-    enc(due) .. ',' .. string.sub(rec, e)
-end
-
--- header formats a record header from fields (the parse table shape).
-local function header(r)
-  return enc(r.gen) .. ',' .. enc(r.attempt) .. ',' .. enc(r.created) .. ',' ..
-    enc(r.updated - r.created) .. ',' .. enc(r.due) .. ',' .. enc(r.kl) .. ',' ..
-    enc(r.el) .. '|'
-end
-
--- rewrite returns rec with r's header fields; when err is not nil it also
--- replaces the last error (r.el is updated).
-local function rewrite(rec, r, err)
-  if err == nil then
-    return header(r) .. string.sub(rec, r.b)
+-- parse reads a header into a table, or returns nil when it is malformed
+-- (a script then leaves the task where it is or moves it to dead; it never
+-- raises an error halfway through its writes). b is where kind starts.
+local function parse(h)
+  if not h then
+    return nil
   end
-  local kind = string.sub(rec, r.b, r.b + r.kl - 1)
-  local payload = string.sub(rec, r.b + r.kl + r.el)
-  r.el = #err
-  return header(r) .. kind .. err .. payload
+  local i, g, a, d, c, u, du, kl, b = string.match(h, HDR)
+  if not b then
+    return nil
+  end
+  local r = {
+    inc = dec(i), gen = dec(g), attempt = dec(a), dseq = dec(d), created = dec(c),
+    updated = dec(u), due = dec(du), kl = dec(kl), b = b,
+  }
+  if not (r.inc and r.gen and r.attempt and r.dseq and r.created and r.updated and r.due and r.kl)
+    or r.kl < 0 or b + r.kl - 1 > #h then
+    return nil
+  end
+  r.created = math.floor(r.inc / 1000) + r.created
+  r.updated = r.created + r.updated
+  return r
+end
+
+-- version reads only the incarnation and the generation of a header; nil
+-- when it is malformed.
+local function version(h)
+  local i, g = string.match(h, '^([^,]*),([^,]*),')
+  if not g then
+    return nil
+  end
+  i, g = dec(i), dec(g)
+  if not (i and g) then
+    return nil
+  end
+  return i, g
+end
+
+-- newer reports whether version (i1, g1) is newer than (i2, g2): a later
+-- incarnation, or a later generation of the same one.
+local function newer(i1, g1, i2, g2)
+  return i1 > i2 or (i1 == i2 and g1 > g2)
+end
+
+-- token_fields reads what a delivery token is checked against: incarnation,
+-- generation and delivery sequence; nil when the header is malformed.
+local function token_fields(h)
+  local i, g, d = string.match(h, '^([^,]*),([^,]*),[^,]*,([^,]*),')
+  if not d then
+    return nil
+  end
+  i, g, d = dec(i), dec(g), dec(d)
+  if not (i and g and d) then
+    return nil
+  end
+  return i, g, d
+end
+
+-- repop returns header h popped once more, or nil when h is malformed:
+-- attempt + 1, delivery sequence = max(old + 1, now_us) (so a delivery
+-- never repeats the sequence of an earlier one of the task, even after a
+-- requeue, a rebuild from MySQL or a restored snapshot, which roll the
+-- stored sequence back but not the clock), updated = now, due = due. It
+-- rewrites only those fields with one match and one concat; kind and last
+-- error are copied once.
+local function repop(h, now, now_us, due)
+  local i, g, a, d, c, p = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),[^,]*,[^,]*,()')
+  if not p then
+    return nil
+  end
+  local ni, na, nd, nc = dec(i), dec(a), dec(d), dec(c)
+  if not (ni and na and nd and nc) then
+    return nil
+  end
+  local seq = nd + 1
+  if seq < now_us then
+    seq = now_us
+  end
+  return i .. ',' .. g .. ',' .. enc(na + 1) .. ',' .. enc(seq) .. ',' .. c .. ',' ..
+    enc(now - math.floor(ni / 1000) - nc) .. ',' .. enc(due) .. ',' .. string.sub(h, p), seq
+end
+
+-- header formats a header from fields (the parse table shape), kind and
+-- last error.
+local function header(r, kind, err)
+  return enc(r.inc) .. ',' .. enc(r.gen) .. ',' .. enc(r.attempt) .. ',' .. enc(r.dseq) .. ',' ..
+    enc(r.created - math.floor(r.inc / 1000)) .. ',' .. enc(r.updated - r.created) .. ',' .. enc(r.due) .. ',' ..
+    enc(#kind) .. '|' .. kind .. err
+end
+
+-- rewrite returns h with r's fields; when err is not nil it also replaces
+-- the last error.
+local function rewrite(h, r, err)
+  local kind = string.sub(h, r.b, r.b + r.kl - 1)
+  if err == nil then
+    err = string.sub(h, r.b + r.kl)
+  end
+  return header(r, kind, err)
 end
 
 -- locate returns the state a task is in (1 scheduled, 2 delivered, 3 dead,
@@ -192,75 +256,51 @@ end
 -- settle decides where an in-flight task goes (it must already be, or be
 -- about to be, taken out of the inflight ZSET): to due after its retry
 -- delay, or to dead when its attempts are used up. The writes are
--- collected in W = {due = ZADD args, dead = ZADD args, task = HSET args}.
+-- collected in W = {due = ZADD args, dead = ZADD args, meta = HSET args}.
 -- Returns the new state (1 or 3) and its score.
-local function settle(W, id, rec, r, now, p, k)
+local function settle(W, id, h, r, now, p, k)
   r.updated = now
   if p.max > 0 and r.attempt >= p.max then
     push(W.dead, int(now), id)
-    push(W.task, id, rewrite(rec, r, p.reason))
+    push(W.meta, id, rewrite(h, r, p.reason))
     return 3, now
   end
   local due = now + delay_for(p, r.attempt, k)
   r.due = 0
   push(W.due, int(due), id)
-  push(W.task, id, rewrite(rec, r, p.reason))
+  push(W.meta, id, rewrite(h, r, p.reason))
   return 1, due
 end
 
 -- apply runs the writes settle collected.
-local function apply(W, kdue, kdead, ktask)
+local function apply(W, kdue, kdead, kmeta)
   flush('ZADD', kdue, W.due)
   flush('ZADD', kdead, W.dead)
-  flush('HSET', ktask, W.task)
+  flush('HSET', kmeta, W.meta)
 end
 
--- token_check is token_status for a caller that needs only the status: it
--- reads just the generation, attempt and create time of rec.
-local function token_check(rec, inflight, g, a, c)
-  if not rec then
+-- token_check compares a delivery token (incarnation i, generation g,
+-- delivery sequence d) with the stored header h and whether the task is in
+-- flight: 1 OK (h is that delivery, in flight), 2 STALE (the same
+-- incarnation has a newer generation or delivery since), 3 NOT_FOUND (no
+-- task, another incarnation, or not in flight). A token with d == 0 never
+-- matches: pops never issue it.
+local function token_check(h, inflight, i, g, d)
+  if not h or d == 0 then
     return 3
   end
-  local rg, ra, rc = gen_attempt_created(rec)
-  -- Another create time: the task the token named was removed and this is
-  -- a re-created one. A token without one (c == 0) matches nothing.
-  if c == 0 or rc ~= c then
+  local ri, rg, rd = token_fields(h)
+  if not rd or ri ~= i then
     return 3
   end
-  if rg == g and ra == a then
+  if rg == g and rd == d then
     if inflight then
       return 1
     end
     return 3
   end
-  if rg > g or (rg == g and ra > a) then
+  if rg > g or (rg == g and rd > d) then
     return 2
   end
   return 3
-end
-
--- token_status compares a delivery token (generation g, attempt a, task
--- create time c) with the stored record rec and whether the task is in
--- flight: 1 OK, 2 STALE (the task has a newer generation or attempt), 3
--- NOT_FOUND (no task, not in flight, or another incarnation: its create
--- time is not c; a token with c == 0 never matches). Returns the status
--- and the parsed record.
-local function token_status(rec, inflight, g, a, c)
-  if not rec then
-    return 3, nil
-  end
-  local r = parse(rec)
-  if c == 0 or r.created ~= c then
-    return 3, r
-  end
-  if r.gen == g and r.attempt == a then
-    if inflight then
-      return 1, r
-    end
-    return 3, r
-  end
-  if r.gen > g or (r.gen == g and r.attempt > a) then
-    return 2, r
-  end
-  return 3, r
 end

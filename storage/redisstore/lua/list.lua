@@ -1,6 +1,7 @@
 -- list.lua: one page of the tasks of one state, in score order.
 --
--- KEYS[1] the state's ZSET (due, inflight or dead), KEYS[2] task HASH
+-- KEYS[1] the state's ZSET (due, inflight or dead), KEYS[2] meta HASH,
+-- KEYS[3] body HASH
 -- ARGV[1] page size (at most 1,000)
 -- ARGV[2] cursor score ('' = from the start)
 -- ARGV[3] cursor id: the page starts after the member (score, id)
@@ -9,9 +10,10 @@
 -- it; otherwise after the last member with a lower score, skipping members
 -- at the cursor score that sort before or at the cursor id.
 --
--- Returns {more, last score, last id, then per task: id, score, record};
+-- Returns {more, last score, last id, then 4 values per task};
 -- more is 1 when a full page was read (there may be more), and last
--- score/id are the cursor of the next page.
+-- score/id are the cursor of the next page. Per task: id, score, header,
+-- payload.
 local limit = tonumber(ARGV[1])
 local start = 0
 local cs, cid = nil, ARGV[3]
@@ -52,12 +54,12 @@ for i = 1, #items, 2 do
   end
 end
 if #ids > 0 then
-  local recs = redis.call('HMGET', KEYS[2], unpack(ids))
+  local hs = redis.call('HMGET', KEYS[2], unpack(ids))
+  local bs = redis.call('HMGET', KEYS[3], unpack(ids))
   for i = 1, #ids do
-    if recs[i] then
-      out[#out + 1] = ids[i]
-      out[#out + 1] = scores[i]
-      out[#out + 1] = recs[i]
+    if hs[i] then
+      push(out, ids[i], scores[i])
+      push(out, hs[i], bs[i] or '')
     end
   end
 end

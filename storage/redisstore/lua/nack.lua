@@ -2,7 +2,7 @@
 -- in flight goes back to due after its retry delay, or to dead when its
 -- attempts are used up; the reason becomes its last error.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] task HASH
+-- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] meta HASH
 -- ARGV[1] wake channel, ARGV[2] namespace
 -- ARGV[3] retry_after ms ('' = backoff), ARGV[4] max attempts (0 = no limit),
 -- ARGV[5] backoff initial ms, ARGV[6] backoff max ms, ARGV[7] multiplier,
@@ -10,16 +10,12 @@
 -- ARGV[11] '1' when the deliveries were popped but never sent: each gives
 --          back the attempt its pop counted, else '0'
 -- ARGV[12] n (at most 1,000); then per token i (from 0), at ARGV[13+4i ..]:
---          id, generation, attempt, task create time (Unix ms; a token whose
---          create time is not the task's, or is 0, answers NOT_FOUND)
+--          id, incarnation, generation, delivery sequence
 --
 -- Publishes the namespace on the wake channel when a task became earlier
 -- than the head of due.
 --
 -- Returns {now ms, then 3 values per token: status, state, time}: status 1
--- OK, 2 STALE, 3 NOT_FOUND (unchanged; also for a task given back by an
--- earlier token of this call); when OK, state 1 (scheduled, time = due ms)
--- or 3 (dead, time = death ms), else 0 and 0.
 local now = now_ms()
 local uncount = ARGV[11] == '1'
 local n = tonumber(ARGV[12])
@@ -36,16 +32,22 @@ local recs = redis.call('HMGET', KEYS[4], unpack(ids))
 local leased = redis.call('ZMSCORE', KEYS[2], unpack(ids))
 local first = head(KEYS[1])
 local wake = false
-local W = {due = {}, dead = {}, task = {}}
+local W = {due = {}, dead = {}, meta = {}}
 local back, done = {}, {}
 for i = 0, n - 1 do
   local j = 13 + 4 * i
   local id = ids[i + 1]
   local st, state, at = 3, 0, 0
   if not done[id] then
-    local r
-    st, r = token_status(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
+    st = token_check(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
       tonumber(ARGV[j + 3]))
+    local r
+    if st == 1 then
+      r = parse(recs[i + 1])
+      if not r then
+        st = 3
+      end
+    end
     if st == 1 then
       done[id] = true
       back[#back + 1] = id

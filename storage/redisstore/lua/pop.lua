@@ -1,16 +1,22 @@
 -- pop.lua: lease at most limit due tasks of one namespace.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] task HASH
+-- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
+-- KEYS[4] meta HASH, KEYS[5] body HASH
 -- ARGV[1] limit (at most 1,000)
 -- ARGV[2] lease ms
 --
 -- Moves the earliest tasks with due time <= now from due to inflight with
--- score now + lease, counts the attempt and records the due time it was
--- popped at. Deletes nothing.
+-- score now + lease, counts the attempt, gives the delivery a new sequence
+-- number and records the due time it was popped at. Deletes nothing: every
+-- header is read and checked before anything is written, a member without
+-- a header is only taken out of due, and a task whose header is malformed
+-- goes to dead (kept for an operator to look at and purge) instead of
+-- vanishing.
 --
 -- Returns {now ms, lease deadline ms, then per task in due order: id,
--- record after the pop}.
-local now = now_ms()
+-- header after the pop, payload}; then, after a '' marker, the ids moved to
+-- dead as malformed.
+local now, now_us = clock()
 local deadline = now + tonumber(ARGV[2])
 local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES',
   'LIMIT', 0, tonumber(ARGV[1]))
@@ -18,24 +24,54 @@ local out = {now, deadline}
 if #items == 0 then
   return out
 end
--- the popped tasks are exactly the first #items/2 members of due
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #items / 2 - 1)
 local ids = {}
 for i = 1, #items, 2 do
   ids[#ids + 1] = items[i]
 end
-local recs = redis.call('HMGET', KEYS[3], unpack(ids))
-local zargs, hargs = {}, {}
+local hs = redis.call('HMGET', KEYS[4], unpack(ids))
+local zargs, hargs, good, bad = {}, {}, {}, {}
 local d = int(deadline)
 for k = 1, #ids do
-  local id, rec = ids[k], recs[k]
-  if rec then
-    rec = repop(rec, now, tonumber(items[2 * k]))
-    push(zargs, d, id)
-    push(hargs, id, rec)
-    push(out, id, rec)
+  local id, h = ids[k], hs[k]
+  if h then
+    local nh = repop(h, now, now_us, tonumber(items[2 * k]))
+    if nh then
+      push(zargs, d, id)
+      push(hargs, id, nh)
+      good[#good + 1] = k
+      hs[k] = nh
+    else
+      bad[#bad + 1] = id
+    end
   end
 end
+local bodies = {}
+if #good > 0 then
+  local gids = {}
+  for x, k in ipairs(good) do
+    gids[x] = ids[k]
+  end
+  bodies = redis.call('HMGET', KEYS[5], unpack(gids))
+end
+-- the popped tasks are exactly the first #ids members of due
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
 flush('ZADD', KEYS[2], zargs)
-flush('HSET', KEYS[3], hargs)
+flush('HSET', KEYS[4], hargs)
+if #bad > 0 then
+  local dargs = {}
+  for _, id in ipairs(bad) do
+    push(dargs, int(now), id)
+  end
+  flush('ZADD', KEYS[3], dargs)
+end
+for x, k in ipairs(good) do
+  push(out, ids[k], hs[k])
+  out[#out + 1] = bodies[x] or ''
+end
+if #bad > 0 then
+  out[#out + 1] = ''
+  for _, id in ipairs(bad) do
+    out[#out + 1] = id
+  end
+end
 return out

@@ -1,6 +1,6 @@
 -- requeue.lua: move dead tasks back to due after a delay, attempts reset.
 --
--- KEYS[1] due ZSET, KEYS[2] dead ZSET, KEYS[3] task HASH
+-- KEYS[1] due ZSET, KEYS[2] dead ZSET, KEYS[3] meta HASH
 -- ARGV[1] wake channel, ARGV[2] namespace
 -- ARGV[3] delay ms
 -- ARGV[4] '1' = requeue the oldest dead tasks, up to ARGV[5]; '0' = the ids
@@ -10,7 +10,12 @@
 -- Publishes the namespace on the wake channel when a task became earlier
 -- than the head of due.
 --
--- Returns {now ms, then 3 values per moved task: id, generation, due ms}.
+-- The next delivery of a requeued task gets a delivery sequence above every
+-- earlier one (see repop), so a token from before the requeue never
+-- matches it. A task whose header is malformed stays dead.
+--
+-- Returns {now ms, then 4 values per moved task: id, incarnation,
+-- generation, due ms}.
 local now = now_ms()
 local due = now + tonumber(ARGV[3])
 local out = {now}
@@ -38,20 +43,22 @@ end
 local recs = redis.call('HMGET', KEYS[3], unpack(ids))
 local first = head(KEYS[1])
 local d = int(due)
-local zadd, hset = {}, {}
+local zadd, hset, moved = {}, {}, {}
 for i = 1, #ids do
   local rec = recs[i]
-  if rec then
-    local r = parse(rec)
+  local r = parse(rec)
+  if r then
     r.attempt, r.due, r.updated = 0, 0, now
     push(hset, ids[i], rewrite(rec, r))
     push(zadd, d, ids[i])
-    out[#out + 1] = ids[i]
-    out[#out + 1] = r.gen
-    out[#out + 1] = due
+    moved[#moved + 1] = ids[i]
+    push(out, ids[i], r.inc)
+    push(out, r.gen, due)
+  elseif not rec then
+    moved[#moved + 1] = ids[i] -- a member without a header: only drop it
   end
 end
-flush('ZREM', KEYS[2], ids)
+flush('ZREM', KEYS[2], moved)
 flush('ZADD', KEYS[1], zadd)
 flush('HSET', KEYS[3], hset)
 if #out > 1 and (first == nil or due < first) then

@@ -1,41 +1,59 @@
--- restore.lua: re-index tasks from the durable authority. Each task is
--- written unless the index already holds the same or a newer generation.
+-- restore.lua: re-index tasks from the durable authority.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] task HASH
+-- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
+-- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] acked HASH
 -- ARGV[1] wake channel, ARGV[2] namespace
--- ARGV[3] n (at most 1,000); then per task i (from 0), at ARGV[4+5i ..]: id,
---         generation, state (1 = due, 3 = dead), score (due ms or death
---         ms), record (one without a create time is given the Redis clock's
---         now: the create time names the task's incarnation in delivery
---         tokens, and a token without one matches nothing)
+-- ARGV[3] '1' = force: write each task unless the index holds that very
+--         version (a repair: MySQL is the authority even when the index
+--         holds a "newer" one it never committed); '0' = write unless the
+--         index holds the same or a newer version
+-- ARGV[4] n (at most 1,000); then per task i (from 0), at ARGV[5+7i ..]: id,
+--         incarnation, generation, state (1 = due, 3 = dead), score (due ms
+--         or death ms), header (one without a create time is given the
+--         Redis clock's now), payload
 --
--- Publishes the namespace on the wake channel when a task became earlier
--- than the head of due.
+-- A task whose ack marker names the given incarnation and generation is
+-- never written: that version was acked (its MySQL row is being deleted),
+-- and writing it back would deliver it again. A task that is written
+-- replaces whatever the index held in any state. Publishes the namespace on
+-- the wake channel when a task became earlier than the head of due.
 --
 -- Returns the number of tasks written (an id given twice counts once).
-local n = tonumber(ARGV[3])
+local force = ARGV[3] == '1'
+local n = tonumber(ARGV[4])
 if n == 0 then
   return 0
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[4 + 5 * i]
+  ids[i + 1] = ARGV[5 + 7 * i]
 end
 local olds = redis.call('HMGET', KEYS[4], unpack(ids))
+local acked = redis.call('HMGET', KEYS[6], unpack(ids))
 local first = head(KEYS[1])
 local wake = false
 local final, order, zrem = {}, {}, {} -- id -> argument index of its write
 for i = 0, n - 1 do
-  local j = 4 + 5 * i
+  local j = 5 + 7 * i
   local id = ids[i + 1]
-  local gen = tonumber(ARGV[j + 1])
-  local have
+  local inc, gen = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+  local hi, hg
   if final[id] then
-    have = tonumber(ARGV[final[id] + 1])
+    hi, hg = tonumber(ARGV[final[id] + 1]), tonumber(ARGV[final[id] + 2])
   elseif olds[i + 1] then
-    have = gen_created(olds[i + 1])
+    hi, hg = version(olds[i + 1])
   end
-  if not have or have < gen then
+  local write
+  if acked[i + 1] and string.match(acked[i + 1], '^([^,]*,[^,]*),') == ARGV[j + 1] .. ',' .. ARGV[j + 2] then
+    write = false
+  elseif not hi then
+    write = true
+  elseif force then
+    write = hi ~= inc or hg ~= gen
+  else
+    write = newer(inc, gen, hi, hg)
+  end
+  if write then
     if not final[id] then
       order[#order + 1] = id
       if olds[i + 1] then
@@ -45,32 +63,36 @@ for i = 0, n - 1 do
     final[id] = j
   end
 end
-local zdue, zdead, hset = {}, {}, {}
+local zdue, zdead, hset, bset, bdel = {}, {}, {}, {}, {}
 local now
 for _, id in ipairs(order) do
   local j = final[id]
-  local score = tonumber(ARGV[j + 3])
-  if ARGV[j + 2] == '3' then
-    push(zdead, ARGV[j + 3], id)
+  local score = tonumber(ARGV[j + 4])
+  if ARGV[j + 3] == '3' then
+    push(zdead, ARGV[j + 4], id)
   else
-    push(zdue, ARGV[j + 3], id)
+    push(zdue, ARGV[j + 4], id)
     if first == nil or score < first then
       first = score
       wake = true
     end
   end
-  local rec = ARGV[j + 4]
-  local _, created = gen_created(rec)
-  if created == 0 then
+  local h = ARGV[j + 5]
+  local r = parse(h)
+  if r and r.created == 0 then
     now = now or now_ms()
-    local r = parse(rec)
     r.created = now
     if r.updated == 0 then
       r.updated = now
     end
-    rec = rewrite(rec, r, nil)
+    h = rewrite(h, r, nil)
   end
-  push(hset, id, rec)
+  push(hset, id, h)
+  if ARGV[j + 6] == '' then
+    bdel[#bdel + 1] = id
+  else
+    push(bset, id, ARGV[j + 6])
+  end
 end
 flush('ZREM', KEYS[1], zrem)
 flush('ZREM', KEYS[2], zrem)
@@ -78,6 +100,8 @@ flush('ZREM', KEYS[3], zrem)
 flush('ZADD', KEYS[1], zdue)
 flush('ZADD', KEYS[3], zdead)
 flush('HSET', KEYS[4], hset)
+flush('HDEL', KEYS[5], bdel)
+flush('HSET', KEYS[5], bset)
 if wake then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end

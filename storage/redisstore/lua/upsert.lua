@@ -1,27 +1,36 @@
 -- upsert.lua: create or replace tasks of one namespace, in request order.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] task HASH
+-- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
+-- KEYS[4] meta HASH (headers), KEYS[5] body HASH (payloads)
 -- ARGV[1] wake channel
 -- ARGV[2] namespace (the wake-up message)
--- ARGV[3] n, the number of tasks (at most 1,000); then 6 arguments per task
---         i (from 0), at ARGV[4+6i ..]: id, due ms ('' = now + delay,
---         rounded up to the ms; a delay of 0 is due now), delay µs, generation ('0' = bump the stored one, 1 if new), kind,
---         payload
+-- ARGV[3] n, the number of tasks (at most 1,000); then 7 arguments per task
+--         i (from 0), at ARGV[4+7i ..]: id, due ms ('' = now + delay,
+--         rounded up to the ms; a delay of 0 is due now), delay µs,
+--         incarnation, generation, kind, payload.
+--         Incarnation and generation '0','0': a new task gets a new
+--         incarnation (the Redis clock in microseconds) and generation 1;
+--         an existing one keeps its incarnation and gets the next
+--         generation. Generation given, incarnation '0': that generation
+--         of the stored incarnation (a new one if none is stored).
+--         Both given (durable mode, decided by MySQL): exactly that
+--         version.
 --
 -- Each task goes to due at its due time, out of inflight and dead, with
--- attempt 0, last error cleared, create time kept. A given generation older
--- than the stored one changes nothing (stale). A later task with the id of
--- an earlier one in the same call replaces it. When a task becomes earlier
--- than the head of due, the namespace is published on the wake channel
--- (once per call).
+-- attempt 0, last error cleared, create time kept (a new incarnation gets
+-- now). A given version older than the stored one changes nothing (stale);
+-- the very version stored changes nothing either (a repeated write). A
+-- later task with the id of an earlier one in the same call replaces it.
+-- When a task becomes earlier than the head of due, the namespace is
+-- published on the wake channel (once per call).
 --
--- Returns {now ms, then 4 values per task: code, a, b, c}:
+-- Returns {now ms, then 5 values per task: code, a, b, c, d}:
 --   code 0 replaced / 1 created, plus 2 when it became the earliest:
---     a = generation, b = create time ms, c = due ms
---   code 4 stale: a = stored record, b = its state (1 scheduled,
---     2 delivered, 3 dead), c = its score in that state's ZSET
-local now_us = now_micros()
-local now = math.floor(now_us / 1000)
+--     a = generation, b = create time ms, c = due ms, d = incarnation
+--   code 4 unchanged (stale, or the same version): a = stored header,
+--     b = its state (1 scheduled, 2 delivered, 3 dead), c = its score in
+--     that state's ZSET, d = stored payload
+local now, now_us = clock()
 local n = tonumber(ARGV[3])
 local out = {now}
 if n == 0 then
@@ -29,21 +38,27 @@ if n == 0 then
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[4 + 6 * i]
+  ids[i + 1] = ARGV[4 + 7 * i]
 end
 local olds = redis.call('HMGET', KEYS[4], unpack(ids))
 local first = head(KEYS[1])
 local wake = false
-local pending = {} -- id -> {rec, due} written by this call
+local pending = {} -- id -> {h, due, payload} written by this call
+-- the header of a task this call creates, up to its kind length: a new
+-- incarnation (now_us), generation 1, never delivered, created and updated
+-- now (both stored as differences: empty)
+local fresh = enc(now_us) .. ',1,,,,,,'
+
 local zadd, hset, zrem = {}, {}, {}
+local body, border = {}, {} -- id -> final payload, ids in first-write order
 for i = 0, n - 1 do
-  local j = 4 + 6 * i
+  local j = 4 + 7 * i
   local id = ids[i + 1]
   local due
   if ARGV[j + 1] == '' then
     local delay = tonumber(ARGV[j + 2])
     if delay == 0 then
-      due = now -- due at once (the task did not exist before this call)
+      due = now -- due at once
     else
       -- never before now + delay: whole µs (< 2^53, exact in a double),
       -- rounded up to the ms
@@ -52,65 +67,97 @@ for i = 0, n - 1 do
   else
     due = tonumber(ARGV[j + 1])
   end
-  local want = tonumber(ARGV[j + 3])
-  local kind = ARGV[j + 4]
+  local winc, wgen = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
+  local kind, payload = ARGV[j + 5], ARGV[j + 6]
   local pend = pending[id]
   local old = olds[i + 1]
   if pend then
-    old = pend.rec
+    old = pend.h
   end
-  local gen, created, code = 1, now, 1
-  local stale = false
+  local oinc, ogen, ocreated, odseq
   if old then
-    local ogen
-    ogen, created = gen_created(old)
-    code = 0
-    if want == 0 then
-      gen = ogen + 1
-    elseif ogen > want then
-      stale = true
-    else
-      gen = want
+    local r = parse(old)
+    if r then
+      oinc, ogen, ocreated, odseq = r.inc, r.gen, r.created, r.dseq
     end
-    if not stale and not pend then
-      zrem[#zrem + 1] = id
-    end
-  elseif want > 0 then
-    gen = want
   end
-  if stale then
-    local st, sc
+  local inc, gen, created, dseq, code = winc, wgen, now, 0, 1
+  local keep = false
+  if oinc then
+    if winc == 0 then
+      inc = oinc
+      if wgen == 0 then
+        gen = ogen + 1
+      elseif ogen > wgen then
+        keep = true
+      end
+    elseif not newer(winc, wgen, oinc, ogen) then
+      keep = true
+    end
+    if inc == oinc then
+      created, dseq, code = ocreated, odseq, 0
+    end
+  else
+    if inc == 0 then
+      inc = now_us
+    end
+    if gen == 0 then
+      gen = 1
+    end
+  end
+  if keep then
+    local st, sc, p
     if pend then
-      st, sc = 1, pend.due
+      st, sc, p = 1, pend.due, pend.payload
     else
       st, sc = locate(KEYS[1], KEYS[2], KEYS[3], id)
+      p = redis.call('HGET', KEYS[5], id) or ''
     end
-    out[#out + 1] = 4
-    out[#out + 1] = old
-    out[#out + 1] = st
-    out[#out + 1] = sc
+    push(out, 4, old)
+    push(out, st, sc)
+    out[#out + 1] = p
   else
-    local r = {gen = gen, attempt = 0, created = created, updated = now, due = 0,
-      kl = #kind, el = 0}
-    local rec = header(r) .. kind .. ARGV[j + 5]
+    if old and not pend then
+      zrem[#zrem + 1] = id
+    end
+    local h
+    if inc == now_us and gen == 1 and dseq == 0 and created == now then
+      h = fresh .. enc(#kind) .. '|' .. kind
+    else
+      h = header({inc = inc, gen = gen, attempt = 0, dseq = dseq, created = created,
+        updated = now, due = 0}, kind, '')
+    end
     push(zadd, int(due), id)
-    push(hset, id, rec)
-    pending[id] = {rec = rec, due = due}
+    push(hset, id, h)
+    if body[id] == nil then
+      border[#border + 1] = id
+    end
+    body[id] = payload
+    pending[id] = {h = h, due = due, payload = payload}
     if first == nil or due < first then
       first = due
       code = code + 2
       wake = true
     end
-    out[#out + 1] = code
-    out[#out + 1] = gen
-    out[#out + 1] = created
-    out[#out + 1] = due
+    push(out, code, gen)
+    push(out, created, due)
+    out[#out + 1] = inc
   end
 end
 flush('ZREM', KEYS[2], zrem)
 flush('ZREM', KEYS[3], zrem)
 flush('ZADD', KEYS[1], zadd)
 flush('HSET', KEYS[4], hset)
+local bset, bdel = {}, {}
+for _, id in ipairs(border) do
+  if body[id] == '' then
+    bdel[#bdel + 1] = id
+  else
+    push(bset, id, body[id])
+  end
+end
+flush('HDEL', KEYS[5], bdel)
+flush('HSET', KEYS[5], bset)
 if wake then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end

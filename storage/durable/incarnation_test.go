@@ -1,0 +1,306 @@
+package durable_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/durable"
+)
+
+// snapshot is the DUMP of every Redis key of one namespace: what an old RDB
+// file or a lagging replica promoted to primary holds of it.
+type snapshot map[string]string
+
+func takeSnapshot(t *testing.T, rdb *redis.Client, ns string) snapshot {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "delayd:{"+ns+"#*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys of %s: %v, %v", ns, keys, err)
+	}
+	s := snapshot{}
+	for _, k := range keys {
+		v, err := rdb.Dump(ctx, k).Result()
+		if err != nil {
+			t.Fatalf("dump %s: %v", k, err)
+		}
+		s[k] = v
+	}
+	return s
+}
+
+// restore puts the namespace's keys back as the snapshot held them (keys
+// made since are deleted).
+func (s snapshot) restore(t *testing.T, rdb *redis.Client, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "delayd:{"+ns+"#*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) > 0 {
+		if err := rdb.Del(ctx, keys...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, v := range s {
+		if err := rdb.RestoreReplace(ctx, k, 0, v).Err(); err != nil {
+			t.Fatalf("restore %s: %v", k, err)
+		}
+	}
+}
+
+// popUntil pops ns until a delivery of id arrives or d passes.
+func popUntil(t *testing.T, s storage.Deliveries, ns, id string, d time.Duration) (storage.Delivery, bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		ds, err := s.Pop(context.Background(), ns, 10, time.Minute)
+		if err != nil {
+			t.Fatalf("pop: %v", err)
+		}
+		for _, dl := range ds {
+			if dl.Task.ID == id {
+				return dl, true
+			}
+			t.Errorf("unexpected delivery %+v", dl.Task)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return storage.Delivery{}, false
+}
+
+// TestRecreatedAfterSnapshotRestoreIsDelivered reproduces issue 10 item 1:
+// X upserted five times (generation 5), the namespace's Redis keys
+// snapshotted, X removed, the snapshot restored (as a failover to a lagging
+// replica would), X re-created due in 2 s. MySQL restarts X at generation
+// 1; the index held generation 5 and answered "stale", so X was never
+// delivered. With incarnations the re-created X is a newer version and is
+// delivered on time.
+func TestRecreatedAfterSnapshotRestoreIsDelivered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "inc")
+	var last storage.UpsertResult
+	for i := range 5 {
+		res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("old"), Delay: time.Hour}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = res[0]
+		if last.Task.Generation != int64(i+1) {
+			t.Fatalf("upsert %d: generation %d", i+1, last.Task.Generation)
+		}
+	}
+	snap := takeSnapshot(t, e.rdb, ns)
+	if _, err := e.store.Remove(ctx, ns, "x"); err != nil {
+		t.Fatal(err)
+	}
+	snap.restore(t, e.rdb, ns)
+	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("new"), Delay: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res[0].Created || res[0].Task.Generation != 1 || res[0].Task.Incarnation <= last.Task.Incarnation {
+		t.Fatalf("re-create = %+v; want created, generation 1, an incarnation above %d", res[0], last.Task.Incarnation)
+	}
+	d, ok := popUntil(t, e.store, ns, "x", 30*time.Second)
+	if !ok {
+		g, gerr := e.idx.Get(ctx, ns, "x")
+		t.Fatalf("the re-created task was never delivered; the index holds %+v (%v)", g, gerr)
+	}
+	if string(d.Task.Payload) != "new" || d.Token.Incarnation != res[0].Task.Incarnation {
+		t.Errorf("delivered %+v, token %+v; want the re-created task", d.Task, d.Token)
+	}
+}
+
+// TestStaleIndexAnswerIsRepaired: when the index holds a version MySQL never
+// committed (here: a higher incarnation written straight into the index),
+// the index answers "stale" to the upsert MySQL just committed; the store
+// repairs the task from MySQL at once instead of leaving it hidden.
+func TestStaleIndexAnswerIsRepaired(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) { c.ReconcileInterval = time.Hour; c.FullReconcileInterval = time.Hour })
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "inc")
+	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("v1"), Delay: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost := storage.UpsertSpec{ID: "x", Payload: []byte("ghost"), Delay: time.Hour,
+		Incarnation: res[0].Task.Incarnation + 1_000_000, Generation: 9}
+	if _, err := e.idx.Upsert(ctx, ns, []storage.UpsertSpec{ghost}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("v2"), Delay: -time.Second}})
+	if err != nil || res[0].Task.Generation != 2 {
+		t.Fatalf("upsert = %+v, %v", res, err)
+	}
+	d, ok := popUntil(t, e.store, ns, "x", 30*time.Second)
+	if !ok || string(d.Task.Payload) != "v2" || d.Token.Incarnation != res[0].Task.Incarnation || d.Token.Generation != 2 {
+		t.Fatalf("delivery = %+v, %v; want MySQL's version 2 repaired into the index", d, ok)
+	}
+}
+
+// TestIndexOrphanIsForgotten: an index entry of a task MySQL does not have
+// (a snapshot restored after the task was acked) is removed by the full
+// pass and never delivered.
+func TestIndexOrphanIsForgotten(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) {
+		c.ReconcileInterval = 50 * time.Millisecond
+		c.FullReconcileInterval = 200 * time.Millisecond
+	})
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "inc")
+	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("p"), Delay: 3 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	snap := takeSnapshot(t, e.rdb, ns)
+	if _, err := e.store.Remove(ctx, ns, "x"); err != nil {
+		t.Fatal(err)
+	}
+	snap.restore(t, e.rdb, ns)
+	testkit.Eventually(t, 30*time.Second, "the reconciler to forget the orphan", func() bool {
+		_, err := e.idx.Get(ctx, ns, "x")
+		return errors.Is(err, storage.ErrNotFound)
+	})
+	if d, ok := popUntil(t, e.store, ns, "x", 4*time.Second); ok {
+		t.Fatalf("a removed task came back from a restored snapshot: %+v", d)
+	}
+}
+
+// TestAckDuringMySQLOutageIsNeverRedelivered reproduces issue 10 item 3: an
+// ack whose MySQL delete fails (connection cut) answers Unavailable; before
+// the fix its retry answered NOT_FOUND and the reconciler later restored
+// the task from MySQL, delivering it again. Now the retry answers OK once
+// MySQL is back, and a task whose ack is never retried is not delivered
+// again either, however many reconciler passes run.
+func TestAckDuringMySQLOutageIsNeverRedelivered(t *testing.T) {
+	t.Parallel()
+	dsn, proxy := viaProxy(t, testkit.Database(t, "delayd_test"))
+	e := newEnvOn(t, dsn, testkit.RedisURL(), func(c *durable.Config) {
+		c.OpTimeout = time.Second
+		c.ReconcileInterval = 50 * time.Millisecond
+		c.FullReconcileInterval = 300 * time.Millisecond
+	})
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "ack")
+	const n = 20
+	specs := make([]storage.UpsertSpec, n)
+	for i := range specs {
+		specs[i] = storage.UpsertSpec{ID: string(rune('a' + i)), Payload: []byte("p"), Delay: -time.Second}
+	}
+	if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := e.store.Pop(ctx, ns, n, time.Minute)
+	if err != nil || len(ds) != n {
+		t.Fatalf("pop = %d, %v", len(ds), err)
+	}
+	retried, abandoned := ds[:n/2], ds[n/2:]
+	tokens := func(ds []storage.Delivery) []storage.Token {
+		out := make([]storage.Token, len(ds))
+		for i, d := range ds {
+			out[i] = d.Token
+		}
+		return out
+	}
+
+	proxy.Cut()
+	for _, set := range [][]storage.Delivery{retried, abandoned} {
+		st, err := e.store.Ack(ctx, ns, tokens(set))
+		if !errors.Is(err, storage.ErrUnavailable) {
+			t.Fatalf("ack with mysql cut: %v, %v; want ErrUnavailable", st, err)
+		}
+	}
+	// a retry while MySQL is still down: still not durable, still not "gone"
+	if st, err := e.store.Ack(ctx, ns, tokens(retried)); !errors.Is(err, storage.ErrUnavailable) || st[0] == storage.TokenNotFound {
+		t.Fatalf("ack retried during the outage = %v, %v; want OK with ErrUnavailable", st, err)
+	}
+	time.Sleep(time.Second) // reconciler passes fail meanwhile
+	proxy.Restore()
+
+	st, err := e.store.Ack(ctx, ns, tokens(retried))
+	if err != nil {
+		t.Fatalf("ack retried after the outage: %v", err)
+	}
+	for i, s := range st {
+		if s != storage.TokenOK {
+			t.Errorf("retried ack of %s = %v, want OK", retried[i].Task.ID, s)
+		}
+	}
+	testkit.Eventually(t, 30*time.Second, "mysql to have deleted every acked task", func() bool { return e.count(ns) == 0 })
+	// Several full passes later, nothing comes back.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		got, err := e.store.Pop(ctx, ns, n, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range got {
+			t.Errorf("acked task %s delivered again (attempt %d)", d.Task.ID, d.Task.Attempt)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	marks, _, err := e.idx.ScanAcked(ctx, ns, 0, 1000)
+	if err != nil || len(marks) != 0 {
+		t.Errorf("ack markers left: %v, %v", marks, err)
+	}
+}
+
+// TestPurgeSparesARequeuedTask (issue 10 item 6): purging a dead letter by
+// id deletes exactly the version the index purged; a task the index has
+// already requeued (while MySQL still records it dead, its write-through
+// lagging) keeps its MySQL row.
+func TestPurgeSparesARequeuedTask(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) { c.ReconcileInterval = time.Hour; c.FullReconcileInterval = time.Hour })
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "pg")
+	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Delay: -time.Second}, {ID: "y", Delay: -time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := e.store.Pop(ctx, ns, 2, time.Minute)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("pop = %v, %v", ds, err)
+	}
+	st, _, err := e.store.Nack(ctx, ns, []storage.Token{ds[0].Token, ds[1].Token}, storage.NackOptions{MaxAttempts: 1, Reason: "boom"})
+	if err != nil || st[0] != storage.TokenOK || st[1] != storage.TokenOK {
+		t.Fatalf("nack = %v, %v", st, err)
+	}
+	for _, id := range []string{"x", "y"} {
+		if r, ok := e.row(ns, id); !ok || r.State != int(storage.StateDead) {
+			t.Fatalf("mysql row of %s = %+v, %v; want dead", id, r, ok)
+		}
+	}
+	// x is requeued in the index only: MySQL has not heard of it yet.
+	if mv, err := e.idx.Requeue(ctx, ns, storage.RequeueParams{IDs: []string{"x"}, Delay: time.Hour}); err != nil || len(mv) != 1 {
+		t.Fatalf("index requeue = %v, %v", mv, err)
+	}
+	purged, err := e.store.Purge(ctx, ns, storage.PurgeParams{IDs: []string{"x", "y"}})
+	if err != nil || len(purged) != 1 || purged[0] != "y" {
+		t.Fatalf("purge = %v, %v; want only y", purged, err)
+	}
+	if _, ok := e.row(ns, "x"); !ok {
+		t.Fatal("purge deleted the MySQL row of a task the index had requeued")
+	}
+	if _, ok := e.row(ns, "y"); ok {
+		t.Fatal("the purged dead task is still in MySQL")
+	}
+	if g, err := e.store.Get(ctx, ns, "x"); err != nil || g.State != storage.StateScheduled {
+		t.Fatalf("x after the purge = %+v, %v; want scheduled", g, err)
+	}
+}
