@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -765,5 +766,47 @@ func TestSteadyFlowCostsOnePopPerWake(t *testing.T) {
 	// The first tick reaps; a lease or a late timer may add one or two.
 	if cs.reaps > 4 {
 		t.Errorf("%d Reaps for %d tasks falling due one by one (%d Pops), want at most 4: a reap per wake", cs.reaps, tasks, cs.pops)
+	}
+}
+
+// jitterStore is the real store with every Pop delayed by a random few
+// milliseconds, so concurrent Pops run in Redis in any order.
+type jitterStore struct {
+	dispatcher.Store
+}
+
+func (j jitterStore) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+	time.Sleep(time.Duration(mrand.IntN(20)) * time.Millisecond)
+	return j.Store.Pop(ctx, ns, limit, leaseFor)
+}
+
+// TestStreamReceivesDueOrder (issue 10 item 6): a backlog drained by
+// concurrent Pops (free credit above PopBatch) still reaches a stream in
+// due order: the batches of one round are merged before they are
+// distributed.
+func TestStreamReceivesDueOrder(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
+		c.Store = jitterStore{c.Store}
+		c.PopBatch = 5
+		c.PopConcurrency = 4
+	})
+	const tasks = 200
+	now := h.redisNow()
+	specs := make([]storage.UpsertSpec, tasks)
+	for i := range specs {
+		specs[i] = storage.UpsertSpec{ID: fmt.Sprintf("t%03d", i), DueTime: now.Add(-time.Minute + time.Duration(i)*time.Millisecond)}
+	}
+	if _, err := h.store.Upsert(context.Background(), h.ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	s := h.subscribe(h.d, h.ns, tasks)
+	var last time.Time
+	for i := range tasks {
+		d := s.next(t)
+		if d.Task.DueTime.Before(last) {
+			t.Fatalf("delivery %d (%s, due %v) arrived after one due %v", i, d.Task.ID, d.Task.DueTime, last)
+		}
+		last = d.Task.DueTime
 	}
 }

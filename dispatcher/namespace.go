@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -277,10 +278,10 @@ func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (
 	// before the store's lease really ended.
 	deadline := cfg.Clock.Now().Add(leaseFor)
 	full = true
+	all := results[0]
 	for i, dels := range results {
-		if len(dels) > 0 {
-			n.distribute(dels, deadline)
-			got += len(dels)
+		if i > 0 {
+			all = append(all, dels...)
 		}
 		if err == nil && errs[i] != nil {
 			err = errs[i]
@@ -288,6 +289,16 @@ func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (
 		if len(dels) < limits[i] {
 			full = false
 		}
+	}
+	if calls > 1 {
+		// Each call's batch is in due order, but the calls ran in Redis in
+		// any order: merge them, so every stream receives its share of the
+		// round in due order.
+		slices.SortStableFunc(all, func(a, b storage.Delivery) int { return a.Task.DueTime.Compare(b.Task.DueTime) })
+	}
+	if len(all) > 0 {
+		n.distribute(all, deadline)
+		got = len(all)
 	}
 	return got, full, err
 }
