@@ -220,8 +220,11 @@ type Dispatcher struct {
 	nss      map[string]*namespace
 	loops    sync.WaitGroup // namespace loops
 	bg       sync.WaitGroup // wake-up subscription and sweeper
-	serving  sync.WaitGroup // Serve calls
+	serving  sync.WaitGroup // Serve and Watch calls
 	streamID uint64
+	// stopped is closed by Stop: every Watch returns ErrStopped.
+	stopped chan struct{}
+	watch   watchers
 }
 
 const (
@@ -236,7 +239,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("dispatcher: Config.Store is required")
 	}
 	cfg.setDefaults()
-	return &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace)}, nil
+	return &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{})}, nil
 }
 
 // Start begins the dispatcher's background work (the wake-up subscription
@@ -275,6 +278,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 		return nil
 	}
 	d.state = stateStopped
+	close(d.stopped)
 	nss := make([]*namespace, 0, len(d.nss))
 	for _, n := range d.nss {
 		nss = append(nss, n)
@@ -410,6 +414,7 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 					return err
 				}
 			}
+			d.watch.observe(n.name, del, d.cfg.Clock.Now())
 		}
 	}
 }

@@ -305,6 +305,11 @@ func openMethod(fullMethod string) bool {
 // it acts on.
 type rule struct {
 	scope storage.Scope
+	// orScope, if set, is a second scope that is enough on its own
+	// (WatchDeliveries: consume or admin).
+	orScope storage.Scope
+	// anyKey: every authenticated key may call it (WhoAmI).
+	anyKey bool
 	// ns returns the namespace the request names ("" for none, "*" for the
 	// global keys). Nil for RPCs whose namespace is looked up (RevokeKey).
 	ns func(req any) string
@@ -345,10 +350,11 @@ var rules = map[string]rule{
 	delaydv1.TaskService_GetTask_FullMethodName:          {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 	delaydv1.TaskService_ListTasks_FullMethodName:        {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 
-	delaydv1.DeliveryService_Subscribe_FullMethodName:   {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
-	delaydv1.DeliveryService_AckTasks_FullMethodName:    {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
-	delaydv1.DeliveryService_NackTasks_FullMethodName:   {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
-	delaydv1.DeliveryService_ExtendLease_FullMethodName: {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_Subscribe_FullMethodName:       {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_AckTasks_FullMethodName:        {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_NackTasks_FullMethodName:       {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_ExtendLease_FullMethodName:     {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_WatchDeliveries_FullMethodName: {scope: storage.ScopeConsume, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
 
 	delaydv1.NamespaceService_CreateNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespaceMsgName, field: "namespace.name", global: true},
 	delaydv1.NamespaceService_ListNamespaces_FullMethodName:     {scope: storage.ScopeAdmin, global: true},
@@ -362,6 +368,7 @@ var rules = map[string]rule{
 	delaydv1.NamespaceService_CreateKey_FullMethodName:          {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace", star: true},
 	delaydv1.NamespaceService_ListKeys_FullMethodName:           {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace", star: true},
 	delaydv1.NamespaceService_RevokeKey_FullMethodName:          {scope: storage.ScopeAdmin}, // namespace of the key, looked up
+	delaydv1.NamespaceService_WhoAmI_FullMethodName:             {anyKey: true},
 }
 
 // validate checks the part of req that authorization reads — the
@@ -400,6 +407,9 @@ func (z *authorizer) authorize(ctx context.Context, method string, req any) erro
 	if !ok {
 		return status.Errorf(codes.PermissionDenied, "%s has no authorization rule; refused", method)
 	}
+	if r.anyKey {
+		return nil
+	}
 	if err := r.validate(req); err != nil {
 		return toStatus(ctx, z.logger, err)
 	}
@@ -433,7 +443,13 @@ func (z *authorizer) authorize(ctx context.Context, method string, req any) erro
 		}
 		ns = k.Namespace
 	}
+	if r.orScope != storage.ScopeUnspecified && p.allows(r.orScope, ns) {
+		return nil
+	}
 	if !p.allows(r.scope, ns) {
+		if r.orScope != storage.ScopeUnspecified {
+			return status.Errorf(codes.PermissionDenied, "API key %s has neither the %s nor the %s scope on namespace %q", p.keyID, r.scope, r.orScope, ns)
+		}
 		return status.Errorf(codes.PermissionDenied, "API key %s has no %s scope on namespace %q", p.keyID, r.scope, ns)
 	}
 	return nil

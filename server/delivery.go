@@ -97,6 +97,40 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	return toStatus(ctx, s.logger, err)
 }
 
+// WatchDeliveries streams copies of the namespace's deliveries made by this
+// replica until the client goes away or the server shuts down. Headers are
+// sent as soon as the watch is registered, so a client that waits for them
+// knows no later delivery escapes it. Copies carry no token.
+func (s *deliveryService) WatchDeliveries(req *delaydv1.WatchDeliveriesRequest, stream delaydv1.DeliveryService_WatchDeliveriesServer) error {
+	ctx := stream.Context()
+	ns := req.GetNamespace()
+	if err := validateNamespace("namespace", ns); err != nil {
+		return toStatus(ctx, s.logger, err)
+	}
+	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
+		return err
+	}
+	err := s.opts.Subscriptions.Watch(ctx, dispatcher.Watcher{
+		Namespace: ns,
+		Ready:     func() error { return stream.SendHeader(metadata.MD{}) },
+		Send: func(w dispatcher.Watched) error {
+			return stream.Send(&delaydv1.WatchDeliveriesResponse{
+				Task:          taskToProto(w.Delivery.Task),
+				LeaseDeadline: timeToProto(w.Delivery.LeaseDeadline),
+				DeliveryTime:  timeToProto(w.SentAt),
+				Missed:        w.Missed,
+			})
+		},
+	})
+	switch {
+	case errors.Is(err, dispatcher.ErrStopped):
+		return status.Error(codes.Unavailable, msgShuttingDown)
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return toStatus(ctx, s.logger, err)
+}
+
 // AckTasks acks deliveries; the tasks are deleted. Answers per token.
 func (s *deliveryService) AckTasks(ctx context.Context, req *delaydv1.AckTasksRequest) (*delaydv1.AckTasksResponse, error) {
 	ns := req.GetNamespace()

@@ -320,6 +320,10 @@ func TestNoAuth(t *testing.T) {
 type call struct {
 	name  string
 	scope delaydv1.KeyScope
+	// orScope, if set, is a second scope that is enough on its own.
+	orScope delaydv1.KeyScope
+	// anyKey: every valid key may make it.
+	anyKey bool
 	// global: only a global key may make it.
 	global bool
 	do     func(ctx context.Context, ns string) (any, error)
@@ -357,22 +361,22 @@ func TestIsolationMatrix(t *testing.T) {
 
 	P, C, A := delaydv1.KeyScope_KEY_SCOPE_PRODUCE, delaydv1.KeyScope_KEY_SCOPE_CONSUME, delaydv1.KeyScope_KEY_SCOPE_ADMIN
 	calls := []call{
-		{"UpsertTask", P, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "UpsertTask", scope: P, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.tasks.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "new", When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)}})
 		}},
-		{"BatchUpsertTasks", P, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "BatchUpsertTasks", scope: P, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.tasks.BatchUpsertTasks(ctx, &delaydv1.BatchUpsertTasksRequest{Namespace: ns, Tasks: []*delaydv1.UpsertTaskRequest{{Id: "new2", When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)}}}})
 		}},
-		{"RemoveTask", P, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "RemoveTask", scope: P, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: ns, Id: "absent"})
 		}},
-		{"GetTask", P, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "GetTask", scope: P, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: "held"})
 		}},
-		{"ListTasks", P, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "ListTasks", scope: P, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.tasks.ListTasks(ctx, &delaydv1.ListTasksRequest{Namespace: ns})
 		}},
-		{"Subscribe", C, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "Subscribe", scope: C, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			d, cancel, err := firstDelivery(ctx, r, ns)
 			cancel()
 			if err != nil {
@@ -380,58 +384,78 @@ func TestIsolationMatrix(t *testing.T) {
 			}
 			return d, nil
 		}},
-		{"AckTasks", C, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "AckTasks", scope: C, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.dlv.AckTasks(ctx, &delaydv1.AckTasksRequest{Namespace: ns, Tokens: []string{tokens[ns] + "x"}})
 		}},
-		{"NackTasks", C, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "NackTasks", scope: C, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.dlv.NackTasks(ctx, &delaydv1.NackTasksRequest{Namespace: ns, Tokens: []string{tokens[ns] + "x"}})
 		}},
-		{"ExtendLease", C, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "ExtendLease", scope: C, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.dlv.ExtendLease(ctx, &delaydv1.ExtendLeaseRequest{Namespace: ns, Tokens: []string{tokens[ns]}, ExtendBy: durationpb.New(time.Hour)})
 		}},
-		{"CreateNamespace", A, true, func(ctx context.Context, ns string) (any, error) {
+		{name: "WatchDeliveries", scope: C, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			stream, err := r.dlv.WatchDeliveries(ctx, &delaydv1.WatchDeliveriesRequest{Namespace: ns})
+			if err != nil {
+				return nil, err
+			}
+			// Headers mean the watch was registered; none means it ended.
+			md, err := stream.Header()
+			if err == nil && md == nil {
+				_, err = stream.Recv()
+			}
+			if err != nil {
+				return nil, err
+			}
+			return md, nil
+		}},
+		{name: "WhoAmI", anyKey: true, do: func(ctx context.Context, ns string) (any, error) {
+			return r.admin.WhoAmI(ctx, &delaydv1.WhoAmIRequest{})
+		}},
+		{name: "CreateNamespace", scope: A, global: true, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}})
 		}},
-		{"ListNamespaces", A, true, func(ctx context.Context, ns string) (any, error) {
+		{name: "ListNamespaces", scope: A, global: true, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.ListNamespaces(ctx, &delaydv1.ListNamespacesRequest{PageSize: 1})
 		}},
-		{"GetNamespace", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "GetNamespace", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.GetNamespace(ctx, &delaydv1.GetNamespaceRequest{Namespace: ns})
 		}},
-		{"UpdateNamespace", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "UpdateNamespace", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.UpdateNamespace(ctx, &delaydv1.UpdateNamespaceRequest{
 				Namespace:  &delaydv1.Namespace{Name: ns, Policy: &delaydv1.NamespacePolicy{MaxAttempts: 1000}},
 				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy.max_attempts"}},
 			})
 		}},
-		{"DeleteNamespace", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "DeleteNamespace", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Namespace: ns}) // has tasks: never deletes
 		}},
-		{"GetNamespaceStats", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "GetNamespaceStats", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.GetNamespaceStats(ctx, &delaydv1.GetNamespaceStatsRequest{Namespace: ns})
 		}},
-		{"ListDeadLetters", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "ListDeadLetters", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.ListDeadLetters(ctx, &delaydv1.ListDeadLettersRequest{Namespace: ns})
 		}},
-		{"RequeueDeadLetters", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "RequeueDeadLetters", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.RequeueDeadLetters(ctx, &delaydv1.RequeueDeadLettersRequest{Namespace: ns, Ids: []string{"absent"}})
 		}},
-		{"PurgeDeadLetters", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "PurgeDeadLetters", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.PurgeDeadLetters(ctx, &delaydv1.PurgeDeadLettersRequest{Namespace: ns, Ids: []string{"absent"}})
 		}},
-		{"CreateKey", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "CreateKey", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.CreateKey(ctx, &delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{P}})
 		}},
-		{"ListKeys", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "ListKeys", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.admin.ListKeys(ctx, &delaydv1.ListKeysRequest{Namespace: ns})
 		}},
-		{"RevokeKey", A, false, func(ctx context.Context, ns string) (any, error) {
+		{name: "RevokeKey", scope: A, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			victim, _ := e.newKey(r, ns, P) // a fresh key of ns each time
 			return r.admin.RevokeKey(ctx, &delaydv1.RevokeKeyRequest{Id: victim})
 		}},
 	}
-	if len(calls) != 21 {
-		t.Fatalf("the matrix has %d RPCs; the API has 21", len(calls))
+	if len(calls) != 23 {
+		t.Fatalf("the matrix has %d RPCs; the API has 23", len(calls))
 	}
 
 	type key struct {
@@ -472,7 +496,11 @@ func TestIsolationMatrix(t *testing.T) {
 	for _, c := range calls {
 		for _, k := range keys {
 			for _, target := range []string{nsA, nsB} {
-				allowed := k.scope == c.scope && (k.ns == storage.GlobalNamespace || (!c.global && k.ns == target))
+				allowed := (k.scope == c.scope || (c.orScope != 0 && k.scope == c.orScope)) &&
+					(k.ns == storage.GlobalNamespace || (!c.global && k.ns == target))
+				if c.anyKey {
+					allowed = true
+				}
 				resp, err := c.do(as(k.secret), target)
 				desc := fmt.Sprintf("%s on %s with a %s key of %q", c.name, target, k.scope, k.ns)
 				switch code := codeOf(err); {

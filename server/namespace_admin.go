@@ -656,3 +656,19 @@ func (s *namespaceService) RevokeKey(ctx context.Context, req *delaydv1.RevokeKe
 	s.audit(ctx, "API key revoked", slog.String("key_id", id))
 	return &delaydv1.RevokeKeyResponse{}, nil
 }
+
+// WhoAmI describes the request's key: its id, namespace and scopes. With
+// authentication off every caller is a global key with every scope.
+func (s *namespaceService) WhoAmI(ctx context.Context, _ *delaydv1.WhoAmIRequest) (*delaydv1.WhoAmIResponse, error) {
+	p := principalFrom(ctx)
+	if p == nil {
+		return &delaydv1.WhoAmIResponse{Key: keyToProto(storage.Key{
+			Namespace: storage.GlobalNamespace,
+			Scopes:    []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
+		})}, nil
+	}
+	return &delaydv1.WhoAmIResponse{
+		Key:         keyToProto(storage.Key{ID: p.keyID, Namespace: p.namespace, Scopes: p.scopes}),
+		AuthEnabled: true,
+	}, nil
+}

@@ -65,6 +65,9 @@ type Subscriptions interface {
 	Settle(ns string, tokens []storage.Token)
 	// LeaseExtended moves the local lease estimate of the deliveries by by.
 	LeaseExtended(ns string, tokens []storage.Token, by time.Duration)
+	// Watch sends w a copy of each delivery of w.Namespace until ctx ends
+	// or the dispatcher stops (dispatcher.ErrStopped), taking nothing.
+	Watch(ctx context.Context, w dispatcher.Watcher) error
 }
 
 var _ Subscriptions = (*dispatcher.Dispatcher)(nil)

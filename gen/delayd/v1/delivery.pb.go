@@ -649,6 +649,126 @@ func (x *ExtendLeaseResponse) GetResults() []*TokenResult {
 	return nil
 }
 
+// WatchDeliveriesRequest opens a watch on one namespace's deliveries.
+type WatchDeliveriesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace to watch.
+	Namespace     string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDeliveriesRequest) Reset() {
+	*x = WatchDeliveriesRequest{}
+	mi := &file_delayd_v1_delivery_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDeliveriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDeliveriesRequest) ProtoMessage() {}
+
+func (x *WatchDeliveriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_delivery_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDeliveriesRequest.ProtoReflect.Descriptor instead.
+func (*WatchDeliveriesRequest) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WatchDeliveriesRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+// WatchDeliveriesResponse is a copy of one delivery.
+type WatchDeliveriesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task as delivered: state DELIVERED, attempt counting this delivery.
+	Task *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	// When the delivery's lease ends.
+	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
+	// When the server sent the delivery to its subscriber (the server's clock).
+	DeliveryTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=delivery_time,json=deliveryTime,proto3" json:"delivery_time,omitempty"`
+	// Copies this watcher missed, because it read too slowly, since the
+	// previous response (0 when none).
+	Missed        int64 `protobuf:"varint,4,opt,name=missed,proto3" json:"missed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDeliveriesResponse) Reset() {
+	*x = WatchDeliveriesResponse{}
+	mi := &file_delayd_v1_delivery_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDeliveriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDeliveriesResponse) ProtoMessage() {}
+
+func (x *WatchDeliveriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_delivery_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDeliveriesResponse.ProtoReflect.Descriptor instead.
+func (*WatchDeliveriesResponse) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WatchDeliveriesResponse) GetTask() *Task {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+func (x *WatchDeliveriesResponse) GetLeaseDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseDeadline
+	}
+	return nil
+}
+
+func (x *WatchDeliveriesResponse) GetDeliveryTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliveryTime
+	}
+	return nil
+}
+
+func (x *WatchDeliveriesResponse) GetMissed() int64 {
+	if x != nil {
+		return x.Missed
+	}
+	return 0
+}
+
 var File_delayd_v1_delivery_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_delivery_proto_rawDesc = "" +
@@ -685,17 +805,25 @@ const file_delayd_v1_delivery_proto_rawDesc = "" +
 	"\x06tokens\x18\x02 \x03(\tR\x06tokens\x126\n" +
 	"\textend_by\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bextendBy\"G\n" +
 	"\x13ExtendLeaseResponse\x120\n" +
-	"\aresults\x18\x01 \x03(\v2\x16.delayd.v1.TokenResultR\aresults*t\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.delayd.v1.TokenResultR\aresults\"6\n" +
+	"\x16WatchDeliveriesRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xda\x01\n" +
+	"\x17WatchDeliveriesResponse\x12#\n" +
+	"\x04task\x18\x01 \x01(\v2\x0f.delayd.v1.TaskR\x04task\x12A\n" +
+	"\x0elease_deadline\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x12?\n" +
+	"\rdelivery_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fdeliveryTime\x12\x16\n" +
+	"\x06missed\x18\x04 \x01(\x03R\x06missed*t\n" +
 	"\vTokenStatus\x12\x1c\n" +
 	"\x18TOKEN_STATUS_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fTOKEN_STATUS_OK\x10\x01\x12\x16\n" +
 	"\x12TOKEN_STATUS_STALE\x10\x02\x12\x1a\n" +
-	"\x16TOKEN_STATUS_NOT_FOUND\x10\x032\xb6\x02\n" +
+	"\x16TOKEN_STATUS_NOT_FOUND\x10\x032\x92\x03\n" +
 	"\x0fDeliveryService\x12H\n" +
 	"\tSubscribe\x12\x1b.delayd.v1.SubscribeRequest\x1a\x1c.delayd.v1.SubscribeResponse0\x01\x12C\n" +
 	"\bAckTasks\x12\x1a.delayd.v1.AckTasksRequest\x1a\x1b.delayd.v1.AckTasksResponse\x12F\n" +
 	"\tNackTasks\x12\x1b.delayd.v1.NackTasksRequest\x1a\x1c.delayd.v1.NackTasksResponse\x12L\n" +
-	"\vExtendLease\x12\x1d.delayd.v1.ExtendLeaseRequest\x1a\x1e.delayd.v1.ExtendLeaseResponseB\x94\x01\n" +
+	"\vExtendLease\x12\x1d.delayd.v1.ExtendLeaseRequest\x1a\x1e.delayd.v1.ExtendLeaseResponse\x12Z\n" +
+	"\x0fWatchDeliveries\x12!.delayd.v1.WatchDeliveriesRequest\x1a\".delayd.v1.WatchDeliveriesResponse0\x01B\x94\x01\n" +
 	"\rcom.delayd.v1B\rDeliveryProtoP\x01Z/github.com/delayd/delayd/gen/delayd/v1;delaydv1\xa2\x02\x03DXX\xaa\x02\tDelayd.V1\xca\x02\tDelayd\\V1\xe2\x02\x15Delayd\\V1\\GPBMetadata\xea\x02\n" +
 	"Delayd::V1b\x06proto3"
 
@@ -712,47 +840,54 @@ func file_delayd_v1_delivery_proto_rawDescGZIP() []byte {
 }
 
 var file_delayd_v1_delivery_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayd_v1_delivery_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_delayd_v1_delivery_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_delayd_v1_delivery_proto_goTypes = []any{
-	(TokenStatus)(0),              // 0: delayd.v1.TokenStatus
-	(*SubscribeRequest)(nil),      // 1: delayd.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),     // 2: delayd.v1.SubscribeResponse
-	(*Delivery)(nil),              // 3: delayd.v1.Delivery
-	(*TokenResult)(nil),           // 4: delayd.v1.TokenResult
-	(*AckTasksRequest)(nil),       // 5: delayd.v1.AckTasksRequest
-	(*AckTasksResponse)(nil),      // 6: delayd.v1.AckTasksResponse
-	(*NackTasksRequest)(nil),      // 7: delayd.v1.NackTasksRequest
-	(*NackTasksResponse)(nil),     // 8: delayd.v1.NackTasksResponse
-	(*ExtendLeaseRequest)(nil),    // 9: delayd.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),   // 10: delayd.v1.ExtendLeaseResponse
-	(*Task)(nil),                  // 11: delayd.v1.Task
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(TokenStatus)(0),                // 0: delayd.v1.TokenStatus
+	(*SubscribeRequest)(nil),        // 1: delayd.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),       // 2: delayd.v1.SubscribeResponse
+	(*Delivery)(nil),                // 3: delayd.v1.Delivery
+	(*TokenResult)(nil),             // 4: delayd.v1.TokenResult
+	(*AckTasksRequest)(nil),         // 5: delayd.v1.AckTasksRequest
+	(*AckTasksResponse)(nil),        // 6: delayd.v1.AckTasksResponse
+	(*NackTasksRequest)(nil),        // 7: delayd.v1.NackTasksRequest
+	(*NackTasksResponse)(nil),       // 8: delayd.v1.NackTasksResponse
+	(*ExtendLeaseRequest)(nil),      // 9: delayd.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),     // 10: delayd.v1.ExtendLeaseResponse
+	(*WatchDeliveriesRequest)(nil),  // 11: delayd.v1.WatchDeliveriesRequest
+	(*WatchDeliveriesResponse)(nil), // 12: delayd.v1.WatchDeliveriesResponse
+	(*Task)(nil),                    // 13: delayd.v1.Task
+	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 15: google.protobuf.Duration
 }
 var file_delayd_v1_delivery_proto_depIdxs = []int32{
 	3,  // 0: delayd.v1.SubscribeResponse.delivery:type_name -> delayd.v1.Delivery
-	11, // 1: delayd.v1.Delivery.task:type_name -> delayd.v1.Task
-	12, // 2: delayd.v1.Delivery.lease_deadline:type_name -> google.protobuf.Timestamp
+	13, // 1: delayd.v1.Delivery.task:type_name -> delayd.v1.Task
+	14, // 2: delayd.v1.Delivery.lease_deadline:type_name -> google.protobuf.Timestamp
 	0,  // 3: delayd.v1.TokenResult.status:type_name -> delayd.v1.TokenStatus
-	12, // 4: delayd.v1.TokenResult.lease_deadline:type_name -> google.protobuf.Timestamp
+	14, // 4: delayd.v1.TokenResult.lease_deadline:type_name -> google.protobuf.Timestamp
 	4,  // 5: delayd.v1.AckTasksResponse.results:type_name -> delayd.v1.TokenResult
-	13, // 6: delayd.v1.NackTasksRequest.retry_after:type_name -> google.protobuf.Duration
+	15, // 6: delayd.v1.NackTasksRequest.retry_after:type_name -> google.protobuf.Duration
 	4,  // 7: delayd.v1.NackTasksResponse.results:type_name -> delayd.v1.TokenResult
-	13, // 8: delayd.v1.ExtendLeaseRequest.extend_by:type_name -> google.protobuf.Duration
+	15, // 8: delayd.v1.ExtendLeaseRequest.extend_by:type_name -> google.protobuf.Duration
 	4,  // 9: delayd.v1.ExtendLeaseResponse.results:type_name -> delayd.v1.TokenResult
-	1,  // 10: delayd.v1.DeliveryService.Subscribe:input_type -> delayd.v1.SubscribeRequest
-	5,  // 11: delayd.v1.DeliveryService.AckTasks:input_type -> delayd.v1.AckTasksRequest
-	7,  // 12: delayd.v1.DeliveryService.NackTasks:input_type -> delayd.v1.NackTasksRequest
-	9,  // 13: delayd.v1.DeliveryService.ExtendLease:input_type -> delayd.v1.ExtendLeaseRequest
-	2,  // 14: delayd.v1.DeliveryService.Subscribe:output_type -> delayd.v1.SubscribeResponse
-	6,  // 15: delayd.v1.DeliveryService.AckTasks:output_type -> delayd.v1.AckTasksResponse
-	8,  // 16: delayd.v1.DeliveryService.NackTasks:output_type -> delayd.v1.NackTasksResponse
-	10, // 17: delayd.v1.DeliveryService.ExtendLease:output_type -> delayd.v1.ExtendLeaseResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	13, // 10: delayd.v1.WatchDeliveriesResponse.task:type_name -> delayd.v1.Task
+	14, // 11: delayd.v1.WatchDeliveriesResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	14, // 12: delayd.v1.WatchDeliveriesResponse.delivery_time:type_name -> google.protobuf.Timestamp
+	1,  // 13: delayd.v1.DeliveryService.Subscribe:input_type -> delayd.v1.SubscribeRequest
+	5,  // 14: delayd.v1.DeliveryService.AckTasks:input_type -> delayd.v1.AckTasksRequest
+	7,  // 15: delayd.v1.DeliveryService.NackTasks:input_type -> delayd.v1.NackTasksRequest
+	9,  // 16: delayd.v1.DeliveryService.ExtendLease:input_type -> delayd.v1.ExtendLeaseRequest
+	11, // 17: delayd.v1.DeliveryService.WatchDeliveries:input_type -> delayd.v1.WatchDeliveriesRequest
+	2,  // 18: delayd.v1.DeliveryService.Subscribe:output_type -> delayd.v1.SubscribeResponse
+	6,  // 19: delayd.v1.DeliveryService.AckTasks:output_type -> delayd.v1.AckTasksResponse
+	8,  // 20: delayd.v1.DeliveryService.NackTasks:output_type -> delayd.v1.NackTasksResponse
+	10, // 21: delayd.v1.DeliveryService.ExtendLease:output_type -> delayd.v1.ExtendLeaseResponse
+	12, // 22: delayd.v1.DeliveryService.WatchDeliveries:output_type -> delayd.v1.WatchDeliveriesResponse
+	18, // [18:23] is the sub-list for method output_type
+	13, // [13:18] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_delivery_proto_init() }
@@ -767,7 +902,7 @@ func file_delayd_v1_delivery_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_delivery_proto_rawDesc), len(file_delayd_v1_delivery_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

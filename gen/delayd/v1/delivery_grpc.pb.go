@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DeliveryService_Subscribe_FullMethodName   = "/delayd.v1.DeliveryService/Subscribe"
-	DeliveryService_AckTasks_FullMethodName    = "/delayd.v1.DeliveryService/AckTasks"
-	DeliveryService_NackTasks_FullMethodName   = "/delayd.v1.DeliveryService/NackTasks"
-	DeliveryService_ExtendLease_FullMethodName = "/delayd.v1.DeliveryService/ExtendLease"
+	DeliveryService_Subscribe_FullMethodName       = "/delayd.v1.DeliveryService/Subscribe"
+	DeliveryService_AckTasks_FullMethodName        = "/delayd.v1.DeliveryService/AckTasks"
+	DeliveryService_NackTasks_FullMethodName       = "/delayd.v1.DeliveryService/NackTasks"
+	DeliveryService_ExtendLease_FullMethodName     = "/delayd.v1.DeliveryService/ExtendLease"
+	DeliveryService_WatchDeliveries_FullMethodName = "/delayd.v1.DeliveryService/WatchDeliveries"
 )
 
 // DeliveryServiceClient is the client API for DeliveryService service.
@@ -51,6 +52,17 @@ type DeliveryServiceClient interface {
 	// ExtendLease moves the lease deadline of deliveries to now + extend_by.
 	// Answers per token with the new deadline.
 	ExtendLease(ctx context.Context, in *ExtendLeaseRequest, opts ...grpc.CallOption) (*ExtendLeaseResponse, error)
+	// WatchDeliveries streams a copy of each delivery this server sends to a
+	// subscriber of the namespace, as it is sent, without taking anything:
+	// subscribers receive every task exactly as they would without watchers,
+	// on the same attempt, and a copy carries no token, so a watcher can
+	// neither ack nor nack. It is for people watching a namespace (delayctl
+	// tail, the web console). A watcher that reads slower than deliveries
+	// happen misses copies (never deliveries); missed counts them. Headers
+	// are sent as soon as the watch is registered. Needs the consume or the
+	// admin scope on the namespace. With several delayd replicas, a watcher
+	// sees the deliveries made by the replica it is connected to.
+	WatchDeliveries(ctx context.Context, in *WatchDeliveriesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDeliveriesResponse], error)
 }
 
 type deliveryServiceClient struct {
@@ -110,6 +122,25 @@ func (c *deliveryServiceClient) ExtendLease(ctx context.Context, in *ExtendLease
 	return out, nil
 }
 
+func (c *deliveryServiceClient) WatchDeliveries(ctx context.Context, in *WatchDeliveriesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDeliveriesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DeliveryService_ServiceDesc.Streams[1], DeliveryService_WatchDeliveries_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchDeliveriesRequest, WatchDeliveriesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DeliveryService_WatchDeliveriesClient = grpc.ServerStreamingClient[WatchDeliveriesResponse]
+
 // DeliveryServiceServer is the server API for DeliveryService service.
 // All implementations must embed UnimplementedDeliveryServiceServer
 // for forward compatibility.
@@ -136,6 +167,17 @@ type DeliveryServiceServer interface {
 	// ExtendLease moves the lease deadline of deliveries to now + extend_by.
 	// Answers per token with the new deadline.
 	ExtendLease(context.Context, *ExtendLeaseRequest) (*ExtendLeaseResponse, error)
+	// WatchDeliveries streams a copy of each delivery this server sends to a
+	// subscriber of the namespace, as it is sent, without taking anything:
+	// subscribers receive every task exactly as they would without watchers,
+	// on the same attempt, and a copy carries no token, so a watcher can
+	// neither ack nor nack. It is for people watching a namespace (delayctl
+	// tail, the web console). A watcher that reads slower than deliveries
+	// happen misses copies (never deliveries); missed counts them. Headers
+	// are sent as soon as the watch is registered. Needs the consume or the
+	// admin scope on the namespace. With several delayd replicas, a watcher
+	// sees the deliveries made by the replica it is connected to.
+	WatchDeliveries(*WatchDeliveriesRequest, grpc.ServerStreamingServer[WatchDeliveriesResponse]) error
 	mustEmbedUnimplementedDeliveryServiceServer()
 }
 
@@ -157,6 +199,9 @@ func (UnimplementedDeliveryServiceServer) NackTasks(context.Context, *NackTasksR
 }
 func (UnimplementedDeliveryServiceServer) ExtendLease(context.Context, *ExtendLeaseRequest) (*ExtendLeaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ExtendLease not implemented")
+}
+func (UnimplementedDeliveryServiceServer) WatchDeliveries(*WatchDeliveriesRequest, grpc.ServerStreamingServer[WatchDeliveriesResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method WatchDeliveries not implemented")
 }
 func (UnimplementedDeliveryServiceServer) mustEmbedUnimplementedDeliveryServiceServer() {}
 func (UnimplementedDeliveryServiceServer) testEmbeddedByValue()                         {}
@@ -244,6 +289,17 @@ func _DeliveryService_ExtendLease_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DeliveryService_WatchDeliveries_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchDeliveriesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DeliveryServiceServer).WatchDeliveries(m, &grpc.GenericServerStream[WatchDeliveriesRequest, WatchDeliveriesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DeliveryService_WatchDeliveriesServer = grpc.ServerStreamingServer[WatchDeliveriesResponse]
+
 // DeliveryService_ServiceDesc is the grpc.ServiceDesc for DeliveryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -268,6 +324,11 @@ var DeliveryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Subscribe",
 			Handler:       _DeliveryService_Subscribe_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchDeliveries",
+			Handler:       _DeliveryService_WatchDeliveries_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -1642,6 +1642,100 @@ func (*RevokeKeyResponse) Descriptor() ([]byte, []int) {
 	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{26}
 }
 
+// WhoAmIRequest is empty: the key is the request's credentials.
+type WhoAmIRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIRequest) Reset() {
+	*x = WhoAmIRequest{}
+	mi := &file_delayd_v1_namespace_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIRequest) ProtoMessage() {}
+
+func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_namespace_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
+func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{27}
+}
+
+// WhoAmIResponse describes the caller's key.
+type WhoAmIResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key (id "admin-key" for the bootstrap admin key; empty id when
+	// authentication is off). Never its secret.
+	Key *Key `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// False when the server runs without authentication: every caller may do
+	// everything.
+	AuthEnabled   bool `protobuf:"varint,2,opt,name=auth_enabled,json=authEnabled,proto3" json:"auth_enabled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIResponse) Reset() {
+	*x = WhoAmIResponse{}
+	mi := &file_delayd_v1_namespace_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIResponse) ProtoMessage() {}
+
+func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_namespace_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
+func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *WhoAmIResponse) GetKey() *Key {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *WhoAmIResponse) GetAuthEnabled() bool {
+	if x != nil {
+		return x.AuthEnabled
+	}
+	return false
+}
+
 var File_delayd_v1_namespace_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_namespace_proto_rawDesc = "" +
@@ -1748,12 +1842,16 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x04keys\x18\x01 \x03(\v2\x0e.delayd.v1.KeyR\x04keys\"\"\n" +
 	"\x10RevokeKeyRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x13\n" +
-	"\x11RevokeKeyResponse*h\n" +
+	"\x11RevokeKeyResponse\"\x0f\n" +
+	"\rWhoAmIRequest\"U\n" +
+	"\x0eWhoAmIResponse\x12 \n" +
+	"\x03key\x18\x01 \x01(\v2\x0e.delayd.v1.KeyR\x03key\x12!\n" +
+	"\fauth_enabled\x18\x02 \x01(\bR\vauthEnabled*h\n" +
 	"\bKeyScope\x12\x19\n" +
 	"\x15KEY_SCOPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11KEY_SCOPE_PRODUCE\x10\x01\x12\x15\n" +
 	"\x11KEY_SCOPE_CONSUME\x10\x02\x12\x13\n" +
-	"\x0fKEY_SCOPE_ADMIN\x10\x032\x97\b\n" +
+	"\x0fKEY_SCOPE_ADMIN\x10\x032\xd6\b\n" +
 	"\x10NamespaceService\x12X\n" +
 	"\x0fCreateNamespace\x12!.delayd.v1.CreateNamespaceRequest\x1a\".delayd.v1.CreateNamespaceResponse\x12O\n" +
 	"\fGetNamespace\x12\x1e.delayd.v1.GetNamespaceRequest\x1a\x1f.delayd.v1.GetNamespaceResponse\x12U\n" +
@@ -1766,7 +1864,8 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x10PurgeDeadLetters\x12\".delayd.v1.PurgeDeadLettersRequest\x1a#.delayd.v1.PurgeDeadLettersResponse\x12F\n" +
 	"\tCreateKey\x12\x1b.delayd.v1.CreateKeyRequest\x1a\x1c.delayd.v1.CreateKeyResponse\x12C\n" +
 	"\bListKeys\x12\x1a.delayd.v1.ListKeysRequest\x1a\x1b.delayd.v1.ListKeysResponse\x12F\n" +
-	"\tRevokeKey\x12\x1b.delayd.v1.RevokeKeyRequest\x1a\x1c.delayd.v1.RevokeKeyResponseB\x95\x01\n" +
+	"\tRevokeKey\x12\x1b.delayd.v1.RevokeKeyRequest\x1a\x1c.delayd.v1.RevokeKeyResponse\x12=\n" +
+	"\x06WhoAmI\x12\x18.delayd.v1.WhoAmIRequest\x1a\x19.delayd.v1.WhoAmIResponseB\x95\x01\n" +
 	"\rcom.delayd.v1B\x0eNamespaceProtoP\x01Z/github.com/delayd/delayd/gen/delayd/v1;delaydv1\xa2\x02\x03DXX\xaa\x02\tDelayd.V1\xca\x02\tDelayd\\V1\xe2\x02\x15Delayd\\V1\\GPBMetadata\xea\x02\n" +
 	"Delayd::V1b\x06proto3"
 
@@ -1783,7 +1882,7 @@ func file_delayd_v1_namespace_proto_rawDescGZIP() []byte {
 }
 
 var file_delayd_v1_namespace_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayd_v1_namespace_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_delayd_v1_namespace_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_delayd_v1_namespace_proto_goTypes = []any{
 	(KeyScope)(0),                      // 0: delayd.v1.KeyScope
 	(*NamespacePolicy)(nil),            // 1: delayd.v1.NamespacePolicy
@@ -1813,63 +1912,68 @@ var file_delayd_v1_namespace_proto_goTypes = []any{
 	(*ListKeysResponse)(nil),           // 25: delayd.v1.ListKeysResponse
 	(*RevokeKeyRequest)(nil),           // 26: delayd.v1.RevokeKeyRequest
 	(*RevokeKeyResponse)(nil),          // 27: delayd.v1.RevokeKeyResponse
-	(*durationpb.Duration)(nil),        // 28: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),      // 29: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),      // 30: google.protobuf.FieldMask
-	(*Task)(nil),                       // 31: delayd.v1.Task
+	(*WhoAmIRequest)(nil),              // 28: delayd.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),             // 29: delayd.v1.WhoAmIResponse
+	(*durationpb.Duration)(nil),        // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),      // 31: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),      // 32: google.protobuf.FieldMask
+	(*Task)(nil),                       // 33: delayd.v1.Task
 }
 var file_delayd_v1_namespace_proto_depIdxs = []int32{
-	28, // 0: delayd.v1.NamespacePolicy.ack_timeout:type_name -> google.protobuf.Duration
-	28, // 1: delayd.v1.NamespacePolicy.backoff_initial:type_name -> google.protobuf.Duration
-	28, // 2: delayd.v1.NamespacePolicy.backoff_max:type_name -> google.protobuf.Duration
-	28, // 3: delayd.v1.NamespacePolicy.max_delay:type_name -> google.protobuf.Duration
+	30, // 0: delayd.v1.NamespacePolicy.ack_timeout:type_name -> google.protobuf.Duration
+	30, // 1: delayd.v1.NamespacePolicy.backoff_initial:type_name -> google.protobuf.Duration
+	30, // 2: delayd.v1.NamespacePolicy.backoff_max:type_name -> google.protobuf.Duration
+	30, // 3: delayd.v1.NamespacePolicy.max_delay:type_name -> google.protobuf.Duration
 	1,  // 4: delayd.v1.Namespace.policy:type_name -> delayd.v1.NamespacePolicy
-	29, // 5: delayd.v1.Namespace.create_time:type_name -> google.protobuf.Timestamp
-	29, // 6: delayd.v1.Namespace.update_time:type_name -> google.protobuf.Timestamp
+	31, // 5: delayd.v1.Namespace.create_time:type_name -> google.protobuf.Timestamp
+	31, // 6: delayd.v1.Namespace.update_time:type_name -> google.protobuf.Timestamp
 	2,  // 7: delayd.v1.CreateNamespaceRequest.namespace:type_name -> delayd.v1.Namespace
 	2,  // 8: delayd.v1.CreateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
 	2,  // 9: delayd.v1.GetNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
 	2,  // 10: delayd.v1.ListNamespacesResponse.namespaces:type_name -> delayd.v1.Namespace
 	2,  // 11: delayd.v1.UpdateNamespaceRequest.namespace:type_name -> delayd.v1.Namespace
-	30, // 12: delayd.v1.UpdateNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	32, // 12: delayd.v1.UpdateNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
 	2,  // 13: delayd.v1.UpdateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
-	28, // 14: delayd.v1.GetNamespaceStatsResponse.oldest_due_lateness:type_name -> google.protobuf.Duration
-	31, // 15: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
-	28, // 16: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
+	30, // 14: delayd.v1.GetNamespaceStatsResponse.oldest_due_lateness:type_name -> google.protobuf.Duration
+	33, // 15: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
+	30, // 16: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
 	0,  // 17: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
-	29, // 18: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	31, // 18: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
 	0,  // 19: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
 	21, // 20: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
 	21, // 21: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
-	3,  // 22: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
-	5,  // 23: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
-	7,  // 24: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
-	9,  // 25: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
-	11, // 26: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
-	13, // 27: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
-	15, // 28: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
-	17, // 29: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
-	19, // 30: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
-	22, // 31: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
-	24, // 32: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
-	26, // 33: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
-	4,  // 34: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
-	6,  // 35: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
-	8,  // 36: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
-	10, // 37: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
-	12, // 38: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
-	14, // 39: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
-	16, // 40: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
-	18, // 41: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
-	20, // 42: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
-	23, // 43: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
-	25, // 44: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
-	27, // 45: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
-	34, // [34:46] is the sub-list for method output_type
-	22, // [22:34] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	21, // 22: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
+	3,  // 23: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
+	5,  // 24: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
+	7,  // 25: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
+	9,  // 26: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
+	11, // 27: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
+	13, // 28: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
+	15, // 29: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
+	17, // 30: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
+	19, // 31: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
+	22, // 32: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
+	24, // 33: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
+	26, // 34: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
+	28, // 35: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
+	4,  // 36: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
+	6,  // 37: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
+	8,  // 38: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
+	10, // 39: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
+	12, // 40: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
+	14, // 41: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
+	16, // 42: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
+	18, // 43: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
+	20, // 44: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
+	23, // 45: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
+	25, // 46: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
+	27, // 47: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
+	29, // 48: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
+	36, // [36:49] is the sub-list for method output_type
+	23, // [23:36] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_namespace_proto_init() }
@@ -1884,7 +1988,7 @@ func file_delayd_v1_namespace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_namespace_proto_rawDesc), len(file_delayd_v1_namespace_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

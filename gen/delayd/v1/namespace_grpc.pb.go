@@ -31,6 +31,7 @@ const (
 	NamespaceService_CreateKey_FullMethodName          = "/delayd.v1.NamespaceService/CreateKey"
 	NamespaceService_ListKeys_FullMethodName           = "/delayd.v1.NamespaceService/ListKeys"
 	NamespaceService_RevokeKey_FullMethodName          = "/delayd.v1.NamespaceService/RevokeKey"
+	NamespaceService_WhoAmI_FullMethodName             = "/delayd.v1.NamespaceService/WhoAmI"
 )
 
 // NamespaceServiceClient is the client API for NamespaceService service.
@@ -40,7 +41,7 @@ const (
 // NamespaceService is the admin API: namespaces and their policy, stats, dead
 // letters, and API keys. Every RPC needs the admin scope on the namespace it
 // names (CreateNamespace, ListNamespaces and keys for other namespaces need a
-// global admin key).
+// global admin key), except WhoAmI, which any valid key may call.
 type NamespaceServiceClient interface {
 	// CreateNamespace creates a namespace with its policy. ALREADY_EXISTS if it
 	// exists.
@@ -70,6 +71,11 @@ type NamespaceServiceClient interface {
 	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
 	// RevokeKey revokes a key at once. NOT_FOUND if unknown.
 	RevokeKey(ctx context.Context, in *RevokeKeyRequest, opts ...grpc.CallOption) (*RevokeKeyResponse, error)
+	// WhoAmI describes the API key the request was sent with: its namespace
+	// and scopes, so a tool (delayctl, the web console) can show what the key
+	// may do. Any valid key may call it. With authentication off, it answers
+	// a global key with every scope and auth_enabled false.
+	WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error)
 }
 
 type namespaceServiceClient struct {
@@ -200,6 +206,16 @@ func (c *namespaceServiceClient) RevokeKey(ctx context.Context, in *RevokeKeyReq
 	return out, nil
 }
 
+func (c *namespaceServiceClient) WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WhoAmIResponse)
+	err := c.cc.Invoke(ctx, NamespaceService_WhoAmI_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NamespaceServiceServer is the server API for NamespaceService service.
 // All implementations must embed UnimplementedNamespaceServiceServer
 // for forward compatibility.
@@ -207,7 +223,7 @@ func (c *namespaceServiceClient) RevokeKey(ctx context.Context, in *RevokeKeyReq
 // NamespaceService is the admin API: namespaces and their policy, stats, dead
 // letters, and API keys. Every RPC needs the admin scope on the namespace it
 // names (CreateNamespace, ListNamespaces and keys for other namespaces need a
-// global admin key).
+// global admin key), except WhoAmI, which any valid key may call.
 type NamespaceServiceServer interface {
 	// CreateNamespace creates a namespace with its policy. ALREADY_EXISTS if it
 	// exists.
@@ -237,6 +253,11 @@ type NamespaceServiceServer interface {
 	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
 	// RevokeKey revokes a key at once. NOT_FOUND if unknown.
 	RevokeKey(context.Context, *RevokeKeyRequest) (*RevokeKeyResponse, error)
+	// WhoAmI describes the API key the request was sent with: its namespace
+	// and scopes, so a tool (delayctl, the web console) can show what the key
+	// may do. Any valid key may call it. With authentication off, it answers
+	// a global key with every scope and auth_enabled false.
+	WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error)
 	mustEmbedUnimplementedNamespaceServiceServer()
 }
 
@@ -282,6 +303,9 @@ func (UnimplementedNamespaceServiceServer) ListKeys(context.Context, *ListKeysRe
 }
 func (UnimplementedNamespaceServiceServer) RevokeKey(context.Context, *RevokeKeyRequest) (*RevokeKeyResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RevokeKey not implemented")
+}
+func (UnimplementedNamespaceServiceServer) WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method WhoAmI not implemented")
 }
 func (UnimplementedNamespaceServiceServer) mustEmbedUnimplementedNamespaceServiceServer() {}
 func (UnimplementedNamespaceServiceServer) testEmbeddedByValue()                          {}
@@ -520,6 +544,24 @@ func _NamespaceService_RevokeKey_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NamespaceService_WhoAmI_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WhoAmIRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServiceServer).WhoAmI(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NamespaceService_WhoAmI_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServiceServer).WhoAmI(ctx, req.(*WhoAmIRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NamespaceService_ServiceDesc is the grpc.ServiceDesc for NamespaceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -574,6 +616,10 @@ var NamespaceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeKey",
 			Handler:    _NamespaceService_RevokeKey_Handler,
+		},
+		{
+			MethodName: "WhoAmI",
+			Handler:    _NamespaceService_WhoAmI_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

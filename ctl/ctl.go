@@ -1,0 +1,217 @@
+// Package ctl is delayctl, the operator CLI of delayd: namespaces, API keys,
+// tasks and dead letters over the public gRPC API (the typed admin client
+// in package client), and `tail`, which watches a namespace's deliveries
+// without taking them.
+//
+// # Output and errors
+//
+// Every command prints a table (-o table, the default) or JSON (-o json: one
+// document, or one object per line for tail). A failed call prints
+// "delayctl: <code>: <server's message>" to stderr and [Main] returns 1; a
+// usage error returns 2.
+//
+// # Configuration
+//
+// Global flags, each with an environment variable: --addr (DELAYD_ADDR,
+// default localhost:7070), --key (DELAYD_API_KEY), --tls, --tls-ca,
+// --tls-cert, --tls-key, --tls-server-name, -o/--output, --timeout.
+package ctl
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
+
+	"github.com/delayd/delayd/client"
+)
+
+// Exit codes of Main.
+const (
+	ExitOK    = 0
+	ExitError = 1 // the server refused or failed, or the server is unreachable
+	ExitUsage = 2 // bad flags or arguments
+)
+
+// Env reads an environment variable; os.Getenv in main, a map in tests.
+type Env func(string) string
+
+// globals are the flags every command shares.
+type globals struct {
+	addr          string
+	key           string
+	tls           bool
+	tlsCA         string
+	tlsCert       string
+	tlsKey        string
+	tlsServerName string
+	output        string
+	timeout       time.Duration
+
+	stdout, stderr io.Writer
+	stdin          io.Reader
+	c              *client.Client // made by connect on first use
+}
+
+// usageError marks errors that are the caller's (flags, arguments).
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// Main runs delayctl with args (without the program name) and returns the
+// exit code. ctx ends long-running commands (tail) cleanly.
+func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, stderr io.Writer) int {
+	if env == nil {
+		env = os.Getenv
+	}
+	g := &globals{stdout: stdout, stderr: stderr, stdin: stdin}
+	root := newRoot(g, env)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if g.c != nil {
+		_ = g.c.Close()
+	}
+	if err == nil {
+		return ExitOK
+	}
+	var ue usageError
+	if errors.As(err, &ue) || isCobraUsage(err) {
+		fmt.Fprintf(stderr, "delayctl: %v\n", err)
+		return ExitUsage
+	}
+	fmt.Fprintf(stderr, "delayctl: %s\n", describe(err))
+	return ExitError
+}
+
+// isCobraUsage recognizes cobra's own argument and flag errors.
+func isCobraUsage(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "accepts ", "requires at least", "invalid argument", "flag needs an argument", "required flag"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// describe turns an error into "<code>: <the server's message>" when it
+// carries a gRPC status, and its text otherwise.
+func describe(err error) string {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		st := se.GRPCStatus()
+		return fmt.Sprintf("%s: %s", st.Code(), st.Message())
+	}
+	return err.Error()
+}
+
+func newRoot(g *globals, env Env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "delayctl",
+		Short: "delayctl manages a delayd server: namespaces, API keys, tasks, dead letters, and live deliveries",
+		Long: `delayctl manages a delayd server over its public gRPC API.
+
+Connection: --addr (DELAYD_ADDR, default localhost:7070), --key (DELAYD_API_KEY),
+TLS with --tls and --tls-ca/--tls-cert/--tls-key/--tls-server-name.
+Output: -o table (default) or -o json.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			switch g.output {
+			case "table", "json":
+			default:
+				return usagef("-o %q: allowed: table, json", g.output)
+			}
+			return nil
+		},
+	}
+	def := func(name, fallback string) string {
+		if v := env(name); v != "" {
+			return v
+		}
+		return fallback
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.addr, "addr", def("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address host:port (env DELAYD_ADDR)")
+	pf.StringVar(&g.key, "key", env("DELAYD_API_KEY"), "API key, sent as \"authorization: Bearer <key>\" (env DELAYD_API_KEY)")
+	pf.BoolVar(&g.tls, "tls", def("DELAYD_TLS", "") == "true", "connect over TLS (implied by --tls-ca/--tls-cert) (env DELAYD_TLS=true)")
+	pf.StringVar(&g.tlsCA, "tls-ca", env("DELAYD_TLS_CA"), "PEM file of CAs to verify the server with; default: the system roots (env DELAYD_TLS_CA)")
+	pf.StringVar(&g.tlsCert, "tls-cert", env("DELAYD_TLS_CERT"), "PEM client certificate for mTLS (env DELAYD_TLS_CERT)")
+	pf.StringVar(&g.tlsKey, "tls-key", env("DELAYD_TLS_KEY"), "PEM private key of --tls-cert (env DELAYD_TLS_KEY)")
+	pf.StringVar(&g.tlsServerName, "tls-server-name", env("DELAYD_TLS_SERVER_NAME"), "server name to verify instead of the --addr host (env DELAYD_TLS_SERVER_NAME)")
+	pf.StringVarP(&g.output, "output", "o", def("DELAYCTL_OUTPUT", "table"), "output format: table or json (env DELAYCTL_OUTPUT)")
+	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "deadline of each call (tail has none)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+
+	root.AddCommand(nsCommand(g), keyCommand(g), taskCommand(g), deadCommand(g), tailCommand(g), whoamiCommand(g))
+	return root
+}
+
+// connect returns the client, dialing it on first use.
+func (g *globals) connect() (*client.Client, error) {
+	if g.c != nil {
+		return g.c, nil
+	}
+	opts := []client.Option{client.WithTimeout(g.timeout), client.WithRetry(client.RetryPolicy{MaxAttempts: 1})}
+	if g.key != "" {
+		opts = append(opts, client.WithAPIKey(g.key))
+	}
+	if g.tls || g.tlsCA != "" || g.tlsCert != "" {
+		cfg, err := g.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.WithTLS(cfg))
+	}
+	c, err := client.New(g.addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	g.c = c
+	return c, nil
+}
+
+func (g *globals) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: g.tlsServerName}
+	if g.tlsCA != "" {
+		pem, err := os.ReadFile(g.tlsCA)
+		if err != nil {
+			return nil, usagef("--tls-ca: %v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, usagef("--tls-ca %s: no PEM certificate in it", g.tlsCA)
+		}
+		cfg.RootCAs = pool
+	}
+	if (g.tlsCert == "") != (g.tlsKey == "") {
+		return nil, usagef("--tls-cert and --tls-key go together: give both or neither")
+	}
+	if g.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(g.tlsCert, g.tlsKey)
+		if err != nil {
+			return nil, usagef("--tls-cert/--tls-key: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// admin returns the admin client.
+func (g *globals) admin() (*client.Admin, error) {
+	c, err := g.connect()
+	if err != nil {
+		return nil, err
+	}
+	return c.Admin(), nil
+}

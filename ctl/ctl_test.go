@@ -1,0 +1,360 @@
+package ctl_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/ctl"
+	"github.com/delayd/delayd/daemon"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// miniredis (embedded mode) and grpc keep background goroutines
+		// that end shortly after Stop.
+		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+const adminKey = "delayctl-test-admin-key-0123456789"
+
+// delayd starts an in-process delayd in embedded mode with auth on, on a
+// free loopback port, and returns its address.
+func delayd(t *testing.T) string {
+	t.Helper()
+	d, err := daemon.Start(t.Context(), daemon.Config{Listen: "127.0.0.1:0", AdminKey: adminKey}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("daemon.Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("daemon Stop: %v", err)
+		}
+	})
+	return d.Addr()
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// run runs delayctl with args against addr with key, and returns its
+// transcript: the command, stdout, stderr and exit code.
+func run(ctx context.Context, addr, key string, args ...string) (transcript string, code int) {
+	env := map[string]string{"DELAYD_ADDR": addr, "DELAYD_API_KEY": key}
+	var out, errOut syncBuffer
+	code = ctl.Main(ctx, args, func(k string) string { return env[k] }, strings.NewReader("from stdin"), &out, &errOut)
+	var b strings.Builder
+	fmt.Fprintf(&b, "$ delayctl %s\n%s", strings.Join(args, " "), out.String())
+	if e := errOut.String(); e != "" {
+		fmt.Fprintf(&b, "[stderr] %s", e)
+	}
+	fmt.Fprintf(&b, "[exit %d]\n\n", code)
+	return b.String(), code
+}
+
+var (
+	reSecret = regexp.MustCompile(`dk_[0-9a-f]{16}_[A-Za-z0-9_-]{43}`)
+	reKeyID  = regexp.MustCompile(`\b[0-9a-f]{16}\b`)
+	reTime   = regexp.MustCompile(`\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})`)
+)
+
+// normalize replaces what differs between runs: secrets, key ids, times.
+func normalize(s string) string {
+	s = reSecret.ReplaceAllString(s, "<secret>")
+	s = reKeyID.ReplaceAllString(s, "<key-id>")
+	return reTime.ReplaceAllString(s, "<time>")
+}
+
+// golden compares got with testdata/name.golden (or rewrites it with -update).
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./ctl -update to create it)", err)
+	}
+	if string(want) != got {
+		t.Errorf("output differs from %s (go test ./ctl -update rewrites it after a deliberate change)\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// step is one delayctl invocation of a scenario and the exit code it must
+// have.
+type step struct {
+	key  string // "" = the admin key
+	code int
+	args []string
+}
+
+func scenario(t *testing.T, ctx context.Context, addr string, steps []step) string {
+	t.Helper()
+	var all strings.Builder
+	for _, s := range steps {
+		key := s.key
+		if key == "" {
+			key = adminKey
+		}
+		out, code := run(ctx, addr, key, s.args...)
+		if code != s.code {
+			t.Errorf("exit %d, want %d:\n%s", code, s.code, out)
+		}
+		all.WriteString(out)
+	}
+	return normalize(all.String())
+}
+
+func args(s string) []string { return strings.Fields(s) }
+
+// TestGoldenNamespacesKeysTasks walks namespaces, keys and tasks, in table
+// and JSON form, with the errors a person meets: the server's message and
+// a non-zero exit.
+func TestGoldenNamespacesKeysTasks(t *testing.T) {
+	addr := delayd(t)
+	ctx := t.Context()
+
+	steps := []step{
+		{code: 0, args: args("ns create orders --max-attempts 3 --ack-timeout 45s")},
+		{code: 0, args: args("ns create loans")},
+		{code: 1, args: args("ns create orders")},
+		{code: 0, args: args("ns update orders --max-attempts 5")},
+		{code: 2, args: args("ns update orders")},
+		{code: 0, args: args("ns get orders -o json")},
+		{code: 0, args: args("task upsert orders order-1 --delay 1h --kind order.close --payload hello")},
+		{code: 0, args: args("task upsert orders order-1 --delay 2h --kind order.close --payload @-")},
+		{code: 0, args: args("task upsert orders order-2 --at " + time.Now().Add(48*time.Hour).UTC().Format(time.RFC3339))},
+		{code: 2, args: args("task upsert orders order-3")},
+		{code: 2, args: args("task upsert orders order-3 --delay 1s --at 2099-01-02T03:04:05Z")},
+		{code: 1, args: args("task upsert orders bad/id --delay 1s")},
+		{code: 0, args: args("task get orders order-1")},
+		{code: 0, args: args("task get orders order-2 -o json")},
+		{code: 1, args: args("task get orders missing")},
+		{code: 0, args: args("task list orders")},
+		{code: 2, args: args("task list orders --state later")},
+		{code: 0, args: args("ns stats orders")},
+		{code: 0, args: args("ns list")},
+		{code: 0, args: args("ns list -o json")},
+		{code: 0, args: args("task remove orders order-2")},
+		{code: 0, args: args("task remove orders order-2")},
+		{code: 0, args: args("whoami")},
+		{code: 2, args: args("key create orders --scope produce,teleport")},
+		{code: 1, args: args("ns update orders --max-attempts 5000")},
+		{code: 1, args: args("ns delete orders")},
+		{code: 0, args: args("ns delete loans")},
+		{code: 1, args: args("key revoke 0123456789abcdef")},
+		{code: 1, key: "dk_0123456789abcdef_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", args: args("ns list")},
+		{code: 2, args: args("ns list -o yaml")},
+	}
+	got := scenario(t, ctx, addr, steps)
+
+	// A key of one namespace: it sees its own tasks, never another
+	// namespace's, and cannot administer.
+	out, code := run(ctx, addr, adminKey, args("key create orders --scope produce --description reader -o json")...)
+	if code != 0 {
+		t.Fatalf("key create:\n%s", out)
+	}
+	secret := reSecret.FindString(out)
+	if secret == "" {
+		t.Fatalf("no secret in:\n%s", out)
+	}
+	got += normalize(out)
+	got += scenario(t, ctx, addr, []step{
+		{key: secret, code: 0, args: args("whoami -o json")},
+		{key: secret, code: 0, args: args("task list orders")},
+		{key: secret, code: 1, args: args("ns create other")},
+		{key: secret, code: 1, args: args("ns stats orders")},
+		{code: 0, args: args("key list orders")},
+	})
+	golden(t, "namespaces_keys_tasks", got)
+}
+
+// TestGoldenDeadLetters: dead letters listed, filtered, requeued and
+// purged by id, by filter and with --all.
+func TestGoldenDeadLetters(t *testing.T) {
+	addr := delayd(t)
+	ctx := t.Context()
+	if _, code := run(ctx, addr, adminKey, args("ns create billing --max-attempts 1")...); code != 0 {
+		t.Fatal("ns create failed")
+	}
+	c, err := client.New(addr, client.WithAPIKey(adminKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Due in id order (in the past: due now), delivered one at a time, so
+	// they die in id order and list the same way every run.
+	past := time.Now().Add(-time.Hour)
+	for i, id := range []string{"inv-1", "inv-2", "inv-3", "pay-1", "pay-2"} {
+		kind := "invoice.send"
+		if strings.HasPrefix(id, "pay") {
+			kind = "payment.retry"
+		}
+		at := client.At(past.Add(time.Duration(i) * time.Second))
+		if _, err := c.Upsert(ctx, "billing", client.TaskSpec{ID: id, Kind: kind, When: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A consumer that fails every task: with max attempts 1 each dies.
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Consume(cctx, "billing", func(_ context.Context, d *client.Delivery) error {
+			return fmt.Errorf("upstream said no to %s", d.Task.ID)
+		}, client.ConsumeOptions{Concurrency: 1, MaxInFlight: 1})
+	}()
+	admin := c.Admin()
+	waitFor(t, func() bool {
+		s, err := admin.Stats(ctx, "billing")
+		return err == nil && s.Dead == 5
+	})
+	cancel()
+	<-done
+
+	got := scenario(t, ctx, addr, []step{
+		{code: 0, args: args("dead list billing")},
+		{code: 0, args: args("dead list billing --kind payment.retry -o json")},
+		{code: 2, args: args("dead requeue billing")},
+		{code: 2, args: args("dead requeue billing inv-1 --all")},
+		{code: 0, args: args("dead requeue billing inv-1 not-dead --delay 1h")},
+		{code: 0, args: args("dead purge billing --error-contains inv-2")},
+		{code: 0, args: args("dead requeue billing --id-prefix pay- --delay 1h")},
+		{code: 0, args: args("dead list billing")},
+		{code: 0, args: args("dead purge billing --all")},
+		{code: 0, args: args("ns stats billing -o json")},
+	})
+	golden(t, "dead_letters", got)
+}
+
+// TestTailWatchesWithoutConsuming: while tail runs, a real subscriber still
+// gets every task on its first attempt and acks it.
+func TestTailWatchesWithoutConsuming(t *testing.T) {
+	addr := delayd(t)
+	ctx := t.Context()
+	if _, code := run(ctx, addr, adminKey, args("ns create devices")...); code != 0 {
+		t.Fatal("ns create failed")
+	}
+	// A consume-only key may tail; a produce-only key may not.
+	c, err := client.New(addr, client.WithAPIKey(adminKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, consumeKey, err := c.Admin().CreateKey(ctx, "devices", []client.Scope{client.ScopeConsume}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, produceKey, err := c.Admin().CreateKey(ctx, "devices", []client.Scope{client.ScopeProduce}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, code := run(ctx, addr, produceKey, args("tail devices --count 1")...)
+	if code != 1 || !strings.Contains(refused, "PermissionDenied") {
+		t.Errorf("tail with a produce key:\n%s\nwant PermissionDenied, exit 1", refused)
+	}
+
+	env := map[string]string{"DELAYD_ADDR": addr, "DELAYD_API_KEY": consumeKey}
+	var out, errOut syncBuffer
+	tailDone := make(chan int, 1)
+	go func() {
+		tailDone <- ctl.Main(ctx, args("tail devices --count 3"), func(k string) string { return env[k] }, nil, &out, &errOut)
+	}()
+	waitFor(t, func() bool { return strings.Contains(errOut.String(), "watching deliveries of devices") })
+
+	var mu sync.Mutex
+	attempts := map[string]int32{}
+	cctx, cancel := context.WithCancel(ctx)
+	consumed := make(chan error, 1)
+	go func() {
+		consumed <- c.Consume(cctx, "devices", func(_ context.Context, d *client.Delivery) error {
+			mu.Lock()
+			defer mu.Unlock()
+			attempts[d.Task.ID] = d.Task.Attempt
+			return nil
+		}, client.ConsumeOptions{})
+	}()
+	for _, id := range []string{"dev-a", "dev-b", "dev-c"} {
+		if _, err := c.Upsert(ctx, "devices", client.TaskSpec{ID: id, Kind: "device.offline", Payload: []byte("lease of " + id), When: client.After(0)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case code := <-tailDone:
+		if code != 0 {
+			t.Fatalf("tail exited %d: %s", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("tail printed %q and is still waiting", out.String())
+	}
+	// Every task reached the subscriber once, on attempt 1, and was acked.
+	waitFor(t, func() bool {
+		s, err := c.Admin().Stats(ctx, "devices")
+		mu.Lock()
+		defer mu.Unlock()
+		return err == nil && len(attempts) == 3 && s.Scheduled+s.Delivered+s.Dead == 0
+	})
+	cancel()
+	if err := <-consumed; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Consume: %v", err)
+	}
+	for id, a := range attempts {
+		if a != 1 {
+			t.Errorf("subscriber got %s on attempt %d, want 1", id, a)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(normalize(out.String())), "\n")
+	slices.Sort(lines) // deliveries of tasks due together come in any order
+	golden(t, "tail", strings.Join(lines, "\n")+"\n")
+}
+
+// waitFor polls cond until it holds (bounded: a broken feature fails the
+// test instead of hanging it).
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,230 @@
+package ctl
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/delayd/delayd/client"
+)
+
+func nsCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "ns", Short: "Namespaces: list, get, create, update, delete, stats"}
+	cmd.AddCommand(
+		&cobra.Command{
+			Use: "list", Short: "List every namespace with its task counts (needs a global admin key)", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return g.nsList(cmd) },
+		},
+		&cobra.Command{
+			Use: "get NS", Short: "Show a namespace and its policy", Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				a, err := g.admin()
+				if err != nil {
+					return err
+				}
+				n, err := a.GetNamespace(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				return g.emit(viewNamespace(n), func() error { return g.fields(namespaceFields(n)) })
+			},
+		},
+		nsWriteCommand(g, "create"),
+		nsWriteCommand(g, "update"),
+		nsDeleteCommand(g),
+		&cobra.Command{
+			Use: "stats NS", Short: "Count a namespace's tasks per state and show how late the oldest due task is", Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				a, err := g.admin()
+				if err != nil {
+					return err
+				}
+				s, err := a.Stats(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				return g.emit(viewStats(s), func() error {
+					return g.table(statsHeader, [][]string{statsRow(args[0], s)})
+				})
+			},
+		},
+	)
+	return cmd
+}
+
+var statsHeader = []string{"NAMESPACE", "SCHEDULED", "DUE NOW", "DELIVERED", "DEAD", "OLDEST DUE LATENESS"}
+
+func statsRow(ns string, s client.Stats) []string {
+	i := func(v int64) string { return strconv.FormatInt(v, 10) }
+	return []string{ns, i(s.Scheduled), i(s.DueNow), i(s.Delivered), i(s.Dead), s.OldestDueLateness.String()}
+}
+
+// nsList prints every namespace with its stats.
+func (g *globals) nsList(cmd *cobra.Command) error {
+	a, err := g.admin()
+	if err != nil {
+		return err
+	}
+	out := []namespaceView{}
+	var rows [][]string
+	for n, err := range a.Namespaces(cmd.Context()) {
+		if err != nil {
+			return err
+		}
+		s, err := a.Stats(cmd.Context(), n.Name)
+		if err != nil {
+			return err
+		}
+		v := viewNamespace(n)
+		v.Stats = viewStats(s)
+		out = append(out, v)
+		rows = append(rows, statsRow(n.Name, s))
+	}
+	return g.emit(out, func() error { return g.table(statsHeader, rows) })
+}
+
+func namespaceFields(n client.Namespace) [][2]string {
+	p := n.Policy
+	dflt := func(s string, zero bool) string {
+		if zero {
+			return "default"
+		}
+		return s
+	}
+	d := func(v time.Duration) string { return dflt(v.String(), v == 0) }
+	i := func(v int64) string { return dflt(strconv.FormatInt(v, 10), v == 0) }
+	f := func(v float64) string { return dflt(strconv.FormatFloat(v, 'g', -1, 64), v == 0) }
+	return [][2]string{
+		{"name", n.Name},
+		{"created", ts(n.CreateTime)},
+		{"updated", ts(n.UpdateTime)},
+		{"ack_timeout", d(p.AckTimeout)},
+		{"max_attempts", i(int64(p.MaxAttempts))},
+		{"backoff_initial", d(p.BackoffInitial)},
+		{"backoff_max", d(p.BackoffMax)},
+		{"backoff_multiplier", f(p.BackoffMultiplier)},
+		{"max_payload_bytes", i(int64(p.MaxPayloadBytes))},
+		{"max_pending_tasks", i(p.MaxPendingTasks)},
+		{"rate_limit", f(p.RateLimit)},
+		{"rate_burst", i(int64(p.RateBurst))},
+		{"max_subscribers", i(int64(p.MaxSubscribers))},
+		{"max_delay", d(p.MaxDelay)},
+	}
+}
+
+// policyFlags binds one flag per policy field (named like the field, with
+// dashes) to p.
+func policyFlags(fs *pflag.FlagSet, p *client.Policy) {
+	fs.DurationVar(&p.AckTimeout, "ack-timeout", 0, "lease per delivery (1s-12h; 0 = server default 30s)")
+	fs.Int32Var(&p.MaxAttempts, "max-attempts", 0, "deliveries before a task becomes a dead letter (1-1000; 0 = default 10)")
+	fs.DurationVar(&p.BackoffInitial, "backoff-initial", 0, "first retry delay (0 = default 1s)")
+	fs.DurationVar(&p.BackoffMax, "backoff-max", 0, "largest retry delay (0 = default 10m)")
+	fs.Float64Var(&p.BackoffMultiplier, "backoff-multiplier", 0, "factor between retry delays (1-10; 0 = default 2)")
+	fs.Int32Var(&p.MaxPayloadBytes, "max-payload-bytes", 0, "largest payload in bytes (0 = default 65536; global admin only)")
+	fs.Int64Var(&p.MaxPendingTasks, "max-pending-tasks", 0, "most tasks held (0 = unlimited; global admin only)")
+	fs.Float64Var(&p.RateLimit, "rate-limit", 0, "requests per second (0 = unlimited; global admin only)")
+	fs.Int32Var(&p.RateBurst, "rate-burst", 0, "burst above --rate-limit (0 = default; global admin only)")
+	fs.Int32Var(&p.MaxSubscribers, "max-subscribers", 0, "concurrent Subscribe streams (0 = unlimited; global admin only)")
+	fs.DurationVar(&p.MaxDelay, "max-delay", 0, "furthest ahead a task may be due (0 = default 366 days)")
+}
+
+// nsWriteCommand is "ns create" or "ns update": update changes only the
+// policy fields whose flags were given.
+func nsWriteCommand(g *globals, verb string) *cobra.Command {
+	var p client.Policy
+	cmd := &cobra.Command{
+		Use:  verb + " NS [policy flags]",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := g.admin()
+			if err != nil {
+				return err
+			}
+			var n client.Namespace
+			if verb == "create" {
+				n, err = a.CreateNamespace(cmd.Context(), args[0], p)
+			} else {
+				var fields []string
+				for _, f := range client.PolicyFields {
+					if cmd.Flags().Changed(dashed(f)) {
+						fields = append(fields, f)
+					}
+				}
+				if len(fields) == 0 {
+					return usagef("ns update: give at least one policy flag (see --help)")
+				}
+				n, err = a.UpdateNamespace(cmd.Context(), args[0], p, fields)
+			}
+			if err != nil {
+				return err
+			}
+			return g.emit(viewNamespace(n), func() error { return g.fields(namespaceFields(n)) })
+		},
+	}
+	if verb == "create" {
+		cmd.Short = "Create a namespace (needs a global admin key); unset policy flags take the server defaults"
+	} else {
+		cmd.Short = "Change the policy fields whose flags are given"
+	}
+	policyFlags(cmd.Flags(), &p)
+	return cmd
+}
+
+func dashed(field string) string {
+	b := []byte(field)
+	for i, c := range b {
+		if c == '_' {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}
+
+func nsDeleteCommand(g *globals) *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use: "delete NS", Short: "Delete a namespace (refused while it has tasks, unless --force)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := g.admin()
+			if err != nil {
+				return err
+			}
+			n, err := a.DeleteNamespace(cmd.Context(), args[0], force)
+			if err != nil {
+				return err
+			}
+			return g.emit(map[string]any{"namespace": args[0], "deleted_tasks": n}, func() error {
+				return write(g.stdout, "deleted namespace %s (%d tasks)\n", args[0], n)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&force, "force", false, "delete the namespace's tasks too")
+	return cmd
+}
+
+func whoamiCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "whoami", Short: "Show the API key's namespace and scopes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a, err := g.admin()
+			if err != nil {
+				return err
+			}
+			c, err := a.WhoAmI(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return g.emit(c, func() error {
+				return g.fields([][2]string{
+					{"key", orDash(c.Key.ID)},
+					{"namespace", c.Key.Namespace},
+					{"scopes", scopeList(c.Key.Scopes)},
+					{"auth", fmt.Sprint(map[bool]string{true: "on", false: "off: every caller may do everything"}[c.AuthEnabled])},
+				})
+			})
+		},
+	}
+}

@@ -1,0 +1,185 @@
+package ctl
+
+import (
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/delayd/delayd/client"
+)
+
+func taskCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "task", Short: "Tasks: upsert, get, list, remove"}
+	cmd.AddCommand(taskUpsertCommand(g), taskGetCommand(g), taskListCommand(g), taskRemoveCommand(g))
+	return cmd
+}
+
+func taskUpsertCommand(g *globals) *cobra.Command {
+	var (
+		delay   time.Duration
+		at      string
+		kind    string
+		payload string
+	)
+	cmd := &cobra.Command{
+		Use:   "upsert NS ID (--delay 30s | --at RFC3339) [--kind K] [--payload TEXT|@file|@-]",
+		Short: "Create a task, or replace it (new due time, kind and payload)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var when client.When
+			switch {
+			case cmd.Flags().Changed("delay") && at != "":
+				return usagef("--delay and --at exclude each other: give one")
+			case at != "":
+				t, err := time.Parse(time.RFC3339Nano, at)
+				if err != nil {
+					return usagef("--at %q: want an RFC 3339 time such as 2030-01-02T15:04:05Z", at)
+				}
+				when = client.At(t)
+			case cmd.Flags().Changed("delay"):
+				when = client.After(delay)
+			default:
+				return usagef("give the due time: --delay 30s or --at 2030-01-02T15:04:05Z")
+			}
+			body, err := g.readPayload(payload)
+			if err != nil {
+				return err
+			}
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			res, err := c.Upsert(cmd.Context(), args[0], client.TaskSpec{ID: args[1], Kind: kind, Payload: body, When: when})
+			if err != nil {
+				return err
+			}
+			v := struct {
+				taskView
+				Created bool `json:"created"`
+			}{viewTask(res.Task), res.Created}
+			return g.emit(v, func() error {
+				verb := "replaced"
+				if res.Created {
+					verb = "created"
+				}
+				return write(g.stdout, "%s %s/%s, due %s (generation %d)\n", verb, res.Task.Namespace, res.Task.ID, ts(res.Task.DueTime), res.Task.Generation)
+			})
+		},
+	}
+	cmd.Flags().DurationVar(&delay, "delay", 0, "due after this delay from now, by delayd's clock (e.g. 30s, 15m, 0 = now)")
+	cmd.Flags().StringVar(&at, "at", "", "due at this RFC 3339 time (e.g. 2030-01-02T15:04:05Z)")
+	cmd.Flags().StringVar(&kind, "kind", "", "optional label, e.g. order.close")
+	cmd.Flags().StringVar(&payload, "payload", "", "payload: literal text, @file to read a file, @- to read stdin")
+	return cmd
+}
+
+// readPayload reads --payload: literal text, @file, or @- for stdin.
+func (g *globals) readPayload(p string) ([]byte, error) {
+	name, ok := strings.CutPrefix(p, "@")
+	switch {
+	case !ok:
+		return []byte(p), nil
+	case name == "-":
+		return io.ReadAll(g.stdin)
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, usagef("--payload: %v", err)
+	}
+	return b, nil
+}
+
+func taskGetCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "get NS ID", Short: "Show one task", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			t, err := c.Get(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			return g.emit(viewTask(*t), func() error { return g.fields(taskFields(*t)) })
+		},
+	}
+}
+
+// parseState reads --state.
+func parseState(s string) (client.State, error) {
+	switch strings.ToLower(s) {
+	case "", "scheduled":
+		return client.StateScheduled, nil
+	case "delivered":
+		return client.StateDelivered, nil
+	case "dead":
+		return client.StateDead, nil
+	}
+	return 0, usagef("--state %q: allowed: scheduled, delivered, dead", s)
+}
+
+func taskListCommand(g *globals) *cobra.Command {
+	var (
+		state string
+		limit int
+	)
+	cmd := &cobra.Command{
+		Use:   "list NS [--state scheduled|delivered|dead] [--limit N]",
+		Short: "List a namespace's tasks of one state, in that state's order",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := parseState(state)
+			if err != nil {
+				return err
+			}
+			if limit < 0 {
+				return usagef("--limit %d: allowed: 0 (no limit) or more", limit)
+			}
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			tasks := []client.Task{}
+			for t, err := range c.List(cmd.Context(), args[0], client.ListOptions{State: st}) {
+				if err != nil {
+					return err
+				}
+				tasks = append(tasks, t)
+				if limit > 0 && len(tasks) >= limit {
+					break
+				}
+			}
+			return g.emitTasks(tasks)
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", "scheduled", "scheduled, delivered or dead")
+	cmd.Flags().IntVar(&limit, "limit", 100, "most tasks to print; 0 = all")
+	return cmd
+}
+
+func taskRemoveCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "remove NS ID", Short: "Cancel a task in any state (removing a missing task is not an error)", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			res, err := c.Remove(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			out := map[string]any{"namespace": args[0], "id": args[1], "removed": res.Removed, "previous_state": res.PreviousState.String()}
+			return g.emit(out, func() error {
+				if !res.Removed {
+					return write(g.stdout, "no task %s/%s: nothing removed\n", args[0], args[1])
+				}
+				return write(g.stdout, "removed %s/%s (was %s)\n", args[0], args[1], res.PreviousState)
+			})
+		},
+	}
+}

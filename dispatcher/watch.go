@@ -1,0 +1,138 @@
+package dispatcher
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// Watched is a copy of one delivery, as a watcher sees it.
+type Watched struct {
+	// Delivery is the delivery as it was sent to its subscriber.
+	Delivery storage.Delivery
+	// SentAt is when the subscriber's Send returned (the local clock).
+	SentAt time.Time
+	// Missed counts copies this watcher missed, because it read too slowly,
+	// since the previous Watched it got.
+	Missed int64
+}
+
+// Watcher is one observer of a namespace's deliveries.
+type Watcher struct {
+	// Namespace to watch; already validated.
+	Namespace string
+	// Buffer is how many copies may wait for Send before further ones are
+	// missed. Values below 1 are taken as 256.
+	Buffer int
+	// Send pushes one copy to the watcher. Watch calls it from its own
+	// goroutine only, one call at a time. An error ends Watch.
+	Send func(Watched) error
+	// Ready, if set, is called once the watcher is registered and before any
+	// Send. An error ends Watch.
+	Ready func() error
+}
+
+// watcher is a registered Watcher. ch and missed are written by observe
+// (any stream's sender) and read by the watcher's own Watch goroutine.
+type watcher struct {
+	ch     chan Watched
+	missed atomic.Int64
+}
+
+// watchers is the dispatcher's registry of watchers per namespace. Watching
+// never changes delivery: observe copies a delivery after its subscriber's
+// Send returned, never blocks (a full watcher misses the copy and is told
+// how many it missed), and takes nothing from any stream's credit.
+type watchers struct {
+	count atomic.Int64 // registered watchers; observe skips the lock at 0
+	mu    sync.Mutex
+	byNS  map[string]map[*watcher]struct{}
+}
+
+func (ws *watchers) add(ns string, w *watcher) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.byNS == nil {
+		ws.byNS = make(map[string]map[*watcher]struct{})
+	}
+	set := ws.byNS[ns]
+	if set == nil {
+		set = make(map[*watcher]struct{})
+		ws.byNS[ns] = set
+	}
+	set[w] = struct{}{}
+	ws.count.Add(1)
+}
+
+func (ws *watchers) remove(ns string, w *watcher) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	set := ws.byNS[ns]
+	delete(set, w)
+	if len(set) == 0 {
+		delete(ws.byNS, ns)
+	}
+	ws.count.Add(-1)
+}
+
+// observe offers a copy of del to every watcher of ns without blocking.
+func (ws *watchers) observe(ns string, del storage.Delivery, at time.Time) {
+	if ws.count.Load() == 0 {
+		return
+	}
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	for w := range ws.byNS[ns] {
+		select {
+		case w.ch <- Watched{Delivery: del, SentAt: at}:
+		default:
+			w.missed.Add(1)
+		}
+	}
+}
+
+// Watch registers w and sends it a copy of each delivery this dispatcher
+// sends to a subscriber of w.Namespace, until ctx is done, Send fails, or
+// the dispatcher stops. It runs in the caller's goroutine, the watcher's
+// only sender, and never takes or hands back a delivery. It returns
+// ErrStopped when the dispatcher is not running or stops, ctx's error when
+// ctx ends, or Send's or Ready's error.
+func (d *Dispatcher) Watch(ctx context.Context, w Watcher) error {
+	if w.Buffer < 1 {
+		w.Buffer = 256
+	}
+	d.mu.Lock()
+	if d.state != stateRunning {
+		d.mu.Unlock()
+		return ErrStopped
+	}
+	stopped := d.stopped
+	d.serving.Add(1)
+	d.mu.Unlock()
+	defer d.serving.Done()
+
+	wt := &watcher{ch: make(chan Watched, w.Buffer)}
+	d.watch.add(w.Namespace, wt)
+	defer d.watch.remove(w.Namespace, wt)
+	if w.Ready != nil {
+		if err := w.Ready(); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stopped:
+			return ErrStopped
+		case c := <-wt.ch:
+			c.Missed = wt.missed.Swap(0)
+			if err := w.Send(c); err != nil {
+				return err
+			}
+		}
+	}
+}
