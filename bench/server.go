@@ -109,6 +109,9 @@ func startChild(ctx context.Context, bin string, redisURL, mysqlDSN, logLevel st
 		opsAddr = "127.0.0.1:" + strconv.Itoa(p)
 		args = append(args, "--ops-listen", opsAddr)
 	}
+	if hasFlag(ctx, bin, "http-listen") {
+		args = append(args, "--http-listen", "") // no HTTP edge: its default port is shared
+	}
 	if mysqlDSN != "" {
 		args = append(args, "--mysql-dsn", mysqlDSN)
 	}

@@ -20,6 +20,14 @@ type Config struct {
 	// Port 0 picks a free port (see Daemon.Addr). If empty, ":7070".
 	Listen string
 
+	// HTTPListen is the TCP address of the HTTP edge, host:port: the same
+	// services over Connect (JSON or binary), gRPC-Web and gRPC, with the
+	// same auth and limits, and the web console at /ui/ (package web). TLS
+	// and mTLS as on the gRPC listener. Port 0 picks a free port (see
+	// Daemon.HTTPAddr). If empty, there is no HTTP edge; the delayd binary's
+	// --http-listen defaults to ":7071".
+	HTTPListen string
+
 	// RedisURL is the Redis holding the task index:
 	//   - "" (default): embedded mode, an in-process Redis-compatible store
 	//     (miniredis) in memory; nothing survives a restart, and delayd logs
@@ -116,6 +124,7 @@ type Config struct {
 // name.
 const (
 	DefaultListen            = ":7070"
+	DefaultHTTPListen        = ":7071"
 	DefaultShutdownTimeout   = 10 * time.Second
 	DefaultLogLevel          = "info"
 	DefaultLogFormat         = "text"

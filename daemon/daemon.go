@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
+	"github.com/delayd/delayd/web"
 )
 
 // startPingTimeout bounds the check that Redis answers at start.
@@ -37,9 +39,12 @@ type Daemon struct {
 	dispatcher *dispatcher.Dispatcher
 	server     *server.Server
 	lis        net.Listener
+	httpLis    net.Listener // nil when Config.HTTPListen is empty
 
 	serveDone chan struct{} // closed when Serve returns
 	serveErr  error         // Serve's error; read after serveDone
+	httpDone  chan struct{} // closed when the HTTP edge's Serve returns
+	httpErr   error         // its error; read after httpDone
 
 	stopOnce sync.Once
 	stopErr  error
@@ -59,13 +64,15 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		d.logger.Info("shutting down", "reason", context.Cause(ctx), "timeout", d.cfg.ShutdownTimeout)
 	case <-d.serveDone:
 		d.logger.Error("gRPC server stopped unexpectedly", "error", d.serveErr)
+	case <-d.httpDone:
+		d.logger.Error("HTTP edge stopped unexpectedly", "error", d.httpErr)
 	}
 	// The run context is done; shutdown gets its own bounded context.
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ShutdownTimeout)
 	defer cancel()
 	stopErr := d.Stop(stopCtx)
-	if d.serveErr != nil {
-		return errors.Join(d.serveErr, stopErr)
+	if d.serveErr != nil || d.httpErr != nil {
+		return errors.Join(d.serveErr, d.httpErr, stopErr)
 	}
 	return stopErr
 }
@@ -83,7 +90,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 			return nil, err
 		}
 	}
-	d := &Daemon{cfg: cfg, logger: logger, serveDone: make(chan struct{})}
+	d := &Daemon{cfg: cfg, logger: logger, serveDone: make(chan struct{}), httpDone: make(chan struct{})}
 	// cleanup undoes what has been started so far, in reverse order.
 	var cleanup []func()
 	defer func() {
@@ -191,6 +198,25 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	}
 	cleanup = append(cleanup, func() { _ = d.lis.Close() })
 
+	// 4b. The HTTP edge (Connect, gRPC-Web, JSON and the console) over the
+	// same server, when Config.HTTPListen is set.
+	var httpHandler http.Handler
+	if cfg.HTTPListen != "" {
+		httpHandler, err = web.Handler(web.Options{
+			GRPC:            d.server.HTTPHandler(),
+			Services:        server.ServiceNames(),
+			MaxMessageBytes: d.server.MaxMessageBytes(),
+		})
+		if err != nil {
+			return nil, err
+		}
+		d.httpLis, err = lc.Listen(ctx, "tcp", cfg.HTTPListen)
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s (--http-listen): %w", cfg.HTTPListen, err)
+		}
+		cleanup = append(cleanup, func() { _ = d.httpLis.Close() })
+	}
+
 	// The dispatcher's background work lives until Stop, not until the end
 	// of ctx, so that shutdown happens in the order Stop writes down.
 	if err = d.dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
@@ -206,12 +232,18 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		defer close(d.serveDone)
 		d.serveErr = d.server.Serve(d.lis)
 	}()
+	if d.httpLis != nil {
+		go func() {
+			defer close(d.httpDone)
+			d.httpErr = d.server.ServeHTTPEdge(d.httpLis, httpHandler)
+		}()
+	}
 	if d.durable == nil {
 		d.server.SetServing(true)
 	} else {
 		go d.durable.serveWhenIndexed(d.server, logger) // SERVING once the index is complete
 	}
-	logger.Info("delayd serving", "addr", d.Addr(), "store", d.redis.mode, "redis", d.redis.where,
+	logger.Info("delayd serving", "addr", d.Addr(), "http_addr", d.HTTPAddr(), "store", d.redis.mode, "redis", d.redis.where,
 		"durable", d.durable != nil, "auth", !ten.auth.Disabled, "tls", ten.tls != nil,
 		"auto_create_namespaces", ten.registry.AutoCreate(), "reflection", !cfg.DisableReflection)
 	return d, nil
@@ -221,6 +253,15 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 // Config.Listen asked for port 0).
 func (d *Daemon) Addr() string { return d.lis.Addr().String() }
 
+// HTTPAddr is the address the HTTP edge listens on (with the real port when
+// Config.HTTPListen asked for port 0), or "" when it is off.
+func (d *Daemon) HTTPAddr() string {
+	if d.httpLis == nil {
+		return ""
+	}
+	return d.httpLis.Addr().String()
+}
+
 // Stop shuts delayd down; ctx bounds the dispatcher hand-back and the drain
 // of running calls together. Calling it again returns the first result.
 //
@@ -228,8 +269,9 @@ func (d *Daemon) Addr() string { return d.lis.Addr().String() }
 //  1. health NOT_SERVING, so probes and load balancers send no new work;
 //  2. dispatcher Stop: stop popping, hand back what streams still hold,
 //     end the Subscribe streams;
-//  3. gRPC GracefulStop: running unary calls finish; when ctx ends first,
-//     the remaining connections are closed;
+//  3. gRPC GracefulStop and the HTTP edge's shutdown, together: running
+//     unary calls finish; when ctx ends first, the remaining connections
+//     are closed;
 //     3b. durable mode: stop the MySQL store (writes already accepted are
 //     committed and indexed, the reconciler ends, the pool closes);
 //  4. close Redis (and the embedded store): nothing uses it any more. (When
@@ -244,11 +286,17 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		d.server.SetServing(false)        // 1
 		dispErr := d.dispatcher.Stop(ctx) // 2
 		grpcDone := make(chan error, 1)   // 3
-		go func() { grpcDone <- d.server.GracefulStop(ctx) }()
+		go func() {
+			httpErr := make(chan error, 1)
+			go func() { httpErr <- d.server.ShutdownHTTPEdge(ctx) }()
+			grpcErr := d.server.GracefulStop(ctx)
+			grpcDone <- errors.Join(grpcErr, <-httpErr)
+		}()
 		var grpcErr, durableErr, redisErr error
 		select {
 		case grpcErr = <-grpcDone:
 			<-d.serveDone
+			d.waitHTTP()
 			if d.durable != nil { // 3b. commit what was accepted, close MySQL
 				durableErr = d.durable.close(ctx)
 			}
@@ -261,6 +309,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 			redisErr = d.redis.close() // 4, early
 			grpcErr = <-grpcDone
 			<-d.serveDone
+			d.waitHTTP()
 			if d.durable != nil {
 				durableErr = d.durable.close(ctx)
 			}
@@ -273,6 +322,13 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		}
 	})
 	return d.stopErr
+}
+
+// waitHTTP waits for the HTTP edge's Serve to return, if it runs.
+func (d *Daemon) waitHTTP() {
+	if d.httpLis != nil {
+		<-d.httpDone
+	}
 }
 
 func wrap(op string, err error) error {

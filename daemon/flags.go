@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 
@@ -41,6 +42,9 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	c := &f.Config
 	pol := defaultPolicy()
 	fs.StringVar(&c.Listen, "listen", DefaultListen, "gRPC listen address, host:port")
+	// The one flag whose default is not the zero Config's: in-process users
+	// (tests, tools) get no HTTP edge unless they ask for one.
+	fs.StringVar(&c.HTTPListen, "http-listen", DefaultHTTPListen, "HTTP edge address, host:port: Connect/JSON, gRPC-Web and gRPC; empty = off")
 	fs.StringVar(&c.RedisURL, "redis-url", "", "Redis for the task index: redis://host:port/db, rediss://..., or redis-cluster://h1:p1,h2:p2; empty = embedded in-memory store (nothing survives a restart)")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", "", "MySQL DSN for durable mode, user:pass@tcp(host:3306)/db; empty = Redis-only")
 	fs.DurationVar(&c.ReconcileInterval, "reconcile-interval", DefaultReconcileInterval, "durable mode: how often the leader re-indexes tasks MySQL has and Redis lacks")
@@ -91,6 +95,11 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg := f.Config
+	// DELAYD_HTTP_LISTEN set but empty turns the HTTP edge off (ff ignores
+	// empty variables), unless --http-listen is given.
+	if v, ok := os.LookupEnv(EnvPrefix + "_HTTP_LISTEN"); ok && v == "" && !flagGiven(fs, "http-listen") {
+		cfg.HTTPListen = ""
+	}
 	// A shared Redis is never open to everyone by accident: without an
 	// admin key, --no-auth must say so (embedded mode is open by default).
 	if _, err := server.ResolveAuth(cfg.AdminKey, f.NoAuth, cfg.RedisURL == ""); err != nil {
@@ -111,6 +120,13 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// flagGiven reports whether name was set on the command line.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // redisLogger adapts slog to go-redis's internal logger, at WARN.

@@ -413,8 +413,8 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 					n.unmarkSent(st, del.Token)
 					return err
 				}
+				d.watch.observe(n.name, del, d.cfg.Clock.Now())
 			}
-			d.watch.observe(n.name, del, d.cfg.Clock.Now())
 		}
 	}
 }

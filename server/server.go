@@ -10,13 +10,16 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -27,6 +30,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 )
@@ -75,6 +79,14 @@ type Server struct {
 	health   *health.Server
 	logger   *slog.Logger
 	maxConns int
+
+	// The HTTP edge (http.go).
+	tap         tap.ServerInHandle // nil when auth is off
+	tlsConfig   *tls.Config
+	limits      Limits
+	mu          sync.Mutex
+	httpSrv     []*http.Server
+	httpStopped bool
 }
 
 // New builds a Server from opts: interceptors (panic recovery first, then
@@ -117,8 +129,10 @@ func New(opts Options) (*Server, error) {
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinClientPing, PermitWithoutStream: true}),
 	}
+	var tapHandle tap.ServerInHandle
 	if authEnabled(opts) {
-		serverOpts = append(serverOpts, grpc.InTapHandle(tapAuth(opts)))
+		tapHandle = tapAuth(opts)
+		serverOpts = append(serverOpts, grpc.InTapHandle(tapHandle))
 	}
 	// Tenancy and security run inside recovery and logging (chained
 	// interceptors accumulate in order): authentication, authorization,
@@ -136,7 +150,8 @@ func New(opts Options) (*Server, error) {
 		reflection.Register(gs)
 	}
 
-	s := &Server{grpc: gs, health: hs, logger: opts.Logger, maxConns: opts.Limits.MaxConnections}
+	s := &Server{grpc: gs, health: hs, logger: opts.Logger, maxConns: opts.Limits.MaxConnections,
+		tap: tapHandle, tlsConfig: opts.TLS, limits: opts.Limits}
 	s.SetServing(false)
 	return s, nil
 }

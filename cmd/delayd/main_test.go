@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,7 +48,7 @@ func TestBinary(t *testing.T) {
 			t.Fatalf("--help: %v\n%s", err, out)
 		}
 		for _, flag := range []string{"listen", "redis-url", "mysql-dsn", "log-level", "log-format", "max-batch",
-			"max-message-bytes", "max-payload-bytes", "shutdown-timeout", "reflection", "admin-key", "no-auth", "tls-cert"} {
+			"max-message-bytes", "max-payload-bytes", "shutdown-timeout", "reflection", "admin-key", "no-auth", "tls-cert", "http-listen"} {
 			env := "DELAYD_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 			if !strings.Contains(string(out), "--"+flag+"  ("+env+")") {
 				t.Errorf("--help lacks --%s (%s):\n%s", flag, env, out)
@@ -55,7 +57,7 @@ func TestBinary(t *testing.T) {
 	})
 
 	t.Run("a real Redis without auth is refused", func(t *testing.T) {
-		cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--redis-url", "redis://127.0.0.1:6379")
+		cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--redis-url", "redis://127.0.0.1:6379")
 		for _, kv := range os.Environ() { // no DELAYD_* from the caller's shell
 			if !strings.HasPrefix(kv, "DELAYD_") {
 				cmd.Env = append(cmd.Env, kv)
@@ -70,7 +72,7 @@ func TestBinary(t *testing.T) {
 	t.Run("SIGTERM shuts down cleanly with exit 0", func(t *testing.T) {
 		cmd := exec.Command(bin, "--log-format", "text")
 		// Environment variables configure it, as in a container.
-		cmd.Env = append(os.Environ(), "DELAYD_LISTEN=127.0.0.1:0", "DELAYD_REDIS_URL=", "DELAYD_SHUTDOWN_TIMEOUT=20s")
+		cmd.Env = append(os.Environ(), "DELAYD_LISTEN=127.0.0.1:0", "DELAYD_HTTP_LISTEN=127.0.0.1:0", "DELAYD_REDIS_URL=", "DELAYD_SHUTDOWN_TIMEOUT=20s")
 		stderr, err := cmd.StderrPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -90,8 +92,8 @@ func TestBinary(t *testing.T) {
 			}
 			close(lines)
 		}()
-		addrRE := regexp.MustCompile(`msg="delayd serving" addr=(\S+)`)
-		var addr string
+		addrRE := regexp.MustCompile(`msg="delayd serving" addr=(\S+) http_addr=(\S+)`)
+		var addr, httpAddr string
 		for addr == "" {
 			line, ok := <-lines
 			if !ok {
@@ -99,7 +101,7 @@ func TestBinary(t *testing.T) {
 			}
 			logText.WriteString(line + "\n")
 			if m := addrRE.FindStringSubmatch(line); m != nil {
-				addr = m[1]
+				addr, httpAddr = m[1], m[2]
 			}
 		}
 
@@ -117,6 +119,20 @@ func TestBinary(t *testing.T) {
 			Namespace: "bin", Id: "t1", When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Minute)},
 		}); err != nil {
 			t.Fatalf("upsert: %v", err)
+		}
+
+		// The HTTP edge serves the same task as JSON.
+		hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+httpAddr+"/delayd.v1.TaskService/GetTask",
+			strings.NewReader(`{"namespace":"bin","id":"t1"}`))
+		hreq.Header.Set("Content-Type", "application/json")
+		hresp, err := http.DefaultClient.Do(hreq)
+		if err != nil {
+			t.Fatalf("HTTP GetTask: %v", err)
+		}
+		hbody, _ := io.ReadAll(hresp.Body)
+		hresp.Body.Close()
+		if hresp.StatusCode != http.StatusOK || !strings.Contains(string(hbody), `"id":"t1"`) {
+			t.Errorf("HTTP GetTask: %d %s", hresp.StatusCode, hbody)
 		}
 
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {

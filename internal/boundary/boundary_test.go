@@ -88,17 +88,23 @@ var rules = map[string]rule{
 		imports:     []string{"gen/delayd/v1", "storage", "dispatcher", "tenancy", "metrics"},
 		testImports: []string{"storage/storagefake", "internal/testkit"},
 	},
+	// The HTTP edge: vanguard in front of the gRPC server's handler, and
+	// the console; it knows no service code. Its tests run over the wire
+	// against a real delayd.
+	"web": {
+		testImports: []string{"daemon", "gen/delayd/v1", "internal/testkit"},
+	},
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.
 	"daemon": {
-		imports: []string{"server", "dispatcher", "tenancy", "metrics", "storage",
+		imports: []string{"server", "web", "dispatcher", "tenancy", "metrics", "storage",
 			"storage/redisstore", "storage/mysqlstore", "storage/durable"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},
 
 	// Binaries.
 	"cmd/delayd":        {imports: []string{"daemon"}, testImports: []string{"gen/delayd/v1", "internal/testkit"}},
-	"cmd/delayctl":      {imports: []string{"client", "gen/delayd/v1"}, testImports: []string{"daemon", "internal/testkit"}},
+	"cmd/delayctl":      {imports: []string{"ctl"}},
 	"cmd/delaybench":    {imports: []string{"bench"}},
 	"bench":             {imports: []string{"daemon", "gen/delayd/v1", "bench/baseline"}, testImports: []string{"internal/testkit"}},
 	"bench/baseline":    {testImports: []string{"internal/testkit"}},
@@ -108,6 +114,12 @@ var rules = map[string]rule{
 	// delayd in-process.
 	"client": {
 		imports:     []string{"gen/delayd/v1"},
+		testImports: []string{"daemon", "internal/testkit"},
+	},
+	// delayctl's commands: a client program over the typed admin client;
+	// its golden tests start a real delayd in-process.
+	"ctl": {
+		imports:     []string{"client"},
 		testImports: []string{"daemon", "internal/testkit"},
 	},
 	// Examples are client programs.

@@ -1,0 +1,328 @@
+package web_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/delayd/delayd/daemon"
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server"
+)
+
+// The HTTP edge tests run a real delayd (real Redis from TEST_REDIS_URL,
+// auth on) with its HTTP listener on a free loopback port, and speak to it
+// the way curl, a browser and a Connect client do.
+
+const adminKey = "web-test-admin-key-0123456789abcdef"
+
+func redisURL() string {
+	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379"
+}
+
+func suffix() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+type env struct {
+	t    *testing.T
+	base string // http://host:port
+	d    *daemon.Daemon
+}
+
+func start(t *testing.T, limits server.Limits) *env {
+	t.Helper()
+	d, err := daemon.Start(t.Context(), daemon.Config{
+		Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", RedisURL: redisURL(),
+		AdminKey: adminKey, Limits: limits,
+	}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("daemon.Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	return &env{t: t, base: "http://" + d.HTTPAddr(), d: d}
+}
+
+// call makes a Connect unary call with a JSON body, as curl does, and
+// returns the HTTP status and the decoded JSON answer.
+func (e *env) call(key, method string, body any) (int, map[string]any) {
+	e.t.Helper()
+	b, err := json.Marshal(body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(e.t.Context(), http.MethodPost, e.base+"/delayd.v1."+method, bytes.NewReader(b))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatalf("%s: %v", method, err)
+	}
+	defer resp.Body.Close()
+	out := map[string]any{}
+	raw, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(raw, &out); err != nil {
+		e.t.Fatalf("%s: answer %q is not JSON: %v", method, raw, err)
+	}
+	return resp.StatusCode, out
+}
+
+// mustCall is call that expects 200.
+func (e *env) mustCall(key, method string, body any) map[string]any {
+	e.t.Helper()
+	code, out := e.call(key, method, body)
+	if code != http.StatusOK {
+		e.t.Fatalf("%s: HTTP %d %v", method, code, out)
+	}
+	return out
+}
+
+func (e *env) namespace(prefix string, policy map[string]any) string {
+	e.t.Helper()
+	ns := prefix + suffix()
+	e.mustCall(adminKey, "NamespaceService/CreateNamespace", map[string]any{"namespace": map[string]any{"name": ns, "policy": policy}})
+	e.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		b, _ := json.Marshal(map[string]any{"name": ns, "force": true})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.base+"/delayd.v1.NamespaceService/DeleteNamespace", bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+adminKey)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	})
+	return ns
+}
+
+func TestConnectJSONUpsertGetRemove(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	ns := e.namespace("web-", nil)
+
+	up := e.mustCall(adminKey, "TaskService/UpsertTask", map[string]any{
+		"namespace": ns, "id": "order-42", "kind": "order.close",
+		"payload": "aGVsbG8=", "delay": "900s",
+	})
+	if up["created"] != true || up["task"].(map[string]any)["state"] != "TASK_STATE_SCHEDULED" {
+		t.Fatalf("UpsertTask = %v", up)
+	}
+	got := e.mustCall(adminKey, "TaskService/GetTask", map[string]any{"namespace": ns, "id": "order-42"})
+	task := got["task"].(map[string]any)
+	if task["id"] != "order-42" || task["kind"] != "order.close" || task["payload"] != "aGVsbG8=" || task["generation"] != "1" {
+		t.Fatalf("GetTask = %v", got)
+	}
+	rm := e.mustCall(adminKey, "TaskService/RemoveTask", map[string]any{"namespace": ns, "id": "order-42"})
+	if rm["removed"] != true || rm["previousState"] != "TASK_STATE_SCHEDULED" {
+		t.Fatalf("RemoveTask = %v", rm)
+	}
+	// Errors carry the gRPC code and the same message a gRPC client gets.
+	code, out := e.call(adminKey, "TaskService/GetTask", map[string]any{"namespace": ns, "id": "order-42"})
+	if code != http.StatusNotFound || out["code"] != "not_found" || !strings.Contains(fmt.Sprint(out["message"]), `task "order-42" not found`) {
+		t.Errorf("GetTask after remove: HTTP %d %v; want 404 not_found naming the task", code, out)
+	}
+	code, out = e.call(adminKey, "TaskService/UpsertTask", map[string]any{"namespace": ns, "id": "bad/id", "delay": "1s"})
+	if code != http.StatusBadRequest || out["code"] != "invalid_argument" || !strings.Contains(fmt.Sprint(out["message"]), "id has '/'") {
+		t.Errorf("bad id: HTTP %d %v; want 400 invalid_argument naming the field", code, out)
+	}
+	code, out = e.call(adminKey, "TaskService/UpsertTask", map[string]any{"namespace": ns, "idd": "x", "delay": "1s"})
+	if code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(out["message"]), "idd") {
+		t.Errorf("misspelled field: HTTP %d %v; want 400 naming it", code, out)
+	}
+}
+
+// TestSameAuthAsGRPC: no key, a bad key, and a key of another namespace
+// are refused over HTTP exactly as over gRPC.
+func TestSameAuthAsGRPC(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	nsA := e.namespace("web-a-", nil)
+	nsB := e.namespace("web-b-", nil)
+	key := e.mustCall(adminKey, "NamespaceService/CreateKey", map[string]any{"namespace": nsA, "scopes": []string{"KEY_SCOPE_PRODUCE"}})
+	secret := key["secret"].(string)
+
+	get := map[string]any{"namespace": nsB, "id": "x"}
+	for _, c := range []struct {
+		key      string
+		status   int
+		code     string
+		contains string
+	}{
+		{"", http.StatusUnauthorized, "unauthenticated", "missing API key"},
+		{"dk_0123456789abcdef_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", http.StatusUnauthorized, "unauthenticated", "invalid API key"},
+		{"not-a-key-at-all", http.StatusUnauthorized, "unauthenticated", "invalid API key"},
+		{secret, http.StatusForbidden, "permission_denied", fmt.Sprintf("namespace %q", nsB)},
+	} {
+		status, out := e.call(c.key, "TaskService/GetTask", get)
+		if status != c.status || out["code"] != c.code || !strings.Contains(fmt.Sprint(out["message"]), c.contains) {
+			t.Errorf("key %q: HTTP %d %v; want %d %s containing %q", c.key, status, out, c.status, c.code, c.contains)
+		}
+	}
+	// The namespace's own key works.
+	status, out := e.call(secret, "TaskService/GetTask", map[string]any{"namespace": nsA, "id": "x"})
+	if status != http.StatusNotFound {
+		t.Errorf("own namespace: HTTP %d %v; want 404 (allowed, no such task)", status, out)
+	}
+}
+
+// TestSameLimitsAsGRPC: the message size limit and a namespace's rate limit
+// apply over HTTP.
+func TestSameLimitsAsGRPC(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{MaxMessageBytes: 64 << 10})
+	ns := e.namespace("web-lim-", map[string]any{"rateLimit": 1, "rateBurst": 2})
+
+	big := strings.Repeat("A", 100<<10) // base64 of 75 KiB: over the 64 KiB message limit
+	status, out := e.call(adminKey, "TaskService/UpsertTask", map[string]any{"namespace": ns, "id": "big", "delay": "1s", "payload": big})
+	if status == http.StatusOK || out["code"] != "resource_exhausted" {
+		t.Errorf("oversized message: HTTP %d %v; want resource_exhausted", status, out)
+	}
+	limited := false
+	for i := 0; i < 5 && !limited; i++ {
+		status, out = e.call(adminKey, "TaskService/GetTask", map[string]any{"namespace": ns, "id": "x"})
+		limited = status == http.StatusTooManyRequests && out["code"] == "resource_exhausted" && strings.Contains(fmt.Sprint(out["message"]), "rate")
+	}
+	if !limited {
+		t.Errorf("5 calls at once on a namespace limited to 1/s (burst 2): never refused; last HTTP %d %v", status, out)
+	}
+}
+
+// envelope frames one Connect/gRPC-Web streaming message.
+func envelope(flags byte, msg []byte) []byte {
+	b := make([]byte, 5+len(msg))
+	b[0] = flags
+	binary.BigEndian.PutUint32(b[1:], uint32(len(msg)))
+	copy(b[5:], msg)
+	return b
+}
+
+// readEnvelope reads one frame.
+func readEnvelope(r *bufio.Reader) (flags byte, msg []byte, err error) {
+	var h [5]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	msg = make([]byte, binary.BigEndian.Uint32(h[1:]))
+	_, err = io.ReadFull(r, msg)
+	return h[0], msg, err
+}
+
+// TestConnectStreamingSubscribeAndAck: a Subscribe stream over the Connect
+// protocol (HTTP/1.1, JSON) gets a due task; the token acks it over JSON.
+func TestConnectStreamingSubscribeAndAck(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	ns := e.namespace("web-sub-", nil)
+
+	// Over HTTP the stream's headers arrive with its first message, so the
+	// task is made due first.
+	e.mustCall(adminKey, "TaskService/UpsertTask", map[string]any{"namespace": ns, "id": "due-now", "delay": "0s", "payload": "aGk="})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	body, _ := json.Marshal(map[string]any{"namespace": ns, "maxInFlight": 1})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.base+"/delayd.v1.DeliveryService/Subscribe", bytes.NewReader(envelope(0, body)))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("Subscribe: HTTP %d", resp.StatusCode)
+	}
+
+	flags, msg, err := readEnvelope(bufio.NewReader(resp.Body))
+	if err != nil || flags != 0 {
+		t.Fatalf("first frame: flags %d, %v (%s)", flags, err, msg)
+	}
+	var sub struct {
+		Delivery struct {
+			Task  struct{ ID, Payload string }
+			Token string
+		}
+	}
+	if err := json.Unmarshal(msg, &sub); err != nil || sub.Delivery.Task.ID != "due-now" || sub.Delivery.Token == "" {
+		t.Fatalf("delivery %s: %v", msg, err)
+	}
+	ack := e.mustCall(adminKey, "DeliveryService/AckTasks", map[string]any{"namespace": ns, "tokens": []string{sub.Delivery.Token}})
+	if r := ack["results"].([]any)[0].(map[string]any); r["status"] != "TOKEN_STATUS_OK" {
+		t.Errorf("ack: %v", ack)
+	}
+}
+
+// TestGRPCWebAndNativeGRPC: the same service over gRPC-Web (binary) and
+// over native gRPC (HTTP/2 without TLS) on the HTTP port.
+func TestGRPCWebAndNativeGRPC(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	ns := e.namespace("web-gw-", nil)
+	e.mustCall(adminKey, "TaskService/UpsertTask", map[string]any{"namespace": ns, "id": "t1", "delay": "60s"})
+
+	reqMsg, _ := proto.Marshal(&delaydv1.GetTaskRequest{Namespace: ns, Id: "t1"})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, e.base+"/delayd.v1.TaskService/GetTask", bytes.NewReader(envelope(0, reqMsg)))
+	req.Header.Set("Content-Type", "application/grpc-web+proto")
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	_, msg, err := readEnvelope(r)
+	if err != nil {
+		t.Fatalf("gRPC-Web message: %v", err)
+	}
+	var got delaydv1.GetTaskResponse
+	if err := proto.Unmarshal(msg, &got); err != nil || got.GetTask().GetId() != "t1" {
+		t.Fatalf("gRPC-Web GetTask = %v, %v", &got, err)
+	}
+	flags, trailer, err := readEnvelope(r)
+	if err != nil || flags&0x80 == 0 || !strings.Contains(strings.ToLower(string(trailer)), "grpc-status: 0") {
+		t.Errorf("gRPC-Web trailer frame: flags %x %q %v", flags, trailer, err)
+	}
+
+	conn, err := grpc.NewClient(e.d.HTTPAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+adminKey)
+	g, err := delaydv1.NewTaskServiceClient(conn).GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: "t1"})
+	if err != nil || g.GetTask().GetId() != "t1" {
+		t.Fatalf("gRPC over the HTTP port: %v, %v", g, err)
+	}
+}
