@@ -28,6 +28,14 @@ $(BIN)/buf: tools/buf/package-lock.json
 	npm ci --prefix tools/buf --no-audit --no-fund --loglevel=error
 	mkdir -p $(BIN) && ln -sf $(CURDIR)/tools/buf/node_modules/.bin/buf $(BIN)/buf
 	@$(BIN)/buf --version >/dev/null
+# The TypeScript client's npm dependencies (protoc-gen-es, the Connect
+# runtime), pinned in clients/ts/package-lock.json.
+TS_DEPS := clients/ts/node_modules/.package-lock.json
+$(TS_DEPS): clients/ts/package-lock.json
+	@command -v npm >/dev/null || { echo "the TypeScript client needs Node.js 20 and npm (Debian: apt-get install -y nodejs npm)"; exit 1; }
+	npm ci --prefix clients/ts --no-audit --no-fund --loglevel=error
+	@touch $@
+
 $(BIN)/protoc-gen-go:
 	GOBIN=$(BIN) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(BIN)/protoc-gen-go-grpc:
@@ -36,18 +44,19 @@ $(BIN)/staticcheck:
 	GOBIN=$(BIN) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: tools
-tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc ## Install the pinned code generators into ./bin.
+tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(TS_DEPS) ## Install the pinned code generators into ./bin (and clients/ts/node_modules).
 
 .PHONY: generate
-generate: tools ## Regenerate gen/ from proto/.
-	rm -rf gen
+generate: tools ## Regenerate gen/ and clients/ts/src/gen/ from proto/.
+	rm -rf gen clients/ts/src/gen
 	buf generate
+	buf generate --template clients/ts/buf.gen.yaml
 
 .PHONY: check-generate
 check-generate: generate ## Fail when gen/ differs from what proto/ generates.
-	@if [ -n "$$(git status --porcelain -- gen proto)" ]; then \
-		echo "gen/ is stale: run 'make generate' and commit the result"; \
-		git status --porcelain -- gen proto; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- gen proto clients/ts/src/gen)" ]; then \
+		echo "gen/ or clients/ts/src/gen/ is stale: run 'make generate' and commit the result"; \
+		git status --porcelain -- gen proto clients/ts/src/gen; exit 1; fi
 
 # buf breaking compares proto/ with this ref (the main branch by default):
 # a change that breaks the wire or JSON contract fails lint (docs/VERSIONING.md).
@@ -73,6 +82,12 @@ services: ## Make sure Redis and MySQL answer (start them if installed).
 test: services ## Check services, go vet, then go test -race (no code generators needed).
 	go vet ./...
 	go test $(GO_TEST_FLAGS) ./...
+	$(MAKE) test-ts
+
+.PHONY: test-ts
+test-ts: $(TS_DEPS) ## Run the TypeScript client's example (node --test) against a real delayd built from this tree.
+	go build -o $(BIN)/delayd ./cmd/delayd
+	cd clients/ts && DELAYD_BIN=$(BIN)/delayd node --test test/
 
 .PHONY: ci
 ci: check-generate test ## What CI runs (.ci/run): gen/ staleness, then make test.
