@@ -18,6 +18,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/delayd/delayd/internal/testkit"
+
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/ctl"
 	"github.com/delayd/delayd/daemon"
@@ -26,7 +28,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	testkit.Main(m,
 		// miniredis (embedded mode) and grpc keep background goroutines
 		// that end shortly after Stop.
 		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),

@@ -4,15 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +21,7 @@ import (
 
 	"github.com/delayd/delayd/daemon"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 )
 
@@ -33,18 +31,7 @@ import (
 
 const adminKey = "web-test-admin-key-0123456789abcdef"
 
-func redisURL() string {
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	return "redis://127.0.0.1:6379"
-}
-
-func suffix() string {
-	b := make([]byte, 5)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 type env struct {
 	t    *testing.T
@@ -55,7 +42,7 @@ type env struct {
 func start(t *testing.T, limits server.Limits) *env {
 	t.Helper()
 	d, err := daemon.Start(t.Context(), daemon.Config{
-		Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", RedisURL: redisURL(),
+		Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", RedisURL: testkit.RedisURL(),
 		AdminKey: adminKey, Limits: limits,
 	}, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -112,7 +99,7 @@ func (e *env) mustCall(key, method string, body any) map[string]any {
 
 func (e *env) namespace(prefix string, policy map[string]any) string {
 	e.t.Helper()
-	ns := prefix + suffix()
+	ns := prefix + testkit.Suffix()
 	e.mustCall(adminKey, "NamespaceService/CreateNamespace", map[string]any{"namespace": map[string]any{"name": ns, "policy": policy}})
 	e.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -92,7 +92,8 @@ var rules = map[string]rule{
 	// the console; it knows no service code. Its tests run over the wire
 	// against a real delayd.
 	"web": {
-		testImports: []string{"daemon", "gen/delayd/v1", "internal/testkit"},
+		// server only for server.Limits in daemon.Config.
+		testImports: []string{"daemon", "server", "gen/delayd/v1", "internal/testkit"},
 	},
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.

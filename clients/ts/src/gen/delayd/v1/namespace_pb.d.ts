@@ -193,11 +193,11 @@ export declare const CreateNamespaceResponseSchema: GenMessage<CreateNamespaceRe
  */
 export declare type GetNamespaceRequest = Message<"delayd.v1.GetNamespaceRequest"> & {
   /**
-   * Namespace name.
+   * The namespace, by name: [a-z0-9][a-z0-9_-]{0,62}.
    *
-   * @generated from field: string name = 1;
+   * @generated from field: string namespace = 1;
    */
-  name: string;
+  namespace: string;
 };
 
 /**
@@ -335,11 +335,11 @@ export declare const UpdateNamespaceResponseSchema: GenMessage<UpdateNamespaceRe
  */
 export declare type DeleteNamespaceRequest = Message<"delayd.v1.DeleteNamespaceRequest"> & {
   /**
-   * Namespace name.
+   * The namespace, by name: [a-z0-9][a-z0-9_-]{0,62}.
    *
-   * @generated from field: string name = 1;
+   * @generated from field: string namespace = 1;
    */
-  name: string;
+  namespace: string;
 
   /**
    * Delete even if it still has tasks (they are deleted too).
@@ -382,11 +382,11 @@ export declare const DeleteNamespaceResponseSchema: GenMessage<DeleteNamespaceRe
  */
 export declare type GetNamespaceStatsRequest = Message<"delayd.v1.GetNamespaceStatsRequest"> & {
   /**
-   * Namespace name.
+   * The namespace, by name: [a-z0-9][a-z0-9_-]{0,62}.
    *
-   * @generated from field: string name = 1;
+   * @generated from field: string namespace = 1;
    */
-  name: string;
+  namespace: string;
 };
 
 /**
