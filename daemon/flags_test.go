@@ -25,7 +25,12 @@ func TestFlagDefaults(t *testing.T) {
 	}
 	got := f.Config
 	// Fields other parts default (checked below) are left out here.
-	otherParts := cmpopts.IgnoreFields(Config{}, "Limits", "MaxPayloadBytes", "MaxDelay", "SlowCall")
+	// HTTPListen is the one deliberate difference: the command serves the
+	// HTTP edge on :7071, a zero Config (tests, tools in-process) none.
+	otherParts := cmpopts.IgnoreFields(Config{}, "Limits", "MaxPayloadBytes", "MaxDelay", "SlowCall", "HTTPListen")
+	if got.HTTPListen != DefaultHTTPListen || (Config{}).withDefaults().HTTPListen != "" {
+		t.Errorf("--http-listen defaults to %q, a zero Config to %q; want %q and none", got.HTTPListen, Config{}.withDefaults().HTTPListen, DefaultHTTPListen)
+	}
 	if diff := cmp.Diff(Config{}.withDefaults(), got, otherParts); diff != "" {
 		t.Errorf("flag defaults differ from a zero Config's defaults (-zero Config +flags):\n%s", diff)
 	}
