@@ -74,9 +74,11 @@ export declare type Delivery = Message<"delayd.v1.Delivery"> & {
 
   /**
    * Opaque token naming this delivery (namespace, task and its incarnation,
-   * generation, attempt); pass it to AckTasks, NackTasks or ExtendLease in
-   * the same namespace. A token from before the task was removed never
-   * matches a task re-created with the same id.
+   * generation, the delivery's sequence number); pass it to AckTasks,
+   * NackTasks or ExtendLease in the same namespace. No two deliveries share
+   * a token: a token from before the task was removed never matches a task
+   * re-created with the same id, nor one from before a redelivery or a
+   * dead-letter requeue a later delivery.
    *
    * @generated from field: string token = 2;
    */
