@@ -78,8 +78,12 @@ services: ## Make sure Redis and MySQL answer (start them if installed).
 # make test needs no code generator (no buf, no protoc plugins): gen/'s
 # staleness is checked by make lint and make ci, so a fresh clone downloads
 # only the Go modules before testing.
+.PHONY: promtool
+promtool: ## Make sure promtool is installed (Debian package prometheus).
+	@scripts/ensure-promtool.sh
+
 .PHONY: test
-test: services ## Check services, go vet, then go test -race (no code generators needed).
+test: services promtool ## Check services and promtool, go vet, then go test -race (no code generators needed).
 	go vet ./...
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) test-ts
@@ -96,9 +100,14 @@ ci: check-generate test ## What CI runs (.ci/run): gen/ staleness, then make tes
 run: ## Run delayd on :7070 (embedded store unless DELAYD_REDIS_URL is set).
 	go run ./cmd/delayd $(RUN_FLAGS)
 
+# Stamped into `delayd --version`, delayd_build_info and the first log line.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/delayd/delayd/buildinfo.version=$(VERSION) -X github.com/delayd/delayd/buildinfo.commit=$(COMMIT)
+
 .PHONY: build
-build: ## Build every command in cmd/ into ./bin.
-	go build -o $(BIN)/ ./cmd/...
+build: ## Build every command in cmd/ into ./bin, stamped with VERSION and COMMIT.
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 .PHONY: bench
 bench: services ## Short benchmark run (under 3 minutes); see docs/BENCHMARKS.md.

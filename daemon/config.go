@@ -116,6 +116,16 @@ type Config struct {
 	// TLSClientCAFile, if set, requires every client to present a
 	// certificate signed by one of these PEM CAs (mTLS).
 	TLSClientCAFile string
+
+	// OpsListen is the address of the ops listener (package ops): plain
+	// HTTP with /metrics, /healthz, /readyz and, with Pprof, /debug/pprof/.
+	// If empty, there is no ops listener and nothing is measured (no
+	// metrics cost on the hot path). The delayd binary's default is ":9070"
+	// (DefaultOpsListen); port 0 picks a free port (see Daemon.OpsAddr).
+	OpsListen string
+	// Pprof serves Go profiling under /debug/pprof/ on the ops listener.
+	// Default off.
+	Pprof bool
 }
 
 // Defaults of Config, each stated once: withDefaults fills zero fields with
@@ -125,6 +135,7 @@ type Config struct {
 const (
 	DefaultListen            = ":7070"
 	DefaultHTTPListen        = ":7071"
+	DefaultOpsListen         = ":9070"
 	DefaultShutdownTimeout   = 10 * time.Second
 	DefaultLogLevel          = "info"
 	DefaultLogFormat         = "text"

@@ -16,9 +16,15 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/delayd/delayd/buildinfo"
 	"github.com/delayd/delayd/dispatcher"
+	"github.com/delayd/delayd/metrics"
+	"github.com/delayd/delayd/ops"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -40,6 +46,8 @@ type Daemon struct {
 	server     *server.Server
 	lis        net.Listener
 	httpLis    net.Listener // nil when Config.HTTPListen is empty
+	ops        *ops.Server // nil when Config.OpsListen is empty
+	stopping   atomic.Bool // set when Stop begins: /readyz says so
 
 	serveDone chan struct{} // closed when Serve returns
 	serveErr  error         // Serve's error; read after serveDone
@@ -91,6 +99,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		}
 	}
 	d := &Daemon{cfg: cfg, logger: logger, serveDone: make(chan struct{}), httpDone: make(chan struct{})}
+	build := buildinfo.Get()
+	logger.Info("delayd starting", "version", build.Version, "commit", build.Commit, "go", build.GoVersion)
 	// cleanup undoes what has been started so far, in reverse order.
 	var cleanup []func()
 	defer func() {
@@ -131,6 +141,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		logger.Info("converted task records to the current layout", "tasks", n)
 	}
 
+	// With an ops listener, everything reports to one metrics registry
+	// (package metrics); without one, nothing is measured.
+	var m *metrics.Metrics
+	if cfg.OpsListen != "" {
+		m = metrics.New(metrics.Options{Build: build})
+	}
+
 	// 2b. Durable mode: MySQL is the authority and store its index
 	// (durable.go). tasks is what the server and the dispatcher use;
 	// namespaces and their keys are kept where the tasks' authority is; the
@@ -143,7 +160,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		registry   storage.Registry           = store
 		namespaces dispatcher.NamespaceLister = store
 	)
-	if d.durable, err = openDurable(ctx, cfg, store, logger); err != nil {
+	if d.durable, err = openDurable(ctx, cfg, store, logger, m); err != nil {
 		return nil, err
 	}
 	if d.durable != nil {
@@ -162,6 +179,23 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	if err != nil {
 		return nil, err
 	}
+	var instrumentation []grpc.ServerOption
+	var dispMetrics dispatcher.Metrics
+	if m != nil {
+		// The store the server and the dispatcher share is timed and its
+		// outcomes counted once; the counts per state come from the Redis
+		// index (cheap counters, no scan) when scraped.
+		storeName := "redis"
+		if d.durable != nil {
+			storeName = "mysql"
+		}
+		tasks = m.InstrumentStore(storeName, tasks)
+		if err = m.Register(m.NewTaskCounts(store, 0)); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		instrumentation = m.GRPCServerOptions()
+		dispMetrics = m
+	}
 
 	// 3. The dispatcher: pops due tasks for Subscribe streams.
 	d.dispatcher, err = dispatcher.New(dispatcher.Config{
@@ -170,6 +204,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Policies:   ten.registry,
 		Namespaces: namespaces,
 		Logger:     logger.With("component", "dispatcher"),
+		Metrics:    dispMetrics,
 		SafetyPoll: cfg.SafetyPoll,
 	})
 	if err != nil {
@@ -187,6 +222,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		TLS:               ten.tls,
 		Limits:            cfg.Limits,
 		DisableReflection: cfg.DisableReflection,
+		Instrumentation:   instrumentation,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
@@ -228,6 +264,20 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		_ = d.dispatcher.Stop(stopCtx)
 	})
 
+	// 5. The ops listener: /metrics, /healthz, /readyz (pprof if asked).
+	if cfg.OpsListen != "" {
+		d.ops, err = ops.Start(ctx, ops.Config{
+			Addr:    cfg.OpsListen,
+			Metrics: m.Handler(),
+			Ready:   d.ready,
+			Pprof:   cfg.Pprof,
+			Logger:  logger.With("component", "ops"),
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+
 	go func() {
 		defer close(d.serveDone)
 		d.serveErr = d.server.Serve(d.lis)
@@ -245,8 +295,42 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	}
 	logger.Info("delayd serving", "addr", d.Addr(), "http_addr", d.HTTPAddr(), "store", d.redis.mode, "redis", d.redis.where,
 		"durable", d.durable != nil, "auth", !ten.auth.Disabled, "tls", ten.tls != nil,
-		"auto_create_namespaces", ten.registry.AutoCreate(), "reflection", !cfg.DisableReflection)
+		"auto_create_namespaces", ten.registry.AutoCreate(), "reflection", !cfg.DisableReflection,
+		"ops", d.OpsAddr(), "pprof", cfg.Pprof && d.ops != nil)
 	return d, nil
+}
+
+// OpsAddr is the address the ops listener is bound to; "" when
+// Config.OpsListen is empty.
+func (d *Daemon) OpsAddr() string {
+	if d.ops == nil {
+		return ""
+	}
+	return d.ops.Addr()
+}
+
+// ready is /readyz: nil while this replica serves, else the reason it
+// does not.
+func (d *Daemon) ready(ctx context.Context) error {
+	if d.stopping.Load() {
+		return errors.New("shutting down")
+	}
+	if d.durable != nil {
+		select {
+		case <-d.durable.store.Ready():
+		default:
+			return errors.New("durable mode: the Redis index is being rebuilt from MySQL")
+		}
+	}
+	if err := d.redis.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis at %s does not answer: %w", d.redis.where, err)
+	}
+	if d.durable != nil {
+		if err := d.durable.store.DB().PingContext(ctx); err != nil {
+			return fmt.Errorf("mysql does not answer: %w", err)
+		}
+	}
+	return nil
 }
 
 // Addr is the address the gRPC server listens on (with the real port when
@@ -277,9 +361,12 @@ func (d *Daemon) HTTPAddr() string {
 //  4. close Redis (and the embedded store): nothing uses it any more. (When
 //     ctx ends before the drain does, Redis is closed at once, so calls stuck
 //     in the store fail instead of holding the shutdown past its bound.)
+//  5. stop the ops listener, last, so /readyz answers "shutting down" (503)
+//     for the whole shutdown and /metrics can be scraped until the end.
 func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopOnce.Do(func() {
 		start := time.Now()
+		d.stopping.Store(true)
 		if d.durable != nil {
 			d.durable.stopWaiting() // no SERVING after this point
 		}
@@ -314,7 +401,11 @@ func (d *Daemon) Stop(ctx context.Context) error {
 				durableErr = d.durable.close(ctx)
 			}
 		}
-		d.stopErr = errors.Join(wrap("dispatcher stop", dispErr), grpcErr, wrap("stop mysql store", durableErr), wrap("close redis", redisErr))
+		var opsErr error
+		if d.ops != nil { // 5. last, so /readyz says "shutting down" throughout
+			opsErr = d.ops.Stop(ctx)
+		}
+		d.stopErr = errors.Join(wrap("dispatcher stop", dispErr), grpcErr, wrap("stop mysql store", durableErr), wrap("close redis", redisErr), wrap("stop ops listener", opsErr))
 		if d.stopErr != nil {
 			d.logger.Warn("delayd stopped, not cleanly", "error", d.stopErr, "took", time.Since(start))
 		} else {

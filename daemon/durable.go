@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/delayd/delayd/metrics"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -26,7 +27,7 @@ type durableMode struct {
 // openDurable connects to MySQL, applies the schema migrations and starts
 // the durable store over index (its committer and reconciler). It returns
 // nil, nil when cfg.MySQLDSN is empty.
-func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logger *slog.Logger) (*durableMode, error) {
+func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logger *slog.Logger, m *metrics.Metrics) (*durableMode, error) {
 	if cfg.MySQLDSN == "" {
 		return nil, nil
 	}
@@ -36,6 +37,7 @@ func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logge
 		Logger:            logger.With("component", "durable"),
 		OpTimeout:         cfg.StoreTimeout,
 		ReconcileInterval: cfg.ReconcileInterval,
+		Metrics:           reconcileMetrics(m),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("durable mode: %w", err)
@@ -45,6 +47,15 @@ func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logge
 		return nil, fmt.Errorf("durable mode: %w", err)
 	}
 	return &durableMode{store: s, stop: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// reconcileMetrics is m as the reconciler's metrics, or nil (a nil
+// *metrics.Metrics must not become a non-nil interface).
+func reconcileMetrics(m *metrics.Metrics) durable.ReconcileMetrics {
+	if m == nil {
+		return nil
+	}
+	return m
 }
 
 // serveWhenIndexed sets health SERVING once every namespace's index is

@@ -14,6 +14,7 @@ import (
 	"github.com/peterbourgon/ff/v3"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/buildinfo"
 	"github.com/delayd/delayd/server"
 )
 
@@ -33,6 +34,9 @@ type Flags struct {
 	// NoAuth is --no-auth: run without authentication against a real Redis
 	// (see server.ResolveAuth).
 	NoAuth bool
+	// Version is --version: print the version, commit and Go version and
+	// exit.
+	Version bool
 }
 
 // BindFlags defines every delayd flag on fs, bound to f, each with its
@@ -67,6 +71,9 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.StringVar(&c.TLSCertFile, "tls-cert", "", "PEM certificate chain to serve TLS with (with --tls-key)")
 	fs.StringVar(&c.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&c.TLSClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates are required (mTLS)")
+	fs.StringVar(&c.OpsListen, "ops-listen", DefaultOpsListen, "ops HTTP listener (/metrics, /healthz, /readyz), host:port; empty = off (and no metrics)")
+	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go profiling under /debug/pprof/ on the ops listener")
+	fs.BoolVar(&f.Version, "version", false, "print the version, commit and Go version, and exit")
 }
 
 // Main is the delayd command: it parses args (without the program name)
@@ -87,6 +94,10 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stderr, "delayd: %v\n", err)
 		return 2
+	}
+	if f.Version {
+		fmt.Fprintln(os.Stdout, buildinfo.Get())
+		return 0
 	}
 	// `delayd version` or a stray word would otherwise start a server with
 	// every default (an open embedded store) as if nothing had been said.

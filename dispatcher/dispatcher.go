@@ -100,6 +100,22 @@ type NamespaceLister interface {
 // DefaultSafetyPoll is Config.SafetyPoll's default.
 const DefaultSafetyPoll = time.Second
 
+// Metrics receives what the dispatcher observes (package metrics implements
+// it). Its methods are called on the delivery path and must not block.
+type Metrics interface {
+	// Delivered reports that a delivery of ns was sent to its subscriber
+	// lateness after the task's due time, by the store's clock.
+	Delivered(ns string, lateness time.Duration)
+	// Subscribers reports that ns's Subscribe streams on this replica
+	// changed by delta (+1 registered, -1 ended).
+	Subscribers(ns string, delta int)
+}
+
+type noMetrics struct{}
+
+func (noMetrics) Delivered(string, time.Duration) {}
+func (noMetrics) Subscribers(string, int)         {}
+
 // Reasons stored as a task's last error when the dispatcher gives a delivery
 // back.
 const (
@@ -130,6 +146,9 @@ type Config struct {
 	Namespaces NamespaceLister
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
+	// Metrics receives delivery lateness and subscriber counts. If nil,
+	// nothing is reported.
+	Metrics Metrics
 	// Clock reads local time. If nil, the system clock.
 	Clock storage.Clock
 	// SafetyPoll is the slow poll that catches a missed wake-up. If unset or
@@ -176,6 +195,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Clock == nil {
 		c.Clock = storage.SystemClock{}
+	}
+	if c.Metrics == nil {
+		c.Metrics = noMetrics{}
 	}
 	if c.SafetyPoll <= 0 {
 		c.SafetyPoll = DefaultSafetyPoll
@@ -379,6 +401,8 @@ func (d *Dispatcher) Serve(ctx context.Context, sub Subscriber) error {
 	d.serving.Add(1)
 	d.mu.Unlock()
 	defer d.serving.Done()
+	d.cfg.Metrics.Subscribers(sub.Namespace, 1)
+	defer d.cfg.Metrics.Subscribers(sub.Namespace, -1)
 
 	err := d.sendLoop(ctx, n, st, sub)
 	if errors.Is(err, ErrStopped) {
@@ -403,7 +427,7 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 			return ErrStopped
 		case <-st.ready:
 			for {
-				del, ok := n.next(st)
+				del, lateness, ok := n.next(st)
 				if !ok {
 					break
 				}
@@ -414,6 +438,7 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 					return err
 				}
 				d.watch.observe(n.name, del, d.cfg.Clock.Now())
+				d.cfg.Metrics.Delivered(n.name, lateness)
 			}
 		}
 	}

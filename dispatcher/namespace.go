@@ -276,7 +276,8 @@ func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (
 	// The store's deadline is store-now + the lease; reading the local
 	// clock after the calls errs on the late side, so credit is never freed
 	// before the store's lease really ended.
-	deadline := cfg.Clock.Now().Add(leaseFor)
+	popped := cfg.Clock.Now()
+	deadline := popped.Add(leaseFor)
 	full = true
 	all := results[0]
 	for i, dels := range results {
@@ -297,7 +298,7 @@ func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (
 		slices.SortStableFunc(all, func(a, b storage.Delivery) int { return a.Task.DueTime.Compare(b.Task.DueTime) })
 	}
 	if len(all) > 0 {
-		n.distribute(all, deadline)
+		n.distribute(all, deadline, popped, leaseFor)
 		got = len(all)
 	}
 	return got, full, err
@@ -394,7 +395,10 @@ func (n *namespace) earliestLease() time.Time {
 // distribute hands popped deliveries to the streams round robin, each to a
 // stream with room. Deliveries no stream
 // can take (their streams ended since the pop) are handed back unsent.
-func (n *namespace) distribute(dels []storage.Delivery, deadline time.Time) {
+// popped is the local time of the pop and leaseFor the lease it asked for:
+// the store set each lease deadline to store-now + leaseFor, so store-now
+// minus the due time is how late the task was popped.
+func (n *namespace) distribute(dels []storage.Delivery, deadline, popped time.Time, leaseFor time.Duration) {
 	var orphans []storage.Token
 	n.mu.Lock()
 	for _, del := range dels {
@@ -403,7 +407,8 @@ func (n *namespace) distribute(dels []storage.Delivery, deadline time.Time) {
 			orphans = append(orphans, del.Token)
 			continue
 		}
-		st.held[del.Token] = &lease{deadline: deadline}
+		late := del.LeaseDeadline.Add(-leaseFor).Sub(del.Task.DueTime)
+		st.held[del.Token] = &lease{deadline: deadline, popped: popped, late: late}
 		n.held[del.Token] = st
 		st.push(del)
 	}
@@ -435,9 +440,10 @@ func (n *namespace) pick() *stream {
 }
 
 // next takes the stream's next delivery that it still holds and records
-// that the sender is about to send it; ok is false when the queue is empty
+// that the sender is about to send it, with how late past its due time the
+// task is now (by the store's clock); ok is false when the queue is empty
 // (deliveries handed back, settled or whose lease ran out are skipped).
-func (n *namespace) next(st *stream) (del storage.Delivery, ok bool) {
+func (n *namespace) next(st *stream) (del storage.Delivery, lateness time.Duration, ok bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for len(st.queue) > 0 && !st.closed {
@@ -449,10 +455,10 @@ func (n *namespace) next(st *stream) (del storage.Delivery, ok bool) {
 		}
 		if l := st.held[del.Token]; l != nil {
 			l.sent = true
-			return del, true
+			return del, l.late + n.d.cfg.Clock.Now().Sub(l.popped), true
 		}
 	}
-	return storage.Delivery{}, false
+	return storage.Delivery{}, 0, false
 }
 
 // unmarkSent records that sending tok failed: the subscriber never got it.

@@ -32,6 +32,12 @@ type lease struct {
 	deadline time.Time
 	// sent is true once the sender took it from ch to send it.
 	sent bool
+	// popped is the local time of the pop, and late how far past its due
+	// time the task was then by the store's clock: the lateness at send is
+	// late plus the local time since popped (a local interval, so the local
+	// clock's offset does not matter).
+	popped time.Time
+	late   time.Duration
 }
 
 func newStream(id uint64, maxInFlight int) *stream {

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/delayd/delayd/dispatcher"
 	"github.com/delayd/delayd/storage"
 )
@@ -95,6 +97,13 @@ type Options struct {
 
 	// DisableReflection turns off gRPC server reflection. Default: on.
 	DisableReflection bool
+
+	// Instrumentation are extra gRPC server options for observability (the
+	// Prometheus interceptors, the OpenTelemetry stats handler). They are
+	// applied before the server's own, so the interceptors they chain run
+	// outermost and see every call, including those refused by auth or
+	// limits.
+	Instrumentation []grpc.ServerOption
 
 	// Auth configures API-key authentication; see AuthOptions for when it
 	// is on. ResolveAuth builds it from the daemon's flags.

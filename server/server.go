@@ -110,7 +110,8 @@ func New(opts Options) (*Server, error) {
 
 	codec := newAdmissionCodec(opts.Limits.MaxBatch)
 	unary, stream := interceptors(opts.Logger, opts.CallLog, codec)
-	serverOpts := []grpc.ServerOption{
+	serverOpts := append([]grpc.ServerOption{}, opts.Instrumentation...)
+	serverOpts = append(serverOpts,
 		grpc.ForceServerCodecV2(codec),
 		// A fixed pool of goroutines runs the handlers: each call reuses a
 		// grown stack instead of starting a goroutine whose stack grows
@@ -128,7 +129,7 @@ func New(opts Options) (*Server, error) {
 			MaxConnectionIdle: opts.Limits.MaxConnectionIdle,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinClientPing, PermitWithoutStream: true}),
-	}
+	)
 	var tapHandle tap.ServerInHandle
 	if authEnabled(opts) {
 		tapHandle = tapAuth(opts)

@@ -80,9 +80,14 @@ var rules = map[string]rule{
 	// Metrics: collectors and the ops listener; fed by whoever holds the
 	// numbers, never reaching into the stores.
 	"metrics": {
-		imports:     []string{"storage"},
+		imports:     []string{"storage", "buildinfo"},
 		testImports: []string{"internal/testkit"},
 	},
+	// The ops HTTP listener (/metrics, /healthz, /readyz, pprof): handed
+	// its handlers and readiness check; imports no delayd package.
+	"ops": {},
+	// Version, commit and Go version of this binary.
+	"buildinfo": {},
 	// The gRPC edge.
 	"server": {
 		imports:     []string{"gen/delayd/v1", "storage", "dispatcher", "tenancy", "metrics"},
@@ -98,7 +103,7 @@ var rules = map[string]rule{
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.
 	"daemon": {
-		imports: []string{"server", "web", "dispatcher", "tenancy", "metrics", "storage",
+		imports: []string{"server", "web", "dispatcher", "tenancy", "metrics", "ops", "buildinfo", "storage",
 			"storage/redisstore", "storage/mysqlstore", "storage/durable"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},

@@ -151,6 +151,9 @@ func (s *Store) reconcileTick(ctx context.Context, st *passState) {
 
 // logPass logs the outcome of one pass.
 func (s *Store) logPass(kind string, start time.Time, scanned, repaired int, err error) {
+	if !errors.Is(err, context.Canceled) {
+		s.cfg.Metrics.ReconcilePass(time.Since(start), repaired, err)
+	}
 	took := time.Since(start).Round(time.Millisecond)
 	switch {
 	case err != nil:

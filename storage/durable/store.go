@@ -222,11 +222,30 @@ type Config struct {
 	// delayd_task_history for that long (the leader prunes older rows).
 	// If zero, an ack deletes the task's row and keeps nothing.
 	HistoryRetention time.Duration
+
+	// Metrics receives the reconciler's full passes. If nil, nothing is
+	// reported.
+	Metrics ReconcileMetrics
 }
+
+// ReconcileMetrics receives what the reconciler does (package metrics
+// implements it).
+type ReconcileMetrics interface {
+	// ReconcilePass reports one full pass of the leader: how long it took,
+	// how many tasks it re-indexed, and its error if it failed.
+	ReconcilePass(took time.Duration, repaired int, err error)
+}
+
+type noMetrics struct{}
+
+func (noMetrics) ReconcilePass(time.Duration, int, error) {}
 
 func (c *Config) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = noMetrics{}
 	}
 	if c.Clock == nil {
 		c.Clock = systemClock{}

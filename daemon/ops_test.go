@@ -1,0 +1,184 @@
+package daemon
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
+)
+
+// httpGet returns the status and body of GET url.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// seriesValue returns the value of one series in a text exposition, e.g.
+// `delayd_tasks_acked_total{namespace="x"}`; ok is false if it is absent.
+func seriesValue(body, series string) (float64, bool) {
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}
+
+// promtool returns the path of promtool, failing the test with what to do
+// when it is missing (make test installs it: scripts/ensure-promtool.sh).
+func promtool(t *testing.T) string {
+	t.Helper()
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool is not installed: run scripts/ensure-promtool.sh (Debian package prometheus), or make test, which runs it")
+	}
+	return path
+}
+
+// TestOpsListenerServesMetricsHealthAndReadiness runs tasks through a real
+// daemon over gRPC, then scrapes its ops listener: the counters, the
+// lateness histogram, the subscriber gauge, the task counts, the store and
+// gRPC metrics and build info are there with the values the traffic
+// implies, and promtool accepts the exposition.
+func TestOpsListenerServesMetricsHealthAndReadiness(t *testing.T) {
+	t.Parallel()
+	url := testRedisURL()
+	ns := "ops-" + suffix()
+	cleanNamespace(t, url, ns)
+	s := start(t, Config{RedisURL: url, OpsListen: "127.0.0.1:0"})
+	ops := "http://" + s.d.OpsAddr()
+	ctx := ctxFor(t)
+
+	const due = 3
+	for i := range due {
+		req := &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "due-" + strconv.Itoa(i), Payload: []byte("p"),
+			When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(0)}}
+		if _, err := s.tasks.UpsertTask(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.tasks.UpsertTask(ctx, upsert(ns, "later")); err != nil { // due in an hour
+		t.Fatal(err)
+	}
+	deliveries := delaydv1.NewDeliveryServiceClient(s.conn)
+	stream, err := deliveries.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tokens []string
+	for range due {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens = append(tokens, resp.GetDelivery().GetToken())
+	}
+	if _, err := deliveries.AckTasks(ctx, &delaydv1.AckTasksRequest{Namespace: ns, Tokens: tokens}); err != nil {
+		t.Fatal(err)
+	}
+
+	code, body := httpGet(t, ops+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics = %d", code)
+	}
+	nsl := `{namespace="` + ns + `"}`
+	want := map[string]float64{
+		"delayd_tasks_upserted_total" + nsl:                      due + 1,
+		"delayd_tasks_acked_total" + nsl:                         due,
+		"delayd_delivery_lateness_seconds_count" + nsl:           due,
+		"delayd_subscribers" + nsl:                               1,
+		`delayd_tasks{namespace="` + ns + `",state="scheduled"}`: 1,
+		`delayd_tasks{namespace="` + ns + `",state="delivered"}`: 0,
+		`delayd_tasks_due{namespace="` + ns + `"}`:               0,
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="AckTasks",grpc_service="delayd.v1.DeliveryService",grpc_type="unary"}`: 1,
+	}
+	for series, v := range want {
+		got, ok := seriesValue(body, series)
+		if !ok || got != v {
+			t.Errorf("%s = %v (present %v), want %v", series, got, ok, v)
+		}
+	}
+	// Lateness: tasks due at once are delivered within the hour bucket and
+	// never measured negative (below the first bucket means <= 1 ms).
+	if got, _ := seriesValue(body, `delayd_delivery_lateness_seconds_bucket{namespace="`+ns+`",le="3600"}`); got != due {
+		t.Errorf("lateness le=3600 bucket = %v, want %d", got, due)
+	}
+	for _, series := range []string{
+		`delayd_store_call_duration_seconds_count{op="pop",store="redis"}`,
+		`delayd_store_call_duration_seconds_count{op="upsert",store="redis"}`,
+	} {
+		if got, ok := seriesValue(body, series); !ok || got < 1 {
+			t.Errorf("%s = %v (present %v), want >= 1", series, got, ok)
+		}
+	}
+	if !strings.Contains(body, "delayd_build_info{commit=") {
+		t.Error("delayd_build_info is missing")
+	}
+
+	// promtool checks the exposition itself (names, types, help, units).
+	cmd := exec.Command(promtool(t), "check", "metrics")
+	cmd.Stdin = strings.NewReader(body)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics: %v\n%s", err, out)
+	}
+
+	if code, body := httpGet(t, ops+"/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	if code, body := httpGet(t, ops+"/readyz"); code != http.StatusOK || body != "ready\n" {
+		t.Errorf("/readyz = %d %q", code, body)
+	}
+	if code, _ := httpGet(t, ops+"/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ without Pprof = %d, want 404", code)
+	}
+	// The first log line names the build.
+	first, _, _ := strings.Cut(s.log.String(), "\n")
+	if !strings.Contains(first, "delayd starting") || !strings.Contains(first, "version=") || !strings.Contains(first, "commit=") {
+		t.Errorf("first log line = %q, want the version and commit", first)
+	}
+}
+
+// TestReadyzSaysWhyWhenRedisIsDown kills the daemon's own Redis: /readyz
+// answers 503 naming Redis while /healthz stays 200; pprof is served when
+// asked for.
+func TestReadyzSaysWhyWhenRedisIsDown(t *testing.T) {
+	t.Parallel()
+	own := testkit.StartRedis(t)
+	s := start(t, Config{RedisURL: own.URL, OpsListen: "127.0.0.1:0", Pprof: true, StoreTimeout: time.Second})
+	ops := "http://" + s.d.OpsAddr()
+	if code, _ := httpGet(t, ops+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz with Redis up = %d", code)
+	}
+	if code, _ := httpGet(t, ops+"/debug/pprof/"); code != http.StatusOK {
+		t.Errorf("/debug/pprof/ with Pprof = %d, want 200", code)
+	}
+	own.Kill()
+	code, body := httpGet(t, ops+"/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "redis") {
+		t.Errorf("/readyz with Redis down = %d %q, want 503 naming redis", code, body)
+	}
+	if code, _ := httpGet(t, ops+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz with Redis down = %d, want 200 (the process is alive)", code)
+	}
+}

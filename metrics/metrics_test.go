@@ -1,0 +1,117 @@
+package metrics
+
+import (
+	"context"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// fakeStore answers every call at once with results made up front, so the
+// allocations measured are the instrumentation's alone.
+type fakeStore struct {
+	Store
+	sts   []storage.TokenStatus
+	moved []storage.Moved
+	dels  []storage.Delivery
+}
+
+func (f *fakeStore) Ack(context.Context, string, []storage.Token) ([]storage.TokenStatus, error) {
+	return f.sts, nil
+}
+
+func (f *fakeStore) Nack(context.Context, string, []storage.Token, storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	return f.sts, f.moved, nil
+}
+
+func (f *fakeStore) Reap(context.Context, string, int, storage.NackOptions) ([]storage.Moved, error) {
+	return f.moved, nil
+}
+
+func (f *fakeStore) Pop(context.Context, string, int, time.Duration) ([]storage.Delivery, error) {
+	return f.dels, nil
+}
+
+// TestReportsDoNotAllocate: the per-task reports (lateness, subscriber
+// changes) and the instrumented hot store calls allocate nothing once a
+// namespace's children are resolved.
+func TestReportsDoNotAllocate(t *testing.T) {
+	m := New(Options{})
+	fake := &fakeStore{
+		sts:   []storage.TokenStatus{storage.TokenOK, storage.TokenStale},
+		moved: []storage.Moved{{State: storage.StateScheduled}, {State: storage.StateDead}},
+		dels:  make([]storage.Delivery, 3),
+	}
+	s := m.InstrumentStore("redis", fake)
+	ctx := context.Background()
+	tokens := []storage.Token{{}, {}}
+	m.Delivered("orders", time.Millisecond) // resolve the children once
+	for name, fn := range map[string]func(){
+		"Delivered":   func() { m.Delivered("orders", 3*time.Millisecond) },
+		"Subscribers": func() { m.Subscribers("orders", 1); m.Subscribers("orders", -1) },
+		"Pop":         func() { _, _ = s.Pop(ctx, "orders", 10, time.Second) },
+		"Ack":         func() { _, _ = s.Ack(ctx, "orders", tokens) },
+		"Nack":        func() { _, _, _ = s.Nack(ctx, "orders", tokens, storage.NackOptions{}) },
+		"Reap":        func() { _, _ = s.Reap(ctx, "orders", 10, storage.NackOptions{}) },
+	} {
+		if n := testing.AllocsPerRun(1000, fn); n != 0 {
+			t.Errorf("%s allocates %v times per call, want 0", name, n)
+		}
+	}
+}
+
+// TestNamespaceLabelIsBounded: past MaxNamespaces, namespaces share the
+// "_other" series, so a tenant flood cannot grow the series without bound.
+func TestNamespaceLabelIsBounded(t *testing.T) {
+	m := New(Options{MaxNamespaces: 2})
+	for _, ns := range []string{"a", "b", "c", "d"} {
+		m.Delivered(ns, time.Millisecond)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for series, want := range map[string]bool{
+		`delayd_delivery_lateness_seconds_count{namespace="a"} 1`:      true,
+		`delayd_delivery_lateness_seconds_count{namespace="b"} 1`:      true,
+		`delayd_delivery_lateness_seconds_count{namespace="c"}`:        false,
+		`delayd_delivery_lateness_seconds_count{namespace="_other"} 2`: true,
+	} {
+		if got := strings.Contains(string(body), series); got != want {
+			t.Errorf("exposition contains %s: %v, want %v", series, got, want)
+		}
+	}
+}
+
+// TestStoreCountsOutcomes: the instrumented store counts what the calls
+// did (only OK tokens, dead moves) and times every call.
+func TestStoreCountsOutcomes(t *testing.T) {
+	m := New(Options{})
+	fake := &fakeStore{
+		sts:   []storage.TokenStatus{storage.TokenOK, storage.TokenStale, storage.TokenOK},
+		moved: []storage.Moved{{State: storage.StateScheduled}, {State: storage.StateDead}},
+	}
+	s := m.InstrumentStore("redis", fake)
+	ctx := context.Background()
+	_, _ = s.Ack(ctx, "ns", nil)
+	_, _, _ = s.Nack(ctx, "ns", nil, storage.NackOptions{})
+	_, _ = s.Reap(ctx, "ns", 10, storage.NackOptions{})
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, series := range []string{
+		`delayd_tasks_acked_total{namespace="ns"} 2`,
+		`delayd_tasks_nacked_total{namespace="ns"} 2`,
+		`delayd_leases_expired_total{namespace="ns"} 2`,
+		`delayd_tasks_dead_total{namespace="ns"} 2`, // one from the nack, one from the reap
+		`delayd_store_call_duration_seconds_count{op="reap",store="redis"} 1`,
+		`delayd_store_errors_total{op="reap",store="redis"} 0`,
+	} {
+		if !strings.Contains(body, series) {
+			t.Errorf("exposition lacks %s", series)
+		}
+	}
+}
