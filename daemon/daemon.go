@@ -193,6 +193,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		if err = m.Register(m.NewTaskCounts(store, 0)); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
+		if err = m.ObserveReadiness(d.ready); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
 		instrumentation = m.GRPCServerOptions()
 		dispMetrics = m
 	}

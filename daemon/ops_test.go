@@ -2,9 +2,13 @@ package daemon
 
 import (
 	"bufio"
+	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,6 +140,9 @@ func TestOpsListenerServesMetricsHealthAndReadiness(t *testing.T) {
 		t.Error("delayd_build_info is missing")
 	}
 
+	// Every metric the alert rules and the dashboard use is in the scrape.
+	checkDeployReferences(t, body)
+
 	// promtool checks the exposition itself (names, types, help, units).
 	cmd := exec.Command(promtool(t), "check", "metrics")
 	cmd.Stdin = strings.NewReader(body)
@@ -180,5 +187,111 @@ func TestReadyzSaysWhyWhenRedisIsDown(t *testing.T) {
 	}
 	if code, _ := httpGet(t, ops+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz with Redis down = %d, want 200 (the process is alive)", code)
+	}
+}
+
+// deployDir is the repository's deploy/ folder.
+var deployDir = filepath.Join("..", "deploy")
+
+// metricRef finds the delayd and gRPC server metric names an expression uses.
+var metricRef = regexp.MustCompile(`\b(delayd_[a-z_]+|grpc_server_[a-z_]+)\b`)
+
+// dashboardExprs returns every query expression of the Grafana dashboard,
+// failing the test when it is not valid JSON or a panel has no query.
+func dashboardExprs(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(deployDir, "grafana", "delayd.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			ID      int    `json:"id"`
+			Type    string `json:"type"`
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("deploy/grafana/delayd.json: %v", err)
+	}
+	if dash.UID == "" || len(dash.Panels) == 0 {
+		t.Fatal("deploy/grafana/delayd.json: no uid or no panels")
+	}
+	var exprs []string
+	ids := map[int]bool{}
+	for _, p := range dash.Panels {
+		if ids[p.ID] {
+			t.Errorf("dashboard panel id %d used twice", p.ID)
+		}
+		ids[p.ID] = true
+		if p.Type == "row" {
+			continue
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("dashboard panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	return exprs
+}
+
+// checkDeployReferences fails the test for every metric the alert rules or
+// the dashboard name that a real scrape (body) does not expose: a renamed
+// metric breaks the alert or panel silently otherwise.
+func checkDeployReferences(t *testing.T, body string) {
+	t.Helper()
+	exposed := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "# TYPE "); ok {
+			name, kind, _ := strings.Cut(rest, " ")
+			exposed[name] = true
+			if kind == "histogram" {
+				for _, sfx := range []string{"_bucket", "_sum", "_count"} {
+					exposed[name+sfx] = true
+				}
+			}
+		}
+	}
+	rules, err := os.ReadFile(filepath.Join(deployDir, "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources := map[string][]string{"deploy/prometheus/alerts.yml": {string(rules)}, "deploy/grafana/delayd.json": dashboardExprs(t)}
+	for file, texts := range sources {
+		n := 0
+		for _, text := range texts {
+			for _, name := range metricRef.FindAllString(text, -1) {
+				n++
+				if !exposed[name] {
+					t.Errorf("%s uses %s, which delayd does not expose", file, name)
+				}
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s uses no delayd metric", file)
+		}
+	}
+}
+
+// TestAlertRules checks deploy/prometheus/alerts.yml with promtool and runs
+// its unit tests (alerts_test.yml): each alert fires on the series it is
+// meant for, with its labels and summary, and stays quiet otherwise.
+func TestAlertRules(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(deployDir, "prometheus")
+	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
+		cmd := exec.Command(promtool(t), args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }

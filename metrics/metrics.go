@@ -25,6 +25,7 @@
 package metrics
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"time"
@@ -188,6 +189,23 @@ func (m *Metrics) Handler() http.Handler {
 
 // Register adds a collector (TaskCounts) to the registry.
 func (m *Metrics) Register(c prometheus.Collector) error { return m.reg.Register(c) }
+
+// ObserveReadiness registers delayd_ready: 1 while ready returns nil, 0
+// otherwise; ready is called on every scrape, bounded by 2 seconds (the
+// same check /readyz answers with). Call it once.
+func (m *Metrics) ObserveReadiness(ready func(ctx context.Context) error) error {
+	return m.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "delayd_ready",
+		Help: "1 while this replica is ready to serve (store reachable, durable index complete, not shutting down), else 0; /readyz tells why.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if ready(ctx) != nil {
+			return 0
+		}
+		return 1
+	}))
+}
 
 // GRPCServerOptions returns the server options that record the standard
 // grpc_server_* metrics (started, handled by code, handling time, messages)
