@@ -313,9 +313,9 @@ func (d *deployments) start(ctx context.Context, dep string) (*delayd, error) {
 				}
 			}
 		}
-		return startChild(ctx, d.bin, d.redisURL, dsn, d.cfg.DelaydLogLevel, d.cfg.DelaydArgs, d.log)
+		return startChild(ctx, d.bin, d.redisURL, dsn, d.cfg.DelaydLogLevel, d.cfg.NoOps, d.cfg.DelaydArgs, d.log)
 	}
-	return startInProcess(ctx, d.redisURL, dsn, slog.New(slog.NewTextHandler(d.log, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	return startInProcess(ctx, d.redisURL, dsn, opsListen(d.cfg), slog.New(slog.NewTextHandler(d.log, &slog.HandlerOptions{Level: slog.LevelWarn})))
 }
 
 // createDatabase creates a fresh MySQL database for a durable delayd and

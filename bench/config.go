@@ -29,6 +29,10 @@ type Config struct {
 	// DelaydBin is the delayd binary for Server "child"; empty = go build
 	// ./cmd/delayd into a temporary directory.
 	DelaydBin string
+	// NoOps runs delayd without its ops listener, so without any metrics
+	// (--ops-listen ''), to measure what the metrics cost. Default: on, on
+	// a free loopback port, as in production.
+	NoOps bool
 	// DelaydArgs are extra flags passed to a child delayd.
 	DelaydArgs []string
 	// DelaydLogLevel is a child delayd's --log-level; empty: its own
@@ -118,6 +122,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.Var(listFlag{&c.Systems}, "systems", "comma-separated systems to run each workload on: delayd, delayd-durable, baseline-1s, baseline-10ms (default: each workload's own)")
 	fs.StringVar(&c.Server, "server", "inproc", "how to run delayd: inproc (in this process; CPU includes the load generator) or child (./cmd/delayd as a child process; CPU is delayd's own)")
 	fs.StringVar(&c.DelaydBin, "delayd-bin", "", "delayd binary for --server child (default: go build ./cmd/delayd)")
+	fs.BoolVar(&c.NoOps, "no-ops", false, "run delayd with --ops-listen '' (no ops listener, no metrics), to measure the metrics' overhead against a run without this flag")
 	fs.Var(listFlag{&c.DelaydArgs}, "delayd-args", "comma-separated extra flags for a child delayd")
 	fs.StringVar(&c.DelaydLogLevel, "delayd-log-level", "warn", "--log-level of a child delayd for workload runs (a soak uses --soak-log-level)")
 	fs.StringVar(&c.Target, "target", "", "drive an external delayd at host:port instead of starting one")

@@ -39,16 +39,26 @@ type delayd struct {
 	stop func(ctx context.Context) error
 }
 
+// opsListen is the --ops-listen of the delayd under test: a free loopback
+// port (metrics on, as in production), or "" with --no-ops.
+func opsListen(cfg Config) string {
+	if cfg.NoOps {
+		return ""
+	}
+	return "127.0.0.1:0"
+}
+
 // startInProcess starts delayd in this process on a free loopback port,
 // with authentication on (a fresh admin key), as in production. Its CPU
 // cannot be told apart from the load generator's, so the figure covers both.
-func startInProcess(ctx context.Context, redisURL, mysqlDSN string, logger *slog.Logger) (*delayd, error) {
+func startInProcess(ctx context.Context, redisURL, mysqlDSN, ops string, logger *slog.Logger) (*delayd, error) {
 	key := randomSuffix(24)
 	d, err := daemon.Start(ctx, daemon.Config{
-		Listen:   "127.0.0.1:0",
-		RedisURL: redisURL,
-		MySQLDSN: mysqlDSN,
-		AdminKey: key,
+		Listen:    "127.0.0.1:0",
+		RedisURL:  redisURL,
+		MySQLDSN:  mysqlDSN,
+		AdminKey:  key,
+		OpsListen: ops,
 	}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("start delayd in-process: %w", err)
@@ -88,8 +98,9 @@ func buildDelayd(ctx context.Context, dir string, stderr io.Writer) (string, err
 // is read from /proc, so it excludes the load generator. logLevel is its
 // --log-level ("" = its default). When the binary has an ops listener
 // (--ops-listen), it is put on a free loopback port too, so that no two
-// benchmark runs contend for its default port.
-func startChild(ctx context.Context, bin string, redisURL, mysqlDSN, logLevel string, extra []string, stderr io.Writer) (*delayd, error) {
+// benchmark runs contend for its default port; noOps turns it off instead
+// (--ops-listen '': no metrics, to measure what they cost).
+func startChild(ctx context.Context, bin string, redisURL, mysqlDSN, logLevel string, noOps bool, extra []string, stderr io.Writer) (*delayd, error) {
 	key := randomSuffix(24)
 	port, err := freePort()
 	if err != nil {
@@ -101,7 +112,10 @@ func startChild(ctx context.Context, bin string, redisURL, mysqlDSN, logLevel st
 		args = append(args, "--log-level", logLevel)
 	}
 	opsAddr := ""
-	if hasFlag(ctx, bin, "ops-listen") {
+	switch {
+	case noOps:
+		args = append(args, "--ops-listen", "")
+	case hasFlag(ctx, bin, "ops-listen"):
 		p, err := freePort()
 		if err != nil {
 			return nil, err

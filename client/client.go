@@ -9,6 +9,10 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
@@ -72,6 +76,17 @@ type options struct {
 	logger     *slog.Logger
 	dialOpts   []grpc.DialOption
 	maxBackoff time.Duration
+	tracer     trace.TracerProvider
+}
+
+// WithTracerProvider traces the client's calls with tp (OpenTelemetry;
+// the W3C trace context travels to delayd, which keeps an upsert's with its
+// task) and is where Consume starts each handler's span, linked to the
+// producer's span. If not given, the global provider (otel.SetTracerProvider,
+// which an application configures from its OTEL_* environment) is used;
+// while that is the default no-op provider, nothing is traced.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tracer = tp }
 }
 
 // WithAPIKey sends key as "authorization: Bearer <key>" metadata on every
@@ -162,6 +177,9 @@ func New(target string, opts ...Option) (*Client, error) {
 	if o.creds == nil {
 		o.creds = insecure.NewCredentials()
 	}
+	if o.tracer == nil {
+		o.tracer = otel.GetTracerProvider()
+	}
 	sc, err := serviceConfig(o.timeout, o.retry)
 	if err != nil {
 		return nil, err
@@ -177,6 +195,7 @@ func New(target string, opts ...Option) (*Client, error) {
 		grpc.WithTransportCredentials(o.creds),
 		grpc.WithDefaultServiceConfig(sc),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: 5 * time.Second}),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(o.tracer), otelgrpc.WithPropagators(propagator))),
 	}
 	if o.retry.MaxAttempts > 5 {
 		dial = append(dial, grpc.WithMaxCallAttempts(o.retry.MaxAttempts))
@@ -304,3 +323,6 @@ func serviceConfig(timeout time.Duration, p RetryPolicy) (string, error) {
 func seconds(d time.Duration) string {
 	return fmt.Sprintf("%d.%09ds", d/time.Second, d%time.Second)
 }
+
+// propagator carries the W3C trace context (and baggage) on the wire.
+var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})

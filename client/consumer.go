@@ -12,6 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -247,6 +251,7 @@ type consumer struct {
 	stopWorkers chan struct{} // closed: workers return after their current job
 	acker       *acker
 	leaser      *leaser
+	tracer      trace.Tracer
 }
 
 type job struct {
@@ -266,6 +271,7 @@ func newConsumer(c *Client, ns string, h Handler, opts ConsumeOptions) *consumer
 		stopWorkers: make(chan struct{}),
 		acker:       newAcker(c.delivery, ns, opts.AckBatchSize, opts.AckFlushInterval, logger),
 		leaser:      newLeaser(c.delivery, ns, opts.ExtendBy, logger),
+		tracer:      c.opts.tracer.Tracer("github.com/delayd/delayd/client"),
 	}
 }
 
@@ -493,7 +499,9 @@ func (cs *consumer) work(handlerCtx context.Context) {
 }
 
 func (cs *consumer) handle(handlerCtx context.Context, j job) {
-	ctx, cancel := context.WithCancelCause(handlerCtx)
+	ctx, span := cs.startSpan(handlerCtx, j.d)
+	defer span.End()
+	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if !cs.opts.DisableLeaseExtension {
 		cs.leaser.add(j.d, j.recv, cancel)
@@ -514,6 +522,10 @@ func (cs *consumer) handle(handlerCtx context.Context, j job) {
 			cs.opts.OnError(j.d, err)
 		}
 	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(otelcodes.Error, reason(err))
+	}
 	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
 		cs.logger.Info("delayd consumer: lease lost while the handler ran; its verdict is dropped", "id", j.d.ID)
 		return
@@ -527,6 +539,30 @@ func (cs *consumer) handle(handlerCtx context.Context, j job) {
 		}
 	}
 	cs.acker.add(v)
+}
+
+// startSpan starts the handler's span: a consumer span of its own trace
+// (the producer's ended long ago), linked to the producer's span through
+// the trace context delayd kept with the task.
+func (cs *consumer) startSpan(ctx context.Context, d *Delivery) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithNewRoot(),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "delayd"),
+			attribute.String("messaging.destination.name", cs.ns),
+			attribute.String("messaging.message.id", d.ID),
+			attribute.Int("messaging.delayd.attempt", int(d.Attempt)),
+		),
+	}
+	if d.TraceParent != "" {
+		producer := trace.SpanContextFromContext(propagator.Extract(context.Background(),
+			propagation.MapCarrier{"traceparent": d.TraceParent}))
+		if producer.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+		}
+	}
+	return cs.tracer.Start(ctx, "delayd.deliver "+cs.ns, opts...)
 }
 
 // call runs the handler, turning a panic into a *PanicError.

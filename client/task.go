@@ -68,6 +68,10 @@ type Task struct {
 	LeaseDeadline time.Time
 	// DeadTime is set while the task is StateDead.
 	DeadTime time.Time
+	// TraceParent is the W3C traceparent of the traced upsert that last
+	// wrote the task, on deliveries from a delayd that traces; empty
+	// otherwise. Consume links each handler's span to it.
+	TraceParent string
 }
 
 // When is a task's due time: absolute ([At]) or relative to delayd's clock
@@ -135,6 +139,7 @@ func taskFromProto(p *delaydv1.Task) Task {
 		LastError:     p.GetLastError(),
 		LeaseDeadline: timeFromProto(p.GetLeaseDeadline()),
 		DeadTime:      timeFromProto(p.GetDeadTime()),
+		TraceParent:   p.GetTraceparent(),
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/delayd/delayd/dispatcher"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
@@ -126,6 +128,13 @@ type Config struct {
 	// Pprof serves Go profiling under /debug/pprof/ on the ops listener.
 	// Default off.
 	Pprof bool
+
+	// TracerProvider, if set, traces every gRPC call (OpenTelemetry, W3C
+	// trace context) and keeps each traced upsert's trace context with its
+	// task, so the delivery links back to the producer. If nil, Start builds
+	// one from the standard OTEL_* environment (package tracing), and
+	// tracing is off when those are unset.
+	TracerProvider trace.TracerProvider
 }
 
 // Defaults of Config, each stated once: withDefaults fills zero fields with

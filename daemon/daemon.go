@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 
 	"github.com/delayd/delayd/buildinfo"
@@ -29,6 +30,7 @@ import (
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
 	"github.com/delayd/delayd/web"
+	"github.com/delayd/delayd/tracing"
 )
 
 // startPingTimeout bounds the check that Redis answers at start.
@@ -48,6 +50,8 @@ type Daemon struct {
 	httpLis    net.Listener // nil when Config.HTTPListen is empty
 	ops        *ops.Server // nil when Config.OpsListen is empty
 	stopping   atomic.Bool // set when Stop begins: /readyz says so
+
+	tracerShutdown func(context.Context) error // flushes an OTEL_*-built tracer; nil otherwise
 
 	serveDone chan struct{} // closed when Serve returns
 	serveErr  error         // Serve's error; read after serveDone
@@ -128,10 +132,25 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		return nil, fmt.Errorf("redis at %s does not answer: %w", d.redis.where, err)
 	}
 
+	// 1b. Tracing: the given provider, or one from the OTEL_* environment.
+	tp := cfg.TracerProvider
+	if tp == nil {
+		envTP, err := tracing.FromEnv(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("tracing: %w", err)
+		}
+		if envTP != nil {
+			tp, d.tracerShutdown = envTP, envTP.Shutdown
+			cleanup = append(cleanup, func() { _ = envTP.Shutdown(context.Background()) })
+			logger.Info("tracing on (OpenTelemetry, configured by OTEL_* environment)")
+		}
+	}
+
 	// 2. The task store over it.
 	store := redisstore.New(d.redis.client, redisstore.Options{
 		Logger:  logger.With("component", "redisstore"),
 		Timeout: cfg.StoreTimeout,
+		Traces:  tp != nil,
 	})
 	// Tasks stored by a delayd from before the header/payload split are
 	// converted before anything reads them (bounded steps; a no-op after).
@@ -181,6 +200,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	}
 	var instrumentation []grpc.ServerOption
 	var dispMetrics dispatcher.Metrics
+	if tp != nil {
+		instrumentation = append(instrumentation, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(tracing.Propagator()))))
+	}
 	if m != nil {
 		// The store the server and the dispatcher share is timed and its
 		// outcomes counted once; the counts per state come from the Redis
@@ -196,7 +219,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		if err = m.ObserveReadiness(d.ready); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
-		instrumentation = m.GRPCServerOptions()
+		instrumentation = append(instrumentation, m.GRPCServerOptions()...)
 		dispMetrics = m
 	}
 
@@ -365,7 +388,8 @@ func (d *Daemon) HTTPAddr() string {
 //     ctx ends before the drain does, Redis is closed at once, so calls stuck
 //     in the store fail instead of holding the shutdown past its bound.)
 //  5. stop the ops listener, last, so /readyz answers "shutting down" (503)
-//     for the whole shutdown and /metrics can be scraped until the end.
+//     for the whole shutdown and /metrics can be scraped until the end;
+//  6. flush the spans of a tracer built from the OTEL_* environment.
 func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopOnce.Do(func() {
 		start := time.Now()
@@ -404,11 +428,14 @@ func (d *Daemon) Stop(ctx context.Context) error {
 				durableErr = d.durable.close(ctx)
 			}
 		}
-		var opsErr error
+		var opsErr, traceErr error
 		if d.ops != nil { // 5. last, so /readyz says "shutting down" throughout
 			opsErr = d.ops.Stop(ctx)
 		}
-		d.stopErr = errors.Join(wrap("dispatcher stop", dispErr), grpcErr, wrap("stop mysql store", durableErr), wrap("close redis", redisErr), wrap("stop ops listener", opsErr))
+		if d.tracerShutdown != nil { // 6. flush the spans of the shutdown too
+			traceErr = d.tracerShutdown(ctx)
+		}
+		d.stopErr = errors.Join(wrap("dispatcher stop", dispErr), grpcErr, wrap("stop mysql store", durableErr), wrap("close redis", redisErr), wrap("stop ops listener", opsErr), wrap("flush traces", traceErr))
 		if d.stopErr != nil {
 			d.logger.Warn("delayd stopped, not cleanly", "error", d.stopErr, "took", time.Since(start))
 		} else {

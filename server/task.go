@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -54,6 +56,7 @@ func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRe
 		return nil, err
 	}
 	spec, err := upsertSpec("", req, "", pol, s.now())
+	spec.TraceParent = traceParent(ctx)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
@@ -94,6 +97,7 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 
 	out := make([]*delaydv1.BatchUpsertTaskResult, len(items))
 	specs := make([]storage.UpsertSpec, 0, len(items))
+	tp := traceParent(ctx)
 	index := make([]int, 0, len(items)) // index[k] is the item specs[k] came from
 	now := s.now()
 	for i, item := range items {
@@ -103,6 +107,7 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 			out[i] = &delaydv1.BatchUpsertTaskResult{Error: &delaydv1.ItemError{Code: int32(st.Code()), Message: st.Message()}}
 			continue
 		}
+		spec.TraceParent = tp
 		specs = append(specs, spec)
 		index = append(index, i)
 	}
@@ -226,7 +231,20 @@ func taskToProto(t storage.Task) *delaydv1.Task {
 		LastError:     t.LastError,
 		LeaseDeadline: timeToProto(t.LeaseDeadline),
 		DeadTime:      timeToProto(t.DeadTime),
+		Traceparent:   t.TraceParent,
 	}
+}
+
+// traceParent returns the W3C traceparent of the span ctx carries (the
+// OpenTelemetry server span of this call, when the server traces), or ""
+// when there is none.
+func traceParent(ctx context.Context) string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return ""
+	}
+	c := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, c)
+	return c["traceparent"]
 }
 
 func timeToProto(t time.Time) *timestamppb.Timestamp {

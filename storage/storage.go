@@ -99,6 +99,10 @@ type Task struct {
 	LeaseDeadline time.Time
 	// DeadTime is set while State is StateDead.
 	DeadTime time.Time
+	// TraceParent is the W3C traceparent of the upsert that last wrote the
+	// task, when the server traces; empty otherwise. Set on deliveries
+	// (Pop) by a store that keeps trace contexts; best effort.
+	TraceParent string
 }
 
 // UpsertSpec is one task to create or replace.
@@ -125,6 +129,10 @@ type UpsertSpec struct {
 	// newer version (Stale) or that very one (no change). If zero, a new
 	// task gets a new incarnation and a replaced one keeps its own.
 	Incarnation int64
+	// TraceParent is the W3C traceparent of the upsert call, kept with the
+	// task so its delivery can link back to the producer's span; empty
+	// when the call was not traced.
+	TraceParent string
 }
 
 // UpsertResult is the outcome of one UpsertSpec, in request order.

@@ -72,7 +72,7 @@ func TestBinary(t *testing.T) {
 	t.Run("SIGTERM shuts down cleanly with exit 0", func(t *testing.T) {
 		cmd := exec.Command(bin, "--log-format", "text")
 		// Environment variables configure it, as in a container.
-		cmd.Env = append(os.Environ(), "DELAYD_LISTEN=127.0.0.1:0", "DELAYD_HTTP_LISTEN=127.0.0.1:0", "DELAYD_REDIS_URL=", "DELAYD_SHUTDOWN_TIMEOUT=20s")
+		cmd.Env = append(os.Environ(), "DELAYD_LISTEN=127.0.0.1:0", "DELAYD_HTTP_LISTEN=127.0.0.1:0", "DELAYD_OPS_LISTEN=127.0.0.1:0", "DELAYD_REDIS_URL=", "DELAYD_SHUTDOWN_TIMEOUT=20s")
 		stderr, err := cmd.StderrPipe()
 		if err != nil {
 			t.Fatal(err)

@@ -88,6 +88,8 @@ var rules = map[string]rule{
 	"ops": {},
 	// Version, commit and Go version of this binary.
 	"buildinfo": {},
+	// The OpenTelemetry tracer provider from the OTEL_* environment.
+	"tracing": {},
 	// The gRPC edge.
 	"server": {
 		imports:     []string{"gen/delayd/v1", "storage", "dispatcher", "tenancy", "metrics"},
@@ -103,7 +105,7 @@ var rules = map[string]rule{
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.
 	"daemon": {
-		imports: []string{"server", "web", "dispatcher", "tenancy", "metrics", "ops", "buildinfo", "storage",
+		imports: []string{"server", "web", "dispatcher", "tenancy", "metrics", "ops", "buildinfo", "tracing", "storage",
 			"storage/redisstore", "storage/mysqlstore", "storage/durable"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},

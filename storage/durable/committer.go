@@ -40,6 +40,7 @@ const (
 // indexSpec is the index write of row r, which MySQL committed as t.
 func indexSpec(r mysqlstore.UpsertRow, t storage.Task) storage.UpsertSpec {
 	sp := specOf(t)
+	sp.TraceParent = r.TraceParent
 	if r.Relative {
 		sp.DueTime, sp.Delay = time.Time{}, r.Delay
 	}

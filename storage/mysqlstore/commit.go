@@ -40,6 +40,9 @@ type UpsertRow struct {
 	// against its own clock when it is written.
 	Relative bool
 	Delay    time.Duration
+	// TraceParent is carried to the index write only; MySQL does not
+	// keep it (a task rebuilt from MySQL delivers without it).
+	TraceParent string
 }
 
 // AckRow is one acked delivery: the version it deletes.

@@ -21,6 +21,9 @@ import (
 //	delayd:{ns#k}:indexed   STRING  present once durable mode has indexed ns
 //	delayd:{ns#k}:task      HASH  the one-value records of delayd before the
 //	                              header/payload split; Migrate converts them
+//	delayd:{ns#k}:trace:<id> STRING W3C traceparent of the task's last traced
+//	                        upsert (Options.Traces); expires a day after the
+//	                        task's due time, so it needs no cleanup
 //
 // Global:
 //
@@ -39,7 +42,10 @@ import (
 //
 // Namespaces are validated with storage.ValidateNamespace before they reach
 // these functions ([a-z0-9][a-z0-9_-]*), so no name can open or close a hash
-// tag. Task ids are never part of a key, only ZSET members and HASH fields.
+// tag. Task ids are never part of a key, only ZSET members and HASH fields,
+// with one exception: the trace keys, which must expire on their own. Task
+// ids are validated too (storage.ValidateTaskID: [A-Za-z0-9._-]), so they
+// cannot contain a brace either.
 
 const (
 	keyPrefix = "delayd:"
@@ -81,6 +87,11 @@ func keysFor(ns string, shard int) nsKeys {
 		indexed:  p + "indexed",
 		legacy:   p + "task",
 	}
+}
+
+// traceKey is the trace-context key of task id in shard k of ns.
+func traceKey(ns string, shard int, id string) string {
+	return keyPrefix + hashTag(ns, shard) + ":trace:" + id
 }
 
 // leaderKey is the key of the leader lease called name.

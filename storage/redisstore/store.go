@@ -62,6 +62,11 @@ type Options struct {
 	// namespace into one script call (see Upsert). If false (the default),
 	// they are joined.
 	NoCoalesce bool
+	// Traces keeps the trace context of traced upserts (UpsertSpec.
+	// TraceParent) and returns it with their deliveries (see trace.go): one
+	// more pipelined write per traced upsert call and one MGET per Pop. If
+	// false (the default), trace contexts are neither written nor read.
+	Traces bool
 }
 
 // Store is the Redis task index. It is safe for concurrent use; it does not
@@ -72,6 +77,7 @@ type Store struct {
 	timeout time.Duration
 	wake    string
 	noCo    bool
+	traces  bool
 	co      coalescer
 }
 
@@ -86,7 +92,7 @@ var (
 // New returns a Store over client. It does not contact Redis.
 func New(client redis.UniversalClient, opts Options) *Store {
 	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
-		noCo: opts.NoCoalesce, co: coalescer{queues: make(map[string]*upsertQueue)}}
+		noCo: opts.NoCoalesce, traces: opts.Traces, co: coalescer{queues: make(map[string]*upsertQueue)}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -204,10 +210,17 @@ func chunks(n int, fn func(lo, hi int) error) error {
 // whose ctx ends while it waits returns ctx's error, with its specs not
 // written; once sent, it returns the script call's answer (see coalescer).
 func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	var res []storage.UpsertResult
+	var err error
 	if s.noCo || len(specs) == 0 || len(specs) >= CoalesceMax {
-		return s.upsertScript(ctx, ns, specs)
+		res, err = s.upsertScript(ctx, ns, specs)
+	} else {
+		res, err = s.upsertCoalesced(ctx, ns, specs)
 	}
-	return s.upsertCoalesced(ctx, ns, specs)
+	if err == nil && s.traces {
+		s.writeTraces(ctx, ns, specs, res)
+	}
+	return res, err
 }
 
 // upsertScript runs the upsert script for specs, in calls of MaxBatch.
@@ -468,6 +481,9 @@ func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Dur
 				Attempt: r.attempt, Delivery: r.dseq},
 			LeaseDeadline: t.LeaseDeadline,
 		})
+	}
+	if s.traces && len(out) > 0 {
+		s.readTraces(ctx, ns, out)
 	}
 	return out, nil
 }

@@ -115,7 +115,13 @@ type Task struct {
 	// When DELIVERED: the lease deadline of the delivery in flight.
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
 	// When DEAD: the time the task became a dead letter.
-	DeadTime      *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=dead_time,json=deadTime,proto3" json:"dead_time,omitempty"`
+	DeadTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=dead_time,json=deadTime,proto3" json:"dead_time,omitempty"`
+	// The W3C trace context (traceparent header value) of the UpsertTask or
+	// BatchUpsertTasks call that last wrote the task, when the server traces
+	// (OpenTelemetry, OTEL_* environment); empty otherwise. A delivery carries
+	// it so the consumer's handler span links back to the producer's span
+	// across the delay (the Go client's Consume does this).
+	Traceparent   string `protobuf:"bytes,14,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -239,6 +245,13 @@ func (x *Task) GetDeadTime() *timestamppb.Timestamp {
 		return x.DeadTime
 	}
 	return nil
+}
+
+func (x *Task) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // UpsertTaskRequest creates or replaces one task.
@@ -987,7 +1000,7 @@ var File_delayd_v1_task_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x14delayd/v1/task.proto\x12\tdelayd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x04\n" +
+	"\x14delayd/v1/task.proto\x12\tdelayd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb6\x04\n" +
 	"\x04Task\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
@@ -1007,7 +1020,8 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\v \x01(\tR\tlastError\x12A\n" +
 	"\x0elease_deadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x127\n" +
-	"\tdead_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\bdeadTime\"\xe3\x01\n" +
+	"\tdead_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\bdeadTime\x12 \n" +
+	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\"\xe3\x01\n" +
 	"\x11UpsertTaskRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
