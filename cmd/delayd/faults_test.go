@@ -43,7 +43,8 @@ type replica struct {
 func startReplica(t *testing.T, bin string, args ...string) *replica {
 	t.Helper()
 	addr := "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
-	cmd := exec.Command(bin, append([]string{"--listen", addr, "--http-listen", "127.0.0.1:0", "--log-format", "text"}, args...)...)
+	// A free ops port each: replicas on one host must not contend for :9070.
+	cmd := exec.Command(bin, append([]string{"--listen", addr, "--http-listen", "127.0.0.1:0", "--ops-listen", "127.0.0.1:0", "--log-format", "text"}, args...)...)
 	for _, kv := range os.Environ() {
 		if len(kv) < 7 || kv[:7] != "DELAYD_" {
 			cmd.Env = append(cmd.Env, kv)
