@@ -29,8 +29,8 @@ import (
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
-	"github.com/delayd/delayd/web"
 	"github.com/delayd/delayd/tracing"
+	"github.com/delayd/delayd/web"
 )
 
 // startPingTimeout bounds the check that Redis answers at start.
@@ -48,8 +48,8 @@ type Daemon struct {
 	server     *server.Server
 	lis        net.Listener
 	httpLis    net.Listener // nil when Config.HTTPListen is empty
-	ops        *ops.Server // nil when Config.OpsListen is empty
-	stopping   atomic.Bool // set when Stop begins: /readyz says so
+	ops        *ops.Server  // nil when Config.OpsListen is empty
+	stopping   atomic.Bool  // set when Stop begins: /readyz says so
 
 	tracerShutdown func(context.Context) error // flushes an OTEL_*-built tracer; nil otherwise
 

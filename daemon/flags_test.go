@@ -25,11 +25,16 @@ func TestFlagDefaults(t *testing.T) {
 	}
 	got := f.Config
 	// Fields other parts default (checked below) are left out here.
-	// HTTPListen is the one deliberate difference: the command serves the
-	// HTTP edge on :7071, a zero Config (tests, tools in-process) none.
-	otherParts := cmpopts.IgnoreFields(Config{}, "Limits", "MaxPayloadBytes", "MaxDelay", "SlowCall", "HTTPListen")
+	// HTTPListen and OpsListen are the deliberate differences: the command
+	// serves the HTTP edge on :7071 and the ops listener on :9070, a zero
+	// Config (tests, the bench, tools in-process) neither, so that many of
+	// them on one host never contend for one port.
+	otherParts := cmpopts.IgnoreFields(Config{}, "Limits", "MaxPayloadBytes", "MaxDelay", "SlowCall", "HTTPListen", "OpsListen")
 	if got.HTTPListen != DefaultHTTPListen || (Config{}).withDefaults().HTTPListen != "" {
 		t.Errorf("--http-listen defaults to %q, a zero Config to %q; want %q and none", got.HTTPListen, Config{}.withDefaults().HTTPListen, DefaultHTTPListen)
+	}
+	if got.OpsListen != DefaultOpsListen || (Config{}).withDefaults().OpsListen != "" {
+		t.Errorf("--ops-listen defaults to %q, a zero Config to %q; want %q and none", got.OpsListen, Config{}.withDefaults().OpsListen, DefaultOpsListen)
 	}
 	if diff := cmp.Diff(Config{}.withDefaults(), got, otherParts); diff != "" {
 		t.Errorf("flag defaults differ from a zero Config's defaults (-zero Config +flags):\n%s", diff)
