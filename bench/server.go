@@ -99,7 +99,7 @@ func buildDelayd(ctx context.Context, dir string, stderr io.Writer) (string, err
 // --log-level ("" = its default). When the binary has an ops listener
 // (--ops-listen), it is put on a free loopback port too, so that no two
 // benchmark runs contend for its default port; noOps turns it off instead
-// (--ops-listen '': no metrics, to measure what they cost).
+// (an empty --ops-listen: no metrics, to measure what they cost).
 func startChild(ctx context.Context, bin string, redisURL, mysqlDSN, logLevel string, noOps bool, extra []string, stderr io.Writer) (*delayd, error) {
 	key := randomSuffix(24)
 	port, err := freePort()
