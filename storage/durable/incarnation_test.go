@@ -163,6 +163,11 @@ func TestIndexOrphanIsForgotten(t *testing.T) {
 	e.waitReady()
 	ctx := context.Background()
 	ns := testkit.Namespace(t, "inc")
+	// The namespace is this deployment's (the server registers it on its
+	// first upsert): the reverse pass walks only namespaces MySQL knows.
+	if _, err := e.store.Registry().CreateNamespace(ctx, storage.Namespace{Name: ns}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("p"), Delay: 3 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
@@ -302,5 +307,42 @@ func TestPurgeSparesARequeuedTask(t *testing.T) {
 	}
 	if g, err := e.store.Get(ctx, ns, "x"); err != nil || g.State != storage.StateScheduled {
 		t.Fatalf("x after the purge = %+v, %v; want scheduled", g, err)
+	}
+}
+
+// TestReversePassLeavesForeignNamespaces: a namespace this deployment's
+// MySQL does not know (a Redis-only delayd sharing the Redis, as the whole
+// test suite does) is never walked by the reverse pass, so its tasks are not
+// taken for orphans. Reproduced: the reverse pass deleted other packages'
+// tasks and API-key namespaces while their tests ran.
+func TestReversePassLeavesForeignNamespaces(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) {
+		c.ReconcileInterval = 50 * time.Millisecond
+		c.FullReconcileInterval = 200 * time.Millisecond
+	})
+	e.waitReady()
+	ctx := context.Background()
+	own, foreign := testkit.Namespace(t, "own"), testkit.Namespace(t, "foreign")
+	if _, err := e.store.Registry().CreateNamespace(ctx, storage.Namespace{Name: own}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.idx.Upsert(ctx, foreign, []storage.UpsertSpec{{ID: "theirs", Payload: []byte("p"), Delay: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	// Two orphans of our own namespace, the second made after the first is
+	// gone: the pass that forgets the second began after a whole pass (which
+	// walked every namespace it would walk) had ended.
+	for _, id := range []string{"orphan-1", "orphan-2"} {
+		if _, err := e.idx.Upsert(ctx, own, []storage.UpsertSpec{{ID: id, Payload: []byte("p"), Delay: time.Hour}}); err != nil {
+			t.Fatal(err)
+		}
+		testkit.Eventually(t, 30*time.Second, "the reconciler to forget "+id, func() bool {
+			_, err := e.idx.Get(ctx, own, id)
+			return errors.Is(err, storage.ErrNotFound)
+		})
+	}
+	if _, err := e.idx.Get(ctx, foreign, "theirs"); err != nil {
+		t.Fatalf("a task of a namespace MySQL does not know was touched by the reverse pass: %v", err)
 	}
 }

@@ -283,9 +283,9 @@ func (s *Store) fullPass(ctx context.Context, nss []string) (scanned, repaired i
 			after = vs[len(vs)-1].ID
 		}
 	}
-	idxNS, err := s.idx.Namespaces(ctx)
+	idxNS, err := s.ownedIndexNamespaces(ctx)
 	if err != nil {
-		return scanned, repaired, fmt.Errorf("index namespaces: %w", err)
+		return scanned, repaired, err
 	}
 	for _, ns := range idxNS {
 		n, err := s.reversePass(ctx, ns, &lastLease)
@@ -690,4 +690,40 @@ func (s *Store) pruneHistory(ctx context.Context) {
 	if total > 0 {
 		s.log.Info("pruned task history", "rows", total, "retention", s.cfg.HistoryRetention)
 	}
+}
+
+// ownedIndexNamespaces is the index's namespaces that this deployment's
+// MySQL knows: it holds tasks of them or has them in its registry. The
+// reverse pass forgets index entries MySQL lacks, so it must never walk a
+// namespace another deployment (a Redis-only delayd, or a durable one with
+// another MySQL) keeps in the same Redis: those entries are not orphans.
+func (s *Store) ownedIndexNamespaces(ctx context.Context) ([]string, error) {
+	idxNS, err := s.idx.Namespaces(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("index namespaces: %w", err)
+	}
+	withTasks, err := s.taskNamespaces(ctx)
+	if err != nil {
+		return nil, err
+	}
+	owned := make(map[string]bool, len(withTasks))
+	for _, ns := range withTasks {
+		owned[ns] = true
+	}
+	out := idxNS[:0]
+	for _, ns := range idxNS {
+		if !owned[ns] {
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+			_, err := s.db.GetNamespace(cctx, ns)
+			cancel()
+			switch {
+			case errors.Is(err, storage.ErrNotFound):
+				continue
+			case err != nil:
+				return nil, err
+			}
+		}
+		out = append(out, ns)
+	}
+	return out, nil
 }
