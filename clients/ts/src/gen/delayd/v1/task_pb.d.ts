@@ -113,6 +113,17 @@ export declare type Task = Message<"delayd.v1.Task"> & {
    * @generated from field: google.protobuf.Timestamp dead_time = 13;
    */
   deadTime?: Timestamp | undefined;
+
+  /**
+   * The W3C trace context (traceparent header value) of the UpsertTask or
+   * BatchUpsertTasks call that last wrote the task, when the server traces
+   * (OpenTelemetry, OTEL_* environment); empty otherwise. A delivery carries
+   * it so the consumer's handler span links back to the producer's span
+   * across the delay (the Go client's Consume does this).
+   *
+   * @generated from field: string traceparent = 14;
+   */
+  traceparent: string;
 };
 
 /**
