@@ -49,7 +49,8 @@ type DeliveryServiceClient interface {
 	// else after the namespace's backoff for the attempt. A task whose attempts
 	// are used up becomes a dead letter. Answers per token.
 	NackTasks(ctx context.Context, in *NackTasksRequest, opts ...grpc.CallOption) (*NackTasksResponse, error)
-	// ExtendLease moves the lease deadline of deliveries to now + extend_by.
+	// ExtendLease moves the lease deadline of deliveries to now + extend_by;
+	// it never moves a deadline earlier than it already is.
 	// Answers per token with the new deadline.
 	ExtendLease(ctx context.Context, in *ExtendLeaseRequest, opts ...grpc.CallOption) (*ExtendLeaseResponse, error)
 	// WatchDeliveries streams a copy of each delivery this server sends to a
@@ -164,7 +165,8 @@ type DeliveryServiceServer interface {
 	// else after the namespace's backoff for the attempt. A task whose attempts
 	// are used up becomes a dead letter. Answers per token.
 	NackTasks(context.Context, *NackTasksRequest) (*NackTasksResponse, error)
-	// ExtendLease moves the lease deadline of deliveries to now + extend_by.
+	// ExtendLease moves the lease deadline of deliveries to now + extend_by;
+	// it never moves a deadline earlier than it already is.
 	// Answers per token with the new deadline.
 	ExtendLease(context.Context, *ExtendLeaseRequest) (*ExtendLeaseResponse, error)
 	// WatchDeliveries streams a copy of each delivery this server sends to a

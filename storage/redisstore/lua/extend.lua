@@ -1,4 +1,6 @@
--- extend.lua: set the lease of deliveries still in flight to now + by.
+-- extend.lua: move the lease of deliveries still in flight to now + by, never
+-- earlier than it already is (ZADD GT): a replica's renewal computed from a
+-- deadline the subscriber has since extended must not cut that extension back.
 --
 -- KEYS[1] inflight ZSET, KEYS[2] meta HASH
 -- ARGV[1] by ms
@@ -31,5 +33,7 @@ for i = 0, n - 1 do
   end
   out[#out + 1] = st
 end
-flush('ZADD', KEYS[1], zargs)
+if #zargs > 0 then
+  redis.call('ZADD', KEYS[1], 'GT', unpack(zargs))
+end
 return out

@@ -449,7 +449,8 @@ export declare const DeliveryService: GenService<{
     output: typeof NackTasksResponseSchema;
   },
   /**
-   * ExtendLease moves the lease deadline of deliveries to now + extend_by.
+   * ExtendLease moves the lease deadline of deliveries to now + extend_by;
+   * it never moves a deadline earlier than it already is.
    * Answers per token with the new deadline.
    *
    * @generated from rpc delayd.v1.DeliveryService.ExtendLease
