@@ -241,12 +241,12 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 		}
 		rf.o.Upserts[rf.i] = storage.UpsertResult{
 			Task: storage.Task{
-				Namespace:  rf.o.NS,
-				ID:         r.ID,
-				Kind:       r.Kind,
-				Payload:    payload,
-				DueTime:    time.UnixMilli(r.DueMS),
-				State:      storage.StateScheduled,
+				Namespace:   rf.o.NS,
+				ID:          r.ID,
+				Kind:        r.Kind,
+				Payload:     payload,
+				DueTime:     time.UnixMilli(r.DueMS),
+				State:       storage.StateScheduled,
 				Generation:  f.gen - int64(n-1-kth),
 				Incarnation: f.inc,
 				CreateTime:  msTime(f.create),

@@ -488,7 +488,7 @@ func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Dur
 	return out, nil
 }
 
-// splitBad splits a pop or reap reply at its '' marker, found where the id
+// splitBad splits a pop or reap reply at its ” marker, found where the id
 // of a task would be (from start, every stride values; no id is empty):
 // what precedes it, and the ids after it (tasks moved to dead because their
 // header was malformed).
