@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/delayd/delayd/dispatcher"
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/redisstore"
+	"github.com/delayd/delayd/storage/storagefake"
 )
 
 func TestMain(m *testing.M) {
@@ -29,28 +27,27 @@ const wait = 15 * time.Second
 // quiet is how long a test watches for something that must NOT happen.
 const quiet = 300 * time.Millisecond
 
-// harness is one store on the shared Redis, a namespace of the test's own
-// and a started dispatcher.
+// harness is one in-memory store (storagefake: the Redis index's semantics,
+// checked by the conformance suite), a namespace and a started dispatcher.
+// Dispatcher tests need no Redis: what they test is the loop above the
+// store's contract; the end-to-end tests in daemon/ run it on real stores.
 type harness struct {
 	t     *testing.T
-	rdb   *redis.Client
-	store *redisstore.Store
+	store *storagefake.Store
 	d     *dispatcher.Dispatcher
 	ns    string
 }
 
-func randomSuffix() string { return testkit.Suffix() }
+var nsSeq atomic.Int64
 
-// newHarness starts a dispatcher over the shared Redis with pol for every
-// namespace; edit adjusts the Config before New.
+// randomSuffix names a namespace of the test's own.
+func randomSuffix() string { return fmt.Sprint(nsSeq.Add(1)) }
+
+// newHarness starts a dispatcher over a fresh in-memory store with pol for
+// every namespace; edit adjusts the Config before New.
 func newHarness(t *testing.T, pol storage.Policy, edit func(*dispatcher.Config)) *harness {
 	t.Helper()
-	rdb := testkit.Redis(t)
-	h := &harness{t: t, rdb: rdb, store: redisstore.New(rdb, redisstore.Options{}), ns: "dt-" + randomSuffix()}
-	t.Cleanup(func() {
-		cleanNamespace(rdb, h.ns)
-		_ = rdb.Close()
-	})
+	h := &harness{t: t, store: storagefake.New(nil), ns: "dt-" + randomSuffix()}
 	h.d = h.startDispatcher(pol, edit)
 	return h
 }
@@ -79,19 +76,6 @@ func (h *harness) startDispatcher(pol storage.Policy, edit func(*dispatcher.Conf
 	return d
 }
 
-// cleanNamespace deletes every key of ns (never FLUSHDB: Redis is shared).
-func cleanNamespace(rdb *redis.Client, ns string) {
-	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, "*{"+ns+"#*", 100).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if len(keys) > 0 {
-		rdb.Del(ctx, keys...)
-	}
-}
-
 func testPolicy() storage.Policy {
 	p := storage.DefaultPolicy()
 	p.AckTimeout = time.Hour
@@ -118,14 +102,7 @@ func (h *harness) upsert(d *dispatcher.Dispatcher, delay time.Duration, ids ...s
 }
 
 // redisNow is the store's clock.
-func (h *harness) redisNow() time.Time {
-	h.t.Helper()
-	now, err := h.rdb.Time(context.Background()).Result()
-	if err != nil {
-		h.t.Fatalf("TIME: %v", err)
-	}
-	return now
-}
+func (h *harness) redisNow() time.Time { return h.store.Now() }
 
 func (h *harness) get(id string) (storage.Task, error) {
 	return h.store.Get(context.Background(), h.ns, id)
@@ -253,7 +230,6 @@ func TestNoSubscriberNoPop(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, testPolicy(), nil)
 	other := "dt-other-" + randomSuffix()
-	t.Cleanup(func() { cleanNamespace(h.rdb, other) })
 
 	// A subscriber of another namespace keeps the dispatcher busy there.
 	s := h.subscribe(h.d, other, 10)

@@ -143,9 +143,7 @@ var rules = map[string]rule{
 // it belongs (end-to-end tests to daemon/, unit tests onto
 // storage/storagefake) removes its line.
 var exceptions = map[arrow]string{
-	{"dispatcher", "storage/redisstore"}: "dispatcher tests still pop from a real Redis; moving onto storagefake",
 	{"server", "storage/redisstore"}:     "server tests still run over a real Redis; end-to-end ones move to daemon/",
-	{"tenancy", "storage/redisstore"}:    "tenancy tests still cache a real Redis registry; moving onto storagefake",
 	{"storage/durable", "daemon"}:        "durable end-to-end tests; moving to daemon/",
 	{"storage/durable", "gen/delayd/v1"}: "durable end-to-end tests; moving to daemon/",
 }

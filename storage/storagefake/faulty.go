@@ -1,0 +1,147 @@
+package storagefake
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// Op names a Deliveries call that Faulty can make fail or hang.
+type Op string
+
+// The Deliveries calls.
+const (
+	OpPop      Op = "pop"
+	OpAck      Op = "ack"
+	OpNack     Op = "nack"
+	OpExtend   Op = "extend"
+	OpReap     Op = "reap"
+	OpNextWake Op = "next wake"
+)
+
+// Faulty wraps a storage.Deliveries (the fake, or a real store) and lets a
+// test decide, per call, whether it fails, hangs until its context ends, or
+// goes through, and counts the calls. The zero Fault lets everything
+// through. Safe for concurrent use.
+type Faulty struct {
+	storage.Deliveries
+
+	mu     sync.Mutex
+	fault  func(op Op, ns string) Fault
+	counts map[Op]int
+}
+
+// Fault is what one call does instead of (or before) reaching the store.
+type Fault struct {
+	// Err, if set, is returned without calling the store.
+	Err error
+	// Hang blocks the call until its context ends (then ctx.Err() wrapped
+	// in storage.ErrUnavailable is returned), as a paused Redis would.
+	Hang bool
+	// Delay is slept before the call goes through (or fails with Err).
+	Delay time.Duration
+}
+
+// NewFaulty wraps d; every call goes through until SetFault says otherwise.
+func NewFaulty(d storage.Deliveries) *Faulty {
+	return &Faulty{Deliveries: d, counts: map[Op]int{}}
+}
+
+// SetFault installs f, consulted before every call (nil: no faults).
+func (f *Faulty) SetFault(fn func(op Op, ns string) Fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fault = fn
+}
+
+// Calls returns how many times op was called (faulted calls included).
+func (f *Faulty) Calls(op Op) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.counts[op]
+}
+
+// enter counts the call and applies its fault; a non-nil error ends it.
+func (f *Faulty) enter(ctx context.Context, op Op, ns string) error {
+	f.mu.Lock()
+	f.counts[op]++
+	fn := f.fault
+	f.mu.Unlock()
+	if fn == nil {
+		return nil
+	}
+	ft := fn(op, ns)
+	if ft.Delay > 0 {
+		t := time.NewTimer(ft.Delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return unavailable(ctx)
+		case <-t.C:
+		}
+	}
+	if ft.Hang {
+		<-ctx.Done()
+		return unavailable(ctx)
+	}
+	return ft.Err
+}
+
+type unavailableErr struct{ cause error }
+
+func (e unavailableErr) Error() string { return "fake store: " + e.cause.Error() }
+func (e unavailableErr) Unwrap() []error {
+	return []error{storage.ErrUnavailable, e.cause}
+}
+
+func unavailable(ctx context.Context) error { return unavailableErr{ctx.Err()} }
+
+// Pop fails or hangs as told, else pops.
+func (f *Faulty) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+	if err := f.enter(ctx, OpPop, ns); err != nil {
+		return nil, err
+	}
+	return f.Deliveries.Pop(ctx, ns, limit, leaseFor)
+}
+
+// Ack fails or hangs as told, else acks.
+func (f *Faulty) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
+	if err := f.enter(ctx, OpAck, ns); err != nil {
+		return nil, err
+	}
+	return f.Deliveries.Ack(ctx, ns, tokens)
+}
+
+// Nack fails or hangs as told, else nacks.
+func (f *Faulty) Nack(ctx context.Context, ns string, tokens []storage.Token, o storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	if err := f.enter(ctx, OpNack, ns); err != nil {
+		return nil, nil, err
+	}
+	return f.Deliveries.Nack(ctx, ns, tokens, o)
+}
+
+// Extend fails or hangs as told, else extends.
+func (f *Faulty) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
+	if err := f.enter(ctx, OpExtend, ns); err != nil {
+		return nil, err
+	}
+	return f.Deliveries.Extend(ctx, ns, tokens, by)
+}
+
+// Reap fails or hangs as told, else reaps.
+func (f *Faulty) Reap(ctx context.Context, ns string, limit int, o storage.NackOptions) ([]storage.Moved, error) {
+	if err := f.enter(ctx, OpReap, ns); err != nil {
+		return nil, err
+	}
+	return f.Deliveries.Reap(ctx, ns, limit, o)
+}
+
+// NextWake fails or hangs as told, else answers.
+func (f *Faulty) NextWake(ctx context.Context, ns string) (next, now time.Time, ok bool, err error) {
+	if err := f.enter(ctx, OpNextWake, ns); err != nil {
+		return time.Time{}, time.Time{}, false, err
+	}
+	return f.Deliveries.NextWake(ctx, ns)
+}
