@@ -246,7 +246,8 @@ func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendL
 // tokenBatch is a decoded Ack/Nack/Extend request: one result per request
 // token, in request order, and the tokens of the request's namespace to
 // hand to the store (tokens[i] answers results[index[i]]). Tokens of another
-// namespace are answered NOT_FOUND without reaching the store.
+// namespace are answered NOT_FOUND and malformed ones MALFORMED, without
+// reaching the store.
 type tokenBatch struct {
 	results []*delaydv1.TokenResult
 	tokens  []storage.Token
@@ -268,7 +269,10 @@ func (s *deliveryService) decodeBatch(ns string, raw []string) (tokenBatch, erro
 	for i, r := range raw {
 		tok, err := decodeToken(r)
 		if err != nil {
-			return tokenBatch{}, invalidWrap(fmt.Sprintf("tokens[%d]", i), err)
+			// Answered like an unknown token, per token: one bad string
+			// never costs the call its other verdicts.
+			b.results[i] = &delaydv1.TokenResult{Token: r, Status: delaydv1.TokenStatus_TOKEN_STATUS_MALFORMED}
+			continue
 		}
 		b.results[i] = &delaydv1.TokenResult{Token: r, Status: delaydv1.TokenStatus_TOKEN_STATUS_NOT_FOUND}
 		if tok.Namespace != ns {

@@ -650,9 +650,7 @@ func TestDeliveryTokens(t *testing.T) {
 	e.upsert(r, "tok", 0)
 	d := s.next(t)
 
-	_, err := r.dlv.AckTasks(context.Background(), &delaydv1.AckTasksRequest{Namespace: e.ns, Tokens: []string{d.GetToken(), "not-a-token"}})
-	wantCode(t, err, codes.InvalidArgument, "tokens[1]")
-	_, err = r.dlv.AckTasks(context.Background(), &delaydv1.AckTasksRequest{Namespace: e.ns})
+	_, err := r.dlv.AckTasks(context.Background(), &delaydv1.AckTasksRequest{Namespace: e.ns})
 	wantCode(t, err, codes.InvalidArgument, "tokens")
 	_, err = r.dlv.NackTasks(context.Background(), &delaydv1.NackTasksRequest{Namespace: e.ns, Tokens: make([]string, 1001)})
 	wantCode(t, err, codes.InvalidArgument, "tokens")
@@ -676,6 +674,46 @@ func TestDeliveryTokens(t *testing.T) {
 	// Results come in request order, duplicates included.
 	if st := e.ack(r, d.GetToken(), d.GetToken()); st[0] != delaydv1.TokenStatus_TOKEN_STATUS_OK || st[1] != delaydv1.TokenStatus_TOKEN_STATUS_NOT_FOUND {
 		t.Fatalf("ack twice in one batch: %v, want [OK NOT_FOUND]", st)
+	}
+
+	// A malformed token is answered per token, like an unknown one; the
+	// call's other tokens are applied. Ack, Nack and ExtendLease alike.
+	e.upsert(r, "tok2", 0)
+	d = s.next(t)
+	for name, call := range map[string]func(toks ...string) ([]*delaydv1.TokenResult, error){
+		"nack": func(toks ...string) ([]*delaydv1.TokenResult, error) {
+			resp, err := r.dlv.NackTasks(context.Background(), &delaydv1.NackTasksRequest{Namespace: e.ns, Tokens: toks, RetryAfter: durationpb.New(0)})
+			return resp.GetResults(), err
+		},
+		"extend": func(toks ...string) ([]*delaydv1.TokenResult, error) {
+			resp, err := r.dlv.ExtendLease(context.Background(), &delaydv1.ExtendLeaseRequest{Namespace: e.ns, Tokens: toks})
+			return resp.GetResults(), err
+		},
+	} {
+		d := d
+		if name == "nack" {
+			e.upsert(r, "tok-nack", 0)
+			d = s.next(t)
+		}
+		res, err := call("", d.GetToken(), "x"+d.GetToken()[1:])
+		if err != nil {
+			t.Fatalf("%s with malformed tokens: %v, want per-token answers", name, err)
+		}
+		if st := dlvStatuses(res); len(st) != 3 || st[0] != delaydv1.TokenStatus_TOKEN_STATUS_MALFORMED ||
+			st[1] != delaydv1.TokenStatus_TOKEN_STATUS_OK || st[2] != delaydv1.TokenStatus_TOKEN_STATUS_MALFORMED {
+			t.Fatalf("%s [empty, good, altered]: %v, want [MALFORMED OK MALFORMED]", name, st)
+		}
+	}
+	resp, err = r.dlv.AckTasks(context.Background(), &delaydv1.AckTasksRequest{Namespace: e.ns, Tokens: []string{d.GetToken(), "not-a-token"}})
+	if err != nil {
+		t.Fatalf("ack with a malformed token: %v, want per-token answers", err)
+	}
+	if st := dlvStatuses(resp.GetResults()); st[0] != delaydv1.TokenStatus_TOKEN_STATUS_OK || st[1] != delaydv1.TokenStatus_TOKEN_STATUS_MALFORMED ||
+		resp.GetResults()[1].GetToken() != "not-a-token" {
+		t.Fatalf("ack [good, malformed]: %v, want [OK MALFORMED] with the token echoed", resp.GetResults())
+	}
+	if _, err := r.tasks.GetTask(context.Background(), &delaydv1.GetTaskRequest{Namespace: e.ns, Id: "tok2"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("GetTask after the ack beside a malformed token: %v, want NotFound (the good token was applied)", err)
 	}
 }
 

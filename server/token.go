@@ -54,8 +54,8 @@ func encodeToken(t storage.Token) string {
 }
 
 // decodeToken parses a token's wire form; only the canonical form that
-// encodeToken produces is accepted. The error (errBadToken) is meant
-// to follow a field name, e.g. "tokens[3] is not a delivery token ...".
+// encodeToken produces is accepted. The error is errBadToken (the
+// handlers answer it per token, TOKEN_STATUS_MALFORMED).
 func decodeToken(s string) (storage.Token, error) {
 	if s == "" || len(s) > maxTokenLen {
 		return storage.Token{}, errBadToken

@@ -37,6 +37,10 @@ const (
 	// The task no longer exists (acked, removed, purged), or the token belongs
 	// to another namespace: nothing changed.
 	TokenStatus_TOKEN_STATUS_NOT_FOUND TokenStatus = 3
+	// The string is not a delivery token this server issued (empty,
+	// truncated, altered, or of an older token format): nothing changed. The
+	// other tokens of the call are answered as if it were not there.
+	TokenStatus_TOKEN_STATUS_MALFORMED TokenStatus = 4
 )
 
 // Enum value maps for TokenStatus.
@@ -46,12 +50,14 @@ var (
 		1: "TOKEN_STATUS_OK",
 		2: "TOKEN_STATUS_STALE",
 		3: "TOKEN_STATUS_NOT_FOUND",
+		4: "TOKEN_STATUS_MALFORMED",
 	}
 	TokenStatus_value = map[string]int32{
 		"TOKEN_STATUS_UNSPECIFIED": 0,
 		"TOKEN_STATUS_OK":          1,
 		"TOKEN_STATUS_STALE":       2,
 		"TOKEN_STATUS_NOT_FOUND":   3,
+		"TOKEN_STATUS_MALFORMED":   4,
 	}
 )
 
@@ -371,7 +377,8 @@ func (x *AckTasksRequest) GetTokens() []string {
 	return nil
 }
 
-// AckTasksResponse answers per token, in request order.
+// AckTasksResponse answers per token, in request order. A malformed token
+// gets its own result (MALFORMED); it never fails the call.
 type AckTasksResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One result per token.
@@ -812,12 +819,13 @@ const file_delayd_v1_delivery_proto_rawDesc = "" +
 	"\x04task\x18\x01 \x01(\v2\x0f.delayd.v1.TaskR\x04task\x12A\n" +
 	"\x0elease_deadline\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x12?\n" +
 	"\rdelivery_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fdeliveryTime\x12\x16\n" +
-	"\x06missed\x18\x04 \x01(\x03R\x06missed*t\n" +
+	"\x06missed\x18\x04 \x01(\x03R\x06missed*\x90\x01\n" +
 	"\vTokenStatus\x12\x1c\n" +
 	"\x18TOKEN_STATUS_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fTOKEN_STATUS_OK\x10\x01\x12\x16\n" +
 	"\x12TOKEN_STATUS_STALE\x10\x02\x12\x1a\n" +
-	"\x16TOKEN_STATUS_NOT_FOUND\x10\x032\x92\x03\n" +
+	"\x16TOKEN_STATUS_NOT_FOUND\x10\x03\x12\x1a\n" +
+	"\x16TOKEN_STATUS_MALFORMED\x10\x042\x92\x03\n" +
 	"\x0fDeliveryService\x12H\n" +
 	"\tSubscribe\x12\x1b.delayd.v1.SubscribeRequest\x1a\x1c.delayd.v1.SubscribeResponse0\x01\x12C\n" +
 	"\bAckTasks\x12\x1a.delayd.v1.AckTasksRequest\x1a\x1b.delayd.v1.AckTasksResponse\x12F\n" +

@@ -160,7 +160,8 @@ export declare type AckTasksRequest = Message<"delayd.v1.AckTasksRequest"> & {
 export declare const AckTasksRequestSchema: GenMessage<AckTasksRequest>;
 
 /**
- * AckTasksResponse answers per token, in request order.
+ * AckTasksResponse answers per token, in request order. A malformed token
+ * gets its own result (MALFORMED); it never fails the call.
  *
  * @generated from message delayd.v1.AckTasksResponse
  */
@@ -394,6 +395,15 @@ export enum TokenStatus {
    * @generated from enum value: TOKEN_STATUS_NOT_FOUND = 3;
    */
   NOT_FOUND = 3,
+
+  /**
+   * The string is not a delivery token this server issued (empty,
+   * truncated, altered, or of an older token format): nothing changed. The
+   * other tokens of the call are answered as if it were not there.
+   *
+   * @generated from enum value: TOKEN_STATUS_MALFORMED = 4;
+   */
+  MALFORMED = 4,
 }
 
 /**
