@@ -47,6 +47,12 @@
 // Liveness, not after the whole ack timeout; and a live replica's
 // deliveries stay leased for the full ack timeout.
 //
+// A delivery that waited in its stream's queue (a stream whose Send is
+// slow) until its store lease ran out, by the store's clock as this replica
+// knows it (the local clock plus the offset the last pop showed), is never
+// sent: the store may have given the task to another subscriber meanwhile.
+// It is handed back instead, without costing an attempt.
+//
 // A stream that ends, and Stop, leave what the stream was SENT leased for
 // the rest of its ack timeout (the store lease is set to it): the
 // subscriber may be working on it and can ack it over any stream of any
@@ -427,7 +433,10 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 			return ErrStopped
 		case <-st.ready:
 			for {
-				del, lateness, ok := n.next(st)
+				del, lateness, ok, expired := n.next(st)
+				if len(expired) > 0 {
+					d.handBackExpired(n, expired)
+				}
 				if !ok {
 					break
 				}
@@ -487,6 +496,16 @@ func (d *Dispatcher) handBack(ctx context.Context, n *namespace, sent []heldLeas
 	}
 }
 
+// handBackExpired hands back, from a stream's sender, deliveries whose
+// lease ran out before they could be sent (see namespace.next).
+func (d *Dispatcher) handBackExpired(n *namespace, expired []storage.Token) {
+	d.log.LogAttrs(context.Background(), slog.LevelWarn, "dispatcher: deliveries waited for their stream until their lease ran out; handing them back unsent",
+		slog.String("namespace", n.name), slog.Int("deliveries", len(expired)))
+	ctx, cancel := context.WithTimeout(d.base, d.cfg.StoreTimeout)
+	defer cancel()
+	d.handBack(ctx, n, nil, expired)
+}
+
 // heldLease is a delivery this replica holds and the lease deadline its
 // subscriber was told.
 type heldLease struct {
@@ -525,10 +544,21 @@ func (d *Dispatcher) renew(ctx context.Context, n *namespace, held []heldLease, 
 					slog.String("namespace", n.name), slog.Int("deliveries", end-start), slog.String("error", err.Error()))
 				continue
 			}
+			var okToks []storage.Token
+			var deadlines []time.Time
 			for i, r := range res {
-				if r.Status != storage.TokenOK && start+i < len(toks) {
-					gone = append(gone, toks[start+i])
+				if start+i >= end {
+					break
 				}
+				if r.Status != storage.TokenOK {
+					gone = append(gone, toks[start+i])
+				} else if !final {
+					okToks = append(okToks, toks[start+i])
+					deadlines = append(deadlines, r.LeaseDeadline)
+				}
+			}
+			if len(okToks) > 0 {
+				n.renewed(okToks, deadlines)
 			}
 		}
 	}

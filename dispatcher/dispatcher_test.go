@@ -786,3 +786,103 @@ func TestStreamReceivesDueOrder(t *testing.T) {
 		last = d.Task.DueTime
 	}
 }
+
+// skewClock is the system clock moved by off (a test jumps it forward).
+type skewClock struct{ off atomic.Int64 }
+
+func (c *skewClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
+
+// popLog is the real store with every popped token recorded.
+type popLog struct {
+	dispatcher.Store
+	mu     sync.Mutex
+	popped []storage.Token
+}
+
+func (p *popLog) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+	dels, err := p.Store.Pop(ctx, ns, limit, leaseFor)
+	p.mu.Lock()
+	for _, d := range dels {
+		p.popped = append(p.popped, d.Token)
+	}
+	p.mu.Unlock()
+	return dels, err
+}
+
+func (p *popLog) tokens() []storage.Token {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]storage.Token(nil), p.popped...)
+}
+
+// TestExpiredLeaseIsNotSent (issue 10 item 6): a delivery that waited in
+// its stream's queue (the stream's Send was stuck) until its lease ran out
+// — by the store's clock as the dispatcher knows it — is not sent: by then
+// the store may have handed the task to another subscriber, and the token
+// would be stale. It is handed back instead, without costing an attempt,
+// and delivered afresh with a new token.
+//
+// Deterministic: the dispatcher's clock jumps past the lease while the
+// store's lease (an hour, no renewals) still runs, so the test does not
+// depend on timing; what is asserted is that the dispatcher, not the
+// store, noticed.
+func TestExpiredLeaseIsNotSent(t *testing.T) {
+	t.Parallel()
+	clock := &skewClock{}
+	var log *popLog
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
+		log = &popLog{Store: c.Store}
+		c.Store = log
+		c.Clock = clock
+		c.Liveness = -1 // the store lease is the ack timeout (an hour)
+	})
+	entered := make(chan storage.Delivery, 10)
+	release := make(chan struct{})
+	got := make(chan storage.Delivery, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	first := true
+	go func() {
+		done <- h.d.Serve(ctx, dispatcher.Subscriber{Namespace: h.ns, MaxInFlight: 2, Send: func(d storage.Delivery) error {
+			if first {
+				first = false
+				entered <- d
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			got <- d
+			return nil
+		}})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	h.upsert(h.d, 0, "a", "b")
+	stuck := <-entered
+	testkit.Eventually(t, wait, "both tasks popped for the stream", func() bool { return len(log.tokens()) == 2 })
+	var queued storage.Token
+	for _, tok := range log.tokens() {
+		if tok.ID != stuck.Task.ID {
+			queued = tok
+		}
+	}
+	// The queued delivery's lease (an hour) runs out while Send is stuck.
+	clock.off.Store(int64(2 * time.Hour))
+	close(release)
+	if d := <-got; d.Token != stuck.Token {
+		t.Fatalf("first delivery %+v, want the stuck one %+v", d.Token, stuck.Token)
+	}
+	var again storage.Delivery
+	select {
+	case again = <-got:
+	case <-time.After(wait):
+		t.Fatalf("%s was not delivered again within %s (its expired delivery was dropped, not handed back)", queued.ID, wait)
+	}
+	if again.Token == queued {
+		t.Fatalf("the delivery whose lease had run out was sent: %+v", again.Token)
+	}
+	if again.Task.ID != queued.ID || again.Token.Attempt != 1 || again.Token.Delivery <= queued.Delivery {
+		t.Fatalf("redelivery %+v; want %s again as attempt 1 (handed back unsent) with a later delivery than %d", again.Token, queued.ID, queued.Delivery)
+	}
+}

@@ -29,6 +29,11 @@ type namespace struct {
 	nextPrune time.Time                 // earliest local lease deadline held; zero if none
 	pol       storage.Policy
 	polAt     time.Time // when pol was read; zero: never
+	// ahead is how far the store's clock may be ahead of the local one:
+	// the store's time at the last pop minus the local time before it was
+	// called (an upper bound, so "the store's lease ran out" is decided
+	// early rather than late).
+	ahead time.Duration
 
 	// Loop-only state.
 	lastReap  time.Time
@@ -128,7 +133,12 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	}
 
 	n.renewHeld(ctx)
-	free := n.freeCredit(cfg.Clock.Now())
+	free, expired := n.freeCredit(cfg.Clock.Now())
+	if len(expired) > 0 {
+		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
+		n.d.handBack(c, n, nil, expired)
+		cancel()
+	}
 	popFull := false
 	if free > 0 {
 		got, full, err := n.pop(ctx, free, pol.AckTimeout)
@@ -254,14 +264,11 @@ func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (
 	}
 	results := make([][]storage.Delivery, calls)
 	errs := make([]error, calls)
+	before := cfg.Clock.Now()
 	popOne := func(i int) {
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		defer cancel()
 		results[i], errs[i] = cfg.Store.Pop(c, n.name, limits[i], storeLease)
-		for j := range results[i] {
-			results[i][j].LeaseDeadline = results[i][j].LeaseDeadline.Add(leaseFor - storeLease)
-			results[i][j].Task.LeaseDeadline = results[i][j].LeaseDeadline
-		}
 	}
 	if calls > 1 {
 		var wg sync.WaitGroup
@@ -298,10 +305,26 @@ func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (
 		slices.SortStableFunc(all, func(a, b storage.Delivery) int { return a.Task.DueTime.Compare(b.Task.DueTime) })
 	}
 	if len(all) > 0 {
-		n.distribute(all, deadline, popped, leaseFor)
+		// The store answered each lease deadline as its time of the pop
+		// plus storeLease: that time minus the local time before the calls
+		// is how far the store's clock may be ahead of the local one.
+		ahead := all[0].LeaseDeadline.Add(-storeLease).Sub(before)
+		for _, del := range all[1:] {
+			ahead = max(ahead, del.LeaseDeadline.Add(-storeLease).Sub(before))
+		}
+		n.distribute(all, distribution{deadline: deadline, popped: popped, leaseFor: leaseFor, storeLease: storeLease, ahead: ahead})
 		got = len(all)
 	}
 	return got, full, err
+}
+
+// distribution is what distribute needs to know about one pop round.
+type distribution struct {
+	deadline   time.Time     // local estimate of the deadline the subscriber is told
+	popped     time.Time     // local time after the pop
+	leaseFor   time.Duration // the ack timeout the subscriber is told
+	storeLease time.Duration // the lease the pop asked the store for
+	ahead      time.Duration // see namespace.ahead
 }
 
 // failed logs a store error (at most every 10 s while it persists) and
@@ -360,9 +383,10 @@ func (n *namespace) streamCount() int {
 }
 
 // freeCredit drops deliveries whose local lease estimate has passed (their
-// credit comes back; the reaper retries the tasks) and returns what all
-// streams can take now.
-func (n *namespace) freeCredit(now time.Time) int {
+// credit comes back; the reaper retries the tasks that were sent) and
+// returns what all streams can take now, and the dropped deliveries that
+// were never sent, to be handed back.
+func (n *namespace) freeCredit(now time.Time) (free int, expired []storage.Token) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !n.nextPrune.IsZero() && !now.Before(n.nextPrune) {
@@ -372,6 +396,9 @@ func (n *namespace) freeCredit(now time.Time) int {
 			if !now.Before(l.deadline) {
 				delete(st.held, tok)
 				delete(n.held, tok)
+				if !l.sent {
+					expired = append(expired, tok)
+				}
 				continue
 			}
 			if n.nextPrune.IsZero() || l.deadline.Before(n.nextPrune) {
@@ -379,11 +406,10 @@ func (n *namespace) freeCredit(now time.Time) int {
 			}
 		}
 	}
-	free := 0
 	for _, st := range n.streams {
 		free += st.room()
 	}
-	return free
+	return free, expired
 }
 
 func (n *namespace) earliestLease() time.Time {
@@ -395,20 +421,25 @@ func (n *namespace) earliestLease() time.Time {
 // distribute hands popped deliveries to the streams round robin, each to a
 // stream with room. Deliveries no stream
 // can take (their streams ended since the pop) are handed back unsent.
-// popped is the local time of the pop and leaseFor the lease it asked for:
-// the store set each lease deadline to store-now + leaseFor, so store-now
-// minus the due time is how late the task was popped.
-func (n *namespace) distribute(dels []storage.Delivery, deadline, popped time.Time, leaseFor time.Duration) {
+// The store set each lease deadline to store-now + p.storeLease, so
+// store-now minus the due time is how late the task was popped; the
+// subscriber is told store-now + p.leaseFor.
+func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
+	deadline := p.deadline
 	var orphans []storage.Token
 	n.mu.Lock()
+	n.ahead = p.ahead
 	for _, del := range dels {
 		st := n.pick()
 		if st == nil {
 			orphans = append(orphans, del.Token)
 			continue
 		}
-		late := del.LeaseDeadline.Add(-leaseFor).Sub(del.Task.DueTime)
-		st.held[del.Token] = &lease{deadline: deadline, popped: popped, late: late}
+		storeDeadline := del.LeaseDeadline
+		late := storeDeadline.Add(-p.storeLease).Sub(del.Task.DueTime)
+		del.LeaseDeadline = storeDeadline.Add(p.leaseFor - p.storeLease)
+		del.Task.LeaseDeadline = del.LeaseDeadline
+		st.held[del.Token] = &lease{deadline: deadline, storeDeadline: storeDeadline, popped: p.popped, late: late}
 		n.held[del.Token] = st
 		st.push(del)
 	}
@@ -443,7 +474,14 @@ func (n *namespace) pick() *stream {
 // that the sender is about to send it, with how late past its due time the
 // task is now (by the store's clock); ok is false when the queue is empty
 // (deliveries handed back, settled or whose lease ran out are skipped).
-func (n *namespace) next(st *stream) (del storage.Delivery, lateness time.Duration, ok bool) {
+//
+// A delivery whose store lease has run out — by the store's clock as this
+// replica knows it (the local clock plus ahead) — is not sent: the store
+// may have given the task to another subscriber meanwhile, and its token
+// would be stale. It is let go and returned in expired, for the caller to
+// hand back (without costing an attempt; the store ignores the hand-back
+// of a lease it already took back).
+func (n *namespace) next(st *stream) (del storage.Delivery, lateness time.Duration, ok bool, expired []storage.Token) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for len(st.queue) > 0 && !st.closed {
@@ -453,12 +491,35 @@ func (n *namespace) next(st *stream) (del storage.Delivery, lateness time.Durati
 		if len(st.queue) == 0 {
 			st.queue = nil // let the backing array go
 		}
-		if l := st.held[del.Token]; l != nil {
-			l.sent = true
-			return del, l.late + n.d.cfg.Clock.Now().Sub(l.popped), true
+		l := st.held[del.Token]
+		if l == nil {
+			continue
+		}
+		now := n.d.cfg.Clock.Now()
+		if !l.storeDeadline.IsZero() && !now.Add(n.ahead).Before(l.storeDeadline) {
+			delete(st.held, del.Token)
+			delete(n.held, del.Token)
+			expired = append(expired, del.Token)
+			continue
+		}
+		l.sent = true
+		return del, l.late + now.Sub(l.popped), true, expired
+	}
+	return storage.Delivery{}, 0, false, expired
+}
+
+// renewed records the store lease deadlines a renewal set (by the store's
+// clock).
+func (n *namespace) renewed(tokens []storage.Token, deadlines []time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for i, tok := range tokens {
+		if st := n.held[tok]; st != nil && !deadlines[i].IsZero() {
+			if l := st.held[tok]; l != nil && deadlines[i].After(l.storeDeadline) {
+				l.storeDeadline = deadlines[i]
+			}
 		}
 	}
-	return storage.Delivery{}, 0, false
 }
 
 // unmarkSent records that sending tok failed: the subscriber never got it.

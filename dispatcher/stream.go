@@ -30,6 +30,10 @@ type lease struct {
 	// deadline is the local estimate of the lease deadline; past it the
 	// credit comes back.
 	deadline time.Time
+	// storeDeadline is when the store's lease of the delivery ends, by the
+	// store's clock (the pop's answer, moved by every renewal); a delivery
+	// not yet sent is never sent past it (see namespace.next).
+	storeDeadline time.Time
 	// sent is true once the sender took it from ch to send it.
 	sent bool
 	// popped is the local time of the pop, and late how far past its due
