@@ -529,8 +529,8 @@ func authInterceptors(opts Options) ([]grpc.UnaryServerInterceptor, []grpc.Strea
 // tenancyServerOptions are the gRPC server options of tenancy and security,
 // appended after the server's own (recovery, logging): the interceptors in
 // the order they run — authentication, authorization, per-namespace rate
-// limit, max subscribers, pending-task quota — and TLS credentials when
-// opts.TLS is set. It logs a warning when auth is off.
+// limit, max subscribers, pending-task quota. It logs a warning when auth is
+// off. (The TLS credentials are added by New, with the refused-handshake log.)
 func tenancyServerOptions(opts Options) []grpc.ServerOption {
 	if !authEnabled(opts) && opts.Logger != nil {
 		opts.Logger.Warn("authentication is off: every client may do everything in every namespace; " +
@@ -542,6 +542,5 @@ func tenancyServerOptions(opts Options) []grpc.ServerOption {
 	q := newPendingQuota(opts)
 	unary = append(unary, rl.unary, q.unary)
 	stream = append(stream, rl.stream, subs.stream)
-	out := []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
-	return append(out, tlsServerOptions(opts)...)
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
 }

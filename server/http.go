@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -99,6 +100,9 @@ func (s *Server) ServeHTTPEdge(lis net.Listener, h http.Handler) error {
 	var err error
 	if s.tlsConfig != nil {
 		srv.TLSConfig = s.tlsConfig.Clone()
+		// net/http reports a refused handshake on its ErrorLog; it goes to
+		// the same rate-limited WARN line as the gRPC listener's.
+		srv.ErrorLog = slog.NewLogLogger(httpErrorLog{refused: s.refused, logger: s.logger}, slog.LevelWarn)
 		err = srv.ServeTLS(lis, "", "")
 	} else {
 		err = srv.Serve(lis)

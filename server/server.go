@@ -83,6 +83,7 @@ type Server struct {
 	// The HTTP edge (http.go).
 	tap         tap.ServerInHandle // nil when auth is off
 	tlsConfig   *tls.Config
+	refused     *handshakeLog
 	limits      Limits
 	mu          sync.Mutex
 	httpSrv     []*http.Server
@@ -137,8 +138,11 @@ func New(opts Options) (*Server, error) {
 	}
 	// Tenancy and security run inside recovery and logging (chained
 	// interceptors accumulate in order): authentication, authorization,
-	// rate limit, subscriber limit, pending-task quota; and TLS credentials.
+	// rate limit, subscriber limit, pending-task quota; and TLS credentials,
+	// which log refused handshakes (both listeners share one rate limit).
 	serverOpts = append(serverOpts, tenancyServerOptions(opts)...)
+	refused := newHandshakeLog(opts.Logger)
+	serverOpts = append(serverOpts, tlsServerOptions(opts, refused)...)
 	gs := grpc.NewServer(serverOpts...)
 
 	delaydv1.RegisterTaskServiceServer(gs, newTaskService(opts))
@@ -152,7 +156,7 @@ func New(opts Options) (*Server, error) {
 	}
 
 	s := &Server{grpc: gs, health: hs, logger: opts.Logger, maxConns: opts.Limits.MaxConnections,
-		tap: tapHandle, tlsConfig: opts.TLS, limits: opts.Limits}
+		tap: tapHandle, tlsConfig: opts.TLS, refused: refused, limits: opts.Limits}
 	s.SetServing(false)
 	return s, nil
 }

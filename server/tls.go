@@ -1,12 +1,16 @@
 package server
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,10 +109,107 @@ func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return r.cert, nil
 }
 
-// tlsServerOptions is the grpc.Creds option for opts.TLS (none when nil).
-func tlsServerOptions(opts Options) []grpc.ServerOption {
+// tlsServerOptions is the grpc.Creds option for opts.TLS (none when nil);
+// the credentials report every refused handshake to refused.
+func tlsServerOptions(opts Options, refused *handshakeLog) []grpc.ServerOption {
 	if opts.TLS == nil {
 		return nil
 	}
-	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(opts.TLS))}
+	return []grpc.ServerOption{grpc.Creds(loggedCreds{TransportCredentials: credentials.NewTLS(opts.TLS), refused: refused})}
+}
+
+// refusedLogEvery is the least time between two "TLS handshake refused"
+// lines; the refusals in between are counted in the next line.
+const refusedLogEvery = 10 * time.Second
+
+// handshakeLog logs refused TLS handshakes — a client without a certificate
+// from --tls-client-ca, a plaintext client on a TLS port, a client that
+// does not trust the server's certificate — at WARN with the peer's address
+// and the reason, at most one line per refusedLogEvery, so an operator sees
+// why a client cannot connect and a client retrying in a loop cannot flood
+// the log. A peer that closes before sending anything (a TCP health check)
+// is logged at DEBUG only. Safe for concurrent use.
+type handshakeLog struct {
+	logger *slog.Logger
+	now    func() time.Time
+
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func newHandshakeLog(logger *slog.Logger) *handshakeLog {
+	return &handshakeLog{logger: logger, now: time.Now}
+}
+
+// refused records one refused handshake on listener ("grpc", "http") from
+// peer.
+func (h *handshakeLog) refused(listener, peer string, reason error) {
+	if errors.Is(reason, io.EOF) {
+		h.logger.Debug("TLS handshake: peer closed before a ClientHello", "listener", listener, "peer", peer)
+		return
+	}
+	h.mu.Lock()
+	now := h.now()
+	if !h.last.IsZero() && now.Sub(h.last) < refusedLogEvery {
+		h.suppressed++
+		h.mu.Unlock()
+		return
+	}
+	h.last = now
+	n := h.suppressed
+	h.suppressed = 0
+	h.mu.Unlock()
+	h.logger.Warn("TLS handshake refused: the client cannot connect", "listener", listener, "peer", peer,
+		"reason", reason.Error(), "refused_unlogged", n,
+		"hint", "a client certificate from --tls-client-ca, a client that trusts --tls-cert, and TLS on both ends are required")
+}
+
+// loggedCreds are gRPC transport credentials that report refused server
+// handshakes to a handshakeLog.
+type loggedCreds struct {
+	credentials.TransportCredentials
+	refused *handshakeLog
+}
+
+// ServerHandshake runs the TLS handshake and reports a refusal.
+func (c loggedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		c.refused.refused("grpc", raw.RemoteAddr().String(), err)
+	}
+	return conn, info, err
+}
+
+// Clone keeps the logging.
+func (c loggedCreds) Clone() credentials.TransportCredentials {
+	return loggedCreds{TransportCredentials: c.TransportCredentials.Clone(), refused: c.refused}
+}
+
+// httpErrorLog is the slog.Handler behind the HTTP edge's
+// http.Server.ErrorLog (slog.NewLogLogger): a refused TLS handshake
+// ("http: TLS handshake error from ADDR: REASON") goes to the handshakeLog,
+// anything else is logged at WARN.
+type httpErrorLog struct {
+	refused *handshakeLog
+	logger  *slog.Logger
+}
+
+func (w httpErrorLog) Enabled(context.Context, slog.Level) bool { return true }
+func (w httpErrorLog) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w httpErrorLog) WithGroup(string) slog.Handler            { return w }
+
+func (w httpErrorLog) Handle(ctx context.Context, r slog.Record) error {
+	line := strings.TrimSpace(r.Message)
+	if rest, ok := strings.CutPrefix(line, "http: TLS handshake error from "); ok {
+		peer, reason, _ := strings.Cut(rest, ": ")
+		err := errors.New(reason)
+		if reason == "EOF" {
+			err = io.EOF
+		}
+		w.refused.refused("http", peer, err)
+		return nil
+	}
+	w.logger.WarnContext(ctx, "http edge: "+line)
+	return nil
 }

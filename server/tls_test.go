@@ -9,10 +9,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -23,6 +25,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 )
 
@@ -170,7 +173,9 @@ func TestTLS(t *testing.T) {
 }
 
 // TestMutualTLS: with a client CA, only clients presenting a certificate
-// signed by it get in.
+// signed by it get in; a refused client fails at once with Unavailable (no
+// wait for its deadline), and the server logs the refusal at WARN with the
+// peer's address and the reason.
 func TestMutualTLS(t *testing.T) {
 	t.Parallel()
 	f := newTLSFixture(t)
@@ -178,8 +183,12 @@ func TestMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("LoadTLSConfig: %v", err)
 	}
+	var logs syncBuffer
 	e := newTenEnv(t)
-	r := e.replica(tenOpts{server: func(o *server.Options) { o.TLS = cfg }, tls: f.clientTLS(f.clientCert)})
+	r := e.replica(tenOpts{server: func(o *server.Options) {
+		o.TLS = cfg
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	}, tls: f.clientTLS(f.clientCert)})
 	if _, err := r.tasks.GetTask(admin(), &delaydv1.GetTaskRequest{Namespace: "mtls-x", Id: "x"}); codeOf(err) != codes.NotFound {
 		t.Errorf("client with a certificate from the CA: %v, want NotFound (served)", err)
 	}
@@ -188,10 +197,13 @@ func TestMutualTLS(t *testing.T) {
 		"certificate of a rogue CA": credentials.NewTLS(f.clientTLS(f.rogueCert)),
 		"plaintext":                 insecure.NewCredentials(),
 	} {
-		if err := health(t, r.addr, creds); err == nil {
-			t.Errorf("%s: served, want the handshake refused", name)
+		if err := health(t, r.addr, creds); codeOf(err) != codes.Unavailable {
+			t.Errorf("%s: %v, want the handshake refused: Unavailable at once", name, err)
 		}
 	}
+	want := regexp.MustCompile(`level=WARN msg="TLS handshake refused[^"]*" listener=grpc peer=127\.0\.0\.1:\d+ reason="?[^ ]*tls: `)
+	testkit.Eventually(t, 30*time.Second, "a WARN line for the refused handshake, with the peer and the reason",
+		func() bool { return want.MatchString(logs.String()) })
 }
 
 // TestLoadTLSConfigErrors: missing or wrong files are reported at start.
