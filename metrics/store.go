@@ -124,9 +124,9 @@ func (s *instrumented) Get(ctx context.Context, ns, id string) (storage.Task, er
 	return t, err
 }
 
-func (s *instrumented) List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+func (s *instrumented) List(ctx context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error) {
 	start := time.Now()
-	ts, next, err := s.next.List(ctx, ns, state, limit, cursor)
+	ts, next, err := s.next.List(ctx, ns, p)
 	s.done(opList, start, err)
 	return ts, next, err
 }

@@ -80,10 +80,16 @@ func (s *namespaceService) ListDeadLetters(ctx context.Context, req *delaydv1.Li
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
+	noPayload, err := taskView(req.GetView())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
 	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return nil, err
 	}
-	tasks, next, err := s.opts.Store.List(ctx, ns, storage.StateDead, size, cursor)
+	tasks, next, err := s.opts.Store.List(ctx, ns, storage.ListParams{
+		State: storage.StateDead, Limit: size, Cursor: cursor, MaxBytes: s.limits.MaxListBytes, NoPayload: noPayload,
+	})
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("list dead letters: %w", err))
 	}

@@ -146,4 +146,10 @@ type Limits struct {
 	MaxStreamsPerKey int
 	// DefaultInFlight is used when a subscriber asks for 0. If zero, 64.
 	DefaultInFlight int
+	// MaxListBytes bounds one page of ListTasks and ListDeadLetters by
+	// bytes: a page ends before the task that would take it past this
+	// many bytes (counted generously: payload, id, kind, last error, plus
+	// 256 bytes a task), and goes on with next_page_token. A page's first
+	// task is always sent. If zero, 1 MiB; at most half of MaxMessageBytes.
+	MaxListBytes int
 }

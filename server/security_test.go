@@ -645,3 +645,78 @@ func TestNamespaceAdminKeysAreLimited(t *testing.T) {
 	_, err := r.admin.CreateKey(admin(), &delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_PRODUCE}})
 	wantCode(t, err, codes.ResourceExhausted, "at most 100")
 }
+
+// TestListPagesAreCutByBytes: ListTasks with page_size 1000 over tasks with
+// 64 KiB payloads (13 MiB in all) answers pages that fit the message limit,
+// each with a next_page_token, and paging through lists every task exactly
+// once; the BASIC view leaves payloads out and lists them all in one page.
+// Before pages were cut by bytes the first call failed ResourceExhausted.
+func TestListPagesAreCutByBytes(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	ns := e.newNamespace(r, "bytes-", nil)
+	const n = 200
+	payload := bytes.Repeat([]byte("p"), 64<<10)
+	for start := 0; start < n; start += 50 {
+		req := &delaydv1.BatchUpsertTasksRequest{Namespace: ns}
+		for i := start; i < start+50; i++ {
+			req.Tasks = append(req.Tasks, &delaydv1.UpsertTaskRequest{
+				Id: fmt.Sprintf("t%03d", i), Payload: payload,
+				When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour + time.Duration(i)*time.Second)},
+			})
+		}
+		if _, err := r.tasks.BatchUpsertTasks(admin(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]int{}
+	pages, token := 0, ""
+	for {
+		resp, err := r.tasks.ListTasks(admin(), &delaydv1.ListTasksRequest{Namespace: ns, PageSize: 1000, PageToken: token})
+		if err != nil {
+			t.Fatalf("page %d: %v", pages+1, err)
+		}
+		pages++
+		if size := proto.Size(resp); size > server.DefaultMaxListBytes+64<<10 {
+			t.Fatalf("page %d is %d bytes; want at most about %d", pages, size, server.DefaultMaxListBytes)
+		}
+		if len(resp.GetTasks()) == 0 {
+			t.Fatalf("page %d is empty", pages)
+		}
+		for _, task := range resp.GetTasks() {
+			if !bytes.Equal(task.GetPayload(), payload) {
+				t.Fatalf("task %s: payload of %d bytes, want %d", task.GetId(), len(task.GetPayload()), len(payload))
+			}
+			seen[task.GetId()]++
+		}
+		token = resp.GetNextPageToken()
+		if token == "" {
+			break
+		}
+	}
+	if len(seen) != n || pages < 10 {
+		t.Fatalf("listed %d distinct tasks in %d pages; want %d in 10 or more", len(seen), pages, n)
+	}
+	for id, c := range seen {
+		if c != 1 {
+			t.Errorf("task %s listed %d times", id, c)
+		}
+	}
+	resp, err := r.tasks.ListTasks(admin(), &delaydv1.ListTasksRequest{Namespace: ns, PageSize: 1000, View: delaydv1.TaskView_TASK_VIEW_BASIC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetTasks()) != n || resp.GetNextPageToken() != "" {
+		t.Fatalf("BASIC view: %d tasks, next %q; want %d in one page", len(resp.GetTasks()), resp.GetNextPageToken(), n)
+	}
+	for _, task := range resp.GetTasks() {
+		if len(task.GetPayload()) != 0 {
+			t.Fatalf("BASIC view: task %s carries a payload", task.GetId())
+		}
+	}
+	_, err = r.tasks.ListTasks(admin(), &delaydv1.ListTasksRequest{Namespace: ns, View: 7})
+	wantCode(t, err, codes.InvalidArgument, "view")
+	_, err = r.admin.ListDeadLetters(admin(), &delaydv1.ListDeadLettersRequest{Namespace: ns, View: 7})
+	wantCode(t, err, codes.InvalidArgument, "view")
+}

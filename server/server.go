@@ -47,6 +47,7 @@ const (
 	DefaultMaxInFlight          = 10000
 	DefaultMaxStreamsPerKey     = 100
 	DefaultDefaultInFlight      = 64
+	DefaultMaxListBytes         = 1 << 20
 )
 
 // Connection keepalive. Subscribers hold long streams, so the server pings
@@ -215,6 +216,12 @@ func (l Limits) withDefaults() Limits {
 	if l.DefaultInFlight <= 0 {
 		l.DefaultInFlight = DefaultDefaultInFlight
 	}
+	if l.MaxListBytes <= 0 {
+		l.MaxListBytes = DefaultMaxListBytes
+	}
+	// A page's first task is always sent (at most a 4 MiB payload), and the
+	// rest must leave it room within the message limit.
+	l.MaxListBytes = min(l.MaxListBytes, l.MaxMessageBytes/2)
 	return l
 }
 

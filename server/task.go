@@ -30,6 +30,7 @@ type taskService struct {
 	logger     *slog.Logger
 	maxBatch   int
 	maxPayload int // most payload bytes of one batch, in total
+	maxList    int // most bytes of one list page
 	now        func() time.Time
 }
 
@@ -41,6 +42,7 @@ func newTaskService(opts Options) *taskService {
 		logger:     opts.Logger,
 		maxBatch:   opts.Limits.MaxBatch,
 		maxPayload: opts.Limits.MaxBatchPayloadBytes,
+		maxList:    opts.Limits.withDefaults().MaxListBytes,
 		now:        time.Now,
 	}
 }
@@ -181,7 +183,13 @@ func (s *taskService) ListTasks(ctx context.Context, req *delaydv1.ListTasksRequ
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	tasks, next, err := s.tasks.List(ctx, ns, state, size, cursor)
+	noPayload, err := taskView(req.GetView())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	tasks, next, err := s.tasks.List(ctx, ns, storage.ListParams{
+		State: state, Limit: size, Cursor: cursor, MaxBytes: s.maxList, NoPayload: noPayload,
+	})
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("list: %w", err))
 	}

@@ -160,6 +160,18 @@ func pageSize(n int32) (int, error) {
 	return int(n), nil
 }
 
+// taskView resolves a listing's view: whether it leaves payloads out.
+// UNSPECIFIED is FULL, what listings returned before views existed.
+func taskView(v delaydv1.TaskView) (noPayload bool, err error) {
+	switch v {
+	case delaydv1.TaskView_TASK_VIEW_UNSPECIFIED, delaydv1.TaskView_TASK_VIEW_FULL:
+		return false, nil
+	case delaydv1.TaskView_TASK_VIEW_BASIC:
+		return true, nil
+	}
+	return false, invalidf("view", "is %d; allowed: TASK_VIEW_BASIC (no payloads), TASK_VIEW_FULL, or unset for FULL", int32(v))
+}
+
 // listState resolves ListTasks' state: UNSPECIFIED means SCHEDULED.
 func listState(s delaydv1.TaskState) (storage.State, error) {
 	switch s {

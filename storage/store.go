@@ -16,10 +16,59 @@ type Tasks interface {
 	Remove(ctx context.Context, ns, id string) (State, error)
 	// Get returns one task. ErrNotFound if there is none.
 	Get(ctx context.Context, ns, id string) (Task, error)
-	// List returns up to limit tasks of one state in that state's order
-	// (due time, lease deadline, death time) starting after cursor ("" =
-	// from the start), and the cursor of the next page ("" = last page).
-	List(ctx context.Context, ns string, state State, limit int, cursor string) ([]Task, string, error)
+	// List returns one page (see ListParams) of the tasks of one state in
+	// that state's order (due time, lease deadline, death time), and the
+	// cursor of the next page ("" = last page).
+	List(ctx context.Context, ns string, p ListParams) ([]Task, string, error)
+}
+
+// ListParams selects one page of Tasks.List.
+type ListParams struct {
+	// State to list; StateUnspecified lists StateScheduled.
+	State State
+	// Limit is the most tasks the page holds (stores cap it at their batch
+	// size, 1,000).
+	Limit int
+	// Cursor is the previous page's next cursor; "" starts at the beginning.
+	Cursor string
+	// MaxBytes bounds the page by bytes: tasks are added while the sum of
+	// their TaskWireSize stays within it. The first task of a page is
+	// always added (a single task is bounded by the payload limit), so a
+	// page is never empty while tasks remain, and paging goes on. 0 = no
+	// byte bound.
+	MaxBytes int
+	// NoPayload leaves every Payload empty; the store does not read them,
+	// and they do not count against MaxBytes.
+	NoPayload bool
+}
+
+// TaskWireOverhead bounds what a task costs in a reply beyond its variable
+// fields (namespace, id, kind, payload, last error, trace context): field
+// tags, lengths, numbers and timestamps. The Lua list script uses the
+// same figure (lua/list.lua).
+const TaskWireOverhead = 256
+
+// TaskWireSize is an upper bound of the bytes t takes in a reply (as one
+// element of a repeated Task field).
+func TaskWireSize(t Task) int {
+	return TaskWireOverhead + len(t.Namespace) + len(t.ID) + len(t.Kind) + len(t.Payload) + len(t.LastError) + len(t.TraceParent)
+}
+
+// CutPage returns the longest prefix of ts whose TaskWireSize sum stays
+// within maxBytes (at least one task when ts is not empty), and whether it
+// cut anything. maxBytes <= 0 keeps everything.
+func CutPage(ts []Task, maxBytes int) ([]Task, bool) {
+	if maxBytes <= 0 {
+		return ts, false
+	}
+	sum := 0
+	for i, t := range ts {
+		sum += TaskWireSize(t)
+		if sum > maxBytes && i > 0 {
+			return ts[:i], true
+		}
+	}
+	return ts, false
 }
 
 // Deliveries is what the dispatcher and the delivery RPCs need.

@@ -260,7 +260,7 @@ func TestListFallsBackToMySQL(t *testing.T) {
 	var got []string
 	cursor := ""
 	for range 10 {
-		page, next, err := e.store.List(ctx, ns, storage.StateScheduled, 10, cursor)
+		page, next, err := e.store.List(ctx, ns, storage.ListParams{State: storage.StateScheduled, Limit: 10, Cursor: cursor})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -366,5 +366,67 @@ func TestTwoReplicasOneLeader(t *testing.T) {
 	holder, err := envs[0].rdb.Get(ctx, keys[0]).Result()
 	if err != nil || (holder != holders[0] && holder != holders[1]) {
 		t.Fatalf("lease held by %q (%v), want one of %v", holder, err, holders)
+	}
+}
+
+// TestListFromMySQLCutByBytes: pages read from MySQL (the index lost) obey
+// the same byte budget as the index's, list every task once, and leave
+// payloads out on request.
+func TestListFromMySQLCutByBytes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) { c.IndexCheckInterval = time.Hour; c.ReconcileInterval = time.Hour })
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "du")
+	payload := make([]byte, 10<<10)
+	var specs []storage.UpsertSpec
+	now := time.Now()
+	for i := range 30 {
+		specs = append(specs, storage.UpsertSpec{ID: fmt.Sprintf("b%02d", i), Payload: payload, DueTime: now.Add(time.Duration(i+1) * time.Minute)})
+	}
+	if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.idx.DropNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.Del(ctx, "delayd:{"+ns+"#0}:indexed").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const budget = 64 << 10
+	var got []string
+	pages, cursor := 0, ""
+	for range 100 {
+		page, next, err := e.store.List(ctx, ns, storage.ListParams{State: storage.StateScheduled, Limit: 1000, Cursor: cursor, MaxBytes: budget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		sum := 0
+		for _, task := range page {
+			if len(task.Payload) != len(payload) {
+				t.Fatalf("task %s: payload of %d bytes, want %d", task.ID, len(task.Payload), len(payload))
+			}
+			sum += storage.TaskWireSize(task)
+			got = append(got, task.ID)
+		}
+		if len(page) == 0 || sum > budget {
+			t.Fatalf("page %d: %d tasks of %d bytes; want 1 or more within %d", pages, len(page), sum, budget)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(got) != 30 || got[0] != "b00" || got[29] != "b29" || pages < 5 {
+		t.Fatalf("listed %d tasks in %d pages (%v); want b00..b29 once each, in 5 pages or more", len(got), pages, got)
+	}
+	page, next, err := e.store.List(ctx, ns, storage.ListParams{State: storage.StateScheduled, Limit: 1000, MaxBytes: budget, NoPayload: true})
+	if err != nil || len(page) != 30 || next != "" {
+		t.Fatalf("no payloads: %d tasks, next %q, %v; want 30 in one page", len(page), next, err)
+	}
+	for _, task := range page {
+		if len(task.Payload) != 0 {
+			t.Fatalf("task %s has a payload; want none", task.ID)
+		}
 	}
 }

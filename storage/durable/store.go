@@ -113,7 +113,7 @@ type Authority interface {
 	// Get reads one task; storage.ErrNotFound if there is none.
 	Get(ctx context.Context, ns, id string) (storage.Task, error)
 	// List pages through the scheduled or dead tasks of ns.
-	List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error)
+	List(ctx context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error)
 	// Purge deletes the named tasks that are dead and returns their ids.
 	Purge(ctx context.Context, ns string, ids []string) ([]string, error)
 	// DeleteVersions deletes exactly the named versions, in any state.
@@ -665,29 +665,36 @@ const mysqlCursor = "m:"
 // in flight: a MySQL page of StateDelivered is empty and tasks in flight
 // are listed as scheduled. A cursor from one source continues in that
 // source.
-func (s *Store) List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
-	if strings.HasPrefix(cursor, mysqlCursor) {
-		return s.listMySQL(ctx, ns, state, limit, cursor[len(mysqlCursor):])
+func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error) {
+	if strings.HasPrefix(p.Cursor, mysqlCursor) {
+		p.Cursor = p.Cursor[len(mysqlCursor):]
+		return s.listMySQL(ctx, ns, p)
 	}
-	ts, next, err := s.idx.List(ctx, ns, state, limit, cursor)
-	if cursor != "" || state == storage.StateDelivered {
+	state := p.State
+	if state == storage.StateUnspecified {
+		state = storage.StateScheduled
+	}
+	ts, next, err := s.idx.List(ctx, ns, p)
+	if p.Cursor != "" || state == storage.StateDelivered {
 		return ts, next, err
 	}
+	p.State = state
 	if err != nil {
 		if errors.Is(err, storage.ErrUnavailable) {
-			return s.listMySQL(ctx, ns, state, limit, "")
+			return s.listMySQL(ctx, ns, p)
 		}
 		return ts, next, err
 	}
 	if len(ts) == 0 && s.indexLost(ctx, ns) {
-		return s.listMySQL(ctx, ns, state, limit, "")
+		return s.listMySQL(ctx, ns, p)
 	}
 	return ts, next, nil
 }
 
-// listMySQL pages through MySQL; its cursors carry the mysqlCursor prefix.
-func (s *Store) listMySQL(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
-	ts, next, err := s.db.List(ctx, ns, state, limit, cursor)
+// listMySQL pages through MySQL (within the same byte budget); its cursors
+// carry the mysqlCursor prefix.
+func (s *Store) listMySQL(ctx context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error) {
+	ts, next, err := s.db.List(ctx, ns, p)
 	if next != "" {
 		next = mysqlCursor + next
 	}
@@ -885,7 +892,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
 	} else {
 		for _, st := range []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead} {
 			for {
-				ts, _, err := s.idx.List(ctx, ns, st, 1000, "")
+				ts, _, err := s.idx.List(ctx, ns, storage.ListParams{State: st, Limit: 1000, NoPayload: true})
 				if err != nil {
 					return deleted, fmt.Errorf("drop namespace: index: %w", err)
 				}

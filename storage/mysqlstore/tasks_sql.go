@@ -598,16 +598,24 @@ func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
 	return t, nil
 }
 
+// listColumns are taskColumns with the payload's length in its place: a
+// page is cut by bytes before any payload is read.
+const listColumns = "namespace, id, kind, LENGTH(payload), due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms"
+
 // List pages through MySQL: scheduled tasks in (due time, id) order,
 // dead ones in (death time, id) order; any other state lists nothing.
-// cursor is "<ms>:<id>" of the last task of the previous page, as the
-// previous page returned it ("" at the start and at the end).
-func (s *Store) List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+// The cursor is "<ms>:<id>" of the last task of the previous page, as the
+// previous page returned it ("" at the start and at the end). The page is
+// cut by p.MaxBytes (storage.CutPage's rule) from the rows' sizes before
+// the payloads of the tasks it keeps are read, in a second query; with
+// p.NoPayload they are never read.
+func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error) {
+	limit := p.Limit
 	if limit <= 0 {
 		limit = 100
 	}
 	var order string
-	switch state {
+	switch p.State {
 	case storage.StateScheduled:
 		order = "due_ms"
 	case storage.StateDead:
@@ -615,10 +623,10 @@ func (s *Store) List(ctx context.Context, ns string, state storage.State, limit 
 	default:
 		return nil, "", nil
 	}
-	q := "SELECT " + taskColumns + " FROM delayd_tasks WHERE namespace = ? AND state = ?"
-	args := []any{ns, int(state)}
-	if cursor != "" {
-		msText, id, ok := strings.Cut(cursor, ":")
+	q := "SELECT " + listColumns + " FROM delayd_tasks WHERE namespace = ? AND state = ?"
+	args := []any{ns, int(p.State)}
+	if p.Cursor != "" {
+		msText, id, ok := strings.Cut(p.Cursor, ":")
 		ms, err := strconv.ParseInt(msText, 10, 64)
 		if !ok || err != nil {
 			return nil, "", fmt.Errorf("list: %w", storage.ErrInvalidCursor)
@@ -630,21 +638,97 @@ func (s *Store) List(ctx context.Context, ns string, state storage.State, limit 
 	args = append(args, limit+1)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
-	var out []storage.Task
-	if err := queryTasks(ctx, s.db, q, args, func(t storage.Task) { out = append(out, t) }); err != nil {
+	out, more, err := s.listPage(ctx, q, args, limit, p)
+	if err != nil {
 		return nil, "", classify("list", err)
 	}
+	if !p.NoPayload && len(out) > 0 {
+		if err := s.readPayloads(ctx, ns, out); err != nil {
+			return nil, "", classify("list", err)
+		}
+	}
 	next := ""
-	if len(out) > limit {
-		out = out[:limit]
-		last := out[limit-1]
+	if more {
+		last := out[len(out)-1]
 		ms := timeMS(last.DueTime)
-		if state == storage.StateDead {
+		if p.State == storage.StateDead {
 			ms = timeMS(last.DeadTime)
 		}
 		next = strconv.FormatInt(ms, 10) + ":" + last.ID
 	}
 	return out, next, nil
+}
+
+// listPage reads the rows of a List query (listColumns) up to limit and
+// the byte budget, and reports whether more follow.
+func (s *Store) listPage(ctx context.Context, q string, args []any, limit int, p storage.ListParams) ([]storage.Task, bool, error) {
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, false, err
+	}
+	defer rows.Close()
+	var (
+		out  []storage.Task
+		used int
+	)
+	for rows.Next() {
+		var (
+			t                         storage.Task
+			size                      sql.NullInt64
+			due, create, update, dead int64
+			state                     int
+		)
+		if err := rows.Scan(&t.Namespace, &t.ID, &t.Kind, &size, &due, &state, &t.Generation, &t.Incarnation,
+			&t.Attempt, &t.LastError, &create, &update, &dead); err != nil {
+			return nil, false, err
+		}
+		if len(out) == limit {
+			return out, true, nil
+		}
+		t.DueTime, t.CreateTime, t.UpdateTime, t.DeadTime = msTime(due), msTime(create), msTime(update), msTime(dead)
+		t.State = storage.State(state)
+		n := storage.TaskWireSize(t)
+		if !p.NoPayload {
+			n += int(size.Int64)
+		}
+		if p.MaxBytes > 0 && len(out) > 0 && used+n > p.MaxBytes {
+			return out, true, nil
+		}
+		used += n
+		out = append(out, t)
+	}
+	return out, false, rows.Err()
+}
+
+// readPayloads fills in the payloads of ts (tasks of ns) from MySQL; a
+// task deleted since its row was listed keeps an empty payload.
+func (s *Store) readPayloads(ctx context.Context, ns string, ts []storage.Task) error {
+	args := make([]any, 0, len(ts)+1)
+	args = append(args, ns)
+	at := make(map[string]int, len(ts))
+	for i, t := range ts {
+		args = append(args, t.ID)
+		at[t.ID] = i
+	}
+	rows, err := s.db.QueryContext(ctx,
+		"SELECT id, payload FROM delayd_tasks WHERE namespace = ? AND id IN ("+placeholders(len(ts))+")", args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id      string
+			payload []byte
+		)
+		if err := rows.Scan(&id, &payload); err != nil {
+			return err
+		}
+		if i, ok := at[id]; ok && len(payload) > 0 {
+			ts[i].Payload = payload
+		}
+	}
+	return rows.Err()
 }
 
 // Purge deletes the named tasks that are dead in MySQL and returns their

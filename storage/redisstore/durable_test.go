@@ -324,19 +324,19 @@ func TestListCursorChecks(t *testing.T) {
 	if _, err := s.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}, {ID: "b"}}); err != nil {
 		t.Fatal(err)
 	}
-	_, next, err := s.List(ctx, "ns", storage.StateScheduled, 1, "")
+	_, next, err := s.List(ctx, "ns", storage.ListParams{State: storage.StateScheduled, Limit: 1})
 	if err != nil || next == "" {
 		t.Fatalf("first page: next %q, %v", next, err)
 	}
 	for _, c := range []string{"garbage", "1:x:a", "1:12:a{b}", "1:12"} {
-		if _, _, err := s.List(ctx, "ns", storage.StateScheduled, 1, c); !errors.Is(err, ErrInvalidCursor) {
+		if _, _, err := s.List(ctx, "ns", storage.ListParams{State: storage.StateScheduled, Limit: 1, Cursor: c}); !errors.Is(err, ErrInvalidCursor) {
 			t.Errorf("cursor %q: err = %v, want ErrInvalidCursor", c, err)
 		}
 	}
-	if _, _, err := s.List(ctx, "ns", storage.StateDead, 1, next); !errors.Is(err, ErrInvalidCursor) {
+	if _, _, err := s.List(ctx, "ns", storage.ListParams{State: storage.StateDead, Limit: 1, Cursor: next}); !errors.Is(err, ErrInvalidCursor) {
 		t.Errorf("a scheduled cursor for dead tasks: err = %v, want ErrInvalidCursor", err)
 	}
-	page, _, err := s.List(ctx, "ns", storage.StateUnspecified, 5, next)
+	page, _, err := s.List(ctx, "ns", storage.ListParams{Limit: 5, Cursor: next})
 	if err != nil || len(page) != 1 || page[0].ID != "b" {
 		t.Errorf("UNSPECIFIED lists scheduled: %v, %v", page, err)
 	}

@@ -361,13 +361,16 @@ func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
 	return t, nil
 }
 
-// List returns up to limit tasks of one state in that state's order (due
-// time, lease deadline, death time; ties by id) after cursor, and the cursor
-// of the next page ("" on the last page). limit is clamped to 1..MaxBatch;
-// StateUnspecified lists scheduled tasks. The cursor is opaque; one made for
-// another state fails with ErrInvalidCursor. Paging is stable: a task that
-// stays where it is is listed exactly once.
-func (s *Store) List(ctx context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+// List returns one page of the tasks of one state (see
+// storage.ListParams): the list script stops before the byte budget
+// (p.MaxBytes) and this method cuts again by the exact size, so a page
+// never holds more than p.Limit (at most MaxBatch) tasks nor, past its
+// first task, more than p.MaxBytes. Order: due time, lease deadline, death
+// time; ties by id. The cursor is opaque; one made for another state fails
+// with ErrInvalidCursor. Paging is stable: a task that stays where it is is
+// listed exactly once.
+func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error) {
+	state := p.State
 	if state == storage.StateUnspecified {
 		state = storage.StateScheduled
 	}
@@ -383,12 +386,18 @@ func (s *Store) List(ctx context.Context, ns string, state storage.State, limit 
 	default:
 		return nil, "", fmt.Errorf("list: unknown state %d", state)
 	}
-	limit = min(max(limit, 1), MaxBatch)
-	cs, cid, err := parseCursor(state, cursor)
+	limit := min(max(p.Limit, 1), MaxBatch)
+	cs, cid, err := parseCursor(state, p.Cursor)
 	if err != nil {
 		return nil, "", err
 	}
-	rep, err := s.runSlice(ctx, "list", scripts.list, []string{set, k.meta, k.body}, limit, cs, cid)
+	payloads := "1"
+	if p.NoPayload {
+		payloads = ""
+	}
+	// A trace context (kept apart from the header) is at most 64 bytes.
+	fixed := storage.TaskWireOverhead + len(ns) + 64
+	rep, err := s.runSlice(ctx, "list", scripts.list, []string{set, k.meta, k.body}, limit, cs, cid, max(p.MaxBytes, 0), payloads, fixed)
 	if err != nil {
 		return nil, "", err
 	}
@@ -396,6 +405,7 @@ func (s *Store) List(ctx context.Context, ns string, state storage.State, limit 
 		return nil, "", fmt.Errorf("list: reply has %d values", len(rep))
 	}
 	tasks := make([]storage.Task, 0, (len(rep)-3)/4)
+	scores := make([]int64, 0, cap(tasks))
 	for i := 3; i < len(rep); i += 4 {
 		id, err := replyString(rep[i])
 		if err != nil {
@@ -405,7 +415,16 @@ func (s *Store) List(ctx context.Context, ns string, state storage.State, limit 
 		if err != nil {
 			return nil, "", fmt.Errorf("list: %w", err)
 		}
+		score, err := replyInt(rep[i+1])
+		if err != nil {
+			return nil, "", fmt.Errorf("list: %w", err)
+		}
 		tasks = append(tasks, t)
+		scores = append(scores, score)
+	}
+	if kept, cut := storage.CutPage(tasks, p.MaxBytes); cut {
+		last := len(kept) - 1
+		return kept, makeCursor(state, scores[last], kept[last].ID), nil
 	}
 	next := ""
 	if more, _ := replyInt(rep[0]); more == 1 {

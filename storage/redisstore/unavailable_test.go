@@ -23,7 +23,7 @@ func everyOp(ctx context.Context, s *Store, ns string) map[string]error {
 	_, errs["upsert"] = s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x"}})
 	_, errs["remove"] = s.Remove(ctx, ns, "x")
 	_, errs["get"] = s.Get(ctx, ns, "x")
-	_, _, errs["list"] = s.List(ctx, ns, storage.StateScheduled, 10, "")
+	_, _, errs["list"] = s.List(ctx, ns, storage.ListParams{State: storage.StateScheduled, Limit: 10})
 	_, errs["pop"] = s.Pop(ctx, ns, 10, time.Minute)
 	_, errs["ack"] = s.Ack(ctx, ns, tok)
 	_, _, errs["nack"] = s.Nack(ctx, ns, tok, storage.NackOptions{})

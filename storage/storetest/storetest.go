@@ -116,7 +116,7 @@ func newEnv(t *testing.T, newStore func(t *testing.T) Store) *env {
 func (e *env) clear() {
 	for _, st := range []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead} {
 		for range 1000 {
-			tasks, _, err := e.s.List(e.ctx, e.ns, st, 1000, "")
+			tasks, _, err := e.s.List(e.ctx, e.ns, storage.ListParams{State: st, Limit: 1000})
 			if err != nil {
 				e.t.Errorf("cleanup: list: %v", err)
 				return
@@ -249,7 +249,7 @@ func (e *env) listAll(st storage.State, size int) []storage.Task {
 	var all []storage.Task
 	cursor := ""
 	for range 10000 {
-		page, next, err := e.s.List(e.ctx, e.ns, st, size, cursor)
+		page, next, err := e.s.List(e.ctx, e.ns, storage.ListParams{State: st, Limit: size, Cursor: cursor})
 		if err != nil {
 			e.t.Fatalf("list %v: %v", st, err)
 		}

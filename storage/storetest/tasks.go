@@ -343,6 +343,70 @@ func testList(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Errorf("(-want +got):\n%s", diff)
 		}
 	})
+	t.Run("pages are cut by bytes and list every task once", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, newStore)
+		due := e.now().Add(time.Hour)
+		all := ids(30, "b")
+		payload := make([]byte, 10<<10)
+		var specs []storage.UpsertSpec
+		for _, id := range all {
+			specs = append(specs, storage.UpsertSpec{ID: id, Payload: payload, DueTime: due})
+		}
+		e.upsert(specs...)
+		const budget = 64 << 10 // room for 6 tasks of 10 KiB
+		var got []string
+		pages, cursor := 0, ""
+		for {
+			page, next, err := e.s.List(e.ctx, e.ns, storage.ListParams{State: sched, Limit: 1000, Cursor: cursor, MaxBytes: budget})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pages++
+			if len(page) == 0 {
+				t.Fatalf("page %d is empty (next %q)", pages, next)
+			}
+			sum := 0
+			for _, task := range page {
+				if len(task.Payload) != len(payload) {
+					t.Fatalf("task %s: payload of %d bytes, want %d", task.ID, len(task.Payload), len(payload))
+				}
+				sum += storage.TaskWireSize(task)
+			}
+			if sum > budget {
+				t.Fatalf("page %d: %d tasks of %d bytes, budget %d", pages, len(page), sum, budget)
+			}
+			got = append(got, idsOf(page)...)
+			if next == "" {
+				break
+			}
+			cursor = next
+		}
+		if diff := cmp.Diff(all, got); diff != "" {
+			t.Errorf("every task once, in order (-want +got):\n%s", diff)
+		}
+		if pages < 5 {
+			t.Errorf("%d pages; want at least 5 for 30 tasks of 10 KiB under %d bytes", pages, budget)
+		}
+		// Without payloads the same budget holds every task in one page.
+		page, next, err := e.s.List(e.ctx, e.ns, storage.ListParams{State: sched, Limit: 1000, MaxBytes: budget, NoPayload: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) != len(all) || next != "" {
+			t.Fatalf("no payloads: %d tasks, next %q; want %d, last page", len(page), next, len(all))
+		}
+		for _, task := range page {
+			if len(task.Payload) != 0 {
+				t.Fatalf("task %s: payload of %d bytes, want none", task.ID, len(task.Payload))
+			}
+		}
+		// A single task larger than the budget is still listed, alone.
+		page, next, err = e.s.List(e.ctx, e.ns, storage.ListParams{State: sched, Limit: 1000, MaxBytes: 1})
+		if err != nil || len(page) != 1 || next == "" {
+			t.Fatalf("budget below one task: %d tasks, next %q, %v; want 1 and a next page", len(page), next, err)
+		}
+	})
 	t.Run("a change between pages loses no other task", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, newStore)
@@ -353,7 +417,7 @@ func testList(t *testing.T, newStore func(t *testing.T) Store) {
 			specs = append(specs, storage.UpsertSpec{ID: id, Payload: payloadOf(id), DueTime: due})
 		}
 		e.upsert(specs...)
-		page, next, err := e.s.List(e.ctx, e.ns, sched, 4, "")
+		page, next, err := e.s.List(e.ctx, e.ns, storage.ListParams{State: sched, Limit: 4})
 		if err != nil || len(page) != 4 || next == "" {
 			t.Fatalf("first page: %d tasks, next %q, %v", len(page), next, err)
 		}
@@ -363,7 +427,7 @@ func testList(t *testing.T, newStore func(t *testing.T) Store) {
 		}
 		got := idsOf(page)
 		for next != "" {
-			page, next, err = e.s.List(e.ctx, e.ns, sched, 4, next)
+			page, next, err = e.s.List(e.ctx, e.ns, storage.ListParams{State: sched, Limit: 4, Cursor: next})
 			if err != nil {
 				t.Fatal(err)
 			}

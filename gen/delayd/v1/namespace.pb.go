@@ -926,7 +926,9 @@ type ListDeadLettersRequest struct {
 	// Tasks per page: 1-1,000; 0 means 100.
 	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous page.
-	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// What each task carries; UNSPECIFIED means FULL (payloads included).
+	View          TaskView `protobuf:"varint,4,opt,name=view,proto3,enum=delayd.v1.TaskView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -982,10 +984,17 @@ func (x *ListDeadLettersRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListDeadLettersRequest) GetView() TaskView {
+	if x != nil {
+		return x.View
+	}
+	return TaskView_TASK_VIEW_UNSPECIFIED
+}
+
 // ListDeadLettersResponse is one page of dead tasks.
 type ListDeadLettersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Dead tasks, oldest death first.
+	// Dead tasks, oldest death first; cut by bytes as ListTasks pages are.
 	Tasks []*Task `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	// Token for the next page; empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
@@ -1471,7 +1480,12 @@ func (x *CreateKeyResponse) GetSecret() string {
 type ListKeysRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Namespace whose keys to list; "*" for global keys.
-	Namespace     string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Keys per page: 1-1,000; 0 means 100.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first page. A token
+	// is only valid with the same namespace.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1513,11 +1527,27 @@ func (x *ListKeysRequest) GetNamespace() string {
 	return ""
 }
 
-// ListKeysResponse lists keys.
+func (x *ListKeysRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListKeysResponse is one page of keys.
 type ListKeysResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Keys, newest first.
-	Keys          []*Key `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys []*Key `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1557,6 +1587,13 @@ func (x *ListKeysResponse) GetKeys() []*Key {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *ListKeysResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // RevokeKeyRequest revokes a key.
@@ -1800,12 +1837,13 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\tdelivered\x18\x02 \x01(\x03R\tdelivered\x12\x12\n" +
 	"\x04dead\x18\x03 \x01(\x03R\x04dead\x12\x17\n" +
 	"\adue_now\x18\x04 \x01(\x03R\x06dueNow\x12I\n" +
-	"\x13oldest_due_lateness\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11oldestDueLateness\"r\n" +
+	"\x13oldest_due_lateness\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11oldestDueLateness\"\x9b\x01\n" +
 	"\x16ListDeadLettersRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"h\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12'\n" +
+	"\x04view\x18\x04 \x01(\x0e2\x13.delayd.v1.TaskViewR\x04view\"h\n" +
 	"\x17ListDeadLettersResponse\x12%\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x0f.delayd.v1.TaskR\x05tasks\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8e\x01\n" +
@@ -1835,11 +1873,15 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\"M\n" +
 	"\x11CreateKeyResponse\x12 \n" +
 	"\x03key\x18\x01 \x01(\v2\x0e.delayd.v1.KeyR\x03key\x12\x16\n" +
-	"\x06secret\x18\x02 \x01(\tR\x06secret\"/\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"k\n" +
 	"\x0fListKeysRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"6\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"^\n" +
 	"\x10ListKeysResponse\x12\"\n" +
-	"\x04keys\x18\x01 \x03(\v2\x0e.delayd.v1.KeyR\x04keys\"\"\n" +
+	"\x04keys\x18\x01 \x03(\v2\x0e.delayd.v1.KeyR\x04keys\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\"\n" +
 	"\x10RevokeKeyRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x13\n" +
 	"\x11RevokeKeyResponse\"\x0f\n" +
@@ -1917,7 +1959,8 @@ var file_delayd_v1_namespace_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),        // 30: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),      // 31: google.protobuf.Timestamp
 	(*fieldmaskpb.FieldMask)(nil),      // 32: google.protobuf.FieldMask
-	(*Task)(nil),                       // 33: delayd.v1.Task
+	(TaskView)(0),                      // 33: delayd.v1.TaskView
+	(*Task)(nil),                       // 34: delayd.v1.Task
 }
 var file_delayd_v1_namespace_proto_depIdxs = []int32{
 	30, // 0: delayd.v1.NamespacePolicy.ack_timeout:type_name -> google.protobuf.Duration
@@ -1935,45 +1978,46 @@ var file_delayd_v1_namespace_proto_depIdxs = []int32{
 	32, // 12: delayd.v1.UpdateNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
 	2,  // 13: delayd.v1.UpdateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
 	30, // 14: delayd.v1.GetNamespaceStatsResponse.oldest_due_lateness:type_name -> google.protobuf.Duration
-	33, // 15: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
-	30, // 16: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
-	0,  // 17: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
-	31, // 18: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 19: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
-	21, // 20: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
-	21, // 21: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
-	21, // 22: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
-	3,  // 23: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
-	5,  // 24: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
-	7,  // 25: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
-	9,  // 26: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
-	11, // 27: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
-	13, // 28: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
-	15, // 29: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
-	17, // 30: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
-	19, // 31: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
-	22, // 32: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
-	24, // 33: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
-	26, // 34: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
-	28, // 35: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
-	4,  // 36: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
-	6,  // 37: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
-	8,  // 38: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
-	10, // 39: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
-	12, // 40: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
-	14, // 41: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
-	16, // 42: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
-	18, // 43: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
-	20, // 44: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
-	23, // 45: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
-	25, // 46: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
-	27, // 47: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
-	29, // 48: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
-	36, // [36:49] is the sub-list for method output_type
-	23, // [23:36] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	33, // 15: delayd.v1.ListDeadLettersRequest.view:type_name -> delayd.v1.TaskView
+	34, // 16: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
+	30, // 17: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
+	0,  // 18: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
+	31, // 19: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	0,  // 20: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
+	21, // 21: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
+	21, // 22: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
+	21, // 23: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
+	3,  // 24: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
+	5,  // 25: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
+	7,  // 26: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
+	9,  // 27: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
+	11, // 28: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
+	13, // 29: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
+	15, // 30: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
+	17, // 31: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
+	19, // 32: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
+	22, // 33: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
+	24, // 34: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
+	26, // 35: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
+	28, // 36: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
+	4,  // 37: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
+	6,  // 38: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
+	8,  // 39: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
+	10, // 40: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
+	12, // 41: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
+	14, // 42: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
+	16, // 43: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
+	18, // 44: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
+	20, // 45: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
+	23, // 46: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
+	25, // 47: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
+	27, // 48: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
+	29, // 49: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
+	37, // [37:50] is the sub-list for method output_type
+	24, // [24:37] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_namespace_proto_init() }

@@ -82,6 +82,61 @@ func (TaskState) EnumDescriptor() ([]byte, []int) {
 }
 
 // Task is one delay task as stored by delayd.
+// TaskView says how much of each task a listing returns.
+type TaskView int32
+
+const (
+	// The server default: FULL, what listings returned before views existed,
+	// so existing clients keep their payloads.
+	TaskView_TASK_VIEW_UNSPECIFIED TaskView = 0
+	// Everything except the payload (payload is empty): the cheap view, which
+	// fits many more tasks into one page.
+	TaskView_TASK_VIEW_BASIC TaskView = 1
+	// Every field, payload included.
+	TaskView_TASK_VIEW_FULL TaskView = 2
+)
+
+// Enum value maps for TaskView.
+var (
+	TaskView_name = map[int32]string{
+		0: "TASK_VIEW_UNSPECIFIED",
+		1: "TASK_VIEW_BASIC",
+		2: "TASK_VIEW_FULL",
+	}
+	TaskView_value = map[string]int32{
+		"TASK_VIEW_UNSPECIFIED": 0,
+		"TASK_VIEW_BASIC":       1,
+		"TASK_VIEW_FULL":        2,
+	}
+)
+
+func (x TaskView) Enum() *TaskView {
+	p := new(TaskView)
+	*p = x
+	return p
+}
+
+func (x TaskView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TaskView) Descriptor() protoreflect.EnumDescriptor {
+	return file_delayd_v1_task_proto_enumTypes[1].Descriptor()
+}
+
+func (TaskView) Type() protoreflect.EnumType {
+	return &file_delayd_v1_task_proto_enumTypes[1]
+}
+
+func (x TaskView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TaskView.Descriptor instead.
+func (TaskView) EnumDescriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{1}
+}
+
 type Task struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Namespace the task belongs to.
@@ -878,7 +933,9 @@ type ListTasksRequest struct {
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous page; empty for the first page. A token
 	// is only valid with the same namespace and state.
-	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// What each task carries; UNSPECIFIED means FULL (payloads included).
+	View          TaskView `protobuf:"varint,5,opt,name=view,proto3,enum=delayd.v1.TaskView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -941,10 +998,19 @@ func (x *ListTasksRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListTasksRequest) GetView() TaskView {
+	if x != nil {
+		return x.View
+	}
+	return TaskView_TASK_VIEW_UNSPECIFIED
+}
+
 // ListTasksResponse is one page of tasks.
 type ListTasksResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Tasks of the requested state, in that state's order.
+	// Tasks of the requested state, in that state's order. A page holds at
+	// most page_size tasks and is also cut by bytes (the server's
+	// --list-max-bytes), so it may hold fewer with next_page_token set.
 	Tasks []*Task `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	// Token for the next page; empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
@@ -1055,13 +1121,14 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"6\n" +
 	"\x0fGetTaskResponse\x12#\n" +
-	"\x04task\x18\x01 \x01(\v2\x0f.delayd.v1.TaskR\x04task\"\x98\x01\n" +
+	"\x04task\x18\x01 \x01(\v2\x0f.delayd.v1.TaskR\x04task\"\xc1\x01\n" +
 	"\x10ListTasksRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12*\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x14.delayd.v1.TaskStateR\x05state\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"b\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12'\n" +
+	"\x04view\x18\x05 \x01(\x0e2\x13.delayd.v1.TaskViewR\x04view\"b\n" +
 	"\x11ListTasksResponse\x12%\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x0f.delayd.v1.TaskR\x05tasks\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*p\n" +
@@ -1069,7 +1136,11 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14TASK_STATE_SCHEDULED\x10\x01\x12\x18\n" +
 	"\x14TASK_STATE_DELIVERED\x10\x02\x12\x13\n" +
-	"\x0fTASK_STATE_DEAD\x10\x032\x8a\x03\n" +
+	"\x0fTASK_STATE_DEAD\x10\x03*N\n" +
+	"\bTaskView\x12\x19\n" +
+	"\x15TASK_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fTASK_VIEW_BASIC\x10\x01\x12\x12\n" +
+	"\x0eTASK_VIEW_FULL\x10\x022\x8a\x03\n" +
 	"\vTaskService\x12I\n" +
 	"\n" +
 	"UpsertTask\x12\x1c.delayd.v1.UpsertTaskRequest\x1a\x1d.delayd.v1.UpsertTaskResponse\x12[\n" +
@@ -1093,59 +1164,61 @@ func file_delayd_v1_task_proto_rawDescGZIP() []byte {
 	return file_delayd_v1_task_proto_rawDescData
 }
 
-var file_delayd_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_delayd_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_delayd_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_delayd_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                   // 0: delayd.v1.TaskState
-	(*Task)(nil),                     // 1: delayd.v1.Task
-	(*UpsertTaskRequest)(nil),        // 2: delayd.v1.UpsertTaskRequest
-	(*UpsertTaskResponse)(nil),       // 3: delayd.v1.UpsertTaskResponse
-	(*BatchUpsertTasksRequest)(nil),  // 4: delayd.v1.BatchUpsertTasksRequest
-	(*BatchUpsertTasksResponse)(nil), // 5: delayd.v1.BatchUpsertTasksResponse
-	(*BatchUpsertTaskResult)(nil),    // 6: delayd.v1.BatchUpsertTaskResult
-	(*ItemError)(nil),                // 7: delayd.v1.ItemError
-	(*RemoveTaskRequest)(nil),        // 8: delayd.v1.RemoveTaskRequest
-	(*RemoveTaskResponse)(nil),       // 9: delayd.v1.RemoveTaskResponse
-	(*GetTaskRequest)(nil),           // 10: delayd.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),          // 11: delayd.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),         // 12: delayd.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),        // 13: delayd.v1.ListTasksResponse
-	(*timestamppb.Timestamp)(nil),    // 14: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 15: google.protobuf.Duration
+	(TaskView)(0),                    // 1: delayd.v1.TaskView
+	(*Task)(nil),                     // 2: delayd.v1.Task
+	(*UpsertTaskRequest)(nil),        // 3: delayd.v1.UpsertTaskRequest
+	(*UpsertTaskResponse)(nil),       // 4: delayd.v1.UpsertTaskResponse
+	(*BatchUpsertTasksRequest)(nil),  // 5: delayd.v1.BatchUpsertTasksRequest
+	(*BatchUpsertTasksResponse)(nil), // 6: delayd.v1.BatchUpsertTasksResponse
+	(*BatchUpsertTaskResult)(nil),    // 7: delayd.v1.BatchUpsertTaskResult
+	(*ItemError)(nil),                // 8: delayd.v1.ItemError
+	(*RemoveTaskRequest)(nil),        // 9: delayd.v1.RemoveTaskRequest
+	(*RemoveTaskResponse)(nil),       // 10: delayd.v1.RemoveTaskResponse
+	(*GetTaskRequest)(nil),           // 11: delayd.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),          // 12: delayd.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),         // 13: delayd.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),        // 14: delayd.v1.ListTasksResponse
+	(*timestamppb.Timestamp)(nil),    // 15: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 16: google.protobuf.Duration
 }
 var file_delayd_v1_task_proto_depIdxs = []int32{
-	14, // 0: delayd.v1.Task.due_time:type_name -> google.protobuf.Timestamp
+	15, // 0: delayd.v1.Task.due_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: delayd.v1.Task.state:type_name -> delayd.v1.TaskState
-	14, // 2: delayd.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	14, // 3: delayd.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	14, // 4: delayd.v1.Task.lease_deadline:type_name -> google.protobuf.Timestamp
-	14, // 5: delayd.v1.Task.dead_time:type_name -> google.protobuf.Timestamp
-	14, // 6: delayd.v1.UpsertTaskRequest.due_time:type_name -> google.protobuf.Timestamp
-	15, // 7: delayd.v1.UpsertTaskRequest.delay:type_name -> google.protobuf.Duration
-	1,  // 8: delayd.v1.UpsertTaskResponse.task:type_name -> delayd.v1.Task
-	2,  // 9: delayd.v1.BatchUpsertTasksRequest.tasks:type_name -> delayd.v1.UpsertTaskRequest
-	6,  // 10: delayd.v1.BatchUpsertTasksResponse.results:type_name -> delayd.v1.BatchUpsertTaskResult
-	1,  // 11: delayd.v1.BatchUpsertTaskResult.task:type_name -> delayd.v1.Task
-	7,  // 12: delayd.v1.BatchUpsertTaskResult.error:type_name -> delayd.v1.ItemError
+	15, // 2: delayd.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	15, // 3: delayd.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	15, // 4: delayd.v1.Task.lease_deadline:type_name -> google.protobuf.Timestamp
+	15, // 5: delayd.v1.Task.dead_time:type_name -> google.protobuf.Timestamp
+	15, // 6: delayd.v1.UpsertTaskRequest.due_time:type_name -> google.protobuf.Timestamp
+	16, // 7: delayd.v1.UpsertTaskRequest.delay:type_name -> google.protobuf.Duration
+	2,  // 8: delayd.v1.UpsertTaskResponse.task:type_name -> delayd.v1.Task
+	3,  // 9: delayd.v1.BatchUpsertTasksRequest.tasks:type_name -> delayd.v1.UpsertTaskRequest
+	7,  // 10: delayd.v1.BatchUpsertTasksResponse.results:type_name -> delayd.v1.BatchUpsertTaskResult
+	2,  // 11: delayd.v1.BatchUpsertTaskResult.task:type_name -> delayd.v1.Task
+	8,  // 12: delayd.v1.BatchUpsertTaskResult.error:type_name -> delayd.v1.ItemError
 	0,  // 13: delayd.v1.RemoveTaskResponse.previous_state:type_name -> delayd.v1.TaskState
-	1,  // 14: delayd.v1.GetTaskResponse.task:type_name -> delayd.v1.Task
+	2,  // 14: delayd.v1.GetTaskResponse.task:type_name -> delayd.v1.Task
 	0,  // 15: delayd.v1.ListTasksRequest.state:type_name -> delayd.v1.TaskState
-	1,  // 16: delayd.v1.ListTasksResponse.tasks:type_name -> delayd.v1.Task
-	2,  // 17: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
-	4,  // 18: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
-	8,  // 19: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
-	10, // 20: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
-	12, // 21: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
-	3,  // 22: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
-	5,  // 23: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
-	9,  // 24: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
-	11, // 25: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
-	13, // 26: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	1,  // 16: delayd.v1.ListTasksRequest.view:type_name -> delayd.v1.TaskView
+	2,  // 17: delayd.v1.ListTasksResponse.tasks:type_name -> delayd.v1.Task
+	3,  // 18: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
+	5,  // 19: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
+	9,  // 20: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
+	11, // 21: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
+	13, // 22: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
+	4,  // 23: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
+	6,  // 24: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
+	10, // 25: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
+	12, // 26: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
+	14, // 27: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
+	23, // [23:28] is the sub-list for method output_type
+	18, // [18:23] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_task_proto_init() }
@@ -1162,7 +1235,7 @@ func file_delayd_v1_task_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_task_proto_rawDesc), len(file_delayd_v1_task_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,

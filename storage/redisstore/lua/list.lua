@@ -5,16 +5,31 @@
 -- ARGV[1] page size (at most 1,000)
 -- ARGV[2] cursor score ('' = from the start)
 -- ARGV[3] cursor id: the page starts after the member (score, id)
+-- ARGV[4] byte budget of the page (0 = none)
+-- ARGV[5] '1' to return payloads, '' to leave them out (never read)
+-- ARGV[6] bytes each task counts beyond its id, header and payload (the
+--         Go side's storage.TaskWireOverhead, the namespace and a trace
+--         context)
 --
 -- When the cursor member is still at its score the page starts right after
 -- it; otherwise after the last member with a lower score, skipping members
 -- at the cursor score that sort before or at the cursor id.
 --
+-- A page ends after limit members or before the task that would take it
+-- past the byte budget, whichever comes first; its first task is always
+-- returned, so paging goes on however large one task is. A task counts
+-- its id, its header, its payload (only when payloads are returned: their
+-- lengths come from HSTRLEN, so a payload left out is never copied) and
+-- ARGV[6]; the Go side cuts again by the exact size.
+--
 -- Returns {more, last score, last id, then 4 values per task};
--- more is 1 when a full page was read (there may be more), and last
--- score/id are the cursor of the next page. Per task: id, score, header,
--- payload.
+-- more is 1 when a full page was read or the budget cut it (there may be
+-- more), and last score/id are the cursor of the next page. Per task: id,
+-- score, header, payload ('' when left out).
 local limit = tonumber(ARGV[1])
+local budget = tonumber(ARGV[4])
+local payloads = ARGV[5] == '1'
+local fixed = tonumber(ARGV[6])
 local start = 0
 local cs, cid = nil, ARGV[3]
 if ARGV[2] ~= '' then
@@ -55,12 +70,34 @@ for i = 1, #items, 2 do
 end
 if #ids > 0 then
   local hs = redis.call('HMGET', KEYS[2], unpack(ids))
-  local bs = redis.call('HMGET', KEYS[3], unpack(ids))
+  local keep, used = {}, 0
   for i = 1, #ids do
     if hs[i] then
-      push(out, ids[i], scores[i])
-      push(out, hs[i], bs[i] or '')
+      local size = fixed + #ids[i] + #hs[i]
+      if payloads then
+        size = size + redis.call('HSTRLEN', KEYS[3], ids[i])
+      end
+      if budget > 0 and #keep > 0 and used + size > budget then
+        local last = keep[#keep]
+        out[1], out[2], out[3] = 1, scores[last], ids[last]
+        break
+      end
+      used = used + size
+      keep[#keep + 1] = i
     end
+  end
+  local bs = {}
+  if payloads and #keep > 0 then
+    local kids = {}
+    for j = 1, #keep do
+      kids[j] = ids[keep[j]]
+    end
+    bs = redis.call('HMGET', KEYS[3], unpack(kids))
+  end
+  for j = 1, #keep do
+    local i = keep[j]
+    push(out, ids[i], scores[i])
+    push(out, hs[i], bs[j] or '')
   end
 end
 return out

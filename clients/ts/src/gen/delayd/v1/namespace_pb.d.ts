@@ -5,7 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Duration, FieldMask, Timestamp } from "@bufbuild/protobuf/wkt";
-import type { Task } from "./task_pb.js";
+import type { Task, TaskView } from "./task_pb.js";
 
 /**
  * Describes the file delayd/v1/namespace.proto.
@@ -469,6 +469,13 @@ export declare type ListDeadLettersRequest = Message<"delayd.v1.ListDeadLettersR
    * @generated from field: string page_token = 3;
    */
   pageToken: string;
+
+  /**
+   * What each task carries; UNSPECIFIED means FULL (payloads included).
+   *
+   * @generated from field: delayd.v1.TaskView view = 4;
+   */
+  view: TaskView;
 };
 
 /**
@@ -484,7 +491,7 @@ export declare const ListDeadLettersRequestSchema: GenMessage<ListDeadLettersReq
  */
 export declare type ListDeadLettersResponse = Message<"delayd.v1.ListDeadLettersResponse"> & {
   /**
-   * Dead tasks, oldest death first.
+   * Dead tasks, oldest death first; cut by bytes as ListTasks pages are.
    *
    * @generated from field: repeated delayd.v1.Task tasks = 1;
    */
@@ -740,6 +747,21 @@ export declare type ListKeysRequest = Message<"delayd.v1.ListKeysRequest"> & {
    * @generated from field: string namespace = 1;
    */
   namespace: string;
+
+  /**
+   * Keys per page: 1-1,000; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * next_page_token of the previous page; empty for the first page. A token
+   * is only valid with the same namespace.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
 };
 
 /**
@@ -749,7 +771,7 @@ export declare type ListKeysRequest = Message<"delayd.v1.ListKeysRequest"> & {
 export declare const ListKeysRequestSchema: GenMessage<ListKeysRequest>;
 
 /**
- * ListKeysResponse lists keys.
+ * ListKeysResponse is one page of keys.
  *
  * @generated from message delayd.v1.ListKeysResponse
  */
@@ -760,6 +782,13 @@ export declare type ListKeysResponse = Message<"delayd.v1.ListKeysResponse"> & {
    * @generated from field: repeated delayd.v1.Key keys = 1;
    */
   keys: Key[];
+
+  /**
+   * Token for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
 };
 
 /**

@@ -12,8 +12,6 @@ import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 export declare const file_delayd_v1_task: GenFile;
 
 /**
- * Task is one delay task as stored by delayd.
- *
  * @generated from message delayd.v1.Task
  */
 export declare type Task = Message<"delayd.v1.Task"> & {
@@ -470,6 +468,13 @@ export declare type ListTasksRequest = Message<"delayd.v1.ListTasksRequest"> & {
    * @generated from field: string page_token = 4;
    */
   pageToken: string;
+
+  /**
+   * What each task carries; UNSPECIFIED means FULL (payloads included).
+   *
+   * @generated from field: delayd.v1.TaskView view = 5;
+   */
+  view: TaskView;
 };
 
 /**
@@ -485,7 +490,9 @@ export declare const ListTasksRequestSchema: GenMessage<ListTasksRequest>;
  */
 export declare type ListTasksResponse = Message<"delayd.v1.ListTasksResponse"> & {
   /**
-   * Tasks of the requested state, in that state's order.
+   * Tasks of the requested state, in that state's order. A page holds at
+   * most page_size tasks and is also cut by bytes (the server's
+   * --list-max-bytes), so it may hold fewer with next_page_token set.
    *
    * @generated from field: repeated delayd.v1.Task tasks = 1;
    */
@@ -545,6 +552,42 @@ export enum TaskState {
  * Describes the enum delayd.v1.TaskState.
  */
 export declare const TaskStateSchema: GenEnum<TaskState>;
+
+/**
+ * Task is one delay task as stored by delayd.
+ * TaskView says how much of each task a listing returns.
+ *
+ * @generated from enum delayd.v1.TaskView
+ */
+export enum TaskView {
+  /**
+   * The server default: FULL, what listings returned before views existed,
+   * so existing clients keep their payloads.
+   *
+   * @generated from enum value: TASK_VIEW_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Everything except the payload (payload is empty): the cheap view, which
+   * fits many more tasks into one page.
+   *
+   * @generated from enum value: TASK_VIEW_BASIC = 1;
+   */
+  BASIC = 1,
+
+  /**
+   * Every field, payload included.
+   *
+   * @generated from enum value: TASK_VIEW_FULL = 2;
+   */
+  FULL = 2,
+}
+
+/**
+ * Describes the enum delayd.v1.TaskView.
+ */
+export declare const TaskViewSchema: GenEnum<TaskView>;
 
 /**
  * TaskService creates, reschedules, cancels and looks up delay tasks.
