@@ -250,14 +250,16 @@ func (s *Store) Get(_ context.Context, ns, id string) (storage.Task, error) {
 	return r.view(), nil
 }
 
-// List returns a page of one state's tasks in set order after cursor.
-func (s *Store) List(_ context.Context, ns string, state storage.State, limit int, cursor string) ([]storage.Task, string, error) {
+// List returns a page of one state's tasks in set order after p.Cursor,
+// cut by p.MaxBytes as storage.ListParams says.
+func (s *Store) List(_ context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error) {
+	state := p.State
 	if state == storage.StateUnspecified {
 		state = storage.StateScheduled
 	}
-	limit = min(max(limit, 1), MaxBatch)
+	limit := min(max(p.Limit, 1), MaxBatch)
 	var after *record
-	if cursor != "" {
+	if cursor := p.Cursor; cursor != "" {
 		parts := strings.SplitN(cursor, ":", 3)
 		if len(parts) != 3 || parts[0] != strconv.Itoa(int(state)) {
 			return nil, "", fmt.Errorf("list: %w", storage.ErrInvalidCursor)
@@ -270,20 +272,32 @@ func (s *Store) List(_ context.Context, ns string, state storage.State, limit in
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var page []storage.Task
-	var last *record
+	var (
+		page []storage.Task
+		recs []*record
+	)
 	for _, r := range sorted(s.nss[ns], state) {
 		if after != nil && cmp.Or(cmp.Compare(r.score(), after.score()), strings.Compare(r.task.ID, after.task.ID)) <= 0 {
 			continue
 		}
-		page = append(page, r.view())
-		last = r
-		if len(page) == limit {
+		t := r.view()
+		if p.NoPayload {
+			t.Payload = nil
+		}
+		page = append(page, t)
+		recs = append(recs, r)
+		if len(page) == limit+1 {
 			break
 		}
 	}
+	more := len(page) > limit
+	page = page[:min(len(page), limit)]
+	if kept, cut := storage.CutPage(page, p.MaxBytes); cut {
+		page, more = kept, true
+	}
 	next := ""
-	if len(page) == limit {
+	if more {
+		last := recs[len(page)-1]
 		next = fmt.Sprintf("%d:%d:%s", state, last.score(), last.task.ID)
 	}
 	return page, next, nil
