@@ -86,6 +86,11 @@ type Config struct {
 	// SafetyPoll is the dispatcher's slow poll that catches a missed
 	// wake-up. If zero, 1 second (dispatcher.Config.SafetyPoll).
 	SafetyPoll time.Duration
+	// LateWarn is the lateness past a task's due time from which its
+	// delivery is logged at WARN (at most once per namespace every 10 s,
+	// with the count and the worst), so a stall is never silent. If zero,
+	// 1 second (dispatcher.DefaultLateWarn); negative: never.
+	LateWarn time.Duration
 	// ShutdownTimeout bounds shutdown: the dispatcher handing deliveries
 	// back and running calls draining together get this long, then every
 	// connection is closed. If zero, 10 seconds.
@@ -150,6 +155,7 @@ const (
 	DefaultLogFormat         = "text"
 	DefaultReconcileInterval = durable.DefaultReconcileInterval
 	DefaultSafetyPoll        = dispatcher.DefaultSafetyPoll
+	DefaultLateWarn          = dispatcher.DefaultLateWarn
 )
 
 // defaultPolicy is the namespace policy a zero Config gives every

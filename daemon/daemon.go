@@ -232,6 +232,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Logger:     logger.With("component", "dispatcher"),
 		Metrics:    dispMetrics,
 		SafetyPoll: cfg.SafetyPoll,
+		LateWarn:   cfg.LateWarn,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dispatcher: %w", err)

@@ -63,6 +63,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.DurationVar(&c.MaxDelay, "max-delay", pol.MaxDelay, "horizon: the furthest ahead a task may be due")
 	fs.DurationVar(&c.StoreTimeout, "store-timeout", 0, "deadline of each store call; 0 = each store's own default")
 	fs.DurationVar(&c.SafetyPoll, "safety-poll", DefaultSafetyPoll, "dispatcher safety-net poll interval")
+	fs.DurationVar(&c.LateWarn, "log-late-deliveries", DefaultLateWarn, "log deliveries at least this late past their due time at WARN (once per namespace per 10 s, with count and worst); negative = never")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
 	fs.Var(negatedFlag{&c.DisableReflection}, "reflection", "serve gRPC server reflection (for grpcurl)")
 	fs.StringVar(&c.AdminKey, "admin-key", "", "bootstrap admin key (16-512 printable ASCII); turns API-key auth on; e.g. $(openssl rand -hex 32)")

@@ -185,6 +185,13 @@ type Config struct {
 	SweepInterval time.Duration
 	// StoreTimeout bounds each store call. If unset or zero, 5 seconds.
 	StoreTimeout time.Duration
+	// LateWarn is the lateness (send time minus due time, by the store's
+	// clock) above which a delivery counts as late: late deliveries are
+	// logged at WARN, at most once per namespace every 10 seconds, with how
+	// many there were and the worst, so a stall is never silent. If zero,
+	// DefaultLateWarn; negative: never logged (the lateness histogram still
+	// counts every delivery).
+	LateWarn time.Duration
 	// Liveness is how long a delivery stays leased in the store unless this
 	// replica renews it; the replica renews every Liveness/3, up to the
 	// namespace's ack timeout. A replica that stops (crash, hang) has its
@@ -229,7 +236,14 @@ func (c *Config) setDefaults() {
 	if c.Liveness == 0 {
 		c.Liveness = 6 * time.Second
 	}
+	if c.LateWarn == 0 {
+		c.LateWarn = DefaultLateWarn
+	}
 }
+
+// DefaultLateWarn is Config.LateWarn's default: a task delivered a second or
+// more after its due time is worth an operator's attention.
+const DefaultLateWarn = time.Second
 
 // Dispatcher pushes due tasks to subscribers. Start it once, Stop it once.
 // Its methods are safe for concurrent use.
@@ -448,6 +462,9 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 				}
 				d.watch.observe(n.name, del, d.cfg.Clock.Now())
 				d.cfg.Metrics.Delivered(n.name, lateness)
+				if d.cfg.LateWarn > 0 && lateness >= d.cfg.LateWarn {
+					n.late(lateness)
+				}
 			}
 		}
 	}

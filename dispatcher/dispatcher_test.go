@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -884,5 +886,77 @@ func TestExpiredLeaseIsNotSent(t *testing.T) {
 	}
 	if again.Task.ID != queued.ID || again.Token.Attempt != 1 || again.Token.Delivery <= queued.Delivery {
 		t.Fatalf("redelivery %+v; want %s again as attempt 1 (handed back unsent) with a later delivery than %d", again.Token, queued.ID, queued.Delivery)
+	}
+}
+
+// records is a slog.Handler that keeps every record it is given.
+type records struct {
+	mu  sync.Mutex
+	all []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.all = append(r.all, rec.Clone())
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// late returns the "delivered late" warnings logged so far.
+func (r *records) late() []slog.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []slog.Record
+	for _, rec := range r.all {
+		if rec.Level == slog.LevelWarn && strings.Contains(rec.Message, "delivered late") {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// TestLateDeliveriesAreLogged (issue 20): a stall is never silent. Tasks
+// delivered LateWarn or more past their due time are logged at WARN with
+// the namespace, how many and the worst, at most once per namespace every
+// 10 s however many there are; a negative LateWarn turns it off.
+func TestLateDeliveriesAreLogged(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		lateWarn time.Duration
+		want     int
+	}{{"every delivery late, one line", time.Nanosecond, 1}, {"off", -1, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			logs := &records{}
+			h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
+				c.Logger = slog.New(logs)
+				c.LateWarn = tc.lateWarn
+			})
+			s := h.subscribe(h.d, h.ns, 10)
+			h.upsert(h.d, 0, "a", "b", "c", "d", "e")
+			for range 5 {
+				h.ack(h.d, s.next(t).Token)
+			}
+			got := logs.late()
+			if len(got) != tc.want {
+				t.Fatalf("%d late-delivery warnings for 5 late deliveries, want %d", len(got), tc.want)
+			}
+			for _, rec := range got {
+				var ns string
+				rec.Attrs(func(a slog.Attr) bool {
+					if a.Key == "namespace" {
+						ns = a.Value.String()
+					}
+					return true
+				})
+				if ns != h.ns {
+					t.Errorf("warning names namespace %q, want %q", ns, h.ns)
+				}
+			}
+		})
 	}
 }

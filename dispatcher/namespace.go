@@ -42,7 +42,48 @@ type namespace struct {
 	errWait   time.Duration // backoff after a store error; 0 when healthy
 	idleWait  time.Duration // backoff when the store says "due" but gives nothing
 	lastWarn  time.Time
+
+	// Late deliveries since the last WARN about them (guarded by lateMu:
+	// senders report them).
+	lateMu    sync.Mutex
+	lateCount int
+	lateWorst time.Duration
+	lateLog   time.Time
 }
+
+// lateLogEvery is how often, at most, a namespace logs its late deliveries.
+const lateLogEvery = 10 * time.Second
+
+// late records a delivery sent lateness past its due time (at least
+// Config.LateWarn) and logs the late deliveries of the namespace at WARN,
+// at most once every lateLogEvery: how many, and the worst.
+func (n *namespace) late(lateness time.Duration) {
+	now := time.Now()
+	n.lateMu.Lock()
+	n.lateCount++
+	n.lateWorst = max(n.lateWorst, lateness)
+	if now.Sub(n.lateLog) < lateLogEvery {
+		n.lateMu.Unlock()
+		return
+	}
+	count, worst, since := n.lateCount, n.lateWorst, n.lateLog
+	n.lateCount, n.lateWorst, n.lateLog = 0, 0, now
+	n.lateMu.Unlock()
+	attrs := []slog.Attr{slog.String("namespace", n.name), slog.Int("deliveries", count),
+		slog.Duration("worst", worst), slog.Duration("threshold", n.d.cfg.LateWarn)}
+	if !since.IsZero() {
+		attrs = append(attrs, slog.Duration("over", now.Sub(since)))
+	}
+	n.d.log.LogAttrs(context.Background(), slog.LevelWarn,
+		"dispatcher: tasks delivered late (subscribers short of credit, the store slow, or this process starved?)", attrs...)
+}
+
+// maxIdleWait bounds the backoff while the store says a task is due but
+// neither pop nor reap moves anything (another replica took it first, or
+// the task was removed in between). It was the safety poll (1 s), so a
+// few such rounds in a row could leave tasks that fell due meanwhile up to
+// a second late; now at most this long.
+const maxIdleWait = 25 * time.Millisecond
 
 func newNamespace(d *Dispatcher, name string) *namespace {
 	return &namespace{
@@ -185,7 +226,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	if free > 0 {
 		// The store says "due" but neither pop nor reap moved anything:
 		// retry soon, but never spin.
-		n.idleWait = min(max(2*n.idleWait, time.Millisecond), cfg.SafetyPoll)
+		n.idleWait = min(max(2*n.idleWait, time.Millisecond), maxIdleWait, cfg.SafetyPoll)
 		return n.idleWait, false, true
 	}
 	// Blocked on credit: wake when credit comes back, when a local lease

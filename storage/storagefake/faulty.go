@@ -42,6 +42,11 @@ type Fault struct {
 	Hang bool
 	// Delay is slept before the call goes through (or fails with Err).
 	Delay time.Duration
+	// Skip answers the call as if there were nothing to do, without
+	// reaching the store: Pop and Reap move nothing (another replica took
+	// the tasks first), Ack, Nack and Extend answer NotFound for every token.
+	// NextWake is never skipped.
+	Skip bool
 }
 
 // NewFaulty wraps d; every call goes through until SetFault says otherwise.
@@ -63,30 +68,40 @@ func (f *Faulty) Calls(op Op) int {
 	return f.counts[op]
 }
 
-// enter counts the call and applies its fault; a non-nil error ends it.
-func (f *Faulty) enter(ctx context.Context, op Op, ns string) error {
+// enter counts the call and applies its fault; a non-nil error ends it,
+// and skip says the call is to answer "nothing to do".
+func (f *Faulty) enter(ctx context.Context, op Op, ns string) (skip bool, err error) {
 	f.mu.Lock()
 	f.counts[op]++
 	fn := f.fault
 	f.mu.Unlock()
 	if fn == nil {
-		return nil
+		return false, nil
 	}
 	ft := fn(op, ns)
+	skip = ft.Skip && op != OpNextWake
 	if ft.Delay > 0 {
 		t := time.NewTimer(ft.Delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return unavailable(ctx)
+			return false, unavailable(ctx)
 		case <-t.C:
 		}
 	}
 	if ft.Hang {
 		<-ctx.Done()
-		return unavailable(ctx)
+		return false, unavailable(ctx)
 	}
-	return ft.Err
+	return skip, ft.Err
+}
+
+func notFound(n int) []storage.TokenStatus {
+	out := make([]storage.TokenStatus, n)
+	for i := range out {
+		out[i] = storage.TokenNotFound
+	}
+	return out
 }
 
 type unavailableErr struct{ cause error }
@@ -100,7 +115,7 @@ func unavailable(ctx context.Context) error { return unavailableErr{ctx.Err()} }
 
 // Pop fails or hangs as told, else pops.
 func (f *Faulty) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
-	if err := f.enter(ctx, OpPop, ns); err != nil {
+	if skip, err := f.enter(ctx, OpPop, ns); err != nil || skip {
 		return nil, err
 	}
 	return f.Deliveries.Pop(ctx, ns, limit, leaseFor)
@@ -108,31 +123,41 @@ func (f *Faulty) Pop(ctx context.Context, ns string, limit int, leaseFor time.Du
 
 // Ack fails or hangs as told, else acks.
 func (f *Faulty) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
-	if err := f.enter(ctx, OpAck, ns); err != nil {
+	if skip, err := f.enter(ctx, OpAck, ns); err != nil {
 		return nil, err
+	} else if skip {
+		return notFound(len(tokens)), nil
 	}
 	return f.Deliveries.Ack(ctx, ns, tokens)
 }
 
 // Nack fails or hangs as told, else nacks.
 func (f *Faulty) Nack(ctx context.Context, ns string, tokens []storage.Token, o storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	if err := f.enter(ctx, OpNack, ns); err != nil {
+	if skip, err := f.enter(ctx, OpNack, ns); err != nil {
 		return nil, nil, err
+	} else if skip {
+		return notFound(len(tokens)), nil, nil
 	}
 	return f.Deliveries.Nack(ctx, ns, tokens, o)
 }
 
 // Extend fails or hangs as told, else extends.
 func (f *Faulty) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
-	if err := f.enter(ctx, OpExtend, ns); err != nil {
+	if skip, err := f.enter(ctx, OpExtend, ns); err != nil {
 		return nil, err
+	} else if skip {
+		out := make([]storage.ExtendResult, len(tokens))
+		for i := range out {
+			out[i].Status = storage.TokenNotFound
+		}
+		return out, nil
 	}
 	return f.Deliveries.Extend(ctx, ns, tokens, by)
 }
 
 // Reap fails or hangs as told, else reaps.
 func (f *Faulty) Reap(ctx context.Context, ns string, limit int, o storage.NackOptions) ([]storage.Moved, error) {
-	if err := f.enter(ctx, OpReap, ns); err != nil {
+	if skip, err := f.enter(ctx, OpReap, ns); err != nil || skip {
 		return nil, err
 	}
 	return f.Deliveries.Reap(ctx, ns, limit, o)
@@ -140,7 +165,7 @@ func (f *Faulty) Reap(ctx context.Context, ns string, limit int, o storage.NackO
 
 // NextWake fails or hangs as told, else answers.
 func (f *Faulty) NextWake(ctx context.Context, ns string) (next, now time.Time, ok bool, err error) {
-	if err := f.enter(ctx, OpNextWake, ns); err != nil {
+	if _, err := f.enter(ctx, OpNextWake, ns); err != nil {
 		return time.Time{}, time.Time{}, false, err
 	}
 	return f.Deliveries.NextWake(ctx, ns)
