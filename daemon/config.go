@@ -184,6 +184,9 @@ func (c Config) withDefaults() Config {
 	if c.SafetyPoll <= 0 {
 		c.SafetyPoll = DefaultSafetyPoll
 	}
+	if c.LateWarn == 0 {
+		c.LateWarn = DefaultLateWarn
+	}
 	return c
 }
 
