@@ -15,18 +15,22 @@ import (
 // lingering Linger for more when the queue runs dry) and hands each batch to
 // one of Committers workers:
 //
-//	callers ──op──▶ collect ──batch──▶ worker: MySQL transaction ─▶ index writes ─▶ answers
+//	callers ──op──▶ collect ──batch──▶ worker: MySQL transaction ─▶ answers ─▶ index queue (indexqueue.go)
 //
-// A worker runs the batch's ops as multi-row statements in ONE transaction,
-// answers the ops that need nothing more, then applies the index side of
-// upserts and removes and answers those. Several workers commit at once, so
-// their fsyncs share InnoDB's group commit; while all are busy, arriving ops
-// queue into the next batch: the busier MySQL is, the larger the batches.
+// A worker runs the batch's ops as multi-row statements in ONE transaction
+// and answers them; the index side of upserts and removes goes to the index
+// queues, whose writers apply it while the worker takes its next batch (a
+// caller may wait for its own index write; see awaitIndex). Several workers
+// commit at once, so their fsyncs share InnoDB's group commit; while all
+// are busy, arriving ops queue into the next batch: the busier MySQL is, the
+// larger the batches. A slow or hung index never holds a worker (only a
+// full index queue would).
 //
 // Batches that run at the same time never touch the same task: an op whose
 // task is in a batch still running waits (with every later op of that task)
-// for the next batch. So the writes to one task reach MySQL and the index
-// in the order they were submitted, and within one transaction the ops keep
+// for the next batch, and a batch counts as running until its index jobs
+// are queued. So the writes to one task reach MySQL and the index queue in
+// the order they were submitted, and within one transaction the ops keep
 // their order per task (see segments).
 
 // The kinds of op (mysqlstore.WriteKind).
@@ -52,8 +56,8 @@ type op struct {
 	mysqlstore.Write // what to write, and MySQL's results
 
 	// Results, set by the committer before done is closed.
-	prev storage.State // kindRemove
 	err  error
+	ix   *indexJob // the index side of an upsert or remove, once committed
 	done chan struct{}
 }
 
@@ -256,10 +260,10 @@ func (s *Store) worker() {
 	}
 }
 
-// run commits ops in one transaction, answers those with nothing more to
-// do, applies the index side of the others and answers them. If the
-// transaction fails for a reason that is not MySQL's health (a bad row),
-// each op is retried alone so one bad op does not fail the others.
+// run commits ops in one transaction, answers them, and queues the index
+// side of the committed upserts and removes. If the transaction fails for
+// a reason that is not MySQL's health (a bad row), each op is retried alone
+// so one bad op does not fail the others.
 func (s *Store) run(ops []*op) {
 	err := s.commitOps(ops)
 	if err != nil && len(ops) > 1 && !errors.Is(err, storage.ErrUnavailable) {
@@ -272,17 +276,33 @@ func (s *Store) run(ops []*op) {
 			o.err = err
 		}
 	}
-	var next []*op
+	var jobs []*indexJob
+	now := time.Now()
 	for _, o := range ops {
 		if o.err == nil && o.hasIndexStage() {
-			next = append(next, o)
-		} else {
-			o.finish(nil)
+			o.ix = jobOf(o, now)
+			jobs = append(jobs, o.ix)
 		}
 	}
-	if len(next) > 0 {
-		s.applyIndex(next)
+	for _, o := range ops {
+		o.finish(nil)
 	}
+	s.enqueue(jobs)
+}
+
+// jobOf is the index side of o, which MySQL committed at now: each upsert
+// row with the version MySQL gave it, or the remove.
+func jobOf(o *op, now time.Time) *indexJob {
+	j := &indexJob{kind: o.Kind, ns: o.NS, committed: now, id: o.ID, mysqlPrev: o.MySQLState, done: make(chan struct{})}
+	if o.Kind == kindUpsert {
+		j.specs = make([]storage.UpsertSpec, len(o.Rows))
+		j.absolute = make([]time.Time, len(o.Rows))
+		for i, r := range o.Rows {
+			j.specs[i] = indexSpec(r, o.Upserts[i].Task)
+			j.absolute[i] = o.Upserts[i].Task.DueTime
+		}
+	}
+	return j
 }
 
 // commitOps runs ops in one transaction (see mysqlstore.Store.Commit).
@@ -343,50 +363,6 @@ func segments(ops []*op) []segment {
 	return append(out, cur)
 }
 
-// applyIndex writes committed upserts and removes to the index and answers
-// them. Upserts of one namespace go in one index call; removes go one by
-// one. Segments keep per-task order.
-func (s *Store) applyIndex(batch []*op) {
-	ctx, cancel := s.opCtx()
-	defer cancel()
-	for _, sg := range segments(batch) {
-		s.indexUpserts(ctx, sg.upserts)
-		for _, o := range sg.removes {
-			s.indexRemove(ctx, o)
-		}
-	}
-	for _, o := range batch {
-		o.finish(nil)
-	}
-}
-
-// indexUpserts writes committed upserts to the index: per namespace one
-// call with every row in commit order, each with its MySQL generation (a
-// task written twice in the batch goes twice, in order, so per-spec answers
-// such as Earliest are the index's own). The index's create and update
-// times are copied into the results, so a Get answers the same task.
-func (s *Store) indexUpserts(ctx context.Context, ops []*op) {
-	byNS := map[string][]*op{}
-	var order []string
-	for _, o := range ops {
-		if _, ok := byNS[o.NS]; !ok {
-			order = append(order, o.NS)
-		}
-		byNS[o.NS] = append(byNS[o.NS], o)
-	}
-	for _, ns := range order {
-		var results []*storage.UpsertResult
-		var specs []storage.UpsertSpec
-		for _, o := range byNS[ns] {
-			for i := range o.Upserts {
-				results = append(results, &o.Upserts[i])
-				specs = append(specs, indexSpec(o.Rows[i], o.Upserts[i].Task))
-			}
-		}
-		s.indexWrite(ctx, ns, specs, results)
-	}
-}
-
 // specOf is the index write of a task MySQL committed: exactly its
 // version.
 func specOf(t storage.Task) storage.UpsertSpec {
@@ -438,22 +414,5 @@ func (s *Store) indexWrite(ctx context.Context, ns string, specs []storage.Upser
 	if len(stale) > 0 {
 		s.log.Info("the index held a newer version than mysql just committed; repairing from mysql", "namespace", ns, "tasks", len(stale))
 		s.requestRepair(ns, stale)
-	}
-}
-
-// indexRemove removes one task from the index after its MySQL delete.
-func (s *Store) indexRemove(ctx context.Context, o *op) {
-	st, err := s.idx.Remove(ctx, o.NS, o.ID)
-	switch {
-	case err == nil:
-		o.prev = st
-	case errors.Is(err, storage.ErrNotFound):
-		if o.MySQLState == storage.StateUnspecified {
-			o.err = fmt.Errorf("remove: %w", storage.ErrNotFound)
-		} else {
-			o.prev = o.MySQLState
-		}
-	default:
-		o.err = fmt.Errorf("remove: index (the task is already deleted from mysql; retry): %w", err)
 	}
 }

@@ -628,12 +628,30 @@ func (s *Store) rebuildIDs(ctx context.Context, ns string, vs []storage.Version)
 }
 
 // repairFailed re-indexes, from MySQL, the tasks whose index write failed
-// on this replica. Those it cannot repair yet stay for the next turn.
+// on this replica (or was answered "stale"), and forgets the index entries
+// of those MySQL no longer has (a remove whose index side failed). It takes
+// ReconcileBatch tasks at a time until the set is empty, a round fails, or
+// maxRepairRounds rounds ran; what it cannot repair yet stays for the next
+// turn.
 func (s *Store) repairFailed(ctx context.Context) {
+	for range maxRepairRounds {
+		if !s.repairRound(ctx) || ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// maxRepairRounds bounds one turn of repairFailed, so the reconciler's
+// other work is not held up for long.
+const maxRepairRounds = 100
+
+// repairRound repairs up to ReconcileBatch tasks of the repair set; it
+// reports whether it took any and repaired them all.
+func (s *Store) repairRound(ctx context.Context) bool {
 	s.repairMu.Lock()
 	if len(s.repairs) == 0 {
 		s.repairMu.Unlock()
-		return
+		return false
 	}
 	byNS := map[string][]string{}
 	taken := 0
@@ -651,19 +669,48 @@ func (s *Store) repairFailed(ctx context.Context) {
 		nss = append(nss, ns)
 	}
 	sort.Strings(nss)
+	all := true
 	for _, ns := range nss {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 		n, err := s.repairIDs(cctx, ns, byNS[ns])
+		if err == nil {
+			var f int
+			f, err = s.forgetGone(cctx, ns, byNS[ns])
+			n += f
+		}
 		cancel()
 		if err != nil {
+			all = false
 			s.requestRepair(ns, byNS[ns])
 			if ctx.Err() == nil {
 				s.log.Debug("index still unavailable for repairs", "namespace", ns, "err", err)
 			}
 			continue
 		}
-		s.log.Info("re-indexed tasks whose index write had failed", "namespace", ns, "tasks", len(byNS[ns]), "restored", n)
+		s.log.Info("re-indexed tasks whose index write had failed", "namespace", ns, "tasks", len(byNS[ns]), "repaired", n)
 	}
+	return all
+}
+
+// forgetGone forgets the index entries of the named tasks of ns that MySQL
+// does not have: the index's versions are read first, then MySQL's (see
+// forgetOrphans), so an entry is forgotten only if MySQL deleted that very
+// version.
+func (s *Store) forgetGone(ctx context.Context, ns string, ids []string) (int, error) {
+	have, _, err := s.idx.Versions(ctx, ns, ids)
+	if err != nil {
+		return 0, fmt.Errorf("index versions: %w", err)
+	}
+	var page []storage.Version
+	for _, v := range have {
+		if v.Incarnation != 0 || v.Generation != 0 {
+			page = append(page, v)
+		}
+	}
+	if len(page) == 0 {
+		return 0, nil
+	}
+	return s.forgetOrphans(ctx, ns, page)
 }
 
 // pruneHistory deletes history rows older than HistoryRetention, in

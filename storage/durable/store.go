@@ -11,11 +11,18 @@
 //   - An upsert is answered OK only after MySQL committed it. MySQL decides
 //     the generation; the index is then written with that exact generation,
 //     so an older generation never overwrites a newer one in either store.
-//     If the index write fails after the commit, the upsert is still
-//     answered OK (it is durable) and the index is repaired from MySQL: at
-//     once by this replica when Redis answers again, and by the reconciler.
-//   - Remove deletes from MySQL first, then from the index. If MySQL is down
-//     nothing is touched and the answer is storage.ErrUnavailable.
+//     Index writes go through ordered queues of their own (indexqueue.go),
+//     so a slow or hung Redis never holds MySQL commits back; a caller
+//     waits for its index write only while the index is healthy and at
+//     most Config.IndexWait (and half of its deadline), else it is answered
+//     from MySQL. An index write that fails after the commit leaves the
+//     upsert answered OK (it is durable) and the index is repaired from
+//     MySQL: at once by this replica when Redis answers again, and by the
+//     reconciler.
+//   - Remove deletes from MySQL first, then from the index, and answers OK
+//     only once the index removed the task (else storage.ErrUnavailable:
+//     retry). If MySQL is down nothing is touched and the answer is
+//     storage.ErrUnavailable.
 //   - Ack, nack, lease expiry, dead-lettering and requeue are decided by the
 //     index (it knows the delivery in flight) and written through to MySQL
 //     with generation-guarded statements: an ack deletes only the acked
@@ -192,6 +199,14 @@ type Config struct {
 	// MaxBatchBytes bounds the payload bytes of one group commit and of one
 	// statement (stay well under max_allowed_packet). If zero, 4 MiB.
 	MaxBatchBytes int
+	// IndexWait is how long a write, once MySQL committed it, waits for its
+	// index write while the index is healthy (at most half of what is left
+	// of the caller's deadline): past it an upsert is answered from MySQL
+	// (it is durable; the index write follows) and a remove answers
+	// storage.ErrUnavailable (retry: the task is still in the index). While
+	// the index is failing, or an index call has run for IndexWait, writes
+	// do not wait at all. If zero, 1 second.
+	IndexWait time.Duration
 	// Linger is how long the committer waits for more writes after the
 	// first one of a batch when no more are queued. If zero, 100
 	// microseconds; negative means no wait.
@@ -265,6 +280,9 @@ func (c *Config) defaults() {
 	if c.MaxBatchBytes <= 0 {
 		c.MaxBatchBytes = 4 << 20
 	}
+	if c.IndexWait <= 0 {
+		c.IndexWait = time.Second
+	}
 	if c.Linger == 0 {
 		c.Linger = 100 * time.Microsecond
 	}
@@ -314,6 +332,9 @@ type Store struct {
 	doneQ   chan *batch
 	quit    chan struct{}
 	stopped chan struct{} // closed when Stop has finished
+	workers sync.WaitGroup
+	// index queues (indexqueue.go), one per committer, by namespace hash
+	iq []*indexQueue
 
 	// reconciler (reconcile.go)
 	cancel    context.CancelFunc
@@ -337,6 +358,8 @@ type Store struct {
 	clockMu  sync.Mutex
 	offset   time.Duration
 	offsetAt time.Time
+	probing  bool // a clock probe runs (now)
+	probes   sync.WaitGroup
 
 	// the last incarnation this replica handed out (newIncarnation)
 	incMu   sync.Mutex
@@ -380,6 +403,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		checked: make(map[string]time.Time),
 		warned:  make(map[string]time.Time),
 	}
+	for range cfg.Committers {
+		s.iq = append(s.iq, newIndexQueue())
+	}
 	db, err := mysqlstore.Open(ctx, mysqlstore.Config{
 		DSN:              cfg.DSN,
 		Logger:           cfg.Logger,
@@ -410,11 +436,23 @@ func (s *Store) Start(ctx context.Context) error {
 		s.started = true
 		rctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
-		s.wg.Add(2 + s.cfg.Committers)
+		s.wg.Add(3 + s.cfg.Committers + len(s.iq))
+		s.workers.Add(s.cfg.Committers)
 		go func() { defer s.wg.Done(); s.collect() }()
 		for range s.cfg.Committers {
-			go func() { defer s.wg.Done(); s.worker() }()
+			go func() { defer s.wg.Done(); defer s.workers.Done(); s.worker() }()
 		}
+		for _, q := range s.iq {
+			go func() { defer s.wg.Done(); s.indexWriter(q) }()
+		}
+		// The index queues close once no worker can push to them.
+		go func() {
+			defer s.wg.Done()
+			s.workers.Wait()
+			for _, q := range s.iq {
+				q.close()
+			}
+		}()
 		go func() { defer s.wg.Done(); s.reconcileLoop(rctx) }()
 	})
 	return nil
@@ -432,7 +470,9 @@ func (s *Store) Ready() <-chan struct{} { return s.ready }
 // goroutine, and closes the MySQL pool; or gives up waiting when ctx is
 // done. Shutdown order: writers are refused first (quit), the collector
 // dispatches what it accepted and waits for the workers to finish it, the
-// workers end, then the pool closes.
+// workers end, the index queues close and their writers apply what they
+// hold (an index write that fails then is left to the reconciler of the
+// replicas that stay, or of the next start), then the pool closes.
 func (s *Store) Stop(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
@@ -441,7 +481,13 @@ func (s *Store) Stop(ctx context.Context) error {
 		}
 		close(s.quit)
 		done := make(chan struct{})
-		go func() { s.wg.Wait(); close(done) }()
+		go func() {
+			s.wg.Wait()
+			s.clockMu.Lock() // no probe starts after quit; one that did has Added
+			s.clockMu.Unlock()
+			s.probes.Wait()
+			close(done)
+		}()
 		select {
 		case <-done:
 		case <-ctx.Done():
@@ -474,26 +520,58 @@ func (s *Store) now(ctx context.Context, ns string) time.Time {
 	if fresh {
 		return local.Add(off)
 	}
+	s.clockMu.Lock()
+	first := s.offsetAt.IsZero()
+	probe := !s.probing && !first
+	select {
+	case <-s.quit:
+		probe = false // stopped: no goroutine may start now
+	default:
+	}
+	if probe {
+		s.probing = true
+		s.probes.Add(1) // under clockMu: Stop waits for probes after taking it
+	}
+	s.clockMu.Unlock()
+	if first {
+		// No offset yet: measure it now (bounded by ctx and a second).
+		return s.probeClock(ctx, ns)
+	}
+	if probe {
+		// Measure again in the background: a hung index must not hold a
+		// write, which goes on with the last offset meanwhile.
+		go func() {
+			defer s.probes.Done()
+			s.probeClock(context.Background(), ns)
+			s.clockMu.Lock()
+			s.probing = false
+			s.clockMu.Unlock()
+		}()
+	}
+	return local.Add(off)
+}
+
+// probeClock measures the offset of the index's clock (within a second)
+// and returns the index's time by it; when the index does not answer, the
+// last offset is kept and not asked again for a second.
+func (s *Store) probeClock(ctx context.Context, ns string) time.Time {
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	before := s.cfg.Clock.Now()
 	_, remote, _, err := s.idx.NextWake(cctx, ns)
 	after := s.cfg.Clock.Now()
+	s.clockMu.Lock()
+	defer s.clockMu.Unlock()
 	if err != nil || remote.IsZero() {
 		if err != nil {
 			s.log.Debug("index clock unavailable; using the last known offset", "err", err)
 		}
-		s.clockMu.Lock()
 		s.offsetAt = after // do not ask again for a second
-		s.clockMu.Unlock()
-		return after.Add(off)
+		return after.Add(s.offset)
 	}
 	mid := before.Add(after.Sub(before) / 2)
-	off = remote.Sub(mid)
-	s.clockMu.Lock()
-	s.offset, s.offsetAt = off, after
-	s.clockMu.Unlock()
-	return after.Add(off)
+	s.offset, s.offsetAt = remote.Sub(mid), after
+	return after.Add(s.offset)
 }
 
 // newIncarnation returns an incarnation for a task a write may create: the
@@ -561,7 +639,29 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	if err := s.submit(ctx, o); err != nil {
 		return nil, err
 	}
-	return o.Upserts, nil
+	res := o.Upserts
+	if j := o.ix; j != nil && s.awaitIndex(ctx, j) && j.err == nil {
+		// The index's answers: whether the task became the earliest (to
+		// wake dispatchers at once) and its own times, so a Get answers
+		// the same task.
+		for i := range res {
+			if !j.ok[i] {
+				continue
+			}
+			r := j.res[i]
+			res[i].Earliest = r.Earliest
+			if !r.Task.DueTime.IsZero() {
+				res[i].Task.DueTime = r.Task.DueTime
+			}
+			if !r.Task.CreateTime.IsZero() {
+				res[i].Task.CreateTime = r.Task.CreateTime
+			}
+			if !r.Task.UpdateTime.IsZero() {
+				res[i].Task.UpdateTime = r.Task.UpdateTime
+			}
+		}
+	}
+	return res, nil
 }
 
 // upsertExact applies specs that name their generation in MySQL (see
@@ -596,6 +696,14 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 	if done || (seen && now.Sub(at) >= 0 && now.Sub(at) < time.Second) {
 		return
 	}
+	// A hung index must not hold the write: bounded by IndexWait and half
+	// of the caller's remaining deadline.
+	wait := s.cfg.IndexWait
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)/2)
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	ok, err := s.idx.Indexed(ctx, ns)
 	if err != nil {
 		s.markMu.Lock()
@@ -625,14 +733,30 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 // Remove deletes the task from MySQL, then from the index, and returns the
 // state it was in (the index's, which knows DELIVERED; else MySQL's).
 // ErrNotFound if neither had it. MySQL down: ErrUnavailable and nothing
-// touched. Index down after the MySQL delete: ErrUnavailable; the task is
-// gone from the authority and a retry removes it from the index.
+// touched. It answers only once the index removed the task too, so no
+// delivery starts after it returned; when the index does not answer in
+// time (see Config.IndexWait), ErrUnavailable: the task is gone from the
+// authority, its index removal stays queued (and in the repair set if it
+// fails), and a retry answers when the index has it done.
 func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error) {
 	o := &op{Write: mysqlstore.Write{Kind: kindRemove, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), ID: id}}
 	if err := s.submit(ctx, o); err != nil {
 		return storage.StateUnspecified, err
 	}
-	return o.prev, nil
+	j := o.ix
+	if !s.awaitIndex(ctx, j) {
+		return storage.StateUnspecified, fmt.Errorf("remove: deleted from mysql; the index removal is still pending (retry): %w", storage.ErrUnavailable)
+	}
+	if j.err != nil {
+		return storage.StateUnspecified, fmt.Errorf("remove: index (the task is already deleted from mysql; retry): %w", j.err)
+	}
+	switch {
+	case j.prev != storage.StateUnspecified:
+		return j.prev, nil
+	case j.mysqlPrev != storage.StateUnspecified:
+		return j.mysqlPrev, nil
+	}
+	return storage.StateUnspecified, fmt.Errorf("remove: %w", storage.ErrNotFound)
 }
 
 // Get returns the task from the index or, when the index does not have it
