@@ -82,8 +82,17 @@ services: ## Make sure Redis and MySQL answer (start them if installed).
 promtool: ## Make sure promtool is installed (Debian package prometheus).
 	@scripts/ensure-promtool.sh
 
+.PHONY: chromium
+chromium: ## Make sure headless Chromium is installed (Debian package chromium; the web console tests drive it).
+	@scripts/ensure-chromium.sh
+
+# The web console tests save their screenshots under DELAYD_TEST_ARTIFACTS
+# (one directory per test); git ignores artifacts/.
+DELAYD_TEST_ARTIFACTS ?= $(CURDIR)/artifacts
+export DELAYD_TEST_ARTIFACTS
+
 .PHONY: test
-test: services promtool ## Check services and promtool, go vet, then go test -race (no code generators needed).
+test: services promtool chromium ## Check services, promtool and chromium, go vet, then go test -race (no code generators needed); console screenshots go to artifacts/.
 	go vet ./...
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) test-ts

@@ -54,8 +54,12 @@ func Handler(opts Options) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("web: %w", err)
 	}
+	console, err := consoleHandler()
+	if err != nil {
+		return nil, fmt.Errorf("web: console: %w", err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/ui/", consoleHandler())
+	mux.Handle("/ui/", console)
 	mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
 	mux.Handle("/", connectByDefault(tc))
 	return mux, nil

@@ -100,7 +100,7 @@ var rules = map[string]rule{
 	// against a real delayd.
 	"web": {
 		// server only for server.Limits in daemon.Config.
-		testImports: []string{"daemon", "server", "gen/delayd/v1", "internal/testkit"},
+		testImports: []string{"daemon", "server", "gen/delayd/v1", "internal/testkit", "internal/testkit/delaydtest"},
 	},
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.

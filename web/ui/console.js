@@ -1,0 +1,554 @@
+// delayd web console. Plain JavaScript, no build step: it calls the JSON
+// (Connect protocol) endpoints of the HTTP listener it is served from, with
+// the API key as an Authorization header. The key lives in this tab's
+// sessionStorage only: never in a URL, a cookie or localStorage.
+'use strict';
+
+(() => {
+  const KEY = 'delayd.apiKey';
+  const REFRESH_MS = 2000; // live stats
+  const PAGE = 100;
+
+  const main = document.getElementById('main');
+  const errBox = document.getElementById('error');
+  const crumbs = document.getElementById('crumbs');
+  const whoami = document.getElementById('whoami');
+  const signout = document.getElementById('signout');
+
+  let me = null; // WhoAmIResponse of the signed-in key
+  let timers = []; // live refreshers of the current view
+  let gen = 0; // bumped per view; answers for an older view are dropped
+
+  // ---- API ---------------------------------------------------------------
+
+  class APIError extends Error {
+    constructor(code, message) {
+      super(message);
+      this.code = code;
+    }
+  }
+
+  // call makes one Connect unary call with a JSON body and returns the
+  // decoded answer, or throws APIError with the server's code and message.
+  async function call(method, body) {
+    const headers = { 'Content-Type': 'application/json' };
+    const key = sessionStorage.getItem(KEY);
+    if (key) headers.Authorization = 'Bearer ' + key;
+    let resp;
+    try {
+      resp = await fetch('/delayd.v1.' + method, {
+        method: 'POST', headers, body: JSON.stringify(body || {}),
+        credentials: 'omit', cache: 'no-store', referrerPolicy: 'no-referrer',
+      });
+    } catch (e) {
+      throw new APIError('unavailable', 'delayd did not answer (' + e.message + ')');
+    }
+    const text = await resp.text();
+    let out = {};
+    try { out = text ? JSON.parse(text) : {}; } catch (_) { out = {}; }
+    if (!resp.ok) {
+      throw new APIError(out.code || 'http_' + resp.status, out.message || text || resp.statusText);
+    }
+    return out;
+  }
+
+  // ---- DOM helpers ---------------------------------------------------------
+
+  // h builds an element; strings become text nodes (never HTML), so task
+  // ids, kinds and payloads cannot inject markup.
+  function h(tag, attrs, ...kids) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else if (k === 'class') el.className = v;
+      else if (k in el && typeof v !== 'string') el[k] = v;
+      else el.setAttribute(k, v === true ? '' : v);
+    }
+    for (const kid of kids.flat(Infinity)) {
+      if (kid === undefined || kid === null || kid === false) continue;
+      el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+    return el;
+  }
+
+  function showError(err) {
+    errBox.replaceChildren(
+      h('span', { class: 'code' }, err.code || 'error'),
+      h('span', { class: 'message' }, err.message || String(err)));
+    errBox.hidden = false;
+  }
+  function clearError() { errBox.hidden = true; errBox.replaceChildren(); }
+
+  // guard runs an async step of the view g and shows its error, unless the
+  // view changed meanwhile.
+  async function guard(g, fn) {
+    try {
+      await fn();
+    } catch (e) {
+      if (g !== gen) return;
+      if (e.code === 'unauthenticated') { signOut(e); return; }
+      showError(e);
+      if (e.code === 'permission_denied' && denied) denied(e);
+    }
+  }
+  let denied = null; // the current view's answer to permission_denied, if any
+
+  function live(fn) {
+    fn();
+    timers.push(setInterval(fn, REFRESH_MS));
+  }
+
+  // ---- formatting ----------------------------------------------------------
+
+  function seconds(d) { return d ? parseFloat(d) : 0; } // "1.500s"
+  function fmtDuration(s) {
+    if (!s) return '0 s';
+    if (s < 1) return Math.round(s * 1000) + ' ms';
+    if (s < 60) return s.toFixed(1) + ' s';
+    const m = Math.floor(s / 60);
+    if (m < 60) return m + ' min ' + Math.round(s % 60) + ' s';
+    return Math.floor(m / 60) + ' h ' + (m % 60) + ' min';
+  }
+  function fmtTime(ts) {
+    if (!ts) return '';
+    const d = new Date(ts);
+    return isNaN(d) ? ts : d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+  }
+  function num(v) { return v === undefined ? '0' : String(v); }
+  function payloadText(b64) {
+    if (!b64) return '';
+    try {
+      const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+      return new TextDecoder('utf-8', { fatal: true }).decode(bytes);
+    } catch (_) {
+      return '(binary, base64) ' + b64;
+    }
+  }
+  const scopeName = (s) => s.replace('KEY_SCOPE_', '').toLowerCase();
+
+  // ---- what the key may do -------------------------------------------------
+
+  function may(scope, ns) {
+    if (!me) return false;
+    const k = me.key || {};
+    const onNS = k.namespace === '*' || k.namespace === ns;
+    return onNS && (k.scopes || []).includes('KEY_SCOPE_' + scope);
+  }
+  const globalKey = () => me && me.key && me.key.namespace === '*';
+
+  // ---- sign in / out -------------------------------------------------------
+
+  async function signIn(secret) {
+    sessionStorage.setItem(KEY, secret);
+    try {
+      me = await call('NamespaceService/WhoAmI', {});
+    } catch (e) {
+      sessionStorage.removeItem(KEY);
+      me = null;
+      throw e;
+    }
+  }
+
+  function signOut(err) {
+    sessionStorage.removeItem(KEY);
+    me = null;
+    if (location.hash !== '' && location.hash !== '#/') location.hash = '#/';
+    render();
+    if (err) showError(err);
+  }
+  signout.addEventListener('click', () => signOut());
+
+  function renderHeader() {
+    signout.hidden = !me;
+    if (!me) { whoami.replaceChildren(); return; }
+    const k = me.key || {};
+    whoami.replaceChildren(
+      me.authEnabled ? 'key ' : 'authentication off ',
+      me.authEnabled ? h('code', { id: 'whoami-key' }, k.id || '') : '',
+      ' on ', h('code', { id: 'whoami-ns' }, k.namespace === '*' ? 'all namespaces' : k.namespace),
+      ' · ', (k.scopes || []).map(scopeName).join(', '));
+  }
+
+  function viewSignIn() {
+    const input = h('input', { id: 'key', type: 'password', autocomplete: 'off', placeholder: 'API key', required: true });
+    const form = h('form', { id: 'signin', class: 'card signin' },
+      h('h1', {}, 'Sign in'),
+      h('p', { class: 'muted' }, 'Paste a delayd API key. It stays in this tab only (session storage) and is sent as an Authorization header.'),
+      h('div', { class: 'row' }, input, h('button', { id: 'signin-btn', type: 'submit' }, 'Sign in')));
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      clearError();
+      try {
+        await signIn(input.value.trim());
+        input.value = '';
+        if (location.hash !== '#/') location.hash = '#/';
+        else render();
+      } catch (e) {
+        showError(e);
+      }
+    });
+    main.replaceChildren(form);
+    input.focus();
+  }
+
+  // ---- namespaces ----------------------------------------------------------
+
+  function viewNamespaces(g) {
+    crumbs.replaceChildren('namespaces');
+    const goto = h('input', { id: 'goto-ns', type: 'text', placeholder: 'namespace name' });
+    const gotoForm = h('form', { class: 'row' }, goto, h('button', { type: 'submit', class: 'secondary' }, 'Open'));
+    gotoForm.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      if (goto.value.trim()) location.hash = '#/ns/' + encodeURIComponent(goto.value.trim()) + '/scheduled';
+    });
+    const tbody = h('tbody');
+    const table = h('table', { id: 'namespaces' },
+      h('thead', {}, h('tr', {},
+        h('th', {}, 'namespace'), h('th', { class: 'num' }, 'scheduled'), h('th', { class: 'num' }, 'due now'),
+        h('th', { class: 'num' }, 'in flight'), h('th', { class: 'num' }, 'dead'),
+        h('th', { class: 'num' }, 'oldest due lateness'))),
+      tbody);
+    const note = h('p', { class: 'muted', id: 'ns-note' });
+    main.replaceChildren(
+      h('div', { class: 'card' },
+        h('h1', {}, 'Namespaces'),
+        gotoForm, table, note,
+        globalKey() && may('ADMIN', '*') ? h('p', {}, h('a', { href: '#/keys', id: 'global-keys' }, 'Global API keys')) : ''));
+
+    guard(g, async () => {
+      let names = [];
+      if (!globalKey()) {
+        names = [me.key.namespace];
+      } else if (may('ADMIN', '*')) {
+        let token = '';
+        do {
+          const page = await call('NamespaceService/ListNamespaces', { pageSize: 1000, pageToken: token });
+          if (g !== gen) return;
+          names.push(...(page.namespaces || []).map((n) => n.name));
+          token = page.nextPageToken || '';
+        } while (token && names.length < 10000);
+      } else {
+        note.textContent = 'Listing namespaces needs a global admin key; open a namespace by name.';
+      }
+      const rows = new Map();
+      tbody.replaceChildren(...names.map((name) => {
+        const cells = ['scheduled', 'dueNow', 'delivered', 'dead', 'lateness'].map(
+          (c) => h('td', { class: c === 'lateness' ? 'num lateness' : 'num', 'data-col': c }, '…'));
+        const tr = h('tr', { 'data-ns': name },
+          h('td', {}, h('a', { href: '#/ns/' + encodeURIComponent(name) + '/scheduled' }, name)), cells);
+        rows.set(name, { tr, cells });
+        return tr;
+      }));
+      if (names.length === 0 && globalKey() && may('ADMIN', '*')) note.textContent = 'No namespaces yet.';
+      const admin = names.filter((n) => may('ADMIN', n));
+      if (admin.length < names.length) {
+        note.textContent = 'Stats need the admin scope on the namespace.';
+        for (const n of names) if (!may('ADMIN', n)) rows.get(n).cells.forEach((c) => { c.textContent = '—'; });
+      }
+      live(() => guard(g, async () => {
+        await Promise.all(admin.map(async (name) => {
+          const s = await call('NamespaceService/GetNamespaceStats', { namespace: name });
+          if (g !== gen) return;
+          const { tr, cells } = rows.get(name);
+          const late = seconds(s.oldestDueLateness);
+          [num(s.scheduled), num(s.dueNow), num(s.delivered), num(s.dead), fmtDuration(late)]
+            .forEach((v, i) => { cells[i].textContent = v; });
+          tr.classList.toggle('late', late >= 1);
+        }));
+      }));
+    });
+  }
+
+  // ---- one namespace -------------------------------------------------------
+
+  const TABS = [
+    ['scheduled', 'Scheduled'], ['inflight', 'In flight'], ['dead', 'Dead letters'], ['keys', 'Keys'],
+  ];
+
+  function viewNamespace(g, ns, tab) {
+    const admin = may('ADMIN', ns);
+    crumbs.replaceChildren(h('a', { href: '#/' }, 'namespaces'), ' / ', ns);
+    const stats = h('div', { class: 'stats', id: 'stats' });
+    const detail = h('div', { id: 'task-detail' });
+    const idInput = h('input', { id: 'task-id', type: 'search', placeholder: 'task id' });
+    const find = h('form', { class: 'row', id: 'find' }, idInput, h('button', { id: 'find-btn', type: 'submit' }, 'Find task'));
+    find.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      const id = idInput.value.trim();
+      if (id) lookup(g, ns, id, detail);
+    });
+    const body = h('div', { id: 'tab-body' });
+    const tabs = h('nav', { class: 'tabs' }, TABS.filter(([t]) => t !== 'keys' || admin).map(([t, label]) =>
+      h('a', { href: '#/ns/' + encodeURIComponent(ns) + '/' + t, class: t === tab ? 'active' : '', id: 'tab-' + t }, label)));
+    // A key of another namespace sees the server's error and nothing else
+    // of this one. (A key of this namespace that lacks a scope sees the
+    // error beside what it may see.)
+    if (!globalKey() && me.key.namespace !== ns) denied = () => {
+      timers.forEach(clearInterval);
+      timers = [];
+      main.replaceChildren(h('div', { class: 'card', id: 'no-access' },
+        h('h1', {}, 'No access to ', ns),
+        h('p', {}, 'This API key (', h('code', {}, me.key.id || ''), ' on ',
+          me.key.namespace === '*' ? 'all namespaces' : me.key.namespace, ') may not read namespace ', h('code', {}, ns), '.'),
+        h('p', {}, h('a', { href: '#/' }, 'Back to namespaces'))));
+    };
+    main.replaceChildren(
+      h('div', { class: 'card' },
+        h('h1', {}, ns, ' ', admin ? '' : h('span', { class: 'badge ro', id: 'read-only' }, 'read-only')),
+        stats),
+      h('div', { class: 'card' }, find, detail),
+      h('div', { class: 'card' }, tabs, body));
+
+    if (admin) {
+      live(() => guard(g, async () => {
+        const s = await call('NamespaceService/GetNamespaceStats', { namespace: ns });
+        if (g !== gen) return;
+        const stat = (k, v, id) => h('div', { class: 'stat' }, h('div', { class: 'v', id }, v), h('div', { class: 'k' }, k));
+        stats.replaceChildren(
+          stat('scheduled', num(s.scheduled), 'stat-scheduled'), stat('due now', num(s.dueNow), 'stat-due'),
+          stat('in flight', num(s.delivered), 'stat-delivered'), stat('dead', num(s.dead), 'stat-dead'),
+          stat('oldest due lateness', fmtDuration(seconds(s.oldestDueLateness)), 'stat-lateness'));
+      }));
+    } else {
+      stats.replaceChildren(h('span', { class: 'muted' }, 'Stats, dead-letter actions and keys need the admin scope on this namespace.'));
+    }
+
+    switch (tab) {
+      case 'inflight': return taskList(g, ns, 'TASK_STATE_DELIVERED', body, detail);
+      case 'dead': return admin ? deadLetters(g, ns, body, detail) : taskList(g, ns, 'TASK_STATE_DEAD', body, detail);
+      case 'keys': return admin ? keys(g, ns, body) : body.replaceChildren(h('p', { class: 'muted' }, 'Keys need the admin scope.'));
+      default: return taskList(g, ns, 'TASK_STATE_SCHEDULED', body, detail);
+    }
+  }
+
+  function lookup(g, ns, id, detail) {
+    clearError();
+    detail.replaceChildren(h('p', { class: 'muted' }, 'Looking up ', id, '…'));
+    guard(g, async () => {
+      try {
+        const { task } = await call('TaskService/GetTask', { namespace: ns, id });
+        if (g !== gen) return;
+        detail.replaceChildren(taskDetail(g, ns, task, detail));
+      } catch (e) {
+        detail.replaceChildren();
+        throw e;
+      }
+    });
+  }
+
+  function taskDetail(g, ns, t, detail) {
+    const rows = [
+      ['id', h('code', { id: 'detail-id' }, t.id)], ['state', h('span', { id: 'detail-state' }, (t.state || '').replace('TASK_STATE_', ''))],
+      ['kind', t.kind || ''], ['due', fmtTime(t.dueTime)], ['attempt', num(t.attempt)], ['generation', num(t.generation)],
+      ['lease deadline', fmtTime(t.leaseDeadline)], ['died', fmtTime(t.deadTime)], ['last error', t.lastError || ''],
+      ['created', fmtTime(t.createTime)], ['updated', fmtTime(t.updateTime)],
+      ['payload', h('pre', { id: 'detail-payload' }, payloadText(t.payload))],
+    ].filter(([, v]) => v !== '');
+    const box = h('div', { class: 'task' }, h('h2', {}, 'Task'),
+      h('dl', { class: 'task' }, rows.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)])));
+    if (may('ADMIN', ns) && may('PRODUCE', ns)) {
+      box.append(h('div', { class: 'row' }, h('button', {
+        class: 'danger', id: 'remove-btn', type: 'button',
+        onclick: () => guard(g, async () => {
+          await call('TaskService/RemoveTask', { namespace: ns, id: t.id });
+          if (g !== gen) return;
+          detail.replaceChildren(h('p', { id: 'removed' }, 'Removed ', h('code', {}, t.id), '.'));
+        }),
+      }, 'Remove task')));
+    }
+    return box;
+  }
+
+  function taskTable(id, tasks, when, ns, g, detail, select) {
+    const tbody = h('tbody');
+    const add = (list) => tbody.append(...list.map((t) => h('tr', { 'data-id': t.id },
+      select ? h('td', {}, select(t)) : '',
+      h('td', {}, h('a', { href: '#', class: 'task-link', onclick: (ev) => { ev.preventDefault(); lookup(g, ns, t.id, detail); } }, t.id)),
+      h('td', {}, t.kind || ''), h('td', {}, fmtTime(when(t))), h('td', { class: 'num' }, num(t.attempt)),
+      h('td', {}, t.lastError || ''))));
+    add(tasks);
+    return { tbody, add };
+  }
+
+  function taskList(g, ns, state, body, detail) {
+    const when = {
+      TASK_STATE_SCHEDULED: ['due', (t) => t.dueTime],
+      TASK_STATE_DELIVERED: ['lease deadline', (t) => t.leaseDeadline],
+      TASK_STATE_DEAD: ['died', (t) => t.deadTime],
+    }[state];
+    const { tbody, add } = taskTable('tasks', [], when[1], ns, g, detail);
+    const more = h('button', { class: 'secondary', id: 'more', type: 'button', hidden: true }, 'More');
+    const empty = h('p', { class: 'muted', id: 'empty', hidden: true }, 'No tasks.');
+    body.replaceChildren(
+      h('table', { id: 'tasks' }, h('thead', {}, h('tr', {}, h('th', {}, 'id'), h('th', {}, 'kind'),
+        h('th', {}, when[0]), h('th', { class: 'num' }, 'attempt'), h('th', {}, 'last error'))), tbody),
+      empty, more);
+    let token = '';
+    const load = () => guard(g, async () => {
+      const page = await call('TaskService/ListTasks', { namespace: ns, state, pageSize: PAGE, pageToken: token });
+      if (g !== gen) return;
+      add(page.tasks || []);
+      token = page.nextPageToken || '';
+      more.hidden = !token;
+      empty.hidden = tbody.children.length > 0;
+    });
+    more.addEventListener('click', load);
+    load();
+  }
+
+  function deadLetters(g, ns, body, detail) {
+    const selected = new Set();
+    const msg = h('span', { id: 'dead-msg', class: 'muted' });
+    const requeue = h('button', { id: 'requeue-btn', type: 'button', disabled: true }, 'Requeue selected');
+    const purge = h('button', { id: 'purge-btn', type: 'button', class: 'danger', disabled: true }, 'Purge selected');
+    const all = h('input', { type: 'checkbox', id: 'select-all', title: 'select all' });
+    const empty = h('p', { class: 'muted', id: 'empty', hidden: true }, 'No dead letters.');
+    const more = h('button', { class: 'secondary', id: 'more', type: 'button', hidden: true }, 'More');
+    let boxes = [];
+    let armed = false; // purge needs a second click
+    const sync = () => {
+      requeue.disabled = purge.disabled = selected.size === 0;
+      armed = false;
+      purge.textContent = 'Purge selected';
+      all.checked = boxes.length > 0 && selected.size === boxes.length;
+    };
+    const box = (t) => {
+      const cb = h('input', { type: 'checkbox', class: 'pick', value: t.id, 'aria-label': 'select ' + t.id });
+      cb.addEventListener('change', () => { if (cb.checked) selected.add(t.id); else selected.delete(t.id); sync(); });
+      boxes.push(cb);
+      return cb;
+    };
+    all.addEventListener('change', () => {
+      for (const cb of boxes) { cb.checked = all.checked; if (all.checked) selected.add(cb.value); else selected.delete(cb.value); }
+      sync();
+    });
+    const { tbody, add } = taskTable('dead', [], (t) => t.deadTime, ns, g, detail, box);
+    body.replaceChildren(
+      h('div', { class: 'row' }, requeue, purge, msg),
+      h('table', { id: 'dead' }, h('thead', {}, h('tr', {}, h('th', {}, all), h('th', {}, 'id'), h('th', {}, 'kind'),
+        h('th', {}, 'died'), h('th', { class: 'num' }, 'attempt'), h('th', {}, 'last error'))), tbody),
+      empty, more);
+    let token = '';
+    const load = (reset) => guard(g, async () => {
+      if (reset) { token = ''; }
+      const page = await call('NamespaceService/ListDeadLetters', { namespace: ns, pageSize: PAGE, pageToken: token });
+      if (g !== gen) return;
+      if (reset) { tbody.replaceChildren(); boxes = []; selected.clear(); }
+      add(page.tasks || []);
+      token = page.nextPageToken || '';
+      more.hidden = !token;
+      empty.hidden = tbody.children.length > 0;
+      sync();
+    });
+    more.addEventListener('click', () => load(false));
+    requeue.addEventListener('click', () => guard(g, async () => {
+      const ids = [...selected];
+      const r = await call('NamespaceService/RequeueDeadLetters', { namespace: ns, ids });
+      if (g !== gen) return;
+      msg.textContent = 'Requeued ' + num(r.requeued) + ' of ' + ids.length + '.';
+      await load(true);
+    }));
+    purge.addEventListener('click', () => guard(g, async () => {
+      if (!armed) {
+        armed = true;
+        purge.textContent = 'Purge ' + selected.size + ' for good?';
+        return;
+      }
+      const ids = [...selected];
+      const r = await call('NamespaceService/PurgeDeadLetters', { namespace: ns, ids });
+      if (g !== gen) return;
+      msg.textContent = 'Purged ' + num(r.purged) + ' of ' + ids.length + '.';
+      await load(true);
+    }));
+    load(true);
+  }
+
+  // ---- keys ----------------------------------------------------------------
+
+  function keys(g, ns, body) {
+    const tbody = h('tbody');
+    const secret = h('div', { id: 'new-secret' });
+    const scopes = ['PRODUCE', 'CONSUME', 'ADMIN'].map((s) =>
+      h('label', {}, h('input', { type: 'checkbox', value: 'KEY_SCOPE_' + s, class: 'scope' }), ' ', s.toLowerCase()));
+    const desc = h('input', { type: 'text', id: 'key-desc', placeholder: 'description' });
+    const form = h('form', { class: 'row', id: 'create-key' }, scopes, desc, h('button', { type: 'submit', id: 'create-key-btn' }, 'Create key'));
+    body.replaceChildren(
+      h('h2', {}, ns === '*' ? 'Global keys' : 'Keys of ' + ns),
+      form, secret,
+      h('table', { id: 'keys' }, h('thead', {}, h('tr', {}, h('th', {}, 'id'), h('th', {}, 'scopes'),
+        h('th', {}, 'description'), h('th', {}, 'created'), h('th', {}))), tbody));
+    const load = () => guard(g, async () => {
+      const r = await call('NamespaceService/ListKeys', { namespace: ns });
+      if (g !== gen) return;
+      tbody.replaceChildren(...(r.keys || []).map((k) => h('tr', { 'data-key': k.id },
+        h('td', {}, h('code', {}, k.id)), h('td', {}, (k.scopes || []).map((s) => h('span', { class: 'badge' }, scopeName(s)))),
+        h('td', {}, k.description || ''), h('td', {}, fmtTime(k.createTime)),
+        h('td', {}, h('button', {
+          type: 'button', class: 'danger secondary',
+          onclick: () => guard(g, async () => { await call('NamespaceService/RevokeKey', { id: k.id }); load(); }),
+        }, 'Revoke')))));
+    });
+    form.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      clearError();
+      guard(g, async () => {
+        const picked = scopes.map((l) => l.querySelector('input')).filter((i) => i.checked).map((i) => i.value);
+        const r = await call('NamespaceService/CreateKey', { namespace: ns, scopes: picked, description: desc.value });
+        if (g !== gen) return;
+        secret.replaceChildren(h('p', { class: 'secret' }, 'New key ', h('code', {}, r.key.id),
+          ' — copy its secret now, it is not shown again: ', h('code', { id: 'secret-value' }, r.secret)));
+        load();
+      });
+    });
+    load();
+  }
+
+  function viewGlobalKeys(g) {
+    crumbs.replaceChildren(h('a', { href: '#/' }, 'namespaces'), ' / global keys');
+    const body = h('div');
+    main.replaceChildren(h('div', { class: 'card' }, body));
+    if (!may('ADMIN', '*') || !globalKey()) {
+      body.replaceChildren(h('p', { class: 'muted' }, 'Global keys need a global admin key.'));
+      return;
+    }
+    keys(g, '*', body);
+  }
+
+  // ---- routing ---------------------------------------------------------------
+
+  function render() {
+    timers.forEach(clearInterval);
+    timers = [];
+    gen++;
+    denied = null;
+    clearError();
+    renderHeader();
+    if (!me) {
+      crumbs.replaceChildren();
+      viewSignIn();
+      return;
+    }
+    const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
+    if (parts[0] === 'ns' && parts[1]) viewNamespace(gen, parts[1], parts[2] || 'scheduled');
+    else if (parts[0] === 'keys') viewGlobalKeys(gen);
+    else viewNamespaces(gen);
+  }
+  window.addEventListener('hashchange', render);
+
+  // A key already in this tab's session: check it is still valid.
+  (async () => {
+    if (sessionStorage.getItem(KEY)) {
+      try {
+        me = await call('NamespaceService/WhoAmI', {});
+      } catch (e) {
+        sessionStorage.removeItem(KEY);
+        me = null;
+        render();
+        showError(e);
+        return;
+      }
+    }
+    render();
+  })();
+})();
