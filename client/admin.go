@@ -356,17 +356,23 @@ func (a *Admin) CreateKey(ctx context.Context, ns string, scopes []Scope, descri
 	return keyFromProto(resp.GetKey()), resp.GetSecret(), nil
 }
 
-// Keys lists the keys of ns ("*": global keys), newest first.
+// Keys lists the keys of ns ("*": global keys), newest first, reading
+// every page.
 func (a *Admin) Keys(ctx context.Context, ns string) ([]Key, error) {
-	resp, err := a.ns.ListKeys(ctx, &delaydv1.ListKeysRequest{Namespace: ns})
-	if err != nil {
-		return nil, fmt.Errorf("delayd list keys %s: %w", ns, err)
+	var out []Key
+	token := ""
+	for {
+		resp, err := a.ns.ListKeys(ctx, &delaydv1.ListKeysRequest{Namespace: ns, PageSize: 1000, PageToken: token})
+		if err != nil {
+			return nil, fmt.Errorf("delayd list keys %s: %w", ns, err)
+		}
+		for _, k := range resp.GetKeys() {
+			out = append(out, keyFromProto(k))
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return out, nil
+		}
 	}
-	out := make([]Key, 0, len(resp.GetKeys()))
-	for _, k := range resp.GetKeys() {
-		out = append(out, keyFromProto(k))
-	}
-	return out, nil
 }
 
 // RevokeKey revokes key id at once. NotFound if unknown.

@@ -32,21 +32,27 @@ func importRedisRegistry(ctx context.Context, from *redisstore.Store, to storage
 	}
 	var nss, keys, kept int
 	copyKeys := func(ns string) error {
-		ks, err := from.ListKeys(ctx, ns)
-		if err != nil {
-			return fmt.Errorf("list keys of %q: %w", ns, err)
-		}
-		for _, k := range ks {
-			switch err := to.CreateKey(ctx, k); {
-			case errors.Is(err, storage.ErrAlreadyExists):
-				kept++
-			case err != nil:
-				return fmt.Errorf("copy key %s: %w", k.ID, err)
-			default:
-				keys++
+		var after storage.KeyCursor
+		for {
+			ks, more, err := from.ListKeys(ctx, ns, after, 1000)
+			if err != nil {
+				return fmt.Errorf("list keys of %q: %w", ns, err)
 			}
+			for _, k := range ks {
+				switch err := to.CreateKey(ctx, k); {
+				case errors.Is(err, storage.ErrAlreadyExists):
+					kept++
+				case err != nil:
+					return fmt.Errorf("copy key %s: %w", k.ID, err)
+				default:
+					keys++
+				}
+			}
+			if !more || len(ks) == 0 {
+				return nil
+			}
+			after = storage.CursorOf(ks[len(ks)-1])
 		}
-		return nil
 	}
 	after := ""
 	for {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -14,6 +15,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
@@ -34,8 +36,13 @@ const (
 	// defaultNamespacePage and maxNamespacePage bound ListNamespaces.
 	defaultNamespacePage = 100
 	maxNamespacePage     = 1000
-	// namespaceListToken marks page tokens of ListNamespaces.
+	// namespaceListToken marks page tokens of ListNamespaces;
+	// keyListToken, followed by the namespace, those of ListKeys.
 	namespaceListToken = "*namespaces"
+	keyListToken       = "*keys:"
+	// listEntryOverhead is what one element of a repeated field adds to
+	// its message's size beyond the element itself (tag and length).
+	listEntryOverhead = 8
 )
 
 // policyField is one NamespacePolicy field: its update-mask name, whether
@@ -315,12 +322,9 @@ func (s *namespaceService) GetNamespace(ctx context.Context, req *delaydv1.GetNa
 // ListNamespaces pages through namespaces in name order.
 func (s *namespaceService) ListNamespaces(ctx context.Context, req *delaydv1.ListNamespacesRequest) (*delaydv1.ListNamespacesResponse, error) {
 	reg := s.opts.Tenancy
-	size := int(req.GetPageSize())
-	switch {
-	case size == 0:
-		size = defaultNamespacePage
-	case size < 0 || size > maxNamespacePage:
-		return nil, toStatus(ctx, s.logger, invalidf("page_size", "is %d; allowed: 1-%d, or 0 for %d", size, maxNamespacePage, defaultNamespacePage))
+	size, err := adminPageSize(req.GetPageSize())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
 	}
 	after, err := decodePageToken(req.GetPageToken(), namespaceListToken, storage.StateUnspecified)
 	if err != nil {
@@ -333,12 +337,20 @@ func (s *namespaceService) ListNamespaces(ctx context.Context, req *delaydv1.Lis
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("list namespaces: %w", err))
 	}
-	resp := &delaydv1.ListNamespacesResponse{Namespaces: make([]*delaydv1.Namespace, len(nss))}
-	for i, n := range nss {
-		resp.Namespaces[i] = s.namespaceToProto(n)
+	resp := &delaydv1.ListNamespacesResponse{Namespaces: make([]*delaydv1.Namespace, 0, len(nss))}
+	used := 0
+	for _, n := range nss {
+		pn := s.namespaceToProto(n)
+		size := proto.Size(pn) + listEntryOverhead
+		if len(resp.Namespaces) > 0 && used+size > s.limits.MaxListBytes {
+			more = true
+			break
+		}
+		used += size
+		resp.Namespaces = append(resp.Namespaces, pn)
 	}
-	if more && len(nss) > 0 {
-		resp.NextPageToken = encodePageToken(namespaceListToken, storage.StateUnspecified, nss[len(nss)-1].Name)
+	if more && len(resp.Namespaces) > 0 {
+		resp.NextPageToken = encodePageToken(namespaceListToken, storage.StateUnspecified, resp.Namespaces[len(resp.Namespaces)-1].GetName())
 	}
 	return resp, nil
 }
@@ -555,7 +567,7 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 		if err := s.namespaceExists(ctx, reg, ns); err != nil {
 			return nil, err
 		}
-		keys, err := reg.ListKeys(ctx, ns)
+		keys, _, err := reg.ListKeys(ctx, ns, storage.KeyCursor{}, maxKeysPerNamespace)
 		if err != nil {
 			return nil, toStatus(ctx, s.logger, fmt.Errorf("create key: count: %w", err))
 		}
@@ -620,22 +632,76 @@ func validateDescription(d string) error {
 	return nil
 }
 
-// ListKeys lists the keys of a namespace ("*": the global keys), newest
-// first, never their secrets.
+// ListKeys pages through the keys of a namespace ("*": the global keys),
+// newest first, never their secrets. A page holds at most page_size keys
+// and at most Limits.MaxListBytes.
 func (s *namespaceService) ListKeys(ctx context.Context, req *delaydv1.ListKeysRequest) (*delaydv1.ListKeysResponse, error) {
 	reg := s.opts.Tenancy
-	if err := validateKeyNamespace(req.GetNamespace()); err != nil {
+	ns := req.GetNamespace()
+	if err := validateKeyNamespace(ns); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	keys, err := reg.ListKeys(ctx, req.GetNamespace())
+	size, err := adminPageSize(req.GetPageSize())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	cursor, err := decodePageToken(req.GetPageToken(), keyListToken+ns, storage.StateUnspecified)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	after, err := parseKeyCursor(cursor)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	keys, more, err := reg.ListKeys(ctx, ns, after, size)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("list keys: %w", err))
 	}
-	resp := &delaydv1.ListKeysResponse{Keys: make([]*delaydv1.Key, len(keys))}
-	for i, k := range keys {
-		resp.Keys[i] = keyToProto(k)
+	resp := &delaydv1.ListKeysResponse{Keys: make([]*delaydv1.Key, 0, len(keys))}
+	used := 0
+	for _, k := range keys {
+		pk := keyToProto(k)
+		n := proto.Size(pk) + listEntryOverhead
+		if len(resp.Keys) > 0 && used+n > s.limits.MaxListBytes {
+			more = true
+			break
+		}
+		used += n
+		resp.Keys = append(resp.Keys, pk)
+	}
+	if more && len(resp.Keys) > 0 {
+		last := keys[len(resp.Keys)-1]
+		resp.NextPageToken = encodePageToken(keyListToken+ns, storage.StateUnspecified,
+			strconv.FormatInt(last.CreateTime.UnixMilli(), 10)+":"+last.ID)
 	}
 	return resp, nil
+}
+
+// parseKeyCursor reads a ListKeys cursor, "<create ms>:<key id>"; "" is the
+// zero cursor (the newest key).
+func parseKeyCursor(c string) (storage.KeyCursor, error) {
+	if c == "" {
+		return storage.KeyCursor{}, nil
+	}
+	msText, id, ok := strings.Cut(c, ":")
+	ms, err := strconv.ParseInt(msText, 10, 64)
+	if !ok || err != nil || id == "" || len(id) > 64 || strings.ContainsFunc(id, func(r rune) bool {
+		return !(r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) {
+		return storage.KeyCursor{}, invalidf("page_token", "is not a token this server issued; start again with an empty page_token")
+	}
+	return storage.KeyCursor{CreateTime: time.UnixMilli(ms), ID: id}, nil
+}
+
+// adminPageSize resolves the page_size of ListNamespaces and ListKeys.
+func adminPageSize(n int32) (int, error) {
+	switch {
+	case n == 0:
+		return defaultNamespacePage, nil
+	case n < 0 || n > maxNamespacePage:
+		return 0, invalidf("page_size", "is %d; allowed: 1-%d, or 0 for %d", n, maxNamespacePage, defaultNamespacePage)
+	}
+	return int(n), nil
 }
 
 // RevokeKey deletes a key: it stops working on this replica at once and on

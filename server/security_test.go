@@ -720,3 +720,85 @@ func TestListPagesAreCutByBytes(t *testing.T) {
 	_, err = r.admin.ListDeadLetters(admin(), &delaydv1.ListDeadLettersRequest{Namespace: ns, View: 7})
 	wantCode(t, err, codes.InvalidArgument, "view")
 }
+
+// TestListKeysIsPagedAndCutByBytes: ListKeys pages (page_size,
+// page_token) through every key exactly once, a page is cut by bytes even
+// when page_size would allow more (here with a 4 KiB list budget and
+// 256-character descriptions), and a crafted token answers InvalidArgument.
+// ListNamespaces pages are cut by bytes the same way. Before, ListKeys
+// answered every key of the namespace in one reply.
+func TestListKeysIsPagedAndCutByBytes(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{server: func(o *server.Options) { o.Limits.MaxListBytes = 4 << 10 }})
+	ns := e.newNamespace(r, "keys-", nil)
+	want := map[string]bool{}
+	for range 40 {
+		resp, err := r.admin.CreateKey(admin(), &delaydv1.CreateKeyRequest{
+			Namespace: ns, Scopes: []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_PRODUCE}, Description: strings.Repeat("d", 256),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[resp.GetKey().GetId()] = true
+	}
+	pageThrough := func(size int32) (seen map[string]int, pages int) {
+		seen = map[string]int{}
+		token := ""
+		for {
+			resp, err := r.admin.ListKeys(admin(), &delaydv1.ListKeysRequest{Namespace: ns, PageSize: size, PageToken: token})
+			if err != nil {
+				t.Fatalf("page %d: %v", pages+1, err)
+			}
+			pages++
+			if len(resp.GetKeys()) == 0 || len(resp.GetKeys()) > int(size) {
+				t.Fatalf("page %d has %d keys for page_size %d", pages, len(resp.GetKeys()), size)
+			}
+			if n := proto.Size(resp); n > 4<<10+1<<10 {
+				t.Fatalf("page %d is %d bytes; want about 4 KiB at most", pages, n)
+			}
+			for _, k := range resp.GetKeys() {
+				seen[k.GetId()]++
+			}
+			if token = resp.GetNextPageToken(); token == "" {
+				return seen, pages
+			}
+		}
+	}
+	for _, size := range []int32{7, 1000} {
+		seen, pages := pageThrough(size)
+		if len(seen) != len(want) {
+			t.Fatalf("page_size %d: listed %d distinct keys, want %d", size, len(seen), len(want))
+		}
+		for id, c := range seen {
+			if !want[id] || c != 1 {
+				t.Errorf("page_size %d: key %s listed %d times (created here: %v)", size, id, c, want[id])
+			}
+		}
+		if pages < 4 {
+			t.Errorf("page_size %d: %d pages; 40 keys of ~300 bytes under 4 KiB need at least 4", size, pages)
+		}
+	}
+	_, err := r.admin.ListKeys(admin(), &delaydv1.ListKeysRequest{Namespace: ns, PageToken: craftedToken("*keys:"+ns, 0, "x:y")})
+	wantCode(t, err, codes.InvalidArgument, "page_token")
+	first, err := r.admin.ListKeys(admin(), &delaydv1.ListKeysRequest{Namespace: ns, PageSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.admin.ListKeys(admin(), &delaydv1.ListKeysRequest{Namespace: storage.GlobalNamespace, PageToken: first.GetNextPageToken()})
+	wantCode(t, err, codes.InvalidArgument, "page_token")
+	_, err = r.admin.ListKeys(admin(), &delaydv1.ListKeysRequest{Namespace: ns, PageSize: 1001})
+	wantCode(t, err, codes.InvalidArgument, "page_size")
+
+	for range 60 {
+		e.newNamespace(r, "keys-", nil)
+	}
+	nsResp, err := r.admin.ListNamespaces(admin(), &delaydv1.ListNamespacesRequest{PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := proto.Size(nsResp); n > 4<<10+1<<10 || nsResp.GetNextPageToken() == "" {
+		t.Fatalf("ListNamespaces page of %d bytes (%d namespaces), next %q; want at most about 4 KiB and a next page",
+			n, len(nsResp.GetNamespaces()), nsResp.GetNextPageToken())
+	}
+}

@@ -72,6 +72,20 @@ type Key struct {
 	Hash []byte
 }
 
+// KeyCursor names the last key of a ListKeys page; the next page starts
+// after it. The zero KeyCursor starts at the newest key.
+type KeyCursor struct {
+	// CreateTime of the key, millisecond precision.
+	CreateTime time.Time
+	ID         string
+}
+
+// IsZero reports whether c starts at the newest key.
+func (c KeyCursor) IsZero() bool { return c.ID == "" }
+
+// CursorOf returns the cursor that continues after k.
+func CursorOf(k Key) KeyCursor { return KeyCursor{CreateTime: k.CreateTime, ID: k.ID} }
+
 // HasScope reports whether k grants s.
 func (k Key) HasScope(s Scope) bool {
 	for _, have := range k.Scopes {
@@ -111,9 +125,12 @@ type Registry interface {
 	CreateKey(ctx context.Context, k Key) error
 	// GetKey returns one key by id. ErrNotFound if there is none.
 	GetKey(ctx context.Context, id string) (Key, error)
-	// ListKeys returns the keys of one namespace (GlobalNamespace for the
-	// global keys), newest first.
-	ListKeys(ctx context.Context, ns string) ([]Key, error)
+	// ListKeys returns up to limit keys of one namespace (GlobalNamespace
+	// for the global keys), newest first (create time, then id, both
+	// descending), starting after the key `after` names (the zero
+	// KeyCursor: from the newest). more is true when further keys follow
+	// the last one returned.
+	ListKeys(ctx context.Context, ns string, after KeyCursor, limit int) (keys []Key, more bool, err error)
 	// RevokeKey deletes a key. ErrNotFound if there is none.
 	RevokeKey(ctx context.Context, id string) error
 }

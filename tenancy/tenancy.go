@@ -268,8 +268,8 @@ func (r *Registry) GetKey(ctx context.Context, id string) (storage.Key, error) {
 }
 
 // ListKeys implements storage.Registry (no cache).
-func (r *Registry) ListKeys(ctx context.Context, ns string) ([]storage.Key, error) {
-	return r.store.ListKeys(ctx, ns)
+func (r *Registry) ListKeys(ctx context.Context, ns string, after storage.KeyCursor, limit int) ([]storage.Key, bool, error) {
+	return r.store.ListKeys(ctx, ns, after, limit)
 }
 
 // RevokeKey implements storage.Registry. The key stops working on this

@@ -266,27 +266,39 @@ func (s *Store) GetKey(ctx context.Context, id string) (storage.Key, error) {
 	return k, nil
 }
 
-// ListKeys implements storage.Registry: newest first.
-func (s *Store) ListKeys(ctx context.Context, ns string) ([]storage.Key, error) {
+// ListKeys implements storage.Registry: newest first, one page (keyset
+// pagination on create time and id).
+func (s *Store) ListKeys(ctx context.Context, ns string, after storage.KeyCursor, limit int) ([]storage.Key, bool, error) {
+	limit = max(limit, 1)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
-	rows, err := s.db.QueryContext(ctx, "SELECT "+keyColumns+" FROM delayd_api_keys WHERE namespace = ? ORDER BY create_ms DESC, id DESC", ns)
+	q := "SELECT " + keyColumns + " FROM delayd_api_keys WHERE namespace = ?"
+	args := []any{ns}
+	if !after.IsZero() {
+		ms := after.CreateTime.UnixMilli()
+		q += " AND (create_ms < ? OR (create_ms = ? AND id < ?))"
+		args = append(args, ms, ms, after.ID)
+	}
+	q += " ORDER BY create_ms DESC, id DESC LIMIT ?"
+	args = append(args, limit+1)
+	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, classify("list keys", err)
+		return nil, false, classify("list keys", err)
 	}
 	defer rows.Close()
 	var out []storage.Key
 	for rows.Next() {
 		k, err := scanKey(rows)
 		if err != nil {
-			return nil, classify("list keys", err)
+			return nil, false, classify("list keys", err)
 		}
 		out = append(out, k)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, classify("list keys", err)
+		return nil, false, classify("list keys", err)
 	}
-	return out, nil
+	more := len(out) > limit
+	return out[:min(len(out), limit)], more, nil
 }
 
 // RevokeKey implements storage.Registry.

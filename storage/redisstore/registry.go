@@ -368,23 +368,62 @@ func (s *Store) GetKey(ctx context.Context, id string) (storage.Key, error) {
 	return decodeKey(id, raw)
 }
 
-// ListKeys implements storage.Registry: newest first.
-func (s *Store) ListKeys(ctx context.Context, ns string) ([]storage.Key, error) {
+// ListKeys implements storage.Registry: newest first, one page. The key
+// index ZSET holds id -> create time; members with the same score are read
+// in reverse id order (ZREVRANGE's), which is the page order.
+func (s *Store) ListKeys(ctx context.Context, ns string, after storage.KeyCursor, limit int) ([]storage.Key, bool, error) {
 	if !validRegistryNamespace(ns, true) {
-		return nil, nil
+		return nil, false, nil
 	}
+	limit = max(limit, 1)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	ids, err := s.rdb.ZRevRange(ctx, registryNamespaceKeysKey(ns), 0, -1).Result()
-	if err != nil {
-		return nil, wrapErr("list keys", err)
+	zkey := registryNamespaceKeysKey(ns)
+	start, ties := int64(0), int64(0)
+	if !after.IsZero() {
+		ms := after.CreateTime.UnixMilli()
+		sc, err := s.rdb.ZScore(ctx, zkey, after.ID).Result()
+		switch {
+		case err == nil && int64(sc) == ms:
+			rank, err := s.rdb.ZRevRank(ctx, zkey, after.ID).Result()
+			if err != nil {
+				return nil, false, wrapErr("list keys", err)
+			}
+			start = rank + 1
+		case err == nil || errors.Is(err, redis.Nil):
+			// The cursor's key was revoked (or re-scored): start at its
+			// create time and skip the ids at or above it.
+			msText := strconv.FormatInt(ms, 10)
+			if start, err = s.rdb.ZCount(ctx, zkey, "("+msText, "+inf").Result(); err != nil {
+				return nil, false, wrapErr("list keys", err)
+			}
+			if ties, err = s.rdb.ZCount(ctx, zkey, msText, msText).Result(); err != nil {
+				return nil, false, wrapErr("list keys", err)
+			}
+		default:
+			return nil, false, wrapErr("list keys", err)
+		}
 	}
+	zs, err := s.rdb.ZRevRangeWithScores(ctx, zkey, start, start+int64(limit)+ties).Result()
+	if err != nil {
+		return nil, false, wrapErr("list keys", err)
+	}
+	ids := make([]string, 0, len(zs))
+	for _, z := range zs {
+		id, _ := z.Member.(string)
+		if ties > 0 && int64(z.Score) == after.CreateTime.UnixMilli() && id >= after.ID {
+			continue
+		}
+		ids = append(ids, id)
+	}
+	more := len(ids) > limit
+	ids = ids[:min(len(ids), limit)]
 	if len(ids) == 0 {
-		return nil, nil
+		return nil, false, nil
 	}
 	raws, err := s.rdb.HMGet(ctx, registryKeysKey(), ids...).Result()
 	if err != nil {
-		return nil, wrapErr("list keys", err)
+		return nil, false, wrapErr("list keys", err)
 	}
 	out := make([]storage.Key, 0, len(ids))
 	for i, raw := range raws {
@@ -394,11 +433,11 @@ func (s *Store) ListKeys(ctx context.Context, ns string) ([]storage.Key, error) 
 		}
 		k, err := decodeKey(ids[i], str)
 		if err != nil {
-			return nil, fmt.Errorf("list keys: %w", err)
+			return nil, false, fmt.Errorf("list keys: %w", err)
 		}
 		out = append(out, k)
 	}
-	return out, nil
+	return out, more, nil
 }
 
 // RevokeKey implements storage.Registry.

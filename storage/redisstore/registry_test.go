@@ -105,7 +105,7 @@ func TestRegistryUnavailableOnTimeout(t *testing.T) {
 	errs["delete namespace"] = s.DeleteNamespace(ctx, "slow")
 	errs["create key"] = s.CreateKey(ctx, storage.Key{ID: "0123456789abcdef", Namespace: "slow"})
 	_, errs["get key"] = s.GetKey(ctx, "0123456789abcdef")
-	_, errs["list keys"] = s.ListKeys(ctx, "slow")
+	_, _, errs["list keys"] = s.ListKeys(ctx, "slow", storage.KeyCursor{}, 10)
 	errs["revoke key"] = s.RevokeKey(ctx, "0123456789abcdef")
 	_, errs["drop namespace"] = s.DropNamespace(ctx, "slow")
 	wantUnavailable(t, errs)

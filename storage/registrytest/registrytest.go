@@ -21,6 +21,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,6 +44,7 @@ func Run(t *testing.T, newRegistry func(t *testing.T) storage.Registry) {
 	t.Run("Delete", func(t *testing.T) { testDelete(t, newRegistry(t)) })
 	t.Run("Keys", func(t *testing.T) { testKeys(t, newRegistry(t)) })
 	t.Run("GlobalKeys", func(t *testing.T) { testGlobalKeys(t, newRegistry(t)) })
+	t.Run("KeyPages", func(t *testing.T) { testKeyPages(t, newRegistry(t)) })
 }
 
 func rnd(n int) string {
@@ -279,7 +283,7 @@ func testDelete(t *testing.T, r storage.Registry) {
 	if _, err := r.GetKey(ctx, k1.ID); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("GetKey of the deleted namespace's key: err = %v, want ErrNotFound (keys go with their namespace)", err)
 	}
-	if keys, err := r.ListKeys(ctx, name); err != nil || len(keys) != 0 {
+	if keys, err := allKeys(ctx, r, name); err != nil || len(keys) != 0 {
 		t.Errorf("ListKeys(deleted) = %d keys, %v; want none", len(keys), err)
 	}
 	if _, err := r.GetKey(ctx, k2.ID); err != nil {
@@ -290,7 +294,7 @@ func testDelete(t *testing.T, r storage.Registry) {
 	}
 	// A namespace created again under the same name starts with no keys.
 	mustCreate(t, r, storage.Namespace{Name: name})
-	if keys, err := r.ListKeys(ctx, name); err != nil || len(keys) != 0 {
+	if keys, err := allKeys(ctx, r, name); err != nil || len(keys) != 0 {
 		t.Errorf("ListKeys(recreated) = %d keys, %v; want none", len(keys), err)
 	}
 }
@@ -332,7 +336,7 @@ func testKeys(t *testing.T, r storage.Registry) {
 		t.Errorf("CreateKey(namespace missing): err = %v, want ErrNotFound", err)
 	}
 
-	list, err := r.ListKeys(ctx, name)
+	list, err := allKeys(ctx, r, name)
 	if err != nil {
 		t.Fatalf("ListKeys: %v", err)
 	}
@@ -350,7 +354,7 @@ func testKeys(t *testing.T, r storage.Registry) {
 	if err := r.RevokeKey(ctx, keys[1].ID); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("RevokeKey(again): err = %v, want ErrNotFound", err)
 	}
-	list, _ = r.ListKeys(ctx, name)
+	list, _ = allKeys(ctx, r, name)
 	if len(list) != 2 {
 		t.Errorf("ListKeys after revoke: %d keys, want 2", len(list))
 	}
@@ -371,7 +375,7 @@ func testGlobalKeys(t *testing.T, r storage.Registry) {
 	if err != nil || got.Namespace != storage.GlobalNamespace {
 		t.Fatalf("GetKey(global) = %+v, %v", got, err)
 	}
-	list, err := r.ListKeys(ctx, storage.GlobalNamespace)
+	list, err := allKeys(ctx, r, storage.GlobalNamespace)
 	if err != nil {
 		t.Fatalf("ListKeys(*): %v", err)
 	}
@@ -384,5 +388,84 @@ func testGlobalKeys(t *testing.T, r storage.Registry) {
 	}
 	if err := r.RevokeKey(ctx, k.ID); err != nil {
 		t.Errorf("RevokeKey(global): %v", err)
+	}
+}
+
+// allKeys pages through the keys of ns, two at a time.
+func allKeys(ctx context.Context, r storage.Registry, ns string) ([]storage.Key, error) {
+	var (
+		out   []storage.Key
+		after storage.KeyCursor
+	)
+	for range 100000 {
+		page, more, err := r.ListKeys(ctx, ns, after, 2)
+		if err != nil {
+			return nil, err
+		}
+		if len(page) > 2 {
+			return nil, fmt.Errorf("a page of %d keys for limit 2", len(page))
+		}
+		out = append(out, page...)
+		if !more || len(page) == 0 {
+			return out, nil
+		}
+		after = storage.CursorOf(page[len(page)-1])
+	}
+	return nil, errors.New("ListKeys: no last page")
+}
+
+// testKeyPages: ListKeys pages newest first, keys created in the same
+// millisecond by id (descending), and a page goes on after its cursor's key
+// was revoked.
+func testKeyPages(t *testing.T, r storage.Registry) {
+	t.Parallel()
+	ctx := context.Background()
+	name := newName(t, r, "rt-kpages-")
+	mustCreate(t, r, storage.Namespace{Name: name})
+	var keys []storage.Key
+	base := time.Now().Truncate(time.Millisecond)
+	for i := range 7 {
+		k, _ := newKey(name, storage.ScopeProduce)
+		k.CreateTime = base.Add(time.Duration(i/3) * time.Millisecond) // three share each millisecond
+		if err := r.CreateKey(ctx, k); err != nil {
+			t.Fatalf("CreateKey: %v", err)
+		}
+		keys = append(keys, k)
+	}
+	want := slices.Clone(keys)
+	slices.SortFunc(want, func(a, b storage.Key) int {
+		if c := b.CreateTime.Compare(a.CreateTime); c != 0 {
+			return c
+		}
+		return strings.Compare(b.ID, a.ID)
+	})
+	ids := func(ks []storage.Key) []string {
+		var out []string
+		for _, k := range ks {
+			out = append(out, k.ID)
+		}
+		return out
+	}
+	got, err := allKeys(ctx, r, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(ids(want), ids(got)); diff != "" {
+		t.Errorf("ListKeys pages (-want +got):\n%s", diff)
+	}
+	page, more, err := r.ListKeys(ctx, name, storage.KeyCursor{}, 4)
+	if err != nil || len(page) != 4 || !more {
+		t.Fatalf("first page: %d keys, more %v, %v; want 4 and more", len(page), more, err)
+	}
+	// The cursor's key is revoked before the next page is read.
+	if err := r.RevokeKey(ctx, page[3].ID); err != nil {
+		t.Fatal(err)
+	}
+	rest, more, err := r.ListKeys(ctx, name, storage.CursorOf(page[3]), 10)
+	if err != nil || more {
+		t.Fatalf("second page: more %v, %v", more, err)
+	}
+	if diff := cmp.Diff(ids(want[4:]), ids(rest)); diff != "" {
+		t.Errorf("page after a revoked cursor (-want +got):\n%s", diff)
 	}
 }

@@ -148,20 +148,26 @@ func (r *Registry) GetKey(_ context.Context, id string) (storage.Key, error) {
 	return k, nil
 }
 
-// ListKeys returns the keys of one namespace, newest first.
-func (r *Registry) ListKeys(_ context.Context, ns string) ([]storage.Key, error) {
+// ListKeys returns one page of the keys of one namespace, newest first.
+func (r *Registry) ListKeys(_ context.Context, ns string, after storage.KeyCursor, limit int) ([]storage.Key, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []storage.Key
 	for _, k := range r.keys {
-		if k.Namespace == ns {
-			out = append(out, k)
+		if k.Namespace != ns {
+			continue
 		}
+		if !after.IsZero() && cmp.Or(k.CreateTime.Compare(after.CreateTime), strings.Compare(k.ID, after.ID)) >= 0 {
+			continue
+		}
+		out = append(out, k)
 	}
 	slices.SortFunc(out, func(a, b storage.Key) int {
 		return cmp.Or(b.CreateTime.Compare(a.CreateTime), strings.Compare(b.ID, a.ID))
 	})
-	return out, nil
+	limit = max(limit, 1)
+	more := len(out) > limit
+	return out[:min(len(out), limit)], more, nil
 }
 
 // RevokeKey deletes a key.
