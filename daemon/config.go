@@ -80,8 +80,10 @@ type Config struct {
 	// zero, 366 days (storage.DefaultPolicy).
 	MaxDelay time.Duration
 
-	// StoreTimeout is the deadline of each store call. If zero, the store's
-	// own default (redisstore.Options.Timeout) is used.
+	// StoreTimeout is the deadline of each store call. If zero, each store's
+	// own default: 5 seconds per Redis call (redisstore.DefaultTimeout), 10
+	// seconds per MySQL transaction in durable mode
+	// (durable.DefaultOpTimeout).
 	StoreTimeout time.Duration
 	// SafetyPoll is the dispatcher's slow poll that catches a missed
 	// wake-up. If zero, 1 second (dispatcher.Config.SafetyPoll).

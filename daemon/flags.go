@@ -16,6 +16,8 @@ import (
 
 	"github.com/delayd/delayd/buildinfo"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/storage/durable"
+	"github.com/delayd/delayd/storage/redisstore"
 )
 
 // This file is the delayd command: its flags, bound to Config fields with
@@ -45,10 +47,10 @@ type Flags struct {
 func BindFlags(fs *flag.FlagSet, f *Flags) {
 	c := &f.Config
 	pol := defaultPolicy()
-	fs.StringVar(&c.Listen, "listen", DefaultListen, "gRPC listen address, host:port")
+	fs.StringVar(&c.Listen, "listen", DefaultListen, "gRPC listen address, host:port; embedded mode: "+loopback(DefaultListen)+" (loopback only) unless set")
 	// The one flag whose default is not the zero Config's: in-process users
 	// (tests, tools) get no HTTP edge unless they ask for one.
-	fs.StringVar(&c.HTTPListen, "http-listen", DefaultHTTPListen, "HTTP edge address, host:port: Connect/JSON, gRPC-Web and gRPC; empty = off")
+	fs.StringVar(&c.HTTPListen, "http-listen", DefaultHTTPListen, "HTTP edge address, host:port: Connect/JSON, gRPC-Web and gRPC; empty = off; embedded mode: "+loopback(DefaultHTTPListen)+" unless set")
 	fs.StringVar(&c.RedisURL, "redis-url", "", "Redis for the task index: redis://host:port/db, rediss://..., or redis-cluster://h1:p1,h2:p2; empty = embedded in-memory store (nothing survives a restart)")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", "", "MySQL DSN for durable mode, user:pass@tcp(host:3306)/db; empty = Redis-only")
 	fs.DurationVar(&c.ReconcileInterval, "reconcile-interval", DefaultReconcileInterval, "durable mode: how often the leader re-indexes tasks MySQL has and Redis lacks")
@@ -61,7 +63,8 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.Var(uint32Flag{&c.Limits.MaxConcurrentStreams}, "max-concurrent-streams", "most concurrent calls per client connection")
 	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", pol.MaxPayloadBytes, "largest task payload, in bytes")
 	fs.DurationVar(&c.MaxDelay, "max-delay", pol.MaxDelay, "horizon: the furthest ahead a task may be due")
-	fs.DurationVar(&c.StoreTimeout, "store-timeout", 0, "deadline of each store call; 0 = each store's own default")
+	fs.DurationVar(&c.StoreTimeout, "store-timeout", 0, fmt.Sprintf("deadline of each store call; 0 = each store's own: %s per Redis call, %s per MySQL transaction (durable mode)",
+		redisstore.DefaultTimeout, durable.DefaultOpTimeout))
 	fs.DurationVar(&c.SafetyPoll, "safety-poll", DefaultSafetyPoll, "dispatcher safety-net poll interval")
 	fs.DurationVar(&c.LateWarn, "log-late-deliveries", DefaultLateWarn, "log deliveries at least this late past their due time at WARN (once per namespace per 10 s, with count and worst); negative = never")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
@@ -72,7 +75,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.StringVar(&c.TLSCertFile, "tls-cert", "", "PEM certificate chain to serve TLS with (with --tls-key)")
 	fs.StringVar(&c.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&c.TLSClientCAFile, "tls-client-ca", "", "PEM CAs whose client certificates are required (mTLS)")
-	fs.StringVar(&c.OpsListen, "ops-listen", DefaultOpsListen, "ops HTTP listener (/metrics, /healthz, /readyz), host:port; empty = off (and no metrics)")
+	fs.StringVar(&c.OpsListen, "ops-listen", DefaultOpsListen, "ops HTTP listener (/metrics, /healthz, /readyz), host:port; empty = off (and no metrics); embedded mode: "+loopback(DefaultOpsListen)+" unless set")
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go profiling under /debug/pprof/ on the ops listener")
 	fs.BoolVar(&f.Version, "version", false, "print the version, commit and Go version, and exit")
 }
@@ -106,12 +109,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "delayd: unexpected argument %q: delayd takes flags only and has no subcommands; `delayd --help` lists them\n", fs.Arg(0))
 		return 2
 	}
-	cfg := f.Config
-	// DELAYD_HTTP_LISTEN set but empty turns the HTTP edge off (ff ignores
-	// empty variables), unless --http-listen is given.
-	if v, ok := os.LookupEnv(EnvPrefix + "_HTTP_LISTEN"); ok && v == "" && !flagGiven(fs, "http-listen") {
-		cfg.HTTPListen = ""
-	}
+	cfg, onlyLoopback := configFrom(fs, f)
 	// A shared Redis is never open to everyone by accident: without an
 	// admin key, --no-auth must say so (embedded mode is open by default).
 	if _, err := server.ResolveAuth(cfg.AdminKey, f.NoAuth, cfg.RedisURL == ""); err != nil {
@@ -127,6 +125,10 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	// them to ours so the log stays one structured stream. Only the command
 	// does this: in-process users (tests, tools) keep their own.
 	redis.SetLogger(redisLogger{logger.With("component", "go-redis")})
+	if onlyLoopback {
+		logger.Info("embedded mode listens on loopback only: clients on other machines cannot connect; "+
+			"give --listen (DELAYD_LISTEN), e.g. :7070, to accept them", "addr", cfg.Listen)
+	}
 	if err := Run(ctx, cfg, logger); err != nil {
 		logger.Error("delayd failed", "error", err)
 		return 1
@@ -134,7 +136,54 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
-// flagGiven reports whether name was set on the command line.
+// configFrom is the Config that parsed flags ask for: f.Config with the
+// listeners an empty DELAYD_* variable turns off, and embedded mode's
+// listeners on loopback (see loopbackIfEmbedded, whose answer it returns).
+func configFrom(fs *flag.FlagSet, f Flags) (Config, bool) {
+	cfg := f.Config
+	// DELAYD_HTTP_LISTEN or DELAYD_OPS_LISTEN set but empty turns that
+	// listener off (ff ignores empty variables), unless its flag is given.
+	if v, ok := os.LookupEnv(EnvPrefix + "_HTTP_LISTEN"); ok && v == "" && !flagGiven(fs, "http-listen") {
+		cfg.HTTPListen = ""
+	}
+	if v, ok := os.LookupEnv(EnvPrefix + "_OPS_LISTEN"); ok && v == "" && !flagGiven(fs, "ops-listen") {
+		cfg.OpsListen = ""
+	}
+	return cfg, loopbackIfEmbedded(fs, &cfg)
+}
+
+// loopbackIfEmbedded binds embedded mode's listeners to loopback unless an
+// address was given: embedded mode runs without authentication (unless an
+// admin key is set) and is for trying delayd on one machine, so listening on
+// every interface would open it to the network by surprise. A listener whose
+// flag or DELAYD_* variable is set keeps what was asked for (--listen :7070
+// opens it on purpose).
+// It reports whether the gRPC listener was moved to loopback.
+func loopbackIfEmbedded(fs *flag.FlagSet, cfg *Config) bool {
+	if cfg.RedisURL != "" {
+		return false
+	}
+	moved := false
+	for name, addr := range map[string]*string{"listen": &cfg.Listen, "http-listen": &cfg.HTTPListen, "ops-listen": &cfg.OpsListen} {
+		if !flagGiven(fs, name) && loopback(*addr) != *addr {
+			*addr = loopback(*addr)
+			moved = moved || name == "listen"
+		}
+	}
+	return moved
+}
+
+// loopback turns an address on every interface (":7070") into the same
+// port on 127.0.0.1; any other address is returned as it is.
+func loopback(addr string) string {
+	if strings.HasPrefix(addr, ":") {
+		return "127.0.0.1" + addr
+	}
+	return addr
+}
+
+// flagGiven reports whether name was set on the command line or by its
+// DELAYD_* variable (ff sets flags from the environment).
 func flagGiven(fs *flag.FlagSet, name string) bool {
 	given := false
 	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })

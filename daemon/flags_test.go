@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/peterbourgon/ff/v3"
 
 	"github.com/delayd/delayd/server"
 )
@@ -106,5 +110,124 @@ func TestMainRefusesPositionalArguments(t *testing.T) {
 		if code != 2 || !strings.Contains(stderr.String(), "unexpected argument \""+last+"\"") {
 			t.Errorf("Main(%q) = %d, stderr %q; want exit 2 naming %q", args, code, stderr.String(), last)
 		}
+	}
+}
+
+// TestEmbeddedModeListensOnLoopback: with no Redis URL (embedded mode,
+// authentication off) every listener whose address was not given binds
+// 127.0.0.1, so `make run` is not open to the network; an address given by
+// flag or DELAYD_* variable is kept, and a real Redis keeps the defaults.
+func TestEmbeddedModeListensOnLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		args                 []string
+		env                  map[string]string
+		listen, http, opsAdr string
+		moved                bool
+	}{
+		{name: "embedded, nothing given", listen: "127.0.0.1:7070", http: "127.0.0.1:7071", opsAdr: "127.0.0.1:9070", moved: true},
+		{name: "embedded, --listen given", args: []string{"--listen", ":7070"}, listen: ":7070", http: "127.0.0.1:7071", opsAdr: "127.0.0.1:9070"},
+		{name: "embedded, DELAYD_LISTEN and an empty DELAYD_OPS_LISTEN", env: map[string]string{"DELAYD_LISTEN": "0.0.0.0:7070", "DELAYD_OPS_LISTEN": ""},
+			listen: "0.0.0.0:7070", http: "127.0.0.1:7071", opsAdr: ""},
+		{name: "embedded, host given", args: []string{"--http-listen", "10.1.2.3:80"}, listen: "127.0.0.1:7070", http: "10.1.2.3:80", opsAdr: "127.0.0.1:9070", moved: true},
+		{name: "real Redis", args: []string{"--redis-url", "redis://127.0.0.1:6379/0"}, listen: ":7070", http: ":7071", opsAdr: ":9070"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
+			var f Flags
+			BindFlags(fs, &f)
+			if err := ff.Parse(fs, tc.args, ff.WithEnvVarPrefix(EnvPrefix)); err != nil {
+				t.Fatal(err)
+			}
+			cfg, moved := configFrom(fs, f)
+			if cfg.Listen != tc.listen || cfg.HTTPListen != tc.http || cfg.OpsListen != tc.opsAdr || moved != tc.moved {
+				t.Errorf("listen %q, http %q, ops %q, moved %v; want %q, %q, %q, %v",
+					cfg.Listen, cfg.HTTPListen, cfg.OpsListen, moved, tc.listen, tc.http, tc.opsAdr, tc.moved)
+			}
+		})
+	}
+}
+
+// TestFlagDefaultsMatchDocs: the README's configuration table lists every
+// flag, with the default --help shows (read as the flag would parse it:
+// "30 s" is 30s, "64 KiB" is 65536), and the defaults docs/operating.md
+// states ("--flag (DELAYD_X, default V)") agree with --help too.
+func TestFlagDefaultsMatchDocs(t *testing.T) {
+	fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
+	var f Flags
+	BindFlags(fs, &f)
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^\\| `--([a-z-]+)`(?:, `--([a-z-]+)`)? \\|[^|]*\\|([^|]*)\\|")
+	listed := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(string(readme), -1) {
+		for _, name := range m[1:3] {
+			if name == "" {
+				continue
+			}
+			listed[name] = true
+			checkDocDefault(t, fs, "README", name, m[3])
+		}
+	}
+	fs.VisitAll(func(fl *flag.Flag) {
+		if !listed[fl.Name] {
+			t.Errorf("README's configuration table does not list --%s", fl.Name)
+		}
+	})
+	if len(listed) < 20 {
+		t.Fatalf("read %d flags from the README's table; has its format changed?", len(listed))
+	}
+	ops, err := os.ReadFile("../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stated := regexp.MustCompile("`--([a-z-]+)`\\s+\\(`DELAYD_[A-Z_]+`,\\s+default\\s+([^)]+)\\)")
+	ms := stated.FindAllStringSubmatch(string(ops), -1)
+	if len(ms) == 0 {
+		t.Fatal("docs/operating.md states no flag default in the form checked; has its wording changed?")
+	}
+	for _, m := range ms {
+		checkDocDefault(t, fs, "docs/operating.md", m[1], m[2])
+	}
+}
+
+// checkDocDefault compares a default as a document writes it with the
+// flag's own: the document's text is turned into the flag's syntax, parsed
+// by the flag, and printed back.
+func checkDocDefault(t *testing.T, fs *flag.FlagSet, doc, name, text string) {
+	t.Helper()
+	fl := fs.Lookup(name)
+	if fl == nil {
+		t.Errorf("%s names --%s, which delayd does not have", doc, name)
+		return
+	}
+	if name == "version" {
+		return // an action, not a setting
+	}
+	v := strings.TrimSpace(text)
+	if i := strings.Index(v, "`"); i == 0 {
+		v = v[1:]
+		v = v[:strings.Index(v, "`")]
+	} else if strings.HasPrefix(v, "empty") {
+		v = ""
+	} else if m := regexp.MustCompile(`^([0-9]+) (s|days|KiB|MiB)\b`).FindStringSubmatch(v); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		v = map[string]string{"s": m[1] + "s", "days": strconv.Itoa(n*24) + "h",
+			"KiB": strconv.Itoa(n << 10), "MiB": strconv.Itoa(n << 20)}[m[2]]
+	}
+	probe := flag.NewFlagSet("probe", flag.ContinueOnError)
+	var pf Flags
+	BindFlags(probe, &pf)
+	if err := probe.Set(name, v); err != nil {
+		t.Errorf("%s: --%s default %q does not parse as the flag's value: %v", doc, name, text, err)
+		return
+	}
+	if got := probe.Lookup(name).Value.String(); got != fl.DefValue {
+		t.Errorf("%s: --%s default %q, but --help says %q", doc, name, strings.TrimSpace(text), fl.DefValue)
 	}
 }

@@ -166,6 +166,9 @@ func (systemClock) Now() time.Time { return time.Now() }
 // DefaultReconcileInterval is Config.ReconcileInterval's default.
 const DefaultReconcileInterval = 30 * time.Second
 
+// DefaultOpTimeout is Config.OpTimeout's default.
+const DefaultOpTimeout = 10 * time.Second
+
 // Config configures a Store.
 type Config struct {
 	// DSN names the MySQL database: a go-sql-driver/mysql DSN such as
@@ -269,7 +272,7 @@ func (c *Config) defaults() {
 		c.MaxOpenConns = 16
 	}
 	if c.OpTimeout <= 0 {
-		c.OpTimeout = 10 * time.Second
+		c.OpTimeout = DefaultOpTimeout
 	}
 	if c.Committers <= 0 {
 		c.Committers = 4

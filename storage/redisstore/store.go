@@ -43,6 +43,9 @@ const MaxBatch = 1000
 // made for another state).
 var ErrInvalidCursor = storage.ErrInvalidCursor
 
+// DefaultTimeout is Options.Timeout's default.
+const DefaultTimeout = 5 * time.Second
+
 // Options configure a Store. Zero fields take the defaults given.
 type Options struct {
 	// Logger receives the store's warnings. If nil, logs are discarded.
@@ -97,7 +100,7 @@ func New(client redis.UniversalClient, opts Options) *Store {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.timeout <= 0 {
-		s.timeout = 5 * time.Second
+		s.timeout = DefaultTimeout
 	}
 	if s.wake == "" {
 		s.wake = DefaultWakeChannel
