@@ -106,8 +106,9 @@ test-ts: $(TS_DEPS) ## Run the TypeScript client's example (node --test) against
 ci: check-generate test ## What CI runs (.ci/run): gen/ staleness, then make test.
 
 .PHONY: run
-run: ## Run delayd on :7070 (embedded store unless DELAYD_REDIS_URL is set).
-	go run ./cmd/delayd $(RUN_FLAGS)
+run: ## Run delayd on :7070 (embedded store, on 127.0.0.1 only, unless DELAYD_REDIS_URL is set); Ctrl-C stops it cleanly.
+	@go build -ldflags "$(LDFLAGS)" -o $(BIN)/delayd ./cmd/delayd
+	@scripts/run-foreground.sh $(BIN)/delayd $(RUN_FLAGS)
 
 # Stamped into `delayd --version`, delayd_build_info and the first log line.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
