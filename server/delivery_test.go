@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -19,7 +18,7 @@ import (
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/redisstore"
+	"github.com/delayd/delayd/storage/storagefake"
 )
 
 // The delivery tests run real gRPC over loopback against the shared Redis
@@ -37,8 +36,7 @@ const (
 // (dispatcher + gRPC server) over that store.
 type dlvEnv struct {
 	t     *testing.T
-	rdb   *redis.Client
-	store *redisstore.Store
+	store *storagefake.Store
 	pol   storage.Policy
 	ns    string
 }
@@ -52,33 +50,24 @@ func dlvPolicy() storage.Policy {
 	return p
 }
 
+// newDlvEnv returns an env over a fresh in-memory store (storagefake: the
+// real stores' semantics, checked by the conformance suite). The server's
+// tests test the edge above its store seam; the end-to-end tests in daemon/
+// run the same paths over a real Redis.
 func newDlvEnv(t *testing.T, pol storage.Policy) *dlvEnv {
 	t.Helper()
-	return newDlvEnvAt(t, testkit.RedisURL(), pol)
+	return &dlvEnv{t: t, store: storagefake.New(nil), pol: pol, ns: "st-" + testkit.Suffix()}
 }
 
-func newDlvEnvAt(t *testing.T, url string, pol storage.Policy) *dlvEnv {
-	t.Helper()
-	rdb := testkit.RedisAt(t, url)
-	e := &dlvEnv{t: t, rdb: rdb, store: redisstore.New(rdb, redisstore.Options{}), pol: pol, ns: "st-" + testkit.Suffix()}
-	t.Cleanup(func() {
-		dlvCleanNamespace(rdb, e.ns)
-		_ = rdb.Close()
-	})
-	return e
+// fakeStores is an in-memory task store and registry: what a replica of
+// the tenancy tests runs on.
+type fakeStores struct {
+	*storagefake.Store
+	*storagefake.Registry
 }
 
-// dlvCleanNamespace deletes every key of ns (never FLUSHDB: Redis is shared).
-func dlvCleanNamespace(rdb *redis.Client, ns string) {
-	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, "*{"+ns+"#*", 100).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if len(keys) > 0 {
-		rdb.Del(ctx, keys...)
-	}
+func newFakeStores() fakeStores {
+	return fakeStores{Store: storagefake.New(nil), Registry: storagefake.NewRegistry(nil)}
 }
 
 // dlvReplica is one delayd server on 127.0.0.1:0 and a client connection.
@@ -170,14 +159,7 @@ func (e *dlvEnv) mustGet(r *dlvReplica, id string) *delaydv1.Task {
 }
 
 // redisNow is the store's clock, the one that decides due-ness.
-func (e *dlvEnv) redisNow() time.Time {
-	e.t.Helper()
-	now, err := e.rdb.Time(context.Background()).Result()
-	if err != nil {
-		e.t.Fatalf("TIME: %v", err)
-	}
-	return now
-}
+func (e *dlvEnv) redisNow() time.Time { return e.store.Now() }
 
 func (e *dlvEnv) ack(r *dlvReplica, tokens ...string) []delaydv1.TokenStatus {
 	e.t.Helper()

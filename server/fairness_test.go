@@ -10,7 +10,7 @@ import (
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/redisstore"
+	"github.com/delayd/delayd/storage/storagefake"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -33,10 +33,10 @@ func TestFairDispatch(t *testing.T) {
 
 	// The backlog, all due already, written straight into the index.
 	ctx := context.Background()
-	specs := make([]storage.UpsertSpec, redisstore.MaxBatch)
-	for b := 0; b < backlog/redisstore.MaxBatch; b++ {
+	specs := make([]storage.UpsertSpec, storagefake.MaxBatch)
+	for b := 0; b < backlog/storagefake.MaxBatch; b++ {
 		for i := range specs {
-			specs[i] = storage.UpsertSpec{ID: "b" + strconv.Itoa(b*redisstore.MaxBatch+i), Payload: []byte("x"), Delay: -time.Second}
+			specs[i] = storage.UpsertSpec{ID: "b" + strconv.Itoa(b*storagefake.MaxBatch+i), Payload: []byte("x"), Delay: -time.Second}
 		}
 		if _, err := e.store.Upsert(ctx, busy, specs); err != nil {
 			t.Fatalf("seed backlog: %v", err)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -29,34 +28,26 @@ import (
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/redisstore"
 	"github.com/delayd/delayd/tenancy"
 )
 
 // The tenancy tests (isolation, auth, limits, TLS, fairness, admin API) run
 // full delayd replicas — tenancy registry, dispatcher, gRPC server — over
-// loopback against the shared Redis, each test in namespaces of its own.
+// loopback, on an in-memory store and registry (storagefake) shared by the
+// replicas of one test.
 
 // tenAdminKey is the bootstrap admin key of every test replica.
 const tenAdminKey = "test-admin-key-0123456789abcdef"
 
-// tenEnv is one Redis store shared by the replicas of one test.
+// tenEnv is one store and registry shared by the replicas of one test.
 type tenEnv struct {
 	t     *testing.T
-	rdb   *redis.Client
-	store *redisstore.Store
+	store fakeStores
 }
 
 func newTenEnv(t *testing.T) *tenEnv {
 	t.Helper()
-	return newTenEnvAt(t, testkit.RedisURL())
-}
-
-func newTenEnvAt(t *testing.T, url string) *tenEnv {
-	t.Helper()
-	rdb := testkit.RedisAt(t, url)
-	t.Cleanup(func() { _ = rdb.Close() })
-	return &tenEnv{t: t, rdb: rdb, store: redisstore.New(rdb, redisstore.Options{})}
+	return &tenEnv{t: t, store: newFakeStores()}
 }
 
 // tenReplica is one delayd server and a plaintext client connection.

@@ -3,26 +3,19 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/net/http2"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
-	"github.com/delayd/delayd/dispatcher"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/server"
-	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/redisstore"
 )
 
 // TestPendingTaskQuota: a namespace at max_pending_tasks refuses new tasks
@@ -302,87 +295,5 @@ func TestKeepaliveEnforcement(t *testing.T) {
 			}
 			return
 		}
-	}
-}
-
-// silentRedis accepts connections and never answers: a hung Redis.
-func silentRedis(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	t.Cleanup(func() { l.Close(); <-done })
-	go func() {
-		defer close(done)
-		var conns []net.Conn
-		defer func() {
-			for _, c := range conns {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-			go func() { _, _ = io.Copy(io.Discard, c) }()
-		}
-	}()
-	return l.Addr().String()
-}
-
-// TestStoreCallTimeout: with a Redis that hangs, calls answer Unavailable
-// after the store's per-call timeout (the client's own deadline is far
-// longer), with no store text in the message.
-//
-// go-redis honours a context's deadline only with ContextTimeoutEnabled;
-// without it a hung Redis is bounded by the client's ReadTimeout (3 s by
-// default) instead of redisstore.Options.Timeout. The client here has long
-// socket timeouts, so only the store's timeout can end the calls.
-func TestStoreCallTimeout(t *testing.T) {
-	t.Parallel()
-	c := redis.NewClient(&redis.Options{Addr: silentRedis(t), MaxRetries: -1,
-		ReadTimeout: time.Minute, WriteTimeout: time.Minute, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
-	st := redisstore.New(c, redisstore.Options{Timeout: 200 * time.Millisecond})
-	pol := storage.DefaultPolicy()
-	d, err := dispatcher.New(dispatcher.Config{Store: st, Policies: storage.StaticPolicies{P: pol}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Options{
-		Store: st, Tenancy: staticTenancy{policy: pol}, Subscriptions: d, // d is never started: no Subscribe here
-		Auth: server.AuthOptions{Disabled: true},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() { defer close(served); _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		_ = srv.GracefulStop(context.Background())
-		<-served
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	tasks := delaydv1.NewTaskServiceClient(conn)
-	_, err = tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: "hung", Id: "x"})
-	wantCode(t, err, codes.Unavailable, "safe to retry")
-	_, err = tasks.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: "hung", Id: "x", When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(0)}})
-	wantCode(t, err, codes.Unavailable, "safe to retry")
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		t.Error("the client's deadline ran out: the store call had no timeout of its own")
 	}
 }

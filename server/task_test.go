@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -23,7 +22,7 @@ import (
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/redisstore"
+	"github.com/delayd/delayd/storage/storagefake"
 )
 
 // TaskService tests: every RPC over real gRPC on loopback TCP, backed by the
@@ -45,7 +44,7 @@ func (c *countingTasks) Upsert(ctx context.Context, ns string, specs []storage.U
 // Redis store) on 127.0.0.1:0, a client, and a fresh namespace.
 type tskEnv struct {
 	ns     string
-	rdb    *redis.Client
+	clock  *storagefake.Store
 	store  *countingTasks
 	tasks  delaydv1.TaskServiceClient
 	conn   *grpc.ClientConn
@@ -59,8 +58,7 @@ type tskOpts struct {
 
 func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	t.Helper()
-	rdb := testkit.Redis(t)
-	store := redisstore.New(rdb, redisstore.Options{})
+	store := storagefake.New(nil)
 	pol := storage.DefaultPolicy()
 	if o.policy != nil {
 		pol = *o.policy
@@ -70,7 +68,7 @@ func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &tskEnv{ns: "tsk-" + testkit.Suffix(), rdb: rdb, store: &countingTasks{Store: store}}
+	e := &tskEnv{ns: "tsk-" + testkit.Suffix(), clock: store, store: &countingTasks{Store: store}}
 	e.server, err = server.New(server.Options{
 		Store: e.store, Tenancy: staticTenancy{policy: pol}, Subscriptions: d,
 		Auth: server.AuthOptions{Disabled: true}, Limits: o.limits,
@@ -107,23 +105,8 @@ func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 			t.Errorf("GracefulStop: %v", err)
 		}
 		<-served
-		tskCleanNamespace(rdb, e.ns)
-		_ = rdb.Close()
 	})
 	return e
-}
-
-// tskCleanNamespace deletes every key of ns (never FLUSHDB: Redis is shared).
-func tskCleanNamespace(rdb *redis.Client, ns string) {
-	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, "*{"+ns+"#*", 100).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if len(keys) > 0 {
-		rdb.Del(ctx, keys...)
-	}
 }
 
 func tskCtx(t *testing.T) context.Context {
@@ -140,15 +123,8 @@ func atTime(t time.Time) *delaydv1.UpsertTaskRequest_DueTime {
 	return &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(t)}
 }
 
-// redisNow is the Redis server clock, which decides due-ness.
-func (e *tskEnv) redisNow(t *testing.T) time.Time {
-	t.Helper()
-	now, err := e.rdb.Time(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return now
-}
+// redisNow is the store's clock, which decides due-ness.
+func (e *tskEnv) redisNow(*testing.T) time.Time { return e.clock.Now() }
 
 // wantStatus fails t unless err has code and its message starts with prefix.
 func wantStatus(t *testing.T, err error, code codes.Code, prefix string) {
@@ -178,9 +154,10 @@ func TestUpsertTaskWithDelayThenGet(t *testing.T) {
 		string(task.GetPayload()) != `{"order":1}` {
 		t.Fatalf("upsert response = %v", resp)
 	}
-	// The delay is resolved with the Redis clock: due = Redis now + 30 s.
+	// The delay is resolved with the store's clock: due = store now + 30 s,
+	// rounded up to the millisecond (never early).
 	due := task.GetDueTime().AsTime()
-	if due.Before(before.Add(30*time.Second).Truncate(time.Millisecond)) || due.After(after.Add(30*time.Second)) {
+	if due.Before(before.Add(30*time.Second)) || due.After(after.Add(30*time.Second).Truncate(time.Millisecond).Add(time.Millisecond)) {
 		t.Fatalf("due_time %v not within Redis [%v, %v] + 30s", due, before, after)
 	}
 	if task.GetCreateTime() == nil || task.GetUpdateTime() == nil {

@@ -143,7 +143,6 @@ var rules = map[string]rule{
 // it belongs (end-to-end tests to daemon/, unit tests onto
 // storage/storagefake) removes its line.
 var exceptions = map[arrow]string{
-	{"server", "storage/redisstore"}:     "server tests still run over a real Redis; end-to-end ones move to daemon/",
 	{"storage/durable", "daemon"}:        "durable end-to-end tests; moving to daemon/",
 	{"storage/durable", "gen/delayd/v1"}: "durable end-to-end tests; moving to daemon/",
 }

@@ -21,6 +21,10 @@ type Registry struct {
 	nss  map[string]storage.Namespace
 	keys map[string]storage.Key
 	last time.Time
+	// born is the create time of each name's latest incarnation, kept
+	// after a delete: a re-created namespace is always born later, even
+	// within the same millisecond (its create time is its incarnation).
+	born map[string]time.Time
 }
 
 var _ storage.Registry = (*Registry)(nil)
@@ -31,7 +35,7 @@ func NewRegistry(clock storage.Clock) *Registry {
 	if clock == nil {
 		clock = storage.SystemClock{}
 	}
-	return &Registry{clock: clock, nss: map[string]storage.Namespace{}, keys: map[string]storage.Key{}}
+	return &Registry{clock: clock, nss: map[string]storage.Namespace{}, keys: map[string]storage.Key{}, born: map[string]time.Time{}}
 }
 
 // now is the clock in milliseconds, as the stores keep times, never going
@@ -53,6 +57,10 @@ func (r *Registry) CreateNamespace(_ context.Context, ns storage.Namespace) (sto
 		return storage.Namespace{}, storage.ErrAlreadyExists
 	}
 	ns.CreateTime = r.now()
+	if last, ok := r.born[ns.Name]; ok && !ns.CreateTime.After(last) {
+		ns.CreateTime = last.Add(time.Millisecond)
+	}
+	r.born[ns.Name] = ns.CreateTime
 	ns.UpdateTime = ns.CreateTime
 	r.nss[ns.Name] = ns
 	return ns, nil

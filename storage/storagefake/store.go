@@ -566,12 +566,13 @@ func (s *Store) Stats(_ context.Context, ns string) (storage.Stats, error) {
 	return st, nil
 }
 
-// DropNamespace deletes every task of ns.
-func (s *Store) DropNamespace(_ context.Context, ns string) error {
+// DropNamespace deletes every task of ns and returns how many it deleted.
+func (s *Store) DropNamespace(_ context.Context, ns string) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	n := int64(len(s.nss[ns]))
 	delete(s.nss, ns)
-	return nil
+	return n, nil
 }
 
 // SubscribeWakeups calls fn with the namespace of every wake-up until ctx is
@@ -612,7 +613,11 @@ func (s *Store) Namespaces(context.Context) ([]string, error) {
 	return out, nil
 }
 
-// Now is the store's clock, in whole milliseconds as the store keeps times.
+// Now is the store's clock to the microsecond, as Redis TIME reads it: a
+// task upserted with a delay after Now is due no earlier than Now + delay.
 func (s *Store) Now() time.Time {
-	return time.UnixMilli(s.clock.Now().UnixMilli())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, us := s.now()
+	return time.UnixMicro(us)
 }
