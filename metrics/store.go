@@ -38,10 +38,11 @@ const (
 	opPurge
 	opStats
 	opDropNamespace
+	opRemoveTasks
 	numOps
 )
 
-var opNames = [numOps]string{"upsert", "remove", "get", "list", "pop", "ack", "nack", "extend", "reap", "next_wake", "requeue", "purge", "stats", "drop_namespace"}
+var opNames = [numOps]string{"upsert", "remove", "get", "list", "pop", "ack", "nack", "extend", "reap", "next_wake", "requeue", "purge", "stats", "drop_namespace", "remove_tasks"}
 
 // instrumented times every call of a Store and counts what the calls did.
 type instrumented struct {
@@ -85,6 +86,7 @@ func isFailure(err error) bool {
 		errors.Is(err, storage.ErrQuotaExceeded),
 		errors.Is(err, storage.ErrNotEmpty),
 		errors.Is(err, storage.ErrStale),
+		errors.Is(err, storage.ErrGenerationMismatch),
 		errors.Is(err, context.Canceled):
 		return false
 	}
@@ -97,7 +99,7 @@ func (s *instrumented) Upsert(ctx context.Context, ns string, specs []storage.Up
 	s.done(opUpsert, start, err)
 	n := 0
 	for i := range res {
-		if !res[i].Stale {
+		if !res[i].Stale && res[i].Refused == storage.NotRefused {
 			n++
 		}
 	}
@@ -107,14 +109,24 @@ func (s *instrumented) Upsert(ctx context.Context, ns string, specs []storage.Up
 	return res, err
 }
 
-func (s *instrumented) Remove(ctx context.Context, ns, id string) (storage.State, error) {
+func (s *instrumented) Remove(ctx context.Context, ns, id string, ifGeneration int64) (storage.State, error) {
 	start := time.Now()
-	st, err := s.next.Remove(ctx, ns, id)
+	st, err := s.next.Remove(ctx, ns, id, ifGeneration)
 	s.done(opRemove, start, err)
 	if err == nil {
 		s.m.ns(ns).removed.Inc()
 	}
 	return st, err
+}
+
+func (s *instrumented) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
+	start := time.Now()
+	res, err := s.next.RemoveTasks(ctx, ns, p)
+	s.done(opRemoveTasks, start, err)
+	if res.Removed > 0 {
+		s.m.ns(ns).removed.Add(float64(res.Removed))
+	}
+	return res, err
 }
 
 func (s *instrumented) Get(ctx context.Context, ns, id string) (storage.Task, error) {

@@ -347,6 +347,7 @@ var rules = map[string]rule{
 	delaydv1.TaskService_UpsertTask_FullMethodName:       {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 	delaydv1.TaskService_BatchUpsertTasks_FullMethodName: {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 	delaydv1.TaskService_RemoveTask_FullMethodName:       {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
+	delaydv1.TaskService_RemoveTasks_FullMethodName:      {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 	delaydv1.TaskService_GetTask_FullMethodName:          {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 	delaydv1.TaskService_ListTasks_FullMethodName:        {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"syscall"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 
 	"github.com/delayd/delayd/storage"
 )
@@ -65,6 +68,8 @@ func invalidWrap(field string, err error) error {
 //   - storage.ErrNotEmpty                 → FailedPrecondition
 //   - storage.ErrStale                    → Aborted
 //   - storage.ErrInvalidCursor            → InvalidArgument (page_token)
+//   - a *storage.ConflictError (a failed create_only or if_generation)
+//     → AlreadyExists / FailedPrecondition with details (conflictStatus)
 //   - anything else                       → Internal, generic message
 //
 // Only messages written in this package reach the client; whenever the code
@@ -80,6 +85,10 @@ func toStatus(ctx context.Context, logger *slog.Logger, err error) error {
 	}
 	if _, ok := err.(interface{ GRPCStatus() *status.Status }); ok {
 		return err
+	}
+	var ce *storage.ConflictError
+	if errors.As(err, &ce) {
+		return conflictStatus(ce).Err()
 	}
 	code, msg := classify(err)
 	if code == codes.Unavailable || code == codes.Internal {
@@ -141,4 +150,45 @@ func logError(ctx context.Context, logger *slog.Logger, code codes.Code, err err
 		slog.String("grpc.method", method),
 		slog.String("grpc.code", code.String()),
 		slog.String("error", err.Error()))
+}
+
+// ErrorInfo domain and reasons of the conditional writes' errors (see the
+// TaskService comment in task.proto).
+const (
+	errorDomain          = "delayd.v1"
+	reasonTaskExists     = "TASK_EXISTS"
+	reasonGenerationDiff = "GENERATION_MISMATCH"
+)
+
+// conflictStatus is the status of a conditional write that changed
+// nothing: AlreadyExists (create_only; the task exists) or
+// FailedPrecondition (if_generation; another generation is stored). Its
+// details are a google.rpc.ErrorInfo whose metadata holds the stored
+// generation ("generation", "0" when there is no task) and, for
+// FailedPrecondition, the one expected ("expected"); then the stored task
+// when there is one.
+func conflictStatus(ce *storage.ConflictError) *status.Status {
+	gen := strconv.FormatInt(ce.Task.Generation, 10)
+	var st *status.Status
+	info := &errdetails.ErrorInfo{Domain: errorDomain, Metadata: map[string]string{"generation": gen}}
+	if errors.Is(ce.Err, storage.ErrGenerationMismatch) {
+		info.Reason = reasonGenerationDiff
+		info.Metadata["expected"] = strconv.FormatInt(ce.Expected, 10)
+		if ce.Task.ID == "" {
+			st = status.Newf(codes.FailedPrecondition, "the task does not exist (generation 0), not at generation %d (if_generation); nothing changed", ce.Expected)
+		} else {
+			st = status.Newf(codes.FailedPrecondition, "task %q is at generation %d, not %d (if_generation); nothing changed: read it again and decide", ce.Task.ID, ce.Task.Generation, ce.Expected)
+		}
+	} else {
+		info.Reason = reasonTaskExists
+		st = status.Newf(codes.AlreadyExists, "task %q already exists (generation %d); create_only changed nothing", ce.Task.ID, ce.Task.Generation)
+	}
+	details := []protoadapt.MessageV1{info}
+	if ce.Task.ID != "" {
+		details = append(details, taskToProto(ce.Task))
+	}
+	if ds, err := st.WithDetails(details...); err == nil {
+		return ds
+	}
+	return st
 }

@@ -70,6 +70,9 @@ func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRe
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("upsert: store returned %d results for 1 spec", len(results)))
 	}
 	r := results[0]
+	if err := r.Conflict(spec.IfGeneration); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
 	if r.Earliest {
 		s.notify(ns)
 	}
@@ -123,6 +126,17 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 		}
 		earliest := false
 		for k, r := range results {
+			if err := r.Conflict(specs[k].IfGeneration); err != nil {
+				// A failed condition: the item's error, with the task as
+				// stored (none when there is none).
+				st, _ := status.FromError(toStatus(ctx, s.logger, err))
+				res := &delaydv1.BatchUpsertTaskResult{Error: &delaydv1.ItemError{Code: int32(st.Code()), Message: st.Message()}}
+				if r.Task.ID != "" {
+					res.Task = taskToProto(r.Task)
+				}
+				out[index[k]] = res
+				continue
+			}
 			out[index[k]] = &delaydv1.BatchUpsertTaskResult{Task: taskToProto(r.Task), Created: r.Created}
 			earliest = earliest || r.Earliest
 		}
@@ -134,12 +148,16 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 }
 
 // RemoveTask deletes a task in any state; a missing task is removed=false.
+// With if_generation, a task at another generation is FailedPrecondition.
 func (s *taskService) RemoveTask(ctx context.Context, req *delaydv1.RemoveTaskRequest) (*delaydv1.RemoveTaskResponse, error) {
 	ns, id := req.GetNamespace(), req.GetId()
 	if err := validateNamespaceAndID(ns, id); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	prev, err := s.tasks.Remove(ctx, ns, id)
+	if err := validateIfGeneration("if_generation", req.GetIfGeneration()); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	prev, err := s.tasks.Remove(ctx, ns, id, req.GetIfGeneration())
 	if errors.Is(err, storage.ErrNotFound) {
 		return &delaydv1.RemoveTaskResponse{}, nil
 	}
@@ -147,6 +165,24 @@ func (s *taskService) RemoveTask(ctx context.Context, req *delaydv1.RemoveTaskRe
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("remove: %w", err))
 	}
 	return &delaydv1.RemoveTaskResponse{Removed: true, PreviousState: stateToProto(prev)}, nil
+}
+
+// RemoveTasks deletes the named tasks, or one bounded page of the tasks a
+// filter selects, and answers how many it deleted.
+func (s *taskService) RemoveTasks(ctx context.Context, req *delaydv1.RemoveTasksRequest) (*delaydv1.RemoveTasksResponse, error) {
+	ns := req.GetNamespace()
+	if err := validateNamespace("namespace", ns); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	p, err := removeTasksParams(req)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	res, err := s.tasks.RemoveTasks(ctx, ns, p)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("remove tasks: %w", err))
+	}
+	return &delaydv1.RemoveTasksResponse{Removed: res.Removed, NextPageToken: encodeRemoveToken(ns, p.Filter, res.Next)}, nil
 }
 
 // GetTask returns one task or NotFound.

@@ -1,8 +1,11 @@
 package server
 
 import (
+	"bytes"
 	"encoding/base64"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -86,7 +89,14 @@ func upsertSpec(prefix string, req *delaydv1.UpsertTaskRequest, batchNS string, 
 	if err := validatePayload(prefix+"payload", req.GetPayload(), pol.MaxPayloadBytes); err != nil {
 		return storage.UpsertSpec{}, err
 	}
-	spec := storage.UpsertSpec{ID: req.GetId(), Kind: req.GetKind(), Payload: req.GetPayload()}
+	if err := validateIfGeneration(prefix+"if_generation", req.GetIfGeneration()); err != nil {
+		return storage.UpsertSpec{}, err
+	}
+	if req.GetCreateOnly() && req.GetIfGeneration() != 0 {
+		return storage.UpsertSpec{}, invalidf(prefix+"if_generation", "is %d with create_only set; set at most one of them (create_only expects no task, if_generation an existing one)", req.GetIfGeneration())
+	}
+	spec := storage.UpsertSpec{ID: req.GetId(), Kind: req.GetKind(), Payload: req.GetPayload(),
+		CreateOnly: req.GetCreateOnly(), IfGeneration: req.GetIfGeneration()}
 	switch w := req.GetWhen().(type) {
 	case *delaydv1.UpsertTaskRequest_DueTime:
 		if err := w.DueTime.CheckValid(); err != nil {
@@ -240,4 +250,102 @@ func humanDuration(d time.Duration) string {
 		return fmt.Sprintf("%.1f days", d.Hours()/24)
 	}
 	return d.String()
+}
+
+// validateIfGeneration accepts 0 (unconditional) or a positive generation.
+func validateIfGeneration(field string, gen int64) error {
+	if gen < 0 {
+		return invalidf(field, "is %d; allowed: 0 (unconditional) or the generation last read (1 or more)", gen)
+	}
+	return nil
+}
+
+// maxRemoveIDs is the most ids one RemoveTasks call may name (the store's
+// batch).
+const maxRemoveIDs = 1000
+
+// removeTasksParams validates a RemoveTasksRequest (all but its
+// namespace) and turns it into store parameters.
+func removeTasksParams(req *delaydv1.RemoveTasksRequest) (storage.RemoveTasksParams, error) {
+	ids, f := req.GetIds(), req.GetFilter()
+	switch {
+	case len(ids) > 0 && f != nil:
+		return storage.RemoveTasksParams{}, invalidf("filter", "is set together with ids; set exactly one of ids and filter")
+	case len(ids) == 0 && f == nil:
+		return storage.RemoveTasksParams{}, invalidf("ids", "or filter is required: set exactly one of them")
+	case len(ids) > 0:
+		if len(ids) > maxRemoveIDs {
+			return storage.RemoveTasksParams{}, invalidf("ids", "has %d items; at most %d are allowed", len(ids), maxRemoveIDs)
+		}
+		if req.GetPageToken() != "" {
+			return storage.RemoveTasksParams{}, invalidf("page_token", "is set with ids; it only continues a filter")
+		}
+		for i, id := range ids {
+			if err := validateTaskID(fmt.Sprintf("ids[%d]", i), id); err != nil {
+				return storage.RemoveTasksParams{}, err
+			}
+		}
+		return storage.RemoveTasksParams{IDs: ids}, nil
+	}
+	if f.GetKind() == "" && f.GetIdPrefix() == "" && f.GetState() == delaydv1.TaskState_TASK_STATE_UNSPECIFIED {
+		return storage.RemoveTasksParams{}, invalidf("filter", "is empty; set at least one of kind, id_prefix and state (to drop every task of a namespace, delete the namespace with force)")
+	}
+	if err := validateKind("filter.kind", f.GetKind()); err != nil {
+		return storage.RemoveTasksParams{}, err
+	}
+	if f.GetIdPrefix() != "" {
+		if err := validateTaskID("filter.id_prefix", f.GetIdPrefix()); err != nil {
+			return storage.RemoveTasksParams{}, err
+		}
+	}
+	filter := storage.TaskFilter{Kind: f.GetKind(), IDPrefix: f.GetIdPrefix()}
+	if f.GetState() != delaydv1.TaskState_TASK_STATE_UNSPECIFIED {
+		st, err := listState(f.GetState())
+		if err != nil {
+			return storage.RemoveTasksParams{}, invalidf("filter.state", "is %d; allowed: TASK_STATE_UNSPECIFIED (any), TASK_STATE_SCHEDULED, TASK_STATE_DELIVERED, TASK_STATE_DEAD", int32(f.GetState()))
+		}
+		filter.State = st
+	}
+	cursor, err := decodeRemoveToken(req.GetPageToken(), req.GetNamespace(), filter)
+	if err != nil {
+		return storage.RemoveTasksParams{}, err
+	}
+	return storage.RemoveTasksParams{Filter: filter, Cursor: cursor}, nil
+}
+
+// A RemoveTasks page token carries the store's walk cursor bound to the
+// namespace and filter it was issued for. Layout before base64url:
+// version (1 byte) | FNV-1a 64 of namespace and filter (8) | cursor.
+const removeTokenVersion = 2
+
+func filterHash(ns string, f storage.TaskFilter) []byte {
+	h := fnv.New64a()
+	for _, part := range []string{ns, f.Kind, f.IDPrefix, strconv.Itoa(int(f.State))} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	return h.Sum(nil)
+}
+
+func encodeRemoveToken(ns string, f storage.TaskFilter, cursor string) string {
+	if cursor == "" {
+		return ""
+	}
+	b := append([]byte{removeTokenVersion}, filterHash(ns, f)...)
+	return base64.RawURLEncoding.EncodeToString(append(b, cursor...))
+}
+
+func decodeRemoveToken(token, ns string, f storage.TaskFilter) (string, error) {
+	if token == "" {
+		return "", nil
+	}
+	const again = "; start again with an empty page_token"
+	b, err := base64.RawURLEncoding.DecodeString(token)
+	if len(token) > maxPageTokenLen || err != nil || len(b) <= 9 || b[0] != removeTokenVersion {
+		return "", invalidf("page_token", "is not a token this server issued"+again)
+	}
+	if !bytes.Equal(b[1:9], filterHash(ns, f)) {
+		return "", invalidf("page_token", "was issued for another namespace or filter"+again)
+	}
+	return string(b[9:]), nil
 }

@@ -10,6 +10,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -41,10 +42,61 @@ var (
 	ErrNotEmpty = errors.New("namespace not empty")
 	// ErrStale: an older generation tried to overwrite a newer one.
 	ErrStale = errors.New("stale generation")
+	// ErrGenerationMismatch: a compare-and-set write (UpsertSpec.
+	// IfGeneration, Remove's ifGeneration) found another generation stored;
+	// nothing changed. Stores return it inside a *ConflictError.
+	ErrGenerationMismatch = errors.New("generation mismatch")
 	// ErrInvalidCursor: a List cursor the store did not make (a crafted or
 	// corrupted page token). The client's mistake, not the store's.
 	ErrInvalidCursor = errors.New("invalid list cursor")
 )
+
+// ConflictError is a conditional write that changed nothing because of what
+// is stored. Err is ErrAlreadyExists (create-only, and the task exists) or
+// ErrGenerationMismatch (the stored generation is not the one expected);
+// errors.Is sees it. Task is the task as stored (ID empty and Generation 0
+// when there is none).
+type ConflictError struct {
+	Err  error
+	Task Task
+	// Expected is the generation the write required (ErrGenerationMismatch).
+	Expected int64
+}
+
+func (e *ConflictError) Error() string {
+	if errors.Is(e.Err, ErrGenerationMismatch) {
+		return fmt.Sprintf("%v: expected generation %d, stored %d", e.Err, e.Expected, e.Task.Generation)
+	}
+	return fmt.Sprintf("task %q: %v (generation %d)", e.Task.ID, e.Err, e.Task.Generation)
+}
+
+// Unwrap returns Err.
+func (e *ConflictError) Unwrap() error { return e.Err }
+
+// Refusal says why a conditional upsert changed nothing.
+type Refusal uint8
+
+// Refusals of a conditional upsert (UpsertResult.Refused).
+const (
+	// NotRefused: the upsert applied (or was Stale).
+	NotRefused Refusal = iota
+	// RefusedExists: UpsertSpec.CreateOnly, and a task with the id exists.
+	RefusedExists
+	// RefusedGeneration: UpsertSpec.IfGeneration is not the stored
+	// generation (or there is no task).
+	RefusedGeneration
+)
+
+// Conflict returns the *ConflictError of a refused result, nil otherwise.
+func (r UpsertResult) Conflict(expected int64) error {
+	switch r.Refused {
+	case RefusedExists:
+		return &ConflictError{Err: ErrAlreadyExists, Task: r.Task}
+	case RefusedGeneration:
+		return &ConflictError{Err: ErrGenerationMismatch, Task: r.Task, Expected: expected}
+	}
+	return nil
+}
 
 // State is where a task is in its lifecycle.
 type State uint8
@@ -133,6 +185,16 @@ type UpsertSpec struct {
 	// task so its delivery can link back to the producer's span; empty
 	// when the call was not traced.
 	TraceParent string
+	// CreateOnly: if a task with the id exists (in any state), nothing
+	// changes and the result is RefusedExists with the stored task. Not
+	// combined with Generation.
+	CreateOnly bool
+	// IfGeneration, if non-zero: the upsert applies only when the stored
+	// task's generation equals it; otherwise nothing changes and the result
+	// is RefusedGeneration with the stored task (zero when there is none).
+	// Decided atomically by the store that decides generations (MySQL in
+	// durable mode). Not combined with Generation.
+	IfGeneration int64
 }
 
 // UpsertResult is the outcome of one UpsertSpec, in request order.
@@ -149,6 +211,10 @@ type UpsertResult struct {
 	// very version given, nothing changed and Task is the stored task, with
 	// Stale and Created false.
 	Stale bool
+	// Refused is set when a condition (CreateOnly, IfGeneration) failed:
+	// nothing changed and Task is the stored task (zero when there is
+	// none). See Conflict.
+	Refused Refusal
 }
 
 // Delivery is a task popped into a lease.

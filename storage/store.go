@@ -11,9 +11,19 @@ type Tasks interface {
 	// Results are in spec order. A spec with an older Generation than the
 	// store holds is reported Stale and changes nothing.
 	Upsert(ctx context.Context, ns string, specs []UpsertSpec) ([]UpsertResult, error)
+	// Upsert specs may be conditional (CreateOnly, IfGeneration): a spec
+	// whose condition fails changes nothing and its result says Refused.
+	//
 	// Remove deletes a task in any state and returns the state it was in.
-	// ErrNotFound if there was no such task.
-	Remove(ctx context.Context, ns, id string) (State, error)
+	// ErrNotFound if there was no such task. If ifGeneration is non-zero,
+	// the task is deleted only when its stored generation equals it;
+	// otherwise nothing changes and the error is a *ConflictError
+	// (ErrGenerationMismatch) carrying the stored task.
+	Remove(ctx context.Context, ns, id string, ifGeneration int64) (State, error)
+	// RemoveTasks deletes the tasks p names (IDs) or one bounded page of
+	// the tasks p.Filter selects, and says how many it deleted and where
+	// the next page starts ("" = done).
+	RemoveTasks(ctx context.Context, ns string, p RemoveTasksParams) (RemoveTasksResult, error)
 	// Get returns one task. ErrNotFound if there is none.
 	Get(ctx context.Context, ns, id string) (Task, error)
 	// List returns one page (see ListParams) of the tasks of one state in
@@ -104,6 +114,42 @@ type DeadLetters interface {
 	Requeue(ctx context.Context, ns string, p RequeueParams) ([]Moved, error)
 	// Purge deletes the dead tasks p selects and returns the ids it deleted.
 	Purge(ctx context.Context, ns string, p PurgeParams) ([]string, error)
+}
+
+// TaskFilter selects tasks by what they are; set fields must all match,
+// zero fields match everything.
+type TaskFilter struct {
+	// Kind, if set, is the kind the tasks have (exact).
+	Kind string
+	// IDPrefix, if set, is how the tasks' ids start.
+	IDPrefix string
+	// State, if set, is the state the tasks are in.
+	State State
+}
+
+// RemoveTasksParams selects the tasks RemoveTasks deletes.
+type RemoveTasksParams struct {
+	// IDs are the tasks to delete (ids that do not exist are skipped); at
+	// most the store's batch size (redisstore: MaxBatch). If empty, Filter
+	// selects.
+	IDs []string
+	// Filter selects the tasks, walked one bounded page per call.
+	Filter TaskFilter
+	// Cursor is where the walk continues: RemoveTasksResult.Next of the
+	// previous call with the same Filter; "" from the start.
+	Cursor string
+	// Limit is how many tasks one call examines at most (removed or not).
+	// Stores clamp it to 1..their batch size; zero means the batch size.
+	Limit int
+}
+
+// RemoveTasksResult is what one RemoveTasks call did.
+type RemoveTasksResult struct {
+	// Removed counts the tasks deleted by the call.
+	Removed int64
+	// Next is the cursor of the next page of a Filter walk; "" when the
+	// walk is done (and always for IDs).
+	Next string
 }
 
 // RequeueParams selects the dead tasks Requeue moves back and says when they

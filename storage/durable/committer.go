@@ -102,7 +102,19 @@ func (o *op) ids(fn func(id string)) {
 }
 
 // hasIndexStage reports whether o still has index work after its commit.
-func (o *op) hasIndexStage() bool { return o.Kind == kindUpsert || o.Kind == kindRemove }
+func (o *op) hasIndexStage() bool {
+	switch o.Kind {
+	case kindUpsert:
+		for _, r := range o.Upserts {
+			if r.Refused == storage.NotRefused {
+				return true
+			}
+		}
+	case kindRemove:
+		return !o.Mismatch
+	}
+	return false
+}
 
 // finish answers o's caller.
 func (o *op) finish(err error) {
@@ -291,15 +303,18 @@ func (s *Store) run(ops []*op) {
 }
 
 // jobOf is the index side of o, which MySQL committed at now: each upsert
-// row with the version MySQL gave it, or the remove.
+// row with the version MySQL gave it (not the rows whose condition failed:
+// nothing was written), or the remove.
 func jobOf(o *op, now time.Time) *indexJob {
 	j := &indexJob{kind: o.Kind, ns: o.NS, committed: now, id: o.ID, mysqlPrev: o.MySQLState, done: make(chan struct{})}
 	if o.Kind == kindUpsert {
-		j.specs = make([]storage.UpsertSpec, len(o.Rows))
-		j.absolute = make([]time.Time, len(o.Rows))
 		for i, r := range o.Rows {
-			j.specs[i] = indexSpec(r, o.Upserts[i].Task)
-			j.absolute[i] = o.Upserts[i].Task.DueTime
+			if o.Upserts[i].Refused != storage.NotRefused {
+				continue
+			}
+			j.specs = append(j.specs, indexSpec(r, o.Upserts[i].Task))
+			j.absolute = append(j.absolute, o.Upserts[i].Task.DueTime)
+			j.rows = append(j.rows, i)
 		}
 	}
 	return j

@@ -101,7 +101,7 @@ func TestRecreatedAfterSnapshotRestoreIsDelivered(t *testing.T) {
 		}
 	}
 	snap := takeSnapshot(t, e.rdb, ns)
-	if _, err := e.store.Remove(ctx, ns, "x"); err != nil {
+	if _, err := e.store.Remove(ctx, ns, "x", 0); err != nil {
 		t.Fatal(err)
 	}
 	snap.restore(t, e.rdb, ns)
@@ -172,7 +172,7 @@ func TestIndexOrphanIsForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap := takeSnapshot(t, e.rdb, ns)
-	if _, err := e.store.Remove(ctx, ns, "x"); err != nil {
+	if _, err := e.store.Remove(ctx, ns, "x", 0); err != nil {
 		t.Fatal(err)
 	}
 	snap.restore(t, e.rdb, ns)

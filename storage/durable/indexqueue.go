@@ -61,6 +61,7 @@ type indexJob struct {
 	committed time.Time
 	specs     []storage.UpsertSpec // kindUpsert, with the MySQL results
 	absolute  []time.Time          // kindUpsert: each spec's due time as MySQL recorded it
+	rows      []int                // kindUpsert: the op's row each spec is
 	id        string               // kindRemove
 	mysqlPrev storage.State        // kindRemove: the state MySQL held
 
@@ -287,7 +288,7 @@ func (s *Store) applyUpserts(q *indexQueue, jobs []*indexJob) {
 func (s *Store) applyRemove(q *indexQueue, j *indexJob) {
 	ctx, cancel := s.opCtx()
 	q.calling(time.Now())
-	st, err := s.idx.Remove(ctx, j.ns, j.id)
+	st, err := s.idx.Remove(ctx, j.ns, j.id, 0)
 	cancel()
 	switch {
 	case err == nil:

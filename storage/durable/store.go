@@ -104,6 +104,9 @@ type Index interface {
 	Forget(ctx context.Context, ns string, vs []storage.Version) (int, error)
 	// PurgeVersions purges dead tasks like Purge, answering their versions.
 	PurgeVersions(ctx context.Context, ns string, p storage.PurgeParams) ([]storage.Version, error)
+	// MatchTasks walks p.Filter from p.Cursor as RemoveTasks does, without
+	// deleting: it returns the version of each match and the next cursor.
+	MatchTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) ([]storage.Version, string, error)
 }
 
 // Authority is the durable side, MySQL; mysqlstore.Store implements it.
@@ -629,7 +632,8 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 			inc = s.newIncarnation(now)
 		}
 		rows[i] = mysqlstore.UpsertRow{ID: sp.ID, Kind: sp.Kind, Payload: payload, DueMS: storage.DueMilli(due), Gen: sp.Generation,
-			Inc: inc, ExactInc: exactInc, Relative: sp.DueTime.IsZero(), Delay: sp.Delay, TraceParent: sp.TraceParent}
+			Inc: inc, ExactInc: exactInc, Relative: sp.DueTime.IsZero(), Delay: sp.Delay, TraceParent: sp.TraceParent,
+			CreateOnly: sp.CreateOnly, IfGen: max(sp.IfGeneration, 0)}
 		if sp.Generation != 0 {
 			exact = true
 		}
@@ -643,15 +647,20 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		return nil, err
 	}
 	res := o.Upserts
+	for i := range res {
+		if res[i].Refused != storage.NotRefused && res[i].Task.ID != "" {
+			res[i].Task = s.current(ctx, ns, res[i].Task)
+		}
+	}
 	if j := o.ix; j != nil && s.awaitIndex(ctx, j) && j.err == nil {
 		// The index's answers: whether the task became the earliest (to
 		// wake dispatchers at once) and its own times, so a Get answers
 		// the same task.
-		for i := range res {
-			if !j.ok[i] {
+		for k, i := range j.rows {
+			if !j.ok[k] {
 				continue
 			}
-			r := j.res[i]
+			r := j.res[k]
 			res[i].Earliest = r.Earliest
 			if !r.Task.DueTime.IsZero() {
 				res[i].Task.DueTime = r.Task.DueTime
@@ -665,6 +674,18 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		}
 	}
 	return res, nil
+}
+
+// current returns the index's copy of t (a task MySQL holds, read for a
+// refused conditional write) when the index holds that very version: it
+// knows the state (DELIVERED, lease, attempts) MySQL does not. Otherwise,
+// or if the index cannot answer, t as MySQL holds it.
+func (s *Store) current(ctx context.Context, ns string, t storage.Task) storage.Task {
+	it, err := s.idx.Get(ctx, ns, t.ID)
+	if err != nil || it.Incarnation != t.Incarnation || it.Generation != t.Generation {
+		return t
+	}
+	return it
 }
 
 // upsertExact applies specs that name their generation in MySQL (see
@@ -735,16 +756,26 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 
 // Remove deletes the task from MySQL, then from the index, and returns the
 // state it was in (the index's, which knows DELIVERED; else MySQL's).
-// ErrNotFound if neither had it. MySQL down: ErrUnavailable and nothing
-// touched. It answers only once the index removed the task too, so no
-// delivery starts after it returned; when the index does not answer in
-// time (see Config.IndexWait), ErrUnavailable: the task is gone from the
-// authority, its index removal stays queued (and in the repair set if it
-// fails), and a retry answers when the index has it done.
-func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error) {
-	o := &op{Write: mysqlstore.Write{Kind: kindRemove, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), ID: id}}
+// ErrNotFound if neither had it. With ifGeneration set, MySQL decides: the
+// row is deleted only at that generation, else a *storage.ConflictError
+// carries the stored task and nothing is touched. MySQL down:
+// ErrUnavailable and nothing touched. It answers only once the index
+// removed the task too, so no delivery starts after it returned; when the
+// index does not answer in time (see Config.IndexWait), ErrUnavailable:
+// the task is gone from the authority, its index removal stays queued (and
+// in the repair set if it fails), and a retry answers when the index has
+// it done.
+func (s *Store) Remove(ctx context.Context, ns, id string, ifGeneration int64) (storage.State, error) {
+	o := &op{Write: mysqlstore.Write{Kind: kindRemove, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), ID: id, IfGen: max(ifGeneration, 0)}}
 	if err := s.submit(ctx, o); err != nil {
 		return storage.StateUnspecified, err
+	}
+	if o.Mismatch {
+		t := o.Current
+		if full, err := s.db.Get(ctx, ns, id); err == nil && full.Generation == t.Generation && full.Incarnation == t.Incarnation {
+			t = full
+		}
+		return storage.StateUnspecified, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: s.current(ctx, ns, t), Expected: ifGeneration}
 	}
 	j := o.ix
 	if !s.awaitIndex(ctx, j) {
@@ -760,6 +791,71 @@ func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error
 		return j.mysqlPrev, nil
 	}
 	return storage.StateUnspecified, fmt.Errorf("remove: %w", storage.ErrNotFound)
+}
+
+// removeConcurrency bounds the removes RemoveTasks submits at once for a
+// list of ids (the committer gathers them into a few transactions).
+const removeConcurrency = 256
+
+// RemoveTasks deletes the tasks p selects. Named ids go through the
+// committer as removes, MySQL first (as Remove does, concurrently). A
+// filter page is matched in the index (which knows every state; the
+// reconciler keeps it complete), then exactly the matched versions are
+// deleted from MySQL, then forgotten by the index: a task upserted since
+// the match keeps its new version in both. Removed counts what the index
+// deleted. MySQL down: ErrUnavailable and nothing touched; index down after
+// the MySQL delete: ErrUnavailable, and the same call again finishes it.
+func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
+	if len(p.IDs) > 0 {
+		return s.removeIDs(ctx, ns, p.IDs)
+	}
+	vs, next, err := s.idx.MatchTasks(ctx, ns, p)
+	if err != nil || len(vs) == 0 {
+		return storage.RemoveTasksResult{Next: next}, err
+	}
+	if err := s.db.DeleteVersions(ctx, ns, vs); err != nil {
+		return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: %w", err)
+	}
+	n, err := s.idx.Forget(ctx, ns, vs)
+	if err != nil {
+		return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: index (the tasks are already deleted from mysql; retry): %w", err)
+	}
+	return storage.RemoveTasksResult{Removed: int64(n), Next: next}, nil
+}
+
+// removeIDs removes each id as Remove does, at most removeConcurrency at
+// once, and counts those that existed. The first failure is returned
+// (with the count of those removed).
+func (s *Store) removeIDs(ctx context.Context, ns string, ids []string) (storage.RemoveTasksResult, error) {
+	var (
+		mu      sync.Mutex
+		removed int64
+		first   error
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, removeConcurrency)
+	)
+	for _, id := range ids {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			_, err := s.Remove(ctx, ns, id, 0)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				removed++
+			case errors.Is(err, storage.ErrNotFound):
+			case first == nil:
+				first = err
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return storage.RemoveTasksResult{Removed: removed}, fmt.Errorf("remove tasks: %w", first)
+	}
+	return storage.RemoveTasksResult{Removed: removed}, nil
 }
 
 // Get returns the task from the index or, when the index does not have it
@@ -1027,7 +1123,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
 					break
 				}
 				for _, t := range ts {
-					if _, err := s.idx.Remove(ctx, ns, t.ID); err != nil && !errors.Is(err, storage.ErrNotFound) {
+					if _, err := s.idx.Remove(ctx, ns, t.ID, 0); err != nil && !errors.Is(err, storage.ErrNotFound) {
 						return deleted, fmt.Errorf("drop namespace: index: %w", err)
 					}
 					inIndex++

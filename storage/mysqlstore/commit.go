@@ -43,6 +43,10 @@ type UpsertRow struct {
 	// TraceParent is carried to the index write only; MySQL does not
 	// keep it (a task rebuilt from MySQL delivers without it).
 	TraceParent string
+	// CreateOnly and IfGen are the conditions of storage.UpsertSpec,
+	// decided in the transaction against the row as stored.
+	CreateOnly bool
+	IfGen      int64
 }
 
 // AckRow is one acked delivery: the version it deletes.
@@ -60,12 +64,17 @@ type Write struct {
 
 	Rows  []UpsertRow     // WriteUpsert
 	ID    string          // WriteRemove
+	IfGen int64           // WriteRemove: delete only this generation (0 = any)
 	Acks  []AckRow        // WriteAck
 	Moved []storage.Moved // WriteMoved
 
 	// Results, set by Commit.
 	Upserts    []storage.UpsertResult // WriteUpsert: the rows as committed
 	MySQLState storage.State          // WriteRemove: state MySQL held; 0 = no row
+	// WriteRemove with IfGen: true when the stored generation differed
+	// (nothing deleted); Current is then the row's version and state.
+	Mismatch bool
+	Current  storage.Task
 }
 
 // Segment is a run of writes that touch disjoint tasks per kind: within a

@@ -71,11 +71,20 @@ func unavailable(err error) bool {
 		errors.As(err, &ne)
 }
 
+// errConditionRace: a conditional upsert decided that a task did not exist,
+// and another transaction created it before the insert (READ COMMITTED
+// takes no lock on a missing row). The transaction is rolled back and run
+// again, which then sees the row.
+var errConditionRace = fmt.Errorf("a task a conditional upsert found missing was created concurrently: %w", storage.ErrUnavailable)
+
 // retryable reports whether a transaction that failed with err (before its
 // COMMIT was sent) may simply be run again: a deadlock or lock wait timeout
 // rolled it back, or its connection died (killed, reset) and the server
 // rolled it back with it.
 func retryable(err error) bool {
+	if errors.Is(err, errConditionRace) {
+		return true
+	}
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
 		switch me.Number {

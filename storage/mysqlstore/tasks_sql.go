@@ -111,15 +111,13 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 	if len(ops) == 0 {
 		return nil
 	}
-	type ref struct {
-		o *Write
-		i int
-	}
-	var refs []ref
+	var refs []upsertRef
+	cond := false
 	for _, o := range ops {
 		o.Upserts = make([]storage.UpsertResult, len(o.Rows))
-		for i := range o.Rows {
-			refs = append(refs, ref{o, i})
+		for i, r := range o.Rows {
+			refs = append(refs, upsertRef{o, i})
+			cond = cond || r.CreateOnly || r.IfGen != 0
 		}
 	}
 	sort.SliceStable(refs, func(a, b int) bool {
@@ -129,6 +127,13 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 		}
 		return ka.o.Rows[ka.i].ID < kb.o.Rows[kb.i].ID
 	})
+	var expect map[taskKey]storage.Version
+	if cond {
+		var err error
+		if refs, expect, err = decideConditions(ctx, tx, refs); err != nil {
+			return err
+		}
+	}
 
 	readBack := map[taskKey]bool{} // tasks that existed (or repeat) and must be read back
 	const head = "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES "
@@ -222,6 +227,15 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 		}
 	}
 
+	// A conditional write was decided on the rows as read; a task that was
+	// missing then may have been created by another transaction since
+	// (READ COMMITTED locks no missing row): then run everything again.
+	for k, want := range expect {
+		if f, ok := finals[k]; ok && (f.gen != want.Generation || f.inc != want.Incarnation) {
+			return errConditionRace
+		}
+	}
+
 	// The k-th of n writes of a task in this statement got generation
 	// final-(n-1-k); the first created the row iff final == n (a row that
 	// existed had generation >= 1 before).
@@ -256,6 +270,82 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 		}
 	}
 	return nil
+}
+
+// upsertRef is one row of one upsert write.
+type upsertRef struct {
+	o *Write
+	i int
+}
+
+// decideConditions decides the conditional rows of refs (sorted by
+// namespace and id, each task's rows in write order): it reads the tasks
+// they name FOR UPDATE and walks each task's rows in order, as if they ran
+// one after another. A refused row gets its result (Refused, the task as
+// it stands at that point) and is left out of what it returns; the other
+// rows are returned in their order. expect holds, per task that has a
+// conditional row and is written, the version its last write must end at.
+func decideConditions(ctx context.Context, tx *sql.Tx, refs []upsertRef) ([]upsertRef, map[taskKey]storage.Version, error) {
+	condTask := map[taskKey]bool{}
+	byNS := map[string][]string{}
+	var nsOrder []string
+	for _, rf := range refs {
+		r := rf.o.Rows[rf.i]
+		k := taskKey{rf.o.NS, r.ID}
+		if (r.CreateOnly || r.IfGen != 0) && !condTask[k] {
+			condTask[k] = true
+			if _, ok := byNS[k.ns]; !ok {
+				nsOrder = append(nsOrder, k.ns)
+			}
+			byNS[k.ns] = append(byNS[k.ns], k.id)
+		}
+	}
+	held := map[taskKey]storage.Task{}
+	for _, ns := range nsOrder {
+		ids := byNS[ns]
+		for start := 0; start < len(ids); start += 1000 {
+			chunk := ids[start:min(start+1000, len(ids))]
+			args := []any{ns}
+			for _, id := range chunk {
+				args = append(args, id)
+			}
+			q := "SELECT " + taskColumns + " FROM delayd_tasks WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ") ORDER BY id FOR UPDATE"
+			if err := queryTasks(ctx, tx, q, args, func(t storage.Task) { held[taskKey{ns, t.ID}] = t }); err != nil {
+				return nil, nil, fmt.Errorf("upsert: read conditions: %w", err)
+			}
+		}
+	}
+	kept := refs[:0:0]
+	expect := map[taskKey]storage.Version{}
+	for _, rf := range refs {
+		r := rf.o.Rows[rf.i]
+		k := taskKey{rf.o.NS, r.ID}
+		if !condTask[k] {
+			kept = append(kept, rf)
+			continue
+		}
+		cur, exists := held[k]
+		switch {
+		case r.CreateOnly && exists:
+			rf.o.Upserts[rf.i] = storage.UpsertResult{Task: cur, Refused: storage.RefusedExists}
+			continue
+		case r.IfGen != 0 && (!exists || cur.Generation != r.IfGen):
+			rf.o.Upserts[rf.i] = storage.UpsertResult{Task: cur, Refused: storage.RefusedGeneration}
+			continue
+		}
+		next := storage.Task{Namespace: k.ns, ID: r.ID, Kind: r.Kind, Payload: r.Payload, DueTime: time.UnixMilli(r.DueMS),
+			State: storage.StateScheduled, Generation: 1, Incarnation: r.Inc, CreateTime: time.UnixMilli(rf.o.NowMS), UpdateTime: time.UnixMilli(rf.o.NowMS)}
+		if exists {
+			next.Generation, next.Incarnation, next.CreateTime = cur.Generation+1, cur.Incarnation, cur.CreateTime
+		}
+		if len(next.Payload) == 0 {
+			next.Payload = nil
+		}
+		held[k] = next
+		expect[k] = storage.Version{ID: r.ID, Incarnation: next.Incarnation, Generation: next.Generation}
+		kept = append(kept, rf)
+	}
+	return kept, expect, nil
 }
 
 // execMoved writes index transitions (nack, reap, requeue) through: one
@@ -402,12 +492,14 @@ func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 }
 
 // execRemoves deletes tasks in any state, recording the state MySQL held
-// (for the first remove of each task in the batch).
+// (for the first remove of each task in the batch). A remove with IfGen
+// deletes only when the row's generation equals it; otherwise it records
+// the mismatch and the row's version and leaves the row alone.
 func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 	byNS := map[string][]*Write{}
 	var nsOrder []string
 	for _, o := range ops {
-		o.MySQLState = storage.StateUnspecified
+		o.MySQLState, o.Mismatch, o.Current = storage.StateUnspecified, false, storage.Task{}
 		if _, ok := byNS[o.NS]; !ok {
 			nsOrder = append(nsOrder, o.NS)
 		}
@@ -422,19 +514,20 @@ func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error
 				args = append(args, o.ID)
 			}
 			where := " WHERE namespace = ? AND id IN (" + placeholders(len(chunk)) + ")"
-			rows, err := tx.QueryContext(ctx, "SELECT id, state FROM delayd_tasks"+where+" FOR UPDATE", args...)
+			rows, err := tx.QueryContext(ctx, "SELECT id, state, generation, incarnation FROM delayd_tasks"+where+" FOR UPDATE", args...)
 			if err != nil {
 				return fmt.Errorf("remove: read: %w", err)
 			}
-			states := map[string]storage.State{}
+			held := map[string]storage.Task{}
 			for rows.Next() {
-				var id string
+				var t storage.Task
 				var st int
-				if err := rows.Scan(&id, &st); err != nil {
+				if err := rows.Scan(&t.ID, &st, &t.Generation, &t.Incarnation); err != nil {
 					rows.Close()
 					return fmt.Errorf("remove: read: %w", err)
 				}
-				states[id] = storage.State(st)
+				t.Namespace, t.State = ns, storage.State(st)
+				held[t.ID] = t
 			}
 			if err := rows.Close(); err != nil {
 				return fmt.Errorf("remove: read: %w", err)
@@ -442,15 +535,24 @@ func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error
 			if err := rows.Err(); err != nil {
 				return fmt.Errorf("remove: read: %w", err)
 			}
-			if len(states) > 0 {
-				if _, err := tx.ExecContext(ctx, "DELETE FROM delayd_tasks"+where, args...); err != nil {
-					return fmt.Errorf("remove: delete: %w", err)
+			// In write order: a remove deletes what an earlier one of the
+			// batch left.
+			del := []any{ns}
+			for _, o := range chunk {
+				t, ok := held[o.ID]
+				switch {
+				case !ok:
+				case o.IfGen != 0 && t.Generation != o.IfGen:
+					o.Mismatch, o.Current = true, t
+				default:
+					o.MySQLState = t.State
+					delete(held, o.ID)
+					del = append(del, o.ID)
 				}
 			}
-			for _, o := range chunk {
-				if st, ok := states[o.ID]; ok {
-					o.MySQLState = st
-					delete(states, o.ID)
+			if len(del) > 1 {
+				if _, err := tx.ExecContext(ctx, "DELETE FROM delayd_tasks WHERE namespace = ? AND id IN ("+placeholders(len(del)-1)+")", del...); err != nil {
+					return fmt.Errorf("remove: delete: %w", err)
 				}
 			}
 		}

@@ -19,6 +19,7 @@ var luaFS embed.FS
 // Store (a redis.Script is immutable and safe for concurrent use).
 var scripts = struct {
 	upsert, get, remove, list       *redis.Script
+	removeTasks                     *redis.Script
 	pop, ack, nack, extend, reap    *redis.Script
 	requeue, purge, stats, nextWake *redis.Script
 	restore, generations, tryLead   *redis.Script
@@ -27,6 +28,7 @@ var scripts = struct {
 	upsert:      load("upsert"),
 	get:         load("get"),
 	remove:      load("remove"),
+	removeTasks: load("removetasks"),
 	list:        load("list"),
 	pop:         load("pop"),
 	ack:         load("ack"),

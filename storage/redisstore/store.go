@@ -203,7 +203,9 @@ func chunks(n int, fn func(lo, hi int) error) error {
 // Upsert creates or replaces tasks of ns, in one round trip per MaxBatch
 // specs. Due times are resolved with the Redis clock when DueTime is zero.
 // Results are in spec order. When any task becomes the earliest of ns, the
-// namespace is published on the wake channel.
+// namespace is published on the wake channel. Conditional specs
+// (CreateOnly, IfGeneration) are decided in the same script, against what
+// is stored at that instant and what earlier specs of the call wrote.
 //
 // Unless Options.NoCoalesce is set, a call of fewer than CoalesceMax specs
 // made while another such call of ns is in flight waits for it and then goes
@@ -233,7 +235,7 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 	out := make([]storage.UpsertResult, 0, len(specs))
 	err := chunks(len(specs), func(lo, hi int) error {
 		part := specs[lo:hi]
-		args := make([]any, 0, 3+7*len(part))
+		args := make([]any, 0, 3+9*len(part))
 		args = append(args, s.wake, ns, len(part))
 		for i := range part {
 			sp := &part[i]
@@ -245,7 +247,8 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 			if sp.Generation == 0 {
 				inc = 0
 			}
-			args = append(args, sp.ID, due, storage.DelayMicros(sp.Delay), inc, sp.Generation, sp.Kind, sp.Payload)
+			args = append(args, sp.ID, due, storage.DelayMicros(sp.Delay), inc, sp.Generation, sp.Kind, sp.Payload,
+				luaBool(sp.CreateOnly), max(sp.IfGeneration, 0))
 		}
 		rep, err := s.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
 		if err != nil {
@@ -261,6 +264,19 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 			code, err := replyInt(v[0])
 			if err != nil {
 				return fmt.Errorf("upsert: %w", err)
+			}
+			if code == 5 || code == 6 {
+				r := storage.UpsertResult{Refused: storage.RefusedExists}
+				if code == 6 {
+					r.Refused = storage.RefusedGeneration
+				}
+				if h, _ := replyString(v[1]); h != "" {
+					if r.Task, err = decodeTask(ns, sp.ID, v[1], v[2], v[3], v[4]); err != nil {
+						return fmt.Errorf("upsert: %w", err)
+					}
+				}
+				out = append(out, r)
+				continue
 			}
 			if code == 4 {
 				t, err := decodeTask(ns, sp.ID, v[1], v[2], v[3], v[4])
@@ -330,21 +346,165 @@ func decodeTask(ns, id string, hdrV, stateV, scoreV, payloadV any) (storage.Task
 }
 
 // Remove deletes the task in any state and returns the state it was in;
-// storage.ErrNotFound if there was no such task.
-func (s *Store) Remove(ctx context.Context, ns, id string) (storage.State, error) {
+// storage.ErrNotFound if there was no such task. With ifGeneration set, the
+// task is deleted only when its stored generation equals it (checked in
+// the same script); otherwise a *storage.ConflictError carries the stored
+// task.
+func (s *Store) Remove(ctx context.Context, ns, id string, ifGeneration int64) (storage.State, error) {
 	k := keysFor(ns, shard)
-	v, err := s.run(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id)
+	rep, err := s.runSlice(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id, max(ifGeneration, 0))
 	if err != nil {
 		return 0, err
 	}
-	n, err := replyInt(v)
+	if len(rep) < 1 {
+		return 0, fmt.Errorf("remove: empty reply")
+	}
+	n, err := replyInt(rep[0])
 	if err != nil {
 		return 0, fmt.Errorf("remove: %w", err)
 	}
-	if n == 0 {
+	switch {
+	case n == 4 && len(rep) == 5:
+		t, err := decodeTask(ns, id, rep[1], rep[2], rep[3], rep[4])
+		if err != nil {
+			return 0, fmt.Errorf("remove: %w", err)
+		}
+		return 0, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: t, Expected: ifGeneration}
+	case n == 0:
 		return 0, fmt.Errorf("remove %q: %w", id, storage.ErrNotFound)
 	}
 	return stateOf(n), nil
+}
+
+// RemoveTasks deletes p.IDs (at most MaxBatch; those that do not exist are
+// skipped) in one script call, or examines at most p.Limit (clamped to
+// 1..MaxBatch) tasks of the p.Filter walk from p.Cursor and deletes those
+// that match, in one script call per state walked. The walk goes through
+// the scheduled, then the delivered, then the dead tasks (only p.Filter.
+// State's when set), each in its ZSET's order. Each match is decided and
+// deleted atomically; a task that moves while the walk runs (rescheduled,
+// delivered) may be missed or examined twice.
+func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
+	k := keysFor(ns, shard)
+	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
+	if len(p.IDs) > 0 {
+		if len(p.IDs) > MaxBatch {
+			return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: %d ids; at most %d per call", len(p.IDs), MaxBatch)
+		}
+		args := make([]any, 0, 1+len(p.IDs))
+		args = append(args, "ids")
+		for _, id := range p.IDs {
+			args = append(args, id)
+		}
+		rep, err := s.runSlice(ctx, "remove tasks", scripts.removeTasks, keys, args...)
+		if err != nil {
+			return storage.RemoveTasksResult{}, err
+		}
+		if len(rep) != 1 {
+			return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: reply has %d values", len(rep))
+		}
+		n, err := replyInt(rep[0])
+		return storage.RemoveTasksResult{Removed: n}, err
+	}
+	vs, next, err := s.walk(ctx, ns, p, false)
+	return storage.RemoveTasksResult{Removed: int64(len(vs)), Next: next}, err
+}
+
+// MatchTasks is the walk of RemoveTasks (p.Filter from p.Cursor, at most
+// p.Limit tasks examined) without deleting anything: it returns the
+// version of each task that matches and the cursor of the next page.
+// Durable mode deletes exactly those versions from MySQL, then forgets
+// them here.
+func (s *Store) MatchTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) ([]storage.Version, string, error) {
+	return s.walk(ctx, ns, p, true)
+}
+
+// walkStates is the order a filter walk goes through the states.
+var walkStates = []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead}
+
+// walk runs removetasks.lua's walk from p.Cursor until p.Limit tasks were
+// examined or the walk is done.
+func (s *Store) walk(ctx context.Context, ns string, p storage.RemoveTasksParams, dry bool) ([]storage.Version, string, error) {
+	k := keysFor(ns, shard)
+	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
+	state, score, id, err := parseWalkCursor(p.Cursor, p.Filter.State)
+	if err != nil {
+		return nil, "", err
+	}
+	budget := p.Limit
+	if budget <= 0 || budget > MaxBatch {
+		budget = MaxBatch
+	}
+	var out []storage.Version
+	for {
+		rep, err := s.runSlice(ctx, "remove tasks", scripts.removeTasks, keys,
+			"walk", luaBool(dry), int(state), score, id, budget, p.Filter.Kind, p.Filter.IDPrefix)
+		if err != nil {
+			return out, "", err
+		}
+		if len(rep) < 4 || (len(rep)-4)%3 != 0 {
+			return out, "", fmt.Errorf("remove tasks: reply has %d values", len(rep))
+		}
+		examined, _ := replyInt(rep[3])
+		for i := 4; i < len(rep); i += 3 {
+			vid, _ := replyString(rep[i])
+			inc, _ := replyInt(rep[i+1])
+			gen, _ := replyInt(rep[i+2])
+			out = append(out, storage.Version{ID: vid, Incarnation: inc, Generation: gen})
+		}
+		if more, _ := replyInt(rep[0]); more == 1 {
+			sc, _ := replyString(rep[1])
+			last, _ := replyString(rep[2])
+			return out, walkCursor(state, sc, last), nil
+		}
+		// This state is done; the next one, if the filter allows, goes on
+		// in the same call with the budget left (at most one script call
+		// per state).
+		if p.Filter.State != storage.StateUnspecified || int(state) >= len(walkStates) {
+			return out, "", nil
+		}
+		state, score, id = walkStates[state], "", ""
+		budget -= int(examined)
+		if budget <= 0 {
+			return out, walkCursor(state, "", ""), nil
+		}
+	}
+}
+
+// A walk cursor is "w<state>:<score>:<id>" (the last member examined) or
+// "w<state>:" (the start of that state).
+func walkCursor(state storage.State, score, id string) string {
+	if score == "" {
+		return "w" + strconv.Itoa(int(state)) + ":"
+	}
+	return "w" + strconv.Itoa(int(state)) + ":" + score + ":" + id
+}
+
+func parseWalkCursor(c string, filter storage.State) (state storage.State, score, id string, err error) {
+	if c == "" {
+		if filter != storage.StateUnspecified {
+			return filter, "", "", nil
+		}
+		return storage.StateScheduled, "", "", nil
+	}
+	bad := fmt.Errorf("remove tasks: %w", storage.ErrInvalidCursor)
+	st, rest, ok := strings.Cut(strings.TrimPrefix(c, "w"), ":")
+	n, perr := strconv.Atoi(st)
+	if !strings.HasPrefix(c, "w") || !ok || perr != nil || n < 1 || n > len(walkStates) {
+		return 0, "", "", bad
+	}
+	state = storage.State(n)
+	if filter != storage.StateUnspecified && filter != state {
+		return 0, "", "", bad
+	}
+	if rest == "" {
+		return state, "", "", nil
+	}
+	score, id, ok = strings.Cut(rest, ":")
+	if _, perr := strconv.ParseInt(score, 10, 64); !ok || perr != nil || storage.ValidateTaskID(id) != nil {
+		return 0, "", "", bad
+	}
+	return state, score, id, nil
 }
 
 // Get returns one task; storage.ErrNotFound if there is none.

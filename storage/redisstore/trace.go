@@ -42,7 +42,7 @@ func (s *Store) writeTraces(ctx context.Context, ns string, specs []storage.Upse
 	defer cancel()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range specs {
-			if i >= len(res) || res[i].Stale {
+			if i >= len(res) || res[i].Stale || res[i].Refused != storage.NotRefused {
 				continue
 			}
 			key := traceKey(ns, shard, specs[i].ID)

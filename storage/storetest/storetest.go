@@ -47,6 +47,9 @@ type Store interface {
 func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Upsert", func(t *testing.T) { testUpsert(t, newStore) })
 	t.Run("Remove", func(t *testing.T) { testRemove(t, newStore) })
+	t.Run("CreateOnly", func(t *testing.T) { testCreateOnly(t, newStore) })
+	t.Run("IfGeneration", func(t *testing.T) { testIfGeneration(t, newStore) })
+	t.Run("RemoveTasks", func(t *testing.T) { testRemoveTasks(t, newStore) })
 	t.Run("Get", func(t *testing.T) { testGet(t, newStore) })
 	t.Run("List", func(t *testing.T) { testList(t, newStore) })
 	t.Run("Pop", func(t *testing.T) { testPop(t, newStore) })
@@ -125,7 +128,7 @@ func (e *env) clear() {
 				break
 			}
 			for _, task := range tasks {
-				if _, err := e.s.Remove(e.ctx, e.ns, task.ID); err != nil && !errors.Is(err, storage.ErrNotFound) {
+				if _, err := e.s.Remove(e.ctx, e.ns, task.ID, 0); err != nil && !errors.Is(err, storage.ErrNotFound) {
 					e.t.Errorf("cleanup: remove: %v", err)
 					return
 				}

@@ -327,7 +327,22 @@ type UpsertTaskRequest struct {
 	//
 	//	*UpsertTaskRequest_DueTime
 	//	*UpsertTaskRequest_Delay
-	When          isUpsertTaskRequest_When `protobuf_oneof:"when"`
+	When isUpsertTaskRequest_When `protobuf_oneof:"when"`
+	// Create only: when a task with this id exists (in any state, including
+	// DELIVERED and DEAD), nothing changes and the call fails with
+	// ALREADY_EXISTS carrying the existing task (in a batch: that item's
+	// error has code 6 and its result carries the existing task). A producer
+	// that retries after a timeout sets it so a retry never moves the due
+	// time of the task the first try created. Must not be combined with
+	// if_generation.
+	CreateOnly bool `protobuf:"varint,7,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	// Compare-and-set: if non-zero, the upsert applies only when the stored
+	// task exists with exactly this generation (Task.generation as last
+	// read); otherwise nothing changes and the call fails with
+	// FAILED_PRECONDITION carrying the current generation (in a batch: that
+	// item's error has code 9 and its result carries the current task, if
+	// any). 0 means unconditional. Must not be negative.
+	IfGeneration  int64 `protobuf:"varint,8,opt,name=if_generation,json=ifGeneration,proto3" json:"if_generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -413,6 +428,20 @@ func (x *UpsertTaskRequest) GetDelay() *durationpb.Duration {
 		}
 	}
 	return nil
+}
+
+func (x *UpsertTaskRequest) GetCreateOnly() bool {
+	if x != nil {
+		return x.CreateOnly
+	}
+	return false
+}
+
+func (x *UpsertTaskRequest) GetIfGeneration() int64 {
+	if x != nil {
+		return x.IfGeneration
+	}
+	return 0
 }
 
 type isUpsertTaskRequest_When interface {
@@ -595,7 +624,10 @@ func (x *BatchUpsertTasksResponse) GetResults() []*BatchUpsertTaskResult {
 // BatchUpsertTaskResult is the outcome of one item of a batch.
 type BatchUpsertTaskResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The stored task; unset when error is set.
+	// The stored task. When error is set: the existing task for code 6
+	// (ALREADY_EXISTS, create_only), the current task for code 9
+	// (FAILED_PRECONDITION, if_generation; unset when there is none), and
+	// unset otherwise.
 	Task *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
 	// True when the task did not exist before.
 	Created bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
@@ -717,7 +749,13 @@ type RemoveTaskRequest struct {
 	// Namespace of the task.
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Task id.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Compare-and-set: if non-zero, the task is removed only when its stored
+	// generation equals it; otherwise nothing changes and the call fails
+	// with FAILED_PRECONDITION carrying the current generation and task. A
+	// task that does not exist is removed: false, as without it. 0 means
+	// unconditional. Must not be negative.
+	IfGeneration  int64 `protobuf:"varint,3,opt,name=if_generation,json=ifGeneration,proto3" json:"if_generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -764,6 +802,13 @@ func (x *RemoveTaskRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *RemoveTaskRequest) GetIfGeneration() int64 {
+	if x != nil {
+		return x.IfGeneration
+	}
+	return 0
 }
 
 // RemoveTaskResponse says whether a task was removed and from which state.
@@ -821,6 +866,205 @@ func (x *RemoveTaskResponse) GetPreviousState() TaskState {
 	return TaskState_TASK_STATE_UNSPECIFIED
 }
 
+// RemoveTasksRequest cancels the tasks of one namespace that ids or filter
+// select. Exactly one of ids and filter is required.
+type RemoveTasksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace of the tasks.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Task ids to remove (1 to 1,000); ids that do not exist are skipped.
+	Ids []string `protobuf:"bytes,2,rep,name=ids,proto3" json:"ids,omitempty"`
+	// The tasks to remove, page by page. At least one of its fields must be
+	// set (to drop every task of a namespace, delete the namespace with
+	// force).
+	Filter *TaskFilter `protobuf:"bytes,3,opt,name=filter,proto3" json:"filter,omitempty"`
+	// next_page_token of the previous call with the same namespace and
+	// filter; empty for the first page. Only with filter.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTasksRequest) Reset() {
+	*x = RemoveTasksRequest{}
+	mi := &file_delayd_v1_task_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTasksRequest) ProtoMessage() {}
+
+func (x *RemoveTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_task_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTasksRequest.ProtoReflect.Descriptor instead.
+func (*RemoveTasksRequest) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RemoveTasksRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RemoveTasksRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *RemoveTasksRequest) GetFilter() *TaskFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *RemoveTasksRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// TaskFilter selects tasks by what they are. Set fields must all match;
+// unset (empty) fields match everything.
+type TaskFilter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only tasks of this kind (exact match).
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Only tasks whose id starts with this prefix (at most 128 characters of
+	// [A-Za-z0-9._-]).
+	IdPrefix string `protobuf:"bytes,2,opt,name=id_prefix,json=idPrefix,proto3" json:"id_prefix,omitempty"`
+	// Only tasks in this state; UNSPECIFIED means any state.
+	State         TaskState `protobuf:"varint,3,opt,name=state,proto3,enum=delayd.v1.TaskState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskFilter) Reset() {
+	*x = TaskFilter{}
+	mi := &file_delayd_v1_task_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskFilter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskFilter) ProtoMessage() {}
+
+func (x *TaskFilter) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_task_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskFilter.ProtoReflect.Descriptor instead.
+func (*TaskFilter) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *TaskFilter) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TaskFilter) GetIdPrefix() string {
+	if x != nil {
+		return x.IdPrefix
+	}
+	return ""
+}
+
+func (x *TaskFilter) GetState() TaskState {
+	if x != nil {
+		return x.State
+	}
+	return TaskState_TASK_STATE_UNSPECIFIED
+}
+
+// RemoveTasksResponse says how many tasks one call removed.
+type RemoveTasksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tasks removed by this call.
+	Removed int64 `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`
+	// Token for the next page of a filter; empty when the walk is done (and
+	// always for ids).
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTasksResponse) Reset() {
+	*x = RemoveTasksResponse{}
+	mi := &file_delayd_v1_task_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTasksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTasksResponse) ProtoMessage() {}
+
+func (x *RemoveTasksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_task_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTasksResponse.ProtoReflect.Descriptor instead.
+func (*RemoveTasksResponse) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RemoveTasksResponse) GetRemoved() int64 {
+	if x != nil {
+		return x.Removed
+	}
+	return 0
+}
+
+func (x *RemoveTasksResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 // GetTaskRequest looks up one task.
 type GetTaskRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -834,7 +1078,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_delayd_v1_task_proto_msgTypes[9]
+	mi := &file_delayd_v1_task_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +1090,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[9]
+	mi := &file_delayd_v1_task_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +1103,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{9}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetTaskRequest) GetNamespace() string {
@@ -887,7 +1131,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_delayd_v1_task_proto_msgTypes[10]
+	mi := &file_delayd_v1_task_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -899,7 +1143,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[10]
+	mi := &file_delayd_v1_task_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -912,7 +1156,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{10}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -942,7 +1186,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_delayd_v1_task_proto_msgTypes[11]
+	mi := &file_delayd_v1_task_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1198,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[11]
+	mi := &file_delayd_v1_task_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1211,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{11}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListTasksRequest) GetNamespace() string {
@@ -1020,7 +1264,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_delayd_v1_task_proto_msgTypes[12]
+	mi := &file_delayd_v1_task_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1032,7 +1276,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[12]
+	mi := &file_delayd_v1_task_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1045,7 +1289,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{12}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -1087,14 +1331,17 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tR\tlastError\x12A\n" +
 	"\x0elease_deadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x127\n" +
 	"\tdead_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\bdeadTime\x12 \n" +
-	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\"\xe3\x01\n" +
+	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\"\xa9\x02\n" +
 	"\x11UpsertTaskRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x18\n" +
 	"\apayload\x18\x04 \x01(\fR\apayload\x127\n" +
 	"\bdue_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampH\x00R\adueTime\x121\n" +
-	"\x05delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationH\x00R\x05delayB\x06\n" +
+	"\x05delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationH\x00R\x05delay\x12\x1f\n" +
+	"\vcreate_only\x18\a \x01(\bR\n" +
+	"createOnly\x12#\n" +
+	"\rif_generation\x18\b \x01(\x03R\fifGenerationB\x06\n" +
 	"\x04when\"S\n" +
 	"\x12UpsertTaskResponse\x12#\n" +
 	"\x04task\x18\x01 \x01(\v2\x0f.delayd.v1.TaskR\x04task\x12\x18\n" +
@@ -1110,13 +1357,28 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\v2\x14.delayd.v1.ItemErrorR\x05error\"9\n" +
 	"\tItemError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"A\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"f\n" +
 	"\x11RemoveTaskRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"k\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12#\n" +
+	"\rif_generation\x18\x03 \x01(\x03R\fifGeneration\"k\n" +
 	"\x12RemoveTaskResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\bR\aremoved\x12;\n" +
-	"\x0eprevious_state\x18\x02 \x01(\x0e2\x14.delayd.v1.TaskStateR\rpreviousState\">\n" +
+	"\x0eprevious_state\x18\x02 \x01(\x0e2\x14.delayd.v1.TaskStateR\rpreviousState\"\x92\x01\n" +
+	"\x12RemoveTasksRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03ids\x18\x02 \x03(\tR\x03ids\x12-\n" +
+	"\x06filter\x18\x03 \x01(\v2\x15.delayd.v1.TaskFilterR\x06filter\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"i\n" +
+	"\n" +
+	"TaskFilter\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1b\n" +
+	"\tid_prefix\x18\x02 \x01(\tR\bidPrefix\x12*\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x14.delayd.v1.TaskStateR\x05state\"W\n" +
+	"\x13RemoveTasksResponse\x12\x18\n" +
+	"\aremoved\x18\x01 \x01(\x03R\aremoved\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\">\n" +
 	"\x0eGetTaskRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"6\n" +
@@ -1140,13 +1402,14 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\bTaskView\x12\x19\n" +
 	"\x15TASK_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fTASK_VIEW_BASIC\x10\x01\x12\x12\n" +
-	"\x0eTASK_VIEW_FULL\x10\x022\x8a\x03\n" +
+	"\x0eTASK_VIEW_FULL\x10\x022\xd8\x03\n" +
 	"\vTaskService\x12I\n" +
 	"\n" +
 	"UpsertTask\x12\x1c.delayd.v1.UpsertTaskRequest\x1a\x1d.delayd.v1.UpsertTaskResponse\x12[\n" +
 	"\x10BatchUpsertTasks\x12\".delayd.v1.BatchUpsertTasksRequest\x1a#.delayd.v1.BatchUpsertTasksResponse\x12I\n" +
 	"\n" +
-	"RemoveTask\x12\x1c.delayd.v1.RemoveTaskRequest\x1a\x1d.delayd.v1.RemoveTaskResponse\x12@\n" +
+	"RemoveTask\x12\x1c.delayd.v1.RemoveTaskRequest\x1a\x1d.delayd.v1.RemoveTaskResponse\x12L\n" +
+	"\vRemoveTasks\x12\x1d.delayd.v1.RemoveTasksRequest\x1a\x1e.delayd.v1.RemoveTasksResponse\x12@\n" +
 	"\aGetTask\x12\x19.delayd.v1.GetTaskRequest\x1a\x1a.delayd.v1.GetTaskResponse\x12F\n" +
 	"\tListTasks\x12\x1b.delayd.v1.ListTasksRequest\x1a\x1c.delayd.v1.ListTasksResponseB\x90\x01\n" +
 	"\rcom.delayd.v1B\tTaskProtoP\x01Z/github.com/delayd/delayd/gen/delayd/v1;delaydv1\xa2\x02\x03DXX\xaa\x02\tDelayd.V1\xca\x02\tDelayd\\V1\xe2\x02\x15Delayd\\V1\\GPBMetadata\xea\x02\n" +
@@ -1165,7 +1428,7 @@ func file_delayd_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_delayd_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_delayd_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_delayd_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_delayd_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                   // 0: delayd.v1.TaskState
 	(TaskView)(0),                    // 1: delayd.v1.TaskView
@@ -1178,47 +1441,54 @@ var file_delayd_v1_task_proto_goTypes = []any{
 	(*ItemError)(nil),                // 8: delayd.v1.ItemError
 	(*RemoveTaskRequest)(nil),        // 9: delayd.v1.RemoveTaskRequest
 	(*RemoveTaskResponse)(nil),       // 10: delayd.v1.RemoveTaskResponse
-	(*GetTaskRequest)(nil),           // 11: delayd.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),          // 12: delayd.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),         // 13: delayd.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),        // 14: delayd.v1.ListTasksResponse
-	(*timestamppb.Timestamp)(nil),    // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 16: google.protobuf.Duration
+	(*RemoveTasksRequest)(nil),       // 11: delayd.v1.RemoveTasksRequest
+	(*TaskFilter)(nil),               // 12: delayd.v1.TaskFilter
+	(*RemoveTasksResponse)(nil),      // 13: delayd.v1.RemoveTasksResponse
+	(*GetTaskRequest)(nil),           // 14: delayd.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),          // 15: delayd.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),         // 16: delayd.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),        // 17: delayd.v1.ListTasksResponse
+	(*timestamppb.Timestamp)(nil),    // 18: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 19: google.protobuf.Duration
 }
 var file_delayd_v1_task_proto_depIdxs = []int32{
-	15, // 0: delayd.v1.Task.due_time:type_name -> google.protobuf.Timestamp
+	18, // 0: delayd.v1.Task.due_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: delayd.v1.Task.state:type_name -> delayd.v1.TaskState
-	15, // 2: delayd.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	15, // 3: delayd.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	15, // 4: delayd.v1.Task.lease_deadline:type_name -> google.protobuf.Timestamp
-	15, // 5: delayd.v1.Task.dead_time:type_name -> google.protobuf.Timestamp
-	15, // 6: delayd.v1.UpsertTaskRequest.due_time:type_name -> google.protobuf.Timestamp
-	16, // 7: delayd.v1.UpsertTaskRequest.delay:type_name -> google.protobuf.Duration
+	18, // 2: delayd.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	18, // 3: delayd.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	18, // 4: delayd.v1.Task.lease_deadline:type_name -> google.protobuf.Timestamp
+	18, // 5: delayd.v1.Task.dead_time:type_name -> google.protobuf.Timestamp
+	18, // 6: delayd.v1.UpsertTaskRequest.due_time:type_name -> google.protobuf.Timestamp
+	19, // 7: delayd.v1.UpsertTaskRequest.delay:type_name -> google.protobuf.Duration
 	2,  // 8: delayd.v1.UpsertTaskResponse.task:type_name -> delayd.v1.Task
 	3,  // 9: delayd.v1.BatchUpsertTasksRequest.tasks:type_name -> delayd.v1.UpsertTaskRequest
 	7,  // 10: delayd.v1.BatchUpsertTasksResponse.results:type_name -> delayd.v1.BatchUpsertTaskResult
 	2,  // 11: delayd.v1.BatchUpsertTaskResult.task:type_name -> delayd.v1.Task
 	8,  // 12: delayd.v1.BatchUpsertTaskResult.error:type_name -> delayd.v1.ItemError
 	0,  // 13: delayd.v1.RemoveTaskResponse.previous_state:type_name -> delayd.v1.TaskState
-	2,  // 14: delayd.v1.GetTaskResponse.task:type_name -> delayd.v1.Task
-	0,  // 15: delayd.v1.ListTasksRequest.state:type_name -> delayd.v1.TaskState
-	1,  // 16: delayd.v1.ListTasksRequest.view:type_name -> delayd.v1.TaskView
-	2,  // 17: delayd.v1.ListTasksResponse.tasks:type_name -> delayd.v1.Task
-	3,  // 18: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
-	5,  // 19: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
-	9,  // 20: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
-	11, // 21: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
-	13, // 22: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
-	4,  // 23: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
-	6,  // 24: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
-	10, // 25: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
-	12, // 26: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
-	14, // 27: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	12, // 14: delayd.v1.RemoveTasksRequest.filter:type_name -> delayd.v1.TaskFilter
+	0,  // 15: delayd.v1.TaskFilter.state:type_name -> delayd.v1.TaskState
+	2,  // 16: delayd.v1.GetTaskResponse.task:type_name -> delayd.v1.Task
+	0,  // 17: delayd.v1.ListTasksRequest.state:type_name -> delayd.v1.TaskState
+	1,  // 18: delayd.v1.ListTasksRequest.view:type_name -> delayd.v1.TaskView
+	2,  // 19: delayd.v1.ListTasksResponse.tasks:type_name -> delayd.v1.Task
+	3,  // 20: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
+	5,  // 21: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
+	9,  // 22: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
+	11, // 23: delayd.v1.TaskService.RemoveTasks:input_type -> delayd.v1.RemoveTasksRequest
+	14, // 24: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
+	16, // 25: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
+	4,  // 26: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
+	6,  // 27: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
+	10, // 28: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
+	13, // 29: delayd.v1.TaskService.RemoveTasks:output_type -> delayd.v1.RemoveTasksResponse
+	15, // 30: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
+	17, // 31: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
+	26, // [26:32] is the sub-list for method output_type
+	20, // [20:26] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_task_proto_init() }
@@ -1236,7 +1506,7 @@ func file_delayd_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_task_proto_rawDesc), len(file_delayd_v1_task_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	TaskService_UpsertTask_FullMethodName       = "/delayd.v1.TaskService/UpsertTask"
 	TaskService_BatchUpsertTasks_FullMethodName = "/delayd.v1.TaskService/BatchUpsertTasks"
 	TaskService_RemoveTask_FullMethodName       = "/delayd.v1.TaskService/RemoveTask"
+	TaskService_RemoveTasks_FullMethodName      = "/delayd.v1.TaskService/RemoveTasks"
 	TaskService_GetTask_FullMethodName          = "/delayd.v1.TaskService/GetTask"
 	TaskService_ListTasks_FullMethodName        = "/delayd.v1.TaskService/ListTasks"
 )
@@ -40,8 +41,32 @@ const (
 //     message names it.
 //   - UNAUTHENTICATED / PERMISSION_DENIED: the API key is missing, unknown, or
 //     lacks the scope for this namespace.
+//   - ALREADY_EXISTS: UpsertTask with create_only, and a task with the id
+//     exists (in any state). Nothing changed. The status details carry a
+//     google.rpc.ErrorInfo (domain "delayd.v1", reason "TASK_EXISTS",
+//     metadata "generation": the stored generation) and the existing
+//     delayd.v1.Task.
+//   - FAILED_PRECONDITION: UpsertTask or RemoveTask with if_generation, and
+//     the stored generation differs. Nothing changed. The status details
+//     carry a google.rpc.ErrorInfo (domain "delayd.v1", reason
+//     "GENERATION_MISMATCH", metadata "generation": the stored generation,
+//     "0" when there is no task; "expected": the if_generation sent) and,
+//     when the task exists, the current delayd.v1.Task.
 //   - UNAVAILABLE: a backing store is unreachable; the call is safe to retry
-//     (UpsertTask and RemoveTask are idempotent).
+//     (UpsertTask and RemoveTask are idempotent; a create_only upsert
+//     retried after a timeout answers ALREADY_EXISTS with the task the
+//     first try created, and never moves its due time).
+//
+// Conditional writes. create_only and if_generation make a write depend on
+// what is stored, atomically (one Redis script; in durable mode decided by
+// MySQL, the authority). The typical race: a loan's overdue task is
+// renewed (an upsert with a later due time) while the book is returned
+// (a remove). If the return reads the task at generation 3 and removes it
+// with if_generation 3, a renew that landed in between (generation 4) makes
+// the remove fail with FAILED_PRECONDITION instead of silently cancelling
+// the renewed loan; the caller re-reads and decides. Generations count the
+// upserts of one life of a task: a task removed (or acked) and created
+// again starts over at generation 1.
 type TaskServiceClient interface {
 	// UpsertTask creates a task, or replaces the task with the same
 	// (namespace, id): new due time, kind and payload. Replacing bumps the
@@ -58,6 +83,16 @@ type TaskServiceClient interface {
 	// is never delivered again (a delivery already in flight may still reach its
 	// subscriber; its ack answers NOT_FOUND).
 	RemoveTask(ctx context.Context, in *RemoveTaskRequest, opts ...grpc.CallOption) (*RemoveTaskResponse, error)
+	// RemoveTasks cancels many tasks of one namespace: the ids given (at most
+	// 1,000), or one page of the tasks a filter selects. A filter is walked
+	// in bounded pages (at most 1,000 tasks examined per call, so no call
+	// holds the store for long): call again with next_page_token until it is
+	// empty. A page may remove none and still have a next page. Tasks
+	// created or rescheduled while the walk runs may be missed; tasks that
+	// stop matching are left alone. It needs the produce scope, as
+	// RemoveTask does. In durable mode MySQL is written first, then the
+	// index.
+	RemoveTasks(ctx context.Context, in *RemoveTasksRequest, opts ...grpc.CallOption) (*RemoveTasksResponse, error)
 	// GetTask returns one task. NOT_FOUND when the task does not exist (it was
 	// acked, removed, purged, or never created).
 	GetTask(ctx context.Context, in *GetTaskRequest, opts ...grpc.CallOption) (*GetTaskResponse, error)
@@ -104,6 +139,16 @@ func (c *taskServiceClient) RemoveTask(ctx context.Context, in *RemoveTaskReques
 	return out, nil
 }
 
+func (c *taskServiceClient) RemoveTasks(ctx context.Context, in *RemoveTasksRequest, opts ...grpc.CallOption) (*RemoveTasksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveTasksResponse)
+	err := c.cc.Invoke(ctx, TaskService_RemoveTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *taskServiceClient) GetTask(ctx context.Context, in *GetTaskRequest, opts ...grpc.CallOption) (*GetTaskResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetTaskResponse)
@@ -138,8 +183,32 @@ func (c *taskServiceClient) ListTasks(ctx context.Context, in *ListTasksRequest,
 //     message names it.
 //   - UNAUTHENTICATED / PERMISSION_DENIED: the API key is missing, unknown, or
 //     lacks the scope for this namespace.
+//   - ALREADY_EXISTS: UpsertTask with create_only, and a task with the id
+//     exists (in any state). Nothing changed. The status details carry a
+//     google.rpc.ErrorInfo (domain "delayd.v1", reason "TASK_EXISTS",
+//     metadata "generation": the stored generation) and the existing
+//     delayd.v1.Task.
+//   - FAILED_PRECONDITION: UpsertTask or RemoveTask with if_generation, and
+//     the stored generation differs. Nothing changed. The status details
+//     carry a google.rpc.ErrorInfo (domain "delayd.v1", reason
+//     "GENERATION_MISMATCH", metadata "generation": the stored generation,
+//     "0" when there is no task; "expected": the if_generation sent) and,
+//     when the task exists, the current delayd.v1.Task.
 //   - UNAVAILABLE: a backing store is unreachable; the call is safe to retry
-//     (UpsertTask and RemoveTask are idempotent).
+//     (UpsertTask and RemoveTask are idempotent; a create_only upsert
+//     retried after a timeout answers ALREADY_EXISTS with the task the
+//     first try created, and never moves its due time).
+//
+// Conditional writes. create_only and if_generation make a write depend on
+// what is stored, atomically (one Redis script; in durable mode decided by
+// MySQL, the authority). The typical race: a loan's overdue task is
+// renewed (an upsert with a later due time) while the book is returned
+// (a remove). If the return reads the task at generation 3 and removes it
+// with if_generation 3, a renew that landed in between (generation 4) makes
+// the remove fail with FAILED_PRECONDITION instead of silently cancelling
+// the renewed loan; the caller re-reads and decides. Generations count the
+// upserts of one life of a task: a task removed (or acked) and created
+// again starts over at generation 1.
 type TaskServiceServer interface {
 	// UpsertTask creates a task, or replaces the task with the same
 	// (namespace, id): new due time, kind and payload. Replacing bumps the
@@ -156,6 +225,16 @@ type TaskServiceServer interface {
 	// is never delivered again (a delivery already in flight may still reach its
 	// subscriber; its ack answers NOT_FOUND).
 	RemoveTask(context.Context, *RemoveTaskRequest) (*RemoveTaskResponse, error)
+	// RemoveTasks cancels many tasks of one namespace: the ids given (at most
+	// 1,000), or one page of the tasks a filter selects. A filter is walked
+	// in bounded pages (at most 1,000 tasks examined per call, so no call
+	// holds the store for long): call again with next_page_token until it is
+	// empty. A page may remove none and still have a next page. Tasks
+	// created or rescheduled while the walk runs may be missed; tasks that
+	// stop matching are left alone. It needs the produce scope, as
+	// RemoveTask does. In durable mode MySQL is written first, then the
+	// index.
+	RemoveTasks(context.Context, *RemoveTasksRequest) (*RemoveTasksResponse, error)
 	// GetTask returns one task. NOT_FOUND when the task does not exist (it was
 	// acked, removed, purged, or never created).
 	GetTask(context.Context, *GetTaskRequest) (*GetTaskResponse, error)
@@ -180,6 +259,9 @@ func (UnimplementedTaskServiceServer) BatchUpsertTasks(context.Context, *BatchUp
 }
 func (UnimplementedTaskServiceServer) RemoveTask(context.Context, *RemoveTaskRequest) (*RemoveTaskResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RemoveTask not implemented")
+}
+func (UnimplementedTaskServiceServer) RemoveTasks(context.Context, *RemoveTasksRequest) (*RemoveTasksResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveTasks not implemented")
 }
 func (UnimplementedTaskServiceServer) GetTask(context.Context, *GetTaskRequest) (*GetTaskResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetTask not implemented")
@@ -262,6 +344,24 @@ func _TaskService_RemoveTask_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TaskService_RemoveTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TaskServiceServer).RemoveTasks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TaskService_RemoveTasks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TaskServiceServer).RemoveTasks(ctx, req.(*RemoveTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TaskService_GetTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetTaskRequest)
 	if err := dec(in); err != nil {
@@ -316,6 +416,10 @@ var TaskService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveTask",
 			Handler:    _TaskService_RemoveTask_Handler,
+		},
+		{
+			MethodName: "RemoveTasks",
+			Handler:    _TaskService_RemoveTasks_Handler,
 		},
 		{
 			MethodName: "GetTask",

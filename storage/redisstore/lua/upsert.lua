@@ -4,10 +4,15 @@
 -- KEYS[4] meta HASH (headers), KEYS[5] body HASH (payloads)
 -- ARGV[1] wake channel
 -- ARGV[2] namespace (the wake-up message)
--- ARGV[3] n, the number of tasks (at most 1,000); then 7 arguments per task
---         i (from 0), at ARGV[4+7i ..]: id, due ms ('' = now + delay,
+-- ARGV[3] n, the number of tasks (at most 1,000); then 9 arguments per task
+--         i (from 0), at ARGV[4+9i ..]: id, due ms ('' = now + delay,
 --         rounded up to the ms; a delay of 0 is due now), delay µs,
---         incarnation, generation, kind, payload.
+--         incarnation, generation, kind, payload, create only ('1' or
+--         '0'), if generation ('0' = unconditional).
+--         Create only: when the id exists (any state) the task is refused.
+--         If generation: unless the task exists with exactly that
+--         generation it is refused. Both only with incarnation and
+--         generation '0','0'.
 --         Incarnation and generation '0','0': a new task gets a new
 --         incarnation (the Redis clock in microseconds) and generation 1;
 --         an existing one keeps its incarnation and gets the next
@@ -27,9 +32,11 @@
 -- Returns {now ms, then 5 values per task: code, a, b, c, d}:
 --   code 0 replaced / 1 created, plus 2 when it became the earliest:
 --     a = generation, b = create time ms, c = due ms, d = incarnation
---   code 4 unchanged (stale, or the same version): a = stored header,
---     b = its state (1 scheduled, 2 delivered, 3 dead), c = its score in
---     that state's ZSET, d = stored payload
+--   code 4 unchanged (stale, or the same version), 5 refused (create only,
+--     and the task exists), 6 refused (if generation, and the stored
+--     generation differs): a = stored header ('' when there is none),
+--     b = its state (1 scheduled, 2 delivered, 3 dead; 0 none), c = its
+--     score in that state's ZSET, d = stored payload
 local now, now_us = clock()
 local n = tonumber(ARGV[3])
 local out = {now}
@@ -38,7 +45,7 @@ if n == 0 then
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[4 + 7 * i]
+  ids[i + 1] = ARGV[4 + 9 * i]
 end
 local olds = redis.call('HMGET', KEYS[4], unpack(ids))
 local first = head(KEYS[1])
@@ -52,7 +59,7 @@ local fresh = enc(now_us) .. ',1,,,,,,'
 local zadd, hset, zrem = {}, {}, {}
 local body, border = {}, {} -- id -> final payload, ids in first-write order
 for i = 0, n - 1 do
-  local j = 4 + 7 * i
+  local j = 4 + 9 * i
   local id = ids[i + 1]
   local due
   if ARGV[j + 1] == '' then
@@ -82,8 +89,16 @@ for i = 0, n - 1 do
     end
   end
   local inc, gen, created, dseq, code = winc, wgen, now, 0, 1
-  local keep = false
-  if oinc then
+  local keep, refused = false, nil
+  local ifgen = tonumber(ARGV[j + 8])
+  if ARGV[j + 7] == '1' and old then
+    keep, refused = true, 5
+  elseif ifgen ~= 0 and ogen ~= ifgen then
+    keep, refused = true, 6
+  end
+  if keep then
+    -- refused: the condition decided
+  elseif oinc then
     if winc == 0 then
       inc = oinc
       if wgen == 0 then
@@ -109,11 +124,13 @@ for i = 0, n - 1 do
     local st, sc, p
     if pend then
       st, sc, p = 1, pend.due, pend.payload
-    else
+    elseif old then
       st, sc = locate(KEYS[1], KEYS[2], KEYS[3], id)
       p = redis.call('HGET', KEYS[5], id) or ''
+    else
+      st, sc, p = 0, 0, ''
     end
-    push(out, 4, old)
+    push(out, refused or 4, old or '')
     push(out, st, sc)
     out[#out + 1] = p
   else

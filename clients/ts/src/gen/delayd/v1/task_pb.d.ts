@@ -189,6 +189,31 @@ export declare type UpsertTaskRequest = Message<"delayd.v1.UpsertTaskRequest"> &
     value: Duration;
     case: "delay";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * Create only: when a task with this id exists (in any state, including
+   * DELIVERED and DEAD), nothing changes and the call fails with
+   * ALREADY_EXISTS carrying the existing task (in a batch: that item's
+   * error has code 6 and its result carries the existing task). A producer
+   * that retries after a timeout sets it so a retry never moves the due
+   * time of the task the first try created. Must not be combined with
+   * if_generation.
+   *
+   * @generated from field: bool create_only = 7;
+   */
+  createOnly: boolean;
+
+  /**
+   * Compare-and-set: if non-zero, the upsert applies only when the stored
+   * task exists with exactly this generation (Task.generation as last
+   * read); otherwise nothing changes and the call fails with
+   * FAILED_PRECONDITION carrying the current generation (in a batch: that
+   * item's error has code 9 and its result carries the current task, if
+   * any). 0 means unconditional. Must not be negative.
+   *
+   * @generated from field: int64 if_generation = 8;
+   */
+  ifGeneration: bigint;
 };
 
 /**
@@ -279,7 +304,10 @@ export declare const BatchUpsertTasksResponseSchema: GenMessage<BatchUpsertTasks
  */
 export declare type BatchUpsertTaskResult = Message<"delayd.v1.BatchUpsertTaskResult"> & {
   /**
-   * The stored task; unset when error is set.
+   * The stored task. When error is set: the existing task for code 6
+   * (ALREADY_EXISTS, create_only), the current task for code 9
+   * (FAILED_PRECONDITION, if_generation; unset when there is none), and
+   * unset otherwise.
    *
    * @generated from field: delayd.v1.Task task = 1;
    */
@@ -352,6 +380,17 @@ export declare type RemoveTaskRequest = Message<"delayd.v1.RemoveTaskRequest"> &
    * @generated from field: string id = 2;
    */
   id: string;
+
+  /**
+   * Compare-and-set: if non-zero, the task is removed only when its stored
+   * generation equals it; otherwise nothing changes and the call fails
+   * with FAILED_PRECONDITION carrying the current generation and task. A
+   * task that does not exist is removed: false, as without it. 0 means
+   * unconditional. Must not be negative.
+   *
+   * @generated from field: int64 if_generation = 3;
+   */
+  ifGeneration: bigint;
 };
 
 /**
@@ -386,6 +425,115 @@ export declare type RemoveTaskResponse = Message<"delayd.v1.RemoveTaskResponse">
  * Use `create(RemoveTaskResponseSchema)` to create a new message.
  */
 export declare const RemoveTaskResponseSchema: GenMessage<RemoveTaskResponse>;
+
+/**
+ * RemoveTasksRequest cancels the tasks of one namespace that ids or filter
+ * select. Exactly one of ids and filter is required.
+ *
+ * @generated from message delayd.v1.RemoveTasksRequest
+ */
+export declare type RemoveTasksRequest = Message<"delayd.v1.RemoveTasksRequest"> & {
+  /**
+   * Namespace of the tasks.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Task ids to remove (1 to 1,000); ids that do not exist are skipped.
+   *
+   * @generated from field: repeated string ids = 2;
+   */
+  ids: string[];
+
+  /**
+   * The tasks to remove, page by page. At least one of its fields must be
+   * set (to drop every task of a namespace, delete the namespace with
+   * force).
+   *
+   * @generated from field: delayd.v1.TaskFilter filter = 3;
+   */
+  filter?: TaskFilter | undefined;
+
+  /**
+   * next_page_token of the previous call with the same namespace and
+   * filter; empty for the first page. Only with filter.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message delayd.v1.RemoveTasksRequest.
+ * Use `create(RemoveTasksRequestSchema)` to create a new message.
+ */
+export declare const RemoveTasksRequestSchema: GenMessage<RemoveTasksRequest>;
+
+/**
+ * TaskFilter selects tasks by what they are. Set fields must all match;
+ * unset (empty) fields match everything.
+ *
+ * @generated from message delayd.v1.TaskFilter
+ */
+export declare type TaskFilter = Message<"delayd.v1.TaskFilter"> & {
+  /**
+   * Only tasks of this kind (exact match).
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind: string;
+
+  /**
+   * Only tasks whose id starts with this prefix (at most 128 characters of
+   * [A-Za-z0-9._-]).
+   *
+   * @generated from field: string id_prefix = 2;
+   */
+  idPrefix: string;
+
+  /**
+   * Only tasks in this state; UNSPECIFIED means any state.
+   *
+   * @generated from field: delayd.v1.TaskState state = 3;
+   */
+  state: TaskState;
+};
+
+/**
+ * Describes the message delayd.v1.TaskFilter.
+ * Use `create(TaskFilterSchema)` to create a new message.
+ */
+export declare const TaskFilterSchema: GenMessage<TaskFilter>;
+
+/**
+ * RemoveTasksResponse says how many tasks one call removed.
+ *
+ * @generated from message delayd.v1.RemoveTasksResponse
+ */
+export declare type RemoveTasksResponse = Message<"delayd.v1.RemoveTasksResponse"> & {
+  /**
+   * Tasks removed by this call.
+   *
+   * @generated from field: int64 removed = 1;
+   */
+  removed: bigint;
+
+  /**
+   * Token for the next page of a filter; empty when the walk is done (and
+   * always for ids).
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message delayd.v1.RemoveTasksResponse.
+ * Use `create(RemoveTasksResponseSchema)` to create a new message.
+ */
+export declare const RemoveTasksResponseSchema: GenMessage<RemoveTasksResponse>;
 
 /**
  * GetTaskRequest looks up one task.
@@ -600,8 +748,32 @@ export declare const TaskViewSchema: GenEnum<TaskView>;
  *     message names it.
  *   - UNAUTHENTICATED / PERMISSION_DENIED: the API key is missing, unknown, or
  *     lacks the scope for this namespace.
+ *   - ALREADY_EXISTS: UpsertTask with create_only, and a task with the id
+ *     exists (in any state). Nothing changed. The status details carry a
+ *     google.rpc.ErrorInfo (domain "delayd.v1", reason "TASK_EXISTS",
+ *     metadata "generation": the stored generation) and the existing
+ *     delayd.v1.Task.
+ *   - FAILED_PRECONDITION: UpsertTask or RemoveTask with if_generation, and
+ *     the stored generation differs. Nothing changed. The status details
+ *     carry a google.rpc.ErrorInfo (domain "delayd.v1", reason
+ *     "GENERATION_MISMATCH", metadata "generation": the stored generation,
+ *     "0" when there is no task; "expected": the if_generation sent) and,
+ *     when the task exists, the current delayd.v1.Task.
  *   - UNAVAILABLE: a backing store is unreachable; the call is safe to retry
- *     (UpsertTask and RemoveTask are idempotent).
+ *     (UpsertTask and RemoveTask are idempotent; a create_only upsert
+ *     retried after a timeout answers ALREADY_EXISTS with the task the
+ *     first try created, and never moves its due time).
+ *
+ * Conditional writes. create_only and if_generation make a write depend on
+ * what is stored, atomically (one Redis script; in durable mode decided by
+ * MySQL, the authority). The typical race: a loan's overdue task is
+ * renewed (an upsert with a later due time) while the book is returned
+ * (a remove). If the return reads the task at generation 3 and removes it
+ * with if_generation 3, a renew that landed in between (generation 4) makes
+ * the remove fail with FAILED_PRECONDITION instead of silently cancelling
+ * the renewed loan; the caller re-reads and decides. Generations count the
+ * upserts of one life of a task: a task removed (or acked) and created
+ * again starts over at generation 1.
  *
  * @generated from service delayd.v1.TaskService
  */
@@ -644,6 +816,24 @@ export declare const TaskService: GenService<{
     methodKind: "unary";
     input: typeof RemoveTaskRequestSchema;
     output: typeof RemoveTaskResponseSchema;
+  },
+  /**
+   * RemoveTasks cancels many tasks of one namespace: the ids given (at most
+   * 1,000), or one page of the tasks a filter selects. A filter is walked
+   * in bounded pages (at most 1,000 tasks examined per call, so no call
+   * holds the store for long): call again with next_page_token until it is
+   * empty. A page may remove none and still have a next page. Tasks
+   * created or rescheduled while the walk runs may be missed; tasks that
+   * stop matching are left alone. It needs the produce scope, as
+   * RemoveTask does. In durable mode MySQL is written first, then the
+   * index.
+   *
+   * @generated from rpc delayd.v1.TaskService.RemoveTasks
+   */
+  removeTasks: {
+    methodKind: "unary";
+    input: typeof RemoveTasksRequestSchema;
+    output: typeof RemoveTasksResponseSchema;
   },
   /**
    * GetTask returns one task. NOT_FOUND when the task does not exist (it was

@@ -9,7 +9,7 @@ import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@
  * Describes the file delayd/v1/task.proto.
  */
 export const file_delayd_v1_task = /*@__PURE__*/
-  fileDesc("ChRkZWxheWQvdjEvdGFzay5wcm90bxIJZGVsYXlkLnYxIqoDCgRUYXNrEhEKCW5hbWVzcGFjZRgBIAEoCRIKCgJpZBgCIAEoCRIMCgRraW5kGAMgASgJEg8KB3BheWxvYWQYBCABKAwSLAoIZHVlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiMKBXN0YXRlGAYgASgOMhQuZGVsYXlkLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAcgASgFEhIKCmdlbmVyYXRpb24YCCABKAMSLwoLY3JlYXRlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpsYXN0X2Vycm9yGAsgASgJEjIKDmxlYXNlX2RlYWRsaW5lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBItCglkZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GA4gASgJIrUBChFVcHNlcnRUYXNrUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSCgoCaWQYAiABKAkSDAoEa2luZBgDIAEoCRIPCgdwYXlsb2FkGAQgASgMEi4KCGR1ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEioKBWRlbGF5GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uSABCBgoEd2hlbiJEChJVcHNlcnRUYXNrUmVzcG9uc2USHQoEdGFzaxgBIAEoCzIPLmRlbGF5ZC52MS5UYXNrEg8KB2NyZWF0ZWQYAiABKAgiWQoXQmF0Y2hVcHNlcnRUYXNrc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEisKBXRhc2tzGAIgAygLMhwuZGVsYXlkLnYxLlVwc2VydFRhc2tSZXF1ZXN0Ik0KGEJhdGNoVXBzZXJ0VGFza3NSZXNwb25zZRIxCgdyZXN1bHRzGAEgAygLMiAuZGVsYXlkLnYxLkJhdGNoVXBzZXJ0VGFza1Jlc3VsdCJsChVCYXRjaFVwc2VydFRhc2tSZXN1bHQSHQoEdGFzaxgBIAEoCzIPLmRlbGF5ZC52MS5UYXNrEg8KB2NyZWF0ZWQYAiABKAgSIwoFZXJyb3IYAyABKAsyFC5kZWxheWQudjEuSXRlbUVycm9yIioKCUl0ZW1FcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkiMgoRUmVtb3ZlVGFza1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEgoKAmlkGAIgASgJIlMKElJlbW92ZVRhc2tSZXNwb25zZRIPCgdyZW1vdmVkGAEgASgIEiwKDnByZXZpb3VzX3N0YXRlGAIgASgOMhQuZGVsYXlkLnYxLlRhc2tTdGF0ZSIvCg5HZXRUYXNrUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSCgoCaWQYAiABKAkiMAoPR2V0VGFza1Jlc3BvbnNlEh0KBHRhc2sYASABKAsyDy5kZWxheWQudjEuVGFzayKUAQoQTGlzdFRhc2tzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSIwoFc3RhdGUYAiABKA4yFC5kZWxheWQudjEuVGFza1N0YXRlEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJEiEKBHZpZXcYBSABKA4yEy5kZWxheWQudjEuVGFza1ZpZXciTAoRTGlzdFRhc2tzUmVzcG9uc2USHgoFdGFza3MYASADKAsyDy5kZWxheWQudjEuVGFzaxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkqcAoJVGFza1N0YXRlEhoKFlRBU0tfU1RBVEVfVU5TUEVDSUZJRUQQABIYChRUQVNLX1NUQVRFX1NDSEVEVUxFRBABEhgKFFRBU0tfU1RBVEVfREVMSVZFUkVEEAISEwoPVEFTS19TVEFURV9ERUFEEAMqTgoIVGFza1ZpZXcSGQoVVEFTS19WSUVXX1VOU1BFQ0lGSUVEEAASEwoPVEFTS19WSUVXX0JBU0lDEAESEgoOVEFTS19WSUVXX0ZVTEwQAjKKAwoLVGFza1NlcnZpY2USSQoKVXBzZXJ0VGFzaxIcLmRlbGF5ZC52MS5VcHNlcnRUYXNrUmVxdWVzdBodLmRlbGF5ZC52MS5VcHNlcnRUYXNrUmVzcG9uc2USWwoQQmF0Y2hVcHNlcnRUYXNrcxIiLmRlbGF5ZC52MS5CYXRjaFVwc2VydFRhc2tzUmVxdWVzdBojLmRlbGF5ZC52MS5CYXRjaFVwc2VydFRhc2tzUmVzcG9uc2USSQoKUmVtb3ZlVGFzaxIcLmRlbGF5ZC52MS5SZW1vdmVUYXNrUmVxdWVzdBodLmRlbGF5ZC52MS5SZW1vdmVUYXNrUmVzcG9uc2USQAoHR2V0VGFzaxIZLmRlbGF5ZC52MS5HZXRUYXNrUmVxdWVzdBoaLmRlbGF5ZC52MS5HZXRUYXNrUmVzcG9uc2USRgoJTGlzdFRhc2tzEhsuZGVsYXlkLnYxLkxpc3RUYXNrc1JlcXVlc3QaHC5kZWxheWQudjEuTGlzdFRhc2tzUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChRkZWxheWQvdjEvdGFzay5wcm90bxIJZGVsYXlkLnYxIqoDCgRUYXNrEhEKCW5hbWVzcGFjZRgBIAEoCRIKCgJpZBgCIAEoCRIMCgRraW5kGAMgASgJEg8KB3BheWxvYWQYBCABKAwSLAoIZHVlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiMKBXN0YXRlGAYgASgOMhQuZGVsYXlkLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAcgASgFEhIKCmdlbmVyYXRpb24YCCABKAMSLwoLY3JlYXRlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpsYXN0X2Vycm9yGAsgASgJEjIKDmxlYXNlX2RlYWRsaW5lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBItCglkZWFkX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GA4gASgJIuEBChFVcHNlcnRUYXNrUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSCgoCaWQYAiABKAkSDAoEa2luZBgDIAEoCRIPCgdwYXlsb2FkGAQgASgMEi4KCGR1ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEioKBWRlbGF5GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uSAASEwoLY3JlYXRlX29ubHkYByABKAgSFQoNaWZfZ2VuZXJhdGlvbhgIIAEoA0IGCgR3aGVuIkQKElVwc2VydFRhc2tSZXNwb25zZRIdCgR0YXNrGAEgASgLMg8uZGVsYXlkLnYxLlRhc2sSDwoHY3JlYXRlZBgCIAEoCCJZChdCYXRjaFVwc2VydFRhc2tzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSKwoFdGFza3MYAiADKAsyHC5kZWxheWQudjEuVXBzZXJ0VGFza1JlcXVlc3QiTQoYQmF0Y2hVcHNlcnRUYXNrc1Jlc3BvbnNlEjEKB3Jlc3VsdHMYASADKAsyIC5kZWxheWQudjEuQmF0Y2hVcHNlcnRUYXNrUmVzdWx0ImwKFUJhdGNoVXBzZXJ0VGFza1Jlc3VsdBIdCgR0YXNrGAEgASgLMg8uZGVsYXlkLnYxLlRhc2sSDwoHY3JlYXRlZBgCIAEoCBIjCgVlcnJvchgDIAEoCzIULmRlbGF5ZC52MS5JdGVtRXJyb3IiKgoJSXRlbUVycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCSJJChFSZW1vdmVUYXNrUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSCgoCaWQYAiABKAkSFQoNaWZfZ2VuZXJhdGlvbhgDIAEoAyJTChJSZW1vdmVUYXNrUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoCBIsCg5wcmV2aW91c19zdGF0ZRgCIAEoDjIULmRlbGF5ZC52MS5UYXNrU3RhdGUibwoSUmVtb3ZlVGFza3NSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRILCgNpZHMYAiADKAkSJQoGZmlsdGVyGAMgASgLMhUuZGVsYXlkLnYxLlRhc2tGaWx0ZXISEgoKcGFnZV90b2tlbhgEIAEoCSJSCgpUYXNrRmlsdGVyEgwKBGtpbmQYASABKAkSEQoJaWRfcHJlZml4GAIgASgJEiMKBXN0YXRlGAMgASgOMhQuZGVsYXlkLnYxLlRhc2tTdGF0ZSI/ChNSZW1vdmVUYXNrc1Jlc3BvbnNlEg8KB3JlbW92ZWQYASABKAMSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIi8KDkdldFRhc2tSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIKCgJpZBgCIAEoCSIwCg9HZXRUYXNrUmVzcG9uc2USHQoEdGFzaxgBIAEoCzIPLmRlbGF5ZC52MS5UYXNrIpQBChBMaXN0VGFza3NSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIjCgVzdGF0ZRgCIAEoDjIULmRlbGF5ZC52MS5UYXNrU3RhdGUSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkSIQoEdmlldxgFIAEoDjITLmRlbGF5ZC52MS5UYXNrVmlldyJMChFMaXN0VGFza3NSZXNwb25zZRIeCgV0YXNrcxgBIAMoCzIPLmRlbGF5ZC52MS5UYXNrEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSpwCglUYXNrU3RhdGUSGgoWVEFTS19TVEFURV9VTlNQRUNJRklFRBAAEhgKFFRBU0tfU1RBVEVfU0NIRURVTEVEEAESGAoUVEFTS19TVEFURV9ERUxJVkVSRUQQAhITCg9UQVNLX1NUQVRFX0RFQUQQAypOCghUYXNrVmlldxIZChVUQVNLX1ZJRVdfVU5TUEVDSUZJRUQQABITCg9UQVNLX1ZJRVdfQkFTSUMQARISCg5UQVNLX1ZJRVdfRlVMTBACMtgDCgtUYXNrU2VydmljZRJJCgpVcHNlcnRUYXNrEhwuZGVsYXlkLnYxLlVwc2VydFRhc2tSZXF1ZXN0Gh0uZGVsYXlkLnYxLlVwc2VydFRhc2tSZXNwb25zZRJbChBCYXRjaFVwc2VydFRhc2tzEiIuZGVsYXlkLnYxLkJhdGNoVXBzZXJ0VGFza3NSZXF1ZXN0GiMuZGVsYXlkLnYxLkJhdGNoVXBzZXJ0VGFza3NSZXNwb25zZRJJCgpSZW1vdmVUYXNrEhwuZGVsYXlkLnYxLlJlbW92ZVRhc2tSZXF1ZXN0Gh0uZGVsYXlkLnYxLlJlbW92ZVRhc2tSZXNwb25zZRJMCgtSZW1vdmVUYXNrcxIdLmRlbGF5ZC52MS5SZW1vdmVUYXNrc1JlcXVlc3QaHi5kZWxheWQudjEuUmVtb3ZlVGFza3NSZXNwb25zZRJACgdHZXRUYXNrEhkuZGVsYXlkLnYxLkdldFRhc2tSZXF1ZXN0GhouZGVsYXlkLnYxLkdldFRhc2tSZXNwb25zZRJGCglMaXN0VGFza3MSGy5kZWxheWQudjEuTGlzdFRhc2tzUmVxdWVzdBocLmRlbGF5ZC52MS5MaXN0VGFza3NSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Describes the message delayd.v1.Task.
@@ -75,32 +75,53 @@ export const RemoveTaskResponseSchema = /*@__PURE__*/
   messageDesc(file_delayd_v1_task, 8);
 
 /**
+ * Describes the message delayd.v1.RemoveTasksRequest.
+ * Use `create(RemoveTasksRequestSchema)` to create a new message.
+ */
+export const RemoveTasksRequestSchema = /*@__PURE__*/
+  messageDesc(file_delayd_v1_task, 9);
+
+/**
+ * Describes the message delayd.v1.TaskFilter.
+ * Use `create(TaskFilterSchema)` to create a new message.
+ */
+export const TaskFilterSchema = /*@__PURE__*/
+  messageDesc(file_delayd_v1_task, 10);
+
+/**
+ * Describes the message delayd.v1.RemoveTasksResponse.
+ * Use `create(RemoveTasksResponseSchema)` to create a new message.
+ */
+export const RemoveTasksResponseSchema = /*@__PURE__*/
+  messageDesc(file_delayd_v1_task, 11);
+
+/**
  * Describes the message delayd.v1.GetTaskRequest.
  * Use `create(GetTaskRequestSchema)` to create a new message.
  */
 export const GetTaskRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_task, 9);
+  messageDesc(file_delayd_v1_task, 12);
 
 /**
  * Describes the message delayd.v1.GetTaskResponse.
  * Use `create(GetTaskResponseSchema)` to create a new message.
  */
 export const GetTaskResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_task, 10);
+  messageDesc(file_delayd_v1_task, 13);
 
 /**
  * Describes the message delayd.v1.ListTasksRequest.
  * Use `create(ListTasksRequestSchema)` to create a new message.
  */
 export const ListTasksRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_task, 11);
+  messageDesc(file_delayd_v1_task, 14);
 
 /**
  * Describes the message delayd.v1.ListTasksResponse.
  * Use `create(ListTasksResponseSchema)` to create a new message.
  */
 export const ListTasksResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_task, 12);
+  messageDesc(file_delayd_v1_task, 15);
 
 /**
  * Describes the enum delayd.v1.TaskState.
@@ -143,8 +164,32 @@ export const TaskView = /*@__PURE__*/
  *     message names it.
  *   - UNAUTHENTICATED / PERMISSION_DENIED: the API key is missing, unknown, or
  *     lacks the scope for this namespace.
+ *   - ALREADY_EXISTS: UpsertTask with create_only, and a task with the id
+ *     exists (in any state). Nothing changed. The status details carry a
+ *     google.rpc.ErrorInfo (domain "delayd.v1", reason "TASK_EXISTS",
+ *     metadata "generation": the stored generation) and the existing
+ *     delayd.v1.Task.
+ *   - FAILED_PRECONDITION: UpsertTask or RemoveTask with if_generation, and
+ *     the stored generation differs. Nothing changed. The status details
+ *     carry a google.rpc.ErrorInfo (domain "delayd.v1", reason
+ *     "GENERATION_MISMATCH", metadata "generation": the stored generation,
+ *     "0" when there is no task; "expected": the if_generation sent) and,
+ *     when the task exists, the current delayd.v1.Task.
  *   - UNAVAILABLE: a backing store is unreachable; the call is safe to retry
- *     (UpsertTask and RemoveTask are idempotent).
+ *     (UpsertTask and RemoveTask are idempotent; a create_only upsert
+ *     retried after a timeout answers ALREADY_EXISTS with the task the
+ *     first try created, and never moves its due time).
+ *
+ * Conditional writes. create_only and if_generation make a write depend on
+ * what is stored, atomically (one Redis script; in durable mode decided by
+ * MySQL, the authority). The typical race: a loan's overdue task is
+ * renewed (an upsert with a later due time) while the book is returned
+ * (a remove). If the return reads the task at generation 3 and removes it
+ * with if_generation 3, a renew that landed in between (generation 4) makes
+ * the remove fail with FAILED_PRECONDITION instead of silently cancelling
+ * the renewed loan; the caller re-reads and decides. Generations count the
+ * upserts of one life of a task: a task removed (or acked) and created
+ * again starts over at generation 1.
  *
  * @generated from service delayd.v1.TaskService
  */

@@ -1,0 +1,113 @@
+-- removetasks.lua: delete many tasks of one namespace: the ids given, or
+-- one bounded page of a walk over one state's ZSET that deletes the tasks
+-- a filter matches.
+--
+-- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
+-- KEYS[4] meta HASH, KEYS[5] body HASH
+-- ARGV[1] mode: 'ids' or 'walk'
+-- ids:  ARGV[2..] task ids (at most 1,000)
+--       Returns {removed}: how many of them existed and were deleted.
+-- walk: ARGV[2] dry: '1' = delete nothing, only report the matches
+--       ARGV[3] the state to walk: 1 scheduled, 2 delivered, 3 dead
+--       ARGV[4] cursor score ('' = from the start), ARGV[5] cursor id: the
+--               page starts after the member (score, id), deleted or not
+--       ARGV[6] how many members to examine (at most 1,000)
+--       ARGV[7] kind the tasks must have ('' = any)
+--       ARGV[8] prefix their ids must have ('' = any)
+--       Returns {more, last score, last id, examined, then 3 values per
+--       match: id, incarnation, generation}; more is 1 when a full page was
+--       examined (there may be more), last score/id are the cursor of the
+--       next page, examined is how many members the page examined.
+if ARGV[1] == 'ids' then
+  local n = 0
+  for i = 2, #ARGV do
+    local id = ARGV[i]
+    local gone = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id) + redis.call('ZREM', KEYS[3], id)
+    redis.call('HDEL', KEYS[5], id)
+    if redis.call('HDEL', KEYS[4], id) + gone > 0 then
+      n = n + 1
+    end
+  end
+  return {n}
+end
+
+local dry = ARGV[2] == '1'
+local set = KEYS[tonumber(ARGV[3])]
+local limit = tonumber(ARGV[6])
+local kind, prefix = ARGV[7], ARGV[8]
+
+-- byte order, as ZSET members sort (Lua's < follows the server's locale)
+local function le(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a <= #b
+end
+
+local start = 0
+if ARGV[4] ~= '' then
+  local cid = ARGV[5]
+  local cur = redis.call('ZSCORE', set, cid)
+  if cur and tonumber(cur) == tonumber(ARGV[4]) then
+    start = redis.call('ZRANK', set, cid) + 1
+  else
+    -- the cursor member is gone (deleted by the previous page) or moved:
+    -- start at the first member at the cursor score whose id sorts after
+    -- it (a binary search over ranks: the members of one score sort by id)
+    local lo = redis.call('ZCOUNT', set, '-inf', '(' .. ARGV[4])
+    local hi = redis.call('ZCOUNT', set, '-inf', ARGV[4])
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      local m = redis.call('ZRANGE', set, mid, mid)[1]
+      if m and le(m, cid) then
+        lo = mid + 1
+      else
+        hi = mid
+      end
+    end
+    start = lo
+  end
+end
+local items = redis.call('ZRANGE', set, start, start + limit - 1, 'WITHSCORES')
+local out = {0, '', '', #items / 2}
+if #items / 2 == limit then
+  out[1] = 1
+  out[2] = items[#items]
+  out[3] = items[#items - 1]
+end
+if #items == 0 then
+  return out
+end
+local ids = {}
+for i = 1, #items, 2 do
+  ids[#ids + 1] = items[i]
+end
+local hs = redis.call('HMGET', KEYS[4], unpack(ids))
+local del = {}
+for i, id in ipairs(ids) do
+  local h = hs[i]
+  local ok = prefix == '' or string.sub(id, 1, #prefix) == prefix
+  local r = h and parse(h)
+  if ok and kind ~= '' then
+    ok = r and string.sub(h, r.b, r.b + r.kl - 1) == kind
+  end
+  if ok then
+    if r then
+      push(out, id, r.inc)
+      out[#out + 1] = r.gen
+    else
+      push(out, id, 0)
+      out[#out + 1] = 0
+    end
+    del[#del + 1] = id
+  end
+end
+if not dry then
+  flush('ZREM', set, del)
+  flush('HDEL', KEYS[4], del)
+  flush('HDEL', KEYS[5], del)
+end
+return out
