@@ -172,6 +172,17 @@ func (s *Store) Upsert(_ context.Context, ns string, specs []storage.UpsertSpec)
 			due = (nowUS + storage.DelayMicros(sp.Delay) + 999) / 1000
 		}
 		old := m[sp.ID]
+		switch {
+		case sp.CreateOnly && old != nil:
+			out[i] = storage.UpsertResult{Task: old.view(), Refused: storage.RefusedExists}
+			continue
+		case sp.IfGeneration != 0 && (old == nil || old.task.Generation != sp.IfGeneration):
+			out[i] = storage.UpsertResult{Refused: storage.RefusedGeneration}
+			if old != nil {
+				out[i].Task = old.view()
+			}
+			continue
+		}
 		inc, gen, created, dseq, created1 := sp.Incarnation, sp.Generation, time.UnixMilli(now), int64(0), true
 		keep := false
 		if old != nil {
@@ -227,16 +238,81 @@ func (s *Store) Upsert(_ context.Context, ns string, specs []storage.UpsertSpec)
 	return out, nil
 }
 
-// Remove deletes a task in any state.
-func (s *Store) Remove(_ context.Context, ns, id string) (storage.State, error) {
+// Remove deletes a task in any state; with ifGeneration only at that
+// generation.
+func (s *Store) Remove(_ context.Context, ns, id string, ifGeneration int64) (storage.State, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.nss[ns][id]
 	if r == nil {
 		return storage.StateUnspecified, storage.ErrNotFound
 	}
+	if ifGeneration != 0 && r.task.Generation != ifGeneration {
+		return storage.StateUnspecified, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: r.view(), Expected: ifGeneration}
+	}
 	delete(s.nss[ns], id)
 	return r.task.State, nil
+}
+
+// RemoveTasks deletes p.IDs, or walks p.Filter as the Redis index does:
+// scheduled, delivered, then dead tasks, each in set order, at most
+// p.Limit (1..MaxBatch) examined per call.
+func (s *Store) RemoveTasks(_ context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.nss[ns]
+	if len(p.IDs) > 0 {
+		var n int64
+		for _, id := range p.IDs {
+			if _, ok := m[id]; ok {
+				delete(m, id)
+				n++
+			}
+		}
+		return storage.RemoveTasksResult{Removed: n}, nil
+	}
+	states := []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead}
+	if p.Filter.State != storage.StateUnspecified {
+		states = []storage.State{p.Filter.State}
+	}
+	var after *record
+	if c := p.Cursor; c != "" {
+		parts := strings.SplitN(strings.TrimPrefix(c, "f"), ":", 3)
+		st, err := strconv.Atoi(parts[0])
+		if !strings.HasPrefix(c, "f") || err != nil || len(parts) != 3 || !slices.Contains(states, storage.State(st)) {
+			return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: %w", storage.ErrInvalidCursor)
+		}
+		sc, err := strconv.ParseInt(parts[1], 10, 64)
+		if err != nil {
+			return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: %w", storage.ErrInvalidCursor)
+		}
+		states = states[slices.Index(states, storage.State(st)):]
+		after = &record{task: storage.Task{ID: parts[2], State: storage.State(st)}, due: sc, lease: sc, died: sc}
+	}
+	budget := p.Limit
+	if budget <= 0 || budget > MaxBatch {
+		budget = MaxBatch
+	}
+	var res storage.RemoveTasksResult
+	for _, st := range states {
+		for _, r := range sorted(m, st) {
+			if after != nil && after.task.State == st &&
+				cmp.Or(cmp.Compare(r.score(), after.score()), strings.Compare(r.task.ID, after.task.ID)) <= 0 {
+				continue
+			}
+			if budget == 0 {
+				return res, nil
+			}
+			budget--
+			res.Next = fmt.Sprintf("f%d:%d:%s", st, r.score(), r.task.ID)
+			if (p.Filter.Kind == "" || r.task.Kind == p.Filter.Kind) && strings.HasPrefix(r.task.ID, p.Filter.IDPrefix) {
+				delete(m, r.task.ID)
+				res.Removed++
+			}
+		}
+	}
+	res.Next = ""
+	return res, nil
 }
 
 // Get returns one task.
