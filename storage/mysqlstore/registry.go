@@ -40,8 +40,22 @@ func (s *Store) CreateNamespace(ctx context.Context, ns storage.Namespace) (stor
 	now := s.now(ctx, ns.Name).UnixMilli()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
-	_, err = s.db.ExecContext(ctx, "INSERT INTO delayd_namespaces (name, policy, version, create_ms, update_ms) VALUES (?, ?, 1, ?, ?)",
-		ns.Name, string(pol), now, now)
+	// The create time is the namespace's incarnation: later than that of
+	// an earlier namespace of this name, even one deleted this millisecond.
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var born int64
+		err := tx.QueryRowContext(ctx, "SELECT create_ms FROM delayd_namespace_born WHERE name = ? FOR UPDATE", ns.Name).Scan(&born)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		now = max(now, born+1)
+		if _, err := tx.ExecContext(ctx, "INSERT INTO delayd_namespaces (name, policy, version, create_ms, update_ms) VALUES (?, ?, 1, ?, ?)",
+			ns.Name, string(pol), now, now); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, "DELETE FROM delayd_namespace_born WHERE name = ?", ns.Name)
+		return err
+	})
 	if isDuplicate(err) {
 		return storage.Namespace{}, fmt.Errorf("create namespace %q: %w", ns.Name, storage.ErrAlreadyExists)
 	}
@@ -157,6 +171,11 @@ func (s *Store) DeleteNamespace(ctx context.Context, name string) error {
 	defer cancel()
 	found := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		// Keep the incarnation's create time: a re-created namespace of
+		// this name must be born later (see CreateNamespace).
+		if _, err := tx.ExecContext(ctx, "REPLACE INTO delayd_namespace_born (name, create_ms) SELECT name, create_ms FROM delayd_namespaces WHERE name = ?", name); err != nil {
+			return err
+		}
 		res, err := tx.ExecContext(ctx, "DELETE FROM delayd_namespaces WHERE name = ?", name)
 		if err != nil {
 			return err

@@ -39,6 +39,7 @@ import (
 //	delayd:{registry}:keys          HASH  API key id -> key record (JSON, SHA-256 of the secret)
 //	delayd:{registry}:nskeys:<ns>   ZSET  key ids of namespace ns ("*" = global) -> create time (ms)
 //	delayd:{registry}:imported      STRING when durable mode copied this registry into MySQL (Unix ms)
+//	delayd:{registry}:born          HASH  deleted namespace name -> its create_ms, until re-created
 //
 // Namespaces are validated with storage.ValidateNamespace before they reach
 // these functions ([a-z0-9][a-z0-9_-]*), so no name can open or close a hash
@@ -127,6 +128,10 @@ func registryNamespaceKey(name string) string { return keyPrefix + registryTag +
 
 // registryNamespaceIndexKey is the ZSET of every namespace name, score 0.
 func registryNamespaceIndexKey() string { return keyPrefix + registryTag + ":namespaces" }
+
+// registryBornKey is the HASH of deleted namespaces' create times (ms): a
+// namespace re-created under the same name is born later (its incarnation).
+func registryBornKey() string { return keyPrefix + registryTag + ":born" }
 
 // registryImportedKey marks a registry durable mode has copied into MySQL.
 func registryImportedKey() string { return keyPrefix + registryTag + ":imported" }

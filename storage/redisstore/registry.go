@@ -67,7 +67,7 @@ func (s *Store) CreateNamespace(ctx context.Context, ns storage.Namespace) (stor
 		return storage.Namespace{}, fmt.Errorf("create namespace: %w", err)
 	}
 	v, err := s.run(ctx, "create namespace", registryScripts.nsCreate,
-		[]string{registryNamespaceKey(ns.Name), registryNamespaceIndexKey()}, ns.Name, pol)
+		[]string{registryNamespaceKey(ns.Name), registryNamespaceIndexKey(), registryBornKey()}, ns.Name, pol)
 	if err != nil {
 		return storage.Namespace{}, err
 	}
@@ -277,7 +277,7 @@ func (s *Store) DeleteNamespace(ctx context.Context, name string) error {
 		return fmt.Errorf("delete namespace %q: %w", name, storage.ErrNotFound)
 	}
 	v, err := s.run(ctx, "delete namespace", registryScripts.nsDelete,
-		[]string{registryNamespaceKey(name), registryNamespaceIndexKey(), registryKeysKey(), registryNamespaceKeysKey(name)}, name)
+		[]string{registryNamespaceKey(name), registryNamespaceIndexKey(), registryKeysKey(), registryNamespaceKeysKey(name), registryBornKey()}, name)
 	if err != nil {
 		return err
 	}

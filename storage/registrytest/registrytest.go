@@ -42,6 +42,7 @@ func Run(t *testing.T, newRegistry func(t *testing.T) storage.Registry) {
 	t.Run("Update", func(t *testing.T) { testUpdate(t, newRegistry(t)) })
 	t.Run("ConcurrentUpdates", func(t *testing.T) { testConcurrentUpdates(t, newRegistry(t)) })
 	t.Run("Delete", func(t *testing.T) { testDelete(t, newRegistry(t)) })
+	t.Run("RecreatedIsBornLater", func(t *testing.T) { testRecreatedIsBornLater(t, newRegistry(t)) })
 	t.Run("Keys", func(t *testing.T) { testKeys(t, newRegistry(t)) })
 	t.Run("GlobalKeys", func(t *testing.T) { testGlobalKeys(t, newRegistry(t)) })
 	t.Run("KeyPages", func(t *testing.T) { testKeyPages(t, newRegistry(t)) })
@@ -258,6 +259,34 @@ func newKey(ns string, scopes ...storage.Scope) (storage.Key, string) {
 		CreateTime:  time.Now().Truncate(time.Millisecond),
 		Hash:        h[:],
 	}, secret
+}
+
+// testRecreatedIsBornLater: a namespace's create time is its incarnation
+// (Subscribe streams and cached policies are tied to it), so a namespace
+// deleted and re-created, however fast, is always born later: with equal
+// create times a stream of the deleted namespace would keep receiving the
+// new owner's tasks. Deleting and re-creating in a tight loop puts many
+// rounds in the same millisecond.
+func testRecreatedIsBornLater(t *testing.T, r storage.Registry) {
+	ctx := context.Background()
+	name := newName(t, r, "rt-born-")
+	var last time.Time
+	for i := range 30 {
+		ns, err := r.CreateNamespace(ctx, storage.Namespace{Name: name})
+		if err != nil {
+			t.Fatalf("round %d: CreateNamespace: %v", i, err)
+		}
+		if got, err := r.GetNamespace(ctx, name); err != nil || !got.CreateTime.Equal(ns.CreateTime) {
+			t.Fatalf("round %d: GetNamespace = %v, %v; want create time %v", i, got.CreateTime, err, ns.CreateTime)
+		}
+		if !ns.CreateTime.After(last) {
+			t.Fatalf("round %d: re-created namespace born %v, not after the deleted one (%v)", i, ns.CreateTime, last)
+		}
+		last = ns.CreateTime
+		if err := r.DeleteNamespace(ctx, name); err != nil {
+			t.Fatalf("round %d: DeleteNamespace: %v", i, err)
+		}
+	}
 }
 
 func testDelete(t *testing.T, r storage.Registry) {
