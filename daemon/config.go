@@ -51,10 +51,17 @@ type Config struct {
 	// at start; health stays NOT_SERVING until the Redis index is complete
 	// (rebuilt from MySQL where Redis lost it).
 	MySQLDSN string
-	// ReconcileInterval is how often, in durable mode, the leader replica
-	// re-indexes every task MySQL has that Redis lacks or holds at an older
-	// generation. If zero, 30 seconds.
+	// ReconcileInterval is how often, in durable mode, the leader replica's
+	// incremental pass re-indexes the tasks changed in MySQL since its last
+	// pass whose Redis copy differs. If zero, DefaultReconcileInterval
+	// (30 seconds).
 	ReconcileInterval time.Duration
+	// FullReconcileInterval is how often, in durable mode, the leader
+	// compares every task of MySQL with Redis and every Redis entry with
+	// MySQL (forgetting entries MySQL does not have); it also runs once
+	// when a replica becomes leader. If zero, DefaultFullReconcileInterval
+	// (1 hour).
+	FullReconcileInterval time.Duration
 
 	// LogLevel is the lowest level logged: debug, info, warn or error.
 	// Used only when Run or Start is given a nil logger. If empty, "info".
@@ -156,6 +163,8 @@ const (
 	DefaultLogLevel          = "info"
 	DefaultLogFormat         = "text"
 	DefaultReconcileInterval = durable.DefaultReconcileInterval
+	// DefaultFullReconcileInterval is FullReconcileInterval's default.
+	DefaultFullReconcileInterval = durable.DefaultFullReconcileInterval
 	DefaultSafetyPoll        = dispatcher.DefaultSafetyPoll
 	DefaultLateWarn          = dispatcher.DefaultLateWarn
 )
@@ -182,6 +191,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = DefaultReconcileInterval
+	}
+	if c.FullReconcileInterval <= 0 {
+		c.FullReconcileInterval = DefaultFullReconcileInterval
 	}
 	if c.SafetyPoll <= 0 {
 		c.SafetyPoll = DefaultSafetyPoll

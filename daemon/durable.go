@@ -32,12 +32,13 @@ func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logge
 		return nil, nil
 	}
 	s, err := durable.New(ctx, durable.Config{
-		DSN:               cfg.MySQLDSN,
-		Index:             index,
-		Logger:            logger.With("component", "durable"),
-		OpTimeout:         cfg.StoreTimeout,
-		ReconcileInterval: cfg.ReconcileInterval,
-		Metrics:           reconcileMetrics(m),
+		DSN:                   cfg.MySQLDSN,
+		Index:                 index,
+		Logger:                logger.With("component", "durable"),
+		OpTimeout:             cfg.StoreTimeout,
+		ReconcileInterval:     cfg.ReconcileInterval,
+		FullReconcileInterval: cfg.FullReconcileInterval,
+		Metrics:               reconcileMetrics(m),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("durable mode: %w", err)

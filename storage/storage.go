@@ -147,7 +147,10 @@ type Task struct {
 	UpdateTime  time.Time
 	// LastError is the reason of the last nack or expiry; empty if none.
 	LastError string
-	// LeaseDeadline is set while State is StateDelivered.
+	// LeaseDeadline is set while State is StateDelivered: in a Delivery the
+	// deadline its subscriber is told; read from a store (Get, List) the
+	// end of the store's current lease, which the dispatcher keeps short
+	// and renews up to that deadline (see dispatcher.Config.Liveness).
 	LeaseDeadline time.Time
 	// DeadTime is set while State is StateDead.
 	DeadTime time.Time

@@ -172,6 +172,9 @@ const DefaultReconcileInterval = 30 * time.Second
 // DefaultOpTimeout is Config.OpTimeout's default.
 const DefaultOpTimeout = 10 * time.Second
 
+// DefaultFullReconcileInterval is Config.FullReconcileInterval's default.
+const DefaultFullReconcileInterval = time.Hour
+
 // Config configures a Store.
 type Config struct {
 	// DSN names the MySQL database: a go-sql-driver/mysql DSN such as
@@ -293,7 +296,7 @@ func (c *Config) defaults() {
 		c.Linger = 100 * time.Microsecond
 	}
 	if c.FullReconcileInterval <= 0 {
-		c.FullReconcileInterval = time.Hour
+		c.FullReconcileInterval = DefaultFullReconcileInterval
 	}
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = DefaultReconcileInterval

@@ -99,7 +99,14 @@ export declare type Task = Message<"delayd.v1.Task"> & {
   lastError: string;
 
   /**
-   * When DELIVERED: the lease deadline of the delivery in flight.
+   * When DELIVERED. In a Delivery: the delivery's lease deadline, as
+   * Delivery.lease_deadline (an unacked delivery is retried after it).
+   * From GetTask and ListTasks: when the store's current lease of the
+   * delivery runs out, which is not that deadline: the replica holding the
+   * delivery keeps the store's lease short (6 s) and renews it every few
+   * seconds up to the deadline its subscriber was told, so this time moves
+   * forward while that replica lives; if the replica stops (a crash), the
+   * task is retried soon after this time.
    *
    * @generated from field: google.protobuf.Timestamp lease_deadline = 12;
    */
