@@ -586,7 +586,7 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 			Namespace:   ns,
 			Scopes:      scopes,
 			Description: desc,
-			CreateTime:  time.Now().Truncate(time.Millisecond),
+			CreateTime:  s.opts.Clock.Now().Truncate(time.Millisecond),
 			Hash:        hashSecret(secret),
 		}
 		err = reg.CreateKey(ctx, k)

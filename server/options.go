@@ -95,6 +95,11 @@ type Options struct {
 	// Limits bound what one request may ask for.
 	Limits Limits
 
+	// Clock reads local time: relative due times sent as timestamps,
+	// quota count ages, API key create times. If nil, the system clock.
+	// (Due-ness is decided by the store's clock, never this one.)
+	Clock storage.Clock
+
 	// DisableReflection turns off gRPC server reflection. Default: on.
 	DisableReflection bool
 

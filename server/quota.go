@@ -58,7 +58,7 @@ func newPendingQuota(opts Options) *pendingQuota {
 		counter:  opts.Store,
 		tasks:    opts.Store,
 		logger:   opts.Logger,
-		now:      time.Now,
+		now:      opts.Clock.Now,
 		counts:   make(map[string]*quotaCount),
 		reserved: make(map[string]int64),
 	}

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/tap"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
 )
 
 // Defaults of Limits, used where a field is zero; the daemon's flags show
@@ -109,6 +110,9 @@ func New(opts Options) (*Server, error) {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	opts.Limits = opts.Limits.withDefaults()
+	if opts.Clock == nil {
+		opts.Clock = storage.SystemClock{}
+	}
 
 	codec := newAdmissionCodec(opts.Limits.MaxBatch)
 	unary, stream := interceptors(opts.Logger, opts.CallLog, codec)
@@ -142,7 +146,7 @@ func New(opts Options) (*Server, error) {
 	// rate limit, subscriber limit, pending-task quota; and TLS credentials,
 	// which log refused handshakes (both listeners share one rate limit).
 	serverOpts = append(serverOpts, tenancyServerOptions(opts)...)
-	refused := newHandshakeLog(opts.Logger)
+	refused := newHandshakeLog(opts.Logger, opts.Clock)
 	serverOpts = append(serverOpts, tlsServerOptions(opts, refused)...)
 	gs := grpc.NewServer(serverOpts...)
 

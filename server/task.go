@@ -43,7 +43,7 @@ func newTaskService(opts Options) *taskService {
 		maxBatch:   opts.Limits.MaxBatch,
 		maxPayload: opts.Limits.MaxBatchPayloadBytes,
 		maxList:    opts.Limits.withDefaults().MaxListBytes,
-		now:        time.Now,
+		now:        opts.Clock.Now,
 	}
 }
 

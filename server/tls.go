@@ -16,6 +16,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/delayd/delayd/storage"
 )
 
 // certCheckInterval is how often, at most, the certificate files are
@@ -138,8 +140,11 @@ type handshakeLog struct {
 	suppressed int
 }
 
-func newHandshakeLog(logger *slog.Logger) *handshakeLog {
-	return &handshakeLog{logger: logger, now: time.Now}
+func newHandshakeLog(logger *slog.Logger, clock storage.Clock) *handshakeLog {
+	if clock == nil {
+		clock = storage.SystemClock{}
+	}
+	return &handshakeLog{logger: logger, now: clock.Now}
 }
 
 // refused records one refused handshake on listener ("grpc", "http") from

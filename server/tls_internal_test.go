@@ -14,7 +14,7 @@ import (
 // peer that closes before its ClientHello (a TCP probe) is not a WARN.
 func TestHandshakeLogRateLimit(t *testing.T) {
 	var buf strings.Builder
-	h := newHandshakeLog(slog.New(slog.NewTextHandler(&buf, nil)))
+	h := newHandshakeLog(slog.New(slog.NewTextHandler(&buf, nil)), nil)
 	now := time.Unix(1000, 0)
 	h.now = func() time.Time { return now }
 	warns := func() int { return strings.Count(buf.String(), "level=WARN") }
@@ -44,7 +44,7 @@ func TestHandshakeLogRateLimit(t *testing.T) {
 func TestHTTPErrorLogRoutesHandshakeErrors(t *testing.T) {
 	var buf strings.Builder
 	logger := slog.New(slog.NewTextHandler(&buf, nil))
-	l := slog.NewLogLogger(httpErrorLog{refused: newHandshakeLog(logger), logger: logger}, slog.LevelWarn)
+	l := slog.NewLogLogger(httpErrorLog{refused: newHandshakeLog(logger, nil), logger: logger}, slog.LevelWarn)
 	l.Printf("http: TLS handshake error from 192.0.2.1:4431: tls: client didn't provide a certificate")
 	if !strings.Contains(buf.String(), `msg="TLS handshake refused`) || !strings.Contains(buf.String(), "peer=192.0.2.1:4431") || !strings.Contains(buf.String(), "listener=http") {
 		t.Fatalf("net/http handshake error logged as %q, want the refused-handshake line", buf.String())

@@ -23,11 +23,35 @@ import (
 // that both optimizers turn into primary-key ranges. The schema is in
 // migrations/0001_init.up.sql.
 
-// MySQL state values (storage.State numbers). DELIVERED is never stored.
+// The state column's codes: the schema's own, fixed forever, converted to
+// and from storage.State by name (stateToDB, stateFromDB), never by a cast
+// that relies on the numbers matching. DELIVERED is never stored (MySQL
+// holds a delivered task as scheduled; the lease lives in the index).
 const (
-	dbScheduled = int(storage.StateScheduled)
-	dbDead      = int(storage.StateDead)
+	dbScheduled = 1
+	dbDead      = 3
 )
+
+// stateToDB is the state column's code for s; scheduled for anything that
+// is not dead.
+func stateToDB(s storage.State) int {
+	if s == storage.StateDead {
+		return dbDead
+	}
+	return dbScheduled
+}
+
+// stateFromDB is the storage.State of a state column code.
+func stateFromDB(code int) storage.State {
+	switch code {
+	case dbScheduled:
+		return storage.StateScheduled
+	case dbDead:
+		return storage.StateDead
+	default:
+		return storage.StateUnspecified
+	}
+}
 
 // taskColumns is the column list scanTask reads, in its order.
 const taskColumns = "namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms"
@@ -73,7 +97,7 @@ func scanTask(r rowScanner) (storage.Task, error) {
 		return storage.Task{}, err
 	}
 	t.DueTime, t.CreateTime, t.UpdateTime, t.DeadTime = msTime(due), msTime(create), msTime(update), msTime(dead)
-	t.State = storage.State(state)
+	t.State = stateFromDB(state)
 	if len(t.Payload) == 0 {
 		t.Payload = nil
 	}
@@ -409,7 +433,7 @@ func movedStatement(ns string, ms []storage.Moved, nowMS int64) (string, []any) 
 		}
 		b.WriteString(" ELSE " + name + " END, ")
 	}
-	column("state", func(m storage.Moved) (string, any, bool) { return "?", int(m.State), true })
+	column("state", func(m storage.Moved) (string, any, bool) { return "?", stateToDB(m.State), true })
 	column("due_ms", func(m storage.Moved) (string, any, bool) {
 		if m.State == storage.StateDead || m.DueTime.IsZero() {
 			return "due_ms", nil, false
@@ -526,7 +550,7 @@ func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error
 					rows.Close()
 					return fmt.Errorf("remove: read: %w", err)
 				}
-				t.Namespace, t.State = ns, storage.State(st)
+				t.Namespace, t.State = ns, stateFromDB(st)
 				held[t.ID] = t
 			}
 			if err := rows.Close(); err != nil {
@@ -726,7 +750,7 @@ func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]st
 		return nil, "", nil
 	}
 	q := "SELECT " + listColumns + " FROM delayd_tasks WHERE namespace = ? AND state = ?"
-	args := []any{ns, int(p.State)}
+	args := []any{ns, stateToDB(p.State)}
 	if p.Cursor != "" {
 		msText, id, ok := strings.Cut(p.Cursor, ":")
 		ms, err := strconv.ParseInt(msText, 10, 64)
@@ -788,7 +812,7 @@ func (s *Store) listPage(ctx context.Context, q string, args []any, limit int, p
 			return out, true, nil
 		}
 		t.DueTime, t.CreateTime, t.UpdateTime, t.DeadTime = msTime(due), msTime(create), msTime(update), msTime(dead)
-		t.State = storage.State(state)
+		t.State = stateFromDB(state)
 		n := storage.TaskWireSize(t)
 		if !p.NoPayload {
 			n += int(size.Int64)
