@@ -23,11 +23,19 @@
 // idempotent, typically with a conditional UPDATE ... WHERE status = ?; see
 // docs/client-guide.md.
 //
+// Conditional writes: [TaskSpec].CreateOnly schedules a task only if it does
+// not exist yet (a retry after a timeout never moves its due time), and
+// [TaskSpec].IfGeneration and [Client.RemoveIf] apply only at the generation
+// the caller read (a renewal racing a cancellation cannot be lost). A write
+// whose condition failed changed nothing; [ConflictOf] says what is stored.
+// [Client.RemoveIDs] and [Client.RemoveMatching] cancel many tasks at once.
+//
 // Errors are gRPC status errors, possibly wrapped with the operation's name:
 // use status.Code(err) to tell NotFound, InvalidArgument, ResourceExhausted,
 // Unavailable... apart. The client retries Unavailable itself (bounded, with
 // exponential backoff and jitter; see [WithRetry]), so an Unavailable that
 // reaches the caller means the retries were used up.
 //
-// The package depends only on the generated delayd.v1 API and grpc.
+// The package depends only on the generated delayd.v1 API, grpc and the
+// google.rpc error details.
 package client

@@ -44,7 +44,9 @@ func (c *Client) Upsert(ctx context.Context, ns string, spec TaskSpec) (*UpsertR
 
 // BatchResult is the outcome of one item of BatchUpsert.
 type BatchResult struct {
-	// Task as stored; zero when Err is set.
+	// Task as stored. When Err is set: the existing task for AlreadyExists
+	// (CreateOnly), the current one for FailedPrecondition (IfGeneration;
+	// zero when there is none), zero otherwise.
 	Task Task
 	// Created is true when the task did not exist before.
 	Created bool
@@ -76,12 +78,10 @@ func (c *Client) BatchUpsert(ctx context.Context, ns string, specs []TaskSpec) (
 			return out, fmt.Errorf("delayd batch upsert %s: %w", ns,
 				status.Errorf(codes.Internal, "server answered %d results for %d items", len(resp.GetResults()), len(chunk)))
 		}
-		for _, r := range resp.GetResults() {
-			br := BatchResult{Created: r.GetCreated()}
+		for i, r := range resp.GetResults() {
+			br := BatchResult{Created: r.GetCreated(), Task: taskFromProto(r.GetTask())}
 			if e := r.GetError(); e != nil {
-				br.Err = status.Error(codes.Code(e.GetCode()), e.GetMessage())
-			} else {
-				br.Task = taskFromProto(r.GetTask())
+				br.Err = itemError(e, r.GetTask(), chunk[i].IfGeneration)
 			}
 			out = append(out, br)
 		}
@@ -105,11 +105,79 @@ type RemoveResult struct {
 // idempotent and retried on Unavailable (so a retried call may report
 // Removed false for a task its first attempt removed).
 func (c *Client) Remove(ctx context.Context, ns, id string) (RemoveResult, error) {
-	resp, err := c.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: ns, Id: id})
+	return c.remove(ctx, ns, id, 0)
+}
+
+// RemoveIf cancels task id of namespace ns only if its stored generation
+// is still generation (the Task.Generation you read): a compare-and-set.
+// When another write bumped it meanwhile (a renewal racing a return),
+// nothing is removed and the error has code FailedPrecondition;
+// [ConflictOf] gives the current generation and task, so the caller can
+// read again and decide. A task that does not exist is Removed false, as
+// with Remove. generation must be at least 1.
+func (c *Client) RemoveIf(ctx context.Context, ns, id string, generation int64) (RemoveResult, error) {
+	if generation < 1 {
+		return RemoveResult{}, fmt.Errorf("delayd remove %s/%s: %w", ns, id,
+			status.Errorf(codes.InvalidArgument, "generation is %d; allowed: the generation last read (1 or more)", generation))
+	}
+	return c.remove(ctx, ns, id, generation)
+}
+
+func (c *Client) remove(ctx context.Context, ns, id string, generation int64) (RemoveResult, error) {
+	resp, err := c.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: ns, Id: id, IfGeneration: generation})
 	if err != nil {
 		return RemoveResult{}, fmt.Errorf("delayd remove %s/%s: %w", ns, id, err)
 	}
 	return RemoveResult{Removed: resp.GetRemoved(), PreviousState: State(resp.GetPreviousState())}, nil
+}
+
+// TaskFilter selects the tasks RemoveMatching removes. Set fields must all
+// match; at least one must be set.
+type TaskFilter struct {
+	// Kind, if set, is the tasks' kind (exact match).
+	Kind string
+	// IDPrefix, if set, is how the tasks' ids start.
+	IDPrefix string
+	// State, if set, is the tasks' state; StateUnspecified means any.
+	State State
+}
+
+// RemoveIDs cancels the named tasks of namespace ns, in calls of MaxBatch
+// ids, and returns how many existed and were removed. On an error, the
+// count is what the calls before it removed (removing again is harmless).
+func (c *Client) RemoveIDs(ctx context.Context, ns string, ids []string) (int64, error) {
+	var n int64
+	for start := 0; start < len(ids); start += MaxBatch {
+		resp, err := c.tasks.RemoveTasks(ctx, &delaydv1.RemoveTasksRequest{Namespace: ns, Ids: ids[start:min(start+MaxBatch, len(ids))]})
+		if err != nil {
+			return n, fmt.Errorf("delayd remove tasks %s: %w", ns, err)
+		}
+		n += resp.GetRemoved()
+	}
+	return n, nil
+}
+
+// RemoveMatching cancels every task of namespace ns that f selects and
+// returns how many it removed. The server walks the tasks in bounded pages
+// (at most 1,000 examined per call, each call with its own timeout);
+// RemoveMatching calls until the walk is done. Tasks created or
+// rescheduled while it runs may be missed: call it again to be sure. On an
+// error, the count is what the calls before it removed; calling again
+// starts over, which is harmless.
+func (c *Client) RemoveMatching(ctx context.Context, ns string, f TaskFilter) (int64, error) {
+	req := &delaydv1.RemoveTasksRequest{Namespace: ns, Filter: &delaydv1.TaskFilter{
+		Kind: f.Kind, IdPrefix: f.IDPrefix, State: delaydv1.TaskState(f.State)}}
+	var n int64
+	for {
+		resp, err := c.tasks.RemoveTasks(ctx, req)
+		if err != nil {
+			return n, fmt.Errorf("delayd remove tasks %s: %w", ns, err)
+		}
+		n += resp.GetRemoved()
+		if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+			return n, nil
+		}
+	}
 }
 
 // Get returns task id of namespace ns. A task that does not exist (acked,

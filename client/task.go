@@ -107,10 +107,22 @@ type TaskSpec struct {
 	Payload []byte
 	// When the task falls due: client.At(t) or client.After(d). Required.
 	When When
+	// CreateOnly: if a task with this ID exists (in any state), nothing
+	// changes and the upsert fails with AlreadyExists; [ConflictOf] gives
+	// the existing task. Use it when the task is scheduled once per event
+	// (an order's close): a retry after a timeout then never moves the due
+	// time. Not combined with IfGeneration.
+	CreateOnly bool
+	// IfGeneration, if non-zero, makes the upsert a compare-and-set: it
+	// applies only when the stored task has exactly this generation (as
+	// last read in Task.Generation), else it fails with FailedPrecondition
+	// and [ConflictOf] gives the current generation and task.
+	IfGeneration int64
 }
 
 func (s TaskSpec) proto(ns string) *delaydv1.UpsertTaskRequest {
-	req := &delaydv1.UpsertTaskRequest{Namespace: ns, Id: s.ID, Kind: s.Kind, Payload: s.Payload}
+	req := &delaydv1.UpsertTaskRequest{Namespace: ns, Id: s.ID, Kind: s.Kind, Payload: s.Payload,
+		CreateOnly: s.CreateOnly, IfGeneration: s.IfGeneration}
 	switch {
 	case !s.When.set:
 	case !s.When.at.IsZero():
