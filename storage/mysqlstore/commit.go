@@ -40,8 +40,9 @@ type UpsertRow struct {
 	// against its own clock when it is written.
 	Relative bool
 	Delay    time.Duration
-	// TraceParent is carried to the index write only; MySQL does not
-	// keep it (a task rebuilt from MySQL delivers without it).
+	// TraceParent is the W3C traceparent of the upsert, kept in the
+	// row's traceparent column (schema version 4), so a task re-indexed
+	// from MySQL delivers with it; '' for an untraced upsert.
 	TraceParent string
 	// CreateOnly and IfGen are the conditions of storage.UpsertSpec,
 	// decided in the transaction against the row as stored.

@@ -54,7 +54,7 @@ func stateFromDB(code int) storage.State {
 }
 
 // taskColumns is the column list scanTask reads, in its order.
-const taskColumns = "namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms"
+const taskColumns = "namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms, traceparent"
 
 // Statement size bounds: rows per multi-row statement. Payload bytes are
 // bounded by Config.MaxBatchBytes.
@@ -93,7 +93,7 @@ func scanTask(r rowScanner) (storage.Task, error) {
 		state                     int
 	)
 	if err := r.Scan(&t.Namespace, &t.ID, &t.Kind, &t.Payload, &due, &state, &t.Generation, &t.Incarnation,
-		&t.Attempt, &t.LastError, &create, &update, &dead); err != nil {
+		&t.Attempt, &t.LastError, &create, &update, &dead, &t.TraceParent); err != nil {
 		return storage.Task{}, err
 	}
 	t.DueTime, t.CreateTime, t.UpdateTime, t.DeadTime = msTime(due), msTime(create), msTime(update), msTime(dead)
@@ -102,6 +102,24 @@ func scanTask(r rowScanner) (storage.Task, error) {
 		t.Payload = nil
 	}
 	return t, nil
+}
+
+// maxTraceParent is the traceparent column's width. A W3C traceparent is
+// 55 characters; anything longer is not kept (the index still delivers it).
+const maxTraceParent = 64
+
+// traceParent is tp as the traceparent column keeps it: empty when it does
+// not fit or is not printable ASCII (it is never a reason to fail a write).
+func traceParent(tp string) string {
+	if len(tp) > maxTraceParent {
+		return ""
+	}
+	for i := 0; i < len(tp); i++ {
+		if tp[i] < ' ' || tp[i] > '~' {
+			return ""
+		}
+	}
+	return tp
 }
 
 // truncate cuts s to at most n characters.
@@ -160,13 +178,13 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 	}
 
 	readBack := map[taskKey]bool{} // tasks that existed (or repeat) and must be read back
-	const head = "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES "
+	const head = "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms, traceparent) VALUES "
 	const tail = " ON DUPLICATE KEY UPDATE generation = generation + 1, kind = VALUES(kind), payload = VALUES(payload)," +
-		" due_ms = VALUES(due_ms), state = 1, attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0"
+		" due_ms = VALUES(due_ms), state = 1, attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0, traceparent = VALUES(traceparent)"
 	for start := 0; start < len(refs); {
 		var b strings.Builder
 		b.WriteString(head)
-		args := make([]any, 0, 7*min(maxStmtRows, len(refs)-start))
+		args := make([]any, 0, 9*min(maxStmtRows, len(refs)-start))
 		bytes, end := 0, start
 		for end < len(refs) && end-start < maxStmtRows && (end == start || bytes < s.cfg.MaxBatchBytes) {
 			rf := refs[end]
@@ -174,8 +192,8 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 			if end > start {
 				b.WriteByte(',')
 			}
-			b.WriteString("(?,?,?,?,?,1,1,?,0,'',?,?,0)")
-			args = append(args, rf.o.NS, r.ID, r.Kind, r.Payload, r.DueMS, r.Inc, rf.o.NowMS, rf.o.NowMS)
+			b.WriteString("(?,?,?,?,?,1,1,?,0,'',?,?,0,?)")
+			args = append(args, rf.o.NS, r.ID, r.Kind, r.Payload, r.DueMS, r.Inc, rf.o.NowMS, rf.o.NowMS, traceParent(r.TraceParent))
 			bytes += len(r.Payload)
 			end++
 		}
@@ -640,6 +658,7 @@ func (s *Store) UpsertExact(ctx context.Context, ns string, rows []UpsertRow, no
 				Namespace: ns, ID: r.ID, Kind: r.Kind, Payload: r.Payload,
 				DueTime: time.UnixMilli(r.DueMS), State: storage.StateScheduled,
 				Generation: gen, Incarnation: inc, CreateTime: time.UnixMilli(nowMS), UpdateTime: time.UnixMilli(nowMS),
+				TraceParent: traceParent(r.TraceParent),
 			}
 			if exists && inc == old.Incarnation {
 				t.CreateTime = old.CreateTime
@@ -663,20 +682,21 @@ func (s *Store) UpsertExact(ctx context.Context, ns string, rows []UpsertRow, no
 			if n > 0 {
 				b.WriteByte(',')
 			}
-			b.WriteString("(?,?,?,?,?,1,?,?,0,'',?,?,0)")
+			b.WriteString("(?,?,?,?,?,1,?,?,0,'',?,?,0,?)")
 			payload := t.Payload
 			if payload == nil {
 				payload = []byte{}
 			}
-			args = append(args, ns, id, t.Kind, payload, t.DueTime.UnixMilli(), t.Generation, t.Incarnation, timeMS(t.CreateTime), nowMS)
+			args = append(args, ns, id, t.Kind, payload, t.DueTime.UnixMilli(), t.Generation, t.Incarnation, timeMS(t.CreateTime), nowMS, t.TraceParent)
 			n++
 		}
 		if n == 0 {
 			return nil
 		}
-		q := "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms) VALUES " +
+		q := "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms, traceparent) VALUES " +
 			b.String() + " ON DUPLICATE KEY UPDATE kind = VALUES(kind), payload = VALUES(payload), due_ms = VALUES(due_ms), state = 1," +
-			" generation = VALUES(generation), incarnation = VALUES(incarnation), create_ms = VALUES(create_ms), attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0"
+			" generation = VALUES(generation), incarnation = VALUES(incarnation), create_ms = VALUES(create_ms), attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0," +
+			" traceparent = VALUES(traceparent)"
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return fmt.Errorf("upsert: write: %w", err)
 		}

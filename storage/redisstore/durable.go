@@ -70,6 +70,9 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, fo
 		written += int(n)
 		return nil
 	})
+	if err == nil && s.traces {
+		s.restoreTraces(ctx, ns, tasks)
+	}
 	return written, err
 }
 

@@ -66,9 +66,11 @@ type Options struct {
 	// they are joined.
 	NoCoalesce bool
 	// Traces keeps the trace context of traced upserts (UpsertSpec.
-	// TraceParent) and returns it with their deliveries (see trace.go): one
-	// more pipelined write per traced upsert call and one MGET per Pop. If
-	// false (the default), trace contexts are neither written nor read.
+	// TraceParent) and returns it with their deliveries and from Get (see
+	// trace.go): one more pipelined write per traced upsert call, one MGET
+	// per Pop, one GET per Get, and one pipelined write per Restore of
+	// traced tasks. If false (the default), trace contexts are neither
+	// written nor read.
 	Traces bool
 }
 
@@ -520,6 +522,9 @@ func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
 	t, err := decodeTask(ns, id, rep[0], rep[1], rep[2], rep[3])
 	if err != nil {
 		return storage.Task{}, fmt.Errorf("get: %w", err)
+	}
+	if s.traces {
+		t.TraceParent = s.readTrace(ctx, ns, id)
 	}
 	return t, nil
 }

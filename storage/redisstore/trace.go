@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,6 +59,50 @@ func (s *Store) writeTraces(ctx context.Context, ns string, specs []storage.Upse
 	if err != nil {
 		s.log.Warn("keeping trace contexts failed; their deliveries will not link to the producer", "namespace", ns, "err", err)
 	}
+}
+
+// restoreTraces keeps the trace context of re-indexed tasks (Restore: the
+// authority, MySQL, keeps each task's traceparent), so a task rebuilt after
+// Redis lost it still delivers linked to its producer. A trace key that
+// exists is left as it is (SET NX): the index's own is as new as the
+// authority's or newer.
+func (s *Store) restoreTraces(ctx context.Context, ns string, tasks []storage.Task) {
+	n := 0
+	for i := range tasks {
+		if tasks[i].TraceParent != "" {
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range tasks {
+			t := &tasks[i]
+			if t.TraceParent == "" || t.State == storage.StateDead {
+				continue
+			}
+			p.SetArgs(ctx, traceKey(ns, shard, t.ID), t.TraceParent, redis.SetArgs{Mode: "NX", ExpireAt: t.DueTime.Add(traceRetention)})
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("restoring trace contexts failed; their deliveries will not link to the producer", "namespace", ns, "err", err)
+	}
+}
+
+// readTrace returns the trace context kept for task id ("" if none, or
+// when it cannot be read: best effort, never an error).
+func (s *Store) readTrace(ctx context.Context, ns, id string) string {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	tp, err := s.rdb.Get(ctx, traceKey(ns, shard, id)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		s.log.Warn("reading a trace context failed; answering without it", "namespace", ns, "err", err)
+	}
+	return tp
 }
 
 // readTraces sets the trace context of each delivery that has one.
