@@ -157,15 +157,6 @@ type Authority interface {
 	Close() error
 }
 
-// Clock tells the local time. Tests inject a fake one.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // DefaultReconcileInterval is Config.ReconcileInterval's default.
 const DefaultReconcileInterval = 30 * time.Second
 
@@ -189,7 +180,7 @@ type Config struct {
 	// Clock is the local clock. The store corrects it by the offset to the
 	// index's clock (Redis TIME), which decides due-ness, and resolves
 	// relative delays and timestamps with the result. If nil, time.Now.
-	Clock Clock
+	Clock storage.Clock
 
 	// MaxOpenConns caps the MySQL connection pool. If zero, 16.
 	MaxOpenConns int
@@ -272,7 +263,7 @@ func (c *Config) defaults() {
 		c.Metrics = noMetrics{}
 	}
 	if c.Clock == nil {
-		c.Clock = systemClock{}
+		c.Clock = storage.SystemClock{}
 	}
 	if c.MaxOpenConns <= 0 {
 		c.MaxOpenConns = 16
