@@ -150,6 +150,13 @@ func (l *Loans) Renew(ctx context.Context, id uint64) (*Loan, error) {
 // Return takes the book back (from BORROWED or OVERDUE) and removes the
 // overdue task. Removing is an optimisation: an overdue delivery that still
 // arrives finds the loan RETURNED and does nothing.
+//
+// The remove is unconditional on purpose. A renewal that races the return
+// is ordered by the loan's row: Renew holds the row lock across its upsert,
+// so this UPDATE waits for it and the remove comes after the renewed task
+// was written. Once the loan is RETURNED, every version of the task is
+// obsolete; a RemoveIf of the generation this call saw would only leave a
+// renewed task behind to fire for nothing.
 func (l *Loans) Return(ctx context.Context, id uint64) (*Loan, error) {
 	res, err := l.db.ExecContext(ctx,
 		`UPDATE borrow_order SET status = ?, return_at = NOW(3) WHERE id = ? AND status IN (?, ?)`,

@@ -121,6 +121,33 @@ func TestUnpaidOrderIsClosed(t *testing.T) {
 	}
 }
 
+// The close is scheduled create-only: scheduling it again (a retry after a
+// timeout) succeeds and leaves the due time where the first try put it.
+func TestCloseIsScheduledOnce(t *testing.T) {
+	t.Parallel()
+	s := start(t, time.Hour, nil)
+	code, body := s.post(t, "/orders", `{"amount_cents": 500}`)
+	if code != http.StatusCreated {
+		t.Fatalf("POST /orders = %d %v, want 201", code, body)
+	}
+	id := uint64(body["id"].(float64))
+	first, err := s.app.delayd.Get(t.Context(), s.app.cfg.Namespace, taskID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := s.app.orders.scheduleClose(t.Context(), id); err != nil {
+		t.Fatalf("scheduling the close again: %v", err)
+	}
+	again, err := s.app.delayd.Get(t.Context(), s.app.cfg.Namespace, taskID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.DueTime.Equal(first.DueTime) || again.Generation != first.Generation {
+		t.Fatalf("close task moved: due %v → %v, generation %d → %d", first.DueTime, again.DueTime, first.Generation, again.Generation)
+	}
+}
+
 func TestPaymentCancelsClose(t *testing.T) {
 	t.Parallel()
 	const closeAfter = time.Second

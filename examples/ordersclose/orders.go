@@ -79,18 +79,33 @@ func (o *Orders) Create(ctx context.Context, amountCents int64) (*Order, error) 
 	if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, event) VALUES (?, 'CREATED')`, id); err != nil {
 		return nil, fmt.Errorf("create order: %w", err)
 	}
-	if _, err := o.delayd.Upsert(ctx, o.namespace, client.TaskSpec{
-		ID:      taskID(id),
-		Kind:    "order.close",
-		Payload: []byte(strconv.FormatUint(id, 10)),
-		When:    client.After(o.closeAfter),
-	}); err != nil {
+	if err := o.scheduleClose(ctx, id); err != nil {
 		return nil, fmt.Errorf("create order: schedule close: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("create order: %w", err)
 	}
 	return o.Get(ctx, id)
+}
+
+// scheduleClose schedules the order's close closeAfter from now, once: the
+// upsert is create-only, so when the task already exists (the SDK retried
+// an upsert whose first try was applied but whose answer was lost, or the
+// caller retried Create's schedule) it is left as it is and that is
+// success. A plain upsert would push the close back by the time the retry
+// took, and a retry storm could keep an unpaid order open for good.
+func (o *Orders) scheduleClose(ctx context.Context, id uint64) error {
+	_, err := o.delayd.Upsert(ctx, o.namespace, client.TaskSpec{
+		ID:         taskID(id),
+		Kind:       "order.close",
+		Payload:    []byte(strconv.FormatUint(id, 10)),
+		When:       client.After(o.closeAfter),
+		CreateOnly: true,
+	})
+	if cf, ok := client.ConflictOf(err); ok && cf.Exists {
+		return nil // already scheduled; its due time stays
+	}
+	return err
 }
 
 // Pay marks an order paid and cancels its close. Paying a paid order again
