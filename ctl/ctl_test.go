@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/internal/testkit/delaydtest"
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/ctl"
@@ -358,5 +359,62 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 30s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestTailSeesEveryReplica (issue 14): tail connected to one delayd sees
+// the deliveries another delayd on the same Redis makes (its subscriber is
+// connected there). Before the watch feed it saw none and waited forever.
+func TestTailSeesEveryReplica(t *testing.T) {
+	a := delaydtest.Start(t, daemon.Config{AdminKey: adminKey})
+	b := delaydtest.Start(t, daemon.Config{AdminKey: adminKey})
+	ctx := t.Context()
+	ns := "tail-" + testkit.Suffix()
+	if out, code := run(ctx, a.Addr(), adminKey, args("ns create "+ns)...); code != 0 {
+		t.Fatalf("ns create: %s", out)
+	}
+	t.Cleanup(func() { run(context.Background(), a.Addr(), adminKey, args("ns delete "+ns+" --force")...) })
+
+	env := map[string]string{"DELAYD_ADDR": a.Addr(), "DELAYD_API_KEY": adminKey}
+	var out, errOut syncBuffer
+	tailDone := make(chan int, 1)
+	tctx, stopTail := context.WithCancel(ctx)
+	defer stopTail()
+	go func() {
+		tailDone <- ctl.Main(tctx, args("tail "+ns+" --count 3"), func(k string) string { return env[k] }, nil, &out, &errOut)
+	}()
+	waitFor(t, func() bool { return strings.Contains(errOut.String(), "watching deliveries of "+ns) })
+
+	c, err := client.New(b.Addr(), client.WithAPIKey(adminKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cctx, cancel := context.WithCancel(ctx)
+	consumed := make(chan error, 1)
+	go func() {
+		consumed <- c.Consume(cctx, ns, func(context.Context, *client.Delivery) error { return nil }, client.ConsumeOptions{})
+	}()
+	for _, id := range []string{"r-1", "r-2", "r-3"} {
+		if _, err := c.Upsert(ctx, ns, client.TaskSpec{ID: id, When: client.After(0)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case code := <-tailDone:
+		if code != 0 {
+			t.Errorf("tail exited %d: %s", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("tail on one replica printed %q of the deliveries the other made, and is still waiting", out.String())
+	}
+	for _, id := range []string{"r-1", "r-2", "r-3"} {
+		if !strings.Contains(out.String(), id) {
+			t.Errorf("tail output lacks %s:\n%s", id, out.String())
+		}
+	}
+	cancel()
+	if err := <-consumed; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Consume: %v", err)
 	}
 }

@@ -20,11 +20,12 @@ func tailCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tail NS [--count N]",
 		Short: "Watch a namespace's deliveries as they happen, without taking them",
-		Long: `tail prints a copy of each delivery the connected delayd server makes in the
-namespace, as it is sent to a subscriber. It takes nothing: subscribers still
-receive every task, on the same attempt. It needs the consume or admin scope.
-With several delayd replicas it sees the deliveries of the replica it is
-connected to. It runs until interrupted, or until --count copies were printed.`,
+		Long: `tail prints a copy of each delivery delayd makes in the namespace, as it is
+sent to a subscriber. It takes nothing: subscribers still receive every task,
+on the same attempt. It needs the consume or admin scope. With several delayd
+replicas on one Redis it sees every replica's deliveries (those of the replica
+it is connected to from the start, the others' at the latest a second later).
+It runs until interrupted, or until --count copies were printed.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if count < 0 {

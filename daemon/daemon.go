@@ -227,6 +227,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	d.dispatcher, err = dispatcher.New(dispatcher.Config{
 		Store:      tasks,
 		Wakeups:    store,
+		Feed:       store,
 		Policies:   ten.registry,
 		Namespaces: namespaces,
 		Logger:     logger.With("component", "dispatcher"),

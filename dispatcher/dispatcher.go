@@ -142,6 +142,10 @@ type Config struct {
 	// Wakeups delivers "earlier task at the head" notices from every replica.
 	// If nil, only the safety-net poll and local upserts wake the dispatcher.
 	Wakeups storage.Wakeups
+	// Feed carries copies of deliveries between replicas, so Watch sees
+	// the deliveries of every replica (watchfeed.go). If nil, Watch sees
+	// this replica's deliveries only.
+	Feed storage.DeliveryFeed
 	// Policies answers each namespace's policy. If nil, storage.DefaultPolicy.
 	Policies storage.Policies
 	// Namespaces, if set, lets the reaper sweep every namespace every
@@ -267,6 +271,8 @@ type Dispatcher struct {
 	// stopped is closed by Stop: every Watch returns ErrStopped.
 	stopped chan struct{}
 	watch   watchers
+	// feed publishes delivery copies when Config.Feed is set; else nil.
+	feed *feedPublisher
 }
 
 const (
@@ -281,7 +287,11 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("dispatcher: Config.Store is required")
 	}
 	cfg.setDefaults()
-	return &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{})}, nil
+	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{})}
+	if cfg.Feed != nil {
+		d.feed = newFeedPublisher(cfg.Feed, cfg.Clock, cfg.StoreTimeout)
+	}
+	return d, nil
 }
 
 // Start begins the dispatcher's background work (the wake-up subscription
@@ -305,6 +315,13 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if d.cfg.Namespaces != nil {
 		d.bg.Add(1)
 		go d.runSweeper(bgCtx)
+	}
+	if d.feed != nil {
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			d.feed.run(bgCtx, d.log)
+		}()
 	}
 	return nil
 }
@@ -460,7 +477,11 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 					n.unmarkSent(st, del.Token)
 					return err
 				}
-				d.watch.observe(n.name, del, d.cfg.Clock.Now())
+				if d.feed != nil {
+					d.feed.offer(n.name, del, d.cfg.Clock.Now())
+				} else {
+					d.watch.observe(n.name, del, d.cfg.Clock.Now())
+				}
 				d.cfg.Metrics.Delivered(n.name, lateness)
 				if d.cfg.LateWarn > 0 && lateness >= d.cfg.LateWarn {
 					n.late(lateness)

@@ -95,8 +95,8 @@ func (ws *watchers) observe(ns string, del storage.Delivery, at time.Time) {
 }
 
 // Watch registers w and sends it a copy of each delivery this dispatcher
-// sends to a subscriber of w.Namespace, until ctx is done, Send fails, or
-// the dispatcher stops. It runs in the caller's goroutine, the watcher's
+// (with Config.Feed: any replica's dispatcher) sends to a subscriber of
+// w.Namespace, until ctx is done, Send fails, or the dispatcher stops. It runs in the caller's goroutine, the watcher's
 // only sender, and never takes or hands back a delivery. It returns
 // ErrStopped when the dispatcher is not running or stops, ctx's error when
 // ctx ends, or Send's or Ready's error.
@@ -114,6 +114,9 @@ func (d *Dispatcher) Watch(ctx context.Context, w Watcher) error {
 	d.mu.Unlock()
 	defer d.serving.Done()
 
+	if d.feed != nil {
+		return d.watchFeed(ctx, w, stopped)
+	}
 	wt := &watcher{ch: make(chan Watched, w.Buffer)}
 	d.watch.add(w.Namespace, wt)
 	defer d.watch.remove(w.Namespace, wt)

@@ -97,10 +97,12 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	return toStatus(ctx, s.logger, err)
 }
 
-// WatchDeliveries streams copies of the namespace's deliveries made by this
-// replica until the client goes away or the server shuts down. Headers are
-// sent as soon as the watch is registered, so a client that waits for them
-// knows no later delivery escapes it. Copies carry no token.
+// WatchDeliveries streams copies of the namespace's deliveries, made by
+// this replica or (when the dispatcher has a feed) by any replica, until
+// the client goes away or the server shuts down. Headers are sent as soon as
+// the watch is registered, so a client that waits for them knows no later
+// delivery of this replica escapes it (another replica's: see
+// dispatcher.FeedRecheck). Copies carry no token.
 func (s *deliveryService) WatchDeliveries(req *delaydv1.WatchDeliveriesRequest, stream delaydv1.DeliveryService_WatchDeliveriesServer) error {
 	ctx := stream.Context()
 	ns := req.GetNamespace()

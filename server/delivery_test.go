@@ -82,7 +82,7 @@ type dlvReplica struct {
 func (e *dlvEnv) replica() *dlvReplica {
 	e.t.Helper()
 	pols := storage.StaticPolicies{P: e.pol}
-	d, err := dispatcher.New(dispatcher.Config{Store: e.store, Wakeups: e.store, Policies: pols})
+	d, err := dispatcher.New(dispatcher.Config{Store: e.store, Wakeups: e.store, Feed: e.store, Policies: pols})
 	if err != nil {
 		e.t.Fatalf("dispatcher.New: %v", err)
 	}

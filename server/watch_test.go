@@ -125,3 +125,51 @@ func TestWatchDeliveriesValidates(t *testing.T) {
 		t.Fatalf("WatchDeliveries(bad name): %v, want InvalidArgument", err)
 	}
 }
+
+// TestWatchDeliveriesSeesEveryReplica (issue 14): a watcher connected to
+// one replica sees the deliveries another replica makes (the dispatchers
+// share copies over the Redis watch feed), each once; a watcher on the
+// delivering replica sees each once too. Before the feed, the watcher on
+// r1 saw nothing: only r2, which had the subscriber, delivered.
+func TestWatchDeliveriesSeesEveryReplica(t *testing.T) {
+	t.Parallel()
+	e := newDlvEnv(t, dlvPolicy())
+	r1, r2 := e.replica(), e.replica()
+	far := e.watch(r1)  // no subscriber on r1: r1 delivers nothing
+	near := e.watch(r2) // on the replica that delivers
+	sub := e.subscribe(r2, 10)
+	ids := []string{"x1", "x2", "x3", "x4", "x5"}
+	for _, id := range ids {
+		e.upsert(r1, id, 0)
+	}
+	for range ids {
+		d := sub.next(t)
+		if st := e.ack(r2, d.GetToken()); st[0] != delaydv1.TokenStatus_TOKEN_STATUS_OK {
+			t.Errorf("ack of %s: %v", d.GetTask().GetId(), st)
+		}
+	}
+	for name, ch := range map[string]<-chan *delaydv1.WatchDeliveriesResponse{"watcher on the other replica": far, "watcher on the delivering replica": near} {
+		seen := map[string]int{}
+		for len(seen) < len(ids) {
+			select {
+			case w := <-ch:
+				seen[w.GetTask().GetId()]++
+				if w.GetTask().GetNamespace() != e.ns || w.GetTask().GetAttempt() != 1 || string(w.GetTask().GetPayload()) != "payload-"+w.GetTask().GetId() ||
+					w.GetLeaseDeadline() == nil || w.GetDeliveryTime() == nil {
+					t.Errorf("%s: copy %v", name, w)
+				}
+			case <-time.After(dlvWait):
+				t.Fatalf("%s saw %v of %d deliveries", name, seen, len(ids))
+			}
+		}
+		time.Sleep(dlvQuiet)
+		for len(ch) > 0 {
+			seen[(<-ch).GetTask().GetId()]++
+		}
+		for id, n := range seen {
+			if n != 1 {
+				t.Errorf("%s saw %s %d times, want once", name, id, n)
+			}
+		}
+	}
+}

@@ -185,6 +185,39 @@ type Counter interface {
 	Stats(ctx context.Context, ns string) (Stats, error)
 }
 
+// WatchCopy is a copy of one delivery for people watching a namespace
+// (WatchDeliveries, delayctl tail, the console): the task as delivered and
+// when, never the delivery's token, so nobody can settle it with a copy.
+type WatchCopy struct {
+	// Task as delivered: State StateDelivered, Attempt counting this delivery.
+	Task Task
+	// LeaseDeadline is when the delivery's lease ends (the store's clock).
+	LeaseDeadline time.Time
+	// SentAt is when the replica sent the delivery (that replica's clock).
+	SentAt time.Time
+	// Dropped counts copies of the same namespace the publishing replica
+	// dropped (its queue of copies was full) since the previous one it
+	// published.
+	Dropped int64
+}
+
+// DeliveryFeed carries copies of deliveries between replicas, so a watcher
+// connected to one replica sees the deliveries every replica makes. It is
+// best effort: a copy can be lost (a full queue, a connection loss), a
+// delivery never is, and nothing here changes a delivery.
+type DeliveryFeed interface {
+	// PublishWatchCopies offers each copy to the watchers of its task's
+	// namespace on every replica, and returns, per copy in order, how many
+	// subscriptions received it (0: nobody watches that namespace now).
+	PublishWatchCopies(ctx context.Context, copies []WatchCopy) ([]int64, error)
+	// SubscribeWatchCopies subscribes to the copies of ns that any replica
+	// publishes, calls ready once the subscription is in place, then fn for
+	// each copy, one call at a time on the calling goroutine, until ctx is
+	// done (it returns ctx.Err()), ready or fn fails (their error), or the
+	// subscription is lost (an error wrapping ErrUnavailable).
+	SubscribeWatchCopies(ctx context.Context, ns string, ready func() error, fn func(WatchCopy) error) error
+}
+
 // Wakeups tells dispatchers when an upsert on any replica put an earlier task
 // at the head of a namespace.
 type Wakeups interface {

@@ -128,7 +128,7 @@ var rules = map[string]rule{
 	// its golden tests start a real delayd in-process.
 	"ctl": {
 		imports:     []string{"client"},
-		testImports: []string{"daemon", "internal/testkit"},
+		testImports: []string{"daemon", "internal/testkit", "internal/testkit/delaydtest"},
 	},
 	// Examples are client programs.
 	"examples/internal/exampletest": {imports: []string{"client", "daemon", "internal/testkit", "internal/testkit/delaydtest"}, testOnly: true},

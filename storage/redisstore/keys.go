@@ -28,6 +28,9 @@ import (
 // Global:
 //
 //	delayd:wake             pub/sub channel; message = namespace name
+//	delayd:watch:<ns>       pub/sub channel; message = one delivery copy of
+//	                        namespace ns (JSON, watch.go), published only
+//	                        while a watcher somewhere is subscribed
 //	delayd:lead:<name>      STRING leader lease, value = holder
 //
 // The namespace registry (Redis-only and embedded modes; see registry.go)
@@ -56,6 +59,9 @@ const (
 	// Options.WakeChannel says otherwise.
 	DefaultWakeChannel = keyPrefix + "wake"
 )
+
+// watchChannel is the pub/sub channel of ns's delivery copies (watch.go).
+func watchChannel(ns string) string { return keyPrefix + "watch:" + ns }
 
 // nsKeys are the keys of one shard of one namespace.
 type nsKeys struct {

@@ -61,8 +61,11 @@ type DeliveryServiceClient interface {
 	// tail, the web console). A watcher that reads slower than deliveries
 	// happen misses copies (never deliveries); missed counts them. Headers
 	// are sent as soon as the watch is registered. Needs the consume or the
-	// admin scope on the namespace. With several delayd replicas, a watcher
-	// sees the deliveries made by the replica it is connected to.
+	// admin scope on the namespace. With several delayd replicas sharing a
+	// Redis, a watcher sees the deliveries of every replica (they share copies
+	// over Redis pub/sub, only while someone watches the namespace): those of
+	// the replica it is connected to from the headers on, those of the others
+	// at the latest a second later.
 	WatchDeliveries(ctx context.Context, in *WatchDeliveriesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDeliveriesResponse], error)
 }
 
@@ -177,8 +180,11 @@ type DeliveryServiceServer interface {
 	// tail, the web console). A watcher that reads slower than deliveries
 	// happen misses copies (never deliveries); missed counts them. Headers
 	// are sent as soon as the watch is registered. Needs the consume or the
-	// admin scope on the namespace. With several delayd replicas, a watcher
-	// sees the deliveries made by the replica it is connected to.
+	// admin scope on the namespace. With several delayd replicas sharing a
+	// Redis, a watcher sees the deliveries of every replica (they share copies
+	// over Redis pub/sub, only while someone watches the namespace): those of
+	// the replica it is connected to from the headers on, those of the others
+	// at the latest a second later.
 	WatchDeliveries(*WatchDeliveriesRequest, grpc.ServerStreamingServer[WatchDeliveriesResponse]) error
 	mustEmbedUnimplementedDeliveryServiceServer()
 }
