@@ -128,7 +128,8 @@ func TestWatchDeliveriesValidates(t *testing.T) {
 
 // TestWatchDeliveriesSeesEveryReplica (issue 14): a watcher connected to
 // one replica sees the deliveries another replica makes (the dispatchers
-// share copies over the Redis watch feed), each once; a watcher on the
+// share copies over the store's DeliveryFeed; here storagefake's, the Redis
+// one end to end in ctl's TestTailSeesEveryReplica), each once; a watcher on the
 // delivering replica sees each once too. Before the feed, the watcher on
 // r1 saw nothing: only r2, which had the subscriber, delivered.
 func TestWatchDeliveriesSeesEveryReplica(t *testing.T) {

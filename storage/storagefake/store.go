@@ -41,6 +41,8 @@ type Store struct {
 	lastUS int64                         // last microsecond handed out as a clock reading
 	subs   map[int]chan string
 	nextSb int
+	// watchers: namespace -> subscription id -> copies (DeliveryFeed)
+	watchers map[string]map[int]chan storage.WatchCopy
 }
 
 // record is one task. Its state decides which fields mean something, as the
@@ -63,11 +65,12 @@ func New(clock storage.Clock) *Store {
 }
 
 var (
-	_ storage.Tasks       = (*Store)(nil)
-	_ storage.Deliveries  = (*Store)(nil)
-	_ storage.DeadLetters = (*Store)(nil)
-	_ storage.Counter     = (*Store)(nil)
-	_ storage.Wakeups     = (*Store)(nil)
+	_ storage.Tasks        = (*Store)(nil)
+	_ storage.Deliveries   = (*Store)(nil)
+	_ storage.DeadLetters  = (*Store)(nil)
+	_ storage.Counter      = (*Store)(nil)
+	_ storage.Wakeups      = (*Store)(nil)
+	_ storage.DeliveryFeed = (*Store)(nil)
 )
 
 // now reads the clock in milliseconds and microseconds; microseconds strictly
@@ -671,6 +674,62 @@ func (s *Store) SubscribeWakeups(ctx context.Context, fn func(ns string)) error 
 			return ctx.Err()
 		case ns := <-ch:
 			fn(ns)
+		}
+	}
+}
+
+// PublishWatchCopies hands each copy to the subscriptions of its namespace,
+// as Redis pub/sub does: a subscription whose buffer (1,024) is full loses
+// it. It answers how many subscriptions each copy reached.
+func (s *Store) PublishWatchCopies(_ context.Context, copies []storage.WatchCopy) ([]int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]int64, len(copies))
+	for i, c := range copies {
+		for _, ch := range s.watchers[c.Task.Namespace] {
+			out[i]++
+			select {
+			case ch <- c:
+			default:
+			}
+		}
+	}
+	return out, nil
+}
+
+// SubscribeWatchCopies subscribes to ns's copies; see storage.DeliveryFeed.
+func (s *Store) SubscribeWatchCopies(ctx context.Context, ns string, ready func() error, fn func(storage.WatchCopy) error) error {
+	ch := make(chan storage.WatchCopy, 1024)
+	s.mu.Lock()
+	if s.watchers == nil {
+		s.watchers = map[string]map[int]chan storage.WatchCopy{}
+	}
+	if s.watchers[ns] == nil {
+		s.watchers[ns] = map[int]chan storage.WatchCopy{}
+	}
+	id := s.nextSb
+	s.nextSb++
+	s.watchers[ns][id] = ch
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.watchers[ns], id)
+		if len(s.watchers[ns]) == 0 {
+			delete(s.watchers, ns)
+		}
+		s.mu.Unlock()
+	}()
+	if err := ready(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case c := <-ch:
+			if err := fn(c); err != nil {
+				return err
+			}
 		}
 	}
 }
