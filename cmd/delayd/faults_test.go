@@ -514,8 +514,9 @@ func (w *writeLoad) reset() {
 }
 
 // TestFaultRedisSIGSTOPDurable (issue 10 item 5): in durable mode Redis
-// hangs (SIGSTOP) under a steady write load whose calls have a 1 s
-// deadline, shorter than the 5 s store timeout. MySQL keeps committing and
+// hangs (SIGSTOP) under a steady write load whose calls have a 3 s
+// deadline, shorter than the 5 s store timeout (and long enough that a
+// loaded test machine does not miss it for reasons of its own). MySQL keeps committing and
 // the writers keep being answered: the writes accepted in a window while
 // Redis is stopped are at least a quarter of those in a window before
 // (before the fix the committers waited for each index write, so commits
@@ -535,7 +536,7 @@ func TestFaultRedisSIGSTOPDurable(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	consume(ctx, t, r.conn, ns, 0, ty)
-	w := startWriteLoad(t, r.conn, ns, 8, time.Second, 3*time.Second, ty)
+	w := startWriteLoad(t, r.conn, ns, 8, 3*time.Second, 3*time.Second, ty)
 	w.window(2 * time.Second) // warm up
 	w.reset()
 	before := w.window(4 * time.Second)
