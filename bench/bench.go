@@ -405,6 +405,9 @@ func command(cfg Config, workload, system string) string {
 	if cfg.Target != "" {
 		args = append(args, "--target="+cfg.Target)
 	}
+	if cfg.NoOps && strings.HasPrefix(system, "delayd") {
+		args = append(args, "--no-ops")
+	}
 	if cfg.BaselineBatch != 200 && strings.HasPrefix(system, "baseline") {
 		args = append(args, fmt.Sprintf("--baseline-batch=%d", cfg.BaselineBatch))
 	}
