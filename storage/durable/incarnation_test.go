@@ -3,6 +3,9 @@ package durable_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -344,5 +347,137 @@ func TestReversePassLeavesForeignNamespaces(t *testing.T) {
 	}
 	if _, err := e.idx.Get(ctx, foreign, "theirs"); err != nil {
 		t.Fatalf("a task of a namespace MySQL does not know was touched by the reverse pass: %v", err)
+	}
+}
+
+// slowRestore is the real index with every Restore started late, so a
+// restore's read of MySQL and its index write are far apart and removes
+// land in between.
+type slowRestore struct {
+	durable.Index
+	delay time.Duration
+}
+
+func (s slowRestore) Restore(ctx context.Context, ns string, tasks []storage.Task, force bool) (int, error) {
+	time.Sleep(s.delay)
+	return s.Index.Restore(ctx, ns, tasks, force)
+}
+
+// TestRemoveDuringRestoreNeverDelivered (issue 10 item 6): the index has
+// lost tasks MySQL holds, the reconciler (a pass every few milliseconds) is
+// restoring them, and meanwhile every one of them is removed. Once Remove
+// has returned, the task is in neither store and is never delivered: a
+// restore reads the row under its lock and writes the index before
+// releasing it, so a restore either precedes the remove's MySQL delete
+// (and the remove's index write then deletes what it restored) or sees no
+// row. Several rounds, each racing a pass over a fresh batch; every
+// restore waits 20 ms between its read and its write (slowRestore), so
+// without the row locks removes would land in that window (and did, when
+// the locks were taken out to check this test).
+func TestRemoveDuringRestoreNeverDelivered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) {
+		c.Index = slowRestore{Index: c.Index, delay: 20 * time.Millisecond}
+		c.IndexCheckInterval = 2 * time.Millisecond
+		c.ReconcileInterval = 2 * time.Millisecond
+		c.ReconcileBatch = 10 // a pass restores a round in 20 steps of 20 ms
+	})
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "rmr")
+	if _, err := e.store.Registry().CreateNamespace(ctx, storage.Namespace{Name: ns}); err != nil {
+		t.Fatal(err)
+	}
+	const rounds, n = 5, 200
+	restoredBefore := 0
+	for r := range rounds {
+		specs := make([]storage.UpsertSpec, n)
+		for i := range specs {
+			specs[i] = storage.UpsertSpec{ID: fmt.Sprintf("r%d-%03d", r, i), Payload: []byte("p"), Delay: -time.Second}
+		}
+		// In chunks of 10, a few ms apart: the incremental pass pages by
+		// update time, so it restores the round in 20 steps.
+		var res []storage.UpsertResult
+		for lo := 0; lo < n; lo += 10 {
+			rs, err := e.store.Upsert(ctx, ns, specs[lo:lo+10])
+			if err != nil {
+				t.Fatal(err)
+			}
+			res = append(res, rs...)
+			time.Sleep(3 * time.Millisecond)
+		}
+		vs := make([]storage.Version, n)
+		for i, rr := range res {
+			vs[i] = storage.Version{ID: rr.Task.ID, Incarnation: rr.Task.Incarnation, Generation: rr.Task.Generation}
+		}
+		// The index loses them; the reconciler starts restoring them.
+		if _, err := e.idx.Forget(ctx, ns, vs); err != nil {
+			t.Fatal(err)
+		}
+		// Remove once the reconciler is restoring the round.
+		testkit.Eventually(t, 30*time.Second, "the reconciler to restore some of the round", func() bool {
+			st, err := e.idx.Stats(ctx, ns)
+			if err == nil && st.Scheduled > 0 {
+				restoredBefore += int(st.Scheduled)
+				return true
+			}
+			return false
+		})
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for i := range n {
+			wg.Go(func() {
+				// spread over the pass's 20 restore steps of 20 ms
+				time.Sleep(time.Duration(mrand.IntN(400)) * time.Millisecond)
+				for {
+					_, err := e.store.Remove(ctx, ns, specs[i].ID, 0)
+					switch {
+					case err == nil, errors.Is(err, storage.ErrNotFound):
+						// At once: a later reverse pass would hide a
+						// restore that came after the remove.
+						if _, gerr := e.idx.Get(ctx, ns, specs[i].ID); gerr == nil {
+							errs <- fmt.Errorf("%s is in the index right after its Remove returned", specs[i].ID)
+						}
+						return
+					case errors.Is(err, storage.ErrUnavailable):
+						continue // the index removal was pending: retry, as the API says
+					default:
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("round %d: %v", r, err)
+		}
+		if t.Failed() {
+			return
+		}
+		for _, v := range vs {
+			if _, err := e.idx.Get(ctx, ns, v.ID); err == nil {
+				t.Fatalf("round %d: %s is in the index after its Remove returned", r, v.ID)
+			}
+		}
+		// Nothing of the round is deliverable, now or after more passes.
+		for range 5 {
+			ds, err := e.store.Pop(ctx, ns, 1000, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range ds {
+				t.Errorf("round %d: removed task %s delivered (attempt %d)", r, d.Task.ID, d.Token.Attempt)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d of %d tasks were back in the index when their removes started (the rest were restored during them, or not at all)", restoredBefore, rounds*n)
+	if n := e.count(ns); n != 0 {
+		t.Fatalf("mysql still holds %d rows of removed tasks", n)
 	}
 }
