@@ -92,6 +92,10 @@ type Config struct {
 	// seconds per MySQL transaction in durable mode
 	// (durable.DefaultOpTimeout).
 	StoreTimeout time.Duration
+	// MaxScriptBytes bounds the arguments of one Redis script call that
+	// writes tasks or settles deliveries; longer batches are split into
+	// several calls. If zero, 1 MiB (redisstore.DefaultMaxScriptBytes).
+	MaxScriptBytes int
 	// SafetyPoll is the dispatcher's slow poll that catches a missed
 	// wake-up. If zero, 1 second (dispatcher.Config.SafetyPoll).
 	SafetyPoll time.Duration

@@ -148,9 +148,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 
 	// 2. The task store over it.
 	store := redisstore.New(d.redis.client, redisstore.Options{
-		Logger:  logger.With("component", "redisstore"),
-		Timeout: cfg.StoreTimeout,
-		Traces:  tp != nil,
+		Logger:         logger.With("component", "redisstore"),
+		Timeout:        cfg.StoreTimeout,
+		Traces:         tp != nil,
+		MaxScriptBytes: cfg.MaxScriptBytes,
 	})
 	// Tasks stored by a delayd from before the header/payload split are
 	// converted before anything reads them (bounded steps; a no-op after).

@@ -62,6 +62,13 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.IntVar(&c.Limits.MaxMessageBytes, "max-message-bytes", server.DefaultMaxMessageBytes, "largest gRPC message received or sent, in bytes")
 	c.Limits.MaxConcurrentStreams = server.DefaultMaxConcurrentStreams
 	fs.Var(uint32Flag{&c.Limits.MaxConcurrentStreams}, "max-concurrent-streams", "most concurrent calls per client connection")
+	fs.IntVar(&c.Limits.MaxBatchPayloadBytes, "max-batch-payload-bytes", server.DefaultMaxBatchPayload, "most payload bytes of one BatchUpsertTasks, in total")
+	fs.IntVar(&c.Limits.MaxListBytes, "max-list-bytes", server.DefaultMaxListBytes, "bytes of one list page (ListTasks, ListDeadLetters, ListKeys, ListNamespaces); a page is cut there and goes on with next_page_token; at most half of --max-message-bytes")
+	fs.IntVar(&c.MaxScriptBytes, "max-script-bytes", redisstore.DefaultMaxScriptBytes, "bytes of ids, kinds and payloads one Redis script call carries; larger batches are split into several calls")
+	fs.IntVar(&c.Limits.MaxConnections, "max-connections", server.DefaultMaxConnections, "most client connections open at once; more are closed as soon as accepted")
+	fs.DurationVar(&c.Limits.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call for this long is sent GOAWAY (clients reconnect)")
+	fs.IntVar(&c.Limits.MaxStreamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey, "most Subscribe streams one API key holds open per replica")
+	fs.IntVar(&c.Limits.MaxInFlight, "max-in-flight", server.DefaultMaxInFlight, "largest max_in_flight a subscriber may ask for")
 	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", pol.MaxPayloadBytes, "largest task payload, in bytes")
 	fs.DurationVar(&c.MaxDelay, "max-delay", pol.MaxDelay, "horizon: the furthest ahead a task may be due")
 	fs.DurationVar(&c.StoreTimeout, "store-timeout", 0, fmt.Sprintf("deadline of each store call; 0 = each store's own: %s per Redis call, %s per MySQL transaction (durable mode)",

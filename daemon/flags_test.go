@@ -15,6 +15,7 @@ import (
 	"github.com/peterbourgon/ff/v3"
 
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/storage/redisstore"
 )
 
 // TestFlagDefaults: the flags' defaults are the defaults a zero Config
@@ -33,7 +34,7 @@ func TestFlagDefaults(t *testing.T) {
 	// serves the HTTP edge on :7071 and the ops listener on :9070, a zero
 	// Config (tests, the bench, tools in-process) neither, so that many of
 	// them on one host never contend for one port.
-	otherParts := cmpopts.IgnoreFields(Config{}, "Limits", "MaxPayloadBytes", "MaxDelay", "SlowCall", "HTTPListen", "OpsListen")
+	otherParts := cmpopts.IgnoreFields(Config{}, "Limits", "MaxPayloadBytes", "MaxDelay", "SlowCall", "HTTPListen", "OpsListen", "MaxScriptBytes")
 	if got.HTTPListen != DefaultHTTPListen || (Config{}).withDefaults().HTTPListen != "" {
 		t.Errorf("--http-listen defaults to %q, a zero Config to %q; want %q and none", got.HTTPListen, Config{}.withDefaults().HTTPListen, DefaultHTTPListen)
 	}
@@ -49,9 +50,15 @@ func TestFlagDefaults(t *testing.T) {
 			got.MaxPayloadBytes, got.MaxDelay, pol.MaxPayloadBytes, pol.MaxDelay)
 	}
 	want := server.Limits{MaxBatch: server.DefaultMaxBatch, MaxMessageBytes: server.DefaultMaxMessageBytes,
-		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams}
+		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams, MaxBatchPayloadBytes: server.DefaultMaxBatchPayload,
+		MaxListBytes: server.DefaultMaxListBytes, MaxConnections: server.DefaultMaxConnections,
+		MaxConnectionIdle: server.DefaultMaxConnectionIdle, MaxStreamsPerKey: server.DefaultMaxStreamsPerKey,
+		MaxInFlight: server.DefaultMaxInFlight}
 	if got.Limits != want {
 		t.Errorf("limit flags default to %+v, want the server's defaults %+v", got.Limits, want)
+	}
+	if got.MaxScriptBytes != redisstore.DefaultMaxScriptBytes {
+		t.Errorf("--max-script-bytes defaults to %d, the store's default is %d", got.MaxScriptBytes, redisstore.DefaultMaxScriptBytes)
 	}
 	if got.SlowCall != server.DefaultSlowCall || got.DisableReflection || f.NoAuth {
 		t.Errorf("--log-slow-calls %s, reflection off %v, --no-auth %v", got.SlowCall, got.DisableReflection, f.NoAuth)

@@ -32,3 +32,12 @@ func TestConformanceCluster(t *testing.T) {
 	t.Parallel()
 	runConformance(t, startCluster(t, 2))
 }
+
+// TestConformanceSplitScripts runs the suite with a script byte budget so
+// small that every upsert, ack, nack and extend call is split into one
+// script call per item: splitting by bytes changes no answer.
+func TestConformanceSplitScripts(t *testing.T) {
+	t.Parallel()
+	c := testRedisClient(t)
+	storetest.Run(t, func(t *testing.T) storetest.Store { return New(c, Options{MaxScriptBytes: 1}) })
+}

@@ -20,7 +20,7 @@ import (
 // per-namespace index marker, a leader lease and namespace discovery.
 
 // Restore re-indexes tasks of ns read from the durable authority, in one
-// round trip per MaxBatch tasks. A task is written unless the index already
+// round trip per MaxBatch tasks or Options.MaxScriptBytes. A task is written unless the index already
 // holds the same or a newer version of it ((incarnation, generation)
 // order), or, with force, unless it holds that very version (a repair: the
 // authority wins even over a version it never committed); and never when
@@ -41,7 +41,10 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, fo
 		flag = "1"
 	}
 	written := 0
-	err := chunks(len(tasks), func(lo, hi int) error {
+	size := func(i int) int {
+		return len(tasks[i].ID) + len(tasks[i].Kind) + len(tasks[i].Payload) + len(tasks[i].LastError)
+	}
+	err := byteChunks(len(tasks), s.maxArgs, size, func(lo, hi int) error {
 		part := tasks[lo:hi]
 		args := make([]any, 0, 4+7*len(part))
 		args = append(args, s.wake, ns, flag, len(part))

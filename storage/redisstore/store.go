@@ -34,10 +34,18 @@ import (
 )
 
 // MaxBatch is the most items one script call handles. Upsert, Ack, Nack,
-// Extend, Requeue and Purge split longer lists into calls of MaxBatch; Pop,
-// Reap, List and the "all" forms of Requeue and Purge handle at most
-// MaxBatch tasks per call.
+// Extend, Requeue and Purge split longer lists into calls of MaxBatch (and
+// Upsert, Ack, Nack, Extend and Restore into calls of at most
+// Options.MaxScriptBytes as well); Pop, Reap, List and the "all" forms of
+// Requeue and Purge handle at most MaxBatch tasks per call.
 const MaxBatch = 1000
+
+// DefaultMaxScriptBytes is Options.MaxScriptBytes' default: 1 MiB.
+const DefaultMaxScriptBytes = 1 << 20
+
+// itemOverhead is what an item of a script call counts beyond its id,
+// kind and payload (its numbers and the protocol's framing).
+const itemOverhead = 64
 
 // ErrInvalidCursor is returned by List for a cursor it did not make (or one
 // made for another state).
@@ -72,6 +80,13 @@ type Options struct {
 	// traced tasks. If false (the default), trace contexts are neither
 	// written nor read.
 	Traces bool
+	// MaxScriptBytes bounds the arguments of one script call that writes
+	// tasks (upsert, restore) or settles deliveries (ack, nack, extend):
+	// longer lists are split into several calls of at most this many bytes
+	// (ids, kinds and payloads, plus 64 bytes an item), so no single call
+	// holds Redis for long. A single item larger than it goes alone. If
+	// zero, DefaultMaxScriptBytes.
+	MaxScriptBytes int
 }
 
 // Store is the Redis task index. It is safe for concurrent use; it does not
@@ -83,6 +98,7 @@ type Store struct {
 	wake    string
 	noCo    bool
 	traces  bool
+	maxArgs int // Options.MaxScriptBytes
 	co      coalescer
 }
 
@@ -97,7 +113,11 @@ var (
 // New returns a Store over client. It does not contact Redis.
 func New(client redis.UniversalClient, opts Options) *Store {
 	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
-		noCo: opts.NoCoalesce, traces: opts.Traces, co: coalescer{queues: make(map[string]*upsertQueue)}}
+		noCo: opts.NoCoalesce, traces: opts.Traces, maxArgs: opts.MaxScriptBytes,
+		co: coalescer{queues: make(map[string]*upsertQueue)}}
+	if s.maxArgs <= 0 {
+		s.maxArgs = DefaultMaxScriptBytes
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -202,8 +222,36 @@ func chunks(n int, fn func(lo, hi int) error) error {
 	return nil
 }
 
+// byteChunks calls fn with consecutive pieces of n items of at most
+// MaxBatch items and at most maxBytes by size (a piece of one item may be
+// larger): the script calls that carry payloads or many ids are bounded by
+// bytes as well as by count.
+func byteChunks(n, maxBytes int, size func(i int) int, fn func(lo, hi int) error) error {
+	for lo := 0; lo < n; {
+		hi, used := lo, 0
+		for hi < n && hi-lo < MaxBatch {
+			b := size(hi) + itemOverhead
+			if hi > lo && used+b > maxBytes {
+				break
+			}
+			used += b
+			hi++
+		}
+		if err := fn(lo, hi); err != nil {
+			return err
+		}
+		lo = hi
+	}
+	return nil
+}
+
+// tokenBytes sizes tokens for byteChunks.
+func tokenBytes(tokens []storage.Token) func(int) int {
+	return func(i int) int { return len(tokens[i].ID) }
+}
+
 // Upsert creates or replaces tasks of ns, in one round trip per MaxBatch
-// specs. Due times are resolved with the Redis clock when DueTime is zero.
+// specs or Options.MaxScriptBytes, whichever comes first. Due times are resolved with the Redis clock when DueTime is zero.
 // Results are in spec order. When any task becomes the earliest of ns, the
 // namespace is published on the wake channel. Conditional specs
 // (CreateOnly, IfGeneration) are decided in the same script, against what
@@ -230,12 +278,14 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	return res, err
 }
 
-// upsertScript runs the upsert script for specs, in calls of MaxBatch.
+// upsertScript runs the upsert script for specs, in calls of at most
+// MaxBatch specs and Options.MaxScriptBytes.
 func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	k := keysFor(ns, shard)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
 	out := make([]storage.UpsertResult, 0, len(specs))
-	err := chunks(len(specs), func(lo, hi int) error {
+	size := func(i int) int { return len(specs[i].ID) + len(specs[i].Kind) + len(specs[i].Payload) }
+	err := byteChunks(len(specs), s.maxArgs, size, func(lo, hi int) error {
 		part := specs[lo:hi]
 		args := make([]any, 0, 3+9*len(part))
 		args = append(args, s.wake, ns, len(part))
@@ -737,7 +787,7 @@ func tokenStatus(v any) storage.TokenStatus {
 // since been upserted or redelivered answers STALE, one whose task is gone,
 // re-created since (another incarnation) or not in flight NOT_FOUND; both
 // change nothing. A token of another namespace answers NOT_FOUND. One round
-// trip per MaxBatch tokens.
+// trip per MaxBatch tokens (or Options.MaxScriptBytes of their ids).
 func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
 	return s.ack(ctx, ns, tokens, false)
 }
@@ -758,7 +808,7 @@ func (s *Store) ack(ctx context.Context, ns string, tokens []storage.Token, mark
 		flag = "1"
 	}
 	out := make([]storage.TokenStatus, 0, len(tokens))
-	err := chunks(len(tokens), func(lo, hi int) error {
+	err := byteChunks(len(tokens), s.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
 		args := make([]any, 0, 2+tokenArity*(hi-lo))
 		args = append(args, flag, hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
@@ -818,13 +868,14 @@ func moved(id string, inc, gen int64, attempt int32, state int64, at int64, reas
 // after opts.RetryAfter or the backoff for its attempt, or to dead when its
 // attempt has reached opts.MaxAttempts (0 = no limit); opts.Reason becomes
 // its last error. Statuses are as for Ack; Moved lists where each applied
-// token's task went, in token order. One round trip per MaxBatch tokens.
+// token's task went, in token order. One round trip per MaxBatch tokens
+// (or Options.MaxScriptBytes of their ids).
 func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
 	k := keysFor(ns, shard)
 	keys := []string{k.due, k.inflight, k.dead, k.meta}
 	statuses := make([]storage.TokenStatus, 0, len(tokens))
 	var movedTasks []storage.Moved
-	err := chunks(len(tokens), func(lo, hi int) error {
+	err := byteChunks(len(tokens), s.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
 		part := tokens[lo:hi]
 		args := make([]any, 0, 12+tokenArity*len(part))
 		args = append(args, s.wake, ns)
@@ -865,11 +916,12 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 
 // Extend sets the lease of each delivery its token still names to the
 // Redis clock's now + by. Statuses are as for Ack; LeaseDeadline is set for
-// OK. One round trip per MaxBatch tokens.
+// OK. One round trip per MaxBatch tokens (or Options.MaxScriptBytes of
+// their ids).
 func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
 	k := keysFor(ns, shard)
 	out := make([]storage.ExtendResult, 0, len(tokens))
-	err := chunks(len(tokens), func(lo, hi int) error {
+	err := byteChunks(len(tokens), s.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
 		args := make([]any, 0, 2+tokenArity*(hi-lo))
 		args = append(args, max(by.Milliseconds(), 0), hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
