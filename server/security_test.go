@@ -25,10 +25,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
-	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/redisstore"
 )
 
 // The attacks of issue 11, each reproduced over real gRPC (or raw HTTP/2
@@ -802,66 +800,5 @@ func TestListKeysIsPagedAndCutByBytes(t *testing.T) {
 	if n := proto.Size(nsResp); n > 4<<10+1<<10 || nsResp.GetNextPageToken() == "" {
 		t.Fatalf("ListNamespaces page of %d bytes (%d namespaces), next %q; want at most about 4 KiB and a next page",
 			n, len(nsResp.GetNamespaces()), nsResp.GetNextPageToken())
-	}
-}
-
-// TestBatchUpsertScriptsAreBoundedByBytes: a BatchUpsertTasks of 4 MiB
-// (60 payloads of 64 KiB) reaches Redis as several upsert script calls of
-// at most redisstore.DefaultMaxScriptBytes each, read back from the private
-// Redis's slow log (every command logged, with its arguments). Before,
-// it was one script call carrying all 4 MiB, holding Redis for its whole
-// run.
-func TestBatchUpsertScriptsAreBoundedByBytes(t *testing.T) {
-	t.Parallel()
-	rs := testkit.StartRedis(t, "--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
-	e := newTenEnvAt(t, rs.URL)
-	r := e.replica(tenOpts{})
-	ns := e.newNamespace(r, "script-", nil)
-	const n, size = 60, 64 << 10
-	req := &delaydv1.BatchUpsertTasksRequest{Namespace: ns}
-	for i := range n {
-		req.Tasks = append(req.Tasks, &delaydv1.UpsertTaskRequest{
-			Id: fmt.Sprintf("t%02d", i), Payload: bytes.Repeat([]byte{'x'}, size),
-			When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)},
-		})
-	}
-	ctx := admin()
-	// Load the script first, so no EVALSHA answered NOSCRIPT (then retried
-	// as EVAL) counts twice.
-	if err := upsertAs(ctx, r, ns, "warm-up"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.rdb.SlowLogReset(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := r.tasks.BatchUpsertTasks(ctx, req)
-	if err != nil || len(resp.GetResults()) != n {
-		t.Fatalf("BatchUpsertTasks: %d results, %v", len(resp.GetResults()), err)
-	}
-	logs, err := e.rdb.SlowLogGet(ctx, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// An upsert call: EVALSHA sha 5 <5 keys> <wake channel> <ns> <count> ...
-	perCall := redisstore.DefaultMaxScriptBytes / size
-	calls, total := 0, 0
-	for _, l := range logs {
-		a := l.Args
-		if len(a) < 11 || !strings.HasPrefix(strings.ToUpper(a[0]), "EVAL") || a[2] != "5" ||
-			a[8] != redisstore.DefaultWakeChannel || a[9] != ns {
-			continue
-		}
-		var count int
-		if _, err := fmt.Sscan(a[10], &count); err != nil {
-			t.Fatalf("upsert call %v: count %q", a[:11], a[10])
-		}
-		calls++
-		total += count
-		if count > perCall {
-			t.Errorf("one upsert script call carried %d payloads of 64 KiB; want at most %d (%d bytes)", count, perCall, redisstore.DefaultMaxScriptBytes)
-		}
-	}
-	if total != n || calls < n/perCall {
-		t.Errorf("%d upsert script calls carried %d tasks; want %d tasks in at least %d calls", calls, total, n, n/perCall)
 	}
 }
