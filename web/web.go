@@ -8,6 +8,14 @@
 // quotas), admission codec, message limits and error mapping as the gRPC
 // listener. A Connect error carries the same code and message a gRPC client
 // gets.
+//
+// The console (console.go, files in ui/) is static HTML, CSS and JavaScript
+// embedded in the binary, with no build step. It holds no secret and no
+// privilege of its own: the browser calls the JSON endpoints above with the
+// API key a person typed in (kept in the tab's sessionStorage, sent only as
+// an Authorization header), so every view shows what that key may see and
+// the server decides. Its answers carry a strict Content-Security-Policy
+// (ConsoleCSP).
 package web
 
 import (
