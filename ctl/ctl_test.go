@@ -418,3 +418,30 @@ func TestTailSeesEveryReplica(t *testing.T) {
 		t.Errorf("Consume: %v", err)
 	}
 }
+
+// TestGoldenConditionalAndBulk: create-only and compare-and-set upserts and
+// removes, and removing many tasks by ids and by filter.
+func TestGoldenConditionalAndBulk(t *testing.T) {
+	addr := delayd(t)
+	ctx := t.Context()
+	got := scenario(t, ctx, addr, []step{
+		{code: 0, args: args("ns create shop")},
+		{code: 0, args: args("task upsert shop order-1 --delay 1h --kind order.close --create-only")},
+		{code: 1, args: args("task upsert shop order-1 --delay 2h --kind order.close --create-only")},
+		{code: 0, args: args("task upsert shop order-1 --delay 2h --kind order.close --if-generation 1")},
+		{code: 1, args: args("task upsert shop order-1 --delay 3h --if-generation 1")},
+		{code: 2, args: args("task upsert shop order-1 --delay 3h --if-generation 1 --create-only")},
+		{code: 1, args: args("task remove shop order-1 --if-generation 1")},
+		{code: 0, args: args("task remove shop order-1 --if-generation 2 -o json")},
+		{code: 0, args: args("task upsert shop order-2 --delay 1h --kind order.close")},
+		{code: 0, args: args("task upsert shop order-3 --delay 1h --kind order.close")},
+		{code: 0, args: args("task upsert shop remind-1 --delay 1h --kind order.remind")},
+		{code: 0, args: args("task upsert shop remind-2 --delay 1h --kind order.remind")},
+		{code: 0, args: args("task remove-many shop remind-1 missing")},
+		{code: 2, args: args("task remove-many shop")},
+		{code: 2, args: args("task remove-many shop order-2 --kind order.close")},
+		{code: 0, args: args("task remove-many shop --kind order.close --state scheduled -o json")},
+		{code: 0, args: args("task list shop")},
+	})
+	golden(t, "conditional_bulk", got)
+}

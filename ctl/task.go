@@ -12,8 +12,8 @@ import (
 )
 
 func taskCommand(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "task", Short: "Tasks: upsert, get, list, remove"}
-	cmd.AddCommand(taskUpsertCommand(g), taskGetCommand(g), taskListCommand(g), taskRemoveCommand(g))
+	cmd := &cobra.Command{Use: "task", Short: "Tasks: upsert, get, list, remove, remove-many"}
+	cmd.AddCommand(taskUpsertCommand(g), taskGetCommand(g), taskListCommand(g), taskRemoveCommand(g), taskRemoveManyCommand(g))
 	return cmd
 }
 
@@ -23,9 +23,11 @@ func taskUpsertCommand(g *globals) *cobra.Command {
 		at      string
 		kind    string
 		payload string
+		once    bool
+		ifGen   int64
 	)
 	cmd := &cobra.Command{
-		Use:   "upsert NS ID (--delay 30s | --at RFC3339) [--kind K] [--payload TEXT|@file|@-]",
+		Use:   "upsert NS ID (--delay 30s | --at RFC3339) [--kind K] [--payload TEXT|@file|@-] [--create-only | --if-generation N]",
 		Short: "Create a task, or replace it (new due time, kind and payload)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -44,6 +46,12 @@ func taskUpsertCommand(g *globals) *cobra.Command {
 			default:
 				return usagef("give the due time: --delay 30s or --at 2030-01-02T15:04:05Z")
 			}
+			if once && ifGen != 0 {
+				return usagef("--create-only and --if-generation exclude each other: give one")
+			}
+			if ifGen < 0 {
+				return usagef("--if-generation %d: allowed: the generation last read (1 or more)", ifGen)
+			}
 			body, err := g.readPayload(payload)
 			if err != nil {
 				return err
@@ -52,7 +60,8 @@ func taskUpsertCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := c.Upsert(cmd.Context(), args[0], client.TaskSpec{ID: args[1], Kind: kind, Payload: body, When: when})
+			res, err := c.Upsert(cmd.Context(), args[0], client.TaskSpec{ID: args[1], Kind: kind, Payload: body, When: when,
+				CreateOnly: once, IfGeneration: ifGen})
 			if err != nil {
 				return err
 			}
@@ -73,6 +82,8 @@ func taskUpsertCommand(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&at, "at", "", "due at this RFC 3339 time (e.g. 2030-01-02T15:04:05Z)")
 	cmd.Flags().StringVar(&kind, "kind", "", "optional label, e.g. order.close")
 	cmd.Flags().StringVar(&payload, "payload", "", "payload: literal text, @file to read a file, @- to read stdin")
+	cmd.Flags().BoolVar(&once, "create-only", false, "only create: fail (AlreadyExists) and change nothing if the task exists")
+	cmd.Flags().Int64Var(&ifGen, "if-generation", 0, "only replace the task at this generation, else fail (FailedPrecondition)")
 	return cmd
 }
 
@@ -162,14 +173,25 @@ func taskListCommand(g *globals) *cobra.Command {
 }
 
 func taskRemoveCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use: "remove NS ID", Short: "Cancel a task in any state (removing a missing task is not an error)", Args: cobra.ExactArgs(2),
+	var ifGen int64
+	cmd := &cobra.Command{
+		Use:   "remove NS ID [--if-generation N]",
+		Short: "Cancel a task in any state (removing a missing task is not an error)",
+		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if ifGen < 0 {
+				return usagef("--if-generation %d: allowed: the generation last read (1 or more)", ifGen)
+			}
 			c, err := g.connect()
 			if err != nil {
 				return err
 			}
-			res, err := c.Remove(cmd.Context(), args[0], args[1])
+			var res client.RemoveResult
+			if ifGen > 0 {
+				res, err = c.RemoveIf(cmd.Context(), args[0], args[1], ifGen)
+			} else {
+				res, err = c.Remove(cmd.Context(), args[0], args[1])
+			}
 			if err != nil {
 				return err
 			}
@@ -182,4 +204,57 @@ func taskRemoveCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().Int64Var(&ifGen, "if-generation", 0, "only remove the task at this generation, else fail (FailedPrecondition)")
+	return cmd
+}
+
+func taskRemoveManyCommand(g *globals) *cobra.Command {
+	var kind, prefix, state string
+	cmd := &cobra.Command{
+		Use:   "remove-many NS (ID... | [--kind K] [--id-prefix P] [--state S])",
+		Short: "Cancel the named tasks, or every task a filter selects (in bounded pages)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ns, ids := args[0], args[1:]
+			filtered := kind != "" || prefix != "" || state != ""
+			switch {
+			case len(ids) > 0 && filtered:
+				return usagef("give task ids or a filter (--kind, --id-prefix, --state), not both")
+			case len(ids) == 0 && !filtered:
+				return usagef("give task ids or a filter: --kind, --id-prefix, --state (any state when not given)")
+			}
+			var f client.TaskFilter
+			if state != "" {
+				st, err := parseState(state)
+				if err != nil {
+					return err
+				}
+				f.State = st
+			}
+			f.Kind, f.IDPrefix = kind, prefix
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			var n int64
+			if len(ids) > 0 {
+				n, err = c.RemoveIDs(cmd.Context(), ns, ids)
+			} else {
+				n, err = c.RemoveMatching(cmd.Context(), ns, f)
+			}
+			if err != nil {
+				if n > 0 {
+					_ = write(g.stderr, "removed %d task(s) of %s before the error\n", n, ns)
+				}
+				return err
+			}
+			return g.emit(map[string]any{"namespace": ns, "removed": n}, func() error {
+				return write(g.stdout, "removed %d task(s) of %s\n", n, ns)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&kind, "kind", "", "only tasks of this kind")
+	cmd.Flags().StringVar(&prefix, "id-prefix", "", "only tasks whose id starts with this")
+	cmd.Flags().StringVar(&state, "state", "", "only tasks in this state: scheduled, delivered or dead (default: any)")
+	return cmd
 }
