@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/dynamicpb"
 
-	_ "github.com/delayd/delayd/gen/delayd/v1"     // registers the delayd.v1 services
+	_ "github.com/delayd/delayd/gen/delayd/v1"       // registers the delayd.v1 services
 	_ "google.golang.org/grpc/health/grpc_health_v1" // and grpc.health.v1
 )
 
