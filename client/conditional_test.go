@@ -1,11 +1,14 @@
 package client_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -137,6 +140,74 @@ func TestConditionalWrites(t *testing.T) {
 			}
 			if left != 549 {
 				t.Errorf("%d tasks left, want 549 reminders", left)
+			}
+		})
+	}
+}
+
+// loseAnswers is a client interceptor that lets the next n calls reach the
+// server and be applied, then answers them DeadlineExceeded: what a
+// producer sees when the answer is lost to a timeout.
+type loseAnswers struct{ n atomic.Int32 }
+
+func (l *loseAnswers) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err == nil && l.n.Add(-1) >= 0 {
+		return status.Error(codes.DeadlineExceeded, "context deadline exceeded (the answer was lost; the call was applied)")
+	}
+	return err
+}
+
+// TestCreateOnlyRetryAfterTimeout: a producer's upsert is applied but its
+// answer is lost to a timeout; the producer retries the same relative
+// schedule. A plain upsert's retry pushes the due time back by the time the
+// retry took; a create-only retry answers AlreadyExists and the due time
+// stays where the first, applied, try put it. Both modes.
+func TestCreateOnlyRetryAfterTimeout(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"redis", "durable"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			cfg := daemon.Config{}
+			if mode == "durable" {
+				cfg.MySQLDSN = testkit.Database(t, "delayd_client_retry")
+			}
+			srv := startDelaydWith(t, cfg)
+			lose := &loseAnswers{}
+			c := newClient(t, srv.addr(), client.WithDialOptions(grpc.WithChainUnaryInterceptor(lose.intercept)))
+			ns := namespace(t, c)
+			ctx := t.Context()
+
+			for _, createOnly := range []bool{false, true} {
+				id := fmt.Sprintf("order-create-only-%v", createOnly)
+				spec := client.TaskSpec{ID: id, Kind: "order.close", When: client.After(15 * time.Minute), CreateOnly: createOnly}
+				lose.n.Store(1)
+				if _, err := c.Upsert(ctx, ns, spec); status.Code(err) != codes.DeadlineExceeded {
+					t.Fatalf("first try: %v, want the lost answer", err)
+				}
+				applied, err := c.Get(ctx, ns, id)
+				if err != nil {
+					t.Fatalf("the first try was not applied: %v", err)
+				}
+				time.Sleep(20 * time.Millisecond) // the retry comes later
+				_, err = c.Upsert(ctx, ns, spec)
+				now, gerr := c.Get(ctx, ns, id)
+				if gerr != nil {
+					t.Fatal(gerr)
+				}
+				if !createOnly {
+					// Why create-only exists: the plain retry moved the due time.
+					if err != nil || !now.DueTime.After(applied.DueTime) {
+						t.Fatalf("plain retry: %v, due %v → %v; want applied and later", err, applied.DueTime, now.DueTime)
+					}
+					continue
+				}
+				if cf, ok := client.ConflictOf(err); !ok || !cf.Exists || !cf.Task.DueTime.Equal(applied.DueTime) {
+					t.Fatalf("create-only retry: %v (conflict %+v), want AlreadyExists holding the applied task", err, cf)
+				}
+				if !now.DueTime.Equal(applied.DueTime) || now.Generation != 1 {
+					t.Fatalf("create-only retry moved the task: due %v → %v, generation %d", applied.DueTime, now.DueTime, now.Generation)
+				}
 			}
 		})
 	}
