@@ -103,8 +103,9 @@ func newBrowser(t *testing.T) *browser {
 	return b
 }
 
-// tab opens a tab whose actions time out after 2 minutes. JavaScript
-// exceptions and CSP violations in it fail the test.
+// tab opens a tab whose actions time out after 5 minutes (generous: the
+// machine may be loaded). JavaScript exceptions and CSP violations in it
+// fail the test.
 func (b *browser) tab() context.Context {
 	ctx, cancel := chromedp.NewContext(b.alloc)
 	b.t.Cleanup(cancel)
@@ -131,7 +132,7 @@ func (b *browser) tab() context.Context {
 	if err != nil {
 		b.t.Fatalf("start chromium: %v", err)
 	}
-	ctx, cancelT := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancelT := context.WithTimeout(ctx, 5*time.Minute)
 	b.t.Cleanup(cancelT)
 	return ctx
 }
@@ -172,6 +173,17 @@ func (b *browser) run(t *testing.T, ctx context.Context, what string, steps ...s
 			_ = chromedp.Do(shotCtx, b.shot("FAILED-"+strings.ReplaceAll(t.Name(), "/", "_")))
 			t.Fatalf("%s (action %d): %v", what, i+1, err)
 		}
+	}
+}
+
+// noError fails t when the console shows an error banner.
+func (b *browser) noError(t *testing.T, ctx context.Context, when string) {
+	t.Helper()
+	var msg string
+	b.run(t, ctx, "read the error banner", into(&msg, chromedp.Evaluate[string](
+		`(e => e.hidden ? '' : e.textContent)(document.getElementById('error'))`)))
+	if msg != "" {
+		t.Errorf("%s: the console shows an error: %s", when, msg)
 	}
 }
 
@@ -270,6 +282,7 @@ func TestConsole(t *testing.T) {
 			Cookie  string `json:"cookie"`
 		}
 		var where storage
+		b.noError(t, ctx, "namespaces with live stats")
 		b.run(t, ctx, "key storage", into(&where, chromedp.Evaluate[storage](`({url: location.href, session: sessionStorage.getItem('delayd.apiKey'),
 			local: localStorage.length, cookie: document.cookie})`)))
 		if where.Session != adminKey || strings.Contains(where.URL, adminKey) || where.Local != 0 || where.Cookie != "" {
@@ -326,6 +339,7 @@ func TestConsole(t *testing.T) {
 			chromedp.Click(chromedp.ID("tab-keys")),
 			chromedp.WaitVisible(chromedp.CSS(`#keys tbody tr`)),
 			b.shot("admin-keys"))
+		b.noError(t, ctx, "after the admin's tour")
 	})
 
 	t.Run("namespace key", func(t *testing.T) {
@@ -352,6 +366,7 @@ func TestConsole(t *testing.T) {
 		if actions != 0 {
 			t.Errorf("a produce-only key sees %d admin controls", actions)
 		}
+		b.noError(t, ctx, "a produce key in its own namespace")
 
 		var errText, page string
 		b.run(t, ctx, "another namespace is refused",

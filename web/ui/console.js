@@ -6,7 +6,11 @@
 
 (() => {
   const KEY = 'delayd.apiKey';
-  const REFRESH_MS = 2000; // live stats
+  // Live stats: one GetNamespaceStats per namespace shown every REFRESH_MS
+  // (it counts against the namespace's rate limit like any call), for at
+  // most STATS_MAX namespaces of the list.
+  const REFRESH_MS = 3000;
+  const STATS_MAX = 200;
   const PAGE = 100;
 
   const main = document.getElementById('main');
@@ -241,10 +245,13 @@
         return tr;
       }));
       if (names.length === 0 && globalKey() && may('ADMIN', '*')) note.textContent = 'No namespaces yet.';
-      const admin = names.filter((n) => may('ADMIN', n));
-      if (admin.length < names.length) {
-        note.textContent = 'Stats need the admin scope on the namespace.';
-        for (const n of names) if (!may('ADMIN', n)) rows.get(n).cells.forEach((c) => { c.textContent = '—'; });
+      const admin = names.filter((n) => may('ADMIN', n)).slice(0, STATS_MAX);
+      const shown = new Set(admin);
+      if (shown.size < names.length) {
+        note.textContent = names.some((n) => !may('ADMIN', n))
+          ? 'Stats need the admin scope on the namespace.'
+          : 'Live stats are shown for the first ' + STATS_MAX + ' namespaces; open one for its own.';
+        for (const n of names) if (!shown.has(n)) rows.get(n).cells.forEach((c) => { c.textContent = '—'; });
       }
       live(() => guard(g, async () => {
         await Promise.all(admin.map(async (name) => {
