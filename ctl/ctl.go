@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/delayd/delayd/client"
@@ -90,7 +91,36 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 		return ExitUsage
 	}
 	fmt.Fprintf(stderr, "delayctl: %s\n", describe(err))
+	if hint := g.connectionHint(err); hint != "" {
+		fmt.Fprintf(stderr, "delayctl: %s\n", hint)
+	}
 	return ExitError
+}
+
+// connectionHint says what to check when err is a failure to connect
+// rather than an answer of the server (a handshake refused, a plaintext
+// client on a TLS port or the reverse), or "" otherwise: the raw text
+// ("write: broken pipe", "error reading server preface") does not say that
+// TLS settings are the likely cause.
+func (g *globals) connectionHint(err error) string {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return ""
+	}
+	msg := st.Message()
+	connErr := false
+	for _, s := range []string{"connection error", "broken pipe", "server preface", "handshake", "tls:", "connection reset", "EOF"} {
+		connErr = connErr || strings.Contains(msg, s)
+	}
+	if !connErr {
+		return ""
+	}
+	if g.tls || g.tlsCA != "" || g.tlsCert != "" {
+		return "the TLS connection to " + g.addr + " failed: if the server requires client certificates (--tls-client-ca), " +
+			"pass one signed by that CA with --tls-cert and --tls-key; check that --tls-ca holds the server's CA; " +
+			"delayd logs why it refused a handshake (\"TLS handshake refused\")"
+	}
+	return "could not talk to delayd at " + g.addr + ": if it serves TLS, add --tls (and --tls-ca, and --tls-cert/--tls-key for mTLS)"
 }
 
 // isCobraUsage recognizes cobra's own argument and flag errors.

@@ -1,0 +1,39 @@
+package ctl
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestConnectionHint: a refused TLS handshake or a plaintext/TLS mismatch
+// (Unavailable with a transport error) gets a hint naming the TLS flags;
+// an answer of the server, even Unavailable, gets none.
+func TestConnectionHint(t *testing.T) {
+	refused := status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: remote error: tls: certificate required"`)
+	pipe := status.Error(codes.Unavailable, "write tcp 127.0.0.1:1->127.0.0.1:2: write: broken pipe")
+	storeDown := status.Error(codes.Unavailable, "store unavailable, safe to retry")
+	withTLS := &globals{addr: "delayd:7070", tlsCA: "ca.pem"}
+	plain := &globals{addr: "delayd:7070"}
+	for _, tc := range []struct {
+		name string
+		g    *globals
+		err  error
+		want string
+	}{
+		{"mTLS refusal", withTLS, refused, "--tls-cert and --tls-key"},
+		{"mTLS refusal seen as a broken pipe", withTLS, pipe, "--tls-client-ca"},
+		{"plaintext client against TLS", plain, status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: EOF"`), "add --tls"},
+		{"store down", withTLS, storeDown, ""},
+		{"not Unavailable", withTLS, status.Error(codes.NotFound, "connection error"), ""},
+		{"no status", withTLS, errors.New("broken pipe"), ""},
+	} {
+		got := tc.g.connectionHint(tc.err)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: hint %q, want one containing %q", tc.name, got, tc.want)
+		}
+	}
+}
