@@ -22,6 +22,7 @@ import (
 
 	"github.com/delayd/delayd/daemon"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/internal/testkit/delaydtest"
 	"github.com/delayd/delayd/web"
 )
@@ -245,6 +246,34 @@ func deadLetters(t *testing.T, d *daemon.Daemon, ns string, ids ...string) {
 	}
 }
 
+// ackAll subscribes to ns on the delayd at addr and acks every delivery
+// until the test ends.
+func ackAll(t *testing.T, addr, ns string) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+adminKey))
+	dc := delaydv1.NewDeliveryServiceClient(conn)
+	stream, err := dc.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			_, _ = dc.AckTasks(ctx, &delaydv1.AckTasksRequest{Namespace: ns, Tokens: []string{r.GetDelivery().GetToken()}})
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; conn.Close() })
+}
+
 // TestConsole signs in with the admin key and with a read-only key of one
 // namespace, finds a task by id, requeues dead letters and sees them leave
 // the list, purges one, and checks that the namespace key sees neither
@@ -340,6 +369,30 @@ func TestConsole(t *testing.T) {
 			chromedp.WaitVisible(chromedp.CSS(`#keys tbody tr`)),
 			b.shot("admin-keys"))
 		b.noError(t, ctx, "after the admin's tour")
+	})
+
+	t.Run("live deliveries of another replica", func(t *testing.T) {
+		ctx := b.tab()
+		other := delaydtest.Start(t, daemon.Config{AdminKey: adminKey}) // same Redis, no HTTP
+		b.run(t, ctx, "open live deliveries", signIn(e.base, adminKey),
+			chromedp.Navigate(e.base+"/ui/#/ns/"+nsA+"/live"),
+			chromedp.WaitVisible(chromedp.ID("live-status")))
+		// The watch is registered once its feed subscription is (the channel
+		// name is redisstore's: delayd:watch:<ns>).
+		rdb, channel := testkit.Redis(t), "delayd:watch:"+nsA
+		testkit.Eventually(t, time.Minute, "the console's watch is subscribed", func() bool {
+			n, err := rdb.PubSubNumSub(t.Context(), channel).Result()
+			return err == nil && n[channel] >= 1
+		})
+		ackAll(t, other.Addr(), nsA) // the subscriber, so the deliveries, are on the other replica
+		for _, id := range []string{"live-1", "live-2"} {
+			e.mustCall(adminKey, "TaskService/UpsertTask", map[string]any{"namespace": nsA, "id": id, "kind": "order.close", "delay": "0s"})
+		}
+		b.run(t, ctx, "see them as they happen",
+			chromedp.WaitVisible(chromedp.CSS(`#live tr[data-id="live-1"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`#live tr[data-id="live-2"]`)),
+			b.shot("live"))
+		b.noError(t, ctx, "live deliveries")
 	})
 
 	t.Run("namespace key", func(t *testing.T) {

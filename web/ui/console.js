@@ -21,6 +21,7 @@
 
   let me = null; // WhoAmIResponse of the signed-in key
   let timers = []; // live refreshers of the current view
+  let streams = []; // AbortControllers of the current view's streams
   let gen = 0; // bumped per view; answers for an older view are dropped
 
   // ---- API ---------------------------------------------------------------
@@ -54,6 +55,62 @@
       throw new APIError(out.code || 'http_' + resp.status, out.message || text || resp.statusText);
     }
     return out;
+  }
+
+  // watch opens a WatchDeliveries stream (Connect server streaming, JSON)
+  // and calls onCopy with each copy until signal aborts or the stream ends;
+  // it throws APIError when the server ends it with an error.
+  async function watch(ns, signal, onCopy) {
+    const body = new TextEncoder().encode(JSON.stringify({ namespace: ns }));
+    const frame = new Uint8Array(5 + body.length);
+    new DataView(frame.buffer).setUint32(1, body.length);
+    frame.set(body, 5);
+    const headers = { 'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1' };
+    const key = sessionStorage.getItem(KEY);
+    if (key) headers.Authorization = 'Bearer ' + key;
+    let resp;
+    try {
+      resp = await fetch('/delayd.v1.DeliveryService/WatchDeliveries', {
+        method: 'POST', headers, body: frame, signal,
+        credentials: 'omit', cache: 'no-store', referrerPolicy: 'no-referrer',
+      });
+    } catch (e) {
+      if (signal.aborted) return;
+      throw new APIError('unavailable', 'delayd did not answer (' + e.message + ')');
+    }
+    if (!resp.ok) {
+      let out = {};
+      try { out = await resp.json(); } catch (_) { out = {}; }
+      throw new APIError(out.code || 'http_' + resp.status, out.message || resp.statusText);
+    }
+    const reader = resp.body.getReader();
+    let buf = new Uint8Array(0);
+    for (;;) {
+      let chunk;
+      try {
+        chunk = await reader.read();
+      } catch (e) {
+        if (signal.aborted) return;
+        throw new APIError('unavailable', 'the watch stream broke (' + e.message + ')');
+      }
+      if (chunk.done) return;
+      const joined = new Uint8Array(buf.length + chunk.value.length);
+      joined.set(buf);
+      joined.set(chunk.value, buf.length);
+      buf = joined;
+      while (buf.length >= 5) {
+        const n = new DataView(buf.buffer, buf.byteOffset).getUint32(1);
+        if (buf.length < 5 + n) break;
+        const flags = buf[0];
+        const msg = JSON.parse(new TextDecoder().decode(buf.subarray(5, 5 + n)) || '{}');
+        buf = buf.slice(5 + n);
+        if (flags & 2) { // end of stream
+          if (msg.error) throw new APIError(msg.error.code || 'unknown', msg.error.message || '');
+          return;
+        }
+        onCopy(msg);
+      }
+    }
   }
 
   // ---- DOM helpers ---------------------------------------------------------
@@ -270,7 +327,7 @@
   // ---- one namespace -------------------------------------------------------
 
   const TABS = [
-    ['scheduled', 'Scheduled'], ['inflight', 'In flight'], ['dead', 'Dead letters'], ['keys', 'Keys'],
+    ['scheduled', 'Scheduled'], ['inflight', 'In flight'], ['dead', 'Dead letters'], ['live', 'Live deliveries'], ['keys', 'Keys'],
   ];
 
   function viewNamespace(g, ns, tab) {
@@ -286,7 +343,7 @@
       if (id) lookup(g, ns, id, detail);
     });
     const body = h('div', { id: 'tab-body' });
-    const tabs = h('nav', { class: 'tabs' }, TABS.filter(([t]) => t !== 'keys' || admin).map(([t, label]) =>
+    const tabs = h('nav', { class: 'tabs' }, TABS.filter(([t]) => (t !== 'keys' || admin) && (t !== 'live' || admin || may('CONSUME', ns))).map(([t, label]) =>
       h('a', { href: '#/ns/' + encodeURIComponent(ns) + '/' + t, class: t === tab ? 'active' : '', id: 'tab-' + t }, label)));
     // A key of another namespace sees the server's error and nothing else
     // of this one. (A key of this namespace that lacks a scope sees the
@@ -325,6 +382,7 @@
       case 'inflight': return taskList(g, ns, 'TASK_STATE_DELIVERED', body, detail);
       case 'dead': return admin ? deadLetters(g, ns, body, detail) : taskList(g, ns, 'TASK_STATE_DEAD', body, detail);
       case 'keys': return admin ? keys(g, ns, body) : body.replaceChildren(h('p', { class: 'muted' }, 'Keys need the admin scope.'));
+      case 'live': return liveDeliveries(g, ns, body, detail);
       default: return taskList(g, ns, 'TASK_STATE_SCHEDULED', body, detail);
     }
   }
@@ -471,6 +529,40 @@
     load(true);
   }
 
+  // ---- live deliveries -----------------------------------------------------
+
+  const LIVE_ROWS = 200;
+
+  function liveDeliveries(g, ns, body, detail) {
+    const status = h('span', { class: 'muted', id: 'live-status' }, 'connecting…');
+    const tbody = h('tbody');
+    let seen = 0;
+    let missed = 0;
+    body.replaceChildren(
+      h('p', { class: 'muted' }, 'Each delivery as delayd sends it to a subscriber, on any replica. Watching takes nothing: subscribers still get every task.'),
+      h('div', { class: 'row' }, status),
+      h('table', { id: 'live' }, h('thead', {}, h('tr', {}, h('th', {}, 'sent'), h('th', {}, 'id'), h('th', {}, 'kind'),
+        h('th', { class: 'num' }, 'attempt'), h('th', {}, 'lease until'))), tbody));
+    const ctl = new AbortController();
+    streams.push(ctl);
+    guard(g, async () => {
+      await watch(ns, ctl.signal, (c) => {
+        if (g !== gen) return;
+        const t = c.task || {};
+        seen++;
+        missed += Number(c.missed || 0);
+        status.textContent = seen + ' deliveries seen' + (missed ? ', ' + missed + ' missed (the browser read too slowly)' : '');
+        tbody.prepend(h('tr', { 'data-id': t.id },
+          h('td', {}, fmtTime(c.deliveryTime)),
+          h('td', {}, h('a', { href: '#', onclick: (ev) => { ev.preventDefault(); lookup(g, ns, t.id, detail); } }, t.id)),
+          h('td', {}, t.kind || ''), h('td', { class: 'num' }, num(t.attempt)), h('td', {}, fmtTime(c.leaseDeadline))));
+        while (tbody.children.length > LIVE_ROWS) tbody.lastChild.remove();
+      });
+      if (g === gen && !ctl.signal.aborted) status.textContent = 'The server ended the watch; reopen the tab to watch again.';
+    });
+    status.textContent = 'watching';
+  }
+
   // ---- keys ----------------------------------------------------------------
 
   function keys(g, ns, body) {
@@ -527,6 +619,8 @@
   function render() {
     timers.forEach(clearInterval);
     timers = [];
+    streams.forEach((c) => c.abort());
+    streams = [];
     gen++;
     denied = null;
     clearError();
