@@ -751,3 +751,133 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 		t.Fatalf("lost %d, early %d (%v), duplicates %d (%v); want 0, 0, 0", lost, early, ty.early, dups, again)
 	}
 }
+
+// upsertRange upserts tasks task-<from> .. task-<from+n-1> of ns due
+// spread over the second that starts after.
+func upsertRange(t *testing.T, conn *grpc.ClientConn, ns string, from, n int, after time.Duration, ty *tally) {
+	t.Helper()
+	tc := delaydv1.NewTaskServiceClient(conn)
+	start := time.Now().Add(after)
+	for i := range n {
+		id := fmt.Sprintf("task-%04d", from+i)
+		due := start.Add(time.Duration(i) * time.Second / time.Duration(n)).Truncate(time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := tc.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: ns, Id: id, Payload: []byte("p"),
+			When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(due)}})
+		cancel()
+		if err != nil {
+			t.Fatalf("upsert %s: %v", id, err)
+		}
+		ty.mu.Lock()
+		ty.due[id] = due
+		ty.mu.Unlock()
+	}
+}
+
+// TestFaultLaggingReplicaPromoted (issue 10 item 7): Redis fails over to a
+// replica that lags. A real `redis-server` follows the primary through a
+// proxy. 200 tasks due in 6-7 s are upserted and replicated; then the
+// proxy holds the replication link (the replica lags from here), 200 more
+// tasks due in 8-9 s are upserted, and the first 200 fall due, are
+// delivered and acked on the primary. Then the primary is SIGKILLed, the
+// replica promoted (REPLICAOF NO ONE) and delayd's Redis address moved to
+// it (a proxy retargeted, as a virtual IP moves). The promoted replica
+// holds the first 200 as not yet delivered and lacks the second 200.
+//
+//   - durable mode: 0 lost, 0 early. The second 200 are re-indexed from
+//     MySQL by the reconciler's incremental pass; the first 200 are
+//     delivered again (duplicates: what was acked or in flight during the
+//     lag, and no more).
+//   - Redis-only: the tasks accepted during the lag are lost, and nothing
+//     else (every task accepted before the lag is delivered, 0 early);
+//     duplicates as in durable mode. The counts are logged.
+func TestFaultLaggingReplicaPromoted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault suite: real processes; not in -short")
+	}
+	bin := buildBinary(t)
+	for _, durable := range []bool{true, false} {
+		name := map[bool]string{true: "durable", false: "redis-only"}[durable]
+		t.Run(name, func(t *testing.T) {
+			primary, replica := testkit.StartRedis(t), testkit.StartRedis(t)
+			link := testkit.NewProxy(t, primary.Addr)
+			replica.ReplicaOfAddr(link.Addr())
+			front := testkit.NewProxy(t, primary.Addr)
+			args := []string{"--redis-url", "redis://" + front.Addr(), "--no-auth"}
+			if durable {
+				args = append(args, "--mysql-dsn", testkit.Database(t, "delayd_fault"), "--reconcile-interval", "1s")
+			}
+			r := startReplica(t, bin, args...)
+			ns := "fault-promote-" + name
+			ty := newTally()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			consume(ctx, t, r.conn, ns, 0, ty)
+			const n = 200
+			upsertRange(t, r.conn, ns, 0, n, 6*time.Second, ty)
+			testkit.Eventually(t, 30*time.Second, "the replica in sync", func() bool {
+				return replica.ReplOffset() >= primary.ReplOffset()
+			})
+			ty.mu.Lock()
+			ackedBefore := len(ty.acked)
+			ty.mu.Unlock()
+			if ackedBefore != 0 {
+				t.Fatalf("%d tasks acked before the lag began; the test needs them due during it", ackedBefore)
+			}
+
+			link.Hold() // the replica lags from here
+			upsertRange(t, r.conn, ns, n, n, 8*time.Second, ty)
+			testkit.Eventually(t, 30*time.Second, "the first tasks acked on the primary", func() bool {
+				ty.mu.Lock()
+				defer ty.mu.Unlock()
+				return len(ty.acked) >= n
+			})
+			ty.mu.Lock()
+			ackedInLag := len(ty.acked) - ackedBefore
+			ty.mu.Unlock()
+			primaryOff, replicaOff := primary.ReplOffset(), replica.ReplOffset()
+			primary.Kill()
+			replica.Promote()
+			front.Retarget(replica.Addr)
+			t.Logf("failover: the replica was %d bytes of replication stream behind", primaryOff-replicaOff)
+			consume(ctx, t, r.conn, ns, 0, ty) // the stream may have ended with the old primary
+
+			if durable {
+				testkit.Eventually(t, 90*time.Second, "every accepted task acked after the failover", func() bool {
+					_, lost, _, _ := ty.counts()
+					return lost == 0
+				})
+			} else {
+				testkit.Eventually(t, 60*time.Second, "every task accepted before the lag acked", func() bool {
+					ty.mu.Lock()
+					defer ty.mu.Unlock()
+					for i := range n {
+						if !ty.acked[fmt.Sprintf("task-%04d", i)] {
+							return false
+						}
+					}
+					return true
+				})
+			}
+			time.Sleep(5 * time.Second) // reaped leases and late redeliveries arrive
+			accepted, lost, dups, early := ty.counts()
+			t.Logf("accepted %d (%d during the lag), lost %d, duplicates %d (acked on the primary during the lag: %d), early %d",
+				accepted, n, lost, dups, ackedInLag, early)
+			if early != 0 {
+				t.Errorf("early %d (%v); want 0", early, ty.early)
+			}
+			if durable && lost != 0 {
+				t.Errorf("durable mode lost %d tasks in the failover; want 0", lost)
+			}
+			if lost > n {
+				t.Errorf("lost %d, more than the %d tasks accepted during the lag", lost, n)
+			}
+			if dups > ackedInLag+100 {
+				t.Errorf("%d duplicates, more than the %d acked during the lag plus 100 in flight", dups, ackedInLag)
+			}
+			if replicaOff >= primaryOff {
+				t.Errorf("the replica did not lag (offset %d, primary %d): the test tested nothing", replicaOff, primaryOff)
+			}
+		})
+	}
+}

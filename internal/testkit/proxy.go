@@ -10,7 +10,8 @@ import (
 // delayd), so a test can take "the server" away from one client without
 // touching the server: Cut closes every connection and refuses new ones;
 // Hold keeps connections open but passes no byte (a hung server or a
-// partition); Restore lets traffic through again.
+// partition); Restore lets traffic through again; Retarget moves it to
+// another server (a failover behind a virtual IP).
 type Proxy struct {
 	t      testing.TB
 	target string
@@ -74,6 +75,19 @@ func (p *Proxy) Restore() {
 	p.cond.Broadcast()
 }
 
+// Retarget closes every connection and forwards new ones to target
+// (host:port), as a virtual IP that moves to a promoted replica does.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	p.held = false
+	for c := range p.conns {
+		c.Close()
+	}
+	p.cond.Broadcast()
+}
+
 // SetDown is Cut (true) or Restore (false).
 func (p *Proxy) SetDown(down bool) {
 	if down {
@@ -96,8 +110,9 @@ func (p *Proxy) accept() {
 			c.Close()
 			continue
 		}
+		target := p.target
 		p.mu.Unlock()
-		up, err := net.Dial("tcp", p.target)
+		up, err := net.Dial("tcp", target)
 		if err != nil {
 			c.Close()
 			continue

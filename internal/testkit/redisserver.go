@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -147,7 +148,14 @@ func (s *RedisServer) Restart() {
 // ReplicaOf makes the server a replica of primary (REPLICAOF host port).
 func (s *RedisServer) ReplicaOf(primary *RedisServer) {
 	s.t.Helper()
-	host, port, _ := net.SplitHostPort(primary.Addr)
+	s.ReplicaOfAddr(primary.Addr)
+}
+
+// ReplicaOfAddr makes the server a replica of the primary at addr
+// (host:port), e.g. through a Proxy whose Hold makes the replica lag.
+func (s *RedisServer) ReplicaOfAddr(addr string) {
+	s.t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
 	defer c.Close()
 	if err := c.Do(context.Background(), "REPLICAOF", host, port).Err(); err != nil {
@@ -163,6 +171,29 @@ func (s *RedisServer) Promote() {
 	if err := c.Do(context.Background(), "REPLICAOF", "NO", "ONE").Err(); err != nil {
 		s.t.Fatalf("REPLICAOF NO ONE: %v", err)
 	}
+}
+
+// ReplOffset is the server's replication offset: master_repl_offset of a
+// primary, slave_repl_offset of a replica (0 if it has none yet).
+func (s *RedisServer) ReplOffset() int64 {
+	s.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "replication").Result()
+	if err != nil {
+		s.t.Fatalf("INFO replication: %v", err)
+	}
+	key := "master_repl_offset:"
+	if strings.Contains(info, "role:slave") {
+		key = "slave_repl_offset:"
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), key); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // Prioritize gives the server the CPU first where the test may (root on

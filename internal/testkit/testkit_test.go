@@ -90,3 +90,39 @@ func TestRedisServerPause(t *testing.T) {
 }
 
 func redisZ(member string) redis.Z { return redis.Z{Member: member} }
+
+// A replica behind a held proxy lags (its offset stays behind the
+// primary's), and a retargeted proxy sends new connections to the other
+// server: the two moves of a failover to a lagging replica.
+func TestLaggingReplicaAndRetarget(t *testing.T) {
+	ctx := context.Background()
+	primary, replica := StartRedis(t), StartRedis(t)
+	link := NewProxy(t, primary.Addr)
+	replica.ReplicaOfAddr(link.Addr())
+	pc := primary.Client()
+	pc.Set(ctx, "before", "1", 0)
+	Eventually(t, 30*time.Second, "the replica in sync", func() bool {
+		return replica.ReplOffset() >= primary.ReplOffset() && replica.Client().Get(ctx, "before").Val() == "1"
+	})
+	link.Hold()
+	pc.Set(ctx, "during", "1", 0)
+	time.Sleep(300 * time.Millisecond)
+	if replica.ReplOffset() >= primary.ReplOffset() {
+		t.Fatalf("replica offset %d, primary %d: the held link let the write through", replica.ReplOffset(), primary.ReplOffset())
+	}
+	front := NewProxy(t, primary.Addr)
+	c := redis.NewClient(&redis.Options{Addr: front.Addr(), MaxRetries: 3})
+	defer c.Close()
+	if c.Get(ctx, "during").Val() != "1" {
+		t.Fatal("the proxy does not reach the primary")
+	}
+	primary.Kill()
+	replica.Promote()
+	front.Retarget(replica.Addr)
+	if v, err := c.Get(ctx, "during").Result(); err != redis.Nil {
+		t.Fatalf("after the failover GET during = %q, %v; want nil: the promoted replica never got it", v, err)
+	}
+	if c.Get(ctx, "before").Val() != "1" {
+		t.Fatal("after the failover the promoted replica lacks what it had replicated")
+	}
+}
