@@ -56,6 +56,9 @@ type Policy struct {
 	MaxSubscribers int32 `json:"max_subscribers"`
 	// MaxDelay is the furthest ahead a task may be due.
 	MaxDelay time.Duration `json:"max_delay"`
+	// Paused stops the namespace's deliveries on every replica until it is
+	// set false again (upserts and acks go on).
+	Paused bool `json:"paused"`
 }
 
 // PolicyFields are the names UpdateNamespace accepts in its fields list, in
@@ -63,6 +66,7 @@ type Policy struct {
 var PolicyFields = []string{
 	"ack_timeout", "max_attempts", "backoff_initial", "backoff_max", "backoff_multiplier",
 	"max_payload_bytes", "max_pending_tasks", "rate_limit", "rate_burst", "max_subscribers", "max_delay",
+	"paused",
 }
 
 func (p Policy) proto() *delaydv1.NamespacePolicy {
@@ -84,6 +88,7 @@ func (p Policy) proto() *delaydv1.NamespacePolicy {
 		RateBurst:         p.RateBurst,
 		MaxSubscribers:    p.MaxSubscribers,
 		MaxDelay:          d(p.MaxDelay),
+		Paused:            p.Paused,
 	}
 }
 
@@ -100,6 +105,7 @@ func policyFromProto(p *delaydv1.NamespacePolicy) Policy {
 		RateBurst:         p.GetRateBurst(),
 		MaxSubscribers:    p.GetMaxSubscribers(),
 		MaxDelay:          p.GetMaxDelay().AsDuration(),
+		Paused:            p.GetPaused(),
 	}
 }
 
@@ -208,6 +214,8 @@ type Stats struct {
 	DueNow int64 `json:"due_now"`
 	// OldestDueLateness is how late the oldest due, undelivered task is.
 	OldestDueLateness time.Duration `json:"oldest_due_lateness"`
+	// Paused: the namespace's policy stops its deliveries.
+	Paused bool `json:"paused"`
 }
 
 // Stats returns namespace name's counts.
@@ -222,6 +230,7 @@ func (a *Admin) Stats(ctx context.Context, name string) (Stats, error) {
 		Dead:              resp.GetDead(),
 		DueNow:            resp.GetDueNow(),
 		OldestDueLateness: resp.GetOldestDueLateness().AsDuration(),
+		Paused:            resp.GetPaused(),
 	}, nil
 }
 

@@ -112,6 +112,7 @@ func namespaceFields(n client.Namespace) [][2]string {
 		{"rate_burst", i(int64(p.RateBurst))},
 		{"max_subscribers", i(int64(p.MaxSubscribers))},
 		{"max_delay", d(p.MaxDelay)},
+		{"paused", strconv.FormatBool(p.Paused)},
 	}
 }
 
@@ -129,6 +130,7 @@ func policyFlags(fs *pflag.FlagSet, p *client.Policy) {
 	fs.Int32Var(&p.RateBurst, "rate-burst", 0, "burst above --rate-limit (0 = default; global admin only)")
 	fs.Int32Var(&p.MaxSubscribers, "max-subscribers", 0, "concurrent Subscribe streams (0 = unlimited; global admin only)")
 	fs.DurationVar(&p.MaxDelay, "max-delay", 0, "furthest ahead a task may be due (0 = default 366 days)")
+	fs.BoolVar(&p.Paused, "paused", false, "stop deliveries on every replica (--paused=false resumes them)")
 }
 
 // nsWriteCommand is "ns create" or "ns update": update changes only the

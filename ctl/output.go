@@ -70,6 +70,7 @@ type policyView struct {
 	RateBurst         int32   `json:"rate_burst"`
 	MaxSubscribers    int32   `json:"max_subscribers"`
 	MaxDelay          string  `json:"max_delay"`
+	Paused            bool    `json:"paused"`
 }
 
 // namespaceView is a namespace for JSON.
@@ -90,6 +91,7 @@ func viewNamespace(n client.Namespace) namespaceView {
 			BackoffInitial: p.BackoffInitial.String(), BackoffMax: p.BackoffMax.String(), BackoffMultiplier: p.BackoffMultiplier,
 			MaxPayloadBytes: p.MaxPayloadBytes, MaxPendingTasks: p.MaxPendingTasks, RateLimit: p.RateLimit,
 			RateBurst: p.RateBurst, MaxSubscribers: p.MaxSubscribers, MaxDelay: p.MaxDelay.String(),
+			Paused: p.Paused,
 		},
 		CreateTime: tsPtr(n.CreateTime),
 		UpdateTime: tsPtr(n.UpdateTime),
@@ -103,10 +105,12 @@ type statsView struct {
 	Delivered         int64  `json:"delivered"`
 	Dead              int64  `json:"dead"`
 	OldestDueLateness string `json:"oldest_due_lateness"`
+	Paused            bool   `json:"paused"`
 }
 
 func viewStats(s client.Stats) *statsView {
-	return &statsView{Scheduled: s.Scheduled, DueNow: s.DueNow, Delivered: s.Delivered, Dead: s.Dead, OldestDueLateness: s.OldestDueLateness.String()}
+	return &statsView{Scheduled: s.Scheduled, DueNow: s.DueNow, Delivered: s.Delivered, Dead: s.Dead,
+		OldestDueLateness: s.OldestDueLateness.String(), Paused: s.Paused}
 }
 
 // tsPtr is a time for JSON: nil (omitted) when unset.

@@ -62,7 +62,17 @@
 // costing an attempt. Each namespace loop also reaps the namespace's
 // expired leases (Store.Reap, safe on every replica at once), and, when
 // Config.Namespaces is set, a slower sweep reaps every namespace this
-// replica does not serve. Policies are re-read every Config.PolicyRefresh.
+// replica does not serve. Policies are re-read every Config.PolicyRefresh,
+// and at once when a change is announced: [Dispatcher.PolicyChanged] on the
+// replica that made it, which tells the others over the wake-up channel
+// (storage.Wakeups).
+//
+// # Pause
+//
+// A namespace whose policy says Paused pops nothing: its loop still renews
+// and reaps leases and hands back what cannot be sent, and re-reads the
+// policy at every wake (an announced resume wakes it) or at the latest
+// every SafetyPoll.
 //
 // # Shutdown
 //
@@ -101,6 +111,16 @@ type Store interface {
 type NamespaceLister interface {
 	// Namespaces returns the names of all namespaces.
 	Namespaces(ctx context.Context) ([]string, error)
+}
+
+// Policies answers each namespace's policy (the tenancy registry, or
+// storage.StaticPolicies).
+type Policies interface {
+	storage.Policies
+	// Invalidate drops whatever answer for ns is cached, so the next
+	// Policy reads the registry: another replica announced that ns's
+	// policy changed.
+	Invalidate(ns string)
 }
 
 // DefaultSafetyPoll is Config.SafetyPoll's default.
@@ -147,7 +167,7 @@ type Config struct {
 	// this replica's deliveries only.
 	Feed storage.DeliveryFeed
 	// Policies answers each namespace's policy. If nil, storage.DefaultPolicy.
-	Policies storage.Policies
+	Policies Policies
 	// Namespaces, if set, lets the reaper sweep every namespace every
 	// SweepInterval, including those this replica has no subscriber for. If
 	// nil, only namespaces with a local subscriber are reaped (by their
@@ -654,7 +674,7 @@ func (d *Dispatcher) runWakeups(ctx context.Context) {
 	backoff := 50 * time.Millisecond
 	for {
 		start := time.Now()
-		err := d.cfg.Wakeups.SubscribeWakeups(ctx, d.wakeAll)
+		err := d.cfg.Wakeups.SubscribeWakeups(ctx, d.wakeup)
 		if ctx.Err() != nil {
 			return
 		}
@@ -669,6 +689,52 @@ func (d *Dispatcher) runWakeups(ctx context.Context) {
 			return
 		}
 		backoff = min(2*backoff, d.cfg.SafetyPoll)
+	}
+}
+
+// wakeup handles one notice from the wake-up channel: an earlier task at
+// the head of a namespace, or a changed policy (the cached one is dropped
+// and the namespace's loop re-reads it at once).
+func (d *Dispatcher) wakeup(w storage.Wakeup) {
+	if w.PolicyChanged {
+		d.policyChanged(w.Namespace)
+		return
+	}
+	d.wakeAll(w.Namespace)
+}
+
+// PolicyChanged tells the dispatcher that ns's policy was changed on this
+// replica: its loop re-reads the policy at once (a pause stops popping, a
+// resume pops again), and the other replicas are told over the wake-up
+// channel to do the same (best effort: one that misses it re-reads the
+// policy within Config.PolicyRefresh, or within Config.SafetyPoll while
+// the namespace is paused). The caller has already dropped this replica's
+// cached policy. It blocks for at most StoreTimeout.
+func (d *Dispatcher) PolicyChanged(ctx context.Context, ns string) {
+	d.policyChanged(ns)
+	if d.cfg.Wakeups == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
+	defer cancel()
+	if err := d.cfg.Wakeups.PublishPolicyChanged(ctx, ns); err != nil {
+		d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: telling the other replicas of a policy change failed; they apply it at their next policy refresh",
+			slog.String("namespace", ns), slog.String("error", err.Error()))
+	}
+}
+
+// policyChanged drops the cached policy of ns and makes its loop, if this
+// replica runs one, re-read it now.
+func (d *Dispatcher) policyChanged(ns string) {
+	if d.cfg.Policies != nil {
+		d.cfg.Policies.Invalidate(ns)
+	}
+	d.mu.Lock()
+	n := d.nss[ns]
+	d.mu.Unlock()
+	if n != nil {
+		n.expirePolicy()
+		n.poke(n.wake)
 	}
 }
 

@@ -507,6 +507,105 @@ func (m *mutablePolicies) set(p storage.Policy) {
 	m.mu.Unlock()
 }
 
+func (m *mutablePolicies) Invalidate(string) {}
+
+// cachedPolicies is one replica's view of a shared policy (src) through a
+// cache that never expires on its own, as tenancy's would with an endless
+// TTL: only Invalidate makes it read src again. invalidated receives a
+// value per Invalidate.
+type cachedPolicies struct {
+	src         *mutablePolicies
+	mu          sync.Mutex
+	cached      *storage.Policy
+	invalidated chan struct{}
+}
+
+func newCachedPolicies(src *mutablePolicies) *cachedPolicies {
+	return &cachedPolicies{src: src, invalidated: make(chan struct{}, 100)}
+}
+
+func (c *cachedPolicies) Policy(ctx context.Context, ns string) (storage.Policy, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cached == nil {
+		p, _ := c.src.Policy(ctx, ns)
+		c.cached = &p
+	}
+	return *c.cached, nil
+}
+
+func (c *cachedPolicies) Invalidate(string) {
+	c.mu.Lock()
+	c.cached = nil
+	c.mu.Unlock()
+	c.invalidated <- struct{}{}
+}
+
+// TestPauseAndResumeApplyAtOnceOnEveryReplica: a pause or resume announced
+// on replica A (PolicyChanged) reaches replica B's loop through the
+// wake-up channel at once, though B's cached policy never expires and its
+// refresh and safety poll are an hour away; while paused, nothing is
+// delivered, the held lease stays held and can be acked.
+func TestPauseAndResumeApplyAtOnceOnEveryReplica(t *testing.T) {
+	t.Parallel()
+	src := &mutablePolicies{p: testPolicy()}
+	slow := func(pols *cachedPolicies) func(*dispatcher.Config) {
+		return func(c *dispatcher.Config) {
+			c.Policies = pols
+			c.PolicyRefresh = time.Hour
+			c.SafetyPoll = time.Hour
+		}
+	}
+	polsA, polsB := newCachedPolicies(src), newCachedPolicies(src)
+	h := newHarness(t, testPolicy(), slow(polsA))
+	dB := h.startDispatcher(testPolicy(), slow(polsB))
+	s := h.subscribe(dB, h.ns, 10) // only B has a subscriber
+
+	h.upsert(dB, 0, "before")
+	held := s.next(t)
+
+	// Pause on A.
+	paused := testPolicy()
+	paused.Paused = true
+	src.set(paused)
+	announce := func() {
+		t.Helper()
+		for len(polsB.invalidated) > 0 {
+			<-polsB.invalidated
+		}
+		h.d.PolicyChanged(context.Background(), h.ns)
+		select {
+		case <-polsB.invalidated:
+		case <-time.After(wait):
+			t.Fatalf("replica B was not told of the policy change within %s", wait)
+		}
+	}
+	announce()
+	time.Sleep(50 * time.Millisecond) // B's loop marks its policy stale right after Invalidate
+	h.upsert(dB, 0, "p1", "p2")
+	s.none(t)
+	for _, id := range []string{"p1", "p2"} {
+		if task, err := h.get(id); err != nil || task.State != storage.StateScheduled || task.Attempt != 0 {
+			t.Fatalf("%s while paused: %+v, %v; want scheduled, attempt 0", id, task, err)
+		}
+	}
+	if st := h.ack(dB, held.Token); st[0] != storage.TokenOK {
+		t.Fatalf("ack of a delivery made before the pause: %v, want OK", st[0])
+	}
+	s.none(t) // the freed credit pops nothing while paused
+
+	// Resume on A: B delivers at once (its own refresh is an hour away).
+	src.set(testPolicy())
+	announce()
+	got := map[string]bool{}
+	for range 2 {
+		got[s.next(t).Task.ID] = true
+	}
+	if !got["p1"] || !got["p2"] {
+		t.Fatalf("after resume delivered %v, want p1 and p2", got)
+	}
+}
+
 func TestPolicyChangeAppliesWithoutRestart(t *testing.T) {
 	t.Parallel()
 	pols := &mutablePolicies{p: testPolicy()} // lease: one hour

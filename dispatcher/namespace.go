@@ -29,6 +29,7 @@ type namespace struct {
 	nextPrune time.Time                 // earliest local lease deadline held; zero if none
 	pol       storage.Policy
 	polAt     time.Time // when pol was read; zero: never
+	polStale  bool      // a policy change was announced: re-read pol now
 	// ahead is how far the store's clock may be ahead of the local one:
 	// the store's time at the last pop minus the local time before it was
 	// called (an upper bound, so "the store's lease ran out" is decided
@@ -179,6 +180,16 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		n.d.handBack(c, n, nil, expired)
 		cancel()
+	}
+	if pol.Paused {
+		// Paused: pop nothing. Leases already out are still renewed and
+		// reaped above; a resume announced on any replica wakes the loop
+		// (PolicyChanged), else the policy is re-read every SafetyPoll.
+		n.popFull = false
+		if reapFull {
+			return 0, false, true
+		}
+		return n.renewWait(cfg.SafetyPoll), false, false
 	}
 	popFull := false
 	if free > 0 {
@@ -380,23 +391,39 @@ func (n *namespace) failed(op string, err error) time.Duration {
 	return n.errWait
 }
 
-// refreshPolicy re-reads the policy every PolicyRefresh and returns it.
+// refreshPolicy re-reads the policy every PolicyRefresh (every SafetyPoll
+// while the namespace is paused, so a resume whose announcement was lost
+// still applies soon) and returns it.
 func (n *namespace) refreshPolicy(ctx context.Context) storage.Policy {
 	now := n.d.cfg.Clock.Now()
 	n.mu.Lock()
-	pol, at := n.pol, n.polAt
+	pol, at, stale := n.pol, n.polAt, n.polStale
 	n.mu.Unlock()
-	if !at.IsZero() && now.Sub(at) < n.d.cfg.PolicyRefresh {
+	every := n.d.cfg.PolicyRefresh
+	if pol.Paused {
+		every = min(every, n.d.cfg.SafetyPoll)
+	}
+	if !at.IsZero() && !stale && now.Sub(at) < every {
 		return pol
 	}
 	if at.IsZero() {
 		pol = storage.DefaultPolicy()
 	}
+	n.mu.Lock()
+	n.polStale = false // a change announced from here on is read again
+	n.mu.Unlock()
 	pol = n.d.policyOf(ctx, n.name, pol)
 	n.mu.Lock()
 	n.pol, n.polAt = pol, now
 	n.mu.Unlock()
 	return pol
+}
+
+// expirePolicy makes the loop re-read the policy on its next round.
+func (n *namespace) expirePolicy() {
+	n.mu.Lock()
+	n.polStale = true
+	n.mu.Unlock()
 }
 
 // policy returns the policy the loop last read, reading it if it never did.

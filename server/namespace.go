@@ -46,7 +46,8 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	if err := validateNamespace("namespace", ns); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
+	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
+	if err != nil {
 		return nil, err
 	}
 	st, err := s.opts.Store.Stats(ctx, ns)
@@ -59,6 +60,7 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 		Dead:              st.Dead,
 		DueNow:            st.DueNow,
 		OldestDueLateness: durationpb.New(0),
+		Paused:            pol.Paused,
 	}
 	if st.DueNow > 0 && !st.OldestDue.IsZero() && st.OldestDue.Before(st.Now) {
 		resp.OldestDueLateness = durationpb.New(st.Now.Sub(st.OldestDue))

@@ -192,6 +192,16 @@ var policyFields = []policyField{
 		},
 		same: func(a, b storage.Policy) bool { return a.MaxDelay == b.MaxDelay },
 	},
+	{
+		// Not a quota: a namespace's own admin may stop and resume its
+		// deliveries (a downstream being fixed).
+		name: "paused",
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, _ string) error {
+			dst.Paused = src.GetPaused()
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.Paused == b.Paused },
+	},
 }
 
 // policyDuration reads a policy duration: unset or zero = 0 (the server
@@ -238,6 +248,7 @@ func policyToProto(p storage.Policy) *delaydv1.NamespacePolicy {
 		RateBurst:         int32(min(p.RateBurst, math.MaxInt32)),
 		MaxSubscribers:    int32(min(p.MaxSubscribers, math.MaxInt32)),
 		MaxDelay:          durationpb.New(p.MaxDelay),
+		Paused:            p.Paused,
 	}
 }
 
@@ -410,6 +421,9 @@ func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.Up
 	case err != nil:
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("update namespace: %w", err))
 	}
+	// Every replica's dispatcher applies the new policy now (a pause stops
+	// deliveries, a resume restarts them), not at its next refresh.
+	s.opts.Subscriptions.PolicyChanged(ctx, name)
 	names := make([]string, len(fields))
 	for i, f := range fields {
 		names[i] = f.name

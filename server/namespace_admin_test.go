@@ -242,6 +242,20 @@ func TestNamespaceAdminCannotRaiseQuotas(t *testing.T) {
 	if err := update(as(nsAdmin), &delaydv1.NamespacePolicy{MaxAttempts: 4}, "policy.max_attempts"); err != nil {
 		t.Errorf("namespace admin tuning max_attempts: %v", err)
 	}
+	// Pausing is not a quota: the namespace's own admin stops and resumes
+	// its deliveries, and stats say so.
+	if err := update(as(nsAdmin), &delaydv1.NamespacePolicy{Paused: true}, "policy.paused"); err != nil {
+		t.Errorf("namespace admin pausing: %v", err)
+	}
+	if st, err := r.admin.GetNamespaceStats(as(nsAdmin), &delaydv1.GetNamespaceStatsRequest{Namespace: ns}); err != nil || !st.GetPaused() {
+		t.Errorf("stats after pause: paused %v, %v; want true", st.GetPaused(), err)
+	}
+	if n, err := r.admin.GetNamespace(as(nsAdmin), &delaydv1.GetNamespaceRequest{Namespace: ns}); err != nil || !n.GetNamespace().GetPolicy().GetPaused() {
+		t.Errorf("GetNamespace after pause: paused %v, %v; want true", n.GetNamespace().GetPolicy().GetPaused(), err)
+	}
+	if err := update(as(nsAdmin), &delaydv1.NamespacePolicy{}, "policy.paused"); err != nil {
+		t.Errorf("namespace admin resuming: %v", err)
+	}
 	err := update(as(nsAdmin), &delaydv1.NamespacePolicy{RateLimit: 1e6}, "policy.rate_limit")
 	wantCode(t, err, codes.PermissionDenied, "rate_limit")
 	if err := update(admin(), &delaydv1.NamespacePolicy{RateLimit: 1e6}, "policy.rate_limit"); err != nil {

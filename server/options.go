@@ -67,6 +67,9 @@ type Subscriptions interface {
 	Settle(ns string, tokens []storage.Token)
 	// LeaseExtended moves the local lease estimate of the deliveries by by.
 	LeaseExtended(ns string, tokens []storage.Token, by time.Duration)
+	// PolicyChanged says ns's policy was changed here: every replica's
+	// dispatcher applies it at once (pause, resume).
+	PolicyChanged(ctx context.Context, ns string)
 	// Watch sends w a copy of each delivery of w.Namespace until ctx ends
 	// or the dispatcher stops (dispatcher.ErrStopped), taking nothing.
 	Watch(ctx context.Context, w dispatcher.Watcher) error

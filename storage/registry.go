@@ -198,6 +198,7 @@ type policyRecord struct {
 	RateBurst         int     `json:"rate_burst,omitempty"`
 	MaxSubscribers    int     `json:"max_subscribers,omitempty"`
 	MaxDelayMS        int64   `json:"max_delay_ms,omitempty"`
+	Paused            bool    `json:"paused,omitempty"`
 }
 
 // MarshalPolicy encodes p as the JSON document registries store: durations
@@ -217,6 +218,7 @@ func MarshalPolicy(p Policy) ([]byte, error) {
 		RateBurst:         p.RateBurst,
 		MaxSubscribers:    p.MaxSubscribers,
 		MaxDelayMS:        p.MaxDelay.Milliseconds(),
+		Paused:            p.Paused,
 	})
 }
 
@@ -242,5 +244,6 @@ func UnmarshalPolicy(b []byte) (Policy, error) {
 		RateBurst:       r.RateBurst,
 		MaxSubscribers:  r.MaxSubscribers,
 		MaxDelay:        time.Duration(r.MaxDelayMS) * time.Millisecond,
+		Paused:          r.Paused,
 	}, nil
 }

@@ -301,6 +301,10 @@ type Policy struct {
 	MaxSubscribers int
 	// MaxDelay is the furthest ahead a task may be due. Default 366 days.
 	MaxDelay time.Duration
+	// Paused stops deliveries of the namespace on every replica: the
+	// dispatchers pop nothing while it is set (leases already out run
+	// their course). Default false.
+	Paused bool
 }
 
 // DefaultPolicy returns the policy a namespace has unless configured
@@ -390,6 +394,9 @@ type StaticPolicies struct{ P Policy }
 
 // Policy returns s.P for every namespace.
 func (s StaticPolicies) Policy(context.Context, string) (Policy, error) { return s.P, nil }
+
+// Invalidate does nothing: nothing is cached (dispatcher.Policies).
+func (StaticPolicies) Invalidate(string) {}
 
 // DueMilli is t in Unix milliseconds rounded UP: the millisecond a task due
 // at t is stored as, so it is never due early (t.UnixMilli() rounds down).

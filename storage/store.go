@@ -218,10 +218,24 @@ type DeliveryFeed interface {
 	SubscribeWatchCopies(ctx context.Context, ns string, ready func() error, fn func(WatchCopy) error) error
 }
 
+// Wakeup is one notice to the dispatchers of every replica.
+type Wakeup struct {
+	// Namespace the notice is about.
+	Namespace string
+	// PolicyChanged: the namespace's policy was changed (pause, resume, a
+	// rate cap): re-read it now instead of at the next refresh. False: an
+	// earlier task is at the head of the namespace.
+	PolicyChanged bool
+}
+
 // Wakeups tells dispatchers when an upsert on any replica put an earlier task
-// at the head of a namespace.
+// at the head of a namespace, or a policy changed.
 type Wakeups interface {
-	// SubscribeWakeups calls fn with the namespace of every wake-up until ctx
-	// is done. It returns when ctx is done or the subscription fails.
-	SubscribeWakeups(ctx context.Context, fn func(ns string)) error
+	// SubscribeWakeups calls fn with every wake-up until ctx is done. It
+	// returns when ctx is done or the subscription fails.
+	SubscribeWakeups(ctx context.Context, fn func(Wakeup)) error
+	// PublishPolicyChanged tells the dispatchers of every replica
+	// (subscribed at the time) that ns's policy changed. Best effort: a
+	// replica that misses it reads the policy at its next refresh.
+	PublishPolicyChanged(ctx context.Context, ns string) error
 }

@@ -201,6 +201,11 @@ func (r *Registry) Lookup(ctx context.Context, ns string) (storage.Namespace, er
 	})
 }
 
+// Invalidate drops this replica's cached answer for ns, so the next Policy
+// or Lookup reads the registry: a dispatcher calls it when another replica
+// announces that ns's policy changed.
+func (r *Registry) Invalidate(ns string) { r.namespaces.forget(ns) }
+
 // LookupPolicy is Lookup's policy: storage.ErrNotFound for an unknown
 // namespace, whatever auto-create says.
 func (r *Registry) LookupPolicy(ctx context.Context, ns string) (storage.Policy, error) {

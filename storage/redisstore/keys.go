@@ -3,6 +3,8 @@ package redisstore
 import (
 	"strconv"
 	"strings"
+
+	"github.com/delayd/delayd/storage"
 )
 
 // This file is the only place Redis keys and channels are built: read it to
@@ -27,7 +29,9 @@ import (
 //
 // Global:
 //
-//	delayd:wake             pub/sub channel; message = namespace name
+//	delayd:wake             pub/sub channel; message = namespace name (an
+//	                        earlier task is at its head), or "policy:" and
+//	                        the name (its policy changed; policyWakeMessage)
 //	delayd:watch:<ns>       pub/sub channel; message = one delivery copy of
 //	                        namespace ns (JSON, watch.go), published only
 //	                        while a watcher somewhere is subscribed
@@ -59,6 +63,21 @@ const (
 	// Options.WakeChannel says otherwise.
 	DefaultWakeChannel = keyPrefix + "wake"
 )
+
+// policyWakePrefix starts a wake-up message that says a namespace's policy
+// changed; no namespace name contains ':', so it never reads as one.
+const policyWakePrefix = "policy:"
+
+// policyWakeMessage is the wake-up message "ns's policy changed".
+func policyWakeMessage(ns string) string { return policyWakePrefix + ns }
+
+// parseWakeMessage reads a message of the wake-up channel.
+func parseWakeMessage(m string) storage.Wakeup {
+	if ns, ok := strings.CutPrefix(m, policyWakePrefix); ok {
+		return storage.Wakeup{Namespace: ns, PolicyChanged: true}
+	}
+	return storage.Wakeup{Namespace: m}
+}
 
 // watchChannel is the pub/sub channel of ns's delivery copies (watch.go).
 func watchChannel(ns string) string { return keyPrefix + "watch:" + ns }

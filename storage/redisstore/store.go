@@ -1149,15 +1149,16 @@ func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 	}, nil
 }
 
-// SubscribeWakeups calls fn with the namespace of every wake-up published
-// by any replica (an upsert, nack, reap, requeue or restore that put an
-// earlier task at the head of a namespace) until ctx is done, and then
-// returns ctx.Err(). It fails with storage.ErrUnavailable when the
-// subscription cannot be made. fn runs on the subscribing goroutine, one
-// call at a time, and should not block. After a connection loss the
-// subscription is re-made in the background; wake-ups published meanwhile
-// are lost (the dispatcher's safety-net poll covers them).
-func (s *Store) SubscribeWakeups(ctx context.Context, fn func(ns string)) error {
+// SubscribeWakeups calls fn with every wake-up published by any replica
+// (an upsert, nack, reap, requeue or restore that put an earlier task at
+// the head of a namespace; a policy change, PublishPolicyChanged) until
+// ctx is done, and then returns ctx.Err(). It fails with
+// storage.ErrUnavailable when the subscription cannot be made. fn runs on
+// the subscribing goroutine, one call at a time, and should not block.
+// After a connection loss the subscription is re-made in the background;
+// wake-ups published meanwhile are lost (the dispatcher's safety-net poll
+// and policy refresh cover them).
+func (s *Store) SubscribeWakeups(ctx context.Context, fn func(storage.Wakeup)) error {
 	// The context of Subscribe only bounds the first connection; later
 	// reconnections are go-redis's own.
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -1180,7 +1181,18 @@ func (s *Store) SubscribeWakeups(ctx context.Context, fn func(ns string)) error 
 			if !ok {
 				return fmt.Errorf("subscribe wakeups: %w: subscription closed", storage.ErrUnavailable)
 			}
-			fn(m.Payload)
+			fn(parseWakeMessage(m.Payload))
 		}
 	}
+}
+
+// PublishPolicyChanged publishes on the wake-up channel that ns's policy
+// changed, so every replica's dispatcher re-reads it at once.
+func (s *Store) PublishPolicyChanged(ctx context.Context, ns string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.rdb.Publish(ctx, s.wake, policyWakeMessage(ns)).Err(); err != nil {
+		return wrapErr("publish policy change", err)
+	}
+	return nil
 }

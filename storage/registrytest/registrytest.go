@@ -76,6 +76,7 @@ func samplePolicy() storage.Policy {
 		RateBurst:       20,
 		MaxSubscribers:  3,
 		MaxDelay:        48 * time.Hour,
+		Paused:          true,
 	}
 }
 

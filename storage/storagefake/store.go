@@ -39,7 +39,7 @@ type Store struct {
 	mu     sync.Mutex
 	nss    map[string]map[string]*record // namespace -> id -> record
 	lastUS int64                         // last microsecond handed out as a clock reading
-	subs   map[int]chan string
+	subs   map[int]chan storage.Wakeup
 	nextSb int
 	// watchers: namespace -> subscription id -> copies (DeliveryFeed)
 	watchers map[string]map[int]chan storage.WatchCopy
@@ -61,7 +61,7 @@ func New(clock storage.Clock) *Store {
 	if clock == nil {
 		clock = storage.SystemClock{}
 	}
-	return &Store{clock: clock, nss: map[string]map[string]*record{}, subs: map[int]chan string{}}
+	return &Store{clock: clock, nss: map[string]map[string]*record{}, subs: map[int]chan storage.Wakeup{}}
 }
 
 var (
@@ -146,10 +146,13 @@ func (r *record) view() storage.Task {
 }
 
 // publish tells every wake-up subscriber about ns. s.mu is held.
-func (s *Store) publish(ns string) {
+func (s *Store) publish(ns string) { s.publishWakeup(storage.Wakeup{Namespace: ns}) }
+
+// publishWakeup hands w to every wake-up subscriber. s.mu is held.
+func (s *Store) publishWakeup(w storage.Wakeup) {
 	for _, ch := range s.subs {
 		select {
-		case ch <- ns:
+		case ch <- w:
 		default: // a slow subscriber misses it, as with Redis pub/sub under pressure
 		}
 	}
@@ -654,10 +657,18 @@ func (s *Store) DropNamespace(_ context.Context, ns string) (int64, error) {
 	return n, nil
 }
 
-// SubscribeWakeups calls fn with the namespace of every wake-up until ctx is
-// done.
-func (s *Store) SubscribeWakeups(ctx context.Context, fn func(ns string)) error {
-	ch := make(chan string, 1024)
+// PublishPolicyChanged tells every wake-up subscriber that ns's policy
+// changed.
+func (s *Store) PublishPolicyChanged(_ context.Context, ns string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.publishWakeup(storage.Wakeup{Namespace: ns, PolicyChanged: true})
+	return nil
+}
+
+// SubscribeWakeups calls fn with every wake-up until ctx is done.
+func (s *Store) SubscribeWakeups(ctx context.Context, fn func(storage.Wakeup)) error {
+	ch := make(chan storage.Wakeup, 1024)
 	s.mu.Lock()
 	id := s.nextSb
 	s.nextSb++
@@ -672,8 +683,8 @@ func (s *Store) SubscribeWakeups(ctx context.Context, fn func(ns string)) error 
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case ns := <-ch:
-			fn(ns)
+		case w := <-ch:
+			fn(w)
 		}
 	}
 }

@@ -477,14 +477,20 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) Store) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	got := make(chan string, 100)
+	policy := make(chan string, 100)
 	done := make(chan error, 1)
 	go func() {
-		done <- w.SubscribeWakeups(ctx, func(ns string) {
-			if ns == e.ns {
-				select {
-				case got <- ns:
-				default:
-				}
+		done <- w.SubscribeWakeups(ctx, func(wu storage.Wakeup) {
+			if wu.Namespace != e.ns {
+				return
+			}
+			ch := got
+			if wu.PolicyChanged {
+				ch = policy
+			}
+			select {
+			case ch <- wu.Namespace:
+			default:
 			}
 		})
 	}()
@@ -504,6 +510,16 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) Store) {
 			return false
 		}
 	})
+	// A policy change reaches the subscription as such, never as an
+	// earliest-task wake-up.
+	if err := w.PublishPolicyChanged(e.ctx, e.ns); err != nil {
+		t.Fatalf("PublishPolicyChanged: %v", err)
+	}
+	select {
+	case <-policy:
+	case <-time.After(10 * time.Second):
+		t.Errorf("no policy-change wake-up for %s within 10 s of PublishPolicyChanged", e.ns)
+	}
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("SubscribeWakeups returned %v, want nil or context.Canceled", err)

@@ -372,7 +372,8 @@
         stats.replaceChildren(
           stat('scheduled', num(s.scheduled), 'stat-scheduled'), stat('due now', num(s.dueNow), 'stat-due'),
           stat('in flight', num(s.delivered), 'stat-delivered'), stat('dead', num(s.dead), 'stat-dead'),
-          stat('oldest due lateness', fmtDuration(seconds(s.oldestDueLateness)), 'stat-lateness'));
+          stat('oldest due lateness', fmtDuration(seconds(s.oldestDueLateness)), 'stat-lateness'),
+          stat('deliveries', s.paused ? 'paused' : 'running', 'stat-paused'));
       }));
     } else {
       stats.replaceChildren(h('span', { class: 'muted' }, 'Stats, dead-letter actions and keys need the admin scope on this namespace.'));

@@ -108,7 +108,14 @@ type NamespacePolicy struct {
 	// Most concurrent Subscribe streams. Default 0 = unlimited.
 	MaxSubscribers int32 `protobuf:"varint,10,opt,name=max_subscribers,json=maxSubscribers,proto3" json:"max_subscribers,omitempty"`
 	// Furthest ahead a task may be due. Default 366 days.
-	MaxDelay      *durationpb.Duration `protobuf:"bytes,11,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"`
+	MaxDelay *durationpb.Duration `protobuf:"bytes,11,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"`
+	// While true, nothing of the namespace is delivered, on any replica:
+	// upserts, removes, gets, lists and dead-letter calls work as usual,
+	// deliveries already out stay leased and can be acked, nacked or
+	// extended, but no due task is popped. Setting it false resumes
+	// deliveries at once on every replica. The namespace's own admin may
+	// change it. Default false.
+	Paused        bool `protobuf:"varint,12,opt,name=paused,proto3" json:"paused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -218,6 +225,13 @@ func (x *NamespacePolicy) GetMaxDelay() *durationpb.Duration {
 		return x.MaxDelay
 	}
 	return nil
+}
+
+func (x *NamespacePolicy) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
 }
 
 // Namespace is a tenant's queue.
@@ -849,8 +863,11 @@ type GetNamespaceStatsResponse struct {
 	DueNow int64 `protobuf:"varint,4,opt,name=due_now,json=dueNow,proto3" json:"due_now,omitempty"`
 	// How late the oldest due, undelivered task is (0 if none is due).
 	OldestDueLateness *durationpb.Duration `protobuf:"bytes,5,opt,name=oldest_due_lateness,json=oldestDueLateness,proto3" json:"oldest_due_lateness,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The namespace's policy says paused: due tasks wait, nothing is
+	// delivered (see NamespacePolicy.paused).
+	Paused        bool `protobuf:"varint,6,opt,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetNamespaceStatsResponse) Reset() {
@@ -916,6 +933,13 @@ func (x *GetNamespaceStatsResponse) GetOldestDueLateness() *durationpb.Duration 
 		return x.OldestDueLateness
 	}
 	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
 }
 
 // ListDeadLettersRequest pages through dead tasks.
@@ -1777,7 +1801,7 @@ var File_delayd_v1_namespace_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\n" +
-	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x04\n" +
+	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x04\n" +
 	"\x0fNamespacePolicy\x12:\n" +
 	"\vack_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"ackTimeout\x12!\n" +
@@ -1794,7 +1818,8 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"rate_burst\x18\t \x01(\x05R\trateBurst\x12'\n" +
 	"\x0fmax_subscribers\x18\n" +
 	" \x01(\x05R\x0emaxSubscribers\x126\n" +
-	"\tmax_delay\x18\v \x01(\v2\x19.google.protobuf.DurationR\bmaxDelay\"\xcd\x01\n" +
+	"\tmax_delay\x18\v \x01(\v2\x19.google.protobuf.DurationR\bmaxDelay\x12\x16\n" +
+	"\x06paused\x18\f \x01(\bR\x06paused\"\xcd\x01\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06policy\x18\x02 \x01(\v2\x1a.delayd.v1.NamespacePolicyR\x06policy\x12;\n" +
@@ -1831,13 +1856,14 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x17DeleteNamespaceResponse\x12#\n" +
 	"\rdeleted_tasks\x18\x01 \x01(\x03R\fdeletedTasks\"8\n" +
 	"\x18GetNamespaceStatsRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xcf\x01\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xe7\x01\n" +
 	"\x19GetNamespaceStatsResponse\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\x03R\tscheduled\x12\x1c\n" +
 	"\tdelivered\x18\x02 \x01(\x03R\tdelivered\x12\x12\n" +
 	"\x04dead\x18\x03 \x01(\x03R\x04dead\x12\x17\n" +
 	"\adue_now\x18\x04 \x01(\x03R\x06dueNow\x12I\n" +
-	"\x13oldest_due_lateness\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11oldestDueLateness\"\x9b\x01\n" +
+	"\x13oldest_due_lateness\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11oldestDueLateness\x12\x16\n" +
+	"\x06paused\x18\x06 \x01(\bR\x06paused\"\x9b\x01\n" +
 	"\x16ListDeadLettersRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +

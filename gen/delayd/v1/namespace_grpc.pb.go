@@ -51,7 +51,9 @@ type NamespaceServiceClient interface {
 	// ListNamespaces pages through namespaces in name order.
 	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
 	// UpdateNamespace changes policy fields named by update_mask. Running
-	// dispatchers apply the new policy without a restart.
+	// dispatchers apply the new policy without a restart: the replica that
+	// took the update tells the others at once (paused takes effect on every
+	// replica within moments; see NamespacePolicy.paused).
 	UpdateNamespace(ctx context.Context, in *UpdateNamespaceRequest, opts ...grpc.CallOption) (*UpdateNamespaceResponse, error)
 	// DeleteNamespace deletes a namespace. FAILED_PRECONDITION if it still has
 	// tasks, unless force is set (then its tasks are deleted too).
@@ -233,7 +235,9 @@ type NamespaceServiceServer interface {
 	// ListNamespaces pages through namespaces in name order.
 	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
 	// UpdateNamespace changes policy fields named by update_mask. Running
-	// dispatchers apply the new policy without a restart.
+	// dispatchers apply the new policy without a restart: the replica that
+	// took the update tells the others at once (paused takes effect on every
+	// replica within moments; see NamespacePolicy.paused).
 	UpdateNamespace(context.Context, *UpdateNamespaceRequest) (*UpdateNamespaceResponse, error)
 	// DeleteNamespace deletes a namespace. FAILED_PRECONDITION if it still has
 	// tasks, unless force is set (then its tasks are deleted too).

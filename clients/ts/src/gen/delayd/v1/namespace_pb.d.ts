@@ -97,6 +97,18 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
    * @generated from field: google.protobuf.Duration max_delay = 11;
    */
   maxDelay?: Duration | undefined;
+
+  /**
+   * While true, nothing of the namespace is delivered, on any replica:
+   * upserts, removes, gets, lists and dead-letter calls work as usual,
+   * deliveries already out stay leased and can be acked, nacked or
+   * extended, but no due task is popped. Setting it false resumes
+   * deliveries at once on every replica. The namespace's own admin may
+   * change it. Default false.
+   *
+   * @generated from field: bool paused = 12;
+   */
+  paused: boolean;
 };
 
 /**
@@ -435,6 +447,14 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
    * @generated from field: google.protobuf.Duration oldest_due_lateness = 5;
    */
   oldestDueLateness?: Duration | undefined;
+
+  /**
+   * The namespace's policy says paused: due tasks wait, nothing is
+   * delivered (see NamespacePolicy.paused).
+   *
+   * @generated from field: bool paused = 6;
+   */
+  paused: boolean;
 };
 
 /**
@@ -956,7 +976,9 @@ export declare const NamespaceService: GenService<{
   },
   /**
    * UpdateNamespace changes policy fields named by update_mask. Running
-   * dispatchers apply the new policy without a restart.
+   * dispatchers apply the new policy without a restart: the replica that
+   * took the update tells the others at once (paused takes effect on every
+   * replica within moments; see NamespacePolicy.paused).
    *
    * @generated from rpc delayd.v1.NamespaceService.UpdateNamespace
    */
