@@ -78,3 +78,55 @@ func TestDocsGrpcurlCommands(t *testing.T) {
 	}
 	t.Logf("checked %d grpcurl calls", checked)
 }
+
+// TestDocsNameRealTests: every test the README and docs/*.md name (the
+// "Delivery guarantees" section names one per promise) is a test function
+// of this repository, so a renamed or deleted test cannot leave a promise
+// pointing at nothing.
+func TestDocsNameRealTests(t *testing.T) {
+	defined := map[string]bool{}
+	fn := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]+)\(`)
+	err := filepath.WalkDir("../..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == ".git") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, "_test.go") {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for _, m := range fn.FindAllStringSubmatch(string(b), -1) {
+				defined[m[1]] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob("../../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, "../../README.md")
+	named := regexp.MustCompile("`(Test[A-Z][A-Za-z0-9_]*)`")
+	checked := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range named.FindAllStringSubmatch(string(b), -1) {
+			checked++
+			if !defined[m[1]] {
+				t.Errorf("%s names %s, which is no test of this repository", filepath.Base(f), m[1])
+			}
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("found only %d test names in the docs; has their format changed?", checked)
+	}
+}
