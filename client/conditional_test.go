@@ -80,13 +80,32 @@ func TestConditionalWrites(t *testing.T) {
 
 			// The loan race: a return that read generation 1 must not
 			// cancel the renewed (generation 2) task.
-			_, err = c.RemoveIf(ctx, ns, "order-1", 1)
+			_, err = c.RemoveIf(ctx, ns, "order-1", client.Version{Generation: 1})
 			if cf, ok := client.ConflictOf(err); status.Code(err) != codes.FailedPrecondition || !ok || cf.Generation != 2 ||
 				cf.Task == nil || string(cf.Task.Payload) != fmt.Sprint(wins[0]) {
 				t.Fatalf("stale RemoveIf: %v (conflict %+v); want FailedPrecondition holding the winner's task", err, cf)
 			}
-			if rr, err := c.RemoveIf(ctx, ns, "order-1", 2); err != nil || !rr.Removed {
-				t.Fatalf("RemoveIf at generation 2 = %+v, %v; want removed", rr, err)
+			before, err := c.Get(ctx, ns, "order-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rr, err := c.RemoveIf(ctx, ns, "order-1", before.Version()); err != nil || !rr.Removed {
+				t.Fatalf("RemoveIf at %+v = %+v, %v; want removed", before.Version(), rr, err)
+			}
+			// The id is created again: generation 1 once more, a new
+			// incarnation. A compare-and-set of the version read before
+			// the removal never matches it.
+			again, err := c.Upsert(ctx, ns, client.TaskSpec{ID: "order-1", When: client.After(time.Hour)})
+			if err != nil || again.Task.Incarnation <= before.Incarnation {
+				t.Fatalf("re-create = %+v, %v; want a larger incarnation than %d", again, err, before.Incarnation)
+			}
+			stale := client.Version{Incarnation: before.Incarnation, Generation: again.Task.Generation}
+			_, err = c.RemoveIf(ctx, ns, "order-1", stale)
+			if cf, ok := client.ConflictOf(err); !ok || cf.Incarnation != again.Task.Incarnation || cf.ExpectedIncarnation != before.Incarnation {
+				t.Fatalf("RemoveIf of the old life: %v (conflict %+v); want FailedPrecondition naming both incarnations", err, cf)
+			}
+			if rr, err := c.RemoveIf(ctx, ns, "order-1", again.Task.Version()); err != nil || !rr.Removed {
+				t.Fatalf("RemoveIf of the new life = %+v, %v; want removed", rr, err)
 			}
 
 			// Batch items answer per item, with the conflicting task.

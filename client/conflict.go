@@ -16,11 +16,15 @@ type Conflict struct {
 	// (code AlreadyExists); false for an IfGeneration / RemoveIf whose
 	// generation did not match (code FailedPrecondition).
 	Exists bool
-	// Generation is the stored generation; 0 when there is no task.
-	Generation int64
+	// Generation and Incarnation are the stored task's; 0 when there is
+	// no task.
+	Generation  int64
+	Incarnation int64
 	// Expected is the generation the write required (IfGeneration,
-	// RemoveIf); 0 for CreateOnly.
-	Expected int64
+	// RemoveIf); 0 for CreateOnly. ExpectedIncarnation is the incarnation
+	// it required; 0 when it required none.
+	Expected            int64
+	ExpectedIncarnation int64
 	// Task is the stored task; nil when there is none.
 	Task *Task
 }
@@ -51,7 +55,9 @@ func ConflictOf(err error) (*Conflict, bool) {
 			}
 			cf.Exists = d.GetReason() == "TASK_EXISTS"
 			cf.Generation, _ = strconv.ParseInt(d.GetMetadata()["generation"], 10, 64)
+			cf.Incarnation, _ = strconv.ParseInt(d.GetMetadata()["incarnation"], 10, 64)
 			cf.Expected, _ = strconv.ParseInt(d.GetMetadata()["expected"], 10, 64)
+			cf.ExpectedIncarnation, _ = strconv.ParseInt(d.GetMetadata()["expected_incarnation"], 10, 64)
 		case *delaydv1.Task:
 			if cf == nil {
 				cf = &Conflict{}
@@ -70,21 +76,26 @@ func ConflictOf(err error) (*Conflict, bool) {
 // condition (AlreadyExists, FailedPrecondition) it carries the details a
 // single Upsert's error would, built from the item's task, so ConflictOf
 // reads both alike.
-func itemError(e *delaydv1.ItemError, task *delaydv1.Task, expected int64) error {
+func itemError(e *delaydv1.ItemError, task *delaydv1.Task, expected Version) error {
 	st := status.New(codes.Code(e.GetCode()), e.GetMessage())
 	var reason string
 	switch st.Code() {
 	case codes.AlreadyExists:
-		reason, expected = "TASK_EXISTS", 0
+		reason = "TASK_EXISTS"
 	case codes.FailedPrecondition:
 		reason = "GENERATION_MISMATCH"
 	default:
 		return st.Err()
 	}
-	info := &errdetails.ErrorInfo{Domain: "delayd.v1", Reason: reason,
-		Metadata: map[string]string{"generation": strconv.FormatInt(task.GetGeneration(), 10)}}
+	info := &errdetails.ErrorInfo{Domain: "delayd.v1", Reason: reason, Metadata: map[string]string{
+		"generation":  strconv.FormatInt(task.GetGeneration(), 10),
+		"incarnation": strconv.FormatInt(task.GetIncarnation(), 10),
+	}}
 	if reason == "GENERATION_MISMATCH" {
-		info.Metadata["expected"] = strconv.FormatInt(expected, 10)
+		info.Metadata["expected"] = strconv.FormatInt(expected.Generation, 10)
+		if expected.Incarnation != 0 {
+			info.Metadata["expected_incarnation"] = strconv.FormatInt(expected.Incarnation, 10)
+		}
 	}
 	var ds *status.Status
 	var err error

@@ -81,7 +81,7 @@ func (c *Client) BatchUpsert(ctx context.Context, ns string, specs []TaskSpec) (
 		for i, r := range resp.GetResults() {
 			br := BatchResult{Created: r.GetCreated(), Task: taskFromProto(r.GetTask())}
 			if e := r.GetError(); e != nil {
-				br.Err = itemError(e, r.GetTask(), chunk[i].IfGeneration)
+				br.Err = itemError(e, r.GetTask(), Version{Generation: chunk[i].IfGeneration, Incarnation: chunk[i].IfIncarnation})
 			}
 			out = append(out, br)
 		}
@@ -105,26 +105,28 @@ type RemoveResult struct {
 // idempotent and retried on Unavailable (so a retried call may report
 // Removed false for a task its first attempt removed).
 func (c *Client) Remove(ctx context.Context, ns, id string) (RemoveResult, error) {
-	return c.remove(ctx, ns, id, 0)
+	return c.remove(ctx, ns, id, Version{})
 }
 
-// RemoveIf cancels task id of namespace ns only if its stored generation
-// is still generation (the Task.Generation you read): a compare-and-set.
-// When another write bumped it meanwhile (a renewal racing a return),
-// nothing is removed and the error has code FailedPrecondition;
-// [ConflictOf] gives the current generation and task, so the caller can
-// read again and decide. A task that does not exist is Removed false, as
-// with Remove. generation must be at least 1.
-func (c *Client) RemoveIf(ctx context.Context, ns, id string, generation int64) (RemoveResult, error) {
-	if generation < 1 {
+// RemoveIf cancels task id of namespace ns only if its stored version is
+// still v (usually the Task.Version() you read): the generation, and the
+// incarnation unless v.Incarnation is 0. When another write changed it
+// meanwhile (a renewal racing a return bumps the generation; a remove and
+// a re-create make a new incarnation), nothing is removed and the error has
+// code FailedPrecondition; [ConflictOf] gives what is stored, so the caller
+// can read again and decide. A task that does not exist is Removed false,
+// as with Remove. v.Generation must be at least 1.
+func (c *Client) RemoveIf(ctx context.Context, ns, id string, v Version) (RemoveResult, error) {
+	if v.Generation < 1 || v.Incarnation < 0 {
 		return RemoveResult{}, fmt.Errorf("delayd remove %s/%s: %w", ns, id,
-			status.Errorf(codes.InvalidArgument, "generation is %d; allowed: the generation last read (1 or more)", generation))
+			status.Errorf(codes.InvalidArgument, "version %+v: the generation last read (1 or more) is required", v))
 	}
-	return c.remove(ctx, ns, id, generation)
+	return c.remove(ctx, ns, id, v)
 }
 
-func (c *Client) remove(ctx context.Context, ns, id string, generation int64) (RemoveResult, error) {
-	resp, err := c.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: ns, Id: id, IfGeneration: generation})
+func (c *Client) remove(ctx context.Context, ns, id string, v Version) (RemoveResult, error) {
+	resp, err := c.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: ns, Id: id,
+		IfGeneration: v.Generation, IfIncarnation: v.Incarnation})
 	if err != nil {
 		return RemoveResult{}, fmt.Errorf("delayd remove %s/%s: %w", ns, id, err)
 	}

@@ -58,6 +58,10 @@ type Task struct {
 	Attempt int32
 	// Generation is bumped by every upsert of (Namespace, ID).
 	Generation int64
+	// Incarnation names this life of (Namespace, ID): kept by every upsert,
+	// larger for a task created again after a remove or an ack (which
+	// starts over at generation 1). See [Task.Version].
+	Incarnation int64
 	// CreateTime is when the task was first created.
 	CreateTime time.Time
 	// UpdateTime is when the task last changed.
@@ -118,11 +122,26 @@ type TaskSpec struct {
 	// last read in Task.Generation), else it fails with FailedPrecondition
 	// and [ConflictOf] gives the current generation and task.
 	IfGeneration int64
+	// IfIncarnation, with IfGeneration, also requires the stored task to be
+	// this incarnation (Task.Incarnation as last read), so the upsert never
+	// applies to a task removed and created again since (it starts over at
+	// generation 1). Zero means any incarnation.
+	IfIncarnation int64
 }
+
+// Version names one version of a task: its incarnation and generation.
+type Version struct {
+	Incarnation int64
+	Generation  int64
+}
+
+// Version is t's version, for [Client.RemoveIf] (or TaskSpec.IfGeneration
+// and IfIncarnation).
+func (t Task) Version() Version { return Version{Incarnation: t.Incarnation, Generation: t.Generation} }
 
 func (s TaskSpec) proto(ns string) *delaydv1.UpsertTaskRequest {
 	req := &delaydv1.UpsertTaskRequest{Namespace: ns, Id: s.ID, Kind: s.Kind, Payload: s.Payload,
-		CreateOnly: s.CreateOnly, IfGeneration: s.IfGeneration}
+		CreateOnly: s.CreateOnly, IfGeneration: s.IfGeneration, IfIncarnation: s.IfIncarnation}
 	switch {
 	case !s.When.set:
 	case !s.When.at.IsZero():
@@ -152,6 +171,7 @@ func taskFromProto(p *delaydv1.Task) Task {
 		LeaseDeadline: timeFromProto(p.GetLeaseDeadline()),
 		DeadTime:      timeFromProto(p.GetDeadTime()),
 		TraceParent:   p.GetTraceparent(),
+		Incarnation:   p.GetIncarnation(),
 	}
 }
 

@@ -188,7 +188,7 @@ func taskRemoveCommand(g *globals) *cobra.Command {
 			}
 			var res client.RemoveResult
 			if ifGen > 0 {
-				res, err = c.RemoveIf(cmd.Context(), args[0], args[1], ifGen)
+				res, err = c.RemoveIf(cmd.Context(), args[0], args[1], client.Version{Generation: ifGen})
 			} else {
 				res, err = c.Remove(cmd.Context(), args[0], args[1])
 			}

@@ -109,9 +109,9 @@ func (s *instrumented) Upsert(ctx context.Context, ns string, specs []storage.Up
 	return res, err
 }
 
-func (s *instrumented) Remove(ctx context.Context, ns, id string, ifGeneration int64) (storage.State, error) {
+func (s *instrumented) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
 	start := time.Now()
-	st, err := s.next.Remove(ctx, ns, id, ifGeneration)
+	st, err := s.next.Remove(ctx, ns, id, ifVersion)
 	s.done(opRemove, start, err)
 	if err == nil {
 		s.m.ns(ns).removed.Inc()

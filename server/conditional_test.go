@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -209,6 +210,16 @@ func TestConditionalInvalidArguments(t *testing.T) {
 	wantStatus(t, err, codes.InvalidArgument, "if_generation is 3 with create_only set")
 	_, err = e.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: e.ns, Id: "a", IfGeneration: -2})
 	wantStatus(t, err, codes.InvalidArgument, "if_generation is -2")
+	_, err = e.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: e.ns, Id: "a", IfIncarnation: 5})
+	wantStatus(t, err, codes.InvalidArgument, "if_incarnation is 5 without if_generation")
+	br, err := e.tasks.BatchUpsertTasks(ctx, &delaydv1.BatchUpsertTasksRequest{Namespace: e.ns, Tasks: []*delaydv1.UpsertTaskRequest{
+		{Id: "a", When: inDelay(time.Hour), IfGeneration: 1, IfIncarnation: -1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ie := br.GetResults()[0].GetError(); ie.GetCode() != int32(codes.InvalidArgument) || !strings.HasPrefix(ie.GetMessage(), "tasks[0].if_incarnation is -1") {
+		t.Errorf("batch item error = %v, want tasks[0].if_incarnation named", ie)
+	}
 
 	cases := []struct {
 		req  *delaydv1.RemoveTasksRequest
@@ -227,5 +238,42 @@ func TestConditionalInvalidArguments(t *testing.T) {
 	for _, c := range cases {
 		_, err := e.tasks.RemoveTasks(ctx, c.req)
 		wantStatus(t, err, codes.InvalidArgument, c.want)
+	}
+}
+
+// A task removed and created again starts over at generation 1; with the
+// incarnation read, a compare-and-set tells the new life apart.
+func TestIfIncarnation(t *testing.T) {
+	t.Parallel()
+	e := newTskEnv(t, tskOpts{})
+	ctx := tskCtx(t)
+	first, err := e.tasks.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: e.ns, Id: "dev-1", When: inDelay(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := first.GetTask()
+	if old.GetIncarnation() == 0 {
+		t.Fatalf("task %v has no incarnation", old)
+	}
+	if _, err := e.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: e.ns, Id: "dev-1"}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.tasks.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: e.ns, Id: "dev-1", When: inDelay(time.Hour)})
+	if err != nil || again.GetTask().GetGeneration() != 1 || again.GetTask().GetIncarnation() <= old.GetIncarnation() {
+		t.Fatalf("re-create = %v, %v; want generation 1, a larger incarnation", again, err)
+	}
+	_, err = e.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: e.ns, Id: "dev-1", IfGeneration: 1, IfIncarnation: old.GetIncarnation()})
+	info, task := conflictDetails(t, err, codes.FailedPrecondition, "GENERATION_MISMATCH")
+	md := info.GetMetadata()
+	if md["expected_incarnation"] != fmt.Sprint(old.GetIncarnation()) || md["incarnation"] != fmt.Sprint(again.GetTask().GetIncarnation()) ||
+		task.GetIncarnation() != again.GetTask().GetIncarnation() {
+		t.Fatalf("metadata %v, task %v; want the old incarnation expected and the new one stored", md, task)
+	}
+	if !strings.Contains(status.Convert(err).Message(), "another incarnation") {
+		t.Errorf("message %q does not say the task is another incarnation", status.Convert(err).Message())
+	}
+	resp, err := e.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: e.ns, Id: "dev-1", IfGeneration: 1, IfIncarnation: again.GetTask().GetIncarnation()})
+	if err != nil || !resp.GetRemoved() {
+		t.Fatalf("remove of the new life = %v, %v; want removed", resp, err)
 	}
 }

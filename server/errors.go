@@ -162,22 +162,33 @@ const (
 
 // conflictStatus is the status of a conditional write that changed
 // nothing: AlreadyExists (create_only; the task exists) or
-// FailedPrecondition (if_generation; another generation is stored). Its
-// details are a google.rpc.ErrorInfo whose metadata holds the stored
-// generation ("generation", "0" when there is no task) and, for
-// FailedPrecondition, the one expected ("expected"); then the stored task
-// when there is one.
+// FailedPrecondition (if_generation; another generation, or with
+// if_incarnation another incarnation, is stored). Its details are a
+// google.rpc.ErrorInfo whose metadata holds the stored version
+// ("generation" and "incarnation", "0" when there is no task) and, for
+// FailedPrecondition, the one expected ("expected", and
+// "expected_incarnation" when one was sent); then the stored task when
+// there is one.
 func conflictStatus(ce *storage.ConflictError) *status.Status {
 	gen := strconv.FormatInt(ce.Task.Generation, 10)
 	var st *status.Status
-	info := &errdetails.ErrorInfo{Domain: errorDomain, Metadata: map[string]string{"generation": gen}}
+	info := &errdetails.ErrorInfo{Domain: errorDomain, Metadata: map[string]string{
+		"generation": gen, "incarnation": strconv.FormatInt(ce.Task.Incarnation, 10)}}
 	if errors.Is(ce.Err, storage.ErrGenerationMismatch) {
+		want := ce.Expected
 		info.Reason = reasonGenerationDiff
-		info.Metadata["expected"] = strconv.FormatInt(ce.Expected, 10)
-		if ce.Task.ID == "" {
-			st = status.Newf(codes.FailedPrecondition, "the task does not exist (generation 0), not at generation %d (if_generation); nothing changed", ce.Expected)
-		} else {
-			st = status.Newf(codes.FailedPrecondition, "task %q is at generation %d, not %d (if_generation); nothing changed: read it again and decide", ce.Task.ID, ce.Task.Generation, ce.Expected)
+		info.Metadata["expected"] = strconv.FormatInt(want.Generation, 10)
+		if want.Incarnation != 0 {
+			info.Metadata["expected_incarnation"] = strconv.FormatInt(want.Incarnation, 10)
+		}
+		switch {
+		case ce.Task.ID == "":
+			st = status.Newf(codes.FailedPrecondition, "the task does not exist (generation 0), not at generation %d (if_generation); nothing changed", want.Generation)
+		case ce.Task.Generation == want.Generation:
+			st = status.Newf(codes.FailedPrecondition, "task %q is another incarnation (%d, not %d: removed and created again since it was read); nothing changed: read it again and decide",
+				ce.Task.ID, ce.Task.Incarnation, want.Incarnation)
+		default:
+			st = status.Newf(codes.FailedPrecondition, "task %q is at generation %d, not %d (if_generation); nothing changed: read it again and decide", ce.Task.ID, ce.Task.Generation, want.Generation)
 		}
 	} else {
 		info.Reason = reasonTaskExists

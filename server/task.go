@@ -70,7 +70,7 @@ func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRe
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("upsert: store returned %d results for 1 spec", len(results)))
 	}
 	r := results[0]
-	if err := r.Conflict(spec.IfGeneration); err != nil {
+	if err := r.Conflict(spec); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
 	if r.Earliest {
@@ -126,7 +126,7 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 		}
 		earliest := false
 		for k, r := range results {
-			if err := r.Conflict(specs[k].IfGeneration); err != nil {
+			if err := r.Conflict(specs[k]); err != nil {
 				// A failed condition: the item's error, with the task as
 				// stored (none when there is none).
 				st, _ := status.FromError(toStatus(ctx, s.logger, err))
@@ -154,10 +154,11 @@ func (s *taskService) RemoveTask(ctx context.Context, req *delaydv1.RemoveTaskRe
 	if err := validateNamespaceAndID(ns, id); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	if err := validateIfGeneration("if_generation", req.GetIfGeneration()); err != nil {
+	ifVersion, err := ifVersionOf("", req.GetIfGeneration(), req.GetIfIncarnation())
+	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	prev, err := s.tasks.Remove(ctx, ns, id, req.GetIfGeneration())
+	prev, err := s.tasks.Remove(ctx, ns, id, ifVersion)
 	if errors.Is(err, storage.ErrNotFound) {
 		return &delaydv1.RemoveTaskResponse{}, nil
 	}
@@ -276,6 +277,7 @@ func taskToProto(t storage.Task) *delaydv1.Task {
 		LeaseDeadline: timeToProto(t.LeaseDeadline),
 		DeadTime:      timeToProto(t.DeadTime),
 		Traceparent:   t.TraceParent,
+		Incarnation:   t.Incarnation,
 	}
 }
 

@@ -89,14 +89,15 @@ func upsertSpec(prefix string, req *delaydv1.UpsertTaskRequest, batchNS string, 
 	if err := validatePayload(prefix+"payload", req.GetPayload(), pol.MaxPayloadBytes); err != nil {
 		return storage.UpsertSpec{}, err
 	}
-	if err := validateIfGeneration(prefix+"if_generation", req.GetIfGeneration()); err != nil {
+	ifv, err := ifVersionOf(prefix, req.GetIfGeneration(), req.GetIfIncarnation())
+	if err != nil {
 		return storage.UpsertSpec{}, err
 	}
 	if req.GetCreateOnly() && req.GetIfGeneration() != 0 {
 		return storage.UpsertSpec{}, invalidf(prefix+"if_generation", "is %d with create_only set; set at most one of them (create_only expects no task, if_generation an existing one)", req.GetIfGeneration())
 	}
 	spec := storage.UpsertSpec{ID: req.GetId(), Kind: req.GetKind(), Payload: req.GetPayload(),
-		CreateOnly: req.GetCreateOnly(), IfGeneration: req.GetIfGeneration()}
+		CreateOnly: req.GetCreateOnly(), IfGeneration: ifv.Generation, IfIncarnation: ifv.Incarnation}
 	switch w := req.GetWhen().(type) {
 	case *delaydv1.UpsertTaskRequest_DueTime:
 		if err := w.DueTime.CheckValid(); err != nil {
@@ -252,12 +253,20 @@ func humanDuration(d time.Duration) string {
 	return d.String()
 }
 
-// validateIfGeneration accepts 0 (unconditional) or a positive generation.
-func validateIfGeneration(field string, gen int64) error {
+// ifVersionOf validates if_generation (0, unconditional, or the generation
+// last read) and if_incarnation (0, any, or the incarnation last read; only
+// with if_generation). prefix is "" or "tasks[i]." inside a batch.
+func ifVersionOf(prefix string, gen, inc int64) (storage.Version, error) {
 	if gen < 0 {
-		return invalidf(field, "is %d; allowed: 0 (unconditional) or the generation last read (1 or more)", gen)
+		return storage.Version{}, invalidf(prefix+"if_generation", "is %d; allowed: 0 (unconditional) or the generation last read (1 or more)", gen)
 	}
-	return nil
+	if inc < 0 {
+		return storage.Version{}, invalidf(prefix+"if_incarnation", "is %d; allowed: 0 (any) or the incarnation last read", inc)
+	}
+	if inc != 0 && gen == 0 {
+		return storage.Version{}, invalidf(prefix+"if_incarnation", "is %d without if_generation; set if_generation too (the generation last read)", inc)
+	}
+	return storage.Version{Generation: gen, Incarnation: inc}, nil
 }
 
 // maxRemoveIDs is the most ids one RemoveTasks call may name (the store's

@@ -59,13 +59,15 @@ var (
 type ConflictError struct {
 	Err  error
 	Task Task
-	// Expected is the generation the write required (ErrGenerationMismatch).
-	Expected int64
+	// Expected is the version the write required (ErrGenerationMismatch):
+	// its Generation, and its Incarnation when non-zero.
+	Expected Version
 }
 
 func (e *ConflictError) Error() string {
 	if errors.Is(e.Err, ErrGenerationMismatch) {
-		return fmt.Sprintf("%v: expected generation %d, stored %d", e.Err, e.Expected, e.Task.Generation)
+		return fmt.Sprintf("%v: expected generation %d (incarnation %d), stored %d (incarnation %d)",
+			e.Err, e.Expected.Generation, e.Expected.Incarnation, e.Task.Generation, e.Task.Incarnation)
 	}
 	return fmt.Sprintf("task %q: %v (generation %d)", e.Task.ID, e.Err, e.Task.Generation)
 }
@@ -87,15 +89,23 @@ const (
 	RefusedGeneration
 )
 
-// Conflict returns the *ConflictError of a refused result, nil otherwise.
-func (r UpsertResult) Conflict(expected int64) error {
+// Conflict returns the *ConflictError of a refused result of sp, nil
+// otherwise.
+func (r UpsertResult) Conflict(sp UpsertSpec) error {
 	switch r.Refused {
 	case RefusedExists:
 		return &ConflictError{Err: ErrAlreadyExists, Task: r.Task}
 	case RefusedGeneration:
-		return &ConflictError{Err: ErrGenerationMismatch, Task: r.Task, Expected: expected}
+		return &ConflictError{Err: ErrGenerationMismatch, Task: r.Task, Expected: sp.IfVersion()}
 	}
 	return nil
+}
+
+// Matches reports whether a stored task of version (inc, gen) meets the
+// compare-and-set condition want: want.Generation equal, and
+// want.Incarnation equal unless it is zero. A zero want matches anything.
+func (want Version) Matches(inc, gen int64) bool {
+	return want.Generation == 0 || (gen == want.Generation && (want.Incarnation == 0 || inc == want.Incarnation))
 }
 
 // State is where a task is in its lifecycle.
@@ -198,6 +208,18 @@ type UpsertSpec struct {
 	// Decided atomically by the store that decides generations (MySQL in
 	// durable mode). Not combined with Generation.
 	IfGeneration int64
+	// IfIncarnation, with IfGeneration: the stored task's incarnation must
+	// equal it too (so a task removed and created again since it was read
+	// never matches). Zero means any incarnation.
+	IfIncarnation int64
+}
+
+// IfVersion is the compare-and-set condition of sp (zero when none).
+func (sp UpsertSpec) IfVersion() Version {
+	if sp.IfGeneration == 0 {
+		return Version{}
+	}
+	return Version{ID: sp.ID, Incarnation: sp.IfIncarnation, Generation: sp.IfGeneration}
 }
 
 // UpsertResult is the outcome of one UpsertSpec, in request order.

@@ -15,11 +15,13 @@ type Tasks interface {
 	// whose condition fails changes nothing and its result says Refused.
 	//
 	// Remove deletes a task in any state and returns the state it was in.
-	// ErrNotFound if there was no such task. If ifGeneration is non-zero,
-	// the task is deleted only when its stored generation equals it;
-	// otherwise nothing changes and the error is a *ConflictError
-	// (ErrGenerationMismatch) carrying the stored task.
-	Remove(ctx context.Context, ns, id string, ifGeneration int64) (State, error)
+	// ErrNotFound if there was no such task. If ifVersion.Generation is
+	// non-zero, the task is deleted only when its stored version matches
+	// it (Version.Matches: the generation, and the incarnation unless that
+	// is zero; ifVersion.ID is ignored); otherwise nothing changes and the
+	// error is a *ConflictError (ErrGenerationMismatch) carrying the stored
+	// task.
+	Remove(ctx context.Context, ns, id string, ifVersion Version) (State, error)
 	// RemoveTasks deletes the tasks p names (IDs) or one bounded page of
 	// the tasks p.Filter selects, and says how many it deleted and where
 	// the next page starts ("" = done).

@@ -78,7 +78,7 @@ func TestConditionalAcrossReplicas(t *testing.T) {
 			}
 		}, func(s storage.Tasks, ns, id string, i int) bool {
 			if i%4 == 3 {
-				_, err := s.Remove(ctx, ns, id, 1)
+				_, err := s.Remove(ctx, ns, id, storage.Version{Generation: 1})
 				if err != nil && !errors.Is(err, storage.ErrGenerationMismatch) && !errors.Is(err, storage.ErrNotFound) {
 					t.Errorf("writer %d: remove: %v", i, err)
 				}

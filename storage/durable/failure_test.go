@@ -69,7 +69,7 @@ func TestMySQLDown(t *testing.T) {
 	if got, err := e.idx.Get(ctx, ns, "keep"); err != nil || got.Generation != 1 {
 		t.Errorf("index copy of keep changed by a failed upsert: %+v %v", got, err)
 	}
-	if _, err := e.store.Remove(ctx, ns, "keep", 0); !errors.Is(err, storage.ErrUnavailable) {
+	if _, err := e.store.Remove(ctx, ns, "keep", storage.Version{}); !errors.Is(err, storage.ErrUnavailable) {
 		t.Fatalf("remove with mysql down: err = %v, want ErrUnavailable", err)
 	}
 	if _, err := e.idx.Get(ctx, ns, "keep"); err != nil {
@@ -84,7 +84,7 @@ func TestMySQLDown(t *testing.T) {
 	if err != nil || !res[0].Created {
 		t.Fatalf("upsert after mysql is back: %+v %v", res, err)
 	}
-	if _, err := e.store.Remove(ctx, ns, "keep", 0); err != nil {
+	if _, err := e.store.Remove(ctx, ns, "keep", storage.Version{}); err != nil {
 		t.Fatalf("remove after mysql is back: %v", err)
 	}
 }

@@ -104,7 +104,7 @@ func TestRecreatedAfterSnapshotRestoreIsDelivered(t *testing.T) {
 		}
 	}
 	snap := takeSnapshot(t, e.rdb, ns)
-	if _, err := e.store.Remove(ctx, ns, "x", 0); err != nil {
+	if _, err := e.store.Remove(ctx, ns, "x", storage.Version{}); err != nil {
 		t.Fatal(err)
 	}
 	snap.restore(t, e.rdb, ns)
@@ -175,7 +175,7 @@ func TestIndexOrphanIsForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap := takeSnapshot(t, e.rdb, ns)
-	if _, err := e.store.Remove(ctx, ns, "x", 0); err != nil {
+	if _, err := e.store.Remove(ctx, ns, "x", storage.Version{}); err != nil {
 		t.Fatal(err)
 	}
 	snap.restore(t, e.rdb, ns)
@@ -430,7 +430,7 @@ func TestRemoveDuringRestoreNeverDelivered(t *testing.T) {
 				// spread over the pass's 20 restore steps of 20 ms
 				time.Sleep(time.Duration(mrand.IntN(400)) * time.Millisecond)
 				for {
-					_, err := e.store.Remove(ctx, ns, specs[i].ID, 0)
+					_, err := e.store.Remove(ctx, ns, specs[i].ID, storage.Version{})
 					switch {
 					case err == nil, errors.Is(err, storage.ErrNotFound):
 						// At once: a later reverse pass would hide a

@@ -288,7 +288,7 @@ func (s *Store) applyUpserts(q *indexQueue, jobs []*indexJob) {
 func (s *Store) applyRemove(q *indexQueue, j *indexJob) {
 	ctx, cancel := s.opCtx()
 	q.calling(time.Now())
-	st, err := s.idx.Remove(ctx, j.ns, j.id, 0)
+	st, err := s.idx.Remove(ctx, j.ns, j.id, storage.Version{})
 	cancel()
 	switch {
 	case err == nil:

@@ -209,13 +209,13 @@ func TestReconcilerRepairsIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The index loses "lost" and is set back to generation 1 for "old".
-	if _, err := e.idx.Remove(ctx, ns, "lost", 0); err != nil {
+	if _, err := e.idx.Remove(ctx, ns, "lost", storage.Version{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "old", Payload: []byte("v3"), Delay: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.idx.Remove(ctx, ns, "old", 0); err != nil {
+	if _, err := e.idx.Remove(ctx, ns, "old", storage.Version{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.idx.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "old", Payload: []byte("v1"), Delay: time.Hour, Generation: 1}}); err != nil {

@@ -627,7 +627,7 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		}
 		rows[i] = mysqlstore.UpsertRow{ID: sp.ID, Kind: sp.Kind, Payload: payload, DueMS: storage.DueMilli(due), Gen: sp.Generation,
 			Inc: inc, ExactInc: exactInc, Relative: sp.DueTime.IsZero(), Delay: sp.Delay, TraceParent: sp.TraceParent,
-			CreateOnly: sp.CreateOnly, IfGen: max(sp.IfGeneration, 0)}
+			CreateOnly: sp.CreateOnly, IfGen: max(sp.IfVersion().Generation, 0), IfInc: max(sp.IfVersion().Incarnation, 0)}
 		if sp.Generation != 0 {
 			exact = true
 		}
@@ -750,8 +750,8 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 
 // Remove deletes the task from MySQL, then from the index, and returns the
 // state it was in (the index's, which knows DELIVERED; else MySQL's).
-// ErrNotFound if neither had it. With ifGeneration set, MySQL decides: the
-// row is deleted only at that generation, else a *storage.ConflictError
+// ErrNotFound if neither had it. With ifVersion set, MySQL decides: the
+// row is deleted only at that version, else a *storage.ConflictError
 // carries the stored task and nothing is touched. MySQL down:
 // ErrUnavailable and nothing touched. It answers only once the index
 // removed the task too, so no delivery starts after it returned; when the
@@ -759,8 +759,12 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 // the task is gone from the authority, its index removal stays queued (and
 // in the repair set if it fails), and a retry answers when the index has
 // it done.
-func (s *Store) Remove(ctx context.Context, ns, id string, ifGeneration int64) (storage.State, error) {
-	o := &op{Write: mysqlstore.Write{Kind: kindRemove, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), ID: id, IfGen: max(ifGeneration, 0)}}
+func (s *Store) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
+	ifGen, ifInc := max(ifVersion.Generation, 0), max(ifVersion.Incarnation, 0)
+	if ifGen == 0 {
+		ifInc = 0
+	}
+	o := &op{Write: mysqlstore.Write{Kind: kindRemove, NS: ns, NowMS: s.cfg.Clock.Now().UnixMilli(), ID: id, IfGen: ifGen, IfInc: ifInc}}
 	if err := s.submit(ctx, o); err != nil {
 		return storage.StateUnspecified, err
 	}
@@ -769,7 +773,8 @@ func (s *Store) Remove(ctx context.Context, ns, id string, ifGeneration int64) (
 		if full, err := s.db.Get(ctx, ns, id); err == nil && full.Generation == t.Generation && full.Incarnation == t.Incarnation {
 			t = full
 		}
-		return storage.StateUnspecified, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: s.current(ctx, ns, t), Expected: ifGeneration}
+		return storage.StateUnspecified, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: s.current(ctx, ns, t),
+			Expected: storage.Version{ID: id, Generation: ifGen, Incarnation: ifInc}}
 	}
 	j := o.ix
 	if !s.awaitIndex(ctx, j) {
@@ -833,7 +838,7 @@ func (s *Store) removeIDs(ctx context.Context, ns string, ids []string) (storage
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			_, err := s.Remove(ctx, ns, id, 0)
+			_, err := s.Remove(ctx, ns, id, storage.Version{})
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -1117,7 +1122,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
 					break
 				}
 				for _, t := range ts {
-					if _, err := s.idx.Remove(ctx, ns, t.ID, 0); err != nil && !errors.Is(err, storage.ErrNotFound) {
+					if _, err := s.idx.Remove(ctx, ns, t.ID, storage.Version{}); err != nil && !errors.Is(err, storage.ErrNotFound) {
 						return deleted, fmt.Errorf("drop namespace: index: %w", err)
 					}
 					inIndex++

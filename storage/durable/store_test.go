@@ -62,14 +62,14 @@ func TestWriteThrough(t *testing.T) {
 	if _, ok := e.row(ns, "a"); ok {
 		t.Fatal("mysql still has a after its ack")
 	}
-	prev, err := e.store.Remove(ctx, ns, "b", 0)
+	prev, err := e.store.Remove(ctx, ns, "b", storage.Version{})
 	if err != nil || prev != storage.StateScheduled {
 		t.Fatalf("remove b: %v %v", prev, err)
 	}
 	if _, ok := e.row(ns, "b"); ok {
 		t.Fatal("mysql still has b after remove")
 	}
-	if _, err := e.store.Remove(ctx, ns, "b", 0); !errors.Is(err, storage.ErrNotFound) {
+	if _, err := e.store.Remove(ctx, ns, "b", storage.Version{}); !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("second remove: %v, want ErrNotFound", err)
 	}
 }

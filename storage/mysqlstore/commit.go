@@ -48,6 +48,7 @@ type UpsertRow struct {
 	// decided in the transaction against the row as stored.
 	CreateOnly bool
 	IfGen      int64
+	IfInc      int64 // with IfGen; 0 = any incarnation
 }
 
 // AckRow is one acked delivery: the version it deletes.
@@ -66,6 +67,7 @@ type Write struct {
 	Rows  []UpsertRow     // WriteUpsert
 	ID    string          // WriteRemove
 	IfGen int64           // WriteRemove: delete only this generation (0 = any)
+	IfInc int64           // WriteRemove, with IfGen: and only this incarnation (0 = any)
 	Acks  []AckRow        // WriteAck
 	Moved []storage.Moved // WriteMoved
 

@@ -371,7 +371,7 @@ func decideConditions(ctx context.Context, tx *sql.Tx, refs []upsertRef) ([]upse
 		case r.CreateOnly && exists:
 			rf.o.Upserts[rf.i] = storage.UpsertResult{Task: cur, Refused: storage.RefusedExists}
 			continue
-		case r.IfGen != 0 && (!exists || cur.Generation != r.IfGen):
+		case r.IfGen != 0 && (!exists || !(storage.Version{Incarnation: r.IfInc, Generation: r.IfGen}).Matches(cur.Incarnation, cur.Generation)):
 			rf.o.Upserts[rf.i] = storage.UpsertResult{Task: cur, Refused: storage.RefusedGeneration}
 			continue
 		}
@@ -535,8 +535,9 @@ func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 
 // execRemoves deletes tasks in any state, recording the state MySQL held
 // (for the first remove of each task in the batch). A remove with IfGen
-// deletes only when the row's generation equals it; otherwise it records
-// the mismatch and the row's version and leaves the row alone.
+// deletes only when the row's generation equals it (and its incarnation
+// IfInc, when set); otherwise it records the mismatch and the row's version
+// and leaves the row alone.
 func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 	byNS := map[string][]*Write{}
 	var nsOrder []string
@@ -584,7 +585,7 @@ func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error
 				t, ok := held[o.ID]
 				switch {
 				case !ok:
-				case o.IfGen != 0 && t.Generation != o.IfGen:
+				case !(storage.Version{Incarnation: o.IfInc, Generation: o.IfGen}).Matches(t.Incarnation, t.Generation):
 					o.Mismatch, o.Current = true, t
 				default:
 					o.MySQLState = t.State

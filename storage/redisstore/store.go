@@ -287,7 +287,7 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 	size := func(i int) int { return len(specs[i].ID) + len(specs[i].Kind) + len(specs[i].Payload) }
 	err := byteChunks(len(specs), s.maxArgs, size, func(lo, hi int) error {
 		part := specs[lo:hi]
-		args := make([]any, 0, 3+9*len(part))
+		args := make([]any, 0, 3+10*len(part))
 		args = append(args, s.wake, ns, len(part))
 		for i := range part {
 			sp := &part[i]
@@ -299,8 +299,9 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 			if sp.Generation == 0 {
 				inc = 0
 			}
+			want := sp.IfVersion()
 			args = append(args, sp.ID, due, storage.DelayMicros(sp.Delay), inc, sp.Generation, sp.Kind, sp.Payload,
-				luaBool(sp.CreateOnly), max(sp.IfGeneration, 0))
+				luaBool(sp.CreateOnly), max(want.Generation, 0), max(want.Incarnation, 0))
 		}
 		rep, err := s.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
 		if err != nil {
@@ -398,13 +399,18 @@ func decodeTask(ns, id string, hdrV, stateV, scoreV, payloadV any) (storage.Task
 }
 
 // Remove deletes the task in any state and returns the state it was in;
-// storage.ErrNotFound if there was no such task. With ifGeneration set, the
-// task is deleted only when its stored generation equals it (checked in
-// the same script); otherwise a *storage.ConflictError carries the stored
-// task.
-func (s *Store) Remove(ctx context.Context, ns, id string, ifGeneration int64) (storage.State, error) {
+// storage.ErrNotFound if there was no such task. With ifVersion.Generation
+// set, the task is deleted only when its stored version matches (the
+// generation, and the incarnation unless ifVersion.Incarnation is zero),
+// checked in the same script; otherwise a *storage.ConflictError carries
+// the stored task.
+func (s *Store) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
 	k := keysFor(ns, shard)
-	rep, err := s.runSlice(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id, max(ifGeneration, 0))
+	ifGen, ifInc := max(ifVersion.Generation, 0), max(ifVersion.Incarnation, 0)
+	if ifGen == 0 {
+		ifInc = 0
+	}
+	rep, err := s.runSlice(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id, ifGen, ifInc)
 	if err != nil {
 		return 0, err
 	}
@@ -421,7 +427,7 @@ func (s *Store) Remove(ctx context.Context, ns, id string, ifGeneration int64) (
 		if err != nil {
 			return 0, fmt.Errorf("remove: %w", err)
 		}
-		return 0, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: t, Expected: ifGeneration}
+		return 0, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: t, Expected: storage.Version{ID: id, Generation: ifGen, Incarnation: ifInc}}
 	case n == 0:
 		return 0, fmt.Errorf("remove %q: %w", id, storage.ErrNotFound)
 	}

@@ -21,7 +21,7 @@ func everyOp(ctx context.Context, s *Store, ns string) map[string]error {
 	tok := []storage.Token{{Namespace: ns, ID: "x", Incarnation: 1, Generation: 1, Attempt: 1, Delivery: 1}}
 	errs := map[string]error{}
 	_, errs["upsert"] = s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x"}})
-	_, errs["remove"] = s.Remove(ctx, ns, "x", 0)
+	_, errs["remove"] = s.Remove(ctx, ns, "x", storage.Version{})
 	_, errs["get"] = s.Get(ctx, ns, "x")
 	_, _, errs["list"] = s.List(ctx, ns, storage.ListParams{State: storage.StateScheduled, Limit: 10})
 	_, errs["pop"] = s.Pop(ctx, ns, 10, time.Minute)

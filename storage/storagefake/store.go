@@ -182,7 +182,7 @@ func (s *Store) Upsert(_ context.Context, ns string, specs []storage.UpsertSpec)
 		case sp.CreateOnly && old != nil:
 			out[i] = storage.UpsertResult{Task: old.view(), Refused: storage.RefusedExists}
 			continue
-		case sp.IfGeneration != 0 && (old == nil || old.task.Generation != sp.IfGeneration):
+		case sp.IfGeneration != 0 && (old == nil || !sp.IfVersion().Matches(old.task.Incarnation, old.task.Generation)):
 			out[i] = storage.UpsertResult{Refused: storage.RefusedGeneration}
 			if old != nil {
 				out[i].Task = old.view()
@@ -244,17 +244,17 @@ func (s *Store) Upsert(_ context.Context, ns string, specs []storage.UpsertSpec)
 	return out, nil
 }
 
-// Remove deletes a task in any state; with ifGeneration only at that
-// generation.
-func (s *Store) Remove(_ context.Context, ns, id string, ifGeneration int64) (storage.State, error) {
+// Remove deletes a task in any state; with ifVersion only at that version.
+func (s *Store) Remove(_ context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.nss[ns][id]
 	if r == nil {
 		return storage.StateUnspecified, storage.ErrNotFound
 	}
-	if ifGeneration != 0 && r.task.Generation != ifGeneration {
-		return storage.StateUnspecified, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: r.view(), Expected: ifGeneration}
+	if !ifVersion.Matches(r.task.Incarnation, r.task.Generation) {
+		ifVersion.ID = id
+		return storage.StateUnspecified, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: r.view(), Expected: ifVersion}
 	}
 	delete(s.nss[ns], id)
 	return r.task.State, nil

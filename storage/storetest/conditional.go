@@ -53,7 +53,7 @@ func testCreateOnly(t *testing.T, newStore func(t *testing.T) Store) {
 				if r.Task.ID != "x" || r.Task.Generation != 1 || r.Task.State != st || string(r.Task.Payload) != string(payloadOf("x")) {
 					e.t.Errorf("refused result task = %+v, want the stored task (generation 1, %v)", r.Task, st)
 				}
-				if err := r.Conflict(0); !errors.Is(err, storage.ErrAlreadyExists) {
+				if err := r.Conflict(storage.UpsertSpec{ID: "x", CreateOnly: true}); !errors.Is(err, storage.ErrAlreadyExists) {
 					e.t.Errorf("Conflict() = %v, want ErrAlreadyExists", err)
 				}
 				after := e.get("x")
@@ -172,7 +172,7 @@ func testIfGeneration(t *testing.T, newStore func(t *testing.T) Store) {
 			if r.Refused != storage.RefusedGeneration || r.Task.Generation != 2 || string(r.Task.Payload) != string(payloadOf("x")) {
 				e.t.Errorf("result = %+v, want RefusedGeneration holding generation 2", r)
 			}
-			e.wantConflict("Conflict()", r.Conflict(1), storage.ErrGenerationMismatch, 2)
+			e.wantConflict("Conflict()", r.Conflict(storage.UpsertSpec{ID: "x", IfGeneration: 1}), storage.ErrGenerationMismatch, 2)
 		},
 		want: []Row{row("x", sched, 2, 0, "")},
 	}, transition{
@@ -189,7 +189,7 @@ func testIfGeneration(t *testing.T, newStore func(t *testing.T) Store) {
 			name:  "remove applies at the stored generation when " + st.String(),
 			seeds: []Seed{{ID: "x", State: st}, {ID: "keep"}},
 			run: func(e *env) {
-				prev, err := e.s.Remove(e.ctx, e.ns, "x", 1)
+				prev, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{Generation: 1})
 				if err != nil || prev != st {
 					e.t.Errorf("remove = %v, %v; want %v", prev, err, st)
 				}
@@ -199,9 +199,9 @@ func testIfGeneration(t *testing.T, newStore func(t *testing.T) Store) {
 			name:  "remove refused at another generation when " + st.String(),
 			seeds: []Seed{{ID: "x", State: st}},
 			run: func(e *env) {
-				_, err := e.s.Remove(e.ctx, e.ns, "x", 2)
+				_, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{Generation: 2})
 				if ce := e.wantConflict("remove", err, storage.ErrGenerationMismatch, 1); ce != nil {
-					if ce.Task.ID != "x" || ce.Expected != 2 {
+					if ce.Task.ID != "x" || ce.Expected.Generation != 2 {
 						e.t.Errorf("conflict = %+v, want task x, expected 2", ce)
 					}
 				}
@@ -213,10 +213,40 @@ func testIfGeneration(t *testing.T, newStore func(t *testing.T) Store) {
 	cases = append(cases, transition{
 		name: "remove of a missing task is not found",
 		run: func(e *env) {
-			if _, err := e.s.Remove(e.ctx, e.ns, "x", 3); !errors.Is(err, storage.ErrNotFound) {
+			if _, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{Generation: 3}); !errors.Is(err, storage.ErrNotFound) {
 				e.t.Errorf("remove: err = %v, want ErrNotFound", err)
 			}
 		},
+	}, transition{
+		// An id removed and created again starts over at generation 1:
+		// the generation alone matches the new life, the incarnation
+		// read with it does not.
+		name:  "the incarnation tells a later life of the id apart",
+		seeds: []Seed{{ID: "x"}},
+		run: func(e *env) {
+			old := e.get("x")
+			if _, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{}); err != nil {
+				e.t.Fatal(err)
+			}
+			again := e.upsert(storage.UpsertSpec{ID: "x", Payload: []byte("second life"), Delay: time.Hour})[0].Task
+			if again.Generation != 1 || again.Incarnation <= old.Incarnation {
+				e.t.Fatalf("re-created task = generation %d incarnation %d; want 1 and above %d", again.Generation, again.Incarnation, old.Incarnation)
+			}
+			r := e.upsert(storage.UpsertSpec{ID: "x", Delay: time.Minute, IfGeneration: 1, IfIncarnation: old.Incarnation})[0]
+			if r.Refused != storage.RefusedGeneration || r.Task.Incarnation != again.Incarnation {
+				e.t.Errorf("upsert at the old incarnation = %+v, want RefusedGeneration holding the new life", r)
+			}
+			_, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{Generation: 1, Incarnation: old.Incarnation})
+			if ce := e.wantConflict("remove at the old incarnation", err, storage.ErrGenerationMismatch, 1); ce != nil &&
+				(ce.Task.Incarnation != again.Incarnation || ce.Expected.Incarnation != old.Incarnation) {
+				e.t.Errorf("conflict = %+v, want the new life and the old incarnation expected", ce)
+			}
+			r = e.upsert(storage.UpsertSpec{ID: "x", Payload: []byte("renewed"), Delay: time.Hour, IfGeneration: 1, IfIncarnation: again.Incarnation})[0]
+			if r.Refused != storage.NotRefused || r.Task.Generation != 2 {
+				e.t.Errorf("upsert at the new incarnation = %+v, want applied at generation 2", r)
+			}
+		},
+		want: []Row{{ID: "x", State: sched, Generation: 2, Payload: "renewed"}},
 	}, transition{
 		name: "in one call a compare-and-set sees the write before it",
 		run: func(e *env) {
@@ -269,7 +299,7 @@ func testIfGeneration(t *testing.T, newStore func(t *testing.T) Store) {
 		e.seed(Seed{ID: "loan"})
 		won := race(t, 32, func(i int) bool {
 			if i%2 == 0 {
-				_, err := e.s.Remove(e.ctx, e.ns, "loan", 1)
+				_, err := e.s.Remove(e.ctx, e.ns, "loan", storage.Version{Generation: 1})
 				if err != nil && !errors.Is(err, storage.ErrGenerationMismatch) && !errors.Is(err, storage.ErrNotFound) {
 					t.Errorf("return: %v", err)
 				}

@@ -148,7 +148,7 @@ func testAck(t *testing.T, newStore func(t *testing.T) Store) {
 			if old.Delivery == 0 {
 				e.t.Fatalf("popped token names no delivery: %+v", old)
 			}
-			if _, err := e.s.Remove(e.ctx, e.ns, "x", 0); err != nil {
+			if _, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{}); err != nil {
 				e.t.Fatalf("remove: %v", err)
 			}
 			// Re-created at once (within the same millisecond, often): the
@@ -497,7 +497,7 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) Store) {
 	// The subscription is made in the background: keep making the task the
 	// earliest until a wake-up arrives.
 	poll(t, "a wake-up", func() bool {
-		if _, err := e.s.Remove(e.ctx, e.ns, "x", 0); err != nil && !errors.Is(err, storage.ErrNotFound) {
+		if _, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{}); err != nil && !errors.Is(err, storage.ErrNotFound) {
 			t.Fatal(err)
 		}
 		if r := e.upsert(storage.UpsertSpec{ID: "x", Delay: time.Hour}); !r[0].Earliest {

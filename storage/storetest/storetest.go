@@ -128,7 +128,7 @@ func (e *env) clear() {
 				break
 			}
 			for _, task := range tasks {
-				if _, err := e.s.Remove(e.ctx, e.ns, task.ID, 0); err != nil && !errors.Is(err, storage.ErrNotFound) {
+				if _, err := e.s.Remove(e.ctx, e.ns, task.ID, storage.Version{}); err != nil && !errors.Is(err, storage.ErrNotFound) {
 					e.t.Errorf("cleanup: remove: %v", err)
 					return
 				}

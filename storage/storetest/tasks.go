@@ -234,12 +234,12 @@ func testRemove(t *testing.T, newStore func(t *testing.T) Store) {
 			name:  "from " + st.String(),
 			seeds: []Seed{{ID: "x", State: st}, {ID: "keep"}},
 			run: func(e *env) {
-				prev, err := e.s.Remove(e.ctx, e.ns, "x", 0)
+				prev, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{})
 				if err != nil || prev != st {
 					e.t.Errorf("remove = %v, %v; want %v", prev, err, st)
 				}
 				e.wantNotFound("x")
-				if _, err := e.s.Remove(e.ctx, e.ns, "x", 0); !errors.Is(err, storage.ErrNotFound) {
+				if _, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{}); !errors.Is(err, storage.ErrNotFound) {
 					e.t.Errorf("second remove: err = %v, want ErrNotFound", err)
 				}
 				if st == deliv {
@@ -255,7 +255,7 @@ func testRemove(t *testing.T, newStore func(t *testing.T) Store) {
 	cases = append(cases, transition{
 		name: "missing task",
 		run: func(e *env) {
-			if _, err := e.s.Remove(e.ctx, e.ns, "nope", 0); !errors.Is(err, storage.ErrNotFound) {
+			if _, err := e.s.Remove(e.ctx, e.ns, "nope", storage.Version{}); !errors.Is(err, storage.ErrNotFound) {
 				e.t.Errorf("remove: err = %v, want ErrNotFound", err)
 			}
 		},
@@ -422,7 +422,7 @@ func testList(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("first page: %d tasks, next %q, %v", len(page), next, err)
 		}
 		// the last task of the page (the cursor) is removed meanwhile
-		if _, err := e.s.Remove(e.ctx, e.ns, page[3].ID, 0); err != nil {
+		if _, err := e.s.Remove(e.ctx, e.ns, page[3].ID, storage.Version{}); err != nil {
 			t.Fatal(err)
 		}
 		got := idsOf(page)

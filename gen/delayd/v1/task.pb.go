@@ -183,7 +183,14 @@ type Task struct {
 	// (OpenTelemetry, OTEL_* environment); empty otherwise. A delivery carries
 	// it so the consumer's handler span links back to the producer's span
 	// across the delay (the Go client's Consume does this).
-	Traceparent   string `protobuf:"bytes,14,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,14,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// Names this life of (namespace, id): set when the task is created and
+	// kept by every upsert that replaces it; a task created again after a
+	// remove or an ack gets a larger one (and starts again at generation 1).
+	// (incarnation, generation) names one version of the task: send both as
+	// if_incarnation and if_generation to compare-and-set exactly the
+	// version read.
+	Incarnation   int64 `protobuf:"varint,15,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -316,6 +323,13 @@ func (x *Task) GetTraceparent() string {
 	return ""
 }
 
+func (x *Task) GetIncarnation() int64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 // UpsertTaskRequest creates or replaces one task.
 type UpsertTaskRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -349,7 +363,12 @@ type UpsertTaskRequest struct {
 	// FAILED_PRECONDITION carrying the current generation (in a batch: that
 	// item's error has code 9 and its result carries the current task, if
 	// any). 0 means unconditional. Must not be negative.
-	IfGeneration  int64 `protobuf:"varint,8,opt,name=if_generation,json=ifGeneration,proto3" json:"if_generation,omitempty"`
+	IfGeneration int64 `protobuf:"varint,8,opt,name=if_generation,json=ifGeneration,proto3" json:"if_generation,omitempty"`
+	// With if_generation: the stored task must also be of this incarnation
+	// (Task.incarnation as last read), so a task removed and created again
+	// since it was read (which starts over at generation 1) never matches.
+	// 0 means any incarnation. Only with if_generation.
+	IfIncarnation int64 `protobuf:"varint,9,opt,name=if_incarnation,json=ifIncarnation,proto3" json:"if_incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -447,6 +466,13 @@ func (x *UpsertTaskRequest) GetCreateOnly() bool {
 func (x *UpsertTaskRequest) GetIfGeneration() int64 {
 	if x != nil {
 		return x.IfGeneration
+	}
+	return 0
+}
+
+func (x *UpsertTaskRequest) GetIfIncarnation() int64 {
+	if x != nil {
+		return x.IfIncarnation
 	}
 	return 0
 }
@@ -762,7 +788,10 @@ type RemoveTaskRequest struct {
 	// with FAILED_PRECONDITION carrying the current generation and task. A
 	// task that does not exist is removed: false, as without it. 0 means
 	// unconditional. Must not be negative.
-	IfGeneration  int64 `protobuf:"varint,3,opt,name=if_generation,json=ifGeneration,proto3" json:"if_generation,omitempty"`
+	IfGeneration int64 `protobuf:"varint,3,opt,name=if_generation,json=ifGeneration,proto3" json:"if_generation,omitempty"`
+	// With if_generation: the stored task must also be of this incarnation
+	// (Task.incarnation as last read). 0 means any. Only with if_generation.
+	IfIncarnation int64 `protobuf:"varint,4,opt,name=if_incarnation,json=ifIncarnation,proto3" json:"if_incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -814,6 +843,13 @@ func (x *RemoveTaskRequest) GetId() string {
 func (x *RemoveTaskRequest) GetIfGeneration() int64 {
 	if x != nil {
 		return x.IfGeneration
+	}
+	return 0
+}
+
+func (x *RemoveTaskRequest) GetIfIncarnation() int64 {
+	if x != nil {
+		return x.IfIncarnation
 	}
 	return 0
 }
@@ -1317,7 +1353,7 @@ var File_delayd_v1_task_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x14delayd/v1/task.proto\x12\tdelayd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb6\x04\n" +
+	"\x14delayd/v1/task.proto\x12\tdelayd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x04\n" +
 	"\x04Task\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
@@ -1338,7 +1374,8 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tR\tlastError\x12A\n" +
 	"\x0elease_deadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x127\n" +
 	"\tdead_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\bdeadTime\x12 \n" +
-	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\"\xa9\x02\n" +
+	"\vtraceparent\x18\x0e \x01(\tR\vtraceparent\x12 \n" +
+	"\vincarnation\x18\x0f \x01(\x03R\vincarnation\"\xd0\x02\n" +
 	"\x11UpsertTaskRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
@@ -1348,7 +1385,8 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\x05delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationH\x00R\x05delay\x12\x1f\n" +
 	"\vcreate_only\x18\a \x01(\bR\n" +
 	"createOnly\x12#\n" +
-	"\rif_generation\x18\b \x01(\x03R\fifGenerationB\x06\n" +
+	"\rif_generation\x18\b \x01(\x03R\fifGeneration\x12%\n" +
+	"\x0eif_incarnation\x18\t \x01(\x03R\rifIncarnationB\x06\n" +
 	"\x04when\"S\n" +
 	"\x12UpsertTaskResponse\x12#\n" +
 	"\x04task\x18\x01 \x01(\v2\x0f.delayd.v1.TaskR\x04task\x12\x18\n" +
@@ -1364,11 +1402,12 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\v2\x14.delayd.v1.ItemErrorR\x05error\"9\n" +
 	"\tItemError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"f\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x8d\x01\n" +
 	"\x11RemoveTaskRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12#\n" +
-	"\rif_generation\x18\x03 \x01(\x03R\fifGeneration\"k\n" +
+	"\rif_generation\x18\x03 \x01(\x03R\fifGeneration\x12%\n" +
+	"\x0eif_incarnation\x18\x04 \x01(\x03R\rifIncarnation\"k\n" +
 	"\x12RemoveTaskResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\bR\aremoved\x12;\n" +
 	"\x0eprevious_state\x18\x02 \x01(\x0e2\x14.delayd.v1.TaskStateR\rpreviousState\"\x92\x01\n" +

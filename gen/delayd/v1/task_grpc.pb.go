@@ -47,11 +47,13 @@ const (
 //     metadata "generation": the stored generation) and the existing
 //     delayd.v1.Task.
 //   - FAILED_PRECONDITION: UpsertTask or RemoveTask with if_generation, and
-//     the stored generation differs. Nothing changed. The status details
-//     carry a google.rpc.ErrorInfo (domain "delayd.v1", reason
-//     "GENERATION_MISMATCH", metadata "generation": the stored generation,
-//     "0" when there is no task; "expected": the if_generation sent) and,
-//     when the task exists, the current delayd.v1.Task.
+//     the stored generation (or, with if_incarnation, incarnation) differs.
+//     Nothing changed. The status details carry a google.rpc.ErrorInfo
+//     (domain "delayd.v1", reason "GENERATION_MISMATCH", metadata
+//     "generation" and "incarnation": the stored ones, "0" when there is
+//     no task; "expected": the if_generation sent; "expected_incarnation":
+//     the if_incarnation sent, when set) and, when the task exists, the
+//     current delayd.v1.Task.
 //   - UNAVAILABLE: a backing store is unreachable; the call is safe to retry
 //     (UpsertTask and RemoveTask are idempotent; a create_only upsert
 //     retried after a timeout answers ALREADY_EXISTS with the task the
@@ -66,7 +68,9 @@ const (
 // the remove fail with FAILED_PRECONDITION instead of silently cancelling
 // the renewed loan; the caller re-reads and decides. Generations count the
 // upserts of one life of a task: a task removed (or acked) and created
-// again starts over at generation 1.
+// again starts over at generation 1, with a new incarnation. Send the
+// incarnation read too (if_incarnation) when ids are reused, so a
+// compare-and-set never matches a later life of the id.
 type TaskServiceClient interface {
 	// UpsertTask creates a task, or replaces the task with the same
 	// (namespace, id): new due time, kind and payload. Replacing bumps the
@@ -189,11 +193,13 @@ func (c *taskServiceClient) ListTasks(ctx context.Context, in *ListTasksRequest,
 //     metadata "generation": the stored generation) and the existing
 //     delayd.v1.Task.
 //   - FAILED_PRECONDITION: UpsertTask or RemoveTask with if_generation, and
-//     the stored generation differs. Nothing changed. The status details
-//     carry a google.rpc.ErrorInfo (domain "delayd.v1", reason
-//     "GENERATION_MISMATCH", metadata "generation": the stored generation,
-//     "0" when there is no task; "expected": the if_generation sent) and,
-//     when the task exists, the current delayd.v1.Task.
+//     the stored generation (or, with if_incarnation, incarnation) differs.
+//     Nothing changed. The status details carry a google.rpc.ErrorInfo
+//     (domain "delayd.v1", reason "GENERATION_MISMATCH", metadata
+//     "generation" and "incarnation": the stored ones, "0" when there is
+//     no task; "expected": the if_generation sent; "expected_incarnation":
+//     the if_incarnation sent, when set) and, when the task exists, the
+//     current delayd.v1.Task.
 //   - UNAVAILABLE: a backing store is unreachable; the call is safe to retry
 //     (UpsertTask and RemoveTask are idempotent; a create_only upsert
 //     retried after a timeout answers ALREADY_EXISTS with the task the
@@ -208,7 +214,9 @@ func (c *taskServiceClient) ListTasks(ctx context.Context, in *ListTasksRequest,
 // the remove fail with FAILED_PRECONDITION instead of silently cancelling
 // the renewed loan; the caller re-reads and decides. Generations count the
 // upserts of one life of a task: a task removed (or acked) and created
-// again starts over at generation 1.
+// again starts over at generation 1, with a new incarnation. Send the
+// incarnation read too (if_incarnation) when ids are reused, so a
+// compare-and-set never matches a later life of the id.
 type TaskServiceServer interface {
 	// UpsertTask creates a task, or replaces the task with the same
 	// (namespace, id): new due time, kind and payload. Replacing bumps the

@@ -6,6 +6,8 @@
 -- ARGV[1] task id
 -- ARGV[2] if generation: '0' = any; else the task is deleted only when its
 --         stored generation equals it
+-- ARGV[3] if incarnation: '0' = any; else (with ARGV[2]) its stored
+--         incarnation must equal it too
 --
 -- Returns {code}: the state the task was in (1 scheduled, 2 delivered,
 -- 3 dead), or 0 when there was no such task; or, when the generation did
@@ -18,8 +20,9 @@ if ifgen ~= 0 then
   if not h then
     return {0}
   end
-  local _, g = version(h)
-  if g ~= ifgen then
+  local i, g = version(h)
+  local ifinc = tonumber(ARGV[3])
+  if g ~= ifgen or (ifinc ~= 0 and i ~= ifinc) then
     local st, sc = locate(KEYS[1], KEYS[2], KEYS[3], id)
     if st == 0 then
       sc = 0

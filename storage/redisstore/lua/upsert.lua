@@ -4,15 +4,16 @@
 -- KEYS[4] meta HASH (headers), KEYS[5] body HASH (payloads)
 -- ARGV[1] wake channel
 -- ARGV[2] namespace (the wake-up message)
--- ARGV[3] n, the number of tasks (at most 1,000); then 9 arguments per task
---         i (from 0), at ARGV[4+9i ..]: id, due ms ('' = now + delay,
+-- ARGV[3] n, the number of tasks (at most 1,000); then 10 arguments per
+--         task i (from 0), at ARGV[4+10i ..]: id, due ms ('' = now + delay,
 --         rounded up to the ms; a delay of 0 is due now), delay µs,
 --         incarnation, generation, kind, payload, create only ('1' or
---         '0'), if generation ('0' = unconditional).
+--         '0'), if generation ('0' = unconditional), if incarnation ('0' =
+--         any).
 --         Create only: when the id exists (any state) the task is refused.
 --         If generation: unless the task exists with exactly that
---         generation it is refused. Both only with incarnation and
---         generation '0','0'.
+--         generation (and, if given, that incarnation) it is refused. Both
+--         only with incarnation and generation '0','0'.
 --         Incarnation and generation '0','0': a new task gets a new
 --         incarnation (the Redis clock in microseconds) and generation 1;
 --         an existing one keeps its incarnation and gets the next
@@ -45,7 +46,7 @@ if n == 0 then
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[4 + 9 * i]
+  ids[i + 1] = ARGV[4 + 10 * i]
 end
 local olds = redis.call('HMGET', KEYS[4], unpack(ids))
 local first = head(KEYS[1])
@@ -59,7 +60,7 @@ local fresh = enc(now_us) .. ',1,,,,,,'
 local zadd, hset, zrem = {}, {}, {}
 local body, border = {}, {} -- id -> final payload, ids in first-write order
 for i = 0, n - 1 do
-  local j = 4 + 9 * i
+  local j = 4 + 10 * i
   local id = ids[i + 1]
   local due
   if ARGV[j + 1] == '' then
@@ -90,10 +91,10 @@ for i = 0, n - 1 do
   end
   local inc, gen, created, dseq, code = winc, wgen, now, 0, 1
   local keep, refused = false, nil
-  local ifgen = tonumber(ARGV[j + 8])
+  local ifgen, ifinc = tonumber(ARGV[j + 8]), tonumber(ARGV[j + 9])
   if ARGV[j + 7] == '1' and old then
     keep, refused = true, 5
-  elseif ifgen ~= 0 and ogen ~= ifgen then
+  elseif ifgen ~= 0 and (ogen ~= ifgen or (ifinc ~= 0 and oinc ~= ifinc)) then
     keep, refused = true, 6
   end
   if keep then

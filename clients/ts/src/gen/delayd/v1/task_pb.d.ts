@@ -129,6 +129,18 @@ export declare type Task = Message<"delayd.v1.Task"> & {
    * @generated from field: string traceparent = 14;
    */
   traceparent: string;
+
+  /**
+   * Names this life of (namespace, id): set when the task is created and
+   * kept by every upsert that replaces it; a task created again after a
+   * remove or an ack gets a larger one (and starts again at generation 1).
+   * (incarnation, generation) names one version of the task: send both as
+   * if_incarnation and if_generation to compare-and-set exactly the
+   * version read.
+   *
+   * @generated from field: int64 incarnation = 15;
+   */
+  incarnation: bigint;
 };
 
 /**
@@ -221,6 +233,16 @@ export declare type UpsertTaskRequest = Message<"delayd.v1.UpsertTaskRequest"> &
    * @generated from field: int64 if_generation = 8;
    */
   ifGeneration: bigint;
+
+  /**
+   * With if_generation: the stored task must also be of this incarnation
+   * (Task.incarnation as last read), so a task removed and created again
+   * since it was read (which starts over at generation 1) never matches.
+   * 0 means any incarnation. Only with if_generation.
+   *
+   * @generated from field: int64 if_incarnation = 9;
+   */
+  ifIncarnation: bigint;
 };
 
 /**
@@ -398,6 +420,14 @@ export declare type RemoveTaskRequest = Message<"delayd.v1.RemoveTaskRequest"> &
    * @generated from field: int64 if_generation = 3;
    */
   ifGeneration: bigint;
+
+  /**
+   * With if_generation: the stored task must also be of this incarnation
+   * (Task.incarnation as last read). 0 means any. Only with if_generation.
+   *
+   * @generated from field: int64 if_incarnation = 4;
+   */
+  ifIncarnation: bigint;
 };
 
 /**
@@ -761,11 +791,13 @@ export declare const TaskViewSchema: GenEnum<TaskView>;
  *     metadata "generation": the stored generation) and the existing
  *     delayd.v1.Task.
  *   - FAILED_PRECONDITION: UpsertTask or RemoveTask with if_generation, and
- *     the stored generation differs. Nothing changed. The status details
- *     carry a google.rpc.ErrorInfo (domain "delayd.v1", reason
- *     "GENERATION_MISMATCH", metadata "generation": the stored generation,
- *     "0" when there is no task; "expected": the if_generation sent) and,
- *     when the task exists, the current delayd.v1.Task.
+ *     the stored generation (or, with if_incarnation, incarnation) differs.
+ *     Nothing changed. The status details carry a google.rpc.ErrorInfo
+ *     (domain "delayd.v1", reason "GENERATION_MISMATCH", metadata
+ *     "generation" and "incarnation": the stored ones, "0" when there is
+ *     no task; "expected": the if_generation sent; "expected_incarnation":
+ *     the if_incarnation sent, when set) and, when the task exists, the
+ *     current delayd.v1.Task.
  *   - UNAVAILABLE: a backing store is unreachable; the call is safe to retry
  *     (UpsertTask and RemoveTask are idempotent; a create_only upsert
  *     retried after a timeout answers ALREADY_EXISTS with the task the
@@ -780,7 +812,9 @@ export declare const TaskViewSchema: GenEnum<TaskView>;
  * the remove fail with FAILED_PRECONDITION instead of silently cancelling
  * the renewed loan; the caller re-reads and decides. Generations count the
  * upserts of one life of a task: a task removed (or acked) and created
- * again starts over at generation 1.
+ * again starts over at generation 1, with a new incarnation. Send the
+ * incarnation read too (if_incarnation) when ids are reused, so a
+ * compare-and-set never matches a later life of the id.
  *
  * @generated from service delayd.v1.TaskService
  */
