@@ -123,7 +123,10 @@ func TestHeartbeatsRenewTheExpiry(t *testing.T) {
 
 func TestSilentDeviceGoesOfflineWithATicket(t *testing.T) {
 	t.Parallel()
-	s := start(t, 500*time.Millisecond, nil)
+	// The late heartbeat below must be answered before its own expiry
+	// (offlineAfter later) fires: 2 s leaves room on a loaded machine,
+	// where 500 ms did not (the answer read the device already offline).
+	s := start(t, 2*time.Second, nil)
 	s.heartbeat(t, "dev-2")
 	s.heartbeat(t, "dev-2")
 	testkit.Eventually(t, 20*time.Second, "the silent device to go offline", func() bool { return s.device(t, "dev-2").Status == StatusOffline })
