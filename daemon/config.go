@@ -92,6 +92,11 @@ type Config struct {
 	// seconds per MySQL transaction in durable mode
 	// (durable.DefaultOpTimeout).
 	StoreTimeout time.Duration
+	// RegistryCacheTTL is how long a replica serves a namespace, policy or
+	// API key from its cache: a revoked key, a deleted namespace or a policy
+	// change reaches every replica within it. If zero, 1 second
+	// (tenancy.DefaultTTL).
+	RegistryCacheTTL time.Duration
 	// MaxScriptBytes bounds the arguments of one Redis script call that
 	// writes tasks or settles deliveries; longer batches are split into
 	// several calls. If zero, 1 MiB (redisstore.DefaultMaxScriptBytes).

@@ -18,6 +18,7 @@ import (
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/redisstore"
+	"github.com/delayd/delayd/tenancy"
 )
 
 // This file is the delayd command: its flags, bound to Config fields with
@@ -64,6 +65,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.Var(uint32Flag{&c.Limits.MaxConcurrentStreams}, "max-concurrent-streams", "most concurrent calls per client connection")
 	fs.IntVar(&c.Limits.MaxBatchPayloadBytes, "max-batch-payload-bytes", server.DefaultMaxBatchPayload, "most payload bytes of one BatchUpsertTasks, in total")
 	fs.IntVar(&c.Limits.MaxListBytes, "max-list-bytes", server.DefaultMaxListBytes, "bytes of one list page (ListTasks, ListDeadLetters, ListKeys, ListNamespaces); a page is cut there and goes on with next_page_token; at most half of --max-message-bytes")
+	fs.DurationVar(&c.RegistryCacheTTL, "registry-cache-ttl", tenancy.DefaultTTL, "how long a replica caches namespaces, policies and API keys: revocations, deletions and policy changes reach every replica within it")
 	fs.IntVar(&c.MaxScriptBytes, "max-script-bytes", redisstore.DefaultMaxScriptBytes, "bytes of ids, kinds and payloads one Redis script call carries; larger batches are split into several calls")
 	fs.IntVar(&c.Limits.MaxConnections, "max-connections", server.DefaultMaxConnections, "most client connections open at once; more are closed as soon as accepted")
 	fs.DurationVar(&c.Limits.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call for this long is sent GOAWAY (clients reconnect)")

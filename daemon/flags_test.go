@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage/redisstore"
+	"github.com/delayd/delayd/tenancy"
 )
 
 // TestFlagDefaults: the flags' defaults are the defaults a zero Config
@@ -34,7 +35,7 @@ func TestFlagDefaults(t *testing.T) {
 	// serves the HTTP edge on :7071 and the ops listener on :9070, a zero
 	// Config (tests, the bench, tools in-process) neither, so that many of
 	// them on one host never contend for one port.
-	otherParts := cmpopts.IgnoreFields(Config{}, "Limits", "MaxPayloadBytes", "MaxDelay", "SlowCall", "HTTPListen", "OpsListen", "MaxScriptBytes")
+	otherParts := cmpopts.IgnoreFields(Config{}, "Limits", "MaxPayloadBytes", "MaxDelay", "SlowCall", "HTTPListen", "OpsListen", "MaxScriptBytes", "RegistryCacheTTL")
 	if got.HTTPListen != DefaultHTTPListen || (Config{}).withDefaults().HTTPListen != "" {
 		t.Errorf("--http-listen defaults to %q, a zero Config to %q; want %q and none", got.HTTPListen, Config{}.withDefaults().HTTPListen, DefaultHTTPListen)
 	}
@@ -56,6 +57,9 @@ func TestFlagDefaults(t *testing.T) {
 		MaxInFlight: server.DefaultMaxInFlight}
 	if got.Limits != want {
 		t.Errorf("limit flags default to %+v, want the server's defaults %+v", got.Limits, want)
+	}
+	if got.RegistryCacheTTL != tenancy.DefaultTTL {
+		t.Errorf("--registry-cache-ttl defaults to %s, the registry's default is %s", got.RegistryCacheTTL, tenancy.DefaultTTL)
 	}
 	if got.MaxScriptBytes != redisstore.DefaultMaxScriptBytes {
 		t.Errorf("--max-script-bytes defaults to %d, the store's default is %d", got.MaxScriptBytes, redisstore.DefaultMaxScriptBytes)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -139,5 +141,61 @@ func TestBatchUpsertScriptsAreBoundedByBytes(t *testing.T) {
 	}
 	if total != n || calls < n/perCall {
 		t.Errorf("%d upsert script calls carried %d tasks; want %d tasks in at least %d calls", calls, total, n, n/perCall)
+	}
+}
+
+// TestStaleUpsertDoesNotSurviveRecreate: replica B has namespace ns cached
+// (its incarnation, the create time) when replica A force-deletes ns and
+// re-creates it; B's next upsert, made through its stale cache, is refused
+// (Aborted: re-created, nothing written), B's cache is refreshed, and the
+// re-created namespace never holds the stale task; B's retry writes into
+// the new namespace. Redis-only and durable mode. Before upserts were tied
+// to the namespace incarnation, the stale task landed in the new namespace.
+func TestStaleUpsertDoesNotSurviveRecreate(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"redis", "durable"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			cfg := Config{RedisURL: testRedisURL(), LogLevel: "warn", RegistryCacheTTL: time.Hour}
+			if mode == "durable" {
+				cfg.MySQLDSN = testkit.Database(t, "delayd_stale")
+			}
+			ns := "stale-" + suffix()
+			cleanNamespace(t, testRedisURL(), ns)
+			a, b := start(t, cfg), start(t, cfg)
+			ctx := ctxFor(t)
+			adminA := delaydv1.NewNamespaceServiceClient(a.conn)
+			if _, err := adminA.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+			// B caches ns as it writes.
+			if _, err := b.tasks.UpsertTask(ctx, upsert(ns, "before")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := adminA.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Namespace: ns, Force: true}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := adminA.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := b.tasks.UpsertTask(ctx, upsert(ns, "stale"))
+			if st, _ := status.FromError(err); st.Code() != codes.Aborted || !strings.Contains(st.Message(), "re-created") {
+				t.Errorf("upsert through B's stale cache: %v; want Aborted saying the namespace was re-created", err)
+			}
+			list, err := a.tasks.ListTasks(ctx, &delaydv1.ListTasksRequest{Namespace: ns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, task := range list.GetTasks() {
+				t.Errorf("the re-created namespace holds %q, written for the deleted one", task.GetId())
+			}
+			// B refreshed its cache: a retry writes into the new namespace.
+			if _, err := b.tasks.UpsertTask(ctx, upsert(ns, "after")); err != nil {
+				t.Fatalf("retry through B: %v", err)
+			}
+			if _, err := a.tasks.GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: "after"}); err != nil {
+				t.Errorf("the retried task: %v", err)
+			}
+		})
 	}
 }

@@ -39,6 +39,7 @@ func openTenancy(cfg Config, embedded bool, regStore storage.Registry, logger *s
 		Store:      regStore,
 		Defaults:   cfg.policy(),
 		AutoCreate: embedded || auth.Disabled || cfg.AutoCreateNamespaces,
+		TTL:        cfg.RegistryCacheTTL,
 		Logger:     logger.With("component", "tenancy"),
 	})
 	if err != nil {

@@ -17,9 +17,9 @@ type Store interface {
 	storage.Deliveries
 	storage.DeadLetters
 	storage.Counter
-	// DropNamespace deletes every task of ns (NamespaceService's forced
-	// delete).
-	DropNamespace(ctx context.Context, ns string) (int64, error)
+	// DropNamespace deletes every task of ns and ends the namespace
+	// incarnation given (NamespaceService's DeleteNamespace).
+	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
 }
 
 // Store operations, the values of the op label.
@@ -217,9 +217,9 @@ func (s *instrumented) Stats(ctx context.Context, ns string) (storage.Stats, err
 	return st, err
 }
 
-func (s *instrumented) DropNamespace(ctx context.Context, ns string) (int64, error) {
+func (s *instrumented) DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error) {
 	start := time.Now()
-	n, err := s.next.DropNamespace(ctx, ns)
+	n, err := s.next.DropNamespace(ctx, ns, incarnation)
 	s.done(opDropNamespace, start, err)
 	return n, err
 }

@@ -22,14 +22,15 @@ import (
 // own error text (addresses, commands, driver messages) never reaches a
 // client; it goes to the log.
 const (
-	msgUnavailable  = "store unavailable, safe to retry"
-	msgInternal     = "internal error; it has been logged"
-	msgNotFound     = "not found"
-	msgExists       = "already exists"
-	msgQuota        = "namespace quota exceeded: max_pending_tasks reached"
-	msgNotEmpty     = "namespace not empty: remove or purge its tasks first"
-	msgStale        = "stale generation: the task changed concurrently; retry"
-	msgBadPageToken = "page_token is not a token this server issued; start again with an empty page_token"
+	msgUnavailable    = "store unavailable, safe to retry"
+	msgInternal       = "internal error; it has been logged"
+	msgNotFound       = "not found"
+	msgExists         = "already exists"
+	msgQuota          = "namespace quota exceeded: max_pending_tasks reached"
+	msgNotEmpty       = "namespace not empty: remove or purge its tasks first"
+	msgStale          = "stale generation: the task changed concurrently; retry"
+	msgBadPageToken   = "page_token is not a token this server issued; start again with an empty page_token"
+	msgNamespaceEnded = "the namespace was deleted (and perhaps re-created) while the request was in flight; nothing was written"
 )
 
 // fieldError is a client mistake in one request field. Its text names the
@@ -117,6 +118,8 @@ func classify(err error) (codes.Code, string) {
 		return codes.Aborted, msgStale
 	case errors.Is(err, storage.ErrInvalidCursor):
 		return codes.InvalidArgument, msgBadPageToken
+	case errors.Is(err, storage.ErrNamespaceEnded):
+		return codes.NotFound, msgNamespaceEnded
 	case isUnavailable(err):
 		return codes.Unavailable, msgUnavailable
 	default:

@@ -163,7 +163,7 @@ func (e *tenEnv) newNamespace(r *tenReplica, prefix string, pol *delaydv1.Namesp
 // drop deletes a namespace's tasks and record straight in the store.
 func (e *tenEnv) drop(name string) {
 	ctx := context.Background()
-	_, _ = e.store.DropNamespace(ctx, name)
+	_, _ = e.store.DropNamespace(ctx, name, 0)
 	_ = e.store.DeleteNamespace(ctx, name)
 }
 

@@ -469,7 +469,8 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	if err := validateNamespace("namespace", name); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	if _, err := reg.GetNamespace(ctx, name); errors.Is(err, storage.ErrNotFound) {
+	n, err := reg.GetNamespace(ctx, name)
+	if errors.Is(err, storage.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "namespace %q not found", name)
 	} else if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
@@ -484,30 +485,22 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 			"namespace %q still has tasks (%d scheduled, %d delivered, %d dead): remove them first, or delete with force to delete them too",
 			name, st.Scheduled, st.Delivered, st.Dead)
 	}
-	var deleted int64
-	if total > 0 {
-		if deleted, err = s.dropTasks(ctx, name); err != nil {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: drop tasks: %w", err))
-		}
+	// End the namespace's incarnation in the task store before its record
+	// goes: from then on no upsert made through a replica's stale view of
+	// it (cached for up to a second) is written, so none survives into a
+	// namespace re-created under the same name. The drop then takes every
+	// task, including any written since the count above.
+	deleted, err := s.opts.Store.DropNamespace(ctx, name, incarnationOf(n))
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: drop tasks: %w", err))
 	}
 	if err := reg.DeleteNamespace(ctx, name); err != nil && !errors.Is(err, storage.ErrNotFound) {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
-	}
-	if req.GetForce() {
-		// An upsert may have slipped in between the drop and the record's
-		// deletion; take it too.
-		if n, err := s.dropTasks(ctx, name); err == nil {
-			deleted += n
-		}
 	}
 	s.audit(ctx, "namespace deleted", slog.String("namespace", name), slog.Int64("deleted_tasks", deleted))
 	return &delaydv1.DeleteNamespaceResponse{DeletedTasks: deleted}, nil
 }
 
-// dropTasks deletes every task of ns, in bulk.
-func (s *namespaceService) dropTasks(ctx context.Context, ns string) (int64, error) {
-	return s.opts.Store.DropNamespace(ctx, ns)
-}
 
 // keyScopesFromProto validates and de-duplicates requested scopes.
 func keyScopesFromProto(in []delaydv1.KeyScope) ([]storage.Scope, error) {

@@ -23,8 +23,12 @@ type Store interface {
 	storage.DeadLetters
 	storage.Counter
 	// DropNamespace deletes every task of ns in every state, in bulk, and
-	// returns how many it deleted.
-	DropNamespace(ctx context.Context, ns string) (int64, error)
+	// returns how many it deleted. With an incarnation (the namespace's
+	// create time, Unix ms; 0 = none) it first ends it: from then on an
+	// Upsert whose specs name that incarnation (or an earlier one) fails
+	// with storage.ErrNamespaceEnded, so nothing written through a stale
+	// view survives into a namespace re-created under the same name.
+	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
 }
 
 // Tenancy is what the server asks of the namespace registry: the stored
@@ -46,6 +50,13 @@ type Tenancy interface {
 	// unknown namespace. Subscribe streams re-check their namespace's
 	// incarnation (create time) with it.
 	Lookup(ctx context.Context, ns string) (storage.Namespace, error)
+	// Namespace is Lookup that creates the namespace when the registry
+	// auto-creates. Upserts take the namespace's incarnation (create time)
+	// from it.
+	Namespace(ctx context.Context, ns string) (storage.Namespace, error)
+	// Invalidate drops ns from the cache, so the next Lookup reads the
+	// store (an upsert learnt that the cached incarnation has ended).
+	Invalidate(ns string)
 	// Key returns the API key with that id, from a short-lived cache.
 	// storage.ErrNotFound if there is none.
 	Key(ctx context.Context, id string) (storage.Key, error)

@@ -33,3 +33,9 @@ func (s staticTenancy) Defaults() storage.Policy { return s.policy }
 func (s staticTenancy) Lookup(_ context.Context, ns string) (storage.Namespace, error) {
 	return storage.Namespace{Name: ns, Policy: s.policy}, nil
 }
+
+func (s staticTenancy) Namespace(_ context.Context, ns string) (storage.Namespace, error) {
+	return storage.Namespace{Name: ns, Policy: s.policy}, nil
+}
+
+func (s staticTenancy) Invalidate(string) {}

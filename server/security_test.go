@@ -251,9 +251,18 @@ func TestConnectionCapAndIdle(t *testing.T) {
 	a.sync()
 	b := dialH2(t, r.addr)
 	b.sync()
-	over := dialH2(t, r.addr)
-	if _, err := over.fr.ReadFrame(); err == nil {
-		t.Errorf("a third connection over MaxConnections 2 was served")
+	// The third connection is closed as soon as it is accepted: writing
+	// the preface or reading the server's first frame fails.
+	over, err := net.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	_ = over.SetDeadline(time.Now().Add(dlvWait))
+	if _, err := io.WriteString(over, http2.ClientPreface); err == nil {
+		if _, err := http2.NewFramer(over, over).ReadFrame(); err == nil {
+			t.Errorf("a third connection over MaxConnections 2 was served")
+		}
 	}
 	// a and b go idle: GOAWAY.
 	for {

@@ -25,7 +25,7 @@ type taskService struct {
 	delaydv1.UnimplementedTaskServiceServer
 
 	tasks      storage.Tasks
-	policies   storage.Policies
+	tenancy    Tenancy
 	subs       Subscriptions
 	logger     *slog.Logger
 	maxBatch   int
@@ -37,7 +37,7 @@ type taskService struct {
 func newTaskService(opts Options) *taskService {
 	return &taskService{
 		tasks:      opts.Store,
-		policies:   opts.Tenancy,
+		tenancy:    opts.Tenancy,
 		subs:       opts.Subscriptions,
 		logger:     opts.Logger,
 		maxBatch:   opts.Limits.MaxBatch,
@@ -53,18 +53,19 @@ func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRe
 	if err := validateNamespace("namespace", ns); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	pol, err := s.policy(ctx, ns)
+	n, err := s.namespace(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
-	spec, err := upsertSpec("", req, "", pol, s.now())
+	spec, err := upsertSpec("", req, "", n.Policy, s.now())
 	spec.TraceParent = traceParent(ctx)
+	spec.NamespaceIncarnation = incarnationOf(n)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
 	results, err := s.tasks.Upsert(ctx, ns, []storage.UpsertSpec{spec})
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("upsert: %w", err))
+		return nil, s.upsertFailed(ctx, ns, fmt.Errorf("upsert: %w", err))
 	}
 	if len(results) != 1 {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("upsert: store returned %d results for 1 spec", len(results)))
@@ -95,10 +96,11 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 	if err := validateBatchPayload(items, s.maxPayload); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	pol, err := s.policy(ctx, ns)
+	n, err := s.namespace(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
+	pol, inc := n.Policy, incarnationOf(n)
 
 	out := make([]*delaydv1.BatchUpsertTaskResult, len(items))
 	specs := make([]storage.UpsertSpec, 0, len(items))
@@ -113,13 +115,14 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 			continue
 		}
 		spec.TraceParent = tp
+		spec.NamespaceIncarnation = inc
 		specs = append(specs, spec)
 		index = append(index, i)
 	}
 	if len(specs) > 0 {
 		results, err := s.tasks.Upsert(ctx, ns, specs)
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("batch upsert: %w", err))
+			return nil, s.upsertFailed(ctx, ns, fmt.Errorf("batch upsert: %w", err))
 		}
 		if len(results) != len(specs) {
 			return nil, toStatus(ctx, s.logger, fmt.Errorf("batch upsert: store returned %d results for %d specs", len(results), len(specs)))
@@ -240,12 +243,40 @@ func (s *taskService) ListTasks(ctx context.Context, req *delaydv1.ListTasksRequ
 	return resp, nil
 }
 
-// policy returns the namespace's policy, or a status error to return as is.
-func (s *taskService) policy(ctx context.Context, ns string) (storage.Policy, error) {
-	if s.policies == nil {
-		return storage.DefaultPolicy(), nil
+// namespace returns the namespace (its effective policy and its create
+// time, the incarnation upserts are written for), creating it when the
+// registry auto-creates, or a status error to return as is.
+func (s *taskService) namespace(ctx context.Context, ns string) (storage.Namespace, error) {
+	n, err := s.tenancy.Namespace(ctx, ns)
+	if _, err := policyStatus(ctx, s.logger, ns, n.Policy, err); err != nil {
+		return storage.Namespace{}, err
 	}
-	return policyOrCreate(ctx, s.policies, s.logger, ns)
+	return n, nil
+}
+
+// incarnationOf is the namespace incarnation upserts name: the create time
+// in Unix milliseconds (0, unchecked, when the registry gave none).
+func incarnationOf(n storage.Namespace) int64 {
+	if n.CreateTime.IsZero() {
+		return 0
+	}
+	return n.CreateTime.UnixMilli()
+}
+
+// upsertFailed answers a failed upsert. When the store refused it because
+// the namespace incarnation the cache named has ended (the namespace was
+// deleted on some replica), the cached namespace is dropped and the answer
+// says whether the name is gone (NotFound) or was re-created meanwhile
+// (Aborted: retrying writes into the new namespace, if the key may).
+func (s *taskService) upsertFailed(ctx context.Context, ns string, err error) error {
+	if !errors.Is(err, storage.ErrNamespaceEnded) {
+		return toStatus(ctx, s.logger, err)
+	}
+	s.tenancy.Invalidate(ns)
+	if _, lerr := s.tenancy.Lookup(ctx, ns); lerr == nil {
+		return status.Errorf(codes.Aborted, "namespace %q was deleted and re-created while this request was in flight; nothing was written: retry", ns)
+	}
+	return status.Errorf(codes.NotFound, "namespace %q was deleted; nothing was written", ns)
 }
 
 func (s *taskService) notify(ns string) {

@@ -46,6 +46,10 @@ var (
 	// IfGeneration, Remove's ifGeneration) found another generation stored;
 	// nothing changed. Stores return it inside a *ConflictError.
 	ErrGenerationMismatch = errors.New("generation mismatch")
+	// ErrNamespaceEnded: the write named an incarnation of the namespace
+	// (its create time) that was deleted since; the caller's view of the
+	// namespace is stale. Nothing was written.
+	ErrNamespaceEnded = errors.New("namespace incarnation ended")
 	// ErrInvalidCursor: a List cursor the store did not make (a crafted or
 	// corrupted page token). The client's mistake, not the store's.
 	ErrInvalidCursor = errors.New("invalid list cursor")
@@ -212,6 +216,14 @@ type UpsertSpec struct {
 	// equal it too (so a task removed and created again since it was read
 	// never matches). Zero means any incarnation.
 	IfIncarnation int64
+	// NamespaceIncarnation, if non-zero, is the incarnation of the
+	// namespace (its create time in Unix milliseconds) the caller wrote
+	// for. Every spec of one Upsert call carries the same value. A store
+	// that knows that incarnation was deleted (DropNamespace ended it, or a
+	// later one writes) refuses the whole call with ErrNamespaceEnded, so a
+	// write through a stale view never lands in a namespace re-created
+	// under the same name. 0: not checked.
+	NamespaceIncarnation int64
 }
 
 // IfVersion is the compare-and-set condition of sp (zero when none).

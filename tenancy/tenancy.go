@@ -39,7 +39,7 @@ type Config struct {
 	// on so the quick start needs no admin call.
 	AutoCreate bool
 	// TTL is how long an answer (a policy, a key, or "no such namespace/key")
-	// is served from the cache. If unset or zero, 1 second is used.
+	// is served from the cache. If unset or zero, DefaultTTL.
 	TTL time.Duration
 	// MaxStale is how long an expired answer keeps being served while the
 	// store cannot be reached, so a registry outage does not fail requests
@@ -84,6 +84,9 @@ type Registry struct {
 	keys       *cache[storage.Key]
 }
 
+// DefaultTTL is Config.TTL's default: how long a registry answer is cached.
+const DefaultTTL = time.Second
+
 // ErrTooManyKeyMisses is Key's answer when more lookups of uncached key ids
 // arrive than Config.MaxKeyMisses lets through: retry shortly.
 var ErrTooManyKeyMisses = errors.New("tenancy: too many lookups of unknown API keys; retry shortly")
@@ -108,7 +111,7 @@ func New(cfg Config) (*Registry, error) {
 		clock:      cfg.Clock,
 	}
 	if r.ttl <= 0 {
-		r.ttl = time.Second
+		r.ttl = DefaultTTL
 	}
 	if r.maxStale == 0 {
 		r.maxStale = time.Minute
@@ -203,7 +206,8 @@ func (r *Registry) Lookup(ctx context.Context, ns string) (storage.Namespace, er
 
 // Invalidate drops this replica's cached answer for ns, so the next Policy
 // or Lookup reads the registry: a dispatcher calls it when another replica
-// announces that ns's policy changed.
+// announces that ns's policy changed, and the server when an upsert was
+// refused because the cached namespace incarnation has ended.
 func (r *Registry) Invalidate(ns string) { r.namespaces.forget(ns) }
 
 // LookupPolicy is Lookup's policy: storage.ErrNotFound for an unknown

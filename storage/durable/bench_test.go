@@ -44,7 +44,7 @@ func benchUpserts(b *testing.B, s storage.Tasks, ns string) {
 func BenchmarkUpsertDurable(b *testing.B) {
 	e := newEnv(b, nil)
 	ns := testkit.Namespace(b, "du")
-	b.Cleanup(func() { _, _ = e.store.DropNamespace(context.Background(), ns) })
+	b.Cleanup(func() { _, _ = e.store.DropNamespace(context.Background(), ns, 0) })
 	benchUpserts(b, e.store, ns)
 }
 
@@ -53,6 +53,6 @@ func BenchmarkUpsertDurable(b *testing.B) {
 func BenchmarkUpsertRedisOnly(b *testing.B) {
 	e := newEnv(b, nil)
 	ns := testkit.Namespace(b, "du")
-	b.Cleanup(func() { _, _ = e.idx.DropNamespace(context.Background(), ns) })
+	b.Cleanup(func() { _, _ = e.idx.DropNamespace(context.Background(), ns, 0) })
 	benchUpserts(b, e.idx, ns)
 }

@@ -251,7 +251,7 @@ func TestListFallsBackToMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Lose the namespace's index entirely (a Redis restarted empty).
-	if _, err := e.idx.DropNamespace(ctx, ns); err != nil {
+	if _, err := e.idx.DropNamespace(ctx, ns, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.rdb.Del(ctx, "delayd:{"+ns+"#0}:indexed").Err(); err != nil {
@@ -386,7 +386,7 @@ func TestListFromMySQLCutByBytes(t *testing.T) {
 	if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.idx.DropNamespace(ctx, ns); err != nil {
+	if _, err := e.idx.DropNamespace(ctx, ns, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.rdb.Del(ctx, "delayd:{"+ns+"#0}:indexed").Err(); err != nil {

@@ -87,6 +87,15 @@ type Index interface {
 	TryLead(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
 	// Namespaces lists the namespaces the index holds keys for.
 	Namespaces(ctx context.Context) ([]string, error)
+	// DropNamespace deletes every task of ns in the index and, with an
+	// incarnation (the namespace's create time, ms; 0 = none), ends it:
+	// from then on upserts for it or an earlier one, unchecked upserts and
+	// Restore write nothing until a later incarnation claims ns.
+	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
+	// ClaimIncarnation fails with storage.ErrNamespaceEnded when
+	// incarnation inc of ns has ended, and otherwise records it as the
+	// incarnation that writes (when it is later than the recorded one).
+	ClaimIncarnation(ctx context.Context, ns string, inc int64) error
 
 	// AckMarked acks like Ack and leaves a marker per acked task naming the
 	// acked version until ClearAcked drops it; Restore never writes a
@@ -609,6 +618,15 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	if len(specs) == 0 {
 		return nil, nil
 	}
+	// A write through a stale view of a deleted namespace is refused
+	// before it reaches MySQL (the index keeps the namespace's
+	// incarnation). When the index cannot answer, MySQL, the authority,
+	// takes the write.
+	if inc := specs[0].NamespaceIncarnation; inc != 0 {
+		if err := s.idx.ClaimIncarnation(ctx, ns, inc); errors.Is(err, storage.ErrNamespaceEnded) {
+			return nil, err
+		}
+	}
 	now := s.now(ctx, ns)
 	rows := make([]mysqlstore.UpsertRow, len(specs))
 	exact := false
@@ -1090,47 +1108,28 @@ func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 	return s.idx.Stats(ctx, ns)
 }
 
-// indexDropper is an index that deletes a namespace's tasks in bulk
-// (redisstore.Store is one).
-type indexDropper interface {
-	DropNamespace(ctx context.Context, ns string) (int64, error)
-}
-
-// DropNamespace deletes every task of ns, from MySQL first (in batches of
-// 10,000 rows), then from the index, and returns how many tasks there
-// were (the larger of the two counts). A forced DeleteNamespace uses it.
-func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
+// DropNamespace deletes every task of ns and returns how many there were
+// (the larger of the index's and MySQL's counts). DeleteNamespace uses it.
+// With an incarnation (the namespace's create time, ms) the index ends it
+// first, so from then on no write of that incarnation lands in either
+// store (the durable Upsert claims its incarnation from the index before
+// writing MySQL, and Restore writes nothing into an ended namespace);
+// then MySQL's rows go (in batches of 10,000), then the index is dropped
+// once more for any write that was past its check when the first drop ran.
+func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error) {
+	inIndex, err := s.idx.DropNamespace(ctx, ns, incarnation)
+	if err != nil {
+		return 0, fmt.Errorf("drop namespace: index: %w", err)
+	}
 	deleted, err := s.db.DropTasks(ctx, ns)
 	if err != nil {
-		return deleted, err
+		return max(deleted, inIndex), err
 	}
-	var inIndex int64
-	if d, ok := s.idx.(indexDropper); ok {
-		n, err := d.DropNamespace(ctx, ns)
-		if err != nil {
-			return deleted, fmt.Errorf("drop namespace: index: %w", err)
-		}
-		inIndex = n
-	} else {
-		for _, st := range []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead} {
-			for {
-				ts, _, err := s.idx.List(ctx, ns, storage.ListParams{State: st, Limit: 1000, NoPayload: true})
-				if err != nil {
-					return deleted, fmt.Errorf("drop namespace: index: %w", err)
-				}
-				if len(ts) == 0 {
-					break
-				}
-				for _, t := range ts {
-					if _, err := s.idx.Remove(ctx, ns, t.ID, storage.Version{}); err != nil && !errors.Is(err, storage.ErrNotFound) {
-						return deleted, fmt.Errorf("drop namespace: index: %w", err)
-					}
-					inIndex++
-				}
-			}
-		}
+	n, err := s.idx.DropNamespace(ctx, ns, incarnation)
+	if err != nil {
+		return max(deleted, inIndex), fmt.Errorf("drop namespace: index: %w", err)
 	}
-	return max(deleted, inIndex), nil
+	return max(deleted, inIndex+n), nil
 }
 
 // writeMoved writes index transitions through to MySQL.

@@ -195,7 +195,10 @@ func (q *upsertQueue) take() []*upsertCall {
 		if len(batch) > 0 {
 			// Stop at the first call that does not fit, so no later call
 			// overtakes it.
-			if full = full || n+len(c.specs) > CoalesceMax; full || c.ctx.Err() != nil {
+			// A call for another namespace incarnation goes in a script
+			// call of its own (the script checks one per call).
+			full = full || n+len(c.specs) > CoalesceMax || nsIncarnation(c.specs) != nsIncarnation(batch[0].specs)
+			if full || c.ctx.Err() != nil {
 				return false
 			}
 		}

@@ -35,7 +35,7 @@ import (
 // made before (see Token.Delivery). Returns how many tasks were written.
 func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, force bool) (int, error) {
 	k := keysFor(ns, shard)
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked}
+	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.life}
 	flag := "0"
 	if force {
 		flag = "1"
@@ -282,7 +282,8 @@ func (s *Store) TryLead(ctx context.Context, name, holder string, ttl time.Durat
 // scanCount is the COUNT hint of each SCAN page.
 const scanCount = 1000
 
-// Namespaces returns, sorted, the namespaces that have any key in Redis. It
+// Namespaces returns, sorted, the namespaces that have any key in Redis
+// other than their incarnation key (keys.go: life). It
 // SCANs in bounded pages (each under the per-call timeout); on a cluster it
 // scans every master.
 func (s *Store) Namespaces(ctx context.Context) ([]string, error) {
@@ -299,6 +300,9 @@ func (s *Store) Namespaces(ctx context.Context) ([]string, error) {
 			}
 			mu.Lock()
 			for _, key := range keys {
+				if strings.HasSuffix(key, "}:life") {
+					continue // outlives the tasks: no sign of any
+				}
 				if ns, ok := namespaceOfKey(key); ok {
 					seen[ns] = struct{}{}
 				}

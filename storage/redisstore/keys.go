@@ -92,6 +92,12 @@ type nsKeys struct {
 	acked    string
 	indexed  string
 	legacy   string
+	// life holds the namespace incarnation (its create time, ms) whose
+	// tasks the shard holds: "<ms>" while it lives, "d<ms>" once
+	// DropNamespace ended it (upsert.lua, dropnamespace.lua). It outlives
+	// the tasks, so a write through a stale view of a deleted namespace
+	// is refused; it is not a sign that the namespace has tasks.
+	life string
 }
 
 // hashTag returns "{ns#k}", the hash tag every key of shard k of ns shares.
@@ -111,6 +117,7 @@ func keysFor(ns string, shard int) nsKeys {
 		body:     p + "body",
 		acked:    p + "acked",
 		indexed:  p + "indexed",
+		life:     p + "life",
 		legacy:   p + "task",
 	}
 }

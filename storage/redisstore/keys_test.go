@@ -24,7 +24,7 @@ func redisHashTag(key string) string {
 }
 
 func allKeys(k nsKeys) []string {
-	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy}
+	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy, k.life}
 }
 
 func TestKeys(t *testing.T) {
@@ -38,6 +38,7 @@ func TestKeys(t *testing.T) {
 		acked:    "delayd:{orders#0}:acked",
 		indexed:  "delayd:{orders#0}:indexed",
 		legacy:   "delayd:{orders#0}:task",
+		life:     "delayd:{orders#0}:life",
 	}
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)

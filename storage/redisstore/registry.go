@@ -458,14 +458,19 @@ func (s *Store) RevokeKey(ctx context.Context, id string) error {
 }
 
 // DropNamespace deletes every task of ns in one script (UNLINK, so Redis
-// frees the memory in the background) and returns how many there were. A
-// forced DeleteNamespace uses it in Redis-only mode.
-func (s *Store) DropNamespace(ctx context.Context, ns string) (int64, error) {
+// frees the memory in the background) and returns how many there were.
+// DeleteNamespace uses it. With an incarnation (the namespace's create
+// time, ms; 0 = none) it also ends that incarnation at once: from then on
+// upserts that name it or an earlier one fail with
+// storage.ErrNamespaceEnded. If a later incarnation of ns already writes,
+// nothing is deleted.
+func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error) {
 	if storage.ValidateNamespace(ns) != nil {
 		return 0, nil
 	}
 	k := keysFor(ns, shard)
-	v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace, []string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy})
+	v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace,
+		[]string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy, k.life}, max(incarnation, 0))
 	if err != nil {
 		return 0, err
 	}

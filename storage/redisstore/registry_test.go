@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -44,8 +45,8 @@ func TestDropNamespace(t *testing.T) {
 	ns := "drop-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	keep := ns + "-keep"
 	t.Cleanup(func() {
-		_, _ = s.DropNamespace(context.Background(), ns)
-		_, _ = s.DropNamespace(context.Background(), keep)
+		_, _ = s.DropNamespace(context.Background(), ns, 0)
+		_, _ = s.DropNamespace(context.Background(), keep, 0)
 	})
 	specs := make([]storage.UpsertSpec, 25)
 	for i := range specs {
@@ -63,7 +64,7 @@ func TestDropNamespace(t *testing.T) {
 	if err := s.MarkIndexed(ctx, ns); err != nil {
 		t.Fatalf("MarkIndexed: %v", err)
 	}
-	n, err := s.DropNamespace(ctx, ns)
+	n, err := s.DropNamespace(ctx, ns, 0)
 	if err != nil || n != 25 {
 		t.Fatalf("DropNamespace = %d, %v; want 25", n, err)
 	}
@@ -82,7 +83,7 @@ func TestDropNamespace(t *testing.T) {
 	if st, _ := s.Stats(ctx, keep); st.Scheduled+st.Delivered != 25 {
 		t.Errorf("the other namespace lost tasks: %+v", st)
 	}
-	if n, err := s.DropNamespace(ctx, ns); err != nil || n != 0 {
+	if n, err := s.DropNamespace(ctx, ns, 0); err != nil || n != 0 {
 		t.Errorf("second DropNamespace = %d, %v; want 0", n, err)
 	}
 }
@@ -107,6 +108,69 @@ func TestRegistryUnavailableOnTimeout(t *testing.T) {
 	_, errs["get key"] = s.GetKey(ctx, "0123456789abcdef")
 	_, _, errs["list keys"] = s.ListKeys(ctx, "slow", storage.KeyCursor{}, 10)
 	errs["revoke key"] = s.RevokeKey(ctx, "0123456789abcdef")
-	_, errs["drop namespace"] = s.DropNamespace(ctx, "slow")
+	_, errs["drop namespace"] = s.DropNamespace(ctx, "slow", 0)
 	wantUnavailable(t, errs)
+}
+
+// TestNamespaceIncarnation: upserts name the namespace incarnation they
+// write for; DropNamespace with an incarnation ends it, so writes for it
+// (or an earlier one), unchecked writes and Restore write nothing until a
+// later incarnation claims the namespace, and a stale drop of an earlier
+// incarnation leaves a later one's tasks alone.
+func TestNamespaceIncarnation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := registryTestStore(t)
+	ns := "life-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		_, _ = s.DropNamespace(context.Background(), ns, 0)
+		_ = s.rdb.Del(context.Background(), keysFor(ns, shard).life).Err()
+	})
+	up := func(inc int64, id string) error {
+		_, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Delay: time.Hour, NamespaceIncarnation: inc}})
+		return err
+	}
+	ended := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, storage.ErrNamespaceEnded) {
+			t.Errorf("%s: err = %v, want ErrNamespaceEnded", what, err)
+		}
+	}
+	if err := up(100, "a"); err != nil {
+		t.Fatal(err)
+	}
+	ended("an earlier incarnation's upsert", up(50, "b"))
+	if n, err := s.DropNamespace(ctx, ns, 100); err != nil || n != 1 {
+		t.Fatalf("DropNamespace(100) = %d, %v; want 1", n, err)
+	}
+	ended("the deleted incarnation's upsert", up(100, "stale"))
+	ended("an unchecked upsert into the deleted namespace", up(0, "stale"))
+	ended("a claim of the deleted incarnation", s.ClaimIncarnation(ctx, ns, 100))
+	if n, err := s.Restore(ctx, ns, []storage.Task{{ID: "stale", Incarnation: 1, Generation: 1, State: storage.StateScheduled, DueTime: time.Now().Add(time.Hour)}}, false); err != nil || n != 0 {
+		t.Errorf("Restore into the deleted namespace = %d, %v; want 0", n, err)
+	}
+	if st, _ := s.Stats(ctx, ns); st.Scheduled != 0 {
+		t.Fatalf("the deleted namespace holds %d tasks", st.Scheduled)
+	}
+	if nss, err := s.Namespaces(ctx); err != nil || slices.Contains(nss, ns) {
+		t.Errorf("Namespaces lists %q, which only has its incarnation key (%v)", ns, err)
+	}
+	// Re-created: a later incarnation writes, and unchecked writes are
+	// allowed again.
+	if err := s.ClaimIncarnation(ctx, ns, 200); err != nil {
+		t.Fatal(err)
+	}
+	if err := up(200, "new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := up(0, "unchecked"); err != nil {
+		t.Fatal(err)
+	}
+	// A drop of the old incarnation (a delete that raced) keeps the new one.
+	if n, err := s.DropNamespace(ctx, ns, 100); err != nil || n != 0 {
+		t.Errorf("DropNamespace(100) after 200 claimed = %d, %v; want 0", n, err)
+	}
+	if st, _ := s.Stats(ctx, ns); st.Scheduled != 2 {
+		t.Errorf("the new incarnation holds %d tasks, want 2", st.Scheduled)
+	}
 }

@@ -265,6 +265,12 @@ func tokenBytes(tokens []storage.Token) func(int) int {
 // whose ctx ends while it waits returns ctx's error, with its specs not
 // written; once sent, it returns the script call's answer (see coalescer).
 func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	for i := range specs {
+		if specs[i].NamespaceIncarnation != specs[0].NamespaceIncarnation {
+			return nil, fmt.Errorf("upsert: specs name namespace incarnations %d and %d; one call writes for one",
+				specs[0].NamespaceIncarnation, specs[i].NamespaceIncarnation)
+		}
+	}
 	var res []storage.UpsertResult
 	var err error
 	if s.noCo || len(specs) == 0 || len(specs) >= CoalesceMax {
@@ -278,11 +284,47 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	return res, err
 }
 
+// ClaimIncarnation checks, as an upsert for incarnation inc of ns (the
+// namespace's create time, ms) would, that the incarnation has not ended,
+// and records it as the one that writes when it is later than the one
+// recorded. storage.ErrNamespaceEnded when it ended. Durable mode calls it
+// before writing to MySQL.
+func (s *Store) ClaimIncarnation(ctx context.Context, ns string, inc int64) error {
+	if inc <= 0 {
+		return nil
+	}
+	k := keysFor(ns, shard)
+	rep, err := s.runSlice(ctx, "claim incarnation", scripts.upsert,
+		[]string{k.due, k.inflight, k.dead, k.meta, k.body, k.life}, s.wake, ns, 0, inc)
+	if err != nil {
+		return err
+	}
+	if len(rep) == 2 {
+		if code, _ := replyInt(rep[1]); code == -1 {
+			return fmt.Errorf("claim: namespace %q incarnation %d: %w", ns, inc, storage.ErrNamespaceEnded)
+		}
+	}
+	return nil
+}
+
+// nsIncarnation is the namespace incarnation specs are written for (they
+// all carry the same; Upsert checks).
+func nsIncarnation(specs []storage.UpsertSpec) int64 {
+	if len(specs) == 0 {
+		return 0
+	}
+	return specs[0].NamespaceIncarnation
+}
+
 // upsertScript runs the upsert script for specs, in calls of at most
-// MaxBatch specs and Options.MaxScriptBytes.
+// MaxBatch specs and Options.MaxScriptBytes. When the namespace
+// incarnation the specs name has ended it fails with
+// storage.ErrNamespaceEnded (a call split in several stops at the first
+// refused one).
 func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	k := keysFor(ns, shard)
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
+	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.life}
+	nsInc := nsIncarnation(specs)
 	out := make([]storage.UpsertResult, 0, len(specs))
 	size := func(i int) int { return len(specs[i].ID) + len(specs[i].Kind) + len(specs[i].Payload) }
 	err := byteChunks(len(specs), s.maxArgs, size, func(lo, hi int) error {
@@ -303,9 +345,15 @@ func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.Ups
 			args = append(args, sp.ID, due, storage.DelayMicros(sp.Delay), inc, sp.Generation, sp.Kind, sp.Payload,
 				luaBool(sp.CreateOnly), max(want.Generation, 0), max(want.Incarnation, 0))
 		}
+		args = append(args, nsInc)
 		rep, err := s.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
 		if err != nil {
 			return err
+		}
+		if len(rep) == 2 {
+			if code, _ := replyInt(rep[1]); code == -1 {
+				return fmt.Errorf("upsert: namespace %q incarnation %d: %w", ns, nsInc, storage.ErrNamespaceEnded)
+			}
 		}
 		if len(rep) != 1+5*len(part) {
 			return fmt.Errorf("upsert: reply has %d values for %d tasks", len(rep), len(part))

@@ -43,6 +43,34 @@ type Store struct {
 	nextSb int
 	// watchers: namespace -> subscription id -> copies (DeliveryFeed)
 	watchers map[string]map[int]chan storage.WatchCopy
+	// lives: namespace -> the incarnation that writes, or the one ended
+	// last (the Redis index's life key)
+	lives map[string]life
+}
+
+// life is the namespace incarnation a namespace's tasks belong to.
+type life struct {
+	inc   int64
+	ended bool
+}
+
+// claim checks a write for namespace incarnation inc of ns as upsert.lua
+// does; called with s.mu held.
+func (s *Store) claim(ns string, inc int64) error {
+	l, ok := s.lives[ns]
+	if inc == 0 {
+		if ok && l.ended {
+			return fmt.Errorf("upsert: namespace %q: %w", ns, storage.ErrNamespaceEnded)
+		}
+		return nil
+	}
+	if ok && (inc < l.inc || (l.ended && inc == l.inc)) {
+		return fmt.Errorf("upsert: namespace %q incarnation %d: %w", ns, inc, storage.ErrNamespaceEnded)
+	}
+	if !ok || inc > l.inc {
+		s.lives[ns] = life{inc: inc}
+	}
+	return nil
 }
 
 // record is one task. Its state decides which fields mean something, as the
@@ -61,7 +89,7 @@ func New(clock storage.Clock) *Store {
 	if clock == nil {
 		clock = storage.SystemClock{}
 	}
-	return &Store{clock: clock, nss: map[string]map[string]*record{}, subs: map[int]chan storage.Wakeup{}}
+	return &Store{clock: clock, nss: map[string]map[string]*record{}, subs: map[int]chan storage.Wakeup{}, lives: map[string]life{}}
 }
 
 var (
@@ -162,6 +190,11 @@ func (s *Store) publishWakeup(w storage.Wakeup) {
 func (s *Store) Upsert(_ context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(specs) > 0 {
+		if err := s.claim(ns, specs[0].NamespaceIncarnation); err != nil {
+			return nil, err
+		}
+	}
 	now, nowUS := s.now()
 	m := s.ns(ns)
 	first, hasFirst := head(m)
@@ -648,10 +681,20 @@ func (s *Store) Stats(_ context.Context, ns string) (storage.Stats, error) {
 	return st, nil
 }
 
-// DropNamespace deletes every task of ns and returns how many it deleted.
-func (s *Store) DropNamespace(_ context.Context, ns string) (int64, error) {
+// DropNamespace deletes every task of ns and returns how many it deleted;
+// with an incarnation it ends it as the Redis index does (see Upsert).
+func (s *Store) DropNamespace(_ context.Context, ns string, incarnation int64) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if incarnation > 0 {
+		l := s.lives[ns]
+		if !l.ended && l.inc > incarnation {
+			return 0, nil // a later incarnation writes: the tasks are its
+		}
+		if !(l.ended && l.inc > incarnation) {
+			s.lives[ns] = life{inc: incarnation, ended: true}
+		}
+	}
 	n := int64(len(s.nss[ns]))
 	delete(s.nss, ns)
 	return n, nil

@@ -3,10 +3,29 @@
 --
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] meta HASH,
 -- KEYS[5] index marker (durable mode: a re-created namespace starts unindexed),
--- KEYS[6] body HASH, KEYS[7] acked HASH, KEYS[8] the pre-0.2 task HASH
+-- KEYS[6] body HASH, KEYS[7] acked HASH, KEYS[8] the pre-0.2 task HASH,
+-- KEYS[9] life STRING (the namespace incarnation, see keys.go)
+-- ARGV[1] the incarnation (create time, ms) being deleted; '0' = none (a
+--         rebuild, not a delete)
+--
+-- With an incarnation, life becomes "d<ms>": from then on upserts for it
+-- (or an earlier one) are refused, so nothing written through a stale
+-- view survives into a namespace re-created under the same name. When
+-- life says a later incarnation already writes, the tasks are that one's:
+-- nothing is deleted and 0 is returned.
 --
 -- Returns the number of tasks deleted. UNLINK frees the memory in the
 -- background, so even a huge namespace does not stall Redis.
+local inc = tonumber(ARGV[1]) or 0
+if inc > 0 then
+  local life = redis.call('GET', KEYS[9])
+  if life and string.sub(life, 1, 1) ~= 'd' and tonumber(life) > inc then
+    return 0
+  end
+  if not (life and string.sub(life, 1, 1) == 'd' and tonumber(string.sub(life, 2)) > inc) then
+    redis.call('SET', KEYS[9], 'd' .. string.format('%d', inc))
+  end
+end
 local n = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])
 redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 return n

@@ -1,7 +1,8 @@
 -- restore.lua: re-index tasks from the durable authority.
 --
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
--- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] acked HASH
+-- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] acked HASH,
+-- KEYS[7] life STRING (the namespace incarnation, see keys.go)
 -- ARGV[1] wake channel, ARGV[2] namespace
 -- ARGV[3] '1' = force: write each task unless the index holds that very
 --         version (a repair: MySQL is the authority even when the index
@@ -18,10 +19,18 @@
 -- replaces whatever the index held in any state. Publishes the namespace on
 -- the wake channel when a task became earlier than the head of due.
 --
+-- Nothing is written while life says the namespace was deleted ("d<ms>")
+-- and no later incarnation has written since: those rows are the deleted
+-- namespace's, about to be dropped from the authority too.
+--
 -- Returns the number of tasks written (an id given twice counts once).
 local force = ARGV[3] == '1'
 local n = tonumber(ARGV[4])
 if n == 0 then
+  return 0
+end
+local life = redis.call('GET', KEYS[7])
+if life and string.sub(life, 1, 1) == 'd' then
   return 0
 end
 local ids = {}

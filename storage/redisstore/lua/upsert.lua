@@ -1,7 +1,8 @@
 -- upsert.lua: create or replace tasks of one namespace, in request order.
 --
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
--- KEYS[4] meta HASH (headers), KEYS[5] body HASH (payloads)
+-- KEYS[4] meta HASH (headers), KEYS[5] body HASH (payloads),
+-- KEYS[6] life STRING (the namespace incarnation, see keys.go)
 -- ARGV[1] wake channel
 -- ARGV[2] namespace (the wake-up message)
 -- ARGV[3] n, the number of tasks (at most 1,000); then 10 arguments per
@@ -21,6 +22,14 @@
 --         of the stored incarnation (a new one if none is stored).
 --         Both given (durable mode, decided by MySQL): exactly that
 --         version.
+-- ARGV[4 + 9n] the namespace incarnation the caller writes for (its create
+--         time, ms; '0' = unchecked). When life says that incarnation
+--         ended ("d<ms>" with ms >= it) or a later one lives, nothing is
+--         written and the script returns {now, -1}; an unchecked write is
+--         refused the same way while life says the namespace ended (no
+--         later incarnation has written since). Otherwise a later
+--         incarnation than life's becomes life. With n = 0 the script only
+--         does this check (ClaimIncarnation).
 --
 -- Each task goes to due at its due time, out of inflight and dead, with
 -- attempt 0, last error cleared, create time kept (a new incarnation gets
@@ -41,6 +50,26 @@
 local now, now_us = clock()
 local n = tonumber(ARGV[3])
 local out = {now}
+local nsinc = tonumber(ARGV[4 + 9 * n]) or 0
+if nsinc == 0 then
+  local life = redis.call('GET', KEYS[6])
+  if life and string.sub(life, 1, 1) == 'd' then
+    return {now, -1}
+  end
+elseif nsinc > 0 then
+  local life = redis.call('GET', KEYS[6])
+  local ended, cur = false, nil
+  if life then
+    ended = string.sub(life, 1, 1) == 'd'
+    cur = tonumber(ended and string.sub(life, 2) or life)
+  end
+  if cur and (nsinc < cur or (ended and nsinc == cur)) then
+    return {now, -1}
+  end
+  if not cur or nsinc > cur then
+    redis.call('SET', KEYS[6], int(nsinc))
+  end
+end
 if n == 0 then
   return out
 end
