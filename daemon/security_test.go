@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -120,18 +121,21 @@ func TestBatchUpsertScriptsAreBoundedByBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// An upsert call: EVALSHA sha 5 <5 keys> <wake channel> <ns> <count> ...
+	// An upsert call: EVALSHA sha <k> <k keys> <wake channel> <ns> <count> ...
 	perCall := redisstore.DefaultMaxScriptBytes / size
 	calls, total := 0, 0
 	for _, l := range logs {
 		a := l.Args
-		if len(a) < 11 || !strings.HasPrefix(strings.ToUpper(a[0]), "EVAL") || a[2] != "5" ||
-			a[8] != redisstore.DefaultWakeChannel || a[9] != ns {
+		if len(a) < 3 || !strings.HasPrefix(strings.ToUpper(a[0]), "EVAL") {
+			continue
+		}
+		k, err := strconv.Atoi(a[2])
+		if err != nil || len(a) < 6+k || a[3+k] != redisstore.DefaultWakeChannel || a[4+k] != ns || !strings.HasSuffix(a[3], ":due") {
 			continue
 		}
 		var count int
-		if _, err := fmt.Sscan(a[10], &count); err != nil {
-			t.Fatalf("upsert call %v: count %q", a[:11], a[10])
+		if _, err := fmt.Sscan(a[5+k], &count); err != nil {
+			t.Fatalf("upsert call %v: count %q", a[:6+k], a[5+k])
 		}
 		calls++
 		total += count

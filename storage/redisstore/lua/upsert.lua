@@ -22,7 +22,7 @@
 --         of the stored incarnation (a new one if none is stored).
 --         Both given (durable mode, decided by MySQL): exactly that
 --         version.
--- ARGV[4 + 9n] the namespace incarnation the caller writes for (its create
+-- ARGV[4 + 10n] the namespace incarnation the caller writes for (its create
 --         time, ms; '0' = unchecked). When life says that incarnation
 --         ended ("d<ms>" with ms >= it) or a later one lives, nothing is
 --         written and the script returns {now, -1}; an unchecked write is
@@ -50,7 +50,7 @@
 local now, now_us = clock()
 local n = tonumber(ARGV[3])
 local out = {now}
-local nsinc = tonumber(ARGV[4 + 9 * n]) or 0
+local nsinc = tonumber(ARGV[4 + 10 * n]) or 0
 if nsinc == 0 then
   local life = redis.call('GET', KEYS[6])
   if life and string.sub(life, 1, 1) == 'd' then
