@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,11 +19,14 @@ import (
 //     the queue in batches on the namespace's feed channel;
 //   - only while someone watches: PUBLISH answers how many subscriptions got
 //     a copy; when the answer for a namespace is 0, the replica publishes no
-//     copy of it for FeedRecheck (1 s) and then tries once more. So a
-//     namespace nobody watches costs at most one PUBLISH per second per
-//     replica that delivers in it. A new watcher sees its own replica's
-//     deliveries from the moment it is ready (Watch clears that replica's
-//     mark) and the other replicas' at the latest FeedRecheck after that;
+//     copy of it for FeedRecheck (1 s), then probes with one copy (copies
+//     made while the probe is out are not published) and goes on as its
+//     answer says. So a namespace nobody watches costs one PUBLISH per
+//     second per replica that delivers in it, after the first batch.
+//     A new watcher sees its own replica's deliveries from the moment it is
+//     ready (a replica with watchers of its own publishes every copy of
+//     their namespace) and the other replicas' at the latest FeedRecheck
+//     and a probe's round trip after that;
 //   - a watcher (Watch) subscribes to the namespace's channel and gets every
 //     replica's copies from it, its own replica's included, so none twice.
 
@@ -43,32 +47,69 @@ type feedPublisher struct {
 	clock   storage.Clock
 	timeout time.Duration
 	q       chan storage.WatchCopy
-	// quiet maps a namespace to the time (UnixNano) before which no copy of
-	// it is published, because nobody watched it at the last PUBLISH.
+	// quiet maps a namespace to its state: absent (no answer yet) or
+	// watchedNow: publish every copy; a time (UnixNano): publish nothing
+	// before it, because nobody watched at the last PUBLISH; probing: one
+	// copy is on its way to find out, publish nothing until its answer.
 	quiet sync.Map // string -> int64
 	// dropped maps a namespace to the copies dropped since its last
 	// published one.
 	dropped sync.Map // string -> *atomic.Int64
+	// local counts this replica's watchers per namespace.
+	local sync.Map // string -> *atomic.Int64
 }
 
 func newFeedPublisher(feed storage.DeliveryFeed, clock storage.Clock, timeout time.Duration) *feedPublisher {
 	return &feedPublisher{feed: feed, clock: clock, timeout: timeout, q: make(chan storage.WatchCopy, feedQueue)}
 }
 
-// watched reports whether copies of ns are published now.
-func (p *feedPublisher) watched(ns string, now time.Time) bool {
+// States of a namespace in feedPublisher.quiet besides a time.
+const (
+	watchedNow = int64(0)
+	probing    = int64(math.MaxInt64)
+)
+
+// watched reports whether every copy of ns is published now (a probe due
+// is not: offer starts it).
+func (p *feedPublisher) watched(ns string) bool {
+	if p.localWatchers(ns) > 0 {
+		return true
+	}
 	until, ok := p.quiet.Load(ns)
-	return !ok || now.UnixNano() >= until.(int64)
+	return !ok || until.(int64) == watchedNow
+}
+
+// localWatchers counts the watchers of ns on this replica.
+func (p *feedPublisher) localWatchers(ns string) int64 {
+	if c, ok := p.local.Load(ns); ok {
+		return c.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
+// addLocal adds n to the watchers of ns on this replica: while there are
+// any, every copy of ns is published, whatever an earlier PUBLISH said.
+func (p *feedPublisher) addLocal(ns string, n int64) {
+	c, _ := p.local.LoadOrStore(ns, new(atomic.Int64))
+	c.(*atomic.Int64).Add(n)
 }
 
 // offer queues a copy of del, never blocking.
 func (p *feedPublisher) offer(ns string, del storage.Delivery, at time.Time) {
-	if !p.watched(ns, at) {
-		return
+	probe := false
+	if v, ok := p.quiet.Load(ns); ok && v.(int64) != watchedNow && p.localWatchers(ns) == 0 {
+		until := v.(int64)
+		if at.UnixNano() < until || !p.quiet.CompareAndSwap(ns, until, probing) {
+			return // quiet, or another sender's copy is the probe
+		}
+		probe = true
 	}
 	select {
 	case p.q <- storage.WatchCopy{Task: del.Task, LeaseDeadline: del.LeaseDeadline, SentAt: at}:
 	default:
+		if probe {
+			p.quiet.CompareAndSwap(ns, probing, watchedNow-1) // due again at once
+		}
 		c, _ := p.dropped.LoadOrStore(ns, new(atomic.Int64))
 		c.(*atomic.Int64).Add(1)
 	}
@@ -106,6 +147,9 @@ func (p *feedPublisher) run(ctx context.Context, log interface {
 		cancel()
 		if err != nil {
 			log.Debug("watch feed: publishing delivery copies failed; they are lost (deliveries are not)", "copies", len(batch), "err", err)
+			for _, c := range batch {
+				p.quiet.Delete(c.Task.Namespace) // no answer: the next copies find out
+			}
 			continue
 		}
 		now := p.clock.Now()
@@ -114,7 +158,7 @@ func (p *feedPublisher) run(ctx context.Context, log interface {
 			if n == 0 {
 				p.quiet.Store(ns, now.Add(FeedRecheck).UnixNano())
 			} else {
-				p.quiet.Delete(ns)
+				p.quiet.Store(ns, watchedNow)
 			}
 		}
 	}
@@ -154,10 +198,11 @@ func (d *Dispatcher) watchFeed(ctx context.Context, w Watcher, stopped <-chan st
 	case <-stopped:
 		return ErrStopped
 	}
-	// This replica publishes its next copy of the namespace whatever PUBLISH
-	// said before, so a watcher misses none of its own replica's deliveries
-	// made after Ready.
-	d.feed.quiet.Delete(w.Namespace)
+	// While this watcher is here, this replica publishes every copy of the
+	// namespace whatever PUBLISH said, so it misses none of its own
+	// replica's deliveries made after Ready.
+	d.feed.addLocal(w.Namespace, 1)
+	defer d.feed.addLocal(w.Namespace, -1)
 	if w.Ready != nil {
 		if err := w.Ready(); err != nil {
 			return err
