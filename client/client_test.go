@@ -703,3 +703,32 @@ func TestConsumeSubscribedReturnsNilAndIsReady(t *testing.T) {
 		t.Errorf("OnError called %d times without a failure", n)
 	}
 }
+
+// TestListNoPayload: ListOptions.NoPayload lists tasks without their
+// payloads (TASK_VIEW_BASIC); by default they come with them.
+func TestListNoPayload(t *testing.T) {
+	t.Parallel()
+	srv := startDelayd(t, "127.0.0.1:0")
+	c := newClient(t, srv.addr())
+	ns := namespace(t, c)
+	ctx := t.Context()
+	for _, id := range []string{"a", "b"} {
+		if _, err := c.Upsert(ctx, ns, client.TaskSpec{ID: id, Payload: []byte("payload of " + id), When: client.After(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, noPayload := range []bool{false, true} {
+		page, err := c.ListPage(ctx, ns, client.ListOptions{NoPayload: noPayload})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Tasks) != 2 {
+			t.Fatalf("NoPayload %v: %d tasks, want 2", noPayload, len(page.Tasks))
+		}
+		for _, task := range page.Tasks {
+			if got := len(task.Payload) != 0; got == noPayload {
+				t.Errorf("NoPayload %v: task %s has payload %q", noPayload, task.ID, task.Payload)
+			}
+		}
+	}
+}

@@ -206,11 +206,17 @@ type Page struct {
 type ListOptions struct {
 	// State to list. If unset, StateScheduled.
 	State State
-	// PageSize is the most tasks per page: 1-1,000. If zero, 100.
+	// PageSize is the most tasks per page: 1-1,000. If zero, 100. A page
+	// may hold fewer and still have a NextPageToken: the server also cuts
+	// pages by bytes (its --max-list-bytes, 1 MiB by default).
 	PageSize int32
 	// PageToken is a previous Page's NextPageToken; empty for the first page.
 	// Only valid with the same namespace and State.
 	PageToken string
+	// NoPayload leaves the tasks' payloads out (TASK_VIEW_BASIC), so a page
+	// of large tasks costs less and holds more. If false, payloads are
+	// included.
+	NoPayload bool
 }
 
 // ListPage returns one page of the tasks of namespace ns in one state.
@@ -220,6 +226,7 @@ func (c *Client) ListPage(ctx context.Context, ns string, opts ListOptions) (*Pa
 		State:     delaydv1.TaskState(opts.State),
 		PageSize:  opts.PageSize,
 		PageToken: opts.PageToken,
+		View:      listView(opts.NoPayload),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("delayd list %s %s: %w", ns, opts.State, err)
@@ -229,6 +236,14 @@ func (c *Client) ListPage(ctx context.Context, ns string, opts ListOptions) (*Pa
 		p.Tasks[i] = taskFromProto(t)
 	}
 	return p, nil
+}
+
+// listView is the view of a listing that leaves payloads out or not.
+func listView(noPayload bool) delaydv1.TaskView {
+	if noPayload {
+		return delaydv1.TaskView_TASK_VIEW_BASIC
+	}
+	return delaydv1.TaskView_TASK_VIEW_FULL
 }
 
 // List iterates over every task of namespace ns in state opts.State, fetching
