@@ -623,7 +623,7 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	// incarnation). When the index cannot answer, MySQL, the authority,
 	// takes the write.
 	if inc := specs[0].NamespaceIncarnation; inc != 0 {
-		if err := s.idx.ClaimIncarnation(ctx, ns, inc); errors.Is(err, storage.ErrNamespaceEnded) {
+		if err := s.claimIncarnation(ctx, ns, inc); errors.Is(err, storage.ErrNamespaceEnded) {
 			return nil, err
 		}
 	}
@@ -686,6 +686,29 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 		}
 	}
 	return res, nil
+}
+
+// claimIncarnation asks the index whether the namespace incarnation inc of
+// ns has ended (the namespace was deleted and re-created), without letting
+// a hung index hold the write: it is skipped while the namespace's index
+// queue is unhealthy and bounded by IndexWait (and half the caller's
+// deadline) otherwise. When the index cannot answer, MySQL takes the
+// write, as it does every write while Redis is down.
+func (s *Store) claimIncarnation(ctx context.Context, ns string, inc int64) error {
+	now := time.Now()
+	if !s.queueOf(ns).healthy(now, s.cfg.IndexWait) {
+		return nil
+	}
+	wait := s.cfg.IndexWait
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, dl.Sub(now)/2)
+	}
+	if wait <= 0 {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return s.idx.ClaimIncarnation(cctx, ns, inc)
 }
 
 // current returns the index's copy of t (a task MySQL holds, read for a
