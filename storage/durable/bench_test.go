@@ -19,6 +19,11 @@ const benchCallers = 64
 // benchUpserts runs b.N single-task upserts from benchCallers goroutines
 // and reports upserts per second.
 func benchUpserts(b *testing.B, s storage.Tasks, ns string) {
+	benchUpsertsOf(b, s, ns, false)
+}
+
+// benchUpsertsOf is benchUpserts, the upserts create-only when createOnly.
+func benchUpsertsOf(b *testing.B, s storage.Tasks, ns string, createOnly bool) {
 	payload := make([]byte, 100)
 	var seq atomic.Int64
 	b.SetParallelism((benchCallers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
@@ -28,7 +33,7 @@ func benchUpserts(b *testing.B, s storage.Tasks, ns string) {
 		ctx := context.Background()
 		for pb.Next() {
 			id := fmt.Sprintf("b%09d", seq.Add(1))
-			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Payload: payload, Delay: time.Hour}}); err != nil {
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Payload: payload, Delay: time.Hour, CreateOnly: createOnly}}); err != nil {
 				b.Error(err)
 				return
 			}
@@ -55,4 +60,15 @@ func BenchmarkUpsertRedisOnly(b *testing.B) {
 	ns := testkit.Namespace(b, "du")
 	b.Cleanup(func() { _, _ = e.idx.DropNamespace(context.Background(), ns, 0) })
 	benchUpserts(b, e.idx, ns)
+}
+
+// BenchmarkUpsertDurableCreateOnly: BenchmarkUpsertDurable with every
+// upsert create-only (MySQL reads the conditional rows FOR UPDATE first).
+//
+//	go test ./storage/durable -run '^$' -bench 'UpsertDurable' -benchtime 20000x
+func BenchmarkUpsertDurableCreateOnly(b *testing.B) {
+	e := newEnv(b, nil)
+	ns := testkit.Namespace(b, "du")
+	b.Cleanup(func() { _, _ = e.store.DropNamespace(context.Background(), ns) })
+	benchUpsertsOf(b, e.store, ns, true)
 }
