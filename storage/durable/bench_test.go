@@ -69,6 +69,6 @@ func BenchmarkUpsertRedisOnly(b *testing.B) {
 func BenchmarkUpsertDurableCreateOnly(b *testing.B) {
 	e := newEnv(b, nil)
 	ns := testkit.Namespace(b, "du")
-	b.Cleanup(func() { _, _ = e.store.DropNamespace(context.Background(), ns) })
+	b.Cleanup(func() { _, _ = e.store.DropNamespace(context.Background(), ns, 0) })
 	benchUpsertsOf(b, e.store, ns, true)
 }
