@@ -219,10 +219,11 @@ type UpsertSpec struct {
 	// NamespaceIncarnation, if non-zero, is the incarnation of the
 	// namespace (its create time in Unix milliseconds) the caller wrote
 	// for. Every spec of one Upsert call carries the same value. A store
-	// that knows that incarnation was deleted (DropNamespace ended it, or a
-	// later one writes) refuses the whole call with ErrNamespaceEnded, so a
-	// write through a stale view never lands in a namespace re-created
-	// under the same name. 0: not checked.
+	// that knows that incarnation was deleted (DropNamespace ended it or a
+	// later one) refuses the whole call with ErrNamespaceEnded, so a write
+	// through a stale view never lands in a namespace re-created under the
+	// same name. 0: not checked (refused only while the namespace's last
+	// incarnation has ended and no later one has written).
 	NamespaceIncarnation int64
 }
 

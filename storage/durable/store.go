@@ -89,12 +89,13 @@ type Index interface {
 	Namespaces(ctx context.Context) ([]string, error)
 	// DropNamespace deletes every task of ns in the index and, with an
 	// incarnation (the namespace's create time, ms; 0 = none), ends it:
-	// from then on upserts for it or an earlier one, unchecked upserts and
-	// Restore write nothing until a later incarnation claims ns.
+	// from then on upserts for it or an earlier one write nothing, and
+	// unchecked upserts and Restore neither until a later incarnation
+	// claims ns.
 	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
 	// ClaimIncarnation fails with storage.ErrNamespaceEnded when
-	// incarnation inc of ns has ended, and otherwise records it as the
-	// incarnation that writes (when it is later than the recorded one).
+	// incarnation inc of ns (or a later one) has ended, and otherwise
+	// records it as the latest that writes.
 	ClaimIncarnation(ctx context.Context, ns string, inc int64) error
 
 	// AckMarked acks like Ack and leaves a marker per acked task naming the

@@ -92,11 +92,11 @@ type nsKeys struct {
 	acked    string
 	indexed  string
 	legacy   string
-	// life holds the namespace incarnation (its create time, ms) whose
-	// tasks the shard holds: "<ms>" while it lives, "d<ms>" once
-	// DropNamespace ended it (upsert.lua, dropnamespace.lua). It outlives
-	// the tasks, so a write through a stale view of a deleted namespace
-	// is refused; it is not a sign that the namespace has tasks.
+	// life holds "live,ended": the latest namespace incarnation (create
+	// time, ms) that wrote, and the latest one DropNamespace ended
+	// (upsert.lua, dropnamespace.lua, restore.lua; 0 = none). It outlives
+	// the tasks, so a write through a stale view of a deleted namespace is
+	// refused; it is not a sign that the namespace has tasks.
 	life string
 }
 

@@ -462,8 +462,8 @@ func (s *Store) RevokeKey(ctx context.Context, id string) error {
 // DeleteNamespace uses it. With an incarnation (the namespace's create
 // time, ms; 0 = none) it also ends that incarnation at once: from then on
 // upserts that name it or an earlier one fail with
-// storage.ErrNamespaceEnded. If a later incarnation of ns already writes,
-// nothing is deleted.
+// storage.ErrNamespaceEnded, and so do unchecked upserts and Restore
+// until a later incarnation has written.
 func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error) {
 	if storage.ValidateNamespace(ns) != nil {
 		return 0, nil

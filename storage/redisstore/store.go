@@ -285,9 +285,8 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 }
 
 // ClaimIncarnation checks, as an upsert for incarnation inc of ns (the
-// namespace's create time, ms) would, that the incarnation has not ended,
-// and records it as the one that writes when it is later than the one
-// recorded. storage.ErrNamespaceEnded when it ended. Durable mode calls it
+// namespace's create time, ms) would, that neither it nor a later one has
+// ended, and records it as the latest that writes. storage.ErrNamespaceEnded when it ended. Durable mode calls it
 // before writing to MySQL.
 func (s *Store) ClaimIncarnation(ctx context.Context, ns string, inc int64) error {
 	if inc <= 0 {

@@ -43,32 +43,29 @@ type Store struct {
 	nextSb int
 	// watchers: namespace -> subscription id -> copies (DeliveryFeed)
 	watchers map[string]map[int]chan storage.WatchCopy
-	// lives: namespace -> the incarnation that writes, or the one ended
-	// last (the Redis index's life key)
+	// lives: namespace -> its incarnations (the Redis index's life key)
 	lives map[string]life
 }
 
-// life is the namespace incarnation a namespace's tasks belong to.
-type life struct {
-	inc   int64
-	ended bool
-}
+// life is the latest namespace incarnation that wrote and the latest one
+// DropNamespace ended (create times, ms; 0 = none).
+type life struct{ live, ended int64 }
 
 // claim checks a write for namespace incarnation inc of ns as upsert.lua
 // does; called with s.mu held.
 func (s *Store) claim(ns string, inc int64) error {
-	l, ok := s.lives[ns]
-	if inc == 0 {
-		if ok && l.ended {
-			return fmt.Errorf("upsert: namespace %q: %w", ns, storage.ErrNamespaceEnded)
-		}
+	l := s.lives[ns]
+	switch {
+	case inc == 0 && l.ended > 0 && l.ended >= l.live:
+		return fmt.Errorf("upsert: namespace %q: %w", ns, storage.ErrNamespaceEnded)
+	case inc == 0:
 		return nil
-	}
-	if ok && (inc < l.inc || (l.ended && inc == l.inc)) {
+	case inc <= l.ended:
 		return fmt.Errorf("upsert: namespace %q incarnation %d: %w", ns, inc, storage.ErrNamespaceEnded)
 	}
-	if !ok || inc > l.inc {
-		s.lives[ns] = life{inc: inc}
+	if inc > l.live {
+		l.live = inc
+		s.lives[ns] = l
 	}
 	return nil
 }
@@ -686,14 +683,9 @@ func (s *Store) Stats(_ context.Context, ns string) (storage.Stats, error) {
 func (s *Store) DropNamespace(_ context.Context, ns string, incarnation int64) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if incarnation > 0 {
-		l := s.lives[ns]
-		if !l.ended && l.inc > incarnation {
-			return 0, nil // a later incarnation writes: the tasks are its
-		}
-		if !(l.ended && l.inc > incarnation) {
-			s.lives[ns] = life{inc: incarnation, ended: true}
-		}
+	if l := s.lives[ns]; incarnation > l.ended {
+		l.ended = incarnation
+		s.lives[ns] = l
 	}
 	n := int64(len(s.nss[ns]))
 	delete(s.nss, ns)

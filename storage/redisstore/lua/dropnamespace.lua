@@ -8,22 +8,24 @@
 -- ARGV[1] the incarnation (create time, ms) being deleted; '0' = none (a
 --         rebuild, not a delete)
 --
--- With an incarnation, life becomes "d<ms>": from then on upserts for it
--- (or an earlier one) are refused, so nothing written through a stale
--- view survives into a namespace re-created under the same name. When
--- life says a later incarnation already writes, the tasks are that one's:
--- nothing is deleted and 0 is returned.
+-- With an incarnation, life records it as ended ("live,ended", see
+-- keys.go): from then on upserts for it (or an earlier one) are refused,
+-- and unchecked writes too until a later incarnation writes, so nothing
+-- written through a stale view survives into a namespace re-created under
+-- the same name.
 --
 -- Returns the number of tasks deleted. UNLINK frees the memory in the
 -- background, so even a huge namespace does not stall Redis.
 local inc = tonumber(ARGV[1]) or 0
 if inc > 0 then
-  local life = redis.call('GET', KEYS[9])
-  if life and string.sub(life, 1, 1) ~= 'd' and tonumber(life) > inc then
-    return 0
+  local live, ended = 0, 0
+  local v = redis.call('GET', KEYS[9])
+  if v then
+    local l, e = string.match(v, '^(%d+),(%d+)$')
+    live, ended = tonumber(l) or 0, tonumber(e) or 0
   end
-  if not (life and string.sub(life, 1, 1) == 'd' and tonumber(string.sub(life, 2)) > inc) then
-    redis.call('SET', KEYS[9], 'd' .. string.format('%d', inc))
+  if inc > ended then
+    redis.call('SET', KEYS[9], string.format('%d,%d', live, inc))
   end
 end
 local n = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])

@@ -304,3 +304,21 @@ local function token_check(h, inflight, i, g, d)
   end
   return 3
 end
+
+-- life_read reads a namespace shard's life key (keys.go): the latest
+-- incarnation that wrote and the latest one DropNamespace ended (Unix ms
+-- create times; 0 = none).
+local function life_read(key)
+  local v = redis.call('GET', key)
+  if not v then
+    return 0, 0
+  end
+  local l, e = string.match(v, '^(%d+),(%d+)$')
+  return tonumber(l) or 0, tonumber(e) or 0
+end
+
+-- life_ended reports whether the namespace's last incarnation was ended
+-- and none has written since: then no write, checked or not, belongs in it.
+local function life_ended(live, ended)
+  return ended > 0 and ended >= live
+end

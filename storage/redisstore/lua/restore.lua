@@ -19,8 +19,8 @@
 -- replaces whatever the index held in any state. Publishes the namespace on
 -- the wake channel when a task became earlier than the head of due.
 --
--- Nothing is written while life says the namespace was deleted ("d<ms>")
--- and no later incarnation has written since: those rows are the deleted
+-- Nothing is written while life says the namespace was deleted and no
+-- later incarnation has written since: those rows are the deleted
 -- namespace's, about to be dropped from the authority too.
 --
 -- Returns the number of tasks written (an id given twice counts once).
@@ -29,8 +29,7 @@ local n = tonumber(ARGV[4])
 if n == 0 then
   return 0
 end
-local life = redis.call('GET', KEYS[7])
-if life and string.sub(life, 1, 1) == 'd' then
+if life_ended(life_read(KEYS[7])) then
   return 0
 end
 local ids = {}

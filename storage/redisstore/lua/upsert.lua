@@ -23,13 +23,13 @@
 --         Both given (durable mode, decided by MySQL): exactly that
 --         version.
 -- ARGV[4 + 10n] the namespace incarnation the caller writes for (its create
---         time, ms; '0' = unchecked). When life says that incarnation
---         ended ("d<ms>" with ms >= it) or a later one lives, nothing is
+--         time, ms; '0' = unchecked). When DropNamespace ended that
+--         incarnation or a later one (life's ended >= it), nothing is
 --         written and the script returns {now, -1}; an unchecked write is
---         refused the same way while life says the namespace ended (no
---         later incarnation has written since). Otherwise a later
---         incarnation than life's becomes life. With n = 0 the script only
---         does this check (ClaimIncarnation).
+--         refused the same way while no incarnation has written since the
+--         last one ended. Otherwise a later incarnation than life's live
+--         becomes live. With n = 0 the script only does this check
+--         (ClaimIncarnation).
 --
 -- Each task goes to due at its due time, out of inflight and dead, with
 -- attempt 0, last error cleared, create time kept (a new incarnation gets
@@ -51,24 +51,15 @@ local now, now_us = clock()
 local n = tonumber(ARGV[3])
 local out = {now}
 local nsinc = tonumber(ARGV[4 + 10 * n]) or 0
+local live, ended = life_read(KEYS[6])
 if nsinc == 0 then
-  local life = redis.call('GET', KEYS[6])
-  if life and string.sub(life, 1, 1) == 'd' then
+  if life_ended(live, ended) then
     return {now, -1}
   end
-elseif nsinc > 0 then
-  local life = redis.call('GET', KEYS[6])
-  local ended, cur = false, nil
-  if life then
-    ended = string.sub(life, 1, 1) == 'd'
-    cur = tonumber(ended and string.sub(life, 2) or life)
-  end
-  if cur and (nsinc < cur or (ended and nsinc == cur)) then
-    return {now, -1}
-  end
-  if not cur or nsinc > cur then
-    redis.call('SET', KEYS[6], int(nsinc))
-  end
+elseif nsinc <= ended then
+  return {now, -1}
+elseif nsinc > live then
+  redis.call('SET', KEYS[6], int(nsinc) .. ',' .. int(ended))
 end
 if n == 0 then
   return out
