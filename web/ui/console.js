@@ -452,7 +452,7 @@
       empty, more);
     let token = '';
     const load = () => guard(g, async () => {
-      const page = await call('TaskService/ListTasks', { namespace: ns, state, pageSize: PAGE, pageToken: token });
+      const page = await call('TaskService/ListTasks', { namespace: ns, state, pageSize: PAGE, pageToken: token, view: 'TASK_VIEW_BASIC' });
       if (g !== gen) return;
       add(page.tasks || []);
       token = page.nextPageToken || '';
@@ -498,7 +498,7 @@
     let token = '';
     const load = (reset) => guard(g, async () => {
       if (reset) { token = ''; }
-      const page = await call('NamespaceService/ListDeadLetters', { namespace: ns, pageSize: PAGE, pageToken: token });
+      const page = await call('NamespaceService/ListDeadLetters', { namespace: ns, pageSize: PAGE, pageToken: token, view: 'TASK_VIEW_BASIC' });
       if (g !== gen) return;
       if (reset) { tbody.replaceChildren(); boxes = []; selected.clear(); }
       add(page.tasks || []);
