@@ -7,7 +7,11 @@
 // does not cost a registry round trip, and a policy change or a key
 // revocation made on any replica reaches every replica within the TTL —
 // running dispatchers pick up a new policy without a restart. Changes made
-// through this Registry invalidate this replica's cache at once.
+// through this Registry invalidate this replica's cache at once. While one
+// caller refreshes an expired answer, the others are given the cached one
+// instead of waiting; when the registry cannot answer, the cached answer is
+// served (up to MaxStale) and the registry asked again once per TTL, so a
+// hung registry holds one call per TTL for its timeout, not every call.
 package tenancy
 
 import (
@@ -342,6 +346,14 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 			c.mu.Unlock()
 			return v, err
 		}
+		if e != nil && e.done != nil && e.loaded && now.Before(e.stale) && !e.invalid {
+			// Another caller is refreshing the entry: answer with what it
+			// holds rather than wait for a store that may hang for its
+			// whole timeout.
+			v, err := e.val, e.err
+			c.mu.Unlock()
+			return v, err
+		}
 		if e != nil && e.done != nil {
 			done := e.done
 			c.mu.Unlock()
@@ -398,6 +410,11 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 			r.logger.LogAttrs(ctx, slog.LevelWarn, "registry unreachable; serving a cached answer",
 				slog.String("key", k), slog.String("error", err.Error()))
 			v, err = e.val, e.err
+			// Ask the store again after another TTL, not on the next call:
+			// while it is down, callers are answered from the cache at once.
+			if !e.invalid {
+				e.expires = r.clock.Now().Add(r.ttl)
+			}
 		default:
 			if !e.loaded && c.entries[k] == e {
 				delete(c.entries, k)

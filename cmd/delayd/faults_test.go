@@ -623,8 +623,9 @@ func ackBatches(dc delaydv1.DeliveryServiceClient, ns string, tokens []string) (
 }
 
 // TestFaultMySQLCutDurable (issue 10 items 3 and 7): in durable mode the
-// connections to MySQL are cut (a proxy closes them and refuses new ones)
-// while a subscriber holds 100 deliveries. Upserts then answer
+// connections to MySQL are cut (a proxy closes them and refuses new ones),
+// or held (kept open, no byte passes: a hung MySQL), while a subscriber
+// holds 100 deliveries. Upserts then answer
 // UNAVAILABLE (not accepted), and so do the acks of the held deliveries:
 // their MySQL delete failed. After MySQL is back the same acks, retried,
 // answer OK (or NOT_FOUND if the reconciler settled them first: the task
@@ -637,118 +638,128 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 		t.Skip("fault suite: real processes; not in -short")
 	}
 	bin := buildBinary(t)
-	rs := testkit.StartRedis(t)
-	_, viaProxy, p := mysqlViaProxy(t)
-	r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--mysql-dsn", viaProxy,
-		"--reconcile-interval", "1s", "--store-timeout", "2s")
-	ns := "fault-mysql-cut"
-	ty := newTally()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dc := delaydv1.NewDeliveryServiceClient(r.conn)
-	stream, err := dc.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *delaydv1.Delivery, 10000)
-	go func() {
-		for {
-			resp, err := stream.Recv()
+	for _, mode := range []struct {
+		name string
+		fail func(p *testkit.Proxy)
+	}{
+		{"cut", (*testkit.Proxy).Cut},   // connections closed, new ones refused
+		{"hold", (*testkit.Proxy).Hold}, // connections open, no byte passes (a hung MySQL)
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			rs := testkit.StartRedis(t)
+			_, viaProxy, p := mysqlViaProxy(t)
+			r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--mysql-dsn", viaProxy,
+				"--reconcile-interval", "1s", "--store-timeout", "2s")
+			ns := "fault-mysql-" + mode.name
+			ty := newTally()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			dc := delaydv1.NewDeliveryServiceClient(r.conn)
+			stream, err := dc.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 100})
 			if err != nil {
-				return
+				t.Fatal(err)
 			}
-			ty.received(resp.GetDelivery(), time.Now())
-			got <- resp.GetDelivery()
-		}
-	}()
-	const n = 300
-	upsertAll(t, r.conn, ns, n, ty)
-	var held []*delaydv1.Delivery
-	for len(held) < 100 {
-		select {
-		case d := <-got:
-			held = append(held, d)
-		case <-time.After(60 * time.Second):
-			t.Fatalf("only %d deliveries within 60 s", len(held))
-		}
-	}
-	tokens := make([]string, len(held))
-	for i, d := range held {
-		tokens[i] = d.GetToken()
-	}
-
-	p.Cut()
-	tc := delaydv1.NewTaskServiceClient(r.conn)
-	uctx, ucancel := context.WithTimeout(context.Background(), 20*time.Second)
-	_, err = tc.UpsertTask(uctx, &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "during-outage",
-		When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Second)}})
-	ucancel()
-	if status.Code(err) != codes.Unavailable {
-		t.Errorf("upsert with MySQL cut: %v, want Unavailable", err)
-	}
-	st, failed := ackBatches(dc, ns, tokens)
-	unavailable := 0
-	for _, c := range failed {
-		if c == codes.Unavailable {
-			unavailable++
-		}
-	}
-	t.Logf("acks during the cut: %d calls of 10 failed (%d Unavailable: %v)", len(failed), unavailable, failed)
-	if unavailable != 10 {
-		t.Errorf("acks with MySQL cut: %d of 10 calls answered Unavailable (%v, statuses %v); want all", unavailable, failed, st)
-	}
-	time.Sleep(3 * time.Second) // reconciler passes fail meanwhile
-	p.Restore()
-
-	st, failed = ackBatches(dc, ns, tokens)
-	okN, gone := 0, 0
-	for i, s := range st {
-		switch s {
-		case delaydv1.TokenStatus_TOKEN_STATUS_OK:
-			okN++
-		case delaydv1.TokenStatus_TOKEN_STATUS_NOT_FOUND:
-			gone++
-		default:
-			t.Errorf("retried ack of %s after MySQL is back: %v (call errors %v)", held[i].GetTask().GetId(), s, failed)
-		}
-		ty.ackedIDs([]string{held[i].GetTask().GetId()})
-	}
-	t.Logf("retried acks after the cut: %d OK, %d NOT_FOUND (settled by the reconciler first)", okN, gone)
-	ackedAt := time.Now()
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case d := <-got:
-				actx, acancel := context.WithTimeout(ctx, 10*time.Second)
-				res, err := dc.AckTasks(actx, &delaydv1.AckTasksRequest{Namespace: ns, Tokens: []string{d.GetToken()}})
-				acancel()
-				if err == nil && res.GetResults()[0].GetStatus() == delaydv1.TokenStatus_TOKEN_STATUS_OK {
-					ty.ackedIDs([]string{d.GetTask().GetId()})
+			got := make(chan *delaydv1.Delivery, 10000)
+			go func() {
+				for {
+					resp, err := stream.Recv()
+					if err != nil {
+						return
+					}
+					ty.received(resp.GetDelivery(), time.Now())
+					got <- resp.GetDelivery()
+				}
+			}()
+			const n = 300
+			upsertAll(t, r.conn, ns, n, ty)
+			var held []*delaydv1.Delivery
+			for len(held) < 100 {
+				select {
+				case d := <-got:
+					held = append(held, d)
+				case <-time.After(60 * time.Second):
+					t.Fatalf("only %d deliveries within 60 s", len(held))
 				}
 			}
-		}
-	}()
-	testkit.Eventually(t, 90*time.Second, "every accepted task acked", func() bool {
-		_, lost, _, _ := ty.counts()
-		return lost == 0
-	})
-	// Several more incremental reconciler passes: none may bring an acked
-	// task back.
-	time.Sleep(max(0, 6*time.Second-time.Since(ackedAt)))
-	accepted, lost, dups, early := ty.counts()
-	t.Logf("accepted %d, lost %d, duplicates %d, early %d", accepted, lost, dups, early)
-	if lost != 0 || early != 0 || dups != 0 {
-		ty.mu.Lock()
-		var again []string
-		for id, c := range ty.delivered {
-			if c > 1 {
-				again = append(again, id)
+			tokens := make([]string, len(held))
+			for i, d := range held {
+				tokens[i] = d.GetToken()
 			}
-		}
-		ty.mu.Unlock()
-		t.Fatalf("lost %d, early %d (%v), duplicates %d (%v); want 0, 0, 0", lost, early, ty.early, dups, again)
+
+			mode.fail(p)
+			tc := delaydv1.NewTaskServiceClient(r.conn)
+			uctx, ucancel := context.WithTimeout(context.Background(), 20*time.Second)
+			_, err = tc.UpsertTask(uctx, &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "during-outage",
+				When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Second)}})
+			ucancel()
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("upsert with MySQL %s: %v, want Unavailable", mode.name, err)
+			}
+			st, failed := ackBatches(dc, ns, tokens)
+			unavailable := 0
+			for _, c := range failed {
+				if c == codes.Unavailable {
+					unavailable++
+				}
+			}
+			t.Logf("acks during the %s: %d calls of 10 failed (%d Unavailable: %v)", mode.name, len(failed), unavailable, failed)
+			if unavailable != 10 {
+				t.Errorf("acks with MySQL %s: %d of 10 calls answered Unavailable (%v, statuses %v); want all", mode.name, unavailable, failed, st)
+			}
+			time.Sleep(3 * time.Second) // reconciler passes fail meanwhile
+			p.Restore()
+
+			st, failed = ackBatches(dc, ns, tokens)
+			okN, gone := 0, 0
+			for i, s := range st {
+				switch s {
+				case delaydv1.TokenStatus_TOKEN_STATUS_OK:
+					okN++
+				case delaydv1.TokenStatus_TOKEN_STATUS_NOT_FOUND:
+					gone++
+				default:
+					t.Errorf("retried ack of %s after MySQL is back: %v (call errors %v)", held[i].GetTask().GetId(), s, failed)
+				}
+				ty.ackedIDs([]string{held[i].GetTask().GetId()})
+			}
+			t.Logf("retried acks after the %s: %d OK, %d NOT_FOUND (settled by the reconciler first)", mode.name, okN, gone)
+			ackedAt := time.Now()
+			go func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case d := <-got:
+						actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+						res, err := dc.AckTasks(actx, &delaydv1.AckTasksRequest{Namespace: ns, Tokens: []string{d.GetToken()}})
+						acancel()
+						if err == nil && res.GetResults()[0].GetStatus() == delaydv1.TokenStatus_TOKEN_STATUS_OK {
+							ty.ackedIDs([]string{d.GetTask().GetId()})
+						}
+					}
+				}
+			}()
+			testkit.Eventually(t, 90*time.Second, "every accepted task acked", func() bool {
+				_, lost, _, _ := ty.counts()
+				return lost == 0
+			})
+			// Several more incremental reconciler passes: none may bring an acked
+			// task back.
+			time.Sleep(max(0, 6*time.Second-time.Since(ackedAt)))
+			accepted, lost, dups, early := ty.counts()
+			t.Logf("accepted %d, lost %d, duplicates %d, early %d", accepted, lost, dups, early)
+			if lost != 0 || early != 0 || dups != 0 {
+				ty.mu.Lock()
+				var again []string
+				for id, c := range ty.delivered {
+					if c > 1 {
+						again = append(again, id)
+					}
+				}
+				ty.mu.Unlock()
+				t.Fatalf("lost %d, early %d (%v), duplicates %d (%v); want 0, 0, 0", lost, early, ty.early, dups, again)
+			}
+		})
 	}
 }
 

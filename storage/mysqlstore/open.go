@@ -25,7 +25,8 @@ type Config struct {
 	// DSN names the MySQL database: a go-sql-driver/mysql DSN such as
 	// "user:pass@tcp(127.0.0.1:3306)/delayd". Required. The store adds
 	// interpolateParams (one round trip per statement) and, unless the DSN
-	// sets them, a 5 s dial timeout.
+	// sets them, a 5 s dial timeout and read and write timeouts of
+	// OpTimeout (the migrations at Open run without the latter).
 	DSN string
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
@@ -94,6 +95,18 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if err := Migrate(ctx, mcfg.FormatDSN(), cfg.Logger); err != nil {
 		return nil, err
+	}
+	// A MySQL that accepts connections but answers nothing (hung, or a
+	// partition that drops packets) must not hold a connection forever: the
+	// driver reads the server's greeting without heeding the context, so a
+	// new connection would wait as long as the hang lasts, and with it every
+	// write queued behind it. Every statement is bounded by OpTimeout
+	// anyway, so no single read or write needs longer.
+	if mcfg.ReadTimeout == 0 {
+		mcfg.ReadTimeout = cfg.OpTimeout
+	}
+	if mcfg.WriteTimeout == 0 {
+		mcfg.WriteTimeout = cfg.OpTimeout
 	}
 	connector, err := mysql.NewConnector(mcfg)
 	if err != nil {
