@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/durable"
 )
 
 // Conditional writes across replicas: two durable stores (two delayd
@@ -92,4 +93,59 @@ func TestConditionalAcrossReplicas(t *testing.T) {
 			return res[0].Refused == storage.NotRefused
 		})
 	})
+}
+
+// TestRemoveTasksFallsBackToMySQL: with the namespace's index gone (no
+// marker, no task: a Redis that restarted empty, before the rebuild), a
+// filter is matched and removed in MySQL, page by page with a cursor of its
+// own, and the tasks do not come back with the rebuild.
+func TestRemoveTasksFallsBackToMySQL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) { c.IndexCheckInterval = time.Hour })
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "du")
+	var specs []storage.UpsertSpec
+	for i := range 30 {
+		kind := "order.close"
+		if i%3 == 0 {
+			kind = "order.remind"
+		}
+		specs = append(specs, storage.UpsertSpec{ID: fmt.Sprintf("o_%02d", i), Kind: kind, Delay: time.Hour})
+	}
+	specs = append(specs, storage.UpsertSpec{ID: "ox01", Kind: "order.close", Delay: time.Hour}) // "_" is no wildcard
+	if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.idx.DropNamespace(ctx, ns, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.Del(ctx, "delayd:{"+ns+"#0}:indexed").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var removed int64
+	pages := 0
+	for cursor := ""; ; pages++ {
+		res, err := e.store.RemoveTasks(ctx, ns, storage.RemoveTasksParams{
+			Filter: storage.TaskFilter{Kind: "order.close", IDPrefix: "o_"}, Cursor: cursor, Limit: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		removed += res.Removed
+		if cursor = res.Next; cursor == "" {
+			break
+		}
+		if pages > 20 {
+			t.Fatal("the walk does not end")
+		}
+	}
+	if removed != 20 || pages < 2 {
+		t.Fatalf("removed %d in %d pages, want 20 in at least 3", removed, pages+1)
+	}
+	var left, closes int
+	if err := e.db.QueryRow("SELECT COUNT(*), COALESCE(SUM(kind = 'order.close'), 0) FROM delayd_tasks WHERE namespace = ?", ns).Scan(&left, &closes); err != nil {
+		t.Fatal(err)
+	}
+	if left != 11 || closes != 1 {
+		t.Fatalf("mysql holds %d tasks (%d order.close), want the 10 reminders and ox01", left, closes)
+	}
 }

@@ -138,6 +138,9 @@ type Authority interface {
 	Purge(ctx context.Context, ns string, ids []string) ([]string, error)
 	// DeleteVersions deletes exactly the named versions, in any state.
 	DeleteVersions(ctx context.Context, ns string, vs []storage.Version) error
+	// MatchVersions reads up to limit versions of the tasks of ns that f
+	// selects, after id `after`, in id order.
+	MatchVersions(ctx context.Context, ns string, f storage.TaskFilter, after string, limit int) ([]storage.Version, error)
 	// DropTasks deletes every task of ns and returns how many there were.
 	DropTasks(ctx context.Context, ns string) (int64, error)
 	// HasTasks reports whether any task of ns exists.
@@ -846,9 +849,17 @@ const removeConcurrency = 256
 // the match keeps its new version in both. Removed counts what the index
 // deleted. MySQL down: ErrUnavailable and nothing touched; index down after
 // the MySQL delete: ErrUnavailable, and the same call again finishes it.
+//
+// When the index has lost the namespace (no marker, no task: a Redis that
+// restarted empty, before the rebuild reaches it), the filter is matched
+// in MySQL instead, page by page in id order, with a cursor of its own (as
+// List does); DELIVERED then matches nothing.
 func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
 	if len(p.IDs) > 0 {
 		return s.removeIDs(ctx, ns, p.IDs)
+	}
+	if after, ok := strings.CutPrefix(p.Cursor, mysqlCursor); ok || (p.Cursor == "" && s.indexLost(ctx, ns)) {
+		return s.removeMatchingMySQL(ctx, ns, p, after)
 	}
 	vs, next, err := s.idx.MatchTasks(ctx, ns, p)
 	if err != nil || len(vs) == 0 {
@@ -862,6 +873,32 @@ func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTask
 		return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: index (the tasks are already deleted from mysql; retry): %w", err)
 	}
 	return storage.RemoveTasksResult{Removed: int64(n), Next: next}, nil
+}
+
+// removeMatchingMySQL is RemoveTasks of a filter matched in MySQL: up to
+// p.Limit (1..1,000) matching tasks after id `after`, deleted by exact
+// version, then forgotten by the index (in case the rebuild re-indexed
+// them meanwhile). Removed counts the versions matched.
+func (s *Store) removeMatchingMySQL(ctx context.Context, ns string, p storage.RemoveTasksParams, after string) (storage.RemoveTasksResult, error) {
+	limit := p.Limit
+	if limit <= 0 || limit > s.cfg.ReconcileBatch {
+		limit = min(s.cfg.ReconcileBatch, 1000)
+	}
+	vs, err := s.db.MatchVersions(ctx, ns, p.Filter, after, limit)
+	if err != nil || len(vs) == 0 {
+		return storage.RemoveTasksResult{}, err
+	}
+	if err := s.db.DeleteVersions(ctx, ns, vs); err != nil {
+		return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: %w", err)
+	}
+	if _, err := s.idx.Forget(ctx, ns, vs); err != nil {
+		return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: index (the tasks are already deleted from mysql; retry): %w", err)
+	}
+	res := storage.RemoveTasksResult{Removed: int64(len(vs))}
+	if len(vs) == limit {
+		res.Next = mysqlCursor + vs[len(vs)-1].ID
+	}
+	return res, nil
 }
 
 // removeIDs removes each id as Remove does, at most removeConcurrency at

@@ -974,6 +974,41 @@ func scanVersions(rows *sql.Rows, capacity int) ([]storage.Version, error) {
 	return out, nil
 }
 
+// MatchVersions reads the versions of up to limit tasks of ns that f
+// selects, with ids after `after`, in id order (keyset pagination on the
+// primary key; the id prefix is a range of it). A filter of StateDelivered
+// selects none: MySQL does not know which tasks are in flight (they are
+// stored as scheduled).
+func (s *Store) MatchVersions(ctx context.Context, ns string, f storage.TaskFilter, after string, limit int) ([]storage.Version, error) {
+	if f.State == storage.StateDelivered {
+		return nil, nil
+	}
+	q := "SELECT id, incarnation, generation FROM delayd_tasks WHERE namespace = ? AND id > ?"
+	args := []any{ns, after}
+	if f.IDPrefix != "" {
+		// Task ids are [A-Za-z0-9._-]: no LIKE wildcard but '_', escaped.
+		q += " AND id LIKE ? ESCAPE '!'"
+		args = append(args, strings.NewReplacer("!", "!!", "_", "!_", "%", "!%").Replace(f.IDPrefix)+"%")
+	}
+	if f.Kind != "" {
+		q += " AND kind = ?"
+		args = append(args, f.Kind)
+	}
+	if f.State != storage.StateUnspecified {
+		q += " AND state = ?"
+		args = append(args, int(f.State))
+	}
+	q += " ORDER BY id LIMIT ?"
+	args = append(args, limit)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, classify("remove tasks: match", err)
+	}
+	return scanVersions(rows, limit)
+}
+
 // DeleteVersions deletes exactly the named versions of tasks of ns (in any
 // state); a row at another version is left alone.
 func (s *Store) DeleteVersions(ctx context.Context, ns string, vs []storage.Version) error {
