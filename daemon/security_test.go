@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -201,5 +202,55 @@ func TestStaleUpsertDoesNotSurviveRecreate(t *testing.T) {
 				t.Errorf("the retried task: %v", err)
 			}
 		})
+	}
+}
+
+// TestDeletedNamespaceKeyCannotWriteIntoItsRecreation: a produce key of a
+// namespace is deleted with it; on a replica that still caches the key and
+// the old namespace, its upsert after a force delete and re-create writes
+// nothing (Aborted), and its retry is Unauthenticated instead of writing
+// into the new namespace: the refused write dropped the namespace's cached
+// keys with it.
+func TestDeletedNamespaceKeyCannotWriteIntoItsRecreation(t *testing.T) {
+	t.Parallel()
+	const adminKey = "stale-key-test-admin-0123456789"
+	cfg := Config{RedisURL: testRedisURL(), LogLevel: "warn", AdminKey: adminKey, RegistryCacheTTL: time.Hour}
+	ns := "stalekey-" + suffix()
+	cleanNamespace(t, testRedisURL(), ns)
+	a, b := start(t, cfg), start(t, cfg)
+	ctx := ctxFor(t)
+	admin := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+adminKey)
+	adminA := delaydv1.NewNamespaceServiceClient(a.conn)
+	if _, err := adminA.CreateNamespace(admin, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	key, err := adminA.CreateKey(admin, &delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_PRODUCE}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+key.GetSecret())
+	if _, err := b.tasks.UpsertTask(producer, upsert(ns, "before")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminA.DeleteNamespace(admin, &delaydv1.DeleteNamespaceRequest{Namespace: ns, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminA.CreateNamespace(admin, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.tasks.UpsertTask(producer, upsert(ns, "stale"))
+	if status.Code(err) != codes.Aborted {
+		t.Errorf("upsert with the deleted namespace's key through B's stale cache: %v; want Aborted", err)
+	}
+	_, err = b.tasks.UpsertTask(producer, upsert(ns, "retry"))
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("retry with the deleted namespace's key: %v; want Unauthenticated", err)
+	}
+	list, err := a.tasks.ListTasks(admin, &delaydv1.ListTasksRequest{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range list.GetTasks() {
+		t.Errorf("the re-created namespace holds %q, written with the deleted namespace's key", task.GetId())
 	}
 }

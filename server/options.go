@@ -54,9 +54,11 @@ type Tenancy interface {
 	// auto-creates. Upserts take the namespace's incarnation (create time)
 	// from it.
 	Namespace(ctx context.Context, ns string) (storage.Namespace, error)
-	// Invalidate drops ns from the cache, so the next Lookup reads the
-	// store (an upsert learnt that the cached incarnation has ended).
-	Invalidate(ns string)
+	// ForgetNamespace drops ns and the cached API keys of ns, so the next
+	// lookups read the store (an upsert learnt that the cached incarnation
+	// has ended). The registry also drops a namespace's keys by itself when
+	// a refresh finds the namespace deleted or re-created.
+	ForgetNamespace(ns string)
 	// Key returns the API key with that id, from a short-lived cache.
 	// storage.ErrNotFound if there is none.
 	Key(ctx context.Context, id string) (storage.Key, error)

@@ -38,4 +38,4 @@ func (s staticTenancy) Namespace(_ context.Context, ns string) (storage.Namespac
 	return storage.Namespace{Name: ns, Policy: s.policy}, nil
 }
 
-func (s staticTenancy) Invalidate(string) {}
+func (s staticTenancy) ForgetNamespace(string) {}

@@ -15,6 +15,7 @@ import (
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/tenancy"
 )
 
 // taskService implements delaydv1.TaskServiceServer over a storage.Tasks.
@@ -55,6 +56,9 @@ func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRe
 	}
 	n, err := s.namespace(ctx, ns)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.keyStillValid(ctx); err != nil {
 		return nil, err
 	}
 	spec, err := upsertSpec("", req, "", n.Policy, s.now())
@@ -98,6 +102,9 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 	}
 	n, err := s.namespace(ctx, ns)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.keyStillValid(ctx); err != nil {
 		return nil, err
 	}
 	pol, inc := n.Policy, incarnationOf(n)
@@ -254,6 +261,28 @@ func (s *taskService) namespace(ctx context.Context, ns string) (storage.Namespa
 	return n, nil
 }
 
+// keyStillValid re-reads the request's API key, when it is a namespace's
+// own, after the namespace was looked up for a write: a lookup that found
+// the namespace deleted or re-created has dropped the old incarnation's
+// keys from the cache, and a key deleted with its namespace must not write
+// into a namespace re-created under the same name. A cache hit otherwise.
+func (s *taskService) keyStillValid(ctx context.Context) error {
+	p := principalFrom(ctx)
+	if p == nil || p.global() {
+		return nil
+	}
+	_, err := s.tenancy.Key(ctx, p.keyID)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, storage.ErrNotFound):
+		return status.Errorf(codes.Unauthenticated, "API key %s was revoked (or deleted with its namespace)", p.keyID)
+	case errors.Is(err, tenancy.ErrTooManyKeyMisses):
+		return errKeyFlood
+	}
+	return toStatus(ctx, s.logger, fmt.Errorf("key: %w", err))
+}
+
 // incarnationOf is the namespace incarnation upserts name: the create time
 // in Unix milliseconds (0, unchecked, when the registry gave none).
 func incarnationOf(n storage.Namespace) int64 {
@@ -272,7 +301,7 @@ func (s *taskService) upsertFailed(ctx context.Context, ns string, err error) er
 	if !errors.Is(err, storage.ErrNamespaceEnded) {
 		return toStatus(ctx, s.logger, err)
 	}
-	s.tenancy.Invalidate(ns)
+	s.tenancy.ForgetNamespace(ns)
 	if _, lerr := s.tenancy.Lookup(ctx, ns); lerr == nil {
 		return status.Errorf(codes.Aborted, "namespace %q was deleted and re-created while this request was in flight; nothing was written: retry", ns)
 	}

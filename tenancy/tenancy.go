@@ -135,6 +135,14 @@ func New(cfg Config) (*Registry, error) {
 	}
 	r.namespaces = newCache[storage.Namespace](maxEntries)
 	r.keys = newCache[storage.Key](maxEntries)
+	// A namespace found deleted or re-created (another incarnation) on a
+	// refresh takes the cached keys of its name with it: they were the old
+	// incarnation's, and must not reach the new one.
+	r.namespaces.refreshed = func(ns string, old storage.Namespace, now storage.Namespace, err error) {
+		if err != nil || !now.CreateTime.Equal(old.CreateTime) {
+			r.keys.forgetIf(func(k storage.Key) bool { return k.Namespace == ns })
+		}
+	}
 	unknown := cfg.MaxUnknownKeys
 	if unknown <= 0 {
 		unknown = 10_000
@@ -213,6 +221,16 @@ func (r *Registry) Lookup(ctx context.Context, ns string) (storage.Namespace, er
 // announces that ns's policy changed, and the server when an upsert was
 // refused because the cached namespace incarnation has ended.
 func (r *Registry) Invalidate(ns string) { r.namespaces.forget(ns) }
+
+// ForgetNamespace drops ns and every cached API key of ns from the cache:
+// the server calls it when a write was refused because the cached
+// incarnation of ns has ended (the namespace was deleted on some replica),
+// so neither the namespace nor its old keys are served from the cache
+// again.
+func (r *Registry) ForgetNamespace(ns string) {
+	r.namespaces.forget(ns)
+	r.keys.forgetIf(func(k storage.Key) bool { return k.Namespace == ns })
+}
 
 // LookupPolicy is Lookup's policy: storage.ErrNotFound for an unknown
 // namespace, whatever auto-create says.
@@ -305,6 +323,10 @@ type cache[V any] struct {
 	// entry for (a refresh of a held entry is not asked); false answers
 	// ErrTooManyKeyMisses without a load.
 	admit func(now time.Time) bool
+	// refreshed, if set, is called (without the lock) after a load that
+	// replaced a held value (err nil) with what the store answers now (a
+	// value, or storage.ErrNotFound).
+	refreshed func(k string, old, now V, err error)
 
 	mu      sync.Mutex
 	entries map[string]*entry[V]
@@ -386,6 +408,7 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 		c.mu.Lock()
 		close(e.done)
 		e.done = nil
+		held, heldOK := e.val, e.loaded && e.err == nil
 		switch {
 		case err == nil || errors.Is(err, storage.ErrNotFound):
 			if err != nil {
@@ -422,6 +445,9 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 		}
 		e.invalid = false
 		c.mu.Unlock()
+		if c.refreshed != nil && heldOK && (err == nil || errors.Is(err, storage.ErrNotFound)) {
+			c.refreshed(k, held, v, err)
+		}
 		return v, err
 	}
 }

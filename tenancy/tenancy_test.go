@@ -367,3 +367,64 @@ func TestUnknownKeysAreBounded(t *testing.T) {
 		t.Errorf("a revoked known key after the TTL with the miss budget spent: %v, want ErrNotFound", err)
 	}
 }
+
+// TestRecreatedNamespaceDropsItsCachedKeys: when a refresh finds a cached
+// namespace deleted and re-created elsewhere (another create time, its
+// incarnation), the cached keys of that name go too, even those whose own
+// TTL has not passed: a key deleted with the old namespace must not be
+// served for the new one. ForgetNamespace drops both at once.
+func TestRecreatedNamespaceDropsItsCachedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r := newRegistry(t, store, clk, false)
+	name := newName(t, store)
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	k := storage.Key{ID: "0123456789abcdef", Namespace: name, Scopes: []storage.Scope{storage.ScopeProduce}, CreateTime: time.Now(), Hash: []byte("h")}
+	if err := store.CreateKey(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Lookup(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(600 * time.Millisecond)
+	if _, err := r.Key(ctx, k.ID); err != nil { // cached until 1.6 s
+		t.Fatal(err)
+	}
+	// Deleted (with its keys) and re-created on another replica.
+	if err := store.DeleteNamespace(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(600 * time.Millisecond) // the namespace's entry expired, the key's not
+	if _, err := r.Key(ctx, k.ID); err != nil {
+		t.Fatalf("Key within its TTL: %v, want the cached key (nothing told this replica yet)", err)
+	}
+	if _, err := r.Lookup(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Key(ctx, k.ID); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Key after the refresh saw the namespace re-created: err = %v, want ErrNotFound", err)
+	}
+
+	// ForgetNamespace: the namespace and its keys at once.
+	k2 := storage.Key{ID: "fedcba9876543210", Namespace: name, Scopes: []storage.Scope{storage.ScopeProduce}, CreateTime: time.Now(), Hash: []byte("h")}
+	if err := store.CreateKey(ctx, k2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Key(ctx, k2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RevokeKey(ctx, k2.ID); err != nil {
+		t.Fatal(err)
+	}
+	r.ForgetNamespace(name)
+	if _, err := r.Key(ctx, k2.ID); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Key after ForgetNamespace: err = %v, want ErrNotFound", err)
+	}
+}
