@@ -59,6 +59,9 @@ type Policy struct {
 	// Paused stops the namespace's deliveries on every replica until it is
 	// set false again (upserts and acks go on).
 	Paused bool `json:"paused"`
+	// MaxDispatchRate caps the namespace's deliveries per second across
+	// every replica; 0 = unlimited.
+	MaxDispatchRate float64 `json:"max_dispatch_rate"`
 }
 
 // PolicyFields are the names UpdateNamespace accepts in its fields list, in
@@ -66,7 +69,7 @@ type Policy struct {
 var PolicyFields = []string{
 	"ack_timeout", "max_attempts", "backoff_initial", "backoff_max", "backoff_multiplier",
 	"max_payload_bytes", "max_pending_tasks", "rate_limit", "rate_burst", "max_subscribers", "max_delay",
-	"paused",
+	"paused", "max_dispatch_rate",
 }
 
 func (p Policy) proto() *delaydv1.NamespacePolicy {
@@ -89,6 +92,7 @@ func (p Policy) proto() *delaydv1.NamespacePolicy {
 		MaxSubscribers:    p.MaxSubscribers,
 		MaxDelay:          d(p.MaxDelay),
 		Paused:            p.Paused,
+		MaxDispatchRate:   p.MaxDispatchRate,
 	}
 }
 
@@ -106,6 +110,7 @@ func policyFromProto(p *delaydv1.NamespacePolicy) Policy {
 		MaxSubscribers:    p.GetMaxSubscribers(),
 		MaxDelay:          p.GetMaxDelay().AsDuration(),
 		Paused:            p.GetPaused(),
+		MaxDispatchRate:   p.GetMaxDispatchRate(),
 	}
 }
 

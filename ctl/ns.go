@@ -113,6 +113,7 @@ func namespaceFields(n client.Namespace) [][2]string {
 		{"max_subscribers", i(int64(p.MaxSubscribers))},
 		{"max_delay", d(p.MaxDelay)},
 		{"paused", strconv.FormatBool(p.Paused)},
+		{"max_dispatch_rate", f(p.MaxDispatchRate)},
 	}
 }
 
@@ -131,6 +132,7 @@ func policyFlags(fs *pflag.FlagSet, p *client.Policy) {
 	fs.Int32Var(&p.MaxSubscribers, "max-subscribers", 0, "concurrent Subscribe streams (0 = unlimited; global admin only)")
 	fs.DurationVar(&p.MaxDelay, "max-delay", 0, "furthest ahead a task may be due (0 = default 366 days)")
 	fs.BoolVar(&p.Paused, "paused", false, "stop deliveries on every replica (--paused=false resumes them)")
+	fs.Float64Var(&p.MaxDispatchRate, "max-dispatch-rate", 0, "deliveries per second across all replicas (0 = unlimited)")
 }
 
 // nsWriteCommand is "ns create" or "ns update": update changes only the

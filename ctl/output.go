@@ -71,6 +71,7 @@ type policyView struct {
 	MaxSubscribers    int32   `json:"max_subscribers"`
 	MaxDelay          string  `json:"max_delay"`
 	Paused            bool    `json:"paused"`
+	MaxDispatchRate   float64 `json:"max_dispatch_rate"`
 }
 
 // namespaceView is a namespace for JSON.
@@ -91,7 +92,7 @@ func viewNamespace(n client.Namespace) namespaceView {
 			BackoffInitial: p.BackoffInitial.String(), BackoffMax: p.BackoffMax.String(), BackoffMultiplier: p.BackoffMultiplier,
 			MaxPayloadBytes: p.MaxPayloadBytes, MaxPendingTasks: p.MaxPendingTasks, RateLimit: p.RateLimit,
 			RateBurst: p.RateBurst, MaxSubscribers: p.MaxSubscribers, MaxDelay: p.MaxDelay.String(),
-			Paused: p.Paused,
+			Paused: p.Paused, MaxDispatchRate: p.MaxDispatchRate,
 		},
 		CreateTime: tsPtr(n.CreateTime),
 		UpdateTime: tsPtr(n.UpdateTime),

@@ -1,12 +1,19 @@
 package daemon
 
 import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/storage"
 )
 
 // End-to-end tests of the delivery controls (issue 16) over real Redis,
@@ -86,4 +93,109 @@ func TestE2EPauseResumeAcrossReplicas(t *testing.T) {
 	if e.stats(b).GetPaused() {
 		t.Fatalf("stats on B after resume: paused true, want false")
 	}
+}
+
+// update changes the policy fields paths name through replica r.
+func (e *e2eEnv) update(r *started, pol *delaydv1.NamespacePolicy, paths ...string) {
+	e.t.Helper()
+	_, err := delaydv1.NewNamespaceServiceClient(r.conn).UpdateNamespace(ctxFor(e.t), &delaydv1.UpdateNamespaceRequest{
+		Namespace:  &delaydv1.Namespace{Name: e.ns, Policy: pol},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: paths},
+	})
+	if err != nil {
+		e.t.Fatalf("UpdateNamespace(%v): %v", paths, err)
+	}
+}
+
+// popRecord is one delivery as a subscriber saw it.
+type popRecord struct {
+	id      string
+	replica int
+	// popped is when the store leased the task, by the store's clock: the
+	// lease deadline minus the namespace's ack timeout (one hour).
+	popped time.Time
+}
+
+// TestE2EDispatchRateCapAcrossReplicas: a backlog of 200 due tasks in a
+// namespace capped at 50 deliveries/s, drained by subscribers on two
+// replicas, is delivered once each, by both replicas, and never faster
+// than the cap: in every one-second window of the store's pop times at
+// most 50 + the burst (5), and the whole backlog takes about 4 s (at least
+// 195/50 s by the store's clock). Pop times come from the lease deadlines
+// (store clock), so a loaded machine cannot make the test fail, only slow.
+func TestE2EDispatchRateCapAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	const (
+		n    = 200
+		rate = 50.0
+	)
+	burst := storage.DispatchBurst(rate)
+	e, a := newE2E(t, testRedisURL())
+	b := e.replica()
+	e.update(a, &delaydv1.NamespacePolicy{MaxDispatchRate: rate}, "policy.max_dispatch_rate")
+	now := timestamppb.New(e.redisNow())
+	e.batchUpsert([]*started{a}, "r", n, func(int) *timestamppb.Timestamp { return now })
+
+	var (
+		mu   sync.Mutex
+		recs []popRecord
+		wg   sync.WaitGroup
+	)
+	for i, r := range []*started{a, b} {
+		s := e.subscribe(r, 1000)
+		dlv := delaydv1.NewDeliveryServiceClient(r.conn)
+		wg.Go(func() {
+			for d := range s.ch {
+				mu.Lock()
+				recs = append(recs, popRecord{id: d.GetTask().GetId(), replica: i,
+					popped: d.GetLeaseDeadline().AsTime().Add(-time.Hour)})
+				mu.Unlock()
+				if _, err := dlv.AckTasks(context.Background(), &delaydv1.AckTasksRequest{Namespace: e.ns, Tokens: []string{d.GetToken()}}); err != nil {
+					t.Errorf("AckTasks: %v", err)
+				}
+			}
+		})
+		t.Cleanup(s.end)
+	}
+	testkit.Eventually(t, 60*time.Second, fmt.Sprintf("%d deliveries", n), func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(recs) >= n
+	})
+	time.Sleep(e2eQuiet) // duplicates, if any, show
+	mu.Lock()
+	got := slices.Clone(recs)
+	mu.Unlock()
+
+	seen := map[string]int{}
+	perReplica := [2]int{}
+	for _, r := range got {
+		seen[r.id]++
+		perReplica[r.replica]++
+	}
+	if len(seen) != n || len(got) != n {
+		t.Fatalf("%d deliveries of %d distinct tasks, want %d of %d", len(got), len(seen), n, n)
+	}
+	if perReplica[0] == 0 || perReplica[1] == 0 {
+		t.Fatalf("deliveries per replica %v: want both replicas delivering (the cap is shared)", perReplica)
+	}
+	slices.SortFunc(got, func(x, y popRecord) int { return x.popped.Compare(y.popped) })
+	span := got[n-1].popped.Sub(got[0].popped)
+	minSpan := time.Duration(float64(n-burst) / rate * float64(time.Second))
+	// A pop time is whole milliseconds; allow that much rounding.
+	if span < minSpan-10*time.Millisecond {
+		t.Errorf("200 tasks popped within %s by the store's clock; at %g/s with burst %d they need at least %s", span, rate, burst, minSpan)
+	}
+	worst := 0
+	for i := range got {
+		j := i
+		for j < n && got[j].popped.Sub(got[i].popped) < time.Second {
+			j++
+		}
+		worst = max(worst, j-i)
+	}
+	if limit := int(rate) + burst + 1; worst > limit {
+		t.Errorf("%d tasks popped within one second; the cap allows %d (rate %g + burst %d, +1 for ms rounding)", worst, limit, rate, burst)
+	}
+	t.Logf("200 tasks at %g/s: popped over %s (store clock), at most %d in any 1 s window, per replica %v", rate, span, worst, perReplica)
 }

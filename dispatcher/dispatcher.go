@@ -67,6 +67,14 @@
 // replica that made it, which tells the others over the wake-up channel
 // (storage.Wakeups).
 //
+// # Rate cap
+//
+// A namespace whose policy sets MaxDispatchRate pops through the store's
+// token bucket for it (storage.PopParams.MaxRate, burst
+// storage.DispatchBurst), shared by every replica. When a pop leaves due
+// tasks behind with credit free, the loop waits one token's time (at
+// least rateWaitMin) instead of polling.
+//
 // # Pause
 //
 // A namespace whose policy says Paused pops nothing: its loop still renews

@@ -359,11 +359,11 @@ func (f *frozenStore) wait(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (f *frozenStore) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+func (f *frozenStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	if f.frozen.Load() {
 		return nil, f.wait(ctx)
 	}
-	return f.Store.Pop(ctx, ns, limit, leaseFor)
+	return f.Store.Pop(ctx, ns, p)
 }
 
 func (f *frozenStore) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
@@ -649,7 +649,7 @@ func TestSweepReapsNamespacesWithoutSubscriber(t *testing.T) {
 	})
 	// A lease taken by a replica that then vanished (popped directly).
 	h.upsert(nil, 0, "orphan")
-	if dels, err := h.store.Pop(context.Background(), h.ns, 10, 50*time.Millisecond); err != nil || len(dels) != 1 {
+	if dels, err := h.store.Pop(context.Background(), h.ns, storage.PopParams{Limit: 10, LeaseFor: 50*time.Millisecond}); err != nil || len(dels) != 1 {
 		t.Fatalf("Pop: %v, %v", dels, err)
 	}
 	// A replica with no subscriber of h.ns, sweeping every namespace.
@@ -688,10 +688,10 @@ type overlapStore struct {
 	metOnce  sync.Once
 }
 
-func (o *overlapStore) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+func (o *overlapStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	o.mu.Lock()
 	o.inflight++
-	o.limits = append(o.limits, limit)
+	o.limits = append(o.limits, p.Limit)
 	if o.inflight >= 2 {
 		o.metOnce.Do(func() { close(o.met) })
 	}
@@ -705,7 +705,7 @@ func (o *overlapStore) Pop(ctx context.Context, ns string, limit int, leaseFor t
 	case <-o.met:
 	case <-time.After(time.Second):
 	}
-	return o.Store.Pop(ctx, ns, limit, leaseFor)
+	return o.Store.Pop(ctx, ns, p)
 }
 
 func (o *overlapStore) overlapped() bool {
@@ -797,7 +797,7 @@ func (c *countStore) Reap(ctx context.Context, ns string, limit int, opts storag
 	return c.Store.Reap(ctx, ns, limit, opts)
 }
 
-func (c *countStore) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+func (c *countStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	c.mu.Lock()
 	c.pops++
 	c.inflight++
@@ -808,7 +808,7 @@ func (c *countStore) Pop(ctx context.Context, ns string, limit int, leaseFor tim
 		c.inflight--
 		c.mu.Unlock()
 	}()
-	return c.Store.Pop(ctx, ns, limit, leaseFor)
+	return c.Store.Pop(ctx, ns, p)
 }
 
 // TestSteadyFlowCostsOnePopPerWake: tasks falling due one by one (a steady
@@ -852,9 +852,9 @@ type jitterStore struct {
 	dispatcher.Store
 }
 
-func (j jitterStore) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+func (j jitterStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	time.Sleep(time.Duration(mrand.IntN(20)) * time.Millisecond)
-	return j.Store.Pop(ctx, ns, limit, leaseFor)
+	return j.Store.Pop(ctx, ns, p)
 }
 
 // TestStreamReceivesDueOrder (issue 10 item 6): a backlog drained by
@@ -900,13 +900,13 @@ type popLog struct {
 	popped []storage.Token
 }
 
-func (p *popLog) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
-	dels, err := p.Store.Pop(ctx, ns, limit, leaseFor)
-	p.mu.Lock()
+func (l *popLog) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+	dels, err := l.Store.Pop(ctx, ns, p)
+	l.mu.Lock()
 	for _, d := range dels {
-		p.popped = append(p.popped, d.Token)
+		l.popped = append(l.popped, d.Token)
 	}
-	p.mu.Unlock()
+	l.mu.Unlock()
 	return dels, err
 }
 

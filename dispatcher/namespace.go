@@ -86,6 +86,11 @@ func (n *namespace) late(lateness time.Duration) {
 // a second late; now at most this long.
 const maxIdleWait = 25 * time.Millisecond
 
+// rateWaitMin is the shortest wait for a namespace's dispatch-rate tokens
+// (Policy.MaxDispatchRate): at high rates the loop pops every few
+// milliseconds in batches rather than once per token.
+const rateWaitMin = 5 * time.Millisecond
+
 func newNamespace(d *Dispatcher, name string) *namespace {
 	return &namespace{
 		d:      d,
@@ -193,7 +198,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	}
 	popFull := false
 	if free > 0 {
-		got, full, err := n.pop(ctx, free, pol.AckTimeout)
+		got, full, err := n.pop(ctx, free, pol)
 		if got > 0 {
 			progress = true
 			free -= got
@@ -224,6 +229,17 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		return n.renewWait(min(until, cfg.SafetyPoll)), false, false
 	}
 	// Something is due, or a lease ran out, right now.
+	if free > 0 && pol.MaxDispatchRate > 0 && !popFull {
+		// The pop left due tasks behind with credit free: the rate cap's
+		// bucket ran dry (or another replica took them). Wait for tokens
+		// instead of polling: one token's time, at least rateWaitMin so a
+		// high rate pops in batches (the bucket holds a tenth of a second,
+		// so nothing is lost by waiting), expired leases are reaped on
+		// the usual cadence.
+		n.idleWait = 0
+		wait := time.Duration(float64(time.Second) / pol.MaxDispatchRate)
+		return n.renewWait(min(max(wait, rateWaitMin), cfg.SafetyPoll)), false, false
+	}
 	if free > 0 && progress {
 		// More fell due since the pop (a steady flow): pop again, without
 		// a reap, which would add a round trip to every delivery.
@@ -294,8 +310,9 @@ func (n *namespace) renewHeld(ctx context.Context) {
 // not fill stays free). Every popped delivery is distributed, even when
 // another of the calls failed. It returns how many were popped, whether
 // every call was filled (more may be due), and the first error.
-func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (got int, full bool, err error) {
+func (n *namespace) pop(ctx context.Context, free int, pol storage.Policy) (got int, full bool, err error) {
 	cfg := &n.d.cfg
+	leaseFor := pol.AckTimeout
 	// The store lease is the short liveness lease, renewed while this
 	// replica holds the delivery; the subscriber is told the ack timeout.
 	storeLease := leaseFor
@@ -320,7 +337,8 @@ func (n *namespace) pop(ctx context.Context, free int, leaseFor time.Duration) (
 	popOne := func(i int) {
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		defer cancel()
-		results[i], errs[i] = cfg.Store.Pop(c, n.name, limits[i], storeLease)
+		results[i], errs[i] = cfg.Store.Pop(c, n.name, storage.PopParams{Limit: limits[i], LeaseFor: storeLease,
+			MaxRate: pol.MaxDispatchRate, Burst: storage.DispatchBurst(pol.MaxDispatchRate)})
 	}
 	if calls > 1 {
 		var wg sync.WaitGroup

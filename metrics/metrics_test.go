@@ -32,7 +32,7 @@ func (f *fakeStore) Reap(context.Context, string, int, storage.NackOptions) ([]s
 	return f.moved, nil
 }
 
-func (f *fakeStore) Pop(context.Context, string, int, time.Duration) ([]storage.Delivery, error) {
+func (f *fakeStore) Pop(context.Context, string, storage.PopParams) ([]storage.Delivery, error) {
 	return f.dels, nil
 }
 
@@ -53,7 +53,7 @@ func TestReportsDoNotAllocate(t *testing.T) {
 	for name, fn := range map[string]func(){
 		"Delivered":   func() { m.Delivered("orders", 3*time.Millisecond) },
 		"Subscribers": func() { m.Subscribers("orders", 1); m.Subscribers("orders", -1) },
-		"Pop":         func() { _, _ = s.Pop(ctx, "orders", 10, time.Second) },
+		"Pop":         func() { _, _ = s.Pop(ctx, "orders", storage.PopParams{Limit: 10, LeaseFor: time.Second}) },
 		"Ack":         func() { _, _ = s.Ack(ctx, "orders", tokens) },
 		"Nack":        func() { _, _, _ = s.Nack(ctx, "orders", tokens, storage.NackOptions{}) },
 		"Reap":        func() { _, _ = s.Reap(ctx, "orders", 10, storage.NackOptions{}) },

@@ -143,9 +143,9 @@ func (s *instrumented) List(ctx context.Context, ns string, p storage.ListParams
 	return ts, next, err
 }
 
-func (s *instrumented) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+func (s *instrumented) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	start := time.Now()
-	dels, err := s.next.Pop(ctx, ns, limit, leaseFor)
+	dels, err := s.next.Pop(ctx, ns, p)
 	s.done(opPop, start, err)
 	return dels, err
 }

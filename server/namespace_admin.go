@@ -68,6 +68,7 @@ const (
 	maxRateLimit    = 1_000_000
 	maxRateBurst    = 1_000_000
 	maxSubscribers  = 100_000
+	maxDispatchRate = 1_000_000
 	// maxKeysPerNamespace caps the API keys of one namespace, so a tenant
 	// admin cannot grow the registry (and ListKeys) without bound.
 	maxKeysPerNamespace = 100
@@ -202,6 +203,19 @@ var policyFields = []policyField{
 		},
 		same: func(a, b storage.Policy) bool { return a.Paused == b.Paused },
 	},
+	{
+		// Not a quota either: it only slows the namespace's own deliveries.
+		name: "max_dispatch_rate",
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			r := src.GetMaxDispatchRate()
+			if !(r >= 0 && r <= maxDispatchRate) { // NaN fails too
+				return invalidf(f, "is %g; allowed: 0-%d deliveries per second (0 = unlimited)", r, maxDispatchRate)
+			}
+			dst.MaxDispatchRate = r
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.MaxDispatchRate == b.MaxDispatchRate },
+	},
 }
 
 // policyDuration reads a policy duration: unset or zero = 0 (the server
@@ -249,6 +263,7 @@ func policyToProto(p storage.Policy) *delaydv1.NamespacePolicy {
 		MaxSubscribers:    int32(min(p.MaxSubscribers, math.MaxInt32)),
 		MaxDelay:          durationpb.New(p.MaxDelay),
 		Paused:            p.Paused,
+		MaxDispatchRate:   p.MaxDispatchRate,
 	}
 }
 

@@ -188,6 +188,8 @@ func TestPolicyValidation(t *testing.T) {
 		{"rate_burst", &delaydv1.NamespacePolicy{RateBurst: -1}, "1-1000000"},
 		{"max_subscribers", &delaydv1.NamespacePolicy{MaxSubscribers: 100001}, "1-100000"},
 		{"max_delay", &delaydv1.NamespacePolicy{MaxDelay: durationpb.New(time.Millisecond)}, "1s-3660 days"},
+		{"max_dispatch_rate", &delaydv1.NamespacePolicy{MaxDispatchRate: -1}, "0-1000000 deliveries per second"},
+		{"max_dispatch_rate", &delaydv1.NamespacePolicy{MaxDispatchRate: math.NaN()}, "0-1000000 deliveries per second"},
 	} {
 		name := "val-" + testkit.Suffix()
 		_, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: name, Policy: tc.pol}})
@@ -255,6 +257,10 @@ func TestNamespaceAdminCannotRaiseQuotas(t *testing.T) {
 	}
 	if err := update(as(nsAdmin), &delaydv1.NamespacePolicy{}, "policy.paused"); err != nil {
 		t.Errorf("namespace admin resuming: %v", err)
+	}
+	// Capping its own dispatch rate only slows the namespace: not a quota.
+	if err := update(as(nsAdmin), &delaydv1.NamespacePolicy{MaxDispatchRate: 5}, "policy.max_dispatch_rate"); err != nil {
+		t.Errorf("namespace admin capping its dispatch rate: %v", err)
 	}
 	err := update(as(nsAdmin), &delaydv1.NamespacePolicy{RateLimit: 1e6}, "policy.rate_limit")
 	wantCode(t, err, codes.PermissionDenied, "rate_limit")

@@ -199,6 +199,7 @@ type policyRecord struct {
 	MaxSubscribers    int     `json:"max_subscribers,omitempty"`
 	MaxDelayMS        int64   `json:"max_delay_ms,omitempty"`
 	Paused            bool    `json:"paused,omitempty"`
+	MaxDispatchRate   float64 `json:"max_dispatch_rate,omitempty"`
 }
 
 // MarshalPolicy encodes p as the JSON document registries store: durations
@@ -219,6 +220,7 @@ func MarshalPolicy(p Policy) ([]byte, error) {
 		MaxSubscribers:    p.MaxSubscribers,
 		MaxDelayMS:        p.MaxDelay.Milliseconds(),
 		Paused:            p.Paused,
+		MaxDispatchRate:   p.MaxDispatchRate,
 	})
 }
 
@@ -245,5 +247,6 @@ func UnmarshalPolicy(b []byte) (Policy, error) {
 		MaxSubscribers:  r.MaxSubscribers,
 		MaxDelay:        time.Duration(r.MaxDelayMS) * time.Millisecond,
 		Paused:          r.Paused,
+		MaxDispatchRate: r.MaxDispatchRate,
 	}, nil
 }

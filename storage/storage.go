@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -340,6 +341,16 @@ type Policy struct {
 	// dispatchers pop nothing while it is set (leases already out run
 	// their course). Default false.
 	Paused bool
+	// MaxDispatchRate caps the namespace's deliveries per second across
+	// every replica (DispatchBurst at once); 0 = unlimited.
+	MaxDispatchRate float64
+}
+
+// DispatchBurst is the token-bucket size that goes with a dispatch rate
+// cap: a tenth of a second's deliveries, at least 1, so a drained bucket
+// lets only a small burst through before the rate holds.
+func DispatchBurst(rate float64) int {
+	return int(max(1, math.Ceil(rate/10)))
 }
 
 // DefaultPolicy returns the policy a namespace has unless configured

@@ -85,10 +85,12 @@ func CutPage(ts []Task, maxBytes int) ([]Task, bool) {
 
 // Deliveries is what the dispatcher and the delivery RPCs need.
 type Deliveries interface {
-	// Pop moves at most limit due tasks (due time <= the store clock) of ns
-	// into a lease of leaseFor, counts the attempt, and returns them in due
-	// order. It never deletes anything.
-	Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]Delivery, error)
+	// Pop moves at most p.Limit due tasks (due time <= the store clock) of
+	// ns into a lease of p.LeaseFor, counts the attempt, and returns them in
+	// due order; with p.MaxRate, at most as many as the namespace's
+	// dispatch-rate bucket holds tokens (see PopParams). It never deletes
+	// anything.
+	Pop(ctx context.Context, ns string, p PopParams) ([]Delivery, error)
 	// Ack deletes the tasks the tokens name, if each is still the delivery in
 	// flight (same generation and attempt). Statuses are in token order.
 	Ack(ctx context.Context, ns string, tokens []Token) ([]TokenStatus, error)
@@ -106,6 +108,25 @@ type Deliveries interface {
 	// first lease deadline, and the store clock now. ok is false when the
 	// namespace has neither.
 	NextWake(ctx context.Context, ns string) (next time.Time, now time.Time, ok bool, err error)
+}
+
+// PopParams says what one Pop may take.
+type PopParams struct {
+	// Limit is the most tasks to lease; stores cap it at their batch size
+	// (redisstore: MaxBatch). 0 or less: nothing.
+	Limit int
+	// LeaseFor is the store lease of each delivery.
+	LeaseFor time.Duration
+	// MaxRate, if > 0, caps the deliveries of the namespace per second,
+	// across every Pop of every replica: the namespace has one token bucket
+	// in the store, refilled at MaxRate tokens per second (by the store's
+	// clock) up to Burst, and the Pop takes at most as many tasks as it
+	// holds whole tokens, atomically with the move. 0: no cap (the bucket
+	// is not touched).
+	MaxRate float64
+	// Burst is the bucket's size, the most deliveries at once after an idle
+	// spell; below 1 it is 1. Ignored without MaxRate.
+	Burst int
 }
 
 // DeadLetters is what the dead-letter admin RPCs need.

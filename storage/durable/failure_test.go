@@ -126,7 +126,7 @@ func TestRedisDownUpsertIsDurable(t *testing.T) {
 	rp.SetDown(false)
 	var ds []storage.Delivery
 	poll(t, "the task to be re-indexed and popped", func() bool {
-		ds, err = e.store.Pop(ctx, ns, 10, time.Minute)
+		ds, err = e.store.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
 		return err == nil && len(ds) == 1
 	})
 	if ds[0].Task.ID != "t" || ds[0].Task.Generation != 1 || string(ds[0].Task.Payload) != "durable" {
@@ -293,7 +293,7 @@ func TestConnectionsKilledMidBatch(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 2 minutes: %d of %d delivered, %d rows left in mysql", n, len(want), countRows())
 		}
-		ds, err := e.store.Pop(ctx, ns, 100, 5*time.Second)
+		ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 100, LeaseFor: 5*time.Second})
 		if err != nil {
 			t.Fatalf("pop: %v", err)
 		}
@@ -387,7 +387,7 @@ func TestGenerationRaces(t *testing.T) {
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Delay: -time.Second}}); err != nil {
 		t.Fatal(err)
 	}
-	ds, err := e.store.Pop(ctx, ns, 1, time.Minute)
+	ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
 	if err != nil || len(ds) != 1 {
 		t.Fatalf("pop: %v %v", ds, err)
 	}
@@ -412,7 +412,7 @@ func TestGenerationRaces(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ds, err = e.store.Pop(ctx, ns, 50, time.Minute)
+	ds, err = e.store.Pop(ctx, ns, storage.PopParams{Limit: 50, LeaseFor: time.Minute})
 	if err != nil || len(ds) != 50 {
 		t.Fatalf("pop 50: %d %v", len(ds), err)
 	}

@@ -64,7 +64,7 @@ func popUntil(t *testing.T, s storage.Deliveries, ns, id string, d time.Duration
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
-		ds, err := s.Pop(context.Background(), ns, 10, time.Minute)
+		ds, err := s.Pop(context.Background(), ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
 		if err != nil {
 			t.Fatalf("pop: %v", err)
 		}
@@ -213,7 +213,7 @@ func TestAckDuringMySQLOutageIsNeverRedelivered(t *testing.T) {
 	if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
 		t.Fatal(err)
 	}
-	ds, err := e.store.Pop(ctx, ns, n, time.Minute)
+	ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: n, LeaseFor: time.Minute})
 	if err != nil || len(ds) != n {
 		t.Fatalf("pop = %d, %v", len(ds), err)
 	}
@@ -253,7 +253,7 @@ func TestAckDuringMySQLOutageIsNeverRedelivered(t *testing.T) {
 	// Several full passes later, nothing comes back.
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
-		got, err := e.store.Pop(ctx, ns, n, time.Minute)
+		got, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: n, LeaseFor: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -281,7 +281,7 @@ func TestPurgeSparesARequeuedTask(t *testing.T) {
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Delay: -time.Second}, {ID: "y", Delay: -time.Second}}); err != nil {
 		t.Fatal(err)
 	}
-	ds, err := e.store.Pop(ctx, ns, 2, time.Minute)
+	ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 2, LeaseFor: time.Minute})
 	if err != nil || len(ds) != 2 {
 		t.Fatalf("pop = %v, %v", ds, err)
 	}
@@ -463,7 +463,7 @@ func TestRemoveDuringRestoreNeverDelivered(t *testing.T) {
 		}
 		// Nothing of the round is deliverable, now or after more passes.
 		for range 5 {
-			ds, err := e.store.Pop(ctx, ns, 1000, time.Minute)
+			ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 1000, LeaseFor: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}

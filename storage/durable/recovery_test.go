@@ -38,7 +38,7 @@ func startConsumers(t *testing.T, s storage.Deliveries, ns string, n int) *consu
 					return
 				default:
 				}
-				ds, err := s.Pop(ctx, ns, 200, 5*time.Second)
+				ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 200, LeaseFor: 5*time.Second})
 				if err != nil || len(ds) == 0 {
 					if err != nil {
 						c.mu.Lock()
@@ -292,7 +292,7 @@ func TestHistoryRetention(t *testing.T) {
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "h", Kind: "k", Payload: []byte("p"), Delay: -time.Second}}); err != nil {
 		t.Fatal(err)
 	}
-	ds, err := e.store.Pop(ctx, ns, 1, time.Minute)
+	ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
 	if err != nil || len(ds) != 1 {
 		t.Fatalf("pop: %v %v", ds, err)
 	}

@@ -1015,8 +1015,8 @@ func (s *Store) indexLost(ctx context.Context, ns string) bool {
 // ---- storage.Deliveries ----
 
 // Pop is the index's: pops are not written to MySQL.
-func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
-	return s.idx.Pop(ctx, ns, limit, leaseFor)
+func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+	return s.idx.Pop(ctx, ns, p)
 }
 
 // Ack acks in the index (which checks incarnation, generation and

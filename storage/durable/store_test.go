@@ -40,7 +40,7 @@ func TestWriteThrough(t *testing.T) {
 		t.Fatalf("get a: %+v %v", got, err)
 	}
 
-	ds, err := e.store.Pop(ctx, ns, 10, time.Minute)
+	ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
 	if err != nil || len(ds) != 1 || ds[0].Task.ID != "a" {
 		t.Fatalf("pop: %+v %v", ds, err)
 	}
@@ -51,7 +51,7 @@ func TestWriteThrough(t *testing.T) {
 	if r, _ := e.row(ns, "a"); r.Attempt != 1 || r.LastError != "boom" || r.State != 1 {
 		t.Fatalf("mysql row of a after nack: %+v", r)
 	}
-	ds, err = e.store.Pop(ctx, ns, 10, time.Minute)
+	ds, err = e.store.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
 	if err != nil || len(ds) != 1 {
 		t.Fatalf("pop again: %+v %v", ds, err)
 	}
@@ -84,7 +84,7 @@ func TestDeadLetterWriteThrough(t *testing.T) {
 	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "d1", Delay: -time.Second}, {ID: "d2", Delay: -time.Second}}); err != nil {
 		t.Fatal(err)
 	}
-	ds, err := e.store.Pop(ctx, ns, 2, time.Minute)
+	ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 2, LeaseFor: time.Minute})
 	if err != nil || len(ds) != 2 {
 		t.Fatalf("pop: %v %v", ds, err)
 	}

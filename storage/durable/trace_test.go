@@ -68,7 +68,7 @@ func TestTraceContextSurvivesIndexRebuild(t *testing.T) {
 
 	got := map[string]string{}
 	poll(t, "both tasks to be delivered", func() bool {
-		ds, err := s.Pop(ctx, ns, 10, time.Minute)
+		ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
 		if err != nil {
 			t.Logf("pop: %v", err)
 		}

@@ -51,7 +51,7 @@ func BenchmarkPopAck(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		ds, err := s.Pop(ctx, ns, batch, time.Minute)
+		ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: batch, LeaseFor: time.Minute})
 		if err != nil || len(ds) != batch {
 			b.Fatalf("pop: %d, %v", len(ds), err)
 		}

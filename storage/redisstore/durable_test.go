@@ -52,7 +52,7 @@ func TestRestoreWithoutCreateTime(t *testing.T) {
 			if err != nil || task.CreateTime.IsZero() || task.UpdateTime.Before(task.CreateTime) || task.Generation != 3 || !task.DueTime.Equal(due) {
 				t.Fatalf("restored task = %+v, %v; want a create time, generation 3, due %v", task, err, due)
 			}
-			ds, err := s.Pop(ctx, ns, 1, time.Minute)
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
 			if err != nil || len(ds) != 1 || ds[0].Token.Delivery == 0 {
 				t.Fatalf("pop = %+v, %v; want a token naming its delivery", ds, err)
 			}
@@ -116,7 +116,7 @@ func TestRestore(t *testing.T) {
 
 			// Lua reads what Go wrote: the restored delivered task is popped
 			// with its attempt counted on, then acked.
-			ds, err := s.Pop(ctx, ns, 10, time.Minute)
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
 			if err != nil || len(ds) != 1 || ds[0].Task.ID != "deliv" || ds[0].Task.Attempt != 4 || ds[0].Task.LastError != "boom" || string(ds[0].Task.Payload) != "p2" {
 				t.Fatalf("pop after restore = %+v, %v", ds, err)
 			}
@@ -353,7 +353,7 @@ func TestPopLimitCappedAtMaxBatch(t *testing.T) {
 	if _, err := s.Upsert(ctx, "ns", specs); err != nil {
 		t.Fatal(err)
 	}
-	ds, err := s.Pop(ctx, "ns", 5000, time.Minute)
+	ds, err := s.Pop(ctx, "ns", storage.PopParams{Limit: 5000, LeaseFor: time.Minute})
 	if err != nil || len(ds) != MaxBatch {
 		t.Errorf("pop of 5000: %d, %v; want %d", len(ds), err, MaxBatch)
 	}
@@ -423,7 +423,7 @@ func TestMigrateLegacyRecords(t *testing.T) {
 					t.Errorf("%s after migrate (-want +got):\n%s", id, diff)
 				}
 			}
-			ds, err := s.Pop(ctx, ns, 10, time.Minute)
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
 			if err != nil || len(ds) != 1 || ds[0].Task.ID != "due" || ds[0].Task.Attempt != 3 || string(ds[0].Task.Payload) != "p-due" {
 				t.Fatalf("pop after migrate = %+v, %v", ds, err)
 			}
@@ -457,7 +457,7 @@ func TestMalformedHeaderNeverVanishes(t *testing.T) {
 			if err := s.rdb.HSet(ctx, k.meta, "b", "garbage").Err(); err != nil {
 				t.Fatal(err)
 			}
-			ds, err := s.Pop(ctx, ns, 10, 30*time.Millisecond)
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: 30*time.Millisecond})
 			if err != nil || len(ds) != 2 || ds[0].Task.ID != "a" || ds[1].Task.ID != "c" {
 				t.Fatalf("pop = %+v, %v; want a and c", ds, err)
 			}

@@ -21,6 +21,9 @@ import (
 //	delayd:{ns#k}:acked     HASH  task id -> ack marker (durable mode only:
 //	                              the version acked until MySQL deleted it)
 //	delayd:{ns#k}:indexed   STRING  present once durable mode has indexed ns
+//	delayd:{ns#k}:rate      HASH  dispatch-rate token bucket (lua/pop.lua):
+//	                              t = tokens, at = when (Redis µs); expires
+//	                              once it would be full again
 //	delayd:{ns#k}:task      HASH  the one-value records of delayd before the
 //	                              header/payload split; Migrate converts them
 //	delayd:{ns#k}:trace:<id> STRING W3C traceparent of the task's last traced
@@ -98,6 +101,7 @@ type nsKeys struct {
 	// the tasks, so a write through a stale view of a deleted namespace is
 	// refused; it is not a sign that the namespace has tasks.
 	life string
+	rate string
 }
 
 // hashTag returns "{ns#k}", the hash tag every key of shard k of ns shares.
@@ -119,6 +123,7 @@ func keysFor(ns string, shard int) nsKeys {
 		indexed:  p + "indexed",
 		life:     p + "life",
 		legacy:   p + "task",
+		rate:     p + "rate",
 	}
 }
 

@@ -58,7 +58,7 @@ func TestDropNamespace(t *testing.T) {
 		}
 	}
 	// One in flight, so every state set is covered.
-	if _, err := s.Pop(ctx, ns, 1, time.Minute); err != nil {
+	if _, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute}); err != nil {
 		t.Fatalf("Pop: %v", err)
 	}
 	if err := s.MarkIndexed(ctx, ns); err != nil {

@@ -67,10 +67,10 @@ func TestOneRoundTripPerBatch(t *testing.T) {
 	warm := func(f func() error) { _ = f() }
 	var ds []storage.Delivery
 	calls("upsert", func() error { _, err := s.Upsert(ctx, ns, specs); return err })
-	warm(func() error { _, err := s.Pop(ctx, ns+"x", 1, time.Minute); return err })
+	warm(func() error { _, err := s.Pop(ctx, ns+"x", storage.PopParams{Limit: 1, LeaseFor: time.Minute}); return err })
 	calls("pop", func() error {
 		var err error
-		ds, err = s.Pop(ctx, ns, 1000, time.Minute)
+		ds, err = s.Pop(ctx, ns, storage.PopParams{Limit: 1000, LeaseFor: time.Minute})
 		if len(ds) != 1000 {
 			return fmt.Errorf("popped %d", len(ds))
 		}

@@ -728,17 +728,20 @@ func parseCursor(state storage.State, c string) (score, id string, err error) {
 	return score, id, nil
 }
 
-// Pop leases at most limit (and at most MaxBatch) due tasks of ns for
-// leaseFor, in due order, counting the attempt. Due-ness is decided by the
-// Redis clock. Nothing is deleted: a task whose stored header is malformed
-// is moved to dead (and logged) instead of delivered.
-func (s *Store) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
-	if limit <= 0 {
+// Pop leases at most p.Limit (and at most MaxBatch) due tasks of ns for
+// p.LeaseFor, in due order, counting the attempt; with p.MaxRate, at most
+// as many as the namespace's token bucket holds (lua/pop.lua). Due-ness
+// is decided by the Redis clock. Nothing is deleted: a task whose stored
+// header is malformed is moved to dead (and logged) instead of delivered.
+func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+	if p.Limit <= 0 {
 		return nil, nil
 	}
 	k := keysFor(ns, shard)
-	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body},
-		min(limit, MaxBatch), max(leaseFor.Milliseconds(), 0))
+	// ARGV as documented in lua/pop.lua.
+	rate := max(p.MaxRate, 0)
+	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate},
+		min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1))
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ func everyOp(ctx context.Context, s *Store, ns string) map[string]error {
 	_, errs["remove"] = s.Remove(ctx, ns, "x", storage.Version{})
 	_, errs["get"] = s.Get(ctx, ns, "x")
 	_, _, errs["list"] = s.List(ctx, ns, storage.ListParams{State: storage.StateScheduled, Limit: 10})
-	_, errs["pop"] = s.Pop(ctx, ns, 10, time.Minute)
+	_, errs["pop"] = s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
 	_, errs["ack"] = s.Ack(ctx, ns, tok)
 	_, _, errs["nack"] = s.Nack(ctx, ns, tok, storage.NackOptions{})
 	_, errs["extend"] = s.Extend(ctx, ns, tok, time.Minute)

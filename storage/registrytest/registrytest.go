@@ -77,6 +77,7 @@ func samplePolicy() storage.Policy {
 		MaxSubscribers:  3,
 		MaxDelay:        48 * time.Hour,
 		Paused:          true,
+		MaxDispatchRate: 2.5,
 	}
 }
 

@@ -114,11 +114,11 @@ func (e unavailableErr) Unwrap() []error {
 func unavailable(ctx context.Context) error { return unavailableErr{ctx.Err()} }
 
 // Pop fails or hangs as told, else pops.
-func (f *Faulty) Pop(ctx context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+func (f *Faulty) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	if skip, err := f.enter(ctx, OpPop, ns); err != nil || skip {
 		return nil, err
 	}
-	return f.Deliveries.Pop(ctx, ns, limit, leaseFor)
+	return f.Deliveries.Pop(ctx, ns, p)
 }
 
 // Ack fails or hangs as told, else acks.

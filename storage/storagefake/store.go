@@ -40,7 +40,9 @@ type Store struct {
 	nss    map[string]map[string]*record // namespace -> id -> record
 	lastUS int64                         // last microsecond handed out as a clock reading
 	subs   map[int]chan storage.Wakeup
-	nextSb int
+	// buckets are the dispatch-rate token buckets by namespace (Pop).
+	buckets map[string]bucket
+	nextSb  int
 	// watchers: namespace -> subscription id -> copies (DeliveryFeed)
 	watchers map[string]map[int]chan storage.WatchCopy
 	// lives: namespace -> its incarnations (the Redis index's life key)
@@ -86,7 +88,8 @@ func New(clock storage.Clock) *Store {
 	if clock == nil {
 		clock = storage.SystemClock{}
 	}
-	return &Store{clock: clock, nss: map[string]map[string]*record{}, subs: map[int]chan storage.Wakeup{}, lives: map[string]life{}}
+	return &Store{clock: clock, nss: map[string]map[string]*record{}, subs: map[int]chan storage.Wakeup{},
+		lives: map[string]life{}, buckets: map[string]bucket{}}
 }
 
 var (
@@ -415,15 +418,26 @@ func (s *Store) List(_ context.Context, ns string, p storage.ListParams) ([]stor
 	return page, next, nil
 }
 
-// Pop leases at most limit due tasks, in due order.
-func (s *Store) Pop(_ context.Context, ns string, limit int, leaseFor time.Duration) ([]storage.Delivery, error) {
+// Pop leases at most p.Limit due tasks, in due order; with p.MaxRate, at
+// most the whole tokens of the namespace's bucket, as pop.lua does.
+func (s *Store) Pop(_ context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, nowUS := s.now()
-	deadline := now + leaseFor.Milliseconds()
+	deadline := now + p.LeaseFor.Milliseconds()
+	limit := min(p.Limit, 1000)
+	var tokens float64
+	if p.MaxRate > 0 {
+		burst := float64(max(p.Burst, 1))
+		tokens = burst
+		if b, ok := s.buckets[ns]; ok {
+			tokens = min(burst, b.tokens+float64(max(nowUS-b.atUS, 0))*p.MaxRate/1e6)
+		}
+		limit = min(limit, int(tokens))
+	}
 	var out []storage.Delivery
 	for _, r := range sorted(s.nss[ns], storage.StateScheduled) {
-		if len(out) == limit || r.due > now {
+		if len(out) >= limit || r.due > now {
 			break
 		}
 		r.task.State = storage.StateDelivered
@@ -434,7 +448,16 @@ func (s *Store) Pop(_ context.Context, ns string, limit int, leaseFor time.Durat
 		t := r.view()
 		out = append(out, storage.Delivery{Task: t, LeaseDeadline: t.LeaseDeadline, Token: r.token(ns)})
 	}
+	if p.MaxRate > 0 && len(out) > 0 {
+		s.buckets[ns] = bucket{tokens: tokens - float64(len(out)), atUS: nowUS}
+	}
 	return out, nil
+}
+
+// bucket is a namespace's dispatch-rate token bucket (PopParams.MaxRate).
+type bucket struct {
+	tokens float64
+	atUS   int64
 }
 
 func (r *record) token(ns string) storage.Token {

@@ -549,7 +549,7 @@ func testConcurrentPop(t *testing.T, newStore func(t *testing.T) Store) {
 		go func() {
 			defer wg.Done()
 			for n := 0; ; n++ {
-				ds, err := e.s.Pop(e.ctx, e.ns, 7, time.Hour)
+				ds, err := e.s.Pop(e.ctx, e.ns, storage.PopParams{Limit: 7, LeaseFor: time.Hour})
 				if err != nil {
 					t.Errorf("worker %d: pop: %v", w, err)
 					return
@@ -597,4 +597,52 @@ func testConcurrentPop(t *testing.T, newStore func(t *testing.T) Store) {
 	if err != nil || st.Scheduled+st.Delivered+st.Dead != tasks || st.Scheduled != 0 {
 		t.Errorf("stats = %+v, %v; want %d tasks, none scheduled", st, err, tasks)
 	}
+}
+
+// testPopRate: with PopParams.MaxRate, Pop takes at most the whole tokens
+// of the namespace's bucket (Burst when it is new or idle), spends one per
+// task, refills at MaxRate per second, and a Pop without MaxRate neither
+// waits for nor spends tokens.
+func testPopRate(t *testing.T, newStore func(t *testing.T) Store) {
+	t.Parallel()
+	e := newEnv(t, newStore)
+	var specs []storage.UpsertSpec
+	for _, id := range ids(30, "r") {
+		specs = append(specs, storage.UpsertSpec{ID: id, Payload: payloadOf(id)})
+	}
+	e.upsert(specs...)
+	pop := func(p storage.PopParams) int {
+		t.Helper()
+		p.LeaseFor = time.Hour
+		ds, err := e.s.Pop(e.ctx, e.ns, p)
+		if err != nil {
+			t.Fatalf("pop %+v: %v", p, err)
+		}
+		return len(ds)
+	}
+	// One token per 100 s: nothing refills during the test.
+	slow := storage.PopParams{Limit: 20, MaxRate: 0.01, Burst: 3}
+	if n := pop(slow); n != 3 {
+		t.Fatalf("first capped pop took %d, want the burst, 3", n)
+	}
+	if n := pop(slow); n != 0 {
+		t.Fatalf("capped pop with an empty bucket took %d, want 0", n)
+	}
+	if n := pop(storage.PopParams{Limit: 2}); n != 2 {
+		t.Fatalf("uncapped pop took %d, want 2 (no cap: the bucket does not apply)", n)
+	}
+	if n := pop(slow); n != 0 {
+		t.Fatalf("capped pop after an uncapped one took %d, want 0 (the bucket is still empty)", n)
+	}
+	// 50 per second, burst 2: the bucket refills.
+	fast := storage.PopParams{Limit: 20, MaxRate: 50, Burst: 2}
+	total := 0
+	poll(t, "the bucket to refill", func() bool {
+		n := pop(fast)
+		if n > 2 {
+			t.Fatalf("pop at 50/s with burst 2 took %d, want at most 2", n)
+		}
+		total += n
+		return total >= 4
+	})
 }

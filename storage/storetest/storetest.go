@@ -63,6 +63,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("NextWake", func(t *testing.T) { testNextWake(t, newStore) })
 	t.Run("Wakeups", func(t *testing.T) { testWakeups(t, newStore) })
 	t.Run("ConcurrentPop", func(t *testing.T) { testConcurrentPop(t, newStore) })
+	t.Run("PopRate", func(t *testing.T) { testPopRate(t, newStore) })
 }
 
 // Namespace returns a fresh random namespace name ("st" + 12 hex digits
@@ -165,7 +166,7 @@ func (e *env) seed(seeds ...Seed) {
 	}
 	if len(leased) > 0 {
 		e.upsert(leased...)
-		ds, err := e.s.Pop(e.ctx, e.ns, len(leased), time.Hour)
+		ds, err := e.s.Pop(e.ctx, e.ns, storage.PopParams{Limit: len(leased), LeaseFor: time.Hour})
 		if err != nil || len(ds) != len(leased) {
 			e.t.Fatalf("seed: pop %d: got %d, %v", len(leased), len(ds), err)
 		}
@@ -239,7 +240,7 @@ func (e *env) get(id string) storage.Task {
 
 func (e *env) pop(limit int, lease time.Duration) []storage.Delivery {
 	e.t.Helper()
-	ds, err := e.s.Pop(e.ctx, e.ns, limit, lease)
+	ds, err := e.s.Pop(e.ctx, e.ns, storage.PopParams{Limit: limit, LeaseFor: lease})
 	if err != nil {
 		e.t.Fatalf("pop: %v", err)
 	}

@@ -115,9 +115,16 @@ type NamespacePolicy struct {
 	// extended, but no due task is popped. Setting it false resumes
 	// deliveries at once on every replica. The namespace's own admin may
 	// change it. Default false.
-	Paused        bool `protobuf:"varint,12,opt,name=paused,proto3" json:"paused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Paused bool `protobuf:"varint,12,opt,name=paused,proto3" json:"paused,omitempty"`
+	// Most deliveries per second of the namespace, across every replica
+	// together (one token bucket in Redis, spent by the same script that
+	// leases the tasks), with a burst of a tenth of a second's worth (at
+	// least 1 task). Due tasks beyond it wait (their lateness counts the
+	// wait). The namespace's own admin may change it, e.g. to protect a
+	// fragile downstream. Default 0 = unlimited; 0 to 1,000,000.
+	MaxDispatchRate float64 `protobuf:"fixed64,13,opt,name=max_dispatch_rate,json=maxDispatchRate,proto3" json:"max_dispatch_rate,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *NamespacePolicy) Reset() {
@@ -232,6 +239,13 @@ func (x *NamespacePolicy) GetPaused() bool {
 		return x.Paused
 	}
 	return false
+}
+
+func (x *NamespacePolicy) GetMaxDispatchRate() float64 {
+	if x != nil {
+		return x.MaxDispatchRate
+	}
+	return 0
 }
 
 // Namespace is a tenant's queue.
@@ -1801,7 +1815,7 @@ var File_delayd_v1_namespace_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\n" +
-	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x04\n" +
+	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x04\n" +
 	"\x0fNamespacePolicy\x12:\n" +
 	"\vack_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"ackTimeout\x12!\n" +
@@ -1819,7 +1833,8 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x0fmax_subscribers\x18\n" +
 	" \x01(\x05R\x0emaxSubscribers\x126\n" +
 	"\tmax_delay\x18\v \x01(\v2\x19.google.protobuf.DurationR\bmaxDelay\x12\x16\n" +
-	"\x06paused\x18\f \x01(\bR\x06paused\"\xcd\x01\n" +
+	"\x06paused\x18\f \x01(\bR\x06paused\x12*\n" +
+	"\x11max_dispatch_rate\x18\r \x01(\x01R\x0fmaxDispatchRate\"\xcd\x01\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06policy\x18\x02 \x01(\v2\x1a.delayd.v1.NamespacePolicyR\x06policy\x12;\n" +

@@ -1,9 +1,19 @@
 -- pop.lua: lease at most limit due tasks of one namespace.
 --
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
--- KEYS[4] meta HASH, KEYS[5] body HASH
+-- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] rate bucket HASH
 -- ARGV[1] limit (at most 1,000)
 -- ARGV[2] lease ms
+-- ARGV[3] dispatch rate cap, tasks per second ("0": no cap, KEYS[6] untouched)
+-- ARGV[4] bucket size (burst), at least 1
+--
+-- With a cap, the namespace's token bucket (KEYS[6]: t = tokens, at = Redis
+-- time of t in microseconds) is refilled at ARGV[3] per second up to
+-- ARGV[4], the pop takes at most its whole tokens, and each task popped
+-- spends one; every replica's pop goes through the same bucket, in the
+-- same script as the move, so the cap holds across replicas. The bucket
+-- expires once it would be full again anyway, so an idle namespace leaves
+-- nothing behind.
 --
 -- Moves the earliest tasks with due time <= now from due to inflight with
 -- score now + lease, counts the attempt, gives the delivery a new sequence
@@ -18,9 +28,25 @@
 -- dead as malformed.
 local now, now_us = clock()
 local deadline = now + tonumber(ARGV[2])
-local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES',
-  'LIMIT', 0, tonumber(ARGV[1]))
+local limit = tonumber(ARGV[1])
+local rate = tonumber(ARGV[3])
 local out = {now, deadline}
+local tokens, burst
+if rate > 0 then
+  burst = math.max(1, tonumber(ARGV[4]))
+  tokens = burst
+  local b = redis.call('HMGET', KEYS[6], 't', 'at')
+  if b[1] and b[2] then
+    local elapsed = math.max(0, now_us - tonumber(b[2]))
+    tokens = math.min(burst, tonumber(b[1]) + elapsed * rate / 1000000)
+  end
+  limit = math.min(limit, math.floor(tokens))
+  if limit < 1 then
+    return out
+  end
+end
+local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES',
+  'LIMIT', 0, limit)
 if #items == 0 then
   return out
 end
@@ -63,6 +89,10 @@ if #bad > 0 then
     push(dargs, int(now), id)
   end
   flush('ZADD', KEYS[3], dargs)
+end
+if rate > 0 and #good > 0 then
+  redis.call('HSET', KEYS[6], 't', tostring(tokens - #good), 'at', int(now_us))
+  redis.call('PEXPIRE', KEYS[6], int(math.ceil(burst * 1000 / rate) + 1000))
 end
 for x, k in ipairs(good) do
   push(out, ids[k], hs[k])

@@ -109,6 +109,18 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
    * @generated from field: bool paused = 12;
    */
   paused: boolean;
+
+  /**
+   * Most deliveries per second of the namespace, across every replica
+   * together (one token bucket in Redis, spent by the same script that
+   * leases the tasks), with a burst of a tenth of a second's worth (at
+   * least 1 task). Due tasks beyond it wait (their lateness counts the
+   * wait). The namespace's own admin may change it, e.g. to protect a
+   * fragile downstream. Default 0 = unlimited; 0 to 1,000,000.
+   *
+   * @generated from field: double max_dispatch_rate = 13;
+   */
+  maxDispatchRate: number;
 };
 
 /**
