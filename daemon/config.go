@@ -174,8 +174,8 @@ const (
 	DefaultReconcileInterval = durable.DefaultReconcileInterval
 	// DefaultFullReconcileInterval is FullReconcileInterval's default.
 	DefaultFullReconcileInterval = durable.DefaultFullReconcileInterval
-	DefaultSafetyPoll        = dispatcher.DefaultSafetyPoll
-	DefaultLateWarn          = dispatcher.DefaultLateWarn
+	DefaultSafetyPoll            = dispatcher.DefaultSafetyPoll
+	DefaultLateWarn              = dispatcher.DefaultLateWarn
 )
 
 // defaultPolicy is the namespace policy a zero Config gives every

@@ -516,7 +516,6 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	return &delaydv1.DeleteNamespaceResponse{DeletedTasks: deleted}, nil
 }
 
-
 // keyScopesFromProto validates and de-duplicates requested scopes.
 func keyScopesFromProto(in []delaydv1.KeyScope) ([]storage.Scope, error) {
 	if len(in) == 0 {
