@@ -302,7 +302,7 @@ func TestE2ETwoReplicasThreeSubscribersNoDuplicateNoLoss(t *testing.T) {
 
 // TestE2EFiftyThousandDueInOneMillisecond: 50,000 tasks due in the same
 // millisecond, two replicas, three subscribers: each delivered exactly
-// once, and no Redis command took over 50 ms (pops are bounded batches).
+// once, and no Redis command ran for long (pops are bounded batches).
 // Its own redis-server, so SLOWLOG shows this test's commands only; SLOWLOG
 // measures wall time, so the server gets the CPU first where the test may
 // (Prioritize). Not parallel: the package's other tests wait.
@@ -334,12 +334,20 @@ func TestE2EFiftyThousandDueInOneMillisecond(t *testing.T) {
 	waitAll(t, &mu, seen, n, 150*time.Second)
 	e.wantEmpty(a)
 
+	// SLOWLOG measures wall time, which a loaded machine stretches, so
+	// commands over 50 ms are only reported; what fails the test is a
+	// command over half a second, which only an unbounded script reaches
+	// (one pop of all 50,000 tasks takes seconds; a bounded batch, ms).
 	slow, err := e.rdb.SlowLogGet(ctx, 128).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range slow {
-		t.Errorf("Redis command took %s (over 50ms): %v", s.Duration, s.Args)
+		if s.Duration >= 500*time.Millisecond {
+			t.Errorf("Redis command took %s: %.80v", s.Duration, s.Args)
+		} else {
+			t.Logf("Redis command took %s (over 50 ms; the machine may be loaded): %.80v", s.Duration, s.Args)
+		}
 	}
 	for _, c := range consumers {
 		c.s.end()
