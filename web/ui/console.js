@@ -468,17 +468,32 @@
     const msg = h('span', { id: 'dead-msg', class: 'muted' });
     const requeue = h('button', { id: 'requeue-btn', type: 'button', disabled: true }, 'Requeue selected');
     const purge = h('button', { id: 'purge-btn', type: 'button', class: 'danger', disabled: true }, 'Purge selected');
-    const all = h('input', { type: 'checkbox', id: 'select-all', title: 'select all' });
+    const all = h('input', { type: 'checkbox', id: 'select-all', title: 'select all shown' });
+    const filter = h('input', { type: 'search', id: 'dead-filter', placeholder: 'filter: id, kind or error contains…' });
     const empty = h('p', { class: 'muted', id: 'empty', hidden: true }, 'No dead letters.');
     const more = h('button', { class: 'secondary', id: 'more', type: 'button', hidden: true }, 'More');
     let boxes = [];
     let armed = false; // purge needs a second click
+    const shownBoxes = () => boxes.filter((cb) => !cb.closest('tr').hidden);
     const sync = () => {
       requeue.disabled = purge.disabled = selected.size === 0;
       armed = false;
       purge.textContent = 'Purge selected';
-      all.checked = boxes.length > 0 && selected.size === boxes.length;
+      const shown = shownBoxes();
+      all.checked = shown.length > 0 && shown.every((cb) => cb.checked);
     };
+    // The filter narrows the loaded pages in the browser; a hidden row is
+    // unselected, so an action never touches what is not shown.
+    const applyFilter = () => {
+      const q = filter.value.trim().toLowerCase();
+      for (const cb of boxes) {
+        const tr = cb.closest('tr');
+        tr.hidden = q !== '' && !tr.textContent.toLowerCase().includes(q);
+        if (tr.hidden && cb.checked) { cb.checked = false; selected.delete(cb.value); }
+      }
+      sync();
+    };
+    filter.addEventListener('input', applyFilter);
     const box = (t) => {
       const cb = h('input', { type: 'checkbox', class: 'pick', value: t.id, 'aria-label': 'select ' + t.id });
       cb.addEventListener('change', () => { if (cb.checked) selected.add(t.id); else selected.delete(t.id); sync(); });
@@ -486,12 +501,12 @@
       return cb;
     };
     all.addEventListener('change', () => {
-      for (const cb of boxes) { cb.checked = all.checked; if (all.checked) selected.add(cb.value); else selected.delete(cb.value); }
+      for (const cb of shownBoxes()) { cb.checked = all.checked; if (all.checked) selected.add(cb.value); else selected.delete(cb.value); }
       sync();
     });
     const { tbody, add } = taskTable('dead', [], (t) => t.deadTime, ns, g, detail, box);
     body.replaceChildren(
-      h('div', { class: 'row' }, requeue, purge, msg),
+      h('div', { class: 'row' }, filter, requeue, purge, msg),
       h('table', { id: 'dead' }, h('thead', {}, h('tr', {}, h('th', {}, all), h('th', {}, 'id'), h('th', {}, 'kind'),
         h('th', {}, 'died'), h('th', { class: 'num' }, 'attempt'), h('th', {}, 'last error'))), tbody),
       empty, more);
@@ -505,7 +520,7 @@
       token = page.nextPageToken || '';
       more.hidden = !token;
       empty.hidden = tbody.children.length > 0;
-      sync();
+      applyFilter();
     });
     more.addEventListener('click', () => load(false));
     requeue.addEventListener('click', () => guard(g, async () => {
