@@ -173,6 +173,7 @@ func TestGoldenNamespacesKeysTasks(t *testing.T) {
 		{code: 0, args: args("task get orders order-2 -o json")},
 		{code: 1, args: args("task get orders missing")},
 		{code: 0, args: args("task list orders")},
+		{code: 0, args: args("task list orders --no-payload -o json")},
 		{code: 2, args: args("task list orders --state later")},
 		{code: 0, args: args("ns stats orders")},
 		{code: 0, args: args("ns list")},

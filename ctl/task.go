@@ -135,11 +135,12 @@ func parseState(s string) (client.State, error) {
 
 func taskListCommand(g *globals) *cobra.Command {
 	var (
-		state string
-		limit int
+		state     string
+		limit     int
+		noPayload bool
 	)
 	cmd := &cobra.Command{
-		Use:   "list NS [--state scheduled|delivered|dead] [--limit N]",
+		Use:   "list NS [--state scheduled|delivered|dead] [--limit N] [--no-payload]",
 		Short: "List a namespace's tasks of one state, in that state's order",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -155,7 +156,7 @@ func taskListCommand(g *globals) *cobra.Command {
 				return err
 			}
 			tasks := []client.Task{}
-			for t, err := range c.List(cmd.Context(), args[0], client.ListOptions{State: st}) {
+			for t, err := range c.List(cmd.Context(), args[0], client.ListOptions{State: st, NoPayload: noPayload}) {
 				if err != nil {
 					return err
 				}
@@ -169,6 +170,7 @@ func taskListCommand(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&state, "state", "scheduled", "scheduled, delivered or dead")
 	cmd.Flags().IntVar(&limit, "limit", 100, "most tasks to print; 0 = all")
+	cmd.Flags().BoolVar(&noPayload, "no-payload", false, "leave payloads out (cheaper for large tasks)")
 	return cmd
 }
 
