@@ -97,7 +97,9 @@ func (s *started) task(t *testing.T, id string) (*client.Task, bool) {
 
 func TestHeartbeatsRenewTheExpiry(t *testing.T) {
 	t.Parallel()
-	const offlineAfter = 800 * time.Millisecond
+	// Heartbeats every 200 ms must each be answered well within the
+	// expiry: 1.5 s leaves room on a loaded machine (800 ms did not).
+	const offlineAfter = 1500 * time.Millisecond
 	s := start(t, offlineAfter, nil)
 	// Heartbeats every 200 ms for three expiry periods.
 	var last Device

@@ -156,7 +156,9 @@ func TestReturnRemovesTheTask(t *testing.T) {
 
 func TestRenewMovesTheDueDate(t *testing.T) {
 	t.Parallel()
-	const period, renewBy = time.Second, 2 * time.Second
+	// The renewal must land before the old due date: 3 s leaves room for
+	// borrow and renew on a loaded machine (1 s did not).
+	const period, renewBy = 3 * time.Second, 2 * time.Second
 	var mu sync.Mutex
 	var delivered []int64 // due dates (ms) of the deliveries
 	s := start(t, period, renewBy, func(a *App) {
