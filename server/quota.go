@@ -23,7 +23,10 @@ const quotaCountTTL = time.Second
 // pendingQuota enforces policy.max_pending_tasks on UpsertTask and
 // BatchUpsertTasks, cheaply: it counts a namespace's tasks (all states) with
 // Counter.Stats at most once per quotaCountTTL and adds the tasks this
-// replica created since. Upserts that would take the estimate past the
+// replica created since. While the store cannot count (Redis down or hung)
+// the last count is kept, and once one count succeeded no call waits for
+// another call's count: a hung index does not hold upserts, which durable
+// mode can take without it. Upserts that would take the estimate past the
 // quota are refused with ResourceExhausted, except replacements of tasks
 // that exist (checked with Get only when the namespace is at its quota).
 //
@@ -75,6 +78,14 @@ func (q *pendingQuota) estimate(ctx context.Context, ns string) (int64, error) {
 			q.mu.Unlock()
 			return n, nil
 		}
+		if c != nil && c.loading != nil && !c.at.IsZero() {
+			// Another call is counting: use the last count (plus what
+			// this replica created since) rather than wait for a store
+			// that may hang for its whole timeout.
+			n := c.total
+			q.mu.Unlock()
+			return n, nil
+		}
 		if c != nil && c.loading != nil {
 			wait := c.loading
 			q.mu.Unlock()
@@ -101,9 +112,19 @@ func (q *pendingQuota) estimate(ctx context.Context, ns string) (int64, error) {
 		if err != nil {
 			if c.at.IsZero() {
 				delete(q.counts, ns)
+				q.mu.Unlock()
+				return 0, err
 			}
+			// The store cannot count now (Redis down or hung): keep using
+			// the last count, plus what this replica created since, and
+			// count again after another quotaCountTTL. The quota may then
+			// overshoot by what other replicas create meanwhile.
+			c.at = at
+			n := c.total
 			q.mu.Unlock()
-			return 0, err
+			q.logger.LogAttrs(ctx, slog.LevelWarn, "quota: cannot count the namespace's tasks; using the last count",
+				slog.String("namespace", ns), slog.Int64("count", n), slog.String("error", err.Error()))
+			return n, nil
 		}
 		c.total = st.Scheduled + st.Delivered + st.Dead
 		c.at = at

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -534,6 +535,15 @@ func TestFaultRedisSIGSTOPDurable(t *testing.T) {
 	r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--mysql-dsn", testkit.Database(t, "delayd_fault"),
 		"--reconcile-interval", "2s")
 	ns := "fault-sigstop-durable"
+	// With a pending-task quota, so the quota's count (read from the Redis
+	// index) is on every write's path too.
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err := delaydv1.NewNamespaceServiceClient(r.conn).CreateNamespace(cctx, &delaydv1.CreateNamespaceRequest{
+		Namespace: &delaydv1.Namespace{Name: ns, Policy: &delaydv1.NamespacePolicy{MaxPendingTasks: 1_000_000}}})
+	ccancel()
+	if err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
 	ty := newTally()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -551,9 +561,9 @@ func TestFaultRedisSIGSTOPDurable(t *testing.T) {
 	}()
 	during := w.window(4 * time.Second)
 	w.mu.Lock()
-	failedCodes, slowest := w.codes, w.slowest
-	w.mu.Unlock()
+	failedCodes, slowest := maps.Clone(w.codes), w.slowest
 	failed := w.failed.Load()
+	w.mu.Unlock()
 	rs.Resume()
 	paused = false
 	w.end()
