@@ -779,23 +779,31 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 }
 
 // upsertRange upserts tasks task-<from> .. task-<from+n-1> of ns due
-// spread over the second that starts after.
+// spread over the second that starts after, in one BatchUpsertTasks call
+// (so a loaded machine does not eat into after).
 func upsertRange(t *testing.T, conn *grpc.ClientConn, ns string, from, n int, after time.Duration, ty *tally) {
 	t.Helper()
 	tc := delaydv1.NewTaskServiceClient(conn)
 	start := time.Now().Add(after)
+	req := &delaydv1.BatchUpsertTasksRequest{Namespace: ns}
+	dues := make([]time.Time, n)
 	for i := range n {
-		id := fmt.Sprintf("task-%04d", from+i)
-		due := start.Add(time.Duration(i) * time.Second / time.Duration(n)).Truncate(time.Millisecond)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := tc.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: ns, Id: id, Payload: []byte("p"),
-			When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(due)}})
-		cancel()
-		if err != nil {
-			t.Fatalf("upsert %s: %v", id, err)
+		dues[i] = start.Add(time.Duration(i) * time.Second / time.Duration(n)).Truncate(time.Millisecond)
+		req.Tasks = append(req.Tasks, &delaydv1.UpsertTaskRequest{Id: fmt.Sprintf("task-%04d", from+i), Payload: []byte("p"),
+			When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(dues[i])}})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	res, err := tc.BatchUpsertTasks(ctx, req)
+	cancel()
+	if err != nil {
+		t.Fatalf("batch upsert: %v", err)
+	}
+	for i, r := range res.GetResults() {
+		if r.GetError() != nil {
+			t.Fatalf("upsert %s: %v", req.Tasks[i].GetId(), r.GetError())
 		}
 		ty.mu.Lock()
-		ty.due[id] = due
+		ty.due[req.Tasks[i].GetId()] = dues[i]
 		ty.mu.Unlock()
 	}
 }
