@@ -594,9 +594,16 @@
       h('table', { id: 'keys' }, h('thead', {}, h('tr', {}, h('th', {}, 'id'), h('th', {}, 'scopes'),
         h('th', {}, 'description'), h('th', {}, 'created'), h('th', {}))), tbody));
     const load = () => guard(g, async () => {
-      const r = await call('NamespaceService/ListKeys', { namespace: ns });
-      if (g !== gen) return;
-      tbody.replaceChildren(...(r.keys || []).map((k) => h('tr', { 'data-key': k.id },
+      // Every page: global keys are not capped, and pages are cut by bytes.
+      const keys = [];
+      let pageToken = '';
+      do {
+        const r = await call('NamespaceService/ListKeys', { namespace: ns, pageSize: 1000, pageToken });
+        if (g !== gen) return;
+        keys.push(...(r.keys || []));
+        pageToken = r.nextPageToken || '';
+      } while (pageToken);
+      tbody.replaceChildren(...keys.map((k) => h('tr', { 'data-key': k.id },
         h('td', {}, h('code', {}, k.id)), h('td', {}, (k.scopes || []).map((s) => h('span', { class: 'badge' }, scopeName(s)))),
         h('td', {}, k.description || ''), h('td', {}, fmtTime(k.createTime)),
         h('td', {}, h('button', {
