@@ -117,6 +117,11 @@ type ConsumeOptions struct {
 	// that only holds tasks no worker is free for, and a consumer that
 	// stops hands them back.
 	MaxInFlight int
+	// Kinds, if not empty, are the only task kinds the stream receives
+	// (SubscribeRequest.kinds; "" is the kind of tasks upserted without
+	// one); tasks of other kinds wait for a consumer that takes them.
+	// At most 32.
+	Kinds []string
 	// AckBatchSize is the most tokens sent in one AckTasks call; a batch is
 	// sent as soon as it is full. 1-1,000. If zero, 100.
 	AckBatchSize int
@@ -436,6 +441,7 @@ func (cs *consumer) receive(ctx context.Context, r *streamRun) error {
 	stream, err := cs.c.delivery.Subscribe(ctx, &delaydv1.SubscribeRequest{
 		Namespace:   cs.ns,
 		MaxInFlight: int32(cs.opts.MaxInFlight),
+		Kinds:       cs.opts.Kinds,
 	})
 	if err != nil {
 		return err

@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -198,4 +202,60 @@ func TestE2EDispatchRateCapAcrossReplicas(t *testing.T) {
 		t.Errorf("%d tasks popped within one second; the cap allows %d (rate %g + burst %d, +1 for ms rounding)", worst, limit, rate, burst)
 	}
 	t.Logf("200 tasks at %g/s: popped over %s (store clock), at most %d in any 1 s window, per replica %v", rate, span, worst, perReplica)
+}
+
+// TestE2ESubscribeKinds: over gRPC, a stream with kinds receives only
+// tasks of those kinds (one of them the empty kind), a task of another
+// kind stays SCHEDULED and counts in due_now, and a request with too many
+// kinds is refused naming the field.
+func TestE2ESubscribeKinds(t *testing.T) {
+	t.Parallel()
+	e, r := newE2E(t, testRedisURL())
+	dlv := delaydv1.NewDeliveryServiceClient(r.conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := dlv.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: e.ns, MaxInFlight: 10, Kinds: []string{"order.close", ""}})
+	if err == nil {
+		_, err = stream.Header()
+	}
+	if err != nil {
+		t.Fatalf("Subscribe with kinds: %v", err)
+	}
+	for id, kind := range map[string]string{"close-1": "order.close", "plain-1": "", "remind-1": "order.remind"} {
+		if _, err := r.tasks.UpsertTask(ctxFor(t), &delaydv1.UpsertTaskRequest{Namespace: e.ns, Id: id, Kind: kind,
+			When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(0)}}); err != nil {
+			t.Fatalf("UpsertTask(%s): %v", id, err)
+		}
+	}
+	got := map[string]bool{}
+	for range 2 {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("Recv: %v", err)
+		}
+		got[resp.GetDelivery().GetTask().GetId()] = true
+	}
+	if !got["close-1"] || !got["plain-1"] {
+		t.Fatalf("stream of order.close and \"\" received %v, want close-1 and plain-1", got)
+	}
+	time.Sleep(e2eQuiet)
+	task, err := r.tasks.GetTask(ctxFor(t), &delaydv1.GetTaskRequest{Namespace: e.ns, Id: "remind-1"})
+	if err != nil || task.GetTask().GetState() != delaydv1.TaskState_TASK_STATE_SCHEDULED {
+		t.Fatalf("remind-1, a kind no stream takes: %v, %v; want SCHEDULED", task.GetTask().GetState(), err)
+	}
+	if st := e.stats(r); st.GetDueNow() != 1 {
+		t.Fatalf("due_now = %d, want 1 (remind-1 waits for a stream of its kind)", st.GetDueNow())
+	}
+
+	many := make([]string, 33)
+	for i := range many {
+		many[i] = fmt.Sprintf("k%d", i)
+	}
+	bad, err := dlv.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: e.ns, Kinds: many})
+	if err == nil {
+		_, err = bad.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "kinds") {
+		t.Fatalf("Subscribe with 33 kinds: %v; want InvalidArgument naming kinds", err)
+	}
 }

@@ -429,6 +429,11 @@ type Subscriber struct {
 	// MaxInFlight is the most unacked deliveries the stream holds. Values
 	// below 1 are taken as 1.
 	MaxInFlight int
+	// Kinds, if not empty, are the only task kinds the stream receives
+	// (storage.PopParams.Kinds): the namespace loop pops for the free
+	// credit of the streams with the same kinds and hands the tasks to
+	// them only. Tasks whose kind no stream wants stay scheduled.
+	Kinds []string
 	// Send pushes one delivery to the subscriber. Serve calls it from its own
 	// goroutine only, one call at a time. An error ends Serve.
 	Send func(storage.Delivery) error
@@ -461,7 +466,7 @@ func (d *Dispatcher) Serve(ctx context.Context, sub Subscriber) error {
 		go n.run()
 	}
 	d.streamID++
-	st := newStream(d.streamID, sub.MaxInFlight)
+	st := newStream(d.streamID, sub.MaxInFlight, sub.Kinds)
 	n.add(st)
 	d.serving.Add(1)
 	d.mu.Unlock()

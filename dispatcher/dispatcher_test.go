@@ -137,6 +137,12 @@ func (h *harness) subscribe(d *dispatcher.Dispatcher, ns string, maxInFlight int
 // every Send before the delivery is handed over (a slow subscriber).
 func (h *harness) subscribeWith(d *dispatcher.Dispatcher, ns string, maxInFlight int, block chan struct{}) *sub {
 	h.t.Helper()
+	return h.subscribeKinds(d, ns, maxInFlight, block, nil)
+}
+
+// subscribeKinds serves a subscriber of the given task kinds (nil: all).
+func (h *harness) subscribeKinds(d *dispatcher.Dispatcher, ns string, maxInFlight int, block chan struct{}, kinds []string) *sub {
+	h.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sub{ch: make(chan storage.Delivery, 100000), cancel: cancel, done: make(chan error, 1)}
 	ready := make(chan struct{})
@@ -144,6 +150,7 @@ func (h *harness) subscribeWith(d *dispatcher.Dispatcher, ns string, maxInFlight
 		s.done <- d.Serve(ctx, dispatcher.Subscriber{
 			Namespace:   ns,
 			MaxInFlight: maxInFlight,
+			Kinds:       kinds,
 			Ready:       func() error { close(ready); return nil },
 			Send: func(del storage.Delivery) error {
 				if block != nil {
@@ -649,7 +656,7 @@ func TestSweepReapsNamespacesWithoutSubscriber(t *testing.T) {
 	})
 	// A lease taken by a replica that then vanished (popped directly).
 	h.upsert(nil, 0, "orphan")
-	if dels, err := h.store.Pop(context.Background(), h.ns, storage.PopParams{Limit: 10, LeaseFor: 50*time.Millisecond}); err != nil || len(dels) != 1 {
+	if dels, err := h.store.Pop(context.Background(), h.ns, storage.PopParams{Limit: 10, LeaseFor: 50 * time.Millisecond}); err != nil || len(dels) != 1 {
 		t.Fatalf("Pop: %v, %v", dels, err)
 	}
 	// A replica with no subscriber of h.ns, sweeping every namespace.
@@ -1058,4 +1065,56 @@ func TestLateDeliveriesAreLogged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// upsertKind stores tasks of one kind, due now, and tells d.
+func (h *harness) upsertKind(d *dispatcher.Dispatcher, kind string, ids ...string) {
+	h.t.Helper()
+	specs := make([]storage.UpsertSpec, len(ids))
+	for i, id := range ids {
+		specs[i] = storage.UpsertSpec{ID: id, Kind: kind, Payload: []byte("p-" + id)}
+	}
+	if _, err := h.store.Upsert(context.Background(), h.ns, specs); err != nil {
+		h.t.Fatalf("Upsert: %v", err)
+	}
+	d.Notify(h.ns)
+}
+
+// TestKindsRouteTasks: a stream with kinds receives only tasks of those
+// kinds; credit holds per set of kinds (a full stream of one kind does not
+// hold up another kind); a task whose kind no stream wants stays scheduled
+// until a stream that takes it (here one of every kind) subscribes.
+func TestKindsRouteTasks(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testPolicy(), nil)
+	a := h.subscribeKinds(h.d, h.ns, 1, nil, []string{"kind.a"})
+	b := h.subscribeKinds(h.d, h.ns, 10, nil, []string{"kind.b", "kind.b"})
+	h.upsertKind(h.d, "kind.a", "a1", "a2")
+	h.upsertKind(h.d, "kind.b", "b1", "b2")
+	h.upsertKind(h.d, "kind.c", "c1")
+
+	first := a.next(t)
+	if first.Task.Kind != "kind.a" {
+		t.Fatalf("stream of kind.a received %s (kind %q)", first.Task.ID, first.Task.Kind)
+	}
+	a.none(t) // max_in_flight 1
+	for range 2 {
+		if d := b.next(t); d.Task.Kind != "kind.b" {
+			t.Fatalf("stream of kind.b received %s (kind %q)", d.Task.ID, d.Task.Kind)
+		}
+	}
+	b.none(t)
+	if task, err := h.get("c1"); err != nil || task.State != storage.StateScheduled || task.Attempt != 0 {
+		t.Fatalf("c1, a kind nobody takes: %+v, %v; want scheduled, attempt 0", task, err)
+	}
+	h.ack(h.d, first.Token)
+	if d := a.next(t); d.Task.Kind != "kind.a" {
+		t.Fatalf("stream of kind.a received %s (kind %q) after an ack", d.Task.ID, d.Task.Kind)
+	}
+	all := h.subscribe(h.d, h.ns, 10)
+	if d := all.next(t); d.Task.ID != "c1" {
+		t.Fatalf("stream of every kind received %s, want c1", d.Task.ID)
+	}
+	a.none(t)
+	b.none(t)
 }

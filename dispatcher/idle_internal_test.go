@@ -28,7 +28,7 @@ func TestDueButNothingMovedBacksOffBriefly(t *testing.T) {
 	}
 	d.base = ctx
 	n := newNamespace(d, "idle")
-	n.add(newStream(1, 10))
+	n.add(newStream(1, 10, nil))
 	reap := true
 	for i := range 40 {
 		wait, blocked, reapNext := n.tick(reap)

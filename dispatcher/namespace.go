@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,6 +86,12 @@ func (n *namespace) late(lateness time.Duration) {
 // few such rounds in a row could leave tasks that fell due meanwhile up to
 // a second late; now at most this long.
 const maxIdleWait = 25 * time.Millisecond
+
+// kindIdleWait bounds the idle backoff instead of maxIdleWait when every
+// stream of the namespace takes given kinds only: due tasks of other kinds
+// make the store say "due" without a pop ever taking them, and a task of
+// a wanted kind that falls due behind them waits at most this long.
+const kindIdleWait = 100 * time.Millisecond
 
 // rateWaitMin is the shortest wait for a namespace's dispatch-rate tokens
 // (Policy.MaxDispatchRate): at high rates the loop pops every few
@@ -253,7 +260,14 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	if free > 0 {
 		// The store says "due" but neither pop nor reap moved anything:
 		// retry soon, but never spin.
-		n.idleWait = min(max(2*n.idleWait, time.Millisecond), maxIdleWait, cfg.SafetyPoll)
+		longest := maxIdleWait
+		if n.onlyKinds() {
+			// Every stream takes given kinds: what is due may be of kinds
+			// nobody takes, and stays so; look again less often. An
+			// earlier task of any kind still wakes the loop at once.
+			longest = kindIdleWait
+		}
+		n.idleWait = min(max(2*n.idleWait, time.Millisecond), longest, cfg.SafetyPoll)
 		return n.idleWait, false, true
 	}
 	// Blocked on credit: wake when credit comes back, when a local lease
@@ -311,7 +325,77 @@ func (n *namespace) renewHeld(ctx context.Context) {
 // another of the calls failed. It returns how many were popped, whether
 // every call was filled (more may be due), and the first error.
 func (n *namespace) pop(ctx context.Context, free int, pol storage.Policy) (got int, full bool, err error) {
+	groups := n.creditGroups()
+	if len(groups) == 1 && groups[0].key == "" {
+		return n.popGroup(ctx, creditGroup{free: free}, pol)
+	}
+	full = false
+	for _, g := range groups {
+		if g.free <= 0 {
+			continue
+		}
+		gg, gf, ge := n.popGroup(ctx, g, pol)
+		got += gg
+		full = full || gf
+		if err == nil {
+			err = ge
+		}
+	}
+	return got, full, err
+}
+
+// creditGroup is the free credit of the streams that take the same kinds.
+type creditGroup struct {
+	key   string   // stream.kindKey; "" for every kind
+	kinds []string // nil for every kind
+	free  int
+}
+
+// creditGroups returns the free credit per set of kinds, the groups with
+// kinds first (in key order), every kind last, so a stream of given kinds
+// gets the tasks of those kinds before one that takes anything.
+func (n *namespace) creditGroups() []creditGroup {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []creditGroup
+	for _, st := range n.streams {
+		i := slices.IndexFunc(out, func(g creditGroup) bool { return g.key == st.kindKey })
+		if i < 0 {
+			out = append(out, creditGroup{key: st.kindKey, kinds: st.kinds})
+			i = len(out) - 1
+		}
+		out[i].free += st.room()
+	}
+	slices.SortFunc(out, func(a, b creditGroup) int {
+		if (a.key == "") != (b.key == "") {
+			if a.key == "" {
+				return 1
+			}
+			return -1
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	return out
+}
+
+// onlyKinds reports whether every stream takes given kinds only (so due
+// tasks may be of kinds nobody takes).
+func (n *namespace) onlyKinds() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, st := range n.streams {
+		if st.kindKey == "" {
+			return false
+		}
+	}
+	return len(n.streams) > 0
+}
+
+// popGroup pops for the free credit of one group of streams (see pop) and
+// hands what it popped to those streams.
+func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Policy) (got int, full bool, err error) {
 	cfg := &n.d.cfg
+	free := g.free
 	leaseFor := pol.AckTimeout
 	// The store lease is the short liveness lease, renewed while this
 	// replica holds the delivery; the subscriber is told the ack timeout.
@@ -338,7 +422,7 @@ func (n *namespace) pop(ctx context.Context, free int, pol storage.Policy) (got 
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		defer cancel()
 		results[i], errs[i] = cfg.Store.Pop(c, n.name, storage.PopParams{Limit: limits[i], LeaseFor: storeLease,
-			MaxRate: pol.MaxDispatchRate, Burst: storage.DispatchBurst(pol.MaxDispatchRate)})
+			MaxRate: pol.MaxDispatchRate, Burst: storage.DispatchBurst(pol.MaxDispatchRate), Kinds: g.kinds})
 	}
 	if calls > 1 {
 		var wg sync.WaitGroup
@@ -382,7 +466,7 @@ func (n *namespace) pop(ctx context.Context, free int, pol storage.Policy) (got 
 		for _, del := range all[1:] {
 			ahead = max(ahead, del.LeaseDeadline.Add(-storeLease).Sub(before))
 		}
-		n.distribute(all, distribution{deadline: deadline, popped: popped, leaseFor: leaseFor, storeLease: storeLease, ahead: ahead})
+		n.distribute(all, distribution{deadline: deadline, popped: popped, leaseFor: leaseFor, storeLease: storeLease, ahead: ahead, kindKey: g.key})
 		got = len(all)
 	}
 	return got, full, err
@@ -395,6 +479,7 @@ type distribution struct {
 	leaseFor   time.Duration // the ack timeout the subscriber is told
 	storeLease time.Duration // the lease the pop asked the store for
 	ahead      time.Duration // see namespace.ahead
+	kindKey    string        // the streams the round was popped for (stream.kindKey)
 }
 
 // failed logs a store error (at most every 10 s while it persists) and
@@ -516,7 +601,7 @@ func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 	n.mu.Lock()
 	n.ahead = p.ahead
 	for _, del := range dels {
-		st := n.pick()
+		st := n.pick(p.kindKey)
 		if st == nil {
 			orphans = append(orphans, del.Token)
 			continue
@@ -543,12 +628,12 @@ func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 	}
 }
 
-// pick returns the next stream with room, round robin; nil if none. n.mu
-// is held.
-func (n *namespace) pick() *stream {
+// pick returns the next stream of kindKey with room, round robin; nil if
+// none. n.mu is held.
+func (n *namespace) pick(kindKey string) *stream {
 	for i := 0; i < len(n.streams); i++ {
 		st := n.streams[(n.rr+i)%len(n.streams)]
-		if st.room() > 0 {
+		if st.kindKey == kindKey && st.room() > 0 {
 			n.rr = (n.rr + i + 1) % len(n.streams)
 			return st
 		}

@@ -1,6 +1,8 @@
 package dispatcher
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/delayd/delayd/storage"
@@ -11,6 +13,11 @@ import (
 type stream struct {
 	id  uint64
 	max int
+	// kinds are the task kinds the stream takes, sorted, no duplicates;
+	// nil: every kind. kindKey names the set: streams with the same key
+	// share the pops made for their credit ("" for every kind).
+	kinds   []string
+	kindKey string
 	// queue carries deliveries from the namespace loop to the stream's
 	// sender. It grows with what the stream is given, never past max (the
 	// loop only appends when room() > 0): a stream's memory follows the
@@ -44,10 +51,17 @@ type lease struct {
 	late   time.Duration
 }
 
-func newStream(id uint64, maxInFlight int) *stream {
+func newStream(id uint64, maxInFlight int, kinds []string) *stream {
+	var key string
+	if len(kinds) > 0 {
+		kinds = slices.Compact(slices.Sorted(slices.Values(kinds)))
+		key = "kinds:" + strings.Join(kinds, "\x00")
+	}
 	return &stream{
-		id:    id,
-		max:   maxInFlight,
+		id:      id,
+		max:     maxInFlight,
+		kinds:   kinds,
+		kindKey: key,
 		ready: make(chan struct{}, 1),
 		done:  make(chan struct{}),
 		held:  make(map[storage.Token]*lease),

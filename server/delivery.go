@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -69,6 +70,10 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 		return toStatus(ctx, s.logger, invalidf("max_in_flight", "is %d; allowed: 1-%d, or 0 for %d",
 			inFlight, s.limits.MaxInFlight, s.limits.DefaultInFlight))
 	}
+	kinds, err := subscribeKinds(req.GetKinds())
+	if err != nil {
+		return toStatus(ctx, s.logger, err)
+	}
 	if _, err := policyOrCreate(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return err
 	}
@@ -78,9 +83,10 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	// The stream ends when its key is revoked or its namespace deleted.
 	ctx, stopGuard, guardEnded := s.guard.watch(ctx, principalFrom(ctx), ns)
 	defer stopGuard()
-	err := s.opts.Subscriptions.Serve(ctx, dispatcher.Subscriber{
+	err = s.opts.Subscriptions.Serve(ctx, dispatcher.Subscriber{
 		Namespace:   ns,
 		MaxInFlight: inFlight,
+		Kinds:       kinds,
 		Ready:       func() error { return stream.SendHeader(metadata.MD{}) },
 		Send: func(d storage.Delivery) error {
 			return stream.Send(&delaydv1.SubscribeResponse{Delivery: deliveryToProto(d)})
@@ -299,6 +305,28 @@ func deliveryToProto(d storage.Delivery) *delaydv1.Delivery {
 		Token:         encodeToken(d.Token),
 		LeaseDeadline: timeToProto(d.LeaseDeadline),
 	}
+}
+
+// maxSubscribeKinds bounds SubscribeRequest.kinds (each kind is an
+// argument of every pop for the stream).
+const maxSubscribeKinds = 32
+
+// subscribeKinds validates SubscribeRequest.kinds and drops duplicates;
+// nil means every kind.
+func subscribeKinds(in []string) ([]string, error) {
+	if len(in) > maxSubscribeKinds {
+		return nil, invalidf("kinds", "has %d kinds; allowed: at most %d (empty: every kind)", len(in), maxSubscribeKinds)
+	}
+	var out []string
+	for i, k := range in {
+		if err := validateKind(fmt.Sprintf("kinds[%d]", i), k); err != nil {
+			return nil, err
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
 }
 
 // lookupPolicy returns ns's policy, or a status error to return as is:

@@ -127,7 +127,17 @@ type PopParams struct {
 	// Burst is the bucket's size, the most deliveries at once after an idle
 	// spell; below 1 it is 1. Ignored without MaxRate.
 	Burst int
+	// Kinds, if not empty, restricts the pop to tasks whose Kind is one of
+	// them, taken in due order from the first KindScanWindow due tasks of
+	// the namespace only (so a pop stays bounded): tasks of other kinds
+	// stay scheduled, in place.
+	Kinds []string
 }
+
+// KindScanWindow is how many due tasks, from the head, a Pop with Kinds
+// looks at. While more tasks of kinds nobody pops are due ahead of them,
+// tasks of the wanted kinds wait.
+const KindScanWindow = 1000
 
 // DeadLetters is what the dead-letter admin RPCs need.
 type DeadLetters interface {

@@ -293,7 +293,7 @@ func TestConnectionsKilledMidBatch(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 2 minutes: %d of %d delivered, %d rows left in mysql", n, len(want), countRows())
 		}
-		ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 100, LeaseFor: 5*time.Second})
+		ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 100, LeaseFor: 5 * time.Second})
 		if err != nil {
 			t.Fatalf("pop: %v", err)
 		}

@@ -38,7 +38,7 @@ func startConsumers(t *testing.T, s storage.Deliveries, ns string, n int) *consu
 					return
 				default:
 				}
-				ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 200, LeaseFor: 5*time.Second})
+				ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 200, LeaseFor: 5 * time.Second})
 				if err != nil || len(ds) == 0 {
 					if err != nil {
 						c.mu.Lock()

@@ -457,7 +457,7 @@ func TestMalformedHeaderNeverVanishes(t *testing.T) {
 			if err := s.rdb.HSet(ctx, k.meta, "b", "garbage").Err(); err != nil {
 				t.Fatal(err)
 			}
-			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: 30*time.Millisecond})
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: 30 * time.Millisecond})
 			if err != nil || len(ds) != 2 || ds[0].Task.ID != "a" || ds[1].Task.ID != "c" {
 				t.Fatalf("pop = %+v, %v; want a and c", ds, err)
 			}

@@ -67,7 +67,10 @@ func TestOneRoundTripPerBatch(t *testing.T) {
 	warm := func(f func() error) { _ = f() }
 	var ds []storage.Delivery
 	calls("upsert", func() error { _, err := s.Upsert(ctx, ns, specs); return err })
-	warm(func() error { _, err := s.Pop(ctx, ns+"x", storage.PopParams{Limit: 1, LeaseFor: time.Minute}); return err })
+	warm(func() error {
+		_, err := s.Pop(ctx, ns+"x", storage.PopParams{Limit: 1, LeaseFor: time.Minute})
+		return err
+	})
 	calls("pop", func() error {
 		var err error
 		ds, err = s.Pop(ctx, ns, storage.PopParams{Limit: 1000, LeaseFor: time.Minute})

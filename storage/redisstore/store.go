@@ -730,7 +730,8 @@ func parseCursor(state storage.State, c string) (score, id string, err error) {
 
 // Pop leases at most p.Limit (and at most MaxBatch) due tasks of ns for
 // p.LeaseFor, in due order, counting the attempt; with p.MaxRate, at most
-// as many as the namespace's token bucket holds (lua/pop.lua). Due-ness
+// as many as the namespace's token bucket holds, with p.Kinds only tasks
+// of those kinds (lua/pop.lua). Due-ness
 // is decided by the Redis clock. Nothing is deleted: a task whose stored
 // header is malformed is moved to dead (and logged) instead of delivered.
 func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
@@ -740,8 +741,14 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 	k := keysFor(ns, shard)
 	// ARGV as documented in lua/pop.lua.
 	rate := max(p.MaxRate, 0)
-	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate},
-		min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1))
+	args := []any{min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0}
+	if len(p.Kinds) > 0 {
+		args[4] = storage.KindScanWindow
+		for _, kind := range p.Kinds {
+			args = append(args, kind)
+		}
+	}
+	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate}, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -419,7 +419,9 @@ func (s *Store) List(_ context.Context, ns string, p storage.ListParams) ([]stor
 }
 
 // Pop leases at most p.Limit due tasks, in due order; with p.MaxRate, at
-// most the whole tokens of the namespace's bucket, as pop.lua does.
+// most the whole tokens of the namespace's bucket; with p.Kinds, only
+// tasks of those kinds among the first KindScanWindow due ones, as pop.lua
+// does.
 func (s *Store) Pop(_ context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -436,9 +438,12 @@ func (s *Store) Pop(_ context.Context, ns string, p storage.PopParams) ([]storag
 		limit = min(limit, int(tokens))
 	}
 	var out []storage.Delivery
-	for _, r := range sorted(s.nss[ns], storage.StateScheduled) {
-		if len(out) >= limit || r.due > now {
+	for i, r := range sorted(s.nss[ns], storage.StateScheduled) {
+		if len(out) >= limit || r.due > now || (len(p.Kinds) > 0 && i >= storage.KindScanWindow) {
 			break
+		}
+		if len(p.Kinds) > 0 && !slices.Contains(p.Kinds, r.task.Kind) {
+			continue
 		}
 		r.task.State = storage.StateDelivered
 		r.task.Attempt++

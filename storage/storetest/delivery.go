@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -645,4 +646,66 @@ func testPopRate(t *testing.T, newStore func(t *testing.T) Store) {
 		total += n
 		return total >= 4
 	})
+}
+
+// testPopKinds: a Pop with Kinds takes only tasks of those kinds, in due
+// order, and leaves the others scheduled in place; it looks at the first
+// KindScanWindow due tasks only.
+func testPopKinds(t *testing.T, newStore func(t *testing.T) Store) {
+	t.Parallel()
+	e := newEnv(t, newStore)
+	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	var specs []storage.UpsertSpec
+	for i, id := range []string{"a1", "b1", "n1", "a2", "b2", "a3", "b3"} {
+		kind := map[byte]string{'a': "kind.a", 'b': "kind.b", 'n': ""}[id[0]]
+		specs = append(specs, storage.UpsertSpec{ID: id, Kind: kind, Payload: payloadOf(id), DueTime: base.Add(time.Duration(i) * time.Second)})
+	}
+	e.upsert(specs...)
+	pop := func(limit int, kinds ...string) []string {
+		t.Helper()
+		ds, err := e.s.Pop(e.ctx, e.ns, storage.PopParams{Limit: limit, LeaseFor: time.Hour, Kinds: kinds})
+		if err != nil {
+			t.Fatalf("pop %v: %v", kinds, err)
+		}
+		var got []string
+		for _, d := range ds {
+			got = append(got, d.Task.ID)
+		}
+		return got
+	}
+	if got := pop(2, "kind.b"); !slices.Equal(got, []string{"b1", "b2"}) {
+		t.Fatalf("pop 2 of kind.b = %v, want [b1 b2] (due order, other kinds skipped)", got)
+	}
+	if got := pop(10, "kind.a", ""); !slices.Equal(got, []string{"a1", "n1", "a2", "a3"}) {
+		t.Fatalf("pop of kind.a and no kind = %v, want [a1 n1 a2 a3]", got)
+	}
+	if got := pop(10, "kind.c"); len(got) != 0 {
+		t.Fatalf("pop of a kind no task has = %v, want nothing", got)
+	}
+	if task := e.get("b3"); task.State != storage.StateScheduled || task.Attempt != 0 {
+		t.Fatalf("b3 after pops of other kinds: %v attempt %d, want scheduled, 0", task.State, task.Attempt)
+	}
+	if got := pop(10); !slices.Equal(got, []string{"b3"}) {
+		t.Fatalf("pop of any kind = %v, want [b3]", got)
+	}
+
+	// The scan window: KindScanWindow due tasks of another kind ahead hide
+	// a task of the wanted kind.
+	var filler []storage.UpsertSpec
+	for i := range storage.KindScanWindow {
+		filler = append(filler, storage.UpsertSpec{ID: fmt.Sprintf("f%d", i), Kind: "kind.f", DueTime: base})
+	}
+	for lo := 0; lo < len(filler); lo += 500 {
+		e.upsert(filler[lo:min(lo+500, len(filler))]...)
+	}
+	e.upsert(storage.UpsertSpec{ID: "late", Kind: "kind.l", DueTime: base.Add(time.Minute)})
+	if got := pop(10, "kind.l"); len(got) != 0 {
+		t.Fatalf("pop of kind.l behind %d due tasks of another kind = %v, want nothing (beyond the scan window)", storage.KindScanWindow, got)
+	}
+	if got := pop(1); len(got) != 1 || got[0] == "late" {
+		t.Fatalf("pop of any kind = %v, want one filler task", got)
+	}
+	if got := pop(10, "kind.l"); !slices.Equal(got, []string{"late"}) {
+		t.Fatalf("pop of kind.l once it is within the window = %v, want [late]", got)
+	}
 }

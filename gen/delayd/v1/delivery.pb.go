@@ -94,7 +94,17 @@ type SubscribeRequest struct {
 	// Namespace to receive due tasks of.
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Most unacked deliveries this stream holds at once: 1-10,000; 0 means 64.
-	MaxInFlight   int32 `protobuf:"varint,2,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	MaxInFlight int32 `protobuf:"varint,2,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// Kinds of task this stream receives (Task.kind, exact; "" is the kind of
+	// tasks upserted without one); empty: every kind. At most 32. Due tasks
+	// whose kind no stream wants wait (GetNamespaceStats due_now counts
+	// them) instead of reaching the wrong worker. Streams with the same kinds
+	// share their credit round robin, as streams without kinds do. A pop
+	// for given kinds looks at the first 1,000 due tasks of the namespace
+	// (in due order) only, so while more than that many tasks of other kinds
+	// are due ahead of them, tasks of these kinds wait for those to be
+	// delivered.
+	Kinds         []string `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -141,6 +151,13 @@ func (x *SubscribeRequest) GetMaxInFlight() int32 {
 		return x.MaxInFlight
 	}
 	return 0
+}
+
+func (x *SubscribeRequest) GetKinds() []string {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
 }
 
 // SubscribeResponse carries one delivery.
@@ -780,10 +797,11 @@ var File_delayd_v1_delivery_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_delivery_proto_rawDesc = "" +
 	"\n" +
-	"\x18delayd/v1/delivery.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"T\n" +
+	"\x18delayd/v1/delivery.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n" +
 	"\x10SubscribeRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\"\n" +
-	"\rmax_in_flight\x18\x02 \x01(\x05R\vmaxInFlight\"D\n" +
+	"\rmax_in_flight\x18\x02 \x01(\x05R\vmaxInFlight\x12\x14\n" +
+	"\x05kinds\x18\x03 \x03(\tR\x05kinds\"D\n" +
 	"\x11SubscribeResponse\x12/\n" +
 	"\bdelivery\x18\x01 \x01(\v2\x13.delayd.v1.DeliveryR\bdelivery\"\x88\x01\n" +
 	"\bDelivery\x12#\n" +

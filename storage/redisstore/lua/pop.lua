@@ -6,6 +6,9 @@
 -- ARGV[2] lease ms
 -- ARGV[3] dispatch rate cap, tasks per second ("0": no cap, KEYS[6] untouched)
 -- ARGV[4] bucket size (burst), at least 1
+-- ARGV[5] kind scan window: 0 = tasks of any kind; n > 0 = take only tasks
+--         whose kind is one of ARGV[6..], looking at the first n due tasks
+-- ARGV[6..] kinds (with a window)
 --
 -- With a cap, the namespace's token bucket (KEYS[6]: t = tokens, at = Redis
 -- time of t in microseconds) is refilled at ARGV[3] per second up to
@@ -45,8 +48,38 @@ if rate > 0 then
     return out
   end
 end
-local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES',
-  'LIMIT', 0, limit)
+local window = tonumber(ARGV[5])
+local items
+if window > 0 then
+  -- Kinds: the wanted tasks among the first window due ones, in due order;
+  -- the others (and members without a readable header) stay where they are.
+  local want = {}
+  for i = 6, #ARGV do
+    want[ARGV[i]] = true
+  end
+  local scan = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES',
+    'LIMIT', 0, window)
+  items = {}
+  if #scan > 0 then
+    local sids = {}
+    for i = 1, #scan, 2 do
+      sids[#sids + 1] = scan[i]
+    end
+    local shs = redis.call('HMGET', KEYS[4], unpack(sids))
+    for k = 1, #sids do
+      local r = parse(shs[k])
+      if r and want[string.sub(shs[k], r.b, r.b + r.kl - 1)] then
+        push(items, sids[k], scan[2 * k])
+        if #items >= 2 * limit then
+          break
+        end
+      end
+    end
+  end
+else
+  items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES',
+    'LIMIT', 0, limit)
+end
 if #items == 0 then
   return out
 end
@@ -79,8 +112,12 @@ if #good > 0 then
   end
   bodies = redis.call('HMGET', KEYS[5], unpack(gids))
 end
--- the popped tasks are exactly the first #ids members of due
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
+if window > 0 then
+  redis.call('ZREM', KEYS[1], unpack(ids))
+else
+  -- the popped tasks are exactly the first #ids members of due
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
+end
 flush('ZADD', KEYS[2], zargs)
 flush('HSET', KEYS[4], hargs)
 if #bad > 0 then

@@ -31,6 +31,21 @@ export declare type SubscribeRequest = Message<"delayd.v1.SubscribeRequest"> & {
    * @generated from field: int32 max_in_flight = 2;
    */
   maxInFlight: number;
+
+  /**
+   * Kinds of task this stream receives (Task.kind, exact; "" is the kind of
+   * tasks upserted without one); empty: every kind. At most 32. Due tasks
+   * whose kind no stream wants wait (GetNamespaceStats due_now counts
+   * them) instead of reaching the wrong worker. Streams with the same kinds
+   * share their credit round robin, as streams without kinds do. A pop
+   * for given kinds looks at the first 1,000 due tasks of the namespace
+   * (in due order) only, so while more than that many tasks of other kinds
+   * are due ahead of them, tasks of these kinds wait for those to be
+   * delivered.
+   *
+   * @generated from field: repeated string kinds = 3;
+   */
+  kinds: string[];
 };
 
 /**
