@@ -5,8 +5,8 @@
 //
 // A Store implements storage.Tasks, storage.Deliveries, storage.DeadLetters,
 // storage.Counter and storage.Wakeups, plus the methods durable mode needs
-// (Restore, Generations, Indexed, MarkIndexed, TryLead, Namespaces). It
-// works with a single Redis (redis.NewClient), Redis Cluster
+// (Restore, Generations, Indexed, MarkIndexed, TryLead, Namespaces,
+// MatchTasks). It works with a single Redis (redis.NewClient), Redis Cluster
 // (redis.NewClusterClient: each namespace's keys share one hash tag) and an
 // in-process miniredis (embedded mode); all of them run the same scripts.
 //
