@@ -19,6 +19,10 @@
 //     upsert answered OK (it is durable) and the index is repaired from
 //     MySQL: at once by this replica when Redis answers again, and by the
 //     reconciler.
+//   - Conditional writes (create-only, compare-and-set by generation and
+//     incarnation) are decided by MySQL, in the group commit's transaction
+//     against the rows read FOR UPDATE; a refused write touches neither
+//     store. RemoveTasks deletes the versions it matched from MySQL first.
 //   - Remove deletes from MySQL first, then from the index, and answers OK
 //     only once the index removed the task (else storage.ErrUnavailable:
 //     retry). If MySQL is down nothing is touched and the answer is
