@@ -449,3 +449,67 @@ func TestGenerationRaces(t *testing.T) {
 		}
 	}
 }
+
+// TestHungIndexWritesAnswerByDeadline (issue 10 item 5): with the Redis
+// index hung (a private redis-server SIGSTOPped), writes whose callers
+// have a 1 s deadline are answered before it: an upsert OK (MySQL has it),
+// a remove Unavailable (MySQL deleted it; its index removal is queued, so
+// it must not claim the task is gone from delivery yet). After SIGCONT the
+// queued and repaired index writes land: the removed task leaves the
+// index, the upserted one enters it.
+func TestHungIndexWritesAnswerByDeadline(t *testing.T) {
+	t.Parallel()
+	rs := testkit.StartRedis(t)
+	e := newEnvOn(t, testkit.Database(t, "delayd_test"), rs.URL, func(c *durable.Config) {
+		c.OpTimeout = 2 * time.Second
+		c.IndexWait = 300 * time.Millisecond
+	})
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "hung")
+	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "gone", Delay: time.Hour}, {ID: "keep", Delay: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	rs.Pause()
+	paused := true
+	defer func() {
+		if paused {
+			rs.Resume()
+		}
+	}()
+	for i := range 3 {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := e.store.Upsert(dctx, ns, []storage.UpsertSpec{{ID: fmt.Sprintf("new-%d", i), Payload: []byte("p"), Delay: -time.Second}})
+		cancel()
+		if err != nil {
+			t.Fatalf("upsert %d with the index hung and a 1 s deadline: %v; want OK (MySQL committed it)", i, err)
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	_, err := e.store.Remove(dctx, ns, "gone", storage.Version{})
+	cancel()
+	if !errors.Is(err, storage.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("remove with the index hung and a 1 s deadline: %v; want ErrUnavailable before the deadline", err)
+	}
+	if _, ok := e.row(ns, "gone"); ok {
+		t.Fatal("mysql still holds the removed task")
+	}
+	for i := range 3 {
+		if _, ok := e.row(ns, fmt.Sprintf("new-%d", i)); !ok {
+			t.Fatalf("mysql lacks new-%d, whose upsert was answered OK", i)
+		}
+	}
+	rs.Resume()
+	paused = false
+	testkit.Eventually(t, 60*time.Second, "the index to catch up after SIGCONT", func() bool {
+		if _, err := e.idx.Get(ctx, ns, "gone"); !errors.Is(err, storage.ErrNotFound) {
+			return false
+		}
+		for i := range 3 {
+			if _, err := e.idx.Get(ctx, ns, fmt.Sprintf("new-%d", i)); err != nil {
+				return false
+			}
+		}
+		_, err := e.idx.Get(ctx, ns, "keep")
+		return err == nil
+	})
+}
