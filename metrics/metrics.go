@@ -15,6 +15,11 @@
 // Per-namespace label children are resolved once, on a namespace's first
 // report, and kept in a map; a report is then a map lookup under a read
 // lock and an atomic add, with no allocation (TestReportsDoNotAllocate).
+// The store wrapper resolves its {store, op} children when built. The gRPC
+// server metrics come from go-grpc-middleware's provider, which resolves
+// its children per call; it is kept off the per-delivery path (Subscribe's
+// messages are not counted, see quietStreams) and has no handling-time
+// histogram, so a task costs it about one unary call.
 //
 // # Cardinality
 //
@@ -161,9 +166,10 @@ func New(opts Options) *Metrics {
 			Name: "delayd_reconcile_pass_failures_total",
 			Help: "Reconciler full passes that failed (retried next interval).",
 		}),
-		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
-			grpcprom.WithHistogramBuckets([]float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}),
-		)),
+		// No handling-time histogram: it costs a label lookup and an
+		// observation per call, and the latency that varies is the store's,
+		// which delayd_store_call_duration_seconds times per op.
+		grpc: grpcprom.NewServerMetrics(),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "delayd_build_info",
@@ -208,13 +214,41 @@ func (m *Metrics) ObserveReadiness(ready func(ctx context.Context) error) error 
 }
 
 // GRPCServerOptions returns the server options that record the standard
-// grpc_server_* metrics (started, handled by code, handling time, messages)
-// of every call. They chain interceptors: give them before any other so
+// grpc_server_* metrics of every call: started, handled by code, and
+// messages received and sent, except the deliveries of Subscribe (see
+// quietStreams). They chain interceptors: give them before any other so
 // calls refused by authentication or limits are counted too.
 func (m *Metrics) GRPCServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(m.grpc.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(m.grpc.StreamServerInterceptor()),
+		grpc.ChainStreamInterceptor(m.streamInterceptor()),
+	}
+}
+
+// quietStreams are the streams whose messages are not counted in
+// grpc_server_msg_sent_total and grpc_server_msg_received_total: Subscribe
+// sends one message per delivery, the busiest path of delayd, and the
+// provider would resolve its label children on every message. Its
+// deliveries are counted by delayd_delivery_lateness_seconds_count (per
+// namespace, children resolved once); the stream itself is still counted in
+// grpc_server_started_total and grpc_server_handled_total.
+var quietStreams = map[string]bool{
+	"/delayd.v1.DeliveryService/Subscribe": true,
+}
+
+// streamInterceptor is the provider's stream interceptor, except that the
+// handler of a quiet stream gets the stream as it came (the provider hands
+// it a wrapper that counts every message; its context is the stream's own,
+// since no per-call labels or exemplars are configured).
+func (m *Metrics) streamInterceptor() grpc.StreamServerInterceptor {
+	counted := m.grpc.StreamServerInterceptor()
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !quietStreams[info.FullMethod] {
+			return counted(srv, ss, info, handler)
+		}
+		return counted(srv, ss, info, func(srv any, _ grpc.ServerStream) error {
+			return handler(srv, ss)
+		})
 	}
 }
 

@@ -18,6 +18,24 @@ type fakeStore struct {
 	sts   []storage.TokenStatus
 	moved []storage.Moved
 	dels  []storage.Delivery
+	ups   []storage.UpsertResult
+	ext   []storage.ExtendResult
+}
+
+func (f *fakeStore) Upsert(context.Context, string, []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	return f.ups, nil
+}
+
+func (f *fakeStore) Remove(context.Context, string, string, storage.Version) (storage.State, error) {
+	return storage.StateScheduled, nil
+}
+
+func (f *fakeStore) RemoveTasks(context.Context, string, storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
+	return storage.RemoveTasksResult{Removed: 2}, nil
+}
+
+func (f *fakeStore) Extend(context.Context, string, []storage.Token, time.Duration) ([]storage.ExtendResult, error) {
+	return f.ext, nil
 }
 
 func (f *fakeStore) Ack(context.Context, string, []storage.Token) ([]storage.TokenStatus, error) {
@@ -37,7 +55,8 @@ func (f *fakeStore) Pop(context.Context, string, storage.PopParams) ([]storage.D
 }
 
 // TestReportsDoNotAllocate: the per-task reports (lateness, subscriber
-// changes) and the instrumented hot store calls allocate nothing once a
+// changes) and every instrumented per-task store call (the upsert, remove,
+// pop, ack, nack, extend and reap paths) allocate nothing once a
 // namespace's children are resolved.
 func TestReportsDoNotAllocate(t *testing.T) {
 	m := New(Options{})
@@ -45,12 +64,19 @@ func TestReportsDoNotAllocate(t *testing.T) {
 		sts:   []storage.TokenStatus{storage.TokenOK, storage.TokenStale},
 		moved: []storage.Moved{{State: storage.StateScheduled}, {State: storage.StateDead}},
 		dels:  make([]storage.Delivery, 3),
+		ups:   []storage.UpsertResult{{}, {Stale: true}},
+		ext:   make([]storage.ExtendResult, 2),
 	}
 	s := m.InstrumentStore("redis", fake)
 	ctx := context.Background()
 	tokens := []storage.Token{{}, {}}
+	specs := make([]storage.UpsertSpec, 2)
 	m.Delivered("orders", time.Millisecond) // resolve the children once
 	for name, fn := range map[string]func(){
+		"Upsert":      func() { _, _ = s.Upsert(ctx, "orders", specs) },
+		"Remove":      func() { _, _ = s.Remove(ctx, "orders", "t1", storage.Version{}) },
+		"RemoveTasks": func() { _, _ = s.RemoveTasks(ctx, "orders", storage.RemoveTasksParams{}) },
+		"Extend":      func() { _, _ = s.Extend(ctx, "orders", tokens, time.Second) },
 		"Delivered":   func() { m.Delivered("orders", 3*time.Millisecond) },
 		"Subscribers": func() { m.Subscribers("orders", 1); m.Subscribers("orders", -1) },
 		"Pop":         func() { _, _ = s.Pop(ctx, "orders", storage.PopParams{Limit: 10, LeaseFor: time.Second}) },
