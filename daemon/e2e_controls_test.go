@@ -243,8 +243,9 @@ func TestE2ESubscribeKinds(t *testing.T) {
 	if err != nil || task.GetTask().GetState() != delaydv1.TaskState_TASK_STATE_SCHEDULED {
 		t.Fatalf("remind-1, a kind no stream takes: %v, %v; want SCHEDULED", task.GetTask().GetState(), err)
 	}
-	if st := e.stats(r); st.GetDueNow() != 1 {
-		t.Fatalf("due_now = %d, want 1 (remind-1 waits for a stream of its kind)", st.GetDueNow())
+	if st := e.stats(r); st.GetDueNow() != 1 || st.GetDueByKind()["order.remind"] != 1 || len(st.GetDueByKind()) != 1 {
+		t.Fatalf("due_now = %d, due_by_kind = %v; want 1, {order.remind: 1} (remind-1 waits for a stream of its kind)",
+			st.GetDueNow(), st.GetDueByKind())
 	}
 
 	many := make([]string, 33)

@@ -39,10 +39,11 @@ const (
 	opStats
 	opDropNamespace
 	opRemoveTasks
+	opDueKinds
 	numOps
 )
 
-var opNames = [numOps]string{"upsert", "remove", "get", "list", "pop", "ack", "nack", "extend", "reap", "next_wake", "requeue", "purge", "stats", "drop_namespace", "remove_tasks"}
+var opNames = [numOps]string{"upsert", "remove", "get", "list", "pop", "ack", "nack", "extend", "reap", "next_wake", "requeue", "purge", "stats", "drop_namespace", "remove_tasks", "due_kinds"}
 
 // instrumented times every call of a Store and counts what the calls did.
 type instrumented struct {
@@ -215,6 +216,13 @@ func (s *instrumented) Stats(ctx context.Context, ns string) (storage.Stats, err
 	st, err := s.next.Stats(ctx, ns)
 	s.done(opStats, start, err)
 	return st, err
+}
+
+func (s *instrumented) DueKinds(ctx context.Context, ns string) (storage.DueKinds, error) {
+	start := time.Now()
+	dk, err := s.next.DueKinds(ctx, ns)
+	s.done(opDueKinds, start, err)
+	return dk, err
 }
 
 func (s *instrumented) DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error) {

@@ -54,6 +54,10 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: %w", err))
 	}
+	dk, err := s.opts.Store.DueKinds(ctx, ns)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: due kinds: %w", err))
+	}
 	resp := &delaydv1.GetNamespaceStatsResponse{
 		Scheduled:         st.Scheduled,
 		Delivered:         st.Delivered,
@@ -61,6 +65,8 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 		DueNow:            st.DueNow,
 		OldestDueLateness: durationpb.New(0),
 		Paused:            pol.Paused,
+		DueByKind:         dk.Counts,
+		DueByKindPartial:  dk.Partial,
 	}
 	if st.DueNow > 0 && !st.OldestDue.IsZero() && st.OldestDue.Before(st.Now) {
 		resp.OldestDueLateness = durationpb.New(st.Now.Sub(st.OldestDue))

@@ -216,6 +216,19 @@ type PurgeParams struct {
 type Counter interface {
 	// Stats counts the namespace's tasks per state.
 	Stats(ctx context.Context, ns string) (Stats, error)
+	// DueKinds counts the namespace's due tasks per kind among the first
+	// KindScanWindow of them (in due order), so an operator sees which
+	// kinds wait (for a stream that takes them).
+	DueKinds(ctx context.Context, ns string) (DueKinds, error)
+}
+
+// DueKinds is what DueKinds counted.
+type DueKinds struct {
+	// Counts maps a kind ("" for tasks without one) to its due tasks.
+	Counts map[string]int64
+	// Partial is true when more tasks were due than the window held: the
+	// counts cover the head only.
+	Partial bool
 }
 
 // WatchCopy is a copy of one delivery for people watching a namespace

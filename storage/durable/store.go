@@ -1173,6 +1173,11 @@ func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 	return s.idx.Stats(ctx, ns)
 }
 
+// DueKinds counts due tasks per kind from the index (see storage.Counter).
+func (s *Store) DueKinds(ctx context.Context, ns string) (storage.DueKinds, error) {
+	return s.idx.DueKinds(ctx, ns)
+}
+
 // DropNamespace deletes every task of ns and returns how many there were
 // (the larger of the index's and MySQL's counts). DeleteNamespace uses it.
 // With an incarnation (the namespace's create time, ms) the index ends it

@@ -22,6 +22,7 @@ var scripts = struct {
 	removeTasks                     *redis.Script
 	pop, ack, nack, extend, reap    *redis.Script
 	requeue, purge, stats, nextWake *redis.Script
+	dueKinds                        *redis.Script
 	restore, generations, tryLead   *redis.Script
 	forget, clearAcked, migrate     *redis.Script
 }{
@@ -38,6 +39,7 @@ var scripts = struct {
 	requeue:     load("requeue"),
 	purge:       load("purge"),
 	stats:       load("stats"),
+	dueKinds:    load("duekinds"),
 	nextWake:    load("nextwake"),
 	restore:     load("restore"),
 	generations: load("generations"),

@@ -1212,6 +1212,27 @@ func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 	}, nil
 }
 
+// DueKinds counts ns's due tasks per kind among the first
+// storage.KindScanWindow of them, by the Redis clock (lua/duekinds.lua).
+func (s *Store) DueKinds(ctx context.Context, ns string) (storage.DueKinds, error) {
+	k := keysFor(ns, shard)
+	rep, err := s.runSlice(ctx, "due kinds", scripts.dueKinds, []string{k.due, k.meta}, storage.KindScanWindow)
+	if err != nil {
+		return storage.DueKinds{}, err
+	}
+	if len(rep)%2 != 1 {
+		return storage.DueKinds{}, fmt.Errorf("due kinds: reply has %d values", len(rep))
+	}
+	more, _ := replyInt(rep[0])
+	out := storage.DueKinds{Counts: make(map[string]int64, len(rep)/2), Partial: more == 1}
+	for i := 1; i < len(rep); i += 2 {
+		kind, _ := replyString(rep[i])
+		n, _ := replyInt(rep[i+1])
+		out.Counts[kind] = n
+	}
+	return out, nil
+}
+
 // SubscribeWakeups calls fn with every wake-up published by any replica
 // (an upsert, nack, reap, requeue or restore that put an earlier task at
 // the head of a namespace; a policy change, PublishPolicyChanged) until

@@ -677,6 +677,28 @@ func (s *Store) Purge(_ context.Context, ns string, p storage.PurgeParams) ([]st
 	return out, nil
 }
 
+// DueKinds counts due tasks per kind among the first KindScanWindow, as
+// duekinds.lua does.
+func (s *Store) DueKinds(_ context.Context, ns string) (storage.DueKinds, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, _ := s.now()
+	out := storage.DueKinds{Counts: map[string]int64{}}
+	n := 0
+	for _, r := range sorted(s.nss[ns], storage.StateScheduled) {
+		if r.due > now {
+			break
+		}
+		if n == storage.KindScanWindow {
+			out.Partial = true
+			break
+		}
+		n++
+		out.Counts[r.task.Kind]++
+	}
+	return out, nil
+}
+
 // Stats counts one namespace's tasks per state.
 func (s *Store) Stats(_ context.Context, ns string) (storage.Stats, error) {
 	s.mu.Lock()

@@ -709,3 +709,38 @@ func testPopKinds(t *testing.T, newStore func(t *testing.T) Store) {
 		t.Fatalf("pop of kind.l once it is within the window = %v, want [late]", got)
 	}
 }
+
+// testDueKinds: DueKinds counts only due, scheduled tasks, per kind, and
+// says when more were due than its window.
+func testDueKinds(t *testing.T, newStore func(t *testing.T) Store) {
+	t.Parallel()
+	e := newEnv(t, newStore)
+	past := time.Now().Add(-time.Minute)
+	e.upsert(
+		storage.UpsertSpec{ID: "a1", Kind: "kind.a", DueTime: past},
+		storage.UpsertSpec{ID: "a2", Kind: "kind.a", DueTime: past},
+		storage.UpsertSpec{ID: "n1", DueTime: past},
+		storage.UpsertSpec{ID: "b1", Kind: "kind.b", DueTime: past},
+		storage.UpsertSpec{ID: "later", Kind: "kind.c", Delay: time.Hour},
+	)
+	if _, err := e.s.Pop(e.ctx, e.ns, storage.PopParams{Limit: 1, LeaseFor: time.Hour, Kinds: []string{"kind.b"}}); err != nil {
+		t.Fatal(err)
+	}
+	dk, err := e.s.DueKinds(e.ctx, e.ns)
+	if err != nil {
+		t.Fatalf("DueKinds: %v", err)
+	}
+	if diff := cmp.Diff(storage.DueKinds{Counts: map[string]int64{"kind.a": 2, "": 1}}, dk); diff != "" {
+		t.Fatalf("DueKinds (-want +got):\n%s", diff)
+	}
+	var filler []storage.UpsertSpec
+	for i := range storage.KindScanWindow {
+		filler = append(filler, storage.UpsertSpec{ID: fmt.Sprintf("f%d", i), Kind: "kind.f", DueTime: past})
+	}
+	for lo := 0; lo < len(filler); lo += 500 {
+		e.upsert(filler[lo:min(lo+500, len(filler))]...)
+	}
+	if dk, err = e.s.DueKinds(e.ctx, e.ns); err != nil || !dk.Partial {
+		t.Fatalf("DueKinds with %d due: partial %v, %v; want true", storage.KindScanWindow+3, dk.Partial, err)
+	}
+}

@@ -65,6 +65,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("ConcurrentPop", func(t *testing.T) { testConcurrentPop(t, newStore) })
 	t.Run("PopRate", func(t *testing.T) { testPopRate(t, newStore) })
 	t.Run("PopKinds", func(t *testing.T) { testPopKinds(t, newStore) })
+	t.Run("DueKinds", func(t *testing.T) { testDueKinds(t, newStore) })
 }
 
 // Namespace returns a fresh random namespace name ("st" + 12 hex digits

@@ -879,9 +879,15 @@ type GetNamespaceStatsResponse struct {
 	OldestDueLateness *durationpb.Duration `protobuf:"bytes,5,opt,name=oldest_due_lateness,json=oldestDueLateness,proto3" json:"oldest_due_lateness,omitempty"`
 	// The namespace's policy says paused: due tasks wait, nothing is
 	// delivered (see NamespacePolicy.paused).
-	Paused        bool `protobuf:"varint,6,opt,name=paused,proto3" json:"paused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Paused bool `protobuf:"varint,6,opt,name=paused,proto3" json:"paused,omitempty"`
+	// Due tasks per kind ("" for tasks without one), counted over the first
+	// 1,000 due tasks in due order: which kinds wait, e.g. for a subscriber
+	// that takes them (SubscribeRequest.kinds).
+	DueByKind map[string]int64 `protobuf:"bytes,7,rep,name=due_by_kind,json=dueByKind,proto3" json:"due_by_kind,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// More than 1,000 tasks are due: due_by_kind covers the first 1,000.
+	DueByKindPartial bool `protobuf:"varint,8,opt,name=due_by_kind_partial,json=dueByKindPartial,proto3" json:"due_by_kind_partial,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GetNamespaceStatsResponse) Reset() {
@@ -952,6 +958,20 @@ func (x *GetNamespaceStatsResponse) GetOldestDueLateness() *durationpb.Duration 
 func (x *GetNamespaceStatsResponse) GetPaused() bool {
 	if x != nil {
 		return x.Paused
+	}
+	return false
+}
+
+func (x *GetNamespaceStatsResponse) GetDueByKind() map[string]int64 {
+	if x != nil {
+		return x.DueByKind
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetDueByKindPartial() bool {
+	if x != nil {
+		return x.DueByKindPartial
 	}
 	return false
 }
@@ -1871,14 +1891,19 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x17DeleteNamespaceResponse\x12#\n" +
 	"\rdeleted_tasks\x18\x01 \x01(\x03R\fdeletedTasks\"8\n" +
 	"\x18GetNamespaceStatsRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xe7\x01\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xa9\x03\n" +
 	"\x19GetNamespaceStatsResponse\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\x03R\tscheduled\x12\x1c\n" +
 	"\tdelivered\x18\x02 \x01(\x03R\tdelivered\x12\x12\n" +
 	"\x04dead\x18\x03 \x01(\x03R\x04dead\x12\x17\n" +
 	"\adue_now\x18\x04 \x01(\x03R\x06dueNow\x12I\n" +
 	"\x13oldest_due_lateness\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11oldestDueLateness\x12\x16\n" +
-	"\x06paused\x18\x06 \x01(\bR\x06paused\"\x9b\x01\n" +
+	"\x06paused\x18\x06 \x01(\bR\x06paused\x12S\n" +
+	"\vdue_by_kind\x18\a \x03(\v23.delayd.v1.GetNamespaceStatsResponse.DueByKindEntryR\tdueByKind\x12-\n" +
+	"\x13due_by_kind_partial\x18\b \x01(\bR\x10dueByKindPartial\x1a<\n" +
+	"\x0eDueByKindEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x9b\x01\n" +
 	"\x16ListDeadLettersRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -1965,7 +1990,7 @@ func file_delayd_v1_namespace_proto_rawDescGZIP() []byte {
 }
 
 var file_delayd_v1_namespace_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayd_v1_namespace_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_delayd_v1_namespace_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_delayd_v1_namespace_proto_goTypes = []any{
 	(KeyScope)(0),                      // 0: delayd.v1.KeyScope
 	(*NamespacePolicy)(nil),            // 1: delayd.v1.NamespacePolicy
@@ -1997,68 +2022,70 @@ var file_delayd_v1_namespace_proto_goTypes = []any{
 	(*RevokeKeyResponse)(nil),          // 27: delayd.v1.RevokeKeyResponse
 	(*WhoAmIRequest)(nil),              // 28: delayd.v1.WhoAmIRequest
 	(*WhoAmIResponse)(nil),             // 29: delayd.v1.WhoAmIResponse
-	(*durationpb.Duration)(nil),        // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),      // 31: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),      // 32: google.protobuf.FieldMask
-	(TaskView)(0),                      // 33: delayd.v1.TaskView
-	(*Task)(nil),                       // 34: delayd.v1.Task
+	nil,                                // 30: delayd.v1.GetNamespaceStatsResponse.DueByKindEntry
+	(*durationpb.Duration)(nil),        // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),      // 32: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),      // 33: google.protobuf.FieldMask
+	(TaskView)(0),                      // 34: delayd.v1.TaskView
+	(*Task)(nil),                       // 35: delayd.v1.Task
 }
 var file_delayd_v1_namespace_proto_depIdxs = []int32{
-	30, // 0: delayd.v1.NamespacePolicy.ack_timeout:type_name -> google.protobuf.Duration
-	30, // 1: delayd.v1.NamespacePolicy.backoff_initial:type_name -> google.protobuf.Duration
-	30, // 2: delayd.v1.NamespacePolicy.backoff_max:type_name -> google.protobuf.Duration
-	30, // 3: delayd.v1.NamespacePolicy.max_delay:type_name -> google.protobuf.Duration
+	31, // 0: delayd.v1.NamespacePolicy.ack_timeout:type_name -> google.protobuf.Duration
+	31, // 1: delayd.v1.NamespacePolicy.backoff_initial:type_name -> google.protobuf.Duration
+	31, // 2: delayd.v1.NamespacePolicy.backoff_max:type_name -> google.protobuf.Duration
+	31, // 3: delayd.v1.NamespacePolicy.max_delay:type_name -> google.protobuf.Duration
 	1,  // 4: delayd.v1.Namespace.policy:type_name -> delayd.v1.NamespacePolicy
-	31, // 5: delayd.v1.Namespace.create_time:type_name -> google.protobuf.Timestamp
-	31, // 6: delayd.v1.Namespace.update_time:type_name -> google.protobuf.Timestamp
+	32, // 5: delayd.v1.Namespace.create_time:type_name -> google.protobuf.Timestamp
+	32, // 6: delayd.v1.Namespace.update_time:type_name -> google.protobuf.Timestamp
 	2,  // 7: delayd.v1.CreateNamespaceRequest.namespace:type_name -> delayd.v1.Namespace
 	2,  // 8: delayd.v1.CreateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
 	2,  // 9: delayd.v1.GetNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
 	2,  // 10: delayd.v1.ListNamespacesResponse.namespaces:type_name -> delayd.v1.Namespace
 	2,  // 11: delayd.v1.UpdateNamespaceRequest.namespace:type_name -> delayd.v1.Namespace
-	32, // 12: delayd.v1.UpdateNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	33, // 12: delayd.v1.UpdateNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
 	2,  // 13: delayd.v1.UpdateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
-	30, // 14: delayd.v1.GetNamespaceStatsResponse.oldest_due_lateness:type_name -> google.protobuf.Duration
-	33, // 15: delayd.v1.ListDeadLettersRequest.view:type_name -> delayd.v1.TaskView
-	34, // 16: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
-	30, // 17: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
-	0,  // 18: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
-	31, // 19: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 20: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
-	21, // 21: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
-	21, // 22: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
-	21, // 23: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
-	3,  // 24: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
-	5,  // 25: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
-	7,  // 26: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
-	9,  // 27: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
-	11, // 28: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
-	13, // 29: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
-	15, // 30: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
-	17, // 31: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
-	19, // 32: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
-	22, // 33: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
-	24, // 34: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
-	26, // 35: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
-	28, // 36: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
-	4,  // 37: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
-	6,  // 38: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
-	8,  // 39: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
-	10, // 40: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
-	12, // 41: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
-	14, // 42: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
-	16, // 43: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
-	18, // 44: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
-	20, // 45: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
-	23, // 46: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
-	25, // 47: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
-	27, // 48: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
-	29, // 49: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
-	37, // [37:50] is the sub-list for method output_type
-	24, // [24:37] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	31, // 14: delayd.v1.GetNamespaceStatsResponse.oldest_due_lateness:type_name -> google.protobuf.Duration
+	30, // 15: delayd.v1.GetNamespaceStatsResponse.due_by_kind:type_name -> delayd.v1.GetNamespaceStatsResponse.DueByKindEntry
+	34, // 16: delayd.v1.ListDeadLettersRequest.view:type_name -> delayd.v1.TaskView
+	35, // 17: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
+	31, // 18: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
+	0,  // 19: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
+	32, // 20: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	0,  // 21: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
+	21, // 22: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
+	21, // 23: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
+	21, // 24: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
+	3,  // 25: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
+	5,  // 26: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
+	7,  // 27: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
+	9,  // 28: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
+	11, // 29: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
+	13, // 30: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
+	15, // 31: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
+	17, // 32: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
+	19, // 33: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
+	22, // 34: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
+	24, // 35: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
+	26, // 36: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
+	28, // 37: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
+	4,  // 38: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
+	6,  // 39: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
+	8,  // 40: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
+	10, // 41: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
+	12, // 42: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
+	14, // 43: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
+	16, // 44: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
+	18, // 45: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
+	20, // 46: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
+	23, // 47: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
+	25, // 48: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
+	27, // 49: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
+	29, // 50: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
+	38, // [38:51] is the sub-list for method output_type
+	25, // [25:38] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_namespace_proto_init() }
@@ -2073,7 +2100,7 @@ func file_delayd_v1_namespace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_namespace_proto_rawDesc), len(file_delayd_v1_namespace_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

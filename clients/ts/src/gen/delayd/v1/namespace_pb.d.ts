@@ -467,6 +467,22 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
    * @generated from field: bool paused = 6;
    */
   paused: boolean;
+
+  /**
+   * Due tasks per kind ("" for tasks without one), counted over the first
+   * 1,000 due tasks in due order: which kinds wait, e.g. for a subscriber
+   * that takes them (SubscribeRequest.kinds).
+   *
+   * @generated from field: map<string, int64> due_by_kind = 7;
+   */
+  dueByKind: { [key: string]: bigint };
+
+  /**
+   * More than 1,000 tasks are due: due_by_kind covers the first 1,000.
+   *
+   * @generated from field: bool due_by_kind_partial = 8;
+   */
+  dueByKindPartial: boolean;
 };
 
 /**
