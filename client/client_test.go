@@ -92,7 +92,7 @@ func TestProducerRoundTrip(t *testing.T) {
 	specs := []client.TaskSpec{
 		{ID: "b1", When: client.After(time.Hour)},
 		{ID: "bad id!", When: client.After(time.Hour)},
-		{ID: "b2", When: client.After(2 * time.Hour)},
+		{ID: "b2", When: client.After(3 * time.Hour)}, // after order-1 even when both upserts fall in one millisecond
 	}
 	br, err := c.BatchUpsert(ctx, ns, specs)
 	if err != nil {
