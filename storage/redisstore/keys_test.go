@@ -39,6 +39,7 @@ func TestKeys(t *testing.T) {
 		indexed:  "delayd:{orders#0}:indexed",
 		legacy:   "delayd:{orders#0}:task",
 		life:     "delayd:{orders#0}:life",
+		rate:     "delayd:{orders#0}:rate",
 	}
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)
