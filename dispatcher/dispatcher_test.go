@@ -1118,3 +1118,54 @@ func TestKindsRouteTasks(t *testing.T) {
 	a.none(t)
 	b.none(t)
 }
+
+// popCounter counts Pop calls.
+type popCounter struct {
+	dispatcher.Store
+	pops atomic.Int64
+}
+
+func (c *popCounter) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+	c.pops.Add(1)
+	return c.Store.Pop(ctx, ns, p)
+}
+
+// TestRateCapWaitsForTokens: with a dispatch-rate cap, deliveries follow
+// the cap, and a loop whose bucket is empty waits for the next token
+// instead of polling the store: a backlog of 10 at 10/s (burst 1) takes
+// about one Pop per token, far fewer than the ~40 per second the idle
+// backoff alone would make. (A slow machine makes fewer calls, never more.)
+func TestRateCapWaitsForTokens(t *testing.T) {
+	t.Parallel()
+	pol := testPolicy()
+	pol.MaxDispatchRate = 10
+	pc := &popCounter{}
+	h := newHarness(t, pol, func(c *dispatcher.Config) {
+		pc.Store = c.Store
+		c.Store = pc
+	})
+	ids := make([]string, 10)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("r%d", i)
+	}
+	h.upsert(h.d, 0, ids...)
+	s := h.subscribe(h.d, h.ns, 100)
+	start := time.Now()
+	var first, last time.Time
+	for i := range ids {
+		d := s.next(t)
+		popped := d.LeaseDeadline.Add(-pol.AckTimeout)
+		if i == 0 {
+			first = popped
+		}
+		last = popped
+	}
+	// Burst 1 at 10/s: the 10th pop is at least 0.9 s after the first (store clock).
+	if span := last.Sub(first); span < 850*time.Millisecond {
+		t.Errorf("10 deliveries at 10/s popped within %s, want at least 0.9 s", span)
+	}
+	if n := pc.pops.Load(); n > 30 {
+		t.Errorf("%d Pop calls for 10 deliveries at 10/s over %s; want about one per token (at most 30)", n, time.Since(start))
+	}
+	t.Logf("%d Pop calls for 10 deliveries at 10/s", pc.pops.Load())
+}
