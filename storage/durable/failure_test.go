@@ -452,7 +452,10 @@ func TestGenerationRaces(t *testing.T) {
 
 // TestHungIndexWritesAnswerByDeadline (issue 10 item 5): with the Redis
 // index hung (a private redis-server SIGSTOPped), writes whose callers
-// have a 1 s deadline are answered before it: an upsert OK (MySQL has it),
+// have a 3 s deadline — shorter than the index's own 5 s call timeout, so
+// a write that waited for the hung index would miss it, and long enough
+// for a loaded machine's MySQL commit — are answered before it: an upsert
+// OK (MySQL has it),
 // a remove Unavailable (MySQL deleted it; its index removal is queued, so
 // it must not claim the task is gone from delivery yet). After SIGCONT the
 // queued and repaired index writes land: the removed task leaves the
@@ -477,18 +480,18 @@ func TestHungIndexWritesAnswerByDeadline(t *testing.T) {
 		}
 	}()
 	for i := range 3 {
-		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		_, err := e.store.Upsert(dctx, ns, []storage.UpsertSpec{{ID: fmt.Sprintf("new-%d", i), Payload: []byte("p"), Delay: -time.Second}})
 		cancel()
 		if err != nil {
-			t.Fatalf("upsert %d with the index hung and a 1 s deadline: %v; want OK (MySQL committed it)", i, err)
+			t.Fatalf("upsert %d with the index hung and a 3 s deadline: %v; want OK (MySQL committed it)", i, err)
 		}
 	}
-	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	_, err := e.store.Remove(dctx, ns, "gone", storage.Version{})
 	cancel()
 	if !errors.Is(err, storage.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("remove with the index hung and a 1 s deadline: %v; want ErrUnavailable before the deadline", err)
+		t.Fatalf("remove with the index hung and a 3 s deadline: %v; want ErrUnavailable before the deadline", err)
 	}
 	if _, ok := e.row(ns, "gone"); ok {
 		t.Fatal("mysql still holds the removed task")
