@@ -62,9 +62,9 @@ func newStream(id uint64, maxInFlight int, kinds []string) *stream {
 		max:     maxInFlight,
 		kinds:   kinds,
 		kindKey: key,
-		ready: make(chan struct{}, 1),
-		done:  make(chan struct{}),
-		held:  make(map[storage.Token]*lease),
+		ready:   make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		held:    make(map[storage.Token]*lease),
 	}
 }
 
