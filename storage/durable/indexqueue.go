@@ -316,6 +316,26 @@ func unavailableOnly(err error) error {
 	return nil
 }
 
+// indexWait bounds a write's wait for the index: IndexWait and half of
+// what is left of ctx's deadline at now (a hung index must not hold it).
+func (s *Store) indexWait(ctx context.Context, now time.Time) time.Duration {
+	wait := s.cfg.IndexWait
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, dl.Sub(now)/2)
+	}
+	return wait
+}
+
+// indexBudget is how long a write of ns may wait for the index now: its
+// indexWait while the namespace's index queue is healthy, else 0.
+func (s *Store) indexBudget(ctx context.Context, ns string) time.Duration {
+	now := time.Now()
+	if !s.queueOf(ns).healthy(now, s.cfg.IndexWait) {
+		return 0
+	}
+	return s.indexWait(ctx, now)
+}
+
 // awaitIndex waits for j while its queue is healthy, up to IndexWait and
 // half of what is left of ctx's deadline; it reports whether j is done.
 func (s *Store) awaitIndex(ctx context.Context, j *indexJob) bool {
@@ -324,15 +344,7 @@ func (s *Store) awaitIndex(ctx context.Context, j *indexJob) bool {
 		return true
 	default:
 	}
-	now := time.Now()
-	q := s.queueOf(j.ns)
-	if !q.healthy(now, s.cfg.IndexWait) {
-		return false
-	}
-	wait := s.cfg.IndexWait
-	if dl, ok := ctx.Deadline(); ok {
-		wait = min(wait, dl.Sub(now)/2)
-	}
+	wait := s.indexBudget(ctx, j.ns)
 	if wait <= 0 {
 		return false
 	}

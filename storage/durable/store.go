@@ -706,14 +706,7 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 // deadline) otherwise. When the index cannot answer, MySQL takes the
 // write, as it does every write while Redis is down.
 func (s *Store) claimIncarnation(ctx context.Context, ns string, inc int64) error {
-	now := time.Now()
-	if !s.queueOf(ns).healthy(now, s.cfg.IndexWait) {
-		return nil
-	}
-	wait := s.cfg.IndexWait
-	if dl, ok := ctx.Deadline(); ok {
-		wait = min(wait, dl.Sub(now)/2)
-	}
+	wait := s.indexBudget(ctx, ns)
 	if wait <= 0 {
 		return nil
 	}
@@ -766,13 +759,7 @@ func (s *Store) ensureMarked(ctx context.Context, ns string) {
 	if done || (seen && now.Sub(at) >= 0 && now.Sub(at) < time.Second) {
 		return
 	}
-	// A hung index must not hold the write: bounded by IndexWait and half
-	// of the caller's remaining deadline.
-	wait := s.cfg.IndexWait
-	if dl, ok := ctx.Deadline(); ok {
-		wait = min(wait, time.Until(dl)/2)
-	}
-	ctx, cancel := context.WithTimeout(ctx, wait)
+	ctx, cancel := context.WithTimeout(ctx, s.indexWait(ctx, time.Now()))
 	defer cancel()
 	ok, err := s.idx.Indexed(ctx, ns)
 	if err != nil {
