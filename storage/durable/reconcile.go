@@ -441,7 +441,13 @@ func (s *Store) repairIDs(ctx context.Context, ns string, ids []string) (int, er
 			v := storage.Version{ID: id, Incarnation: t.Incarnation, Generation: t.Generation}
 			if m := marks[i]; m.Delivery != 0 {
 				if ok && m.Incarnation == t.Incarnation && m.Generation == t.Generation {
-					acked = append(acked, mysqlstore.AckRow{ID: id, Inc: t.Incarnation, Gen: t.Generation, Attempt: t.Attempt})
+					// The marker's attempt is the acked delivery's; MySQL's
+					// is older (pops are not written through).
+					attempt := m.Attempt
+					if attempt == 0 {
+						attempt = t.Attempt
+					}
+					acked = append(acked, mysqlstore.AckRow{ID: id, Inc: t.Incarnation, Gen: t.Generation, Attempt: attempt})
 					settled = append(settled, m)
 					continue
 				}

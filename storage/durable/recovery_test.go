@@ -317,6 +317,56 @@ func TestHistoryRetention(t *testing.T) {
 	})
 }
 
+// TestHistoryKeepsAttemptWhenReconcilerSettlesAck: an ack whose own MySQL
+// write-through has not run (a crash, or the reconciler simply getting there
+// first) is settled by the reconciler from the index's ack marker; the
+// history row still records the delivery's attempt, which only the index
+// knew (pops are not written to MySQL). Before the marker carried the
+// attempt, the reconciler copied MySQL's attempt 0 (TestHistoryRetention
+// failed that way in CI about once in a few runs).
+func TestHistoryKeepsAttemptWhenReconcilerSettlesAck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) {
+		c.HistoryRetention = time.Hour
+		c.ReconcileInterval = 100 * time.Millisecond
+		c.IndexCheckInterval = 50 * time.Millisecond
+	})
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "du")
+	if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "h", Kind: "k", Payload: []byte("p"), Delay: -time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	var tok storage.Token
+	for attempt := 1; attempt <= 2; attempt++ {
+		ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
+		if err != nil || len(ds) != 1 {
+			t.Fatalf("pop %d: %v %v", attempt, ds, err)
+		}
+		tok = ds[0].Token
+		if attempt == 1 {
+			if _, _, err := e.store.Nack(ctx, ns, []storage.Token{tok}, storage.NackOptions{RetryAfter: new(time.Duration), MaxAttempts: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Only the index's half of an ack: the marker, no MySQL write-through.
+	st, err := e.idx.AckMarked(ctx, ns, []storage.Token{tok})
+	if err != nil || len(st) != 1 || st[0] != storage.TokenOK {
+		t.Fatalf("ack in the index: %v %v", st, err)
+	}
+	poll(t, "the reconciler to settle the ack", func() bool {
+		_, ok := e.row(ns, "h")
+		return !ok
+	})
+	var attempt int
+	if err := e.db.QueryRow("SELECT attempt FROM delayd_task_history WHERE namespace = ? AND id = 'h'", ns).Scan(&attempt); err != nil {
+		t.Fatalf("history row: %v", err)
+	}
+	if attempt != 2 {
+		t.Fatalf("history row has attempt %d, want 2 (the acked delivery's)", attempt)
+	}
+}
+
 // TestTwoReplicasOneLeader: two stores (replicas) on one database and one
 // Redis start against a cold index; one takes the leader lease and rebuilds,
 // both become Ready, and the index holds every task once.

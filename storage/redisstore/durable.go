@@ -123,14 +123,15 @@ func (s *Store) Versions(ctx context.Context, ns string, ids []string) ([]storag
 	return vs, marks, nil
 }
 
-// parseMark parses an ack marker ("inc,gen,dseq", decimal, as ack.lua
-// writes it from the token's arguments).
+// parseMark parses an ack marker ("inc,gen,dseq,attempt", decimal, as
+// ack.lua writes it; markers written before the attempt was added have
+// only the first three, and parse with Attempt 0).
 func parseMark(ns, id, s string) (storage.Token, error) {
 	f := strings.Split(s, ",")
-	if len(f) != 3 {
+	if len(f) != 3 && len(f) != 4 {
 		return storage.Token{}, fmt.Errorf("ack marker %q of %q: %w", s, id, errBadRecord)
 	}
-	var n [3]int64
+	var n [4]int64
 	for i := range f {
 		v, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
@@ -138,10 +139,11 @@ func parseMark(ns, id, s string) (storage.Token, error) {
 		}
 		n[i] = v
 	}
-	return storage.Token{Namespace: ns, ID: id, Incarnation: n[0], Generation: n[1], Delivery: n[2]}, nil
+	return storage.Token{Namespace: ns, ID: id, Incarnation: n[0], Generation: n[1], Delivery: n[2], Attempt: int32(n[3])}, nil
 }
 
-// markOf is the ack marker a token leaves (see ack.lua).
+// markOf is the part of an ack marker that names the delivery
+// ("inc,gen,dseq"; see ack.lua), which ClearAcked matches.
 func markOf(t storage.Token) string {
 	return strconv.FormatInt(t.Incarnation, 10) + "," + strconv.FormatInt(t.Generation, 10) + "," + strconv.FormatInt(t.Delivery, 10)
 }

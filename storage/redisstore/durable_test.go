@@ -483,3 +483,50 @@ func TestMalformedHeaderNeverVanishes(t *testing.T) {
 		})
 	}
 }
+
+// TestAckMarkerCarriesAttempt: an ack marker names the acked delivery and
+// its attempt (the reconciler settles acks with it); a retried ack and
+// ClearAcked match on the delivery alone, including markers written before
+// the attempt was added ("inc,gen,dseq").
+func TestAckMarkerCarriesAttempt(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := testkit.Namespace(t, "mark")
+			dropNS(t, s, ns)
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a", Delay: -time.Second}, {ID: "b", Delay: -time.Second}}); err != nil {
+				t.Fatal(err)
+			}
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 2, LeaseFor: time.Minute})
+			if err != nil || len(ds) != 2 {
+				t.Fatalf("pop: %v %v", ds, err)
+			}
+			toks := []storage.Token{ds[0].Token, ds[1].Token}
+			if st, err := s.AckMarked(ctx, ns, toks); err != nil || !slices.Equal(st, []storage.TokenStatus{storage.TokenOK, storage.TokenOK}) {
+				t.Fatalf("ack: %v %v", st, err)
+			}
+			_, marks, err := s.Versions(ctx, ns, []string{toks[0].ID, toks[1].ID})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, m := range marks {
+				if m.Delivery != toks[i].Delivery || m.Attempt != 1 {
+					t.Errorf("marker of %s = %+v, want delivery %d attempt 1", toks[i].ID, m, toks[i].Delivery)
+				}
+			}
+			// b's marker as an older delayd wrote it.
+			old := markOf(toks[1])
+			if err := s.rdb.HSet(ctx, keysFor(ns, shard).acked, toks[1].ID, old).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := s.AckMarked(ctx, ns, toks); err != nil || !slices.Equal(st, []storage.TokenStatus{storage.TokenOK, storage.TokenOK}) {
+				t.Fatalf("retried ack: %v %v, want OK for both", st, err)
+			}
+			if n, err := s.ClearAcked(ctx, ns, toks); err != nil || n != 2 {
+				t.Fatalf("clear acked dropped %d (%v), want 2", n, err)
+			}
+		})
+	}
+}

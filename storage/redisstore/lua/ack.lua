@@ -4,9 +4,13 @@
 -- KEYS[1] inflight ZSET, KEYS[2] meta HASH, KEYS[3] body HASH,
 -- KEYS[4] acked HASH (durable mode's ack markers)
 -- ARGV[1] '1' = durable mode: leave an ack marker per acked task (id ->
---         'inc,gen,dseq' of the token, decimal) until MySQL has deleted that
---         version, and answer OK again for a token that matches its
---         task's marker (a retried ack); '0' = no markers
+--         'inc,gen,dseq,attempt': the token's version and delivery and the
+--         delivery's attempt from the header, decimal) until MySQL has
+--         deleted that version, and answer OK again for a token whose
+--         'inc,gen,dseq' matches its task's marker (a retried ack); '0' =
+--         no markers. The attempt is there for whoever settles the ack in
+--         MySQL (the reconciler, if the ack's own write-through never
+--         runs): pops are not written to MySQL, so only the index knows it.
 -- ARGV[2] n (at most 1,000); then per token i (from 0), at ARGV[3+4i ..]:
 --         id, incarnation, generation, delivery sequence
 --
@@ -43,9 +47,9 @@ for i = 0, n - 1 do
       done[id] = true
       gone[#gone + 1] = id
       if marks then
-        push(mset, id, mark)
+        push(mset, id, mark .. ',' .. int(dec(string.match(hs[i + 1], '^[^,]*,[^,]*,([^,]*),')) or 0))
       end
-    elseif marks and not hs[i + 1] and prior[i + 1] == mark then
+    elseif marks and not hs[i + 1] and mark_is(prior[i + 1], mark) then
       done[id] = true
       st = 1
     end

@@ -2,8 +2,9 @@
 -- version (durable mode).
 --
 -- KEYS[1] acked HASH
--- ARGV[1 ..] pairs of id, marker ('inc,gen,dseq'); a marker that changed
---            since (a later ack of a re-created task) is kept
+-- ARGV[1 ..] pairs of id, marker ('inc,gen,dseq': what an ack marker
+--            starts with, see ack.lua); a marker that changed since (a
+--            later ack of a re-created task) is kept
 --
 -- Returns the number of markers dropped.
 if #ARGV == 0 then
@@ -16,7 +17,7 @@ end
 local ms = redis.call('HMGET', KEYS[1], unpack(ids))
 local gone = {}
 for k = 1, #ids do
-  if ms[k] == ARGV[2 * k] then
+  if mark_is(ms[k], ARGV[2 * k]) then
     gone[#gone + 1] = ids[k]
   end
 end

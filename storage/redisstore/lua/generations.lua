@@ -4,8 +4,8 @@
 -- ARGV[1 ..] task ids (at most 1,000)
 --
 -- Returns 3 values per id: incarnation, generation (0, 0 when the task is
--- absent or its header malformed), and its ack marker ('inc,gen,dseq' of
--- the acked delivery, '' if none).
+-- absent or its header malformed), and its ack marker ('inc,gen,dseq,attempt'
+-- of the acked delivery, see ack.lua; '' if none).
 local out = {}
 if #ARGV == 0 then
   return out

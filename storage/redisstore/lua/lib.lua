@@ -305,6 +305,13 @@ local function token_check(h, inflight, i, g, d)
   return 3
 end
 
+-- mark_is says whether ack marker m ('inc,gen,dseq,attempt', or the
+-- 'inc,gen,dseq' of markers written before the attempt was added) names
+-- the delivery key ('inc,gen,dseq').
+local function mark_is(m, key)
+  return m == key or (m ~= nil and m ~= false and string.sub(m, 1, #key + 1) == key .. ',')
+end
+
 -- life_read reads a namespace shard's life key (keys.go): the latest
 -- incarnation that wrote and the latest one DropNamespace ended (Unix ms
 -- create times; 0 = none).
