@@ -54,7 +54,7 @@ func TestFlagDefaults(t *testing.T) {
 		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams, MaxBatchPayloadBytes: server.DefaultMaxBatchPayload,
 		MaxListBytes: server.DefaultMaxListBytes, MaxConnections: server.DefaultMaxConnections,
 		MaxConnectionIdle: server.DefaultMaxConnectionIdle, MaxStreamsPerKey: server.DefaultMaxStreamsPerKey,
-		MaxInFlight: server.DefaultMaxInFlight}
+		MaxInFlight: server.DefaultMaxInFlight, MaxKeys: server.DefaultMaxKeys}
 	if got.Limits != want {
 		t.Errorf("limit flags default to %+v, want the server's defaults %+v", got.Limits, want)
 	}

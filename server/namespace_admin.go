@@ -69,9 +69,6 @@ const (
 	maxRateBurst    = 1_000_000
 	maxSubscribers  = 100_000
 	maxDispatchRate = 1_000_000
-	// maxKeysPerNamespace caps the API keys of one namespace, so a tenant
-	// admin cannot grow the registry (and ListKeys) without bound.
-	maxKeysPerNamespace = 100
 	minMaxDelay         = time.Second
 	maxMaxDelay         = 3660 * 24 * time.Hour
 )
@@ -588,14 +585,22 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 		if err := s.namespaceExists(ctx, reg, ns); err != nil {
 			return nil, err
 		}
-		keys, _, err := reg.ListKeys(ctx, ns, storage.KeyCursor{}, maxKeysPerNamespace)
-		if err != nil {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("create key: count: %w", err))
-		}
-		if len(keys) >= maxKeysPerNamespace {
+	}
+	// Keys per namespace, and global keys, are capped (Limits.MaxKeys), so
+	// no admin grows the registry (and ListKeys) without bound. Keys
+	// created at the same moment on several replicas can pass the count
+	// together and overshoot by as many.
+	keys, _, err := reg.ListKeys(ctx, ns, storage.KeyCursor{}, s.limits.MaxKeys)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("create key: count: %w", err))
+	}
+	if len(keys) >= s.limits.MaxKeys {
+		if ns == storage.GlobalNamespace {
 			return nil, status.Errorf(codes.ResourceExhausted,
-				"namespace %q already has %d API keys (at most %d); revoke keys it no longer uses", ns, len(keys), maxKeysPerNamespace)
+				"there are already %d global API keys (at most %d, --max-keys); revoke keys no longer used", len(keys), s.limits.MaxKeys)
 		}
+		return nil, status.Errorf(codes.ResourceExhausted,
+			"namespace %q already has %d API keys (at most %d, --max-keys); revoke keys it no longer uses", ns, len(keys), s.limits.MaxKeys)
 	}
 	for attempt := 0; ; attempt++ {
 		id, secret, err := newAPIKey()

@@ -165,6 +165,10 @@ type Limits struct {
 	// open on this server replica, across all namespaces (a namespace's
 	// policy.max_subscribers bounds its streams on top). If zero, 100.
 	MaxStreamsPerKey int
+	// MaxKeys is the most API keys one namespace holds, and the most
+	// global keys: CreateKey past it is ResourceExhausted naming the
+	// limit. If zero, 100.
+	MaxKeys int
 	// DefaultInFlight is used when a subscriber asks for 0. If zero, 64.
 	DefaultInFlight int
 	// MaxListBytes bounds one page of ListTasks and ListDeadLetters by

@@ -655,6 +655,47 @@ func TestNamespaceAdminKeysAreLimited(t *testing.T) {
 	wantCode(t, err, codes.ResourceExhausted, "at most 100")
 }
 
+// TestGlobalKeysAreCapped: global API keys were paged but not capped in
+// number (issue 11); CreateKey of a global key past Limits.MaxKeys
+// (--max-keys) is ResourceExhausted naming the limit, a revoked key frees
+// its place, and the same limit caps a namespace's keys.
+func TestGlobalKeysAreCapped(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{server: func(o *server.Options) { o.Limits.MaxKeys = 3 }})
+	create := func(ns string) (*delaydv1.CreateKeyResponse, error) {
+		return r.admin.CreateKey(admin(), &delaydv1.CreateKeyRequest{Namespace: ns, Scopes: []delaydv1.KeyScope{delaydv1.KeyScope_KEY_SCOPE_ADMIN}})
+	}
+	var first string
+	for i := range 3 {
+		resp, err := create(storage.GlobalNamespace)
+		if err != nil {
+			t.Fatalf("global key %d: %v", i+1, err)
+		}
+		if i == 0 {
+			first = resp.GetKey().GetId()
+		}
+	}
+	_, err := create(storage.GlobalNamespace)
+	wantCode(t, err, codes.ResourceExhausted, "at most 3, --max-keys")
+	if _, err := r.admin.RevokeKey(admin(), &delaydv1.RevokeKeyRequest{Id: first}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create(storage.GlobalNamespace); err != nil {
+		t.Fatalf("global key after a revocation freed a place: %v", err)
+	}
+	// The namespace's keys have a limit of their own: the global keys do
+	// not count.
+	ns := e.newNamespace(r, "keycap-", nil)
+	for i := range 3 {
+		if _, err := create(ns); err != nil {
+			t.Fatalf("key %d of %s: %v", i+1, ns, err)
+		}
+	}
+	_, err = create(ns)
+	wantCode(t, err, codes.ResourceExhausted, "at most 3, --max-keys")
+}
+
 // TestListPagesAreCutByBytes: ListTasks with page_size 1000 over tasks with
 // 64 KiB payloads (13 MiB in all) answers pages that fit the message limit,
 // each with a next_page_token, and paging through lists every task exactly

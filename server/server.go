@@ -47,6 +47,7 @@ const (
 	DefaultMaxConcurrentStreams = 1000
 	DefaultMaxInFlight          = 10000
 	DefaultMaxStreamsPerKey     = 100
+	DefaultMaxKeys              = 100
 	DefaultDefaultInFlight      = 64
 	DefaultMaxListBytes         = 1 << 20
 )
@@ -213,6 +214,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxStreamsPerKey <= 0 {
 		l.MaxStreamsPerKey = DefaultMaxStreamsPerKey
+	}
+	if l.MaxKeys <= 0 {
+		l.MaxKeys = DefaultMaxKeys
 	}
 	if l.MaxInFlight <= 0 {
 		l.MaxInFlight = DefaultMaxInFlight

@@ -288,6 +288,13 @@ func (s *Store) run(ops []*op) {
 			o.err = err
 		}
 	}
+	for _, o := range ops {
+		if o.err == nil && o.Ended {
+			// MySQL found the namespace incarnation the write was made
+			// for ended (see mysqlstore.Write.NSInc): nothing written.
+			o.err = fmt.Errorf("upsert: namespace %q incarnation %d: %w", o.NS, o.NSInc, storage.ErrNamespaceEnded)
+		}
+	}
 	var jobs []*indexJob
 	now := time.Now()
 	for _, o := range ops {

@@ -145,8 +145,10 @@ type Authority interface {
 	// MatchVersions reads up to limit versions of the tasks of ns that f
 	// selects, after id `after`, in id order.
 	MatchVersions(ctx context.Context, ns string, f storage.TaskFilter, after string, limit int) ([]storage.Version, error)
-	// DropTasks deletes every task of ns and returns how many there were.
-	DropTasks(ctx context.Context, ns string) (int64, error)
+	// DropTasks deletes every task of ns and returns how many there were;
+	// with an incarnation it first ends it, so from then on Commit refuses
+	// upserts made for it (Write.Ended).
+	DropTasks(ctx context.Context, ns string, incarnation int64) (int64, error)
 	// HasTasks reports whether any task of ns exists.
 	HasTasks(ctx context.Context, ns string) (bool, error)
 	// TaskNamespaces lists the namespaces that have tasks.
@@ -631,8 +633,10 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	}
 	// A write through a stale view of a deleted namespace is refused
 	// before it reaches MySQL (the index keeps the namespace's
-	// incarnation). When the index cannot answer, MySQL, the authority,
-	// takes the write.
+	// incarnation). MySQL, the authority, checks it again in the commit's
+	// transaction (mysqlstore.Write.NSInc), which covers a write that
+	// passed the index just before a DeleteNamespace and every write while
+	// the index cannot answer.
 	if inc := specs[0].NamespaceIncarnation; inc != 0 {
 		if err := s.claimIncarnation(ctx, ns, inc); errors.Is(err, storage.ErrNamespaceEnded) {
 			return nil, err
@@ -665,7 +669,7 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	if exact {
 		return s.upsertExact(ctx, ns, rows, now.UnixMilli())
 	}
-	o := &op{Write: mysqlstore.Write{Kind: kindUpsert, NS: ns, NowMS: now.UnixMilli(), Rows: rows}}
+	o := &op{Write: mysqlstore.Write{Kind: kindUpsert, NS: ns, NowMS: now.UnixMilli(), Rows: rows, NSInc: specs[0].NamespaceIncarnation}}
 	if err := s.submit(ctx, o); err != nil {
 		return nil, err
 	}
@@ -1174,14 +1178,17 @@ func (s *Store) DueKinds(ctx context.Context, ns string) (storage.DueKinds, erro
 // first, so from then on no write of that incarnation lands in either
 // store (the durable Upsert claims its incarnation from the index before
 // writing MySQL, and Restore writes nothing into an ended namespace);
-// then MySQL's rows go (in batches of 10,000), then the index is dropped
-// once more for any write that was past its check when the first drop ran.
+// then MySQL ends it too, under the registry row's lock that every group
+// commit of an upsert for it reads (so a write that was past the index's
+// check is either committed before the drop or refused), then MySQL's rows
+// go (in batches of 10,000), then the index is dropped once more for any
+// write that was past its check when the first drop ran.
 func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error) {
 	inIndex, err := s.idx.DropNamespace(ctx, ns, incarnation)
 	if err != nil {
 		return 0, fmt.Errorf("drop namespace: index: %w", err)
 	}
-	deleted, err := s.db.DropTasks(ctx, ns)
+	deleted, err := s.db.DropTasks(ctx, ns, incarnation)
 	if err != nil {
 		return max(deleted, inIndex), err
 	}

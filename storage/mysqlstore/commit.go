@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/delayd/delayd/storage"
@@ -63,6 +64,12 @@ type Write struct {
 	Kind  WriteKind
 	NS    string
 	NowMS int64
+	// NSInc, for WriteUpsert, is the namespace incarnation the write was
+	// made for (storage.UpsertSpec.NamespaceIncarnation: the namespace's
+	// create time, ms); 0 = not checked. Commit refuses the write (Ended)
+	// unless delayd_namespaces holds ns with exactly that create time and
+	// DropTasks has not ended it.
+	NSInc int64
 
 	Rows  []UpsertRow     // WriteUpsert
 	ID    string          // WriteRemove
@@ -72,8 +79,11 @@ type Write struct {
 	Moved []storage.Moved // WriteMoved
 
 	// Results, set by Commit.
-	Upserts    []storage.UpsertResult // WriteUpsert: the rows as committed
-	MySQLState storage.State          // WriteRemove: state MySQL held; 0 = no row
+	Upserts []storage.UpsertResult // WriteUpsert: the rows as committed
+	// WriteUpsert with NSInc: the incarnation has ended (the namespace was
+	// deleted, is being deleted, or was re-created); nothing was written.
+	Ended      bool
+	MySQLState storage.State // WriteRemove: state MySQL held; 0 = no row
 	// WriteRemove with IfGen: true when the stored generation differed
 	// (nothing deleted); Current is then the row's version and state.
 	Mismatch bool
@@ -117,7 +127,11 @@ func (s *Store) Commit(segs []Segment) error {
 			}
 		}
 		err = s.inTx(ctx, func(tx *sql.Tx) error {
-			for _, sg := range segs {
+			live, err := s.checkIncarnations(ctx, tx, segs)
+			if err != nil {
+				return err
+			}
+			for _, sg := range live {
 				if err := s.execSegment(ctx, tx, sg); err != nil {
 					return err
 				}
@@ -133,6 +147,78 @@ func (s *Store) Commit(segs []Segment) error {
 		}
 	}
 	return classify("mysql write", err)
+}
+
+// checkIncarnations reads, with a shared lock held to the commit, the
+// registry row of each namespace whose upserts in segs name an incarnation
+// (one statement for the batch, by primary key) and marks Ended the
+// upserts whose incarnation is not the namespace's live one: the name is
+// gone, re-created (another create time), or its tasks are being dropped
+// (DropTasks recorded the incarnation in delayd_namespace_born under the
+// row's exclusive lock). It returns segs without those writes, so one
+// namespace's stale write fails only itself. The lock orders the commit
+// and a concurrent DropTasks: a commit that read the row first is done
+// before the drop starts deleting (and the drop takes its rows); one that
+// reads it after sees the incarnation ended.
+func (s *Store) checkIncarnations(ctx context.Context, tx *sql.Tx, segs []Segment) ([]Segment, error) {
+	want := map[string]bool{}
+	var names []string
+	for _, sg := range segs {
+		for _, w := range sg.Upserts {
+			w.Ended = false
+			if w.NSInc != 0 && !want[w.NS] {
+				want[w.NS] = true
+				names = append(names, w.NS)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return segs, nil
+	}
+	slices.Sort(names)
+	live := map[string]int64{} // name -> create_ms of a namespace that is not ending
+	for start := 0; start < len(names); start += 1000 {
+		chunk := names[start:min(start+1000, len(names))]
+		args := make([]any, len(chunk))
+		for i, n := range chunk {
+			args[i] = n
+		}
+		rows, err := tx.QueryContext(ctx, "SELECT n.name, n.create_ms, COALESCE(b.create_ms, 0) FROM delayd_namespaces n"+
+			" LEFT JOIN delayd_namespace_born b ON b.name = n.name WHERE n.name IN ("+placeholders(len(chunk))+") LOCK IN SHARE MODE", args...)
+		if err != nil {
+			return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
+		}
+		for rows.Next() {
+			var name string
+			var create, ended int64
+			if err := rows.Scan(&name, &create, &ended); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
+			}
+			if ended < create {
+				live[name] = create
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
+		}
+	}
+	out := make([]Segment, len(segs))
+	for i, sg := range segs {
+		out[i] = sg
+		out[i].Upserts = nil
+		for _, w := range sg.Upserts {
+			if w.NSInc != 0 && live[w.NS] != w.NSInc {
+				w.Ended, w.Upserts = true, nil
+				continue
+			}
+			out[i].Upserts = append(out[i].Upserts, w)
+		}
+	}
+	return out, nil
 }
 
 // retryPause is the pause before running a transaction again: a few

@@ -1191,9 +1191,37 @@ func (s *Store) PruneHistory(ctx context.Context, cutoff time.Time, limit int) (
 	return n, nil
 }
 
+// endIncarnation records incarnation inc of ns as ended in
+// delayd_namespace_born (kept if a later one is recorded), under the
+// exclusive lock of the namespace's registry row: a group commit that read
+// the row (checkIncarnations) before has committed, and every later one
+// refuses the incarnation's upserts. An incarnation older than the live
+// one ends nothing live (the row's create time stays above it).
+func (s *Store) endIncarnation(ctx context.Context, ns string, inc int64) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+	defer cancel()
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		var create int64
+		err := tx.QueryRowContext(ctx, "SELECT create_ms FROM delayd_namespaces WHERE name = ? FOR UPDATE", ns).Scan(&create)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, "INSERT INTO delayd_namespace_born (name, create_ms) VALUES (?, ?)"+
+			" ON DUPLICATE KEY UPDATE create_ms = GREATEST(create_ms, VALUES(create_ms))", ns, inc)
+		return err
+	})
+}
+
 // DropTasks deletes every task of ns, in batches of 10,000 rows, and
-// returns how many there were.
-func (s *Store) DropTasks(ctx context.Context, ns string) (int64, error) {
+// returns how many there were. With an incarnation (the namespace's create
+// time, ms; 0 = none) it first ends it (endIncarnation), so no group
+// commit writes a task of it after the rows are gone.
+func (s *Store) DropTasks(ctx context.Context, ns string, incarnation int64) (int64, error) {
+	if incarnation != 0 {
+		if err := s.endIncarnation(ctx, ns, incarnation); err != nil {
+			return 0, classify("drop namespace", err)
+		}
+	}
 	var deleted int64
 	for attempt := 0; ; {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
