@@ -69,8 +69,8 @@ const (
 	maxRateBurst    = 1_000_000
 	maxSubscribers  = 100_000
 	maxDispatchRate = 1_000_000
-	minMaxDelay         = time.Second
-	maxMaxDelay         = 3660 * 24 * time.Hour
+	minMaxDelay     = time.Second
+	maxMaxDelay     = 3660 * 24 * time.Hour
 )
 
 var policyFields = []policyField{
