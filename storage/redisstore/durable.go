@@ -60,7 +60,7 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, fo
 				}
 				state, score = 3, toMS(at)
 			}
-			args = append(args, t.ID, t.Incarnation, t.Generation, state, score, r.header(), r.payload)
+			args = append(args, t.ID, t.Incarnation, t.Generation, state, score, r.header(), r.bodyValue())
 		}
 		v, err := s.run(ctx, "restore", scripts.restore, keys, args...)
 		if err != nil {
@@ -383,7 +383,7 @@ func (s *Store) migrateNamespace(ctx context.Context, ns string) (int, error) {
 				s.log.Error("migrate: unreadable legacy task record left in place", "namespace", ns, "id", kv[i], "err", err)
 				continue
 			}
-			args = append(args, kv[i], kv[i+1], r.header(), r.payload)
+			args = append(args, kv[i], kv[i+1], r.header(), r.bodyValue())
 		}
 		if len(args) > 0 {
 			v, err := s.run(ctx, "migrate", scripts.migrate, []string{k.legacy, k.meta, k.body}, args...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -366,7 +367,7 @@ func TestPopLimitCappedAtMaxBatch(t *testing.T) {
 // TestMigrateLegacyRecords: tasks written in the one-value layout of delayd
 // before the header/payload split (scheduled, in flight and dead) read the
 // same after Migrate, can be delivered and acked, and a second Migrate
-// changes nothing.
+// changes nothing. Small payloads become inline, a large one a body entry.
 func TestMigrateLegacyRecords(t *testing.T) {
 	t.Parallel()
 	for name, s := range stores(t) {
@@ -389,18 +390,24 @@ func TestMigrateLegacyRecords(t *testing.T) {
 				return hex(gen) + "," + hex(attempt) + "," + hex(ms-60_000) + "," + hex(1000) + "," + hex(due) + "," +
 					hex(int64(len(kind))) + "," + hex(int64(len(lastErr))) + "|" + kind + lastErr + payload
 			}
+			big := strings.Repeat("B", inlineMax+1) // kept apart, in body; the others inline
 			pipe := s.rdb.TxPipeline()
 			pipe.HSet(ctx, k.legacy, "sched", legacy(3, 0, 0, "order.close", "", "p-sched"),
 				"due", legacy(1, 2, 0, "", "boom", "p-due"),
-				"dead", legacy(2, 5, ms-5000, "k", "gave up", ""))
-			pipe.ZAdd(ctx, k.due, redis.Z{Score: float64(ms + 3_600_000), Member: "sched"}, redis.Z{Score: float64(ms - 1000), Member: "due"})
+				"dead", legacy(2, 5, ms-5000, "k", "gave up", ""),
+				"big", legacy(1, 0, 0, "k", "", big))
+			pipe.ZAdd(ctx, k.due, redis.Z{Score: float64(ms + 3_600_000), Member: "sched"}, redis.Z{Score: float64(ms - 1000), Member: "due"},
+				redis.Z{Score: float64(ms + 3_600_000), Member: "big"})
 			pipe.ZAdd(ctx, k.dead, redis.Z{Score: float64(ms - 2000), Member: "dead"})
 			if _, err := pipe.Exec(ctx); err != nil {
 				t.Fatal(err)
 			}
 			n, err := s.Migrate(ctx)
-			if err != nil || n < 3 {
-				t.Fatalf("migrate = %d, %v; want at least our 3 tasks", n, err)
+			if err != nil || n < 4 {
+				t.Fatalf("migrate = %d, %v; want at least our 4 tasks", n, err)
+			}
+			if ids, _ := s.rdb.HKeys(ctx, k.body).Result(); !slices.Equal(ids, []string{"big"}) {
+				t.Errorf("body entries after migrate = %q; want only the large payload's", ids)
 			}
 			if left, _ := s.rdb.Exists(ctx, k.legacy).Result(); left != 0 {
 				t.Errorf("the legacy HASH is still there")
@@ -413,6 +420,8 @@ func TestMigrateLegacyRecords(t *testing.T) {
 					Generation: 1, Attempt: 2, LastError: "boom", CreateTime: created, UpdateTime: created.Add(time.Second)},
 				"dead": {Namespace: ns, ID: "dead", Kind: "k", State: storage.StateDead, DueTime: time.UnixMilli(ms - 5000),
 					DeadTime: time.UnixMilli(ms - 2000), Generation: 2, Attempt: 5, LastError: "gave up", CreateTime: created, UpdateTime: created.Add(time.Second)},
+				"big": {Namespace: ns, ID: "big", Kind: "k", Payload: []byte(big), State: storage.StateScheduled,
+					DueTime: time.UnixMilli(ms + 3_600_000), Generation: 1, CreateTime: created, UpdateTime: created.Add(time.Second)},
 			}
 			for id, w := range want {
 				got, err := s.Get(ctx, ns, id)
@@ -479,6 +488,162 @@ func TestMalformedHeaderNeverVanishes(t *testing.T) {
 			}
 			if got, err := s.Purge(ctx, ns, storage.PurgeParams{All: true, Limit: 10}); err != nil || len(got) != 2 {
 				t.Errorf("purge of the malformed tasks = %v, %v", got, err)
+			}
+		})
+	}
+}
+
+// TestSplitRecordsStillWork: records of the split form, as delayd wrote
+// every task before small payloads went inline (a header in meta, the
+// payload in body, whatever its size), are read, listed, delivered, given
+// back and acked as they are, with no migration; a later upsert picks the
+// form by the new payload's size, and no body entry is left behind.
+func TestSplitRecordsStillWork(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := testkit.Namespace(t, "split")
+			dropNS(t, s, ns)
+			k := keysFor(ns, shard)
+			ms := time.Now().UnixMilli()
+			inc := (ms - 60_000) * 1000
+			hdr := func(gen int64, kind string) string { // the split form, fresh
+				return strconv.FormatInt(inc, 16) + "," + strconv.FormatInt(gen, 16) + ",,,,,," +
+					strconv.FormatInt(int64(len(kind)), 16) + "|" + kind
+			}
+			big := strings.Repeat("B", inlineMax+1)
+			pipe := s.rdb.TxPipeline()
+			pipe.HSet(ctx, k.meta, "small", hdr(2, "k"), "big", hdr(1, ""), "none", hdr(1, "k"))
+			pipe.HSet(ctx, k.body, "small", "p-small", "big", big)
+			pipe.ZAdd(ctx, k.due, redis.Z{Score: float64(ms - 3000), Member: "small"}, redis.Z{Score: float64(ms - 2000), Member: "big"},
+				redis.Z{Score: float64(ms - 1000), Member: "none"})
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]string{"small": "p-small", "big": big, "none": ""}
+			for id, p := range want {
+				got, err := s.Get(ctx, ns, id)
+				if err != nil || string(got.Payload) != p || got.Incarnation != inc {
+					t.Fatalf("get %s = %+v, %v; want payload %.10q", id, got, err, p)
+				}
+			}
+			page, _, err := s.List(ctx, ns, storage.ListParams{Limit: 10})
+			if err != nil || len(page) != 3 || string(page[0].Payload) != "p-small" || string(page[1].Payload) != big {
+				t.Fatalf("list = %+v, %v", page, err)
+			}
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
+			if err != nil || len(ds) != 3 {
+				t.Fatalf("pop = %+v, %v", ds, err)
+			}
+			for _, d := range ds {
+				if string(d.Task.Payload) != want[d.Task.ID] || d.Task.Attempt != 1 {
+					t.Errorf("popped %s: payload %.10q, attempt %d", d.Task.ID, d.Task.Payload, d.Task.Attempt)
+				}
+			}
+			// give "small" and "big" back with a reason, deliver them again
+			if st, _, err := s.Nack(ctx, ns, []storage.Token{ds[0].Token, ds[1].Token}, storage.NackOptions{RetryAfter: new(time.Duration), Reason: "boom"}); err != nil || len(st) != 2 {
+				t.Fatalf("nack = %+v, %v", st, err)
+			}
+			again, err := s.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
+			if err != nil || len(again) != 2 {
+				t.Fatalf("second pop = %+v, %v", again, err)
+			}
+			for _, d := range again {
+				if string(d.Task.Payload) != want[d.Task.ID] || d.Task.LastError != "boom" || d.Task.Attempt != 2 {
+					t.Errorf("popped again %s: payload %.10q, last error %q, attempt %d", d.Task.ID, d.Task.Payload, d.Task.LastError, d.Task.Attempt)
+				}
+			}
+			if st, err := s.Ack(ctx, ns, []storage.Token{again[0].Token, ds[2].Token}); err != nil || st[0] != storage.TokenOK || st[1] != storage.TokenOK {
+				t.Fatalf("ack = %v, %v", st, err)
+			}
+			if n, _ := s.rdb.HExists(ctx, k.body, again[0].Task.ID).Result(); n {
+				t.Errorf("ack left %s's body entry", again[0].Task.ID)
+			}
+			// "big" (split, in flight) gets a small payload: inline, its body
+			// entry goes; then a large one again: split.
+			left := again[1].Task.ID
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: left, Payload: []byte("tiny")}}); err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := s.rdb.Exists(ctx, k.body).Result(); n != 0 {
+				t.Errorf("a body entry is left after the small upsert")
+			}
+			if got, err := s.Get(ctx, ns, left); err != nil || string(got.Payload) != "tiny" || got.LastError != "" {
+				t.Errorf("get after the small upsert = %+v, %v", got, err)
+			}
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: left, Payload: []byte(big)}}); err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := s.rdb.HGet(ctx, k.body, left).Result(); b != big {
+				t.Errorf("body after the large upsert = %.10q", b)
+			}
+			if got, err := s.Get(ctx, ns, left); err != nil || string(got.Payload) != big {
+				t.Errorf("get after the large upsert = %.10q, %v", got.Payload, err)
+			}
+		})
+	}
+}
+
+// TestInlineRecords: a small payload is kept in the header (no body
+// entry) through every script that rewrites headers (pop, nack with a
+// reason, reap, requeue), and List leaves it out when asked to.
+func TestInlineRecords(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := testkit.Namespace(t, "inl")
+			dropNS(t, s, ns)
+			k := keysFor(ns, shard)
+			p := strings.Repeat("x", inlineMax)
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a", Kind: "k|,", Payload: []byte(p), Delay: -time.Second}}); err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := s.rdb.Exists(ctx, k.body).Result(); n != 0 {
+				t.Fatalf("a %d-byte payload went to the body HASH", inlineMax)
+			}
+			check := func(step string, task storage.Task, lastErr string) {
+				t.Helper()
+				if string(task.Payload) != p || task.Kind != "k|," || task.LastError != lastErr {
+					t.Errorf("%s: payload %.10q (%d bytes), kind %q, last error %q; want last error %q", step, task.Payload, len(task.Payload), task.Kind, task.LastError, lastErr)
+				}
+			}
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
+			if err != nil || len(ds) != 1 {
+				t.Fatalf("pop = %+v, %v", ds, err)
+			}
+			check("pop", ds[0].Task, "")
+			if _, _, err := s.Nack(ctx, ns, []storage.Token{ds[0].Token}, storage.NackOptions{RetryAfter: new(time.Duration), Reason: "first, | failure"}); err != nil {
+				t.Fatal(err)
+			}
+			ds, err = s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: 20 * time.Millisecond})
+			if err != nil || len(ds) != 1 {
+				t.Fatalf("second pop = %+v, %v", ds, err)
+			}
+			check("pop after nack", ds[0].Task, "first, | failure")
+			time.Sleep(40 * time.Millisecond)
+			if mv, err := s.Reap(ctx, ns, 10, storage.NackOptions{MaxAttempts: 2, Reason: "lease expired"}); err != nil || len(mv) != 1 || mv[0].State != storage.StateDead {
+				t.Fatalf("reap = %+v, %v; want a dead", mv, err)
+			}
+			got, err := s.Get(ctx, ns, "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			check("dead", got, "lease expired")
+			if _, err := s.Requeue(ctx, ns, storage.RequeueParams{IDs: []string{"a"}}); err != nil {
+				t.Fatal(err)
+			}
+			got, err = s.Get(ctx, ns, "a")
+			if err != nil || got.State != storage.StateScheduled || got.Attempt != 0 {
+				t.Fatalf("get after requeue = %+v, %v", got, err)
+			}
+			check("requeued", got, "lease expired")
+			page, _, err := s.List(ctx, ns, storage.ListParams{Limit: 10, NoPayload: true})
+			if err != nil || len(page) != 1 || page[0].Payload != nil || page[0].Kind != "k|," {
+				t.Errorf("list without payloads = %+v, %v", page, err)
 			}
 		})
 	}

@@ -10,14 +10,23 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// A task is stored as two HASH fields under its namespace's hash tag: a
-// header in the meta HASH and the payload in the body HASH (absent when
-// empty). Scripts that need only counters and times (ack, nack, extend,
-// reap, requeue, the reconciler's version reads) never touch the payload.
-// The header is laid out so the Lua scripts can read and change it with a
-// few string operations, and costs few bytes:
+// A task is stored as a header field in the meta HASH of its namespace
+// (under its hash tag), in one of two forms:
 //
-//	inc,gen,attempt,dseq,created,updated,due,kindlen|<kind><last error>
+//	split:  inc,gen,attempt,dseq,created,updated,due,kindlen|<kind><last error>
+//	        and the payload, if any, in the body HASH under the same id
+//	inline: inc,gen,attempt,dseq,created,updated,due,kindlen,errlen|<kind><last error><payload>
+//	        and no body entry
+//
+// A payload of 1..inlineMax bytes is written inline, so a small task costs
+// one HASH entry (close to the memory of a bare ZSET + HASH design); a
+// larger one apart, so scripts that need only counters and times (ack,
+// nack, extend, reap, requeue, the reconciler's version reads) never copy
+// a large payload. Both forms are read everywhere; every write of a
+// payload (upsert, restore, migrate) picks the form anew, so records
+// written before the inline form existed (all split) stay valid as they
+// are. The header is laid out so the Lua scripts can read and change it
+// with a few string operations, and costs few bytes.
 //
 // Every number is a hexadecimal integer (lower case, '-' for negative) and
 // an empty field means 0. inc is the incarnation (the Redis clock in
@@ -31,8 +40,9 @@ import (
 // time and is stored only while the task is not in the due ZSET (whose score
 // holds it then): in flight it is the due time the task was popped at, when
 // dead the due time of its last delivery. kindlen is the byte length of the
-// kind that follows the '|'; the last error is the rest. The same layout is
-// implemented in lua/lib.lua.
+// kind that follows the '|'; in the split form the last error is the rest,
+// in the inline form errlen is its length and the payload the rest. The
+// same layout is implemented in lua/lib.lua.
 type record struct {
 	inc     int64
 	gen     int64
@@ -43,23 +53,53 @@ type record struct {
 	due     int64 // Unix ms; 0 = not stored
 	kind    string
 	lastErr string
-	payload []byte // stored apart, in the body HASH
+	payload []byte // inline in the header, or apart in the body HASH
+}
+
+// inlineMax is the largest payload stored inline in the header (lua/lib.lua's
+// INLINE_MAX).
+const inlineMax = 256
+
+// inline reports whether the record's payload goes into its header.
+func (r *record) inline() bool { return len(r.payload) > 0 && len(r.payload) <= inlineMax }
+
+// bodyValue is what the body HASH holds for the record: its payload in the
+// split form, nil (no entry) when it is inline or empty.
+func (r *record) bodyValue() []byte {
+	if r.inline() {
+		return nil
+	}
+	return r.payload
 }
 
 var errBadRecord = errors.New("malformed task record")
 
-// header returns the record's header in its stored form.
+// header returns the record's header in its stored form: inline when the
+// payload is (see inline), else split (the payload goes to the body HASH:
+// bodyValue).
 func (r *record) header() []byte {
-	b := make([]byte, 0, 48+len(r.kind)+len(r.lastErr))
+	inl := r.inline()
+	n := 48 + len(r.kind) + len(r.lastErr)
+	if inl {
+		n += 17 + len(r.payload)
+	}
+	b := make([]byte, 0, n)
 	for i, n := range [...]int64{r.inc, r.gen, int64(r.attempt), r.dseq, r.created - floorDiv(r.inc, 1000), r.updated - r.created, r.due, int64(len(r.kind))} {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = appendHex(b, n)
 	}
+	if inl {
+		b = append(b, ',')
+		b = appendHex(b, int64(len(r.lastErr)))
+	}
 	b = append(b, '|')
 	b = append(b, r.kind...)
 	b = append(b, r.lastErr...)
+	if inl {
+		b = append(b, r.payload...)
+	}
 	return b
 }
 
@@ -79,23 +119,38 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// headerFields is the number of comma-separated numbers of a header.
+// headerFields is the number of comma-separated numbers of a split
+// header; an inline one has one more (the last error's length).
 const headerFields = 8
 
 // decodeRecord parses a stored header and takes payload as the task's
-// payload ("" = none).
+// payload ("" = none) unless the header is inline (then the header holds
+// it and payload is ignored).
 func decodeRecord(h, payload string) (record, error) {
 	head, body, ok := strings.Cut(h, "|")
 	if !ok {
 		return record{}, errBadRecord
 	}
-	var f [headerFields]int64
-	if err := parseHexFields(head, f[:]); err != nil {
+	var f [headerFields + 1]int64
+	inl := strings.Count(head, ",") == headerFields
+	nf := headerFields
+	if inl {
+		nf++
+	}
+	if err := parseHexFields(head, f[:nf]); err != nil {
 		return record{}, err
 	}
 	kl := f[7]
 	if kl < 0 || kl > int64(len(body)) || f[2] < 0 || f[2] > 1<<31-1 {
 		return record{}, errBadRecord
+	}
+	lastErr := body[kl:]
+	if inl {
+		el := f[8]
+		if el < 0 || el > int64(len(body))-kl {
+			return record{}, errBadRecord
+		}
+		lastErr, payload = body[kl:kl+el], body[kl+el:]
 	}
 	var p []byte
 	if payload != "" {
@@ -110,7 +165,7 @@ func decodeRecord(h, payload string) (record, error) {
 		updated: floorDiv(f[0], 1000) + f[4] + f[5],
 		due:     f[6],
 		kind:    body[:kl],
-		lastErr: body[kl:],
+		lastErr: lastErr,
 		payload: p,
 	}, nil
 }

@@ -13,9 +13,14 @@ func TestRecordRoundTrip(t *testing.T) {
 		{gen: 1 << 52, attempt: 1<<31 - 1, created: 1795999524097, updated: 1795999999999, due: -5,
 			kind: "k|,", lastErr: "why,|", payload: []byte("|,,\x00\xff")},
 		{gen: 3, attempt: 2, created: 10, updated: 5, due: 1795999524097, payload: []byte(strings.Repeat("p", 100))},
+		{gen: 3, kind: "k", lastErr: "boom", payload: []byte(strings.Repeat("p", inlineMax))},
+		{gen: 3, kind: "k", lastErr: "boom", payload: []byte(strings.Repeat("p", inlineMax+1))},
 	} {
 		h := r.header()
-		got, err := decodeRecord(string(h), string(r.payload))
+		if got, want := strings.Count(string(h[:strings.IndexByte(string(h), '|')]), ","), headerFields-1; r.inline() != (got == want+1) {
+			t.Errorf("header %q of a %d-byte payload: %d commas, inline %v", h, len(r.payload), got, r.inline())
+		}
+		got, err := decodeRecord(string(h), string(r.bodyValue()))
 		if err != nil {
 			t.Fatalf("decode %q: %v", h, err)
 		}
@@ -33,11 +38,17 @@ func TestRecordHeaderIsCompact(t *testing.T) {
 	if len(h) > 36 {
 		t.Errorf("header %q is %d bytes, want at most 36", h, len(h))
 	}
+	// With a 100-byte payload inline the value stays within 124 bytes,
+	// which Redis (3-byte sds header, NUL) keeps in a 128-byte allocation.
+	r.payload = []byte(strings.Repeat("p", 100))
+	if h := r.header(); len(h) > 124 || r.bodyValue() != nil {
+		t.Errorf("inline header of a 100-byte payload is %d bytes (body %q), want at most 124 and no body", len(h), r.bodyValue())
+	}
 }
 
 func TestDecodeRecordRejectsGarbage(t *testing.T) {
 	for _, s := range []string{"", "1,2,3", "1,2,3,4,5,6,7|x", "1,,,,,,,zz|x", "1,,,,,,,-1|", "!,,,,,,,|", "1,,,,,,,2|x",
-		"1,,-1,,,,,|"} {
+		"1,,-1,,,,,|", "1,,,,,,,,zz|x", "1,,,,,,,1,5|xy", "1,,,,,,,,-1|x", "1,,,,,,,,,|x"} {
 		if _, err := decodeRecord(s, ""); err == nil {
 			t.Errorf("decodeRecord(%q) succeeded", s)
 		}
@@ -61,13 +72,14 @@ func TestLegacyRecord(t *testing.T) {
 func FuzzDecodeRecord(f *testing.F) {
 	f.Add("lzx4k2ab,1,,,lzx4k2ab,,,1|kerr", "payload")
 	f.Add("1,2,3,4,5,6,7,0|", "")
+	f.Add("1,2,3,4,5,6,7,1,2|kerpayload", "")
 	f.Fuzz(func(t *testing.T, h, payload string) {
 		r, err := decodeRecord(h, payload)
 		if err != nil {
 			return
 		}
 		// whatever decodes re-encodes to something that decodes the same
-		again, err := decodeRecord(string(r.header()), string(r.payload))
+		again, err := decodeRecord(string(r.header()), string(r.bodyValue()))
 		if err != nil || !cmp.Equal(r, again, cmp.AllowUnexported(record{})) {
 			t.Fatalf("re-decode of %q: %+v, %v; want %+v", h, again, err, r)
 		}

@@ -686,6 +686,9 @@ func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]st
 		if err != nil {
 			return nil, "", fmt.Errorf("list: %w", err)
 		}
+		if p.NoPayload {
+			t.Payload = nil // an inline one came with the header
+		}
 		score, err := replyInt(rep[i+1])
 		if err != nil {
 			return nil, "", fmt.Errorf("list: %w", err)

@@ -2,15 +2,26 @@
 -- file to each script, so every script still runs as one self-contained
 -- chunk (and is cached by its own SHA). Nothing here loops without a bound.
 --
--- A task is two HASH fields under one hash tag (see record.go, which must
--- agree): its header in the meta HASH and its payload in the body HASH, so a
--- script that needs only counters never copies a payload. Header layout:
---   inc,gen,attempt,dseq,created,updated,due,kindlen|<kind><last error>
+-- A task is a header in the meta HASH (see record.go, which must agree),
+-- in one of two forms:
+--   split:  inc,gen,attempt,dseq,created,updated,due,kindlen|<kind><last error>
+--           and the payload, if any, in the body HASH under the same id
+--   inline: inc,gen,attempt,dseq,created,updated,due,kindlen,errlen|<kind><last error><payload>
+--           and no body entry
+-- A payload of 1..INLINE_MAX bytes is written inline (one HASH entry per
+-- task: the memory of a small task is close to a bare ZSET + HASH), a
+-- larger one apart, so a script that needs only counters never copies a
+-- large payload. Both forms are read everywhere; which one a task has is
+-- decided anew at each write of its payload (upsert, restore).
 -- numbers are hexadecimal integers, empty = 0; created is stored as the
 -- difference from the incarnation's millisecond (inc / 1000, rounded down)
 -- and updated as the difference from created, so both are usually empty;
 -- due is stored only while the task is outside the due ZSET. inc is the
 -- incarnation, dseq the delivery sequence (see repop).
+
+-- INLINE_MAX is the largest payload kept in the header (record.go's
+-- inlineMax).
+local INLINE_MAX = 256
 
 -- now_ms returns the Redis server clock in Unix milliseconds: the one clock
 -- that decides due-ness for every replica.
@@ -67,18 +78,22 @@ local function dec(s)
 end
 
 -- A header's fields, in order, as one pattern: inc, gen, attempt, dseq,
--- created, updated (minus created), due, kind length; then '|' and the
--- position where kind and last error start.
-local HDR = '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^|]*)|()'
+-- created, updated (minus created), due, kind length; then ',' and the
+-- last error's length in the inline form ('' in the split form); then '|'
+-- and the position where kind and last error start.
+local HDR = '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,|]*)(,?)([^|]*)|()'
 
 -- parse reads a header into a table, or returns nil when it is malformed
 -- (a script then leaves the task where it is or moves it to dead; it never
--- raises an error halfway through its writes). b is where kind starts.
+-- raises an error halfway through its writes). b is where kind starts, kl
+-- its length; el is the last error's length in the inline form (where the
+-- payload follows it), nil in the split form (where the last error runs to
+-- the end).
 local function parse(h)
   if not h then
     return nil
   end
-  local i, g, a, d, c, u, du, kl, b = string.match(h, HDR)
+  local i, g, a, d, c, u, du, kl, comma, el, b = string.match(h, HDR)
   if not b then
     return nil
   end
@@ -88,6 +103,14 @@ local function parse(h)
   }
   if not (r.inc and r.gen and r.attempt and r.dseq and r.created and r.updated and r.due and r.kl)
     or r.kl < 0 or b + r.kl - 1 > #h then
+    return nil
+  end
+  if comma == ',' then
+    r.el = dec(el)
+    if not r.el or r.el < 0 or b + r.kl + r.el - 1 > #h then
+      return nil
+    end
+  elseif el ~= '' then
     return nil
   end
   r.created = math.floor(r.inc / 1000) + r.created
@@ -134,10 +157,11 @@ end
 -- never repeats the sequence of an earlier one of the task, even after a
 -- requeue, a rebuild from MySQL or a restored snapshot, which roll the
 -- stored sequence back but not the clock), updated = now, due = due. It
--- rewrites only those fields with one match and one concat; kind and last
--- error are copied once.
+-- rewrites only those fields with one match and one concat; kind, last
+-- error and an inline payload are copied once. The third value is true
+-- when the header is inline (the task has no body entry).
 local function repop(h, now, now_us, due)
-  local i, g, a, d, c, p = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),[^,]*,[^,]*,()')
+  local i, g, a, d, c, p, comma = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),[^,]*,[^,]*,()[^,|]*(,?)')
   if not p then
     return nil
   end
@@ -150,25 +174,47 @@ local function repop(h, now, now_us, due)
     seq = now_us
   end
   return i .. ',' .. g .. ',' .. enc(na + 1) .. ',' .. enc(seq) .. ',' .. c .. ',' ..
-    enc(now - math.floor(ni / 1000) - nc) .. ',' .. enc(due) .. ',' .. string.sub(h, p), seq
+    enc(now - math.floor(ni / 1000) - nc) .. ',' .. enc(due) .. ',' .. string.sub(h, p), seq, comma == ','
 end
 
--- header formats a header from fields (the parse table shape), kind and
--- last error.
-local function header(r, kind, err)
-  return enc(r.inc) .. ',' .. enc(r.gen) .. ',' .. enc(r.attempt) .. ',' .. enc(r.dseq) .. ',' ..
+-- header formats a header from fields (the parse table shape), kind, last
+-- error and payload: inline when the payload has 1..INLINE_MAX bytes, else
+-- split (the caller stores a non-empty payload in the body HASH; see
+-- inline).
+local function header(r, kind, err, payload)
+  local h = enc(r.inc) .. ',' .. enc(r.gen) .. ',' .. enc(r.attempt) .. ',' .. enc(r.dseq) .. ',' ..
     enc(r.created - math.floor(r.inc / 1000)) .. ',' .. enc(r.updated - r.created) .. ',' .. enc(r.due) .. ',' ..
-    enc(#kind) .. '|' .. kind .. err
+    enc(#kind)
+  if payload and #payload > 0 and #payload <= INLINE_MAX then
+    return h .. ',' .. enc(#err) .. '|' .. kind .. err .. payload
+  end
+  return h .. '|' .. kind .. err
 end
 
--- rewrite returns h with r's fields; when err is not nil it also replaces
--- the last error.
+-- inline reports whether a payload goes into the header.
+local function inline(payload)
+  return #payload > 0 and #payload <= INLINE_MAX
+end
+
+-- rewrite returns h (parsed as r) with r's fields; when err is not nil it
+-- also replaces the last error. Kind and an inline payload are kept, and so
+-- is the form.
 local function rewrite(h, r, err)
-  local kind = string.sub(h, r.b, r.b + r.kl - 1)
-  if err == nil then
-    err = string.sub(h, r.b + r.kl)
+  local e = r.b + r.kl
+  local kind = string.sub(h, r.b, e - 1)
+  if r.el then
+    if err == nil then
+      err = string.sub(h, e, e + r.el - 1)
+    end
+    local h2 = enc(r.inc) .. ',' .. enc(r.gen) .. ',' .. enc(r.attempt) .. ',' .. enc(r.dseq) .. ',' ..
+      enc(r.created - math.floor(r.inc / 1000)) .. ',' .. enc(r.updated - r.created) .. ',' .. enc(r.due) .. ',' ..
+      enc(r.kl) .. ',' .. enc(#err) .. '|' .. kind .. err
+    return h2 .. string.sub(h, e + r.el)
   end
-  return header(r, kind, err)
+  if err == nil then
+    err = string.sub(h, e)
+  end
+  return header(r, kind, err, nil)
 end
 
 -- locate returns the state a task is in (1 scheduled, 2 delivered, 3 dead,

@@ -18,14 +18,16 @@
 -- A page ends after limit members or before the task that would take it
 -- past the byte budget, whichever comes first; its first task is always
 -- returned, so paging goes on however large one task is. A task counts
--- its id, its header, its payload (only when payloads are returned: their
--- lengths come from HSTRLEN, so a payload left out is never copied) and
--- ARGV[6]; the Go side cuts again by the exact size.
+-- its id, its header, its payload (only when payloads are returned: the
+-- lengths of payloads stored apart come from HSTRLEN, so a large payload
+-- left out is never copied; an inline one is part of the header, and is
+-- not counted when left out) and ARGV[6]; the Go side cuts again by the
+-- exact size.
 --
 -- Returns {more, last score, last id, then 4 values per task};
 -- more is 1 when a full page was read or the budget cut it (there may be
 -- more), and last score/id are the cursor of the next page. Per task: id,
--- score, header, payload ('' when left out).
+-- score, header, payload of the split form ('' when left out or inline).
 local limit = tonumber(ARGV[1])
 local budget = tonumber(ARGV[4])
 local payloads = ARGV[5] == '1'
@@ -76,6 +78,12 @@ if #ids > 0 then
       local size = fixed + #ids[i] + #hs[i]
       if payloads then
         size = size + redis.call('HSTRLEN', KEYS[3], ids[i])
+      else
+        -- an inline payload is left out too (by the Go side)
+        local r = parse(hs[i])
+        if r and r.el then
+          size = size - (#hs[i] - (r.b + r.kl + r.el - 1))
+        end
       end
       if budget > 0 and #keep > 0 and used + size > budget then
         local last = keep[#keep]

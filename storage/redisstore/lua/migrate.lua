@@ -1,9 +1,11 @@
 -- migrate.lua: convert records of the one-value layout (before the
--- header/payload split) into a header and a payload.
+-- header/payload split) into a header and, for a payload too large to be
+-- inline (see lib.lua), a body entry.
 --
 -- KEYS[1] legacy task HASH, KEYS[2] meta HASH, KEYS[3] body HASH
 -- ARGV[1 ..] per record 4 values: id, the legacy value as read, the new
---            header, the payload (converted by the caller)
+--            header, the body entry ('' = none: no payload, or inline;
+--            converted by the caller)
 --
 -- A record is converted only if its legacy value is still the one the
 -- caller read, and never over a header the new layout already holds; either

@@ -27,7 +27,8 @@
 -- vanishing.
 --
 -- Returns {now ms, lease deadline ms, then per task in due order: id,
--- header after the pop, payload}; then, after a '' marker, the ids moved to
+-- header after the pop, payload of the split form ('' when inline: the
+-- header holds it)}; then, after a '' marker, the ids moved to
 -- dead as malformed.
 local now, now_us = clock()
 local deadline = now + tonumber(ARGV[2])
@@ -89,28 +90,33 @@ for i = 1, #items, 2 do
 end
 local hs = redis.call('HMGET', KEYS[4], unpack(ids))
 local zargs, hargs, good, bad = {}, {}, {}, {}
+local split = {} -- good tasks in the split form: their payloads are read
 local d = int(deadline)
 for k = 1, #ids do
   local id, h = ids[k], hs[k]
   if h then
-    local nh = repop(h, now, now_us, tonumber(items[2 * k]))
+    local nh, _, inl = repop(h, now, now_us, tonumber(items[2 * k]))
     if nh then
       push(zargs, d, id)
       push(hargs, id, nh)
       good[#good + 1] = k
       hs[k] = nh
+      if not inl then
+        split[#split + 1] = id
+      end
     else
       bad[#bad + 1] = id
     end
   end
 end
 local bodies = {}
-if #good > 0 then
-  local gids = {}
-  for x, k in ipairs(good) do
-    gids[x] = ids[k]
+if #split > 0 then
+  local got = redis.call('HMGET', KEYS[5], unpack(split))
+  for x, id in ipairs(split) do
+    if got[x] then
+      bodies[id] = got[x]
+    end
   end
-  bodies = redis.call('HMGET', KEYS[5], unpack(gids))
 end
 if window > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
@@ -131,9 +137,9 @@ if rate > 0 and #good > 0 then
   redis.call('HSET', KEYS[6], 't', tostring(tokens - #good), 'at', int(now_us))
   redis.call('PEXPIRE', KEYS[6], int(math.ceil(burst * 1000 / rate) + 1000))
 end
-for x, k in ipairs(good) do
+for _, k in ipairs(good) do
   push(out, ids[k], hs[k])
-  out[#out + 1] = bodies[x] or ''
+  out[#out + 1] = bodies[ids[k]] or ''
 end
 if #bad > 0 then
   out[#out + 1] = ''

@@ -1,7 +1,7 @@
 -- upsert.lua: create or replace tasks of one namespace, in request order.
 --
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
--- KEYS[4] meta HASH (headers), KEYS[5] body HASH (payloads),
+-- KEYS[4] meta HASH (headers), KEYS[5] body HASH (large payloads),
 -- KEYS[6] life STRING (the namespace incarnation, see keys.go)
 -- ARGV[1] wake channel
 -- ARGV[2] namespace (the wake-up message)
@@ -46,7 +46,8 @@
 --     and the task exists), 6 refused (if generation, and the stored
 --     generation differs): a = stored header ('' when there is none),
 --     b = its state (1 scheduled, 2 delivered, 3 dead; 0 none), c = its
---     score in that state's ZSET, d = stored payload
+--     score in that state's ZSET, d = stored payload of the split form
+--     (an inline payload is in the header)
 local now, now_us = clock()
 local n = tonumber(ARGV[3])
 local out = {now}
@@ -78,7 +79,10 @@ local pending = {} -- id -> {h, due, payload} written by this call
 local fresh = enc(now_us) .. ',1,,,,,,'
 
 local zadd, hset, zrem = {}, {}, {}
-local body, border = {}, {} -- id -> final payload, ids in first-write order
+-- id -> final body entry ('' = none: no payload, or inline), ids in
+-- first-write order, id -> whether the task existed before this call (only
+-- then can there be a body entry to delete)
+local body, border, stored = {}, {}, {}
 for i = 0, n - 1 do
   local j = 4 + 10 * i
   local id = ids[i + 1]
@@ -159,18 +163,28 @@ for i = 0, n - 1 do
       zrem[#zrem + 1] = id
     end
     local h
+    local inl = inline(payload)
     if inc == now_us and gen == 1 and dseq == 0 and created == now then
-      h = fresh .. enc(#kind) .. '|' .. kind
+      if inl then
+        h = fresh .. enc(#kind) .. ',|' .. kind .. payload
+      else
+        h = fresh .. enc(#kind) .. '|' .. kind
+      end
     else
       h = header({inc = inc, gen = gen, attempt = 0, dseq = dseq, created = created,
-        updated = now, due = 0}, kind, '')
+        updated = now, due = 0}, kind, '', payload)
     end
     push(zadd, int(due), id)
     push(hset, id, h)
     if body[id] == nil then
       border[#border + 1] = id
+      stored[id] = olds[i + 1] ~= nil
     end
-    body[id] = payload
+    if inl then
+      body[id] = ''
+    else
+      body[id] = payload
+    end
     pending[id] = {h = h, due = due, payload = payload}
     if first == nil or due < first then
       first = due
@@ -189,7 +203,9 @@ flush('HSET', KEYS[4], hset)
 local bset, bdel = {}, {}
 for _, id in ipairs(border) do
   if body[id] == '' then
-    bdel[#bdel + 1] = id
+    if stored[id] then
+      bdel[#bdel + 1] = id
+    end
   else
     push(bset, id, body[id])
   end
