@@ -17,7 +17,9 @@ import (
 //	delayd:{ns#k}:inflight  ZSET  task id -> lease deadline (Unix ms)
 //	delayd:{ns#k}:dead      ZSET  task id -> time it died (Unix ms)
 //	delayd:{ns#k}:meta      HASH  task id -> task header (see record.go)
-//	delayd:{ns#k}:body      HASH  task id -> payload (absent when empty)
+//	delayd:{ns#k}:body      HASH  task id -> payload, only for payloads over
+//	                              256 bytes (smaller ones are inline in the
+//	                              header; record.go)
 //	delayd:{ns#k}:acked     HASH  task id -> ack marker (durable mode only:
 //	                              the version acked until MySQL deleted it)
 //	delayd:{ns#k}:indexed   STRING  present once durable mode has indexed ns
