@@ -147,12 +147,17 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	}
 
 	// 2. The task store over it.
+	// Each namespace's shard count comes from its policy in the registry:
+	// this Redis's own, or MySQL's in durable mode (openDurable switches it).
+	shards := redisstore.NewRegistryShards(nil)
 	store := redisstore.New(d.redis.client, redisstore.Options{
 		Logger:         logger.With("component", "redisstore"),
 		Timeout:        cfg.StoreTimeout,
 		Traces:         tp != nil,
 		MaxScriptBytes: cfg.MaxScriptBytes,
+		Shards:         shards,
 	})
+	shards.Use(store)
 	// Tasks stored by a delayd from before the header/payload split are
 	// converted before anything reads them (bounded steps; a no-op after).
 	if n, err := store.Migrate(ctx); err != nil {
@@ -180,7 +185,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		registry   storage.Registry           = store
 		namespaces dispatcher.NamespaceLister = store
 	)
-	if d.durable, err = openDurable(ctx, cfg, store, logger, m); err != nil {
+	if d.durable, err = openDurable(ctx, cfg, store, shards, logger, m); err != nil {
 		return nil, err
 	}
 	if d.durable != nil {

@@ -27,7 +27,7 @@ type durableMode struct {
 // openDurable connects to MySQL, applies the schema migrations and starts
 // the durable store over index (its committer and reconciler). It returns
 // nil, nil when cfg.MySQLDSN is empty.
-func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logger *slog.Logger, m *metrics.Metrics) (*durableMode, error) {
+func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, shards *redisstore.RegistryShards, logger *slog.Logger, m *metrics.Metrics) (*durableMode, error) {
 	if cfg.MySQLDSN == "" {
 		return nil, nil
 	}
@@ -43,6 +43,9 @@ func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, logge
 	if err != nil {
 		return nil, fmt.Errorf("durable mode: %w", err)
 	}
+	// Shard counts come from the namespaces' authority from now on, before
+	// Start rebuilds any index.
+	shards.Use(s.Registry())
 	if err := s.Start(ctx); err != nil {
 		_ = s.Stop(ctx)
 		return nil, fmt.Errorf("durable mode: %w", err)

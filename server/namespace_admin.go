@@ -213,6 +213,23 @@ var policyFields = []policyField{
 		},
 		same: func(a, b storage.Policy) bool { return a.MaxDispatchRate == b.MaxDispatchRate },
 	},
+	{
+		// A quota (capacity: Redis slots, fan-out per pop); fixed after
+		// create (UpdateNamespace refuses a change). 0 keeps what is set
+		// (the default, 1, at create).
+		name: "shards", quota: true,
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			n := src.GetShards()
+			if n < 0 || n > storage.MaxShards {
+				return invalidf(f, "is %d; allowed: 1-%d, or 0 for the default (1; unchanged in an update)", n, storage.MaxShards)
+			}
+			if n > 0 {
+				dst.Shards = int(n)
+			}
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.Shards == b.Shards },
+	},
 }
 
 // policyDuration reads a policy duration: unset or zero = 0 (the server
@@ -261,6 +278,7 @@ func policyToProto(p storage.Policy) *delaydv1.NamespacePolicy {
 		MaxDelay:          durationpb.New(p.MaxDelay),
 		Paused:            p.Paused,
 		MaxDispatchRate:   p.MaxDispatchRate,
+		Shards:            int32(min(max(p.Shards, 1), storage.MaxShards)),
 	}
 }
 
@@ -413,6 +431,13 @@ func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.Up
 		oldEff, newEff := cur.WithDefaults(defaults), out.WithDefaults(defaults)
 		if err := checkConsistent("namespace.policy.", newEff); err != nil {
 			return storage.Policy{}, err
+		}
+		if newEff.Shards != oldEff.Shards {
+			return storage.Policy{}, status.Errorf(codes.FailedPrecondition,
+				"namespace.policy.shards: is %d; the namespace has %d shards, and the count cannot change after create "+
+					"(a task's shard is a hash of its id modulo the count; moving tasks between shards without losing or "+
+					"duplicating one is not supported): create a new namespace with the shards wanted and move producers to it",
+				newEff.Shards, oldEff.Shards)
 		}
 		if p != nil && !p.global() {
 			for _, f := range fields {

@@ -34,6 +34,49 @@ func defaultPolicyProto() *delaydv1.NamespacePolicy {
 		MaxPayloadBytes:   int32(d.MaxPayloadBytes),
 		MaxSubscribers:    int32(d.MaxSubscribers),
 		MaxDelay:          durationpb.New(d.MaxDelay),
+		Shards:            1,
+	}
+}
+
+// TestNamespaceShards: shards is set at create (1 by default, at most 256)
+// and an update that would change it is refused with FailedPrecondition
+// naming the field; an update that leaves it (0, or the same count) works.
+func TestNamespaceShards(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	name := "shards-" + testkit.Suffix()
+	t.Cleanup(func() { e.drop(name) })
+	for _, bad := range []int32{-1, 257} {
+		_, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{
+			Name: name, Policy: &delaydv1.NamespacePolicy{Shards: bad}}})
+		wantCode(t, err, codes.InvalidArgument, "namespace.policy.shards")
+	}
+	created, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{
+		Name: name, Policy: &delaydv1.NamespacePolicy{Shards: 6}}})
+	if err != nil || created.GetNamespace().GetPolicy().GetShards() != 6 {
+		t.Fatalf("CreateNamespace(shards 6) = %v, %v", created.GetNamespace().GetPolicy(), err)
+	}
+	for _, paths := range [][]string{{"policy.shards"}, nil} {
+		_, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+			Namespace:  &delaydv1.Namespace{Name: name, Policy: &delaydv1.NamespacePolicy{Shards: 3}},
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: paths},
+		})
+		wantCode(t, err, codes.FailedPrecondition, "namespace.policy.shards")
+	}
+	// An empty mask with shards unset (0) keeps the count; so does the same count.
+	for _, n := range []int32{0, 6} {
+		upd, err := r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+			Namespace: &delaydv1.Namespace{Name: name, Policy: &delaydv1.NamespacePolicy{Shards: n, MaxAttempts: 4}}})
+		if err != nil || upd.GetNamespace().GetPolicy().GetShards() != 6 || upd.GetNamespace().GetPolicy().GetMaxAttempts() != 4 {
+			t.Fatalf("UpdateNamespace(shards %d) = %v, %v; want shards kept at 6", n, upd.GetNamespace().GetPolicy(), err)
+		}
+	}
+	defaulted := "shards-d-" + testkit.Suffix()
+	t.Cleanup(func() { e.drop(defaulted) })
+	c, err := r.admin.CreateNamespace(admin(), &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: defaulted}})
+	if err != nil || c.GetNamespace().GetPolicy().GetShards() != 1 {
+		t.Fatalf("CreateNamespace(default) shards = %v, %v; want 1", c.GetNamespace().GetPolicy().GetShards(), err)
 	}
 }
 

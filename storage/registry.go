@@ -180,6 +180,9 @@ func (p Policy) WithDefaults(defaults Policy) Policy {
 	if p.MaxDelay <= 0 {
 		p.MaxDelay = defaults.MaxDelay
 	}
+	if p.Shards <= 0 {
+		p.Shards = max(defaults.Shards, 1)
+	}
 	return p
 }
 
@@ -200,6 +203,7 @@ type policyRecord struct {
 	MaxDelayMS        int64   `json:"max_delay_ms,omitempty"`
 	Paused            bool    `json:"paused,omitempty"`
 	MaxDispatchRate   float64 `json:"max_dispatch_rate,omitempty"`
+	Shards            int     `json:"shards,omitempty"`
 }
 
 // MarshalPolicy encodes p as the JSON document registries store: durations
@@ -221,6 +225,7 @@ func MarshalPolicy(p Policy) ([]byte, error) {
 		MaxDelayMS:        p.MaxDelay.Milliseconds(),
 		Paused:            p.Paused,
 		MaxDispatchRate:   p.MaxDispatchRate,
+		Shards:            p.Shards,
 	})
 }
 
@@ -248,5 +253,6 @@ func UnmarshalPolicy(b []byte) (Policy, error) {
 		MaxDelay:        time.Duration(r.MaxDelayMS) * time.Millisecond,
 		Paused:          r.Paused,
 		MaxDispatchRate: r.MaxDispatchRate,
+		Shards:          r.Shards,
 	}, nil
 }

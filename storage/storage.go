@@ -243,7 +243,9 @@ type UpsertResult struct {
 	// Created is true when the task did not exist before.
 	Created bool
 	// Earliest is true when the task became the earliest due task of its
-	// namespace (a dispatcher sleeping longer should wake up).
+	// namespace (a dispatcher sleeping longer should wake up). In a sharded
+	// namespace it may also be true when the task became the earliest of
+	// its shard only: a wake-up too many, never one too few.
 	Earliest bool
 	// Stale is true when Generation was given and the store held a newer
 	// version; Task is then the stored, newer task. When the store held the
@@ -344,7 +346,15 @@ type Policy struct {
 	// MaxDispatchRate caps the namespace's deliveries per second across
 	// every replica (DispatchBurst at once); 0 = unlimited.
 	MaxDispatchRate float64
+	// Shards is how many shards the namespace's tasks are spread over (a
+	// task's shard comes from a hash of its id; see redisstore.ShardOf), so
+	// one namespace can use several Redis Cluster masters. Set at create,
+	// 1..MaxShards; it cannot change later. Default 1.
+	Shards int
 }
+
+// MaxShards is the most shards a namespace may have.
+const MaxShards = 256
 
 // DispatchBurst is the token-bucket size that goes with a dispatch rate
 // cap: a tenth of a second's deliveries, at least 1, so a drained bucket
@@ -368,6 +378,7 @@ func DefaultPolicy() Policy {
 		MaxPayloadBytes: 64 << 10,
 		MaxSubscribers:  100,
 		MaxDelay:        366 * 24 * time.Hour,
+		Shards:          1,
 	}
 }
 

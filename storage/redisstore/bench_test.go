@@ -16,7 +16,7 @@ func BenchmarkUpsertBatch(b *testing.B) {
 	s := New(testRedisClient(b), Options{})
 	ctx := context.Background()
 	ns := testkit.Namespace(b, "bench")
-	b.Cleanup(func() { s.rdb.Del(context.Background(), allKeys(keysFor(ns, shard))...) })
+	b.Cleanup(func() { s.rdb.Del(context.Background(), allKeys(keysFor(ns, 0))...) })
 	payload := make([]byte, 100)
 	specs := make([]storage.UpsertSpec, MaxBatch)
 	b.ResetTimer()
@@ -37,7 +37,7 @@ func BenchmarkPopAck(b *testing.B) {
 	s := New(testRedisClient(b), Options{})
 	ctx := context.Background()
 	ns := testkit.Namespace(b, "bench")
-	b.Cleanup(func() { s.rdb.Del(context.Background(), allKeys(keysFor(ns, shard))...) })
+	b.Cleanup(func() { s.rdb.Del(context.Background(), allKeys(keysFor(ns, 0))...) })
 	payload := make([]byte, 100)
 	const batch = 100
 	specs := make([]storage.UpsertSpec, batch)

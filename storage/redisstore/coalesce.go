@@ -38,7 +38,7 @@ const CoalesceMax = 256
 // its callers (none if one of them has none).
 type coalescer struct {
 	mu     sync.Mutex
-	queues map[string]*upsertQueue // namespaces with a script call in flight
+	queues map[string]*upsertQueue // shards (hashTag) with a script call in flight
 }
 
 // upsertQueue holds one namespace's calls waiting for the script call in
@@ -63,21 +63,22 @@ type upsertCall struct {
 
 // upsertCoalesced is Upsert through the coalescer; 0 < len(specs) <
 // CoalesceMax.
-func (s *Store) upsertCoalesced(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+func (s *Store) upsertCoalesced(ctx context.Context, ns string, sh int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, wrapErr("upsert", err)
 	}
 	c := &upsertCall{ctx: ctx, specs: specs}
 	co := &s.co
+	key := hashTag(ns, sh)
 	co.mu.Lock()
-	q, busy := co.queues[ns]
+	q, busy := co.queues[key]
 	if !busy {
 		// Nothing in flight: go out at once, alone.
 		q = &upsertQueue{}
-		co.queues[ns] = q
+		co.queues[key] = q
 		c.leader, c.taken = true, true
 		co.mu.Unlock()
-		s.send(ctx, ns, q, []*upsertCall{c})
+		s.send(ctx, ns, sh, q, []*upsertCall{c})
 		return c.res, c.err
 	}
 	c.lead = make(chan struct{}, 1)
@@ -103,14 +104,14 @@ func (s *Store) upsertCoalesced(ctx context.Context, ns string, specs []storage.
 			// on if it was ours.
 			q.waiting = slices.DeleteFunc(q.waiting, func(w *upsertCall) bool { return w == c })
 			if c.leader {
-				co.promote(ns, q)
+				co.promote(key, q)
 			}
 			co.mu.Unlock()
 			return nil, wrapErr("upsert", ctx.Err())
 		case c.leader:
 			batch := q.take()
 			co.mu.Unlock()
-			s.send(ctx, ns, q, batch)
+			s.send(ctx, ns, sh, q, batch)
 			return c.res, c.err
 		}
 		co.mu.Unlock()
@@ -120,7 +121,7 @@ func (s *Store) upsertCoalesced(ctx context.Context, ns string, specs []storage.
 // send runs one script call for batch (its calls taken, out of the queue),
 // passes the lead to the first queued call (or marks ns idle), and hands
 // out the results.
-func (s *Store) send(ctx context.Context, ns string, q *upsertQueue, batch []*upsertCall) {
+func (s *Store) send(ctx context.Context, ns string, sh int, q *upsertQueue, batch []*upsertCall) {
 	all := batch[0].specs
 	if len(batch) > 1 {
 		n := 0
@@ -149,10 +150,10 @@ func (s *Store) send(ctx context.Context, ns string, q *upsertQueue, batch []*up
 		sctx, cancel = context.WithDeadline(sctx, latest)
 		defer cancel()
 	}
-	res, err := s.upsertScript(sctx, ns, all)
+	res, err := s.upsertScript(sctx, ns, sh, all)
 
 	s.co.mu.Lock()
-	s.co.promote(ns, q)
+	s.co.promote(hashTag(ns, sh), q)
 	s.co.mu.Unlock()
 
 	off := 0
@@ -171,9 +172,9 @@ func (s *Store) send(ctx context.Context, ns string, q *upsertQueue, batch []*up
 
 // promote passes the lead of ns to its first queued call, or marks ns idle
 // when none is queued. Called with co.mu held.
-func (co *coalescer) promote(ns string, q *upsertQueue) {
+func (co *coalescer) promote(key string, q *upsertQueue) {
 	if len(q.waiting) == 0 {
-		delete(co.queues, ns)
+		delete(co.queues, key)
 		return
 	}
 	next := q.waiting[0]

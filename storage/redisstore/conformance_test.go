@@ -9,7 +9,11 @@ import (
 )
 
 func runConformance(t *testing.T, c redis.UniversalClient) {
-	storetest.Run(t, func(t *testing.T) storetest.Store { return New(c, Options{}) })
+	runConformanceOpts(t, c, Options{})
+}
+
+func runConformanceOpts(t *testing.T, c redis.UniversalClient, opts Options) {
+	storetest.Run(t, func(t *testing.T) storetest.Store { return New(c, opts) })
 }
 
 // TestConformance runs the store suite against the real Redis.
@@ -40,4 +44,24 @@ func TestConformanceSplitScripts(t *testing.T) {
 	t.Parallel()
 	c := testRedisClient(t)
 	storetest.Run(t, func(t *testing.T) storetest.Store { return New(c, Options{MaxScriptBytes: 1}) })
+}
+
+func runConformanceSharded(t *testing.T, c redis.UniversalClient, opts Options) {
+	storetest.RunSharded(t, func(t *testing.T) storetest.Store { return New(c, opts) })
+}
+
+// TestConformanceSharded runs the suite with every namespace in 4 shards
+// (so a test's tasks spread over them): batch calls split per shard, Pop
+// allocates across shards in due order, List merges, walks and scans cross
+// shards, and every answer stays what one shard gives.
+func TestConformanceSharded(t *testing.T) {
+	t.Parallel()
+	runConformanceSharded(t, testRedisClient(t), Options{Shards: FixedShards(4)})
+}
+
+// TestConformanceShardedCluster is TestConformanceSharded on a Redis
+// Cluster: each shard of a namespace has its own slot.
+func TestConformanceShardedCluster(t *testing.T) {
+	t.Parallel()
+	runConformanceSharded(t, startCluster(t, 2), Options{Shards: FixedShards(4)})
 }

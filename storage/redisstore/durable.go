@@ -34,7 +34,40 @@ import (
 // next delivery gets a sequence number from the clock, above any delivery
 // made before (see Token.Delivery). Returns how many tasks were written.
 func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, force bool) (int, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	if n == 1 {
+		return s.restoreShard(ctx, ns, 0, tasks, force)
+	}
+	groups := make([][]storage.Task, n)
+	for _, t := range tasks {
+		sh := shardOf(t.ID, n)
+		groups[sh] = append(groups[sh], t)
+	}
+	var shards []int
+	for sh, g := range groups {
+		if len(g) > 0 {
+			shards = append(shards, sh)
+		}
+	}
+	written := make([]int, n)
+	err = fanOut(shards, func(sh int) error {
+		var err error
+		written[sh], err = s.restoreShard(ctx, ns, sh, groups[sh], force)
+		return err
+	})
+	total := 0
+	for _, w := range written {
+		total += w
+	}
+	return total, err
+}
+
+// restoreShard is Restore of tasks of shard sh.
+func (s *Store) restoreShard(ctx context.Context, ns string, sh int, tasks []storage.Task, force bool) (int, error) {
+	k := keysFor(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.life}
 	flag := "0"
 	if force {
@@ -74,7 +107,7 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, fo
 		return nil
 	})
 	if err == nil && s.traces {
-		s.restoreTraces(ctx, ns, tasks)
+		s.restoreTraces(ctx, ns, sh, tasks)
 	}
 	return written, err
 }
@@ -84,7 +117,36 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, fo
 // token naming the acked delivery; Delivery 0 where there is none), in one
 // round trip per MaxBatch ids. Payloads are not read.
 func (s *Store) Versions(ctx context.Context, ns string, ids []string) ([]storage.Version, []storage.Token, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, nil, fmt.Errorf("versions: %w", err)
+	}
+	if n == 1 {
+		return s.versionsShard(ctx, ns, 0, ids)
+	}
+	vs := make([]storage.Version, len(ids))
+	marks := make([]storage.Token, len(ids))
+	idx := groupIndexes(n, len(ids), func(i int) string { return ids[i] })
+	err = fanOut(groupShards(idx), func(sh int) error {
+		part := make([]string, len(idx[sh]))
+		for j, i := range idx[sh] {
+			part[j] = ids[i]
+		}
+		v, m, err := s.versionsShard(ctx, ns, sh, part)
+		for j := range v {
+			vs[idx[sh][j]], marks[idx[sh][j]] = v[j], m[j]
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return vs, marks, nil
+}
+
+// versionsShard is Versions for ids of shard sh.
+func (s *Store) versionsShard(ctx context.Context, ns string, sh int, ids []string) ([]storage.Version, []storage.Token, error) {
+	k := keysFor(ns, sh)
 	vs := make([]storage.Version, 0, len(ids))
 	marks := make([]storage.Token, 0, len(ids))
 	err := chunks(len(ids), func(lo, hi int) error {
@@ -152,7 +214,26 @@ func markOf(t storage.Token) string {
 // since are kept), once MySQL has deleted the acked versions. Returns how
 // many it dropped.
 func (s *Store) ClearAcked(ctx context.Context, ns string, marks []storage.Token) (int, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return 0, fmt.Errorf("clear acked: %w", err)
+	}
+	dropped := make([]int, n)
+	err = byTokenShard(n, marks, func(sh int, _ []int, part []storage.Token) error {
+		var err error
+		dropped[sh], err = s.clearAckedShard(ctx, ns, sh, part)
+		return err
+	})
+	total := 0
+	for _, d := range dropped {
+		total += d
+	}
+	return total, err
+}
+
+// clearAckedShard is ClearAcked for markers of shard sh.
+func (s *Store) clearAckedShard(ctx context.Context, ns string, sh int, marks []storage.Token) (int, error) {
+	k := keysFor(ns, sh)
 	dropped := 0
 	err := chunks(len(marks), func(lo, hi int) error {
 		args := make([]any, 0, 2*(hi-lo))
@@ -173,7 +254,7 @@ func (s *Store) ClearAcked(ctx context.Context, ns string, marks []storage.Token
 // ScanAcked returns one page (about count entries) of ns's ack markers from
 // cursor (0 = the start) and the cursor of the next page (0 = done).
 func (s *Store) ScanAcked(ctx context.Context, ns string, cursor uint64, count int) ([]storage.Token, uint64, error) {
-	kv, next, err := s.hscan(ctx, "scan acked", keysFor(ns, shard).acked, cursor, count)
+	kv, next, err := s.hscanShards(ctx, "scan acked", ns, func(k nsKeys) string { return k.acked }, cursor, count)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -194,7 +275,7 @@ func (s *Store) ScanAcked(ctx context.Context, ns string, cursor uint64, count i
 // next page (0 = done). It reads headers only, never payloads. A task
 // present during the whole scan is returned at least once.
 func (s *Store) ScanVersions(ctx context.Context, ns string, cursor uint64, count int) ([]storage.Version, uint64, error) {
-	kv, next, err := s.hscan(ctx, "scan versions", keysFor(ns, shard).meta, cursor, count)
+	kv, next, err := s.hscanShards(ctx, "scan versions", ns, func(k nsKeys) string { return k.meta }, cursor, count)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -223,7 +304,31 @@ func (s *Store) hscan(ctx context.Context, op, key string, cursor uint64, count 
 // holds exactly that version (in any state), and returns how many it
 // removed. Durable mode's reconciler uses it for tasks MySQL does not have.
 func (s *Store) Forget(ctx context.Context, ns string, vs []storage.Version) (int, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return 0, fmt.Errorf("forget: %w", err)
+	}
+	idx := groupIndexes(n, len(vs), func(i int) string { return vs[i].ID })
+	removed := make([]int, n)
+	err = fanOut(groupShards(idx), func(sh int) error {
+		part := make([]storage.Version, len(idx[sh]))
+		for j, i := range idx[sh] {
+			part[j] = vs[i]
+		}
+		var err error
+		removed[sh], err = s.forgetShard(ctx, ns, sh, part)
+		return err
+	})
+	total := 0
+	for _, r := range removed {
+		total += r
+	}
+	return total, err
+}
+
+// forgetShard is Forget for versions of shard sh.
+func (s *Store) forgetShard(ctx context.Context, ns string, sh int, vs []storage.Version) (int, error) {
+	k := keysFor(ns, sh)
 	removed := 0
 	err := chunks(len(vs), func(lo, hi int) error {
 		args := make([]any, 0, 1+3*(hi-lo))
@@ -245,24 +350,44 @@ func (s *Store) Forget(ctx context.Context, ns string, vs []storage.Version) (in
 // Indexed reports whether MarkIndexed was called for ns since the index was
 // last emptied (a Redis without persistence loses the marker with the
 // tasks, which is the point: durable mode then rebuilds ns from MySQL).
+// A sharded namespace is indexed when every shard has the marker (each
+// shard's marker lives, and is lost, with that shard's tasks).
 func (s *Store) Indexed(ctx context.Context, ns string) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	n, err := s.rdb.Exists(ctx, keysFor(ns, shard).indexed).Result()
+	n, err := s.shardCount(ctx, ns)
 	if err != nil {
-		return false, wrapErr("indexed", err)
+		return false, fmt.Errorf("indexed: %w", err)
 	}
-	return n == 1, nil
+	have := make([]bool, n)
+	err = fanOut(allShards(n), func(sh int) error {
+		ctx, cancel := context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+		c, err := s.rdb.Exists(ctx, keysFor(ns, sh).indexed).Result()
+		if err != nil {
+			return wrapErr("indexed", err)
+		}
+		have[sh] = c == 1
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	return !slices.Contains(have, false), nil
 }
 
 // MarkIndexed records that ns's index is complete.
 func (s *Store) MarkIndexed(ctx context.Context, ns string) error {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	if err := s.rdb.Set(ctx, keysFor(ns, shard).indexed, "1", 0).Err(); err != nil {
-		return wrapErr("mark indexed", err)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return fmt.Errorf("mark indexed: %w", err)
 	}
-	return nil
+	return fanOut(allShards(n), func(sh int) error {
+		ctx, cancel := context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+		if err := s.rdb.Set(ctx, keysFor(ns, sh).indexed, "1", 0).Err(); err != nil {
+			return wrapErr("mark indexed", err)
+		}
+		return nil
+	})
 }
 
 // TryLead acquires the leader lease called name for holder, or renews it
@@ -368,7 +493,7 @@ func (s *Store) Migrate(ctx context.Context) (int, error) {
 }
 
 func (s *Store) migrateNamespace(ctx context.Context, ns string) (int, error) {
-	k := keysFor(ns, shard)
+	k := keysFor(ns, 0) // legacy records predate sharding: all in shard 0
 	total := 0
 	var cursor uint64
 	for {

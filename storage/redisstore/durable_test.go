@@ -28,7 +28,7 @@ func stores(t *testing.T) map[string]*Store {
 // dropNS deletes every key of ns when t ends.
 func dropNS(t *testing.T, s *Store, ns string) {
 	t.Cleanup(func() {
-		k := keysFor(ns, shard)
+		k := keysFor(ns, 0)
 		s.rdb.Del(context.Background(), allKeys(k)...)
 	})
 }
@@ -376,7 +376,7 @@ func TestMigrateLegacyRecords(t *testing.T) {
 			ctx := context.Background()
 			ns := testkit.Namespace(t, "mig")
 			dropNS(t, s, ns)
-			k := keysFor(ns, shard)
+			k := keysFor(ns, 0)
 			now := time.Now().Truncate(time.Millisecond)
 			ms := now.UnixMilli()
 			hex := func(n int64) string {
@@ -458,7 +458,7 @@ func TestMalformedHeaderNeverVanishes(t *testing.T) {
 			ctx := context.Background()
 			ns := testkit.Namespace(t, "bad")
 			dropNS(t, s, ns)
-			k := keysFor(ns, shard)
+			k := keysFor(ns, 0)
 			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a", Delay: -time.Second}, {ID: "b", Delay: -time.Second},
 				{ID: "c", Delay: -time.Second}}); err != nil {
 				t.Fatal(err)

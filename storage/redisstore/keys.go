@@ -104,7 +104,12 @@ type nsKeys struct {
 	// refused; it is not a sign that the namespace has tasks.
 	life string
 	rate string
+	// trace prefixes the trace-context keys (traceKey).
+	trace string
 }
+
+// traceOf is the trace-context key of task id (in this shard).
+func (k nsKeys) traceOf(id string) string { return k.trace + id }
 
 // hashTag returns "{ns#k}", the hash tag every key of shard k of ns shares.
 func hashTag(ns string, shard int) string {
@@ -126,6 +131,7 @@ func keysFor(ns string, shard int) nsKeys {
 		life:     p + "life",
 		legacy:   p + "task",
 		rate:     p + "rate",
+		trace:    p + "trace:",
 	}
 }
 

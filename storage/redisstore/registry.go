@@ -468,13 +468,27 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 	if storage.ValidateNamespace(ns) != nil {
 		return 0, nil
 	}
-	k := keysFor(ns, shard)
-	v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace,
-		[]string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy, k.life}, max(incarnation, 0))
+	n, err := s.shardCount(ctx, ns)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("drop namespace: %w", err)
 	}
-	return replyInt(v)
+	counts := make([]int64, n)
+	err = fanOut(allShards(n), func(sh int) error {
+		k := keysFor(ns, sh)
+		v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace,
+			[]string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy, k.life}, max(incarnation, 0))
+		if err != nil {
+			return err
+		}
+		counts[sh], err = replyInt(v)
+		return err
+	})
+	s.forgetShards(ns)
+	var total int64
+	for _, c := range counts {
+		total += c
+	}
+	return total, err
 }
 
 // RegistryImported reports whether durable mode has copied this Redis

@@ -124,7 +124,7 @@ func TestNamespaceIncarnation(t *testing.T) {
 	ns := "life-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	t.Cleanup(func() {
 		_, _ = s.DropNamespace(context.Background(), ns, 0)
-		_ = s.rdb.Del(context.Background(), keysFor(ns, shard).life).Err()
+		_ = s.rdb.Del(context.Background(), keysFor(ns, 0).life).Err()
 	})
 	up := func(inc int64, id string) error {
 		_, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Delay: time.Hour, NamespaceIncarnation: inc}})

@@ -128,7 +128,7 @@ func TestMemoryPerTask(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	k := keysFor(ns, shard)
+	k := keysFor(ns, 0)
 	var total int64
 	if n, err := c.Exists(ctx, k.body).Result(); err != nil || n != 0 {
 		t.Errorf("body HASH exists (%d, %v); 100-byte payloads belong inline", n, err)

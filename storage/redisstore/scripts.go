@@ -25,6 +25,7 @@ var scripts = struct {
 	dueKinds                        *redis.Script
 	restore, generations, tryLead   *redis.Script
 	forget, clearAcked, migrate     *redis.Script
+	peekDue, rateTake               *redis.Script
 }{
 	upsert:      load("upsert"),
 	get:         load("get"),
@@ -47,6 +48,8 @@ var scripts = struct {
 	forget:      load("forget"),
 	clearAcked:  load("clearacked"),
 	migrate:     load("migrate"),
+	peekDue:     load("peekdue"),
+	rateTake:    load("ratetake"),
 }
 
 // load returns lib.lua + name.lua as one script. The files are embedded, so

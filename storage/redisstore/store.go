@@ -25,6 +25,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -87,19 +88,24 @@ type Options struct {
 	// holds Redis for long. A single item larger than it goes alone. If
 	// zero, DefaultMaxScriptBytes.
 	MaxScriptBytes int
+	// Shards tells how many shards each namespace has (shards.go). If nil,
+	// every namespace has one.
+	Shards ShardCounter
 }
 
 // Store is the Redis task index. It is safe for concurrent use; it does not
 // own the client (closing the client is the caller's business).
 type Store struct {
-	rdb     redis.UniversalClient
-	log     *slog.Logger
-	timeout time.Duration
-	wake    string
-	noCo    bool
-	traces  bool
-	maxArgs int // Options.MaxScriptBytes
-	co      coalescer
+	rdb      redis.UniversalClient
+	log      *slog.Logger
+	timeout  time.Duration
+	wake     string
+	noCo     bool
+	traces   bool
+	maxArgs  int // Options.MaxScriptBytes
+	co       coalescer
+	shards   ShardCounter  // Options.Shards
+	reapTurn atomic.Uint32 // rotates a sharded Reap's remainder
 }
 
 var (
@@ -113,7 +119,7 @@ var (
 // New returns a Store over client. It does not contact Redis.
 func New(client redis.UniversalClient, opts Options) *Store {
 	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
-		noCo: opts.NoCoalesce, traces: opts.Traces, maxArgs: opts.MaxScriptBytes,
+		noCo: opts.NoCoalesce, traces: opts.Traces, maxArgs: opts.MaxScriptBytes, shards: opts.Shards,
 		co: coalescer{queues: make(map[string]*upsertQueue)}}
 	if s.maxArgs <= 0 {
 		s.maxArgs = DefaultMaxScriptBytes
@@ -132,9 +138,6 @@ func New(client redis.UniversalClient, opts Options) *Store {
 	client.AddHook(breakerHook{&breaker{openFor: time.Second, tripAfter: min(s.timeout/2, time.Second)}})
 	return s
 }
-
-// shard is the one shard every namespace has for now.
-const shard = 0
 
 // run runs a script with the per-call timeout and classifies its error.
 func (s *Store) run(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) (any, error) {
@@ -271,17 +274,29 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 				specs[0].NamespaceIncarnation, specs[i].NamespaceIncarnation)
 		}
 	}
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, fmt.Errorf("upsert: %w", err)
+	}
 	var res []storage.UpsertResult
-	var err error
-	if s.noCo || len(specs) == 0 || len(specs) >= CoalesceMax {
-		res, err = s.upsertScript(ctx, ns, specs)
+	if n == 1 {
+		res, err = s.upsertShard(ctx, ns, 0, specs)
 	} else {
-		res, err = s.upsertCoalesced(ctx, ns, specs)
+		res, err = s.upsertSharded(ctx, ns, n, specs)
 	}
 	if err == nil && s.traces {
-		s.writeTraces(ctx, ns, specs, res)
+		s.writeTraces(ctx, ns, n, specs, res)
 	}
 	return res, err
+}
+
+// upsertShard writes specs, all of shard sh, coalesced with concurrent calls
+// of the same shard unless Options.NoCoalesce says otherwise.
+func (s *Store) upsertShard(ctx context.Context, ns string, sh int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	if s.noCo || len(specs) == 0 || len(specs) >= CoalesceMax {
+		return s.upsertScript(ctx, ns, sh, specs)
+	}
+	return s.upsertCoalesced(ctx, ns, sh, specs)
 }
 
 // ClaimIncarnation checks, as an upsert for incarnation inc of ns (the
@@ -292,7 +307,16 @@ func (s *Store) ClaimIncarnation(ctx context.Context, ns string, inc int64) erro
 	if inc <= 0 {
 		return nil
 	}
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	return fanOut(allShards(n), func(sh int) error { return s.claimShard(ctx, ns, sh, inc) })
+}
+
+// claimShard is ClaimIncarnation for shard sh (whose life key it checks).
+func (s *Store) claimShard(ctx context.Context, ns string, sh int, inc int64) error {
+	k := keysFor(ns, sh)
 	rep, err := s.runSlice(ctx, "claim incarnation", scripts.upsert,
 		[]string{k.due, k.inflight, k.dead, k.meta, k.body, k.life}, s.wake, ns, 0, inc)
 	if err != nil {
@@ -320,8 +344,8 @@ func nsIncarnation(specs []storage.UpsertSpec) int64 {
 // incarnation the specs name has ended it fails with
 // storage.ErrNamespaceEnded (a call split in several stops at the first
 // refused one).
-func (s *Store) upsertScript(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
-	k := keysFor(ns, shard)
+func (s *Store) upsertScript(ctx context.Context, ns string, sh int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	k := keysFor(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.life}
 	nsInc := nsIncarnation(specs)
 	out := make([]storage.UpsertResult, 0, len(specs))
@@ -452,7 +476,10 @@ func decodeTask(ns, id string, hdrV, stateV, scoreV, payloadV any) (storage.Task
 // checked in the same script; otherwise a *storage.ConflictError carries
 // the stored task.
 func (s *Store) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
-	k := keysFor(ns, shard)
+	k, err := s.taskKeys(ctx, ns, id)
+	if err != nil {
+		return 0, fmt.Errorf("remove: %w", err)
+	}
 	ifGen, ifInc := max(ifVersion.Generation, 0), max(ifVersion.Incarnation, 0)
 	if ifGen == 0 {
 		ifInc = 0
@@ -490,29 +517,50 @@ func (s *Store) Remove(ctx context.Context, ns, id string, ifVersion storage.Ver
 // deleted atomically; a task that moves while the walk runs (rescheduled,
 // delivered) may be missed or examined twice.
 func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
-	k := keysFor(ns, shard)
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
 	if len(p.IDs) > 0 {
 		if len(p.IDs) > MaxBatch {
 			return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: %d ids; at most %d per call", len(p.IDs), MaxBatch)
 		}
-		args := make([]any, 0, 1+len(p.IDs))
+		n, err := s.shardCount(ctx, ns)
+		if err != nil {
+			return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: %w", err)
+		}
+		groups := groupIDs(n, p.IDs)
+		counts := make([]int64, n)
+		err = fanOut(groupShards(groups), func(sh int) error {
+			var err error
+			counts[sh], err = s.removeIDsShard(ctx, ns, sh, groups[sh])
+			return err
+		})
+		var total int64
+		for _, c := range counts {
+			total += c
+		}
+		return storage.RemoveTasksResult{Removed: total}, err
+	}
+	vs, next, err := s.walk(ctx, ns, p, false)
+	return storage.RemoveTasksResult{Removed: int64(len(vs)), Next: next}, err
+}
+
+// removeIDsShard deletes ids (all of shard sh) and says how many it deleted.
+func (s *Store) removeIDsShard(ctx context.Context, ns string, sh int, ids []string) (int64, error) {
+	k := keysFor(ns, sh)
+	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
+	{
+		args := make([]any, 0, 1+len(ids))
 		args = append(args, "ids")
-		for _, id := range p.IDs {
+		for _, id := range ids {
 			args = append(args, id)
 		}
 		rep, err := s.runSlice(ctx, "remove tasks", scripts.removeTasks, keys, args...)
 		if err != nil {
-			return storage.RemoveTasksResult{}, err
+			return 0, err
 		}
 		if len(rep) != 1 {
-			return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: reply has %d values", len(rep))
+			return 0, fmt.Errorf("remove tasks: reply has %d values", len(rep))
 		}
-		n, err := replyInt(rep[0])
-		return storage.RemoveTasksResult{Removed: n}, err
+		return replyInt(rep[0])
 	}
-	vs, next, err := s.walk(ctx, ns, p, false)
-	return storage.RemoveTasksResult{Removed: int64(len(vs)), Next: next}, err
 }
 
 // MatchTasks is the walk of RemoveTasks (p.Filter from p.Cursor, at most
@@ -529,8 +577,8 @@ var walkStates = []storage.State{storage.StateScheduled, storage.StateDelivered,
 
 // walk runs removetasks.lua's walk from p.Cursor until p.Limit tasks were
 // examined or the walk is done.
-func (s *Store) walk(ctx context.Context, ns string, p storage.RemoveTasksParams, dry bool) ([]storage.Version, string, error) {
-	k := keysFor(ns, shard)
+func (s *Store) walkShard(ctx context.Context, ns string, sh int, p storage.RemoveTasksParams, dry bool) ([]storage.Version, string, error) {
+	k := keysFor(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
 	state, score, id, err := parseWalkCursor(p.Cursor, p.Filter.State)
 	if err != nil {
@@ -614,7 +662,10 @@ func parseWalkCursor(c string, filter storage.State) (state storage.State, score
 
 // Get returns one task; storage.ErrNotFound if there is none.
 func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
-	k := keysFor(ns, shard)
+	k, err := s.taskKeys(ctx, ns, id)
+	if err != nil {
+		return storage.Task{}, fmt.Errorf("get: %w", err)
+	}
 	rep, err := s.runSlice(ctx, "get", scripts.get, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id)
 	if err != nil {
 		return storage.Task{}, err
@@ -627,7 +678,7 @@ func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
 		return storage.Task{}, fmt.Errorf("get: %w", err)
 	}
 	if s.traces {
-		t.TraceParent = s.readTrace(ctx, ns, id)
+		t.TraceParent = s.readTrace(ctx, k, id)
 	}
 	return t, nil
 }
@@ -641,11 +692,25 @@ func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
 // with ErrInvalidCursor. Paging is stable: a task that stays where it is is
 // listed exactly once.
 func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error) {
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, "", fmt.Errorf("list: %w", err)
+	}
+	if n == 1 {
+		ts, _, next, err := s.listShard(ctx, ns, 0, p)
+		return ts, next, err
+	}
+	return s.listSharded(ctx, ns, n, p)
+}
+
+// listShard is List of shard sh; it also returns each task's score (its
+// ZSET's order).
+func (s *Store) listShard(ctx context.Context, ns string, sh int, p storage.ListParams) ([]storage.Task, []int64, string, error) {
 	state := p.State
 	if state == storage.StateUnspecified {
 		state = storage.StateScheduled
 	}
-	k := keysFor(ns, shard)
+	k := keysFor(ns, sh)
 	var set string
 	switch state {
 	case storage.StateScheduled:
@@ -655,12 +720,12 @@ func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]st
 	case storage.StateDead:
 		set = k.dead
 	default:
-		return nil, "", fmt.Errorf("list: unknown state %d", state)
+		return nil, nil, "", fmt.Errorf("list: unknown state %d", state)
 	}
 	limit := min(max(p.Limit, 1), MaxBatch)
 	cs, cid, err := parseCursor(state, p.Cursor)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	payloads := "1"
 	if p.NoPayload {
@@ -670,46 +735,46 @@ func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]st
 	fixed := storage.TaskWireOverhead + len(ns) + 64
 	rep, err := s.runSlice(ctx, "list", scripts.list, []string{set, k.meta, k.body}, limit, cs, cid, max(p.MaxBytes, 0), payloads, fixed)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	if len(rep) < 3 || (len(rep)-3)%4 != 0 {
-		return nil, "", fmt.Errorf("list: reply has %d values", len(rep))
+		return nil, nil, "", fmt.Errorf("list: reply has %d values", len(rep))
 	}
 	tasks := make([]storage.Task, 0, (len(rep)-3)/4)
 	scores := make([]int64, 0, cap(tasks))
 	for i := 3; i < len(rep); i += 4 {
 		id, err := replyString(rep[i])
 		if err != nil {
-			return nil, "", fmt.Errorf("list: %w", err)
+			return nil, nil, "", fmt.Errorf("list: %w", err)
 		}
 		t, err := decodeTask(ns, id, rep[i+2], int64(state), rep[i+1], rep[i+3])
 		if err != nil {
-			return nil, "", fmt.Errorf("list: %w", err)
+			return nil, nil, "", fmt.Errorf("list: %w", err)
 		}
 		if p.NoPayload {
 			t.Payload = nil // an inline one came with the header
 		}
 		score, err := replyInt(rep[i+1])
 		if err != nil {
-			return nil, "", fmt.Errorf("list: %w", err)
+			return nil, nil, "", fmt.Errorf("list: %w", err)
 		}
 		tasks = append(tasks, t)
 		scores = append(scores, score)
 	}
 	if kept, cut := storage.CutPage(tasks, p.MaxBytes); cut {
 		last := len(kept) - 1
-		return kept, makeCursor(state, scores[last], kept[last].ID), nil
+		return kept, scores[:len(kept)], makeCursor(state, scores[last], kept[last].ID), nil
 	}
 	next := ""
 	if more, _ := replyInt(rep[0]); more == 1 {
 		score, err := replyInt(rep[1])
 		if err != nil {
-			return nil, "", fmt.Errorf("list: %w", err)
+			return nil, nil, "", fmt.Errorf("list: %w", err)
 		}
 		id, _ := replyString(rep[2])
 		next = makeCursor(state, score, id)
 	}
-	return tasks, next, nil
+	return tasks, scores, next, nil
 }
 
 // A list cursor is "<state>:<score>:<id>": the last member of the previous
@@ -741,7 +806,19 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 	if p.Limit <= 0 {
 		return nil, nil
 	}
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, fmt.Errorf("pop: %w", err)
+	}
+	if n == 1 {
+		return s.popShard(ctx, ns, 0, p)
+	}
+	return s.popSharded(ctx, ns, n, p)
+}
+
+// popShard is Pop of shard sh.
+func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopParams) ([]storage.Delivery, error) {
+	k := keysFor(ns, sh)
 	// ARGV as documented in lua/pop.lua.
 	rate := max(p.MaxRate, 0)
 	args := []any{min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0}
@@ -786,7 +863,7 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 		})
 	}
 	if s.traces && len(out) > 0 {
-		s.readTraces(ctx, ns, out)
+		s.readTraces(ctx, ns, sh, out)
 	}
 	return out, nil
 }
@@ -868,7 +945,27 @@ func (s *Store) AckMarked(ctx context.Context, ns string, tokens []storage.Token
 }
 
 func (s *Store) ack(ctx context.Context, ns string, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, fmt.Errorf("ack: %w", err)
+	}
+	out := make([]storage.TokenStatus, len(tokens))
+	err = byTokenShard(n, tokens, func(sh int, idx []int, part []storage.Token) error {
+		st, err := s.ackShard(ctx, ns, sh, part, marks)
+		for i, v := range st {
+			out[idx[i]] = v
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ackShard is ack for tokens of shard sh.
+func (s *Store) ackShard(ctx context.Context, ns string, sh int, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
+	k := keysFor(ns, sh)
 	flag := "0"
 	if marks {
 		flag = "1"
@@ -937,7 +1034,42 @@ func moved(id string, inc, gen int64, attempt int32, state int64, at int64, reas
 // token's task went, in token order. One round trip per MaxBatch tokens
 // (or Options.MaxScriptBytes of their ids).
 func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, nil, fmt.Errorf("nack: %w", err)
+	}
+	if n == 1 {
+		return s.nackShard(ctx, ns, 0, tokens, opts)
+	}
+	statuses := make([]storage.TokenStatus, len(tokens))
+	movedOf := make([]*storage.Moved, len(tokens))
+	err = byTokenShard(n, tokens, func(sh int, idx []int, part []storage.Token) error {
+		st, mv, err := s.nackShard(ctx, ns, sh, part, opts)
+		m := 0
+		for i, v := range st {
+			statuses[idx[i]] = v
+			if v == storage.TokenOK && m < len(mv) {
+				movedOf[idx[i]] = &mv[m]
+				m++
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	var movedTasks []storage.Moved
+	for _, m := range movedOf {
+		if m != nil {
+			movedTasks = append(movedTasks, *m)
+		}
+	}
+	return statuses, movedTasks, nil
+}
+
+// nackShard is Nack for tokens of shard sh.
+func (s *Store) nackShard(ctx context.Context, ns string, sh int, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	k := keysFor(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta}
 	statuses := make([]storage.TokenStatus, 0, len(tokens))
 	var movedTasks []storage.Moved
@@ -985,7 +1117,27 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 // OK. One round trip per MaxBatch tokens (or Options.MaxScriptBytes of
 // their ids).
 func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, fmt.Errorf("extend: %w", err)
+	}
+	out := make([]storage.ExtendResult, len(tokens))
+	err = byTokenShard(n, tokens, func(sh int, idx []int, part []storage.Token) error {
+		rs, err := s.extendShard(ctx, ns, sh, part, by)
+		for i, r := range rs {
+			out[idx[i]] = r
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// extendShard is Extend for tokens of shard sh.
+func (s *Store) extendShard(ctx context.Context, ns string, sh int, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
+	k := keysFor(ns, sh)
 	out := make([]storage.ExtendResult, 0, len(tokens))
 	err := byteChunks(len(tokens), s.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
 		args := make([]any, 0, 2+tokenArity*(hi-lo))
@@ -1023,7 +1175,19 @@ func (s *Store) Reap(ctx context.Context, ns string, limit int, opts storage.Nac
 	if limit <= 0 {
 		return nil, nil
 	}
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, fmt.Errorf("reap: %w", err)
+	}
+	if n == 1 {
+		return s.reapShard(ctx, ns, 0, limit, opts)
+	}
+	return s.reapSharded(ctx, ns, n, limit, opts)
+}
+
+// reapShard is Reap of shard sh.
+func (s *Store) reapShard(ctx context.Context, ns string, sh int, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
+	k := keysFor(ns, sh)
 	args := make([]any, 0, 11)
 	args = append(args, s.wake, ns)
 	args = append(args, retryArgs(opts.RetryAfter, opts)...)
@@ -1056,7 +1220,19 @@ func (s *Store) Reap(ctx context.Context, ns string, limit int, opts storage.Nac
 // NextWake returns the earlier of ns's first due time and first lease
 // deadline, and the Redis clock's now; ok is false when ns has neither.
 func (s *Store) NextWake(ctx context.Context, ns string) (next, now time.Time, ok bool, err error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: %w", err)
+	}
+	if n == 1 {
+		return s.nextWakeShard(ctx, ns, 0)
+	}
+	return s.nextWakeSharded(ctx, ns, n)
+}
+
+// nextWakeShard is NextWake of shard sh.
+func (s *Store) nextWakeShard(ctx context.Context, ns string, sh int) (next, now time.Time, ok bool, err error) {
+	k := keysFor(ns, sh)
 	rep, err := s.runSlice(ctx, "next wake", scripts.nextWake, []string{k.due, k.inflight})
 	if err != nil {
 		return time.Time{}, time.Time{}, false, err
@@ -1089,7 +1265,24 @@ func (s *Store) NextWake(ctx context.Context, ns string) (next, now time.Time, o
 // p.IDs (those not dead are skipped), or with p.All the oldest p.Limit dead
 // tasks (clamped to 1..MaxBatch). Returns where each moved task went.
 func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, fmt.Errorf("requeue: %w", err)
+	}
+	var out []storage.Moved
+	err = eachShardOf(n, p.All, p.Limit, p.IDs, func(sh int, ids []string, limit int) (int, error) {
+		q := p
+		q.IDs, q.Limit = ids, limit
+		ms, err := s.requeueShard(ctx, ns, sh, q)
+		out = append(out, ms...)
+		return len(ms), err
+	})
+	return out, err
+}
+
+// requeueShard is Requeue of shard sh.
+func (s *Store) requeueShard(ctx context.Context, ns string, sh int, p storage.RequeueParams) ([]storage.Moved, error) {
+	k := keysFor(ns, sh)
 	keys := []string{k.due, k.dead, k.meta}
 	var out []storage.Moved
 	call := func(ids []string) error {
@@ -1139,7 +1332,24 @@ func (s *Store) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]
 // PurgeVersions is Purge answering the version of each task it deleted
 // (durable mode deletes exactly those versions from MySQL).
 func (s *Store) PurgeVersions(ctx context.Context, ns string, p storage.PurgeParams) ([]storage.Version, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return nil, fmt.Errorf("purge: %w", err)
+	}
+	var out []storage.Version
+	err = eachShardOf(n, p.All, p.Limit, p.IDs, func(sh int, ids []string, limit int) (int, error) {
+		q := p
+		q.IDs, q.Limit = ids, limit
+		vs, err := s.purgeShard(ctx, ns, sh, q)
+		out = append(out, vs...)
+		return len(vs), err
+	})
+	return out, err
+}
+
+// purgeShard is PurgeVersions of shard sh.
+func (s *Store) purgeShard(ctx context.Context, ns string, sh int, p storage.PurgeParams) ([]storage.Version, error) {
+	k := keysFor(ns, sh)
 	keys := []string{k.dead, k.meta, k.body}
 	var out []storage.Version
 	call := func(ids []string) error {
@@ -1191,7 +1401,19 @@ func luaBool(b bool) string {
 // Stats counts ns's tasks per state, how many scheduled tasks are due by
 // the Redis clock, and the earliest due time.
 func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return storage.Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	if n == 1 {
+		return s.statsShard(ctx, ns, 0)
+	}
+	return s.statsSharded(ctx, ns, n)
+}
+
+// statsShard is Stats of shard sh.
+func (s *Store) statsShard(ctx context.Context, ns string, sh int) (storage.Stats, error) {
+	k := keysFor(ns, sh)
 	rep, err := s.runSlice(ctx, "stats", scripts.stats, []string{k.due, k.inflight, k.dead})
 	if err != nil {
 		return storage.Stats{}, err
@@ -1218,7 +1440,19 @@ func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 // DueKinds counts ns's due tasks per kind among the first
 // storage.KindScanWindow of them, by the Redis clock (lua/duekinds.lua).
 func (s *Store) DueKinds(ctx context.Context, ns string) (storage.DueKinds, error) {
-	k := keysFor(ns, shard)
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return storage.DueKinds{}, fmt.Errorf("due kinds: %w", err)
+	}
+	if n == 1 {
+		return s.dueKindsShard(ctx, ns, 0)
+	}
+	return s.dueKindsSharded(ctx, ns, n)
+}
+
+// dueKindsShard is DueKinds of shard sh.
+func (s *Store) dueKindsShard(ctx context.Context, ns string, sh int) (storage.DueKinds, error) {
+	k := keysFor(ns, sh)
 	rep, err := s.runSlice(ctx, "due kinds", scripts.dueKinds, []string{k.due, k.meta}, storage.KindScanWindow)
 	if err != nil {
 		return storage.DueKinds{}, err

@@ -25,7 +25,7 @@ const traceRetention = 24 * time.Hour
 // writeTraces stores the trace context of every applied spec that has one,
 // and deletes it for those that have none (an untraced upsert replaces the
 // task, so its delivery must not link to the previous producer).
-func (s *Store) writeTraces(ctx context.Context, ns string, specs []storage.UpsertSpec, res []storage.UpsertResult) {
+func (s *Store) writeTraces(ctx context.Context, ns string, n int, specs []storage.UpsertSpec, res []storage.UpsertResult) {
 	traced := false
 	for i := range specs {
 		if specs[i].TraceParent != "" {
@@ -46,7 +46,7 @@ func (s *Store) writeTraces(ctx context.Context, ns string, specs []storage.Upse
 			if i >= len(res) || res[i].Stale || res[i].Refused != storage.NotRefused {
 				continue
 			}
-			key := traceKey(ns, shard, specs[i].ID)
+			key := traceKey(ns, shardOf(specs[i].ID, n), specs[i].ID)
 			if tp := specs[i].TraceParent; tp != "" {
 				p.SetArgs(ctx, key, tp, redis.SetArgs{ExpireAt: res[i].Task.DueTime.Add(traceRetention)})
 				res[i].Task.TraceParent = tp
@@ -66,7 +66,7 @@ func (s *Store) writeTraces(ctx context.Context, ns string, specs []storage.Upse
 // Redis lost it still delivers linked to its producer. A trace key that
 // exists is left as it is (SET NX): the index's own is as new as the
 // authority's or newer.
-func (s *Store) restoreTraces(ctx context.Context, ns string, tasks []storage.Task) {
+func (s *Store) restoreTraces(ctx context.Context, ns string, sh int, tasks []storage.Task) {
 	n := 0
 	for i := range tasks {
 		if tasks[i].TraceParent != "" {
@@ -84,7 +84,7 @@ func (s *Store) restoreTraces(ctx context.Context, ns string, tasks []storage.Ta
 			if t.TraceParent == "" || t.State == storage.StateDead {
 				continue
 			}
-			p.SetArgs(ctx, traceKey(ns, shard, t.ID), t.TraceParent, redis.SetArgs{Mode: "NX", ExpireAt: t.DueTime.Add(traceRetention)})
+			p.SetArgs(ctx, traceKey(ns, sh, t.ID), t.TraceParent, redis.SetArgs{Mode: "NX", ExpireAt: t.DueTime.Add(traceRetention)})
 		}
 		return nil
 	})
@@ -95,21 +95,21 @@ func (s *Store) restoreTraces(ctx context.Context, ns string, tasks []storage.Ta
 
 // readTrace returns the trace context kept for task id ("" if none, or
 // when it cannot be read: best effort, never an error).
-func (s *Store) readTrace(ctx context.Context, ns, id string) string {
+func (s *Store) readTrace(ctx context.Context, k nsKeys, id string) string {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	tp, err := s.rdb.Get(ctx, traceKey(ns, shard, id)).Result()
+	tp, err := s.rdb.Get(ctx, k.traceOf(id)).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		s.log.Warn("reading a trace context failed; answering without it", "namespace", ns, "err", err)
+		s.log.Warn("reading a trace context failed; answering without it", "key", k.meta, "err", err)
 	}
 	return tp
 }
 
 // readTraces sets the trace context of each delivery that has one.
-func (s *Store) readTraces(ctx context.Context, ns string, dels []storage.Delivery) {
+func (s *Store) readTraces(ctx context.Context, ns string, sh int, dels []storage.Delivery) {
 	keys := make([]string, len(dels))
 	for i := range dels {
-		keys[i] = traceKey(ns, shard, dels[i].Task.ID)
+		keys[i] = traceKey(ns, sh, dels[i].Task.ID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -120,7 +120,7 @@ func TestScriptErrorIsNotUnavailable(t *testing.T) {
 	t.Parallel()
 	s := New(testRedisClient(t), Options{})
 	ns := testkit.Namespace(t, "err")
-	k := keysFor(ns, shard)
+	k := keysFor(ns, 0)
 	t.Cleanup(func() { s.rdb.Del(context.Background(), allKeys(k)...) })
 	// an argument the script cannot use: the script fails on it
 	_, err := s.run(context.Background(), "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body}, "not-a-number", 1)

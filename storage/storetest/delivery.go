@@ -690,7 +690,10 @@ func testPopKinds(t *testing.T, newStore func(t *testing.T) Store) {
 	}
 
 	// The scan window: KindScanWindow due tasks of another kind ahead hide
-	// a task of the wanted kind.
+	// a task of the wanted kind (per shard in a sharded store).
+	if e.sharded {
+		return
+	}
 	var filler []storage.UpsertSpec
 	for i := range storage.KindScanWindow {
 		filler = append(filler, storage.UpsertSpec{ID: fmt.Sprintf("f%d", i), Kind: "kind.f", DueTime: base})
@@ -732,6 +735,9 @@ func testDueKinds(t *testing.T, newStore func(t *testing.T) Store) {
 	}
 	if diff := cmp.Diff(storage.DueKinds{Counts: map[string]int64{"kind.a": 2, "": 1}}, dk); diff != "" {
 		t.Fatalf("DueKinds (-want +got):\n%s", diff)
+	}
+	if e.sharded {
+		return // the window is per shard
 	}
 	var filler []storage.UpsertSpec
 	for i := range storage.KindScanWindow {

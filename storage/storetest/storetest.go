@@ -45,6 +45,23 @@ type Store interface {
 // per subtest (from that subtest's goroutine) and may register cleanups
 // with the subtest's t.
 func Run(t *testing.T, newStore func(t *testing.T) Store) {
+	run(t, newStore)
+}
+
+// RunSharded is Run for a store that spreads each namespace over several
+// shards (redisstore with Options.Shards). Two answers may differ, as the
+// storage interfaces allow: UpsertResult.Earliest may also be true for a
+// task that became the earliest of its shard only (a wake-up too many,
+// never one too few), and the kind scan window (storage.KindScanWindow of
+// Pop with Kinds and DueKinds) applies per shard.
+func RunSharded(t *testing.T, newStore func(t *testing.T) Store) {
+	run(t, func(t *testing.T) Store { return sharded{newStore(t)} })
+}
+
+// sharded marks the store of a RunSharded suite.
+type sharded struct{ Store }
+
+func run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Upsert", func(t *testing.T) { testUpsert(t, newStore) })
 	t.Run("Remove", func(t *testing.T) { testRemove(t, newStore) })
 	t.Run("CreateOnly", func(t *testing.T) { testCreateOnly(t, newStore) })
@@ -109,11 +126,16 @@ type env struct {
 	// tok holds the token of every seeded delivery (for a dead seed the
 	// delivery it died of), by task id.
 	tok map[string]storage.Token
+	// sharded: see RunSharded.
+	sharded bool
 }
 
 func newEnv(t *testing.T, newStore func(t *testing.T) Store) *env {
 	t.Helper()
 	e := &env{t: t, s: newStore(t), ns: Namespace(t), ctx: context.Background(), tok: map[string]storage.Token{}}
+	if sh, ok := e.s.(sharded); ok {
+		e.s, e.sharded = sh.Store, true
+	}
 	t.Cleanup(e.clear)
 	return e
 }

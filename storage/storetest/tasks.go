@@ -197,6 +197,15 @@ func testUpsert(t *testing.T, newStore func(t *testing.T) Store) {
 				g = append(g, got{r.Task.ID, r.Task.Generation, r.Created, r.Earliest})
 			}
 			want := []got{{"a", 1, true, true}, {"b", 1, true, false}, {"c", 1, true, true}, {"a", 2, false, false}}
+			if e.sharded {
+				// b may be the earliest of its shard: a wake-up too many is
+				// allowed, one too few is not.
+				for i := range g {
+					if g[i].ID == "b" {
+						g[i].Earliest = false
+					}
+				}
+			}
 			if diff := cmp.Diff(want, g); diff != "" {
 				e.t.Errorf("batch results (-want +got):\n%s", diff)
 			}

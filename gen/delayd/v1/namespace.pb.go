@@ -123,8 +123,16 @@ type NamespacePolicy struct {
 	// wait). The namespace's own admin may change it, e.g. to protect a
 	// fragile downstream. Default 0 = unlimited; 0 to 1,000,000.
 	MaxDispatchRate float64 `protobuf:"fixed64,13,opt,name=max_dispatch_rate,json=maxDispatchRate,proto3" json:"max_dispatch_rate,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How many shards the namespace's tasks are spread over: a task's shard
+	// is a stable hash of its id (FNV-1a, modulo shards), and each shard has
+	// its own Redis Cluster slot, so one large namespace uses several Redis
+	// masters. Set at create only (a global admin key); an update that would
+	// change it is refused with FAILED_PRECONDITION, since moving tasks
+	// between shards is not done. 0 in an update = unchanged. Default 1; 1 to
+	// 256.
+	Shards        int32 `protobuf:"varint,14,opt,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NamespacePolicy) Reset() {
@@ -244,6 +252,13 @@ func (x *NamespacePolicy) GetPaused() bool {
 func (x *NamespacePolicy) GetMaxDispatchRate() float64 {
 	if x != nil {
 		return x.MaxDispatchRate
+	}
+	return 0
+}
+
+func (x *NamespacePolicy) GetShards() int32 {
+	if x != nil {
+		return x.Shards
 	}
 	return 0
 }
@@ -1835,7 +1850,7 @@ var File_delayd_v1_namespace_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\n" +
-	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x04\n" +
+	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\x04\n" +
 	"\x0fNamespacePolicy\x12:\n" +
 	"\vack_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"ackTimeout\x12!\n" +
@@ -1854,7 +1869,8 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	" \x01(\x05R\x0emaxSubscribers\x126\n" +
 	"\tmax_delay\x18\v \x01(\v2\x19.google.protobuf.DurationR\bmaxDelay\x12\x16\n" +
 	"\x06paused\x18\f \x01(\bR\x06paused\x12*\n" +
-	"\x11max_dispatch_rate\x18\r \x01(\x01R\x0fmaxDispatchRate\"\xcd\x01\n" +
+	"\x11max_dispatch_rate\x18\r \x01(\x01R\x0fmaxDispatchRate\x12\x16\n" +
+	"\x06shards\x18\x0e \x01(\x05R\x06shards\"\xcd\x01\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06policy\x18\x02 \x01(\v2\x1a.delayd.v1.NamespacePolicyR\x06policy\x12;\n" +

@@ -121,6 +121,19 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
    * @generated from field: double max_dispatch_rate = 13;
    */
   maxDispatchRate: number;
+
+  /**
+   * How many shards the namespace's tasks are spread over: a task's shard
+   * is a stable hash of its id (FNV-1a, modulo shards), and each shard has
+   * its own Redis Cluster slot, so one large namespace uses several Redis
+   * masters. Set at create only (a global admin key); an update that would
+   * change it is refused with FAILED_PRECONDITION, since moving tasks
+   * between shards is not done. 0 in an update = unchanged. Default 1; 1 to
+   * 256.
+   *
+   * @generated from field: int32 shards = 14;
+   */
+  shards: number;
 };
 
 /**

@@ -1,0 +1,28 @@
+-- ratetake.lua: take tokens from, or give tokens back to, a namespace's
+-- dispatch-rate bucket outside a pop. A sharded namespace has one bucket,
+-- in shard 0 (shards.go): a Pop takes its tokens here first, pops that
+-- many across the shards, and gives back what it did not use.
+--
+-- KEYS[1] rate HASH (t = tokens, at = Redis time of t in µs; pop.lua's
+--         layout)
+-- ARGV[1] rate, tokens per second (> 0)
+-- ARGV[2] bucket size (burst), at least 1
+-- ARGV[3] tokens wanted (whole; 0 to only give back)
+-- ARGV[4] tokens given back (added before taking, up to the bucket size)
+--
+-- Returns the whole tokens taken.
+local _, now_us = clock()
+local rate = tonumber(ARGV[1])
+local burst = math.max(1, tonumber(ARGV[2]))
+local tokens = burst
+local b = redis.call('HMGET', KEYS[1], 't', 'at')
+if b[1] and b[2] then
+  local elapsed = math.max(0, now_us - tonumber(b[2]))
+  tokens = math.min(burst, tonumber(b[1]) + elapsed * rate / 1000000)
+end
+tokens = math.min(burst, tokens + tonumber(ARGV[4]))
+local take = math.max(0, math.min(tonumber(ARGV[3]), math.floor(tokens)))
+tokens = tokens - take
+redis.call('HSET', KEYS[1], 't', tostring(tokens), 'at', int(now_us))
+redis.call('PEXPIRE', KEYS[1], int(math.ceil(burst * 1000 / rate) + 1000))
+return take
