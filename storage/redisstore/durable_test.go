@@ -506,7 +506,7 @@ func TestSplitRecordsStillWork(t *testing.T) {
 			ctx := context.Background()
 			ns := testkit.Namespace(t, "split")
 			dropNS(t, s, ns)
-			k := keysFor(ns, shard)
+			k := keysFor(ns, 0)
 			ms := time.Now().UnixMilli()
 			inc := (ms - 60_000) * 1000
 			hdr := func(gen int64, kind string) string { // the split form, fresh
@@ -597,7 +597,7 @@ func TestInlineRecords(t *testing.T) {
 			ctx := context.Background()
 			ns := testkit.Namespace(t, "inl")
 			dropNS(t, s, ns)
-			k := keysFor(ns, shard)
+			k := keysFor(ns, 0)
 			p := strings.Repeat("x", inlineMax)
 			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "a", Kind: "k|,", Payload: []byte(p), Delay: -time.Second}}); err != nil {
 				t.Fatal(err)
@@ -683,7 +683,7 @@ func TestAckMarkerCarriesAttempt(t *testing.T) {
 			}
 			// b's marker as an older delayd wrote it.
 			old := markOf(toks[1])
-			if err := s.rdb.HSet(ctx, keysFor(ns, shard).acked, toks[1].ID, old).Err(); err != nil {
+			if err := s.rdb.HSet(ctx, keysFor(ns, 0).acked, toks[1].ID, old).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if st, err := s.AckMarked(ctx, ns, toks); err != nil || !slices.Equal(st, []storage.TokenStatus{storage.TokenOK, storage.TokenOK}) {
