@@ -57,7 +57,7 @@ func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func queued(s *Store, ns string) int {
 	s.co.mu.Lock()
 	defer s.co.mu.Unlock()
-	if q := s.co.queues[ns]; q != nil {
+	if q := s.co.queues[hashTag(ns, 0)]; q != nil {
 		return len(q.waiting)
 	}
 	return 0

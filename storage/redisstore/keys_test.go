@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,9 +42,13 @@ func TestKeys(t *testing.T) {
 		legacy:   "delayd:{orders#0}:task",
 		life:     "delayd:{orders#0}:life",
 		rate:     "delayd:{orders#0}:rate",
+		trace:    "delayd:{orders#0}:trace:",
 	}
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)
+	}
+	if got := k.traceOf("t1"); got != traceKey("orders", 0, "t1") {
+		t.Errorf("traceOf = %q, want traceKey's %q", got, traceKey("orders", 0, "t1"))
 	}
 	for _, key := range allKeys(keysFor("a-b_c", 3)) {
 		if got := redisHashTag(key); got != "a-b_c#3" {
@@ -100,4 +106,28 @@ func FuzzKeys(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestShardOf pins the shard function: it is part of the stored layout (a
+// task written under one function is not found under another), so a change
+// here must fail a test. Checked against hash/fnv, and for an even spread.
+func TestShardOf(t *testing.T) {
+	for _, id := range []string{"", "t1", "order-123", "x.y_z-9"} {
+		h := fnv.New32a()
+		h.Write([]byte(id))
+		for _, n := range []int{1, 2, 6, 256} {
+			if got, want := ShardOf(id, n), int(h.Sum32()%uint32(n)); got != want {
+				t.Errorf("ShardOf(%q, %d) = %d, want %d (FNV-1a mod n)", id, n, got, want)
+			}
+		}
+	}
+	seen := map[int]int{}
+	for i := range 6000 {
+		seen[ShardOf(fmt.Sprintf("task-%d", i), 6)]++
+	}
+	for sh := range 6 {
+		if seen[sh] < 800 || seen[sh] > 1200 {
+			t.Errorf("shard %d of 6 got %d of 6000 ids; want about 1000", sh, seen[sh])
+		}
+	}
 }
