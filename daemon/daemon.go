@@ -261,6 +261,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	if m != nil {
+		m.InitGRPC(d.server)
+	}
 	var lc net.ListenConfig
 	d.lis, err = lc.Listen(ctx, "tcp", cfg.Listen)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 // BenchmarkPerTask is what the metrics add to one task of delaybench's
 // unary workload, minus the amortized batch calls (Pop, AckTasks): the
-// provider's interceptor around its UpsertTask call, the timed store
+// gRPC metrics' interceptor around its UpsertTask call, the timed store
 // Upsert, the lateness report of its delivery and the delivery's send on a
 // Subscribe stream. Compare with the delayd CPU per task of delaybench
 // (docs/BENCHMARKS.md#metrics-overhead): it is the part of the overhead that
@@ -20,7 +20,7 @@ import (
 func BenchmarkPerTask(b *testing.B) {
 	m := New(Options{})
 	s := m.InstrumentStore("redis", &fakeStore{ups: []storage.UpsertResult{{}}})
-	unary := m.grpc.UnaryServerInterceptor()
+	unary := m.grpc.unary
 	info := &grpc.UnaryServerInfo{FullMethod: "/delayd.v1.TaskService/UpsertTask"}
 	specs := make([]storage.UpsertSpec, 1)
 	handler := func(ctx context.Context, req any) (any, error) {
@@ -30,7 +30,7 @@ func BenchmarkPerTask(b *testing.B) {
 	var sub grpc.ServerStream
 	done := make(chan struct{})
 	go func() {
-		_ = m.streamInterceptor()(nil, &fakeStream{}, &grpc.StreamServerInfo{FullMethod: "/delayd.v1.DeliveryService/Subscribe", IsServerStream: true},
+		_ = m.grpc.stream(nil, &fakeStream{}, &grpc.StreamServerInfo{FullMethod: "/delayd.v1.DeliveryService/Subscribe", IsServerStream: true},
 			func(_ any, ss grpc.ServerStream) error { sub = ss; close(done); return nil })
 	}()
 	<-done

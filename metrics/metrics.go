@@ -16,10 +16,12 @@
 // report, and kept in a map; a report is then a map lookup under a read
 // lock and an atomic add, with no allocation (TestReportsDoNotAllocate).
 // The store wrapper resolves its {store, op} children when built. The gRPC
-// server metrics come from go-grpc-middleware's provider, which resolves
-// its children per call; it is kept off the per-delivery path (Subscribe's
-// messages are not counted, see quietStreams) and has no handling-time
-// histogram, so a task costs it about one unary call.
+// server metrics (the names and labels of go-grpc-middleware's Prometheus
+// provider) are delayd's own interceptors: a method's children are resolved
+// once (InitGRPC), a code's on its first occurrence, so a unary call costs a
+// map lookup and four atomic adds and allocates nothing
+// (TestGRPCInterceptorsDoNotAllocate). Subscribe's messages are not counted
+// (see quietStreams) and there is no handling-time histogram.
 //
 // # Cardinality
 //
@@ -35,7 +37,6 @@ import (
 	"sync"
 	"time"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -95,7 +96,7 @@ type Metrics struct {
 	reconcileRepaired prometheus.Counter
 	reconcileFailed   prometheus.Counter
 
-	grpc *grpcprom.ServerMetrics
+	grpc *grpcMetrics
 
 	mu  sync.RWMutex
 	nss map[string]*nsChildren
@@ -169,7 +170,7 @@ func New(opts Options) *Metrics {
 		// No handling-time histogram: it costs a label lookup and an
 		// observation per call, and the latency that varies is the store's,
 		// which delayd_store_call_duration_seconds times per op.
-		grpc: grpcprom.NewServerMetrics(),
+		grpc: newGRPCMetrics(),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "delayd_build_info",
@@ -217,39 +218,37 @@ func (m *Metrics) ObserveReadiness(ready func(ctx context.Context) error) error 
 // grpc_server_* metrics of every call: started, handled by code, and
 // messages received and sent, except the deliveries of Subscribe (see
 // quietStreams). They chain interceptors: give them before any other so
-// calls refused by authentication or limits are counted too.
+// calls refused by authentication or limits are counted too. Call InitGRPC
+// once the server's services are registered.
 func (m *Metrics) GRPCServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(m.grpc.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(m.streamInterceptor()),
+		grpc.ChainUnaryInterceptor(m.grpc.unary),
+		grpc.ChainStreamInterceptor(m.grpc.stream),
 	}
+}
+
+// InitGRPC resolves the gRPC metrics' label children of every method the
+// server has registered (a *grpc.Server, or anything that reports its
+// services the same way), so that their calls never look a label up, and
+// so that every method's started, received and sent series exist, at 0,
+// from the start (grpc_server_handled_total gets a code's series when a
+// call first ends with that code). Methods it does not know are resolved
+// on their first call.
+func (m *Metrics) InitGRPC(server interface {
+	GetServiceInfo() map[string]grpc.ServiceInfo
+}) {
+	m.grpc.init(server.GetServiceInfo())
 }
 
 // quietStreams are the streams whose messages are not counted in
 // grpc_server_msg_sent_total and grpc_server_msg_received_total: Subscribe
-// sends one message per delivery, the busiest path of delayd, and the
-// provider would resolve its label children on every message. Its
+// sends one message per delivery, the busiest path of delayd. Its
 // deliveries are counted by delayd_delivery_lateness_seconds_count (per
-// namespace, children resolved once); the stream itself is still counted in
-// grpc_server_started_total and grpc_server_handled_total.
+// namespace); the stream itself is still counted in
+// grpc_server_started_total and grpc_server_handled_total, and its handler
+// gets the stream as it came, unwrapped.
 var quietStreams = map[string]bool{
 	"/delayd.v1.DeliveryService/Subscribe": true,
-}
-
-// streamInterceptor is the provider's stream interceptor, except that the
-// handler of a quiet stream gets the stream as it came (the provider hands
-// it a wrapper that counts every message; its context is the stream's own,
-// since no per-call labels or exemplars are configured).
-func (m *Metrics) streamInterceptor() grpc.StreamServerInterceptor {
-	counted := m.grpc.StreamServerInterceptor()
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if !quietStreams[info.FullMethod] {
-			return counted(srv, ss, info, handler)
-		}
-		return counted(srv, ss, info, func(srv any, _ grpc.ServerStream) error {
-			return handler(srv, ss)
-		})
-	}
 }
 
 // ns returns the namespace's children, creating them on first use (or the

@@ -233,6 +233,11 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
+// GetServiceInfo reports the services and methods registered on the gRPC
+// server, as (*grpc.Server).GetServiceInfo does (metrics.InitGRPC resolves
+// its label children from it).
+func (s *Server) GetServiceInfo() map[string]grpc.ServiceInfo { return s.grpc.GetServiceInfo() }
+
 // SetServing sets the health status of the whole server ("") and of every
 // delayd service: SERVING when serving is true, NOT_SERVING otherwise. The
 // daemon reports NOT_SERVING while it starts or rebuilds its index and once
