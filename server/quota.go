@@ -20,13 +20,20 @@ import (
 // quota check counts again.
 const quotaCountTTL = time.Second
 
+// quotaRecountWait bounds how long the call that counts a namespace again
+// waits for the store; past it, that call too goes on with the last count.
+// The first count of a namespace has no last count to fall back on and
+// waits as long as its caller allows.
+const quotaRecountWait = 250 * time.Millisecond
+
 // pendingQuota enforces policy.max_pending_tasks on UpsertTask and
 // BatchUpsertTasks, cheaply: it counts a namespace's tasks (all states) with
 // Counter.Stats at most once per quotaCountTTL and adds the tasks this
 // replica created since. While the store cannot count (Redis down or hung)
 // the last count is kept, and once one count succeeded no call waits for
-// another call's count: a hung index does not hold upserts, which durable
-// mode can take without it. Upserts that would take the estimate past the
+// another call's count, and the call that counts again waits at most
+// quotaRecountWait: a hung index does not hold upserts, which durable mode
+// can take without it. Upserts that would take the estimate past the
 // quota are refused with ResourceExhausted, except replacements of tasks
 // that exist (checked with Get only when the namespace is at its quota).
 //
@@ -104,7 +111,12 @@ func (q *pendingQuota) estimate(ctx context.Context, ns string) (int64, error) {
 		q.mu.Unlock()
 
 		at := q.now()
-		st, err := q.counter.Stats(ctx, ns)
+		sctx, cancel := ctx, context.CancelFunc(func() {})
+		if !c.at.IsZero() {
+			sctx, cancel = context.WithTimeout(ctx, quotaRecountWait)
+		}
+		st, err := q.counter.Stats(sctx, ns)
+		cancel()
 
 		q.mu.Lock()
 		close(c.loading)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -43,7 +44,8 @@ type replica struct {
 
 // startReplica runs the delayd binary on a free loopback port with args
 // (and no DELAYD_* from the caller's environment), waits until its health
-// service answers SERVING, and kills it when the test ends.
+// service answers SERVING, and kills it when the test ends; the test fails
+// if the process reported a data race.
 func startReplica(t *testing.T, bin string, args ...string) *replica {
 	t.Helper()
 	addr := "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
@@ -66,8 +68,11 @@ func startReplica(t *testing.T, bin string, args ...string) *replica {
 	t.Cleanup(func() {
 		r.kill()
 		logf.Close()
+		out, _ := os.ReadFile(logf.Name())
+		if bytes.Contains(out, []byte("WARNING: DATA RACE")) { // a -race build (buildBinary)
+			t.Errorf("delayd %s reported a data race", addr)
+		}
 		if t.Failed() {
-			out, _ := os.ReadFile(logf.Name())
 			t.Logf("delayd %s log:\n%s", addr, out)
 		}
 	})
@@ -223,6 +228,7 @@ func TestFaultReplicaSIGKILLMidStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite: real processes; not in -short")
 	}
+	t.Parallel()
 	bin := buildBinary(t)
 	rs := testkit.StartRedis(t)
 	args := []string{"--redis-url", rs.URL, "--no-auth"}
@@ -266,19 +272,21 @@ func TestFaultRedisLossDurable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite: real processes; not in -short")
 	}
+	t.Parallel()
 	bin := buildBinary(t)
 	for _, tc := range []struct {
 		name string
-		lose func(rs *testkit.RedisServer)
+		lose func(t *testing.T, rs *testkit.RedisServer)
 	}{
-		{"sigkill-restart", func(rs *testkit.RedisServer) { rs.Restart() }},
-		{"flushall", func(rs *testkit.RedisServer) {
+		{"sigkill-restart", func(_ *testing.T, rs *testkit.RedisServer) { rs.Restart() }},
+		{"flushall", func(t *testing.T, rs *testkit.RedisServer) {
 			if err := rs.Client().FlushAll(context.Background()).Err(); err != nil {
 				t.Errorf("FLUSHALL: %v", err)
 			}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			rs := testkit.StartRedis(t)
 			r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--mysql-dsn", testkit.Database(t, "delayd_fault"),
 				"--reconcile-interval", "2s")
@@ -294,7 +302,7 @@ func TestFaultRedisLossDurable(t *testing.T) {
 				defer ty.mu.Unlock()
 				return len(ty.acked) >= n/3
 			})
-			tc.lose(rs)
+			tc.lose(t, rs)
 			// The stream may have ended with Redis; subscribe again, as a
 			// client does.
 			consume(ctx, t, r.conn, ns, 0, ty)
@@ -320,6 +328,7 @@ func TestFaultRedisSIGSTOP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite: real processes; not in -short")
 	}
+	t.Parallel()
 	bin := buildBinary(t)
 	rs := testkit.StartRedis(t)
 	r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--store-timeout", "2s")
@@ -382,6 +391,7 @@ func TestFaultDelaydSIGKILLDuringWrites(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite: real processes; not in -short")
 	}
+	t.Parallel()
 	bin := buildBinary(t)
 	rs := testkit.StartRedis(t)
 	args := []string{"--redis-url", rs.URL, "--no-auth"}
@@ -530,6 +540,7 @@ func TestFaultRedisSIGSTOPDurable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite: real processes; not in -short")
 	}
+	t.Parallel()
 	bin := buildBinary(t)
 	rs := testkit.StartRedis(t)
 	r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--mysql-dsn", testkit.Database(t, "delayd_fault"),
@@ -652,6 +663,7 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite: real processes; not in -short")
 	}
+	t.Parallel()
 	bin := buildBinary(t)
 	for _, mode := range []struct {
 		name string
@@ -661,6 +673,7 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 		{"hold", (*testkit.Proxy).Hold}, // connections open, no byte passes (a hung MySQL)
 	} {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			rs := testkit.StartRedis(t)
 			_, viaProxy, p := mysqlViaProxy(t)
 			r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--mysql-dsn", viaProxy,
@@ -829,10 +842,12 @@ func TestFaultLaggingReplicaPromoted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite: real processes; not in -short")
 	}
+	t.Parallel()
 	bin := buildBinary(t)
 	for _, durable := range []bool{true, false} {
 		name := map[bool]string{true: "durable", false: "redis-only"}[durable]
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			primary, replica := testkit.StartRedis(t), testkit.StartRedis(t)
 			link := testkit.NewProxy(t, primary.Addr)
 			replica.ReplicaOfAddr(link.Addr())

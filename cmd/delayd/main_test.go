@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,24 +25,65 @@ import (
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 )
 
-// buildBinary builds this command into a temporary directory.
+// TestMain runs the package's tests with more of them at once than the
+// default (-parallel = GOMAXPROCS) unless -test.parallel is given: the
+// fault suite's tests spend most of their time waiting on due times, leases
+// and real processes, not on the CPU, and each has servers, ports and
+// databases of its own, so running them together cuts the package from
+// minutes to the length of its longest test.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "16")
+	}
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// built is the delayd binary the tests share, built once (buildBinary).
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+// buildBinary builds this command once per test process, into a directory
+// TestMain removes, and returns its path. When the tests run with -race, so
+// does the binary (see raceBuild).
 func buildBinary(t *testing.T) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("go tool not in PATH")
+		t.Fatalf("go tool not in PATH: %v", err)
 	}
-	bin := filepath.Join(t.TempDir(), "delayd")
-	out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "delayd-bin-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "delayd")
+		args := []string{"build", "-o", built.bin}
+		if raceBuild {
+			args = append(args, "-race")
+		}
+		if out, err := exec.Command(goBin, append(args, ".")...).CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return built.bin
 }
 
 // TestBinary builds the real delayd binary once and checks --help and a
 // clean shutdown on SIGTERM.
 func TestBinary(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 
 	t.Run("help lists every flag with its env var", func(t *testing.T) {

@@ -21,18 +21,30 @@ import (
 // make itself got the SIGINT too). The terminal is a pseudo-terminal whose
 // Ctrl-C byte the kernel turns into SIGINT for the foreground process group.
 func TestMakeRunCtrlC(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Fatalf("make is not installed: %v", err)
 	}
+	// The other tests' build of delayd first, and make run's with the same
+	// flags (-race under go test -race): it then finds every package
+	// compiled in the cache and only links, instead of compiling them all a
+	// second time beside the other tests. Its binary goes to a directory of
+	// the test's own (BIN), not over the developer's bin/delayd.
+	buildBinary(t)
+	goflags := os.Getenv("GOFLAGS")
+	if raceBuild {
+		goflags = strings.TrimSpace(goflags + " -race")
+	}
 	master, slave := openPTY(t)
-	cmd := exec.Command("make", "--no-print-directory", "run",
+	cmd := exec.Command("make", "--no-print-directory", "run", "BIN="+t.TempDir(),
 		"RUN_FLAGS=--listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --ops-listen 127.0.0.1:0")
 	cmd.Dir = "../.."
 	for _, kv := range os.Environ() { // not the caller's DELAYD_* nor the make test's jobserver
-		if !strings.HasPrefix(kv, "DELAYD_") && !strings.HasPrefix(kv, "MAKEFLAGS=") && !strings.HasPrefix(kv, "MFLAGS=") && !strings.HasPrefix(kv, "MAKELEVEL=") {
+		if !strings.HasPrefix(kv, "DELAYD_") && !strings.HasPrefix(kv, "MAKEFLAGS=") && !strings.HasPrefix(kv, "MFLAGS=") && !strings.HasPrefix(kv, "MAKELEVEL=") && !strings.HasPrefix(kv, "GOFLAGS=") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	cmd.Env = append(cmd.Env, "GOFLAGS="+goflags)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	if err := cmd.Start(); err != nil {

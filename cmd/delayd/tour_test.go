@@ -25,6 +25,7 @@ import (
 // runs in the background. The test checks that no call fails and that each
 // step answers what the README says it answers.
 func TestReadmeTour(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	shim := filepath.Join(dir, "bin")
 	if out, err := exec.Command("go", "build", "-o", filepath.Join(shim, "grpcurl"), "./testdata/grpcurlshim").CombinedOutput(); err != nil {

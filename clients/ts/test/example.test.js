@@ -16,7 +16,7 @@ let baseUrl;
 
 before(async () => {
   const bin = process.env.DELAYD_BIN;
-  assert.ok(bin, "DELAYD_BIN must name a delayd binary (make test-ts builds bin/delayd)");
+  assert.ok(bin, "DELAYD_BIN must name a delayd binary (make test-ts builds bin/delayd-race)");
   delayd = spawn(bin, ["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--log-level", "info"], {
     env: { ...process.env, DELAYD_REDIS_URL: "" },
     stdio: ["ignore", "ignore", "pipe"],
