@@ -154,19 +154,23 @@ func (ty *tally) counts() (accepted, lost, dups, early int) {
 
 // consume subscribes to ns on conn and acks each delivery after hold (0:
 // at once) until ctx ends; it returns how many deliveries it holds unacked.
+// When the stream ends with UNAVAILABLE (the store or the replica down, or
+// too slow to create the namespace on a loaded machine) it subscribes
+// again, as a client does.
 func consume(ctx context.Context, t *testing.T, conn *grpc.ClientConn, ns string, hold time.Duration, ty *tally) func() int {
 	var mu sync.Mutex
 	pending := 0
 	dc := delaydv1.NewDeliveryServiceClient(conn)
-	stream, err := dc.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 100})
+	req := &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 100}
+	stream, err := dc.Subscribe(ctx, req)
 	if err != nil {
 		t.Fatalf("subscribe: %v", err)
 	}
-	go func() {
+	receive := func(stream grpc.ServerStreamingClient[delaydv1.SubscribeResponse]) error {
 		for {
 			resp, err := stream.Recv()
 			if err != nil {
-				return
+				return err
 			}
 			d := resp.GetDelivery()
 			ty.received(d, time.Now())
@@ -190,8 +194,46 @@ func consume(ctx context.Context, t *testing.T, conn *grpc.ClientConn, ns string
 				mu.Unlock()
 			}()
 		}
+	}
+	go func() {
+		for {
+			err := receive(stream)
+			if ctx.Err() != nil || status.Code(err) != codes.Unavailable {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			if stream, err = dc.Subscribe(ctx, req); err != nil {
+				return
+			}
+		}
 	}()
 	return func() int { mu.Lock(); defer mu.Unlock(); return pending }
+}
+
+// retryUnavailable calls f, with a 10 s deadline per attempt, until it
+// succeeds, retrying as a client does while it answers UNAVAILABLE or runs
+// out of its deadline (the calls it is used for are idempotent upserts; on
+// a loaded machine a store may answer late before any fault is injected).
+// It fails t after a minute or on any other error.
+func retryUnavailable(t *testing.T, what string, f func(ctx context.Context) error) {
+	t.Helper()
+	giveUp := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := f(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if c := status.Code(err); (c != codes.Unavailable && c != codes.DeadlineExceeded) || time.Now().After(giveUp) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // upsertAll upserts n tasks of ns due spread over the next second, through
@@ -205,12 +247,10 @@ func upsertAll(t *testing.T, conn *grpc.ClientConn, ns string, n int, ty *tally)
 		due := start.Add(time.Duration(i) * time.Second / time.Duration(n)).Truncate(time.Millisecond)
 		req := &delaydv1.UpsertTaskRequest{Namespace: ns, Id: id, Payload: []byte("p"),
 			When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(due)}}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := tc.UpsertTask(ctx, req)
-		cancel()
-		if err != nil {
-			t.Fatalf("upsert %s: %v", id, err)
-		}
+		retryUnavailable(t, "upsert "+id, func(ctx context.Context) error {
+			_, err := tc.UpsertTask(ctx, req)
+			return err
+		})
 		ty.mu.Lock()
 		ty.due[id] = due
 		ty.mu.Unlock()
@@ -418,12 +458,10 @@ func TestFaultDelaydSIGKILLDuringWrites(t *testing.T) {
 		ccancel()
 		if err != nil {
 			retried++
-			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err = tb.UpsertTask(cctx, req)
-			ccancel()
-			if err != nil {
-				t.Fatalf("upsert %s through B: %v", id, err)
-			}
+			retryUnavailable(t, "upsert "+id+" through B", func(ctx context.Context) error {
+				_, err := tb.UpsertTask(ctx, req)
+				return err
+			})
 		}
 		ty.mu.Lock()
 		ty.due[id] = due
@@ -548,13 +586,14 @@ func TestFaultRedisSIGSTOPDurable(t *testing.T) {
 	ns := "fault-sigstop-durable"
 	// With a pending-task quota, so the quota's count (read from the Redis
 	// index) is on every write's path too.
-	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-	_, err := delaydv1.NewNamespaceServiceClient(r.conn).CreateNamespace(cctx, &delaydv1.CreateNamespaceRequest{
-		Namespace: &delaydv1.Namespace{Name: ns, Policy: &delaydv1.NamespacePolicy{MaxPendingTasks: 1_000_000}}})
-	ccancel()
-	if err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
+	retryUnavailable(t, "create namespace", func(ctx context.Context) error {
+		_, err := delaydv1.NewNamespaceServiceClient(r.conn).CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{
+			Namespace: &delaydv1.Namespace{Name: ns, Policy: &delaydv1.NamespacePolicy{MaxPendingTasks: 1_000_000}}})
+		if status.Code(err) == codes.AlreadyExists { // an attempt that ran out of its deadline created it
+			return nil
+		}
+		return err
+	})
 	ty := newTally()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -683,7 +722,8 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			dc := delaydv1.NewDeliveryServiceClient(r.conn)
-			stream, err := dc.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 100})
+			sub := &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 100}
+			stream, err := dc.Subscribe(ctx, sub)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -691,11 +731,24 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 			go func() {
 				for {
 					resp, err := stream.Recv()
-					if err != nil {
+					if err == nil {
+						ty.received(resp.GetDelivery(), time.Now())
+						got <- resp.GetDelivery()
+						continue
+					}
+					// UNAVAILABLE: subscribe again, as a client does (a
+					// loaded MySQL may be slow to create the namespace).
+					if ctx.Err() != nil || status.Code(err) != codes.Unavailable {
 						return
 					}
-					ty.received(resp.GetDelivery(), time.Now())
-					got <- resp.GetDelivery()
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(200 * time.Millisecond):
+					}
+					if stream, err = dc.Subscribe(ctx, sub); err != nil {
+						return
+					}
 				}
 			}()
 			const n = 300
@@ -805,12 +858,11 @@ func upsertRange(t *testing.T, conn *grpc.ClientConn, ns string, from, n int, af
 		req.Tasks = append(req.Tasks, &delaydv1.UpsertTaskRequest{Id: fmt.Sprintf("task-%04d", from+i), Payload: []byte("p"),
 			When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(dues[i])}})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	res, err := tc.BatchUpsertTasks(ctx, req)
-	cancel()
-	if err != nil {
-		t.Fatalf("batch upsert: %v", err)
-	}
+	var res *delaydv1.BatchUpsertTasksResponse
+	retryUnavailable(t, "batch upsert", func(ctx context.Context) (err error) {
+		res, err = tc.BatchUpsertTasks(ctx, req)
+		return err
+	})
 	for i, r := range res.GetResults() {
 		if r.GetError() != nil {
 			t.Fatalf("upsert %s: %v", req.Tasks[i].GetId(), r.GetError())
