@@ -204,6 +204,8 @@ type policyRecord struct {
 	Paused            bool    `json:"paused,omitempty"`
 	MaxDispatchRate   float64 `json:"max_dispatch_rate,omitempty"`
 	Shards            int     `json:"shards,omitempty"`
+	PushURL           string  `json:"push_url,omitempty"`
+	PushSecret        string  `json:"push_secret,omitempty"`
 }
 
 // MarshalPolicy encodes p as the JSON document registries store: durations
@@ -226,6 +228,8 @@ func MarshalPolicy(p Policy) ([]byte, error) {
 		Paused:            p.Paused,
 		MaxDispatchRate:   p.MaxDispatchRate,
 		Shards:            p.Shards,
+		PushURL:           p.Push.URL,
+		PushSecret:        p.Push.Secret,
 	})
 }
 
@@ -254,5 +258,6 @@ func UnmarshalPolicy(b []byte) (Policy, error) {
 		Paused:          r.Paused,
 		MaxDispatchRate: r.MaxDispatchRate,
 		Shards:          r.Shards,
+		Push:            PushTarget{URL: r.PushURL, Secret: r.PushSecret},
 	}, nil
 }

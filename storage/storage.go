@@ -351,6 +351,62 @@ type Policy struct {
 	// one namespace can use several Redis Cluster masters. Set at create,
 	// 1..MaxShards; it cannot change later. Default 1.
 	Shards int
+	// Push, when its URL is set, makes the dispatchers POST the
+	// namespace's due tasks to an HTTP endpoint instead of serving them to
+	// Subscribe streams. Zero: no push.
+	Push PushTarget
+}
+
+// PushTarget is an HTTP endpoint due tasks are POSTed to, and the key they
+// are signed with. The registries store the secret as it is (it is needed
+// to sign); the API never returns it.
+type PushTarget struct {
+	// URL is the http or https URL requests go to; "" = no push.
+	URL string
+	// Secret is the HMAC-SHA256 key of the requests' signature.
+	Secret string
+}
+
+// Enabled reports whether the target is set.
+func (t PushTarget) Enabled() bool { return t.URL != "" }
+
+// PushOutcome is how one push request ended.
+type PushOutcome uint8
+
+// Push outcomes. Only PushOK acks the delivery; every other one nacks it
+// with the namespace's backoff.
+const (
+	// PushOK: the endpoint answered 2xx.
+	PushOK PushOutcome = iota
+	// PushHTTPError: the endpoint answered another status (or a redirect,
+	// which is never followed).
+	PushHTTPError
+	// PushTimeout: no answer within the namespace's ack timeout.
+	PushTimeout
+	// PushConnectError: the connection failed (refused, reset, DNS, TLS).
+	PushConnectError
+	// PushRefused: the target's host, or an address it resolved to, is
+	// not one the operator allows (--push-allow); nothing was sent.
+	PushRefused
+	// NumPushOutcomes is the number of outcomes (for per-outcome arrays).
+	NumPushOutcomes
+)
+
+// String is the outcome's metric label value.
+func (o PushOutcome) String() string {
+	switch o {
+	case PushOK:
+		return "ok"
+	case PushHTTPError:
+		return "http_error"
+	case PushTimeout:
+		return "timeout"
+	case PushConnectError:
+		return "connect_error"
+	case PushRefused:
+		return "refused"
+	}
+	return "unknown"
 }
 
 // MaxShards is the most shards a namespace may have.

@@ -77,6 +77,13 @@ var rules = map[string]rule{
 		imports:     []string{"storage"},
 		testImports: []string{"storage/storagefake", "internal/testkit"},
 	},
+	// HTTP push: the signed request, the operator's allow list and the
+	// client that enforces it; the dispatcher calls it through its own
+	// Pusher interface.
+	"push": {
+		imports:     []string{"storage"},
+		testImports: []string{"internal/testkit"},
+	},
 	// Metrics: collectors and the ops listener; fed by whoever holds the
 	// numbers, never reaching into the stores.
 	"metrics": {
@@ -105,7 +112,7 @@ var rules = map[string]rule{
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.
 	"daemon": {
-		imports: []string{"server", "web", "dispatcher", "tenancy", "metrics", "ops", "buildinfo", "tracing", "storage",
+		imports: []string{"server", "web", "dispatcher", "push", "tenancy", "metrics", "ops", "buildinfo", "tracing", "storage",
 			"storage/redisstore", "storage/mysqlstore", "storage/durable"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},

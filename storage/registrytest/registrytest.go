@@ -78,6 +78,7 @@ func samplePolicy() storage.Policy {
 		MaxDelay:        48 * time.Hour,
 		Paused:          true,
 		MaxDispatchRate: 2.5,
+		Push:            storage.PushTarget{URL: "https://hooks.example.com/delayd", Secret: "0123456789abcdef-secret"},
 	}
 }
 

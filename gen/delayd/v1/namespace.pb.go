@@ -130,7 +130,14 @@ type NamespacePolicy struct {
 	// change it is refused with FAILED_PRECONDITION, since moving tasks
 	// between shards is not done. 0 in an update = unchanged. Default 1; 1 to
 	// 256.
-	Shards        int32 `protobuf:"varint,14,opt,name=shards,proto3" json:"shards,omitempty"`
+	Shards int32 `protobuf:"varint,14,opt,name=shards,proto3" json:"shards,omitempty"`
+	// HTTP push target: when set (url not empty), delayd POSTs the
+	// namespace's due tasks to the URL instead of waiting for Subscribe
+	// streams (which the namespace then refuses). Allowed only when the
+	// operator enabled push (--push-allow) and the URL's host is one it
+	// allows. See docs/push.md for the request, its signature and how it is
+	// acknowledged. Default: none.
+	Push          *PushTarget `protobuf:"bytes,15,opt,name=push,proto3" json:"push,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,6 +270,81 @@ func (x *NamespacePolicy) GetShards() int32 {
 	return 0
 }
 
+func (x *NamespacePolicy) GetPush() *PushTarget {
+	if x != nil {
+		return x.Push
+	}
+	return nil
+}
+
+// PushTarget is where and how delayd POSTs a namespace's due tasks.
+type PushTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The URL every task is POSTed to: http or https, whose host the
+	// operator allows (--push-allow, host names or CIDRs). At most 2,048
+	// bytes. Empty in an update: push is turned off.
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// The HMAC-SHA256 key of the Delayd-Signature header, 16 to 1,024 bytes.
+	// Write-only: never returned (see secret_set). Required when push is
+	// first set; an update without it keeps the stored one.
+	Secret string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	// Output only: whether a secret is stored. Ignored in requests.
+	SecretSet     bool `protobuf:"varint,3,opt,name=secret_set,json=secretSet,proto3" json:"secret_set,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushTarget) Reset() {
+	*x = PushTarget{}
+	mi := &file_delayd_v1_namespace_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushTarget) ProtoMessage() {}
+
+func (x *PushTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_namespace_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushTarget.ProtoReflect.Descriptor instead.
+func (*PushTarget) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PushTarget) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *PushTarget) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+func (x *PushTarget) GetSecretSet() bool {
+	if x != nil {
+		return x.SecretSet
+	}
+	return false
+}
+
 // Namespace is a tenant's queue.
 type Namespace struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -280,7 +362,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[1]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -292,7 +374,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[1]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -305,7 +387,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{1}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Namespace) GetName() string {
@@ -347,7 +429,7 @@ type CreateNamespaceRequest struct {
 
 func (x *CreateNamespaceRequest) Reset() {
 	*x = CreateNamespaceRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[2]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +441,7 @@ func (x *CreateNamespaceRequest) String() string {
 func (*CreateNamespaceRequest) ProtoMessage() {}
 
 func (x *CreateNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[2]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +454,7 @@ func (x *CreateNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*CreateNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{2}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateNamespaceRequest) GetNamespace() *Namespace {
@@ -393,7 +475,7 @@ type CreateNamespaceResponse struct {
 
 func (x *CreateNamespaceResponse) Reset() {
 	*x = CreateNamespaceResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[3]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +487,7 @@ func (x *CreateNamespaceResponse) String() string {
 func (*CreateNamespaceResponse) ProtoMessage() {}
 
 func (x *CreateNamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[3]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +500,7 @@ func (x *CreateNamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*CreateNamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{3}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateNamespaceResponse) GetNamespace() *Namespace {
@@ -439,7 +521,7 @@ type GetNamespaceRequest struct {
 
 func (x *GetNamespaceRequest) Reset() {
 	*x = GetNamespaceRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[4]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +533,7 @@ func (x *GetNamespaceRequest) String() string {
 func (*GetNamespaceRequest) ProtoMessage() {}
 
 func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[4]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +546,7 @@ func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{4}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetNamespaceRequest) GetNamespace() string {
@@ -485,7 +567,7 @@ type GetNamespaceResponse struct {
 
 func (x *GetNamespaceResponse) Reset() {
 	*x = GetNamespaceResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[5]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +579,7 @@ func (x *GetNamespaceResponse) String() string {
 func (*GetNamespaceResponse) ProtoMessage() {}
 
 func (x *GetNamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[5]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +592,7 @@ func (x *GetNamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*GetNamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{5}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetNamespaceResponse) GetNamespace() *Namespace {
@@ -533,7 +615,7 @@ type ListNamespacesRequest struct {
 
 func (x *ListNamespacesRequest) Reset() {
 	*x = ListNamespacesRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[6]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -545,7 +627,7 @@ func (x *ListNamespacesRequest) String() string {
 func (*ListNamespacesRequest) ProtoMessage() {}
 
 func (x *ListNamespacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[6]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -558,7 +640,7 @@ func (x *ListNamespacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNamespacesRequest.ProtoReflect.Descriptor instead.
 func (*ListNamespacesRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{6}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListNamespacesRequest) GetPageSize() int32 {
@@ -588,7 +670,7 @@ type ListNamespacesResponse struct {
 
 func (x *ListNamespacesResponse) Reset() {
 	*x = ListNamespacesResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[7]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +682,7 @@ func (x *ListNamespacesResponse) String() string {
 func (*ListNamespacesResponse) ProtoMessage() {}
 
 func (x *ListNamespacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[7]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +695,7 @@ func (x *ListNamespacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNamespacesResponse.ProtoReflect.Descriptor instead.
 func (*ListNamespacesResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{7}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListNamespacesResponse) GetNamespaces() []*Namespace {
@@ -644,7 +726,7 @@ type UpdateNamespaceRequest struct {
 
 func (x *UpdateNamespaceRequest) Reset() {
 	*x = UpdateNamespaceRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[8]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -656,7 +738,7 @@ func (x *UpdateNamespaceRequest) String() string {
 func (*UpdateNamespaceRequest) ProtoMessage() {}
 
 func (x *UpdateNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[8]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -669,7 +751,7 @@ func (x *UpdateNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{8}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpdateNamespaceRequest) GetNamespace() *Namespace {
@@ -697,7 +779,7 @@ type UpdateNamespaceResponse struct {
 
 func (x *UpdateNamespaceResponse) Reset() {
 	*x = UpdateNamespaceResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[9]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +791,7 @@ func (x *UpdateNamespaceResponse) String() string {
 func (*UpdateNamespaceResponse) ProtoMessage() {}
 
 func (x *UpdateNamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[9]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +804,7 @@ func (x *UpdateNamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{9}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateNamespaceResponse) GetNamespace() *Namespace {
@@ -745,7 +827,7 @@ type DeleteNamespaceRequest struct {
 
 func (x *DeleteNamespaceRequest) Reset() {
 	*x = DeleteNamespaceRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[10]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +839,7 @@ func (x *DeleteNamespaceRequest) String() string {
 func (*DeleteNamespaceRequest) ProtoMessage() {}
 
 func (x *DeleteNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[10]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +852,7 @@ func (x *DeleteNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{10}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteNamespaceRequest) GetNamespace() string {
@@ -798,7 +880,7 @@ type DeleteNamespaceResponse struct {
 
 func (x *DeleteNamespaceResponse) Reset() {
 	*x = DeleteNamespaceResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[11]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +892,7 @@ func (x *DeleteNamespaceResponse) String() string {
 func (*DeleteNamespaceResponse) ProtoMessage() {}
 
 func (x *DeleteNamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[11]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +905,7 @@ func (x *DeleteNamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{11}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteNamespaceResponse) GetDeletedTasks() int64 {
@@ -844,7 +926,7 @@ type GetNamespaceStatsRequest struct {
 
 func (x *GetNamespaceStatsRequest) Reset() {
 	*x = GetNamespaceStatsRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[12]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +938,7 @@ func (x *GetNamespaceStatsRequest) String() string {
 func (*GetNamespaceStatsRequest) ProtoMessage() {}
 
 func (x *GetNamespaceStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[12]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +951,7 @@ func (x *GetNamespaceStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetNamespaceStatsRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{12}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetNamespaceStatsRequest) GetNamespace() string {
@@ -907,7 +989,7 @@ type GetNamespaceStatsResponse struct {
 
 func (x *GetNamespaceStatsResponse) Reset() {
 	*x = GetNamespaceStatsResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[13]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1001,7 @@ func (x *GetNamespaceStatsResponse) String() string {
 func (*GetNamespaceStatsResponse) ProtoMessage() {}
 
 func (x *GetNamespaceStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[13]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1014,7 @@ func (x *GetNamespaceStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetNamespaceStatsResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{13}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetNamespaceStatsResponse) GetScheduled() int64 {
@@ -1008,7 +1090,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[14]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1102,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[14]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1115,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{14}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListDeadLettersRequest) GetNamespace() string {
@@ -1077,7 +1159,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[15]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1171,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[15]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1184,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{15}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListDeadLettersResponse) GetTasks() []*Task {
@@ -1136,7 +1218,7 @@ type RequeueDeadLettersRequest struct {
 
 func (x *RequeueDeadLettersRequest) Reset() {
 	*x = RequeueDeadLettersRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[16]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1230,7 @@ func (x *RequeueDeadLettersRequest) String() string {
 func (*RequeueDeadLettersRequest) ProtoMessage() {}
 
 func (x *RequeueDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[16]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1243,7 @@ func (x *RequeueDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequeueDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RequeueDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{16}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RequeueDeadLettersRequest) GetNamespace() string {
@@ -1203,7 +1285,7 @@ type RequeueDeadLettersResponse struct {
 
 func (x *RequeueDeadLettersResponse) Reset() {
 	*x = RequeueDeadLettersResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[17]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1297,7 @@ func (x *RequeueDeadLettersResponse) String() string {
 func (*RequeueDeadLettersResponse) ProtoMessage() {}
 
 func (x *RequeueDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[17]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1310,7 @@ func (x *RequeueDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequeueDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RequeueDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{17}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RequeueDeadLettersResponse) GetRequeued() int64 {
@@ -1253,7 +1335,7 @@ type PurgeDeadLettersRequest struct {
 
 func (x *PurgeDeadLettersRequest) Reset() {
 	*x = PurgeDeadLettersRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[18]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1347,7 @@ func (x *PurgeDeadLettersRequest) String() string {
 func (*PurgeDeadLettersRequest) ProtoMessage() {}
 
 func (x *PurgeDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[18]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1360,7 @@ func (x *PurgeDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{18}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PurgeDeadLettersRequest) GetNamespace() string {
@@ -1313,7 +1395,7 @@ type PurgeDeadLettersResponse struct {
 
 func (x *PurgeDeadLettersResponse) Reset() {
 	*x = PurgeDeadLettersResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[19]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1407,7 @@ func (x *PurgeDeadLettersResponse) String() string {
 func (*PurgeDeadLettersResponse) ProtoMessage() {}
 
 func (x *PurgeDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[19]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1420,7 @@ func (x *PurgeDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{19}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PurgeDeadLettersResponse) GetPurged() int64 {
@@ -1367,7 +1449,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[20]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1461,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[20]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1474,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{20}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Key) GetId() string {
@@ -1445,7 +1527,7 @@ type CreateKeyRequest struct {
 
 func (x *CreateKeyRequest) Reset() {
 	*x = CreateKeyRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[21]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1539,7 @@ func (x *CreateKeyRequest) String() string {
 func (*CreateKeyRequest) ProtoMessage() {}
 
 func (x *CreateKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[21]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1552,7 @@ func (x *CreateKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateKeyRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{21}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateKeyRequest) GetNamespace() string {
@@ -1507,7 +1589,7 @@ type CreateKeyResponse struct {
 
 func (x *CreateKeyResponse) Reset() {
 	*x = CreateKeyResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[22]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1519,7 +1601,7 @@ func (x *CreateKeyResponse) String() string {
 func (*CreateKeyResponse) ProtoMessage() {}
 
 func (x *CreateKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[22]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1532,7 +1614,7 @@ func (x *CreateKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateKeyResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{22}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateKeyResponse) GetKey() *Key {
@@ -1565,7 +1647,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[23]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1659,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[23]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1672,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{23}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListKeysRequest) GetNamespace() string {
@@ -1627,7 +1709,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[24]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1721,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[24]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1734,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{24}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListKeysResponse) GetKeys() []*Key {
@@ -1680,7 +1762,7 @@ type RevokeKeyRequest struct {
 
 func (x *RevokeKeyRequest) Reset() {
 	*x = RevokeKeyRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[25]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1774,7 @@ func (x *RevokeKeyRequest) String() string {
 func (*RevokeKeyRequest) ProtoMessage() {}
 
 func (x *RevokeKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[25]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1787,7 @@ func (x *RevokeKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeKeyRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{25}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RevokeKeyRequest) GetId() string {
@@ -1724,7 +1806,7 @@ type RevokeKeyResponse struct {
 
 func (x *RevokeKeyResponse) Reset() {
 	*x = RevokeKeyResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[26]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1818,7 @@ func (x *RevokeKeyResponse) String() string {
 func (*RevokeKeyResponse) ProtoMessage() {}
 
 func (x *RevokeKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[26]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1831,7 @@ func (x *RevokeKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeKeyResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{26}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{27}
 }
 
 // WhoAmIRequest is empty: the key is the request's credentials.
@@ -1761,7 +1843,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[27]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1855,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[27]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1868,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{27}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{28}
 }
 
 // WhoAmIResponse describes the caller's key.
@@ -1804,7 +1886,7 @@ type WhoAmIResponse struct {
 
 func (x *WhoAmIResponse) Reset() {
 	*x = WhoAmIResponse{}
-	mi := &file_delayd_v1_namespace_proto_msgTypes[28]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +1898,7 @@ func (x *WhoAmIResponse) String() string {
 func (*WhoAmIResponse) ProtoMessage() {}
 
 func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_namespace_proto_msgTypes[28]
+	mi := &file_delayd_v1_namespace_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +1911,7 @@ func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
 func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{28}
+	return file_delayd_v1_namespace_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WhoAmIResponse) GetKey() *Key {
@@ -1850,7 +1932,7 @@ var File_delayd_v1_namespace_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\n" +
-	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\x04\n" +
+	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x05\n" +
 	"\x0fNamespacePolicy\x12:\n" +
 	"\vack_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"ackTimeout\x12!\n" +
@@ -1870,7 +1952,14 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\tmax_delay\x18\v \x01(\v2\x19.google.protobuf.DurationR\bmaxDelay\x12\x16\n" +
 	"\x06paused\x18\f \x01(\bR\x06paused\x12*\n" +
 	"\x11max_dispatch_rate\x18\r \x01(\x01R\x0fmaxDispatchRate\x12\x16\n" +
-	"\x06shards\x18\x0e \x01(\x05R\x06shards\"\xcd\x01\n" +
+	"\x06shards\x18\x0e \x01(\x05R\x06shards\x12)\n" +
+	"\x04push\x18\x0f \x01(\v2\x15.delayd.v1.PushTargetR\x04push\"U\n" +
+	"\n" +
+	"PushTarget\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\x12\x1d\n" +
+	"\n" +
+	"secret_set\x18\x03 \x01(\bR\tsecretSet\"\xcd\x01\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06policy\x18\x02 \x01(\v2\x1a.delayd.v1.NamespacePolicyR\x06policy\x12;\n" +
@@ -2006,102 +2095,104 @@ func file_delayd_v1_namespace_proto_rawDescGZIP() []byte {
 }
 
 var file_delayd_v1_namespace_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayd_v1_namespace_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_delayd_v1_namespace_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_delayd_v1_namespace_proto_goTypes = []any{
 	(KeyScope)(0),                      // 0: delayd.v1.KeyScope
 	(*NamespacePolicy)(nil),            // 1: delayd.v1.NamespacePolicy
-	(*Namespace)(nil),                  // 2: delayd.v1.Namespace
-	(*CreateNamespaceRequest)(nil),     // 3: delayd.v1.CreateNamespaceRequest
-	(*CreateNamespaceResponse)(nil),    // 4: delayd.v1.CreateNamespaceResponse
-	(*GetNamespaceRequest)(nil),        // 5: delayd.v1.GetNamespaceRequest
-	(*GetNamespaceResponse)(nil),       // 6: delayd.v1.GetNamespaceResponse
-	(*ListNamespacesRequest)(nil),      // 7: delayd.v1.ListNamespacesRequest
-	(*ListNamespacesResponse)(nil),     // 8: delayd.v1.ListNamespacesResponse
-	(*UpdateNamespaceRequest)(nil),     // 9: delayd.v1.UpdateNamespaceRequest
-	(*UpdateNamespaceResponse)(nil),    // 10: delayd.v1.UpdateNamespaceResponse
-	(*DeleteNamespaceRequest)(nil),     // 11: delayd.v1.DeleteNamespaceRequest
-	(*DeleteNamespaceResponse)(nil),    // 12: delayd.v1.DeleteNamespaceResponse
-	(*GetNamespaceStatsRequest)(nil),   // 13: delayd.v1.GetNamespaceStatsRequest
-	(*GetNamespaceStatsResponse)(nil),  // 14: delayd.v1.GetNamespaceStatsResponse
-	(*ListDeadLettersRequest)(nil),     // 15: delayd.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 16: delayd.v1.ListDeadLettersResponse
-	(*RequeueDeadLettersRequest)(nil),  // 17: delayd.v1.RequeueDeadLettersRequest
-	(*RequeueDeadLettersResponse)(nil), // 18: delayd.v1.RequeueDeadLettersResponse
-	(*PurgeDeadLettersRequest)(nil),    // 19: delayd.v1.PurgeDeadLettersRequest
-	(*PurgeDeadLettersResponse)(nil),   // 20: delayd.v1.PurgeDeadLettersResponse
-	(*Key)(nil),                        // 21: delayd.v1.Key
-	(*CreateKeyRequest)(nil),           // 22: delayd.v1.CreateKeyRequest
-	(*CreateKeyResponse)(nil),          // 23: delayd.v1.CreateKeyResponse
-	(*ListKeysRequest)(nil),            // 24: delayd.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),           // 25: delayd.v1.ListKeysResponse
-	(*RevokeKeyRequest)(nil),           // 26: delayd.v1.RevokeKeyRequest
-	(*RevokeKeyResponse)(nil),          // 27: delayd.v1.RevokeKeyResponse
-	(*WhoAmIRequest)(nil),              // 28: delayd.v1.WhoAmIRequest
-	(*WhoAmIResponse)(nil),             // 29: delayd.v1.WhoAmIResponse
-	nil,                                // 30: delayd.v1.GetNamespaceStatsResponse.DueByKindEntry
-	(*durationpb.Duration)(nil),        // 31: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),      // 32: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),      // 33: google.protobuf.FieldMask
-	(TaskView)(0),                      // 34: delayd.v1.TaskView
-	(*Task)(nil),                       // 35: delayd.v1.Task
+	(*PushTarget)(nil),                 // 2: delayd.v1.PushTarget
+	(*Namespace)(nil),                  // 3: delayd.v1.Namespace
+	(*CreateNamespaceRequest)(nil),     // 4: delayd.v1.CreateNamespaceRequest
+	(*CreateNamespaceResponse)(nil),    // 5: delayd.v1.CreateNamespaceResponse
+	(*GetNamespaceRequest)(nil),        // 6: delayd.v1.GetNamespaceRequest
+	(*GetNamespaceResponse)(nil),       // 7: delayd.v1.GetNamespaceResponse
+	(*ListNamespacesRequest)(nil),      // 8: delayd.v1.ListNamespacesRequest
+	(*ListNamespacesResponse)(nil),     // 9: delayd.v1.ListNamespacesResponse
+	(*UpdateNamespaceRequest)(nil),     // 10: delayd.v1.UpdateNamespaceRequest
+	(*UpdateNamespaceResponse)(nil),    // 11: delayd.v1.UpdateNamespaceResponse
+	(*DeleteNamespaceRequest)(nil),     // 12: delayd.v1.DeleteNamespaceRequest
+	(*DeleteNamespaceResponse)(nil),    // 13: delayd.v1.DeleteNamespaceResponse
+	(*GetNamespaceStatsRequest)(nil),   // 14: delayd.v1.GetNamespaceStatsRequest
+	(*GetNamespaceStatsResponse)(nil),  // 15: delayd.v1.GetNamespaceStatsResponse
+	(*ListDeadLettersRequest)(nil),     // 16: delayd.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 17: delayd.v1.ListDeadLettersResponse
+	(*RequeueDeadLettersRequest)(nil),  // 18: delayd.v1.RequeueDeadLettersRequest
+	(*RequeueDeadLettersResponse)(nil), // 19: delayd.v1.RequeueDeadLettersResponse
+	(*PurgeDeadLettersRequest)(nil),    // 20: delayd.v1.PurgeDeadLettersRequest
+	(*PurgeDeadLettersResponse)(nil),   // 21: delayd.v1.PurgeDeadLettersResponse
+	(*Key)(nil),                        // 22: delayd.v1.Key
+	(*CreateKeyRequest)(nil),           // 23: delayd.v1.CreateKeyRequest
+	(*CreateKeyResponse)(nil),          // 24: delayd.v1.CreateKeyResponse
+	(*ListKeysRequest)(nil),            // 25: delayd.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),           // 26: delayd.v1.ListKeysResponse
+	(*RevokeKeyRequest)(nil),           // 27: delayd.v1.RevokeKeyRequest
+	(*RevokeKeyResponse)(nil),          // 28: delayd.v1.RevokeKeyResponse
+	(*WhoAmIRequest)(nil),              // 29: delayd.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),             // 30: delayd.v1.WhoAmIResponse
+	nil,                                // 31: delayd.v1.GetNamespaceStatsResponse.DueByKindEntry
+	(*durationpb.Duration)(nil),        // 32: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),      // 34: google.protobuf.FieldMask
+	(TaskView)(0),                      // 35: delayd.v1.TaskView
+	(*Task)(nil),                       // 36: delayd.v1.Task
 }
 var file_delayd_v1_namespace_proto_depIdxs = []int32{
-	31, // 0: delayd.v1.NamespacePolicy.ack_timeout:type_name -> google.protobuf.Duration
-	31, // 1: delayd.v1.NamespacePolicy.backoff_initial:type_name -> google.protobuf.Duration
-	31, // 2: delayd.v1.NamespacePolicy.backoff_max:type_name -> google.protobuf.Duration
-	31, // 3: delayd.v1.NamespacePolicy.max_delay:type_name -> google.protobuf.Duration
-	1,  // 4: delayd.v1.Namespace.policy:type_name -> delayd.v1.NamespacePolicy
-	32, // 5: delayd.v1.Namespace.create_time:type_name -> google.protobuf.Timestamp
-	32, // 6: delayd.v1.Namespace.update_time:type_name -> google.protobuf.Timestamp
-	2,  // 7: delayd.v1.CreateNamespaceRequest.namespace:type_name -> delayd.v1.Namespace
-	2,  // 8: delayd.v1.CreateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
-	2,  // 9: delayd.v1.GetNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
-	2,  // 10: delayd.v1.ListNamespacesResponse.namespaces:type_name -> delayd.v1.Namespace
-	2,  // 11: delayd.v1.UpdateNamespaceRequest.namespace:type_name -> delayd.v1.Namespace
-	33, // 12: delayd.v1.UpdateNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
-	2,  // 13: delayd.v1.UpdateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
-	31, // 14: delayd.v1.GetNamespaceStatsResponse.oldest_due_lateness:type_name -> google.protobuf.Duration
-	30, // 15: delayd.v1.GetNamespaceStatsResponse.due_by_kind:type_name -> delayd.v1.GetNamespaceStatsResponse.DueByKindEntry
-	34, // 16: delayd.v1.ListDeadLettersRequest.view:type_name -> delayd.v1.TaskView
-	35, // 17: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
-	31, // 18: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
-	0,  // 19: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
-	32, // 20: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 21: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
-	21, // 22: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
-	21, // 23: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
-	21, // 24: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
-	3,  // 25: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
-	5,  // 26: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
-	7,  // 27: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
-	9,  // 28: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
-	11, // 29: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
-	13, // 30: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
-	15, // 31: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
-	17, // 32: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
-	19, // 33: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
-	22, // 34: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
-	24, // 35: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
-	26, // 36: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
-	28, // 37: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
-	4,  // 38: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
-	6,  // 39: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
-	8,  // 40: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
-	10, // 41: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
-	12, // 42: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
-	14, // 43: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
-	16, // 44: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
-	18, // 45: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
-	20, // 46: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
-	23, // 47: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
-	25, // 48: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
-	27, // 49: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
-	29, // 50: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
-	38, // [38:51] is the sub-list for method output_type
-	25, // [25:38] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	32, // 0: delayd.v1.NamespacePolicy.ack_timeout:type_name -> google.protobuf.Duration
+	32, // 1: delayd.v1.NamespacePolicy.backoff_initial:type_name -> google.protobuf.Duration
+	32, // 2: delayd.v1.NamespacePolicy.backoff_max:type_name -> google.protobuf.Duration
+	32, // 3: delayd.v1.NamespacePolicy.max_delay:type_name -> google.protobuf.Duration
+	2,  // 4: delayd.v1.NamespacePolicy.push:type_name -> delayd.v1.PushTarget
+	1,  // 5: delayd.v1.Namespace.policy:type_name -> delayd.v1.NamespacePolicy
+	33, // 6: delayd.v1.Namespace.create_time:type_name -> google.protobuf.Timestamp
+	33, // 7: delayd.v1.Namespace.update_time:type_name -> google.protobuf.Timestamp
+	3,  // 8: delayd.v1.CreateNamespaceRequest.namespace:type_name -> delayd.v1.Namespace
+	3,  // 9: delayd.v1.CreateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
+	3,  // 10: delayd.v1.GetNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
+	3,  // 11: delayd.v1.ListNamespacesResponse.namespaces:type_name -> delayd.v1.Namespace
+	3,  // 12: delayd.v1.UpdateNamespaceRequest.namespace:type_name -> delayd.v1.Namespace
+	34, // 13: delayd.v1.UpdateNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	3,  // 14: delayd.v1.UpdateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
+	32, // 15: delayd.v1.GetNamespaceStatsResponse.oldest_due_lateness:type_name -> google.protobuf.Duration
+	31, // 16: delayd.v1.GetNamespaceStatsResponse.due_by_kind:type_name -> delayd.v1.GetNamespaceStatsResponse.DueByKindEntry
+	35, // 17: delayd.v1.ListDeadLettersRequest.view:type_name -> delayd.v1.TaskView
+	36, // 18: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
+	32, // 19: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
+	0,  // 20: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
+	33, // 21: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	0,  // 22: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
+	22, // 23: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
+	22, // 24: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
+	22, // 25: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
+	4,  // 26: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
+	6,  // 27: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
+	8,  // 28: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
+	10, // 29: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
+	12, // 30: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
+	14, // 31: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
+	16, // 32: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
+	18, // 33: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
+	20, // 34: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
+	23, // 35: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
+	25, // 36: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
+	27, // 37: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
+	29, // 38: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
+	5,  // 39: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
+	7,  // 40: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
+	9,  // 41: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
+	11, // 42: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
+	13, // 43: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
+	15, // 44: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
+	17, // 45: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
+	19, // 46: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
+	21, // 47: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
+	24, // 48: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
+	26, // 49: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
+	28, // 50: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
+	30, // 51: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
+	39, // [39:52] is the sub-list for method output_type
+	26, // [26:39] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_namespace_proto_init() }
@@ -2116,7 +2207,7 @@ func file_delayd_v1_namespace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_namespace_proto_rawDesc), len(file_delayd_v1_namespace_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -134,6 +134,18 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
    * @generated from field: int32 shards = 14;
    */
   shards: number;
+
+  /**
+   * HTTP push target: when set (url not empty), delayd POSTs the
+   * namespace's due tasks to the URL instead of waiting for Subscribe
+   * streams (which the namespace then refuses). Allowed only when the
+   * operator enabled push (--push-allow) and the URL's host is one it
+   * allows. See docs/push.md for the request, its signature and how it is
+   * acknowledged. Default: none.
+   *
+   * @generated from field: delayd.v1.PushTarget push = 15;
+   */
+  push?: PushTarget | undefined;
 };
 
 /**
@@ -141,6 +153,44 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
  * Use `create(NamespacePolicySchema)` to create a new message.
  */
 export declare const NamespacePolicySchema: GenMessage<NamespacePolicy>;
+
+/**
+ * PushTarget is where and how delayd POSTs a namespace's due tasks.
+ *
+ * @generated from message delayd.v1.PushTarget
+ */
+export declare type PushTarget = Message<"delayd.v1.PushTarget"> & {
+  /**
+   * The URL every task is POSTed to: http or https, whose host the
+   * operator allows (--push-allow, host names or CIDRs). At most 2,048
+   * bytes. Empty in an update: push is turned off.
+   *
+   * @generated from field: string url = 1;
+   */
+  url: string;
+
+  /**
+   * The HMAC-SHA256 key of the Delayd-Signature header, 16 to 1,024 bytes.
+   * Write-only: never returned (see secret_set). Required when push is
+   * first set; an update without it keeps the stored one.
+   *
+   * @generated from field: string secret = 2;
+   */
+  secret: string;
+
+  /**
+   * Output only: whether a secret is stored. Ignored in requests.
+   *
+   * @generated from field: bool secret_set = 3;
+   */
+  secretSet: boolean;
+};
+
+/**
+ * Describes the message delayd.v1.PushTarget.
+ * Use `create(PushTargetSchema)` to create a new message.
+ */
+export declare const PushTargetSchema: GenMessage<PushTarget>;
 
 /**
  * Namespace is a tenant's queue.

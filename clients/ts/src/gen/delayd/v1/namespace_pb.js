@@ -10,7 +10,7 @@ import { file_google_protobuf_duration, file_google_protobuf_field_mask, file_go
  * Describes the file delayd/v1/namespace.proto.
  */
 export const file_delayd_v1_namespace = /*@__PURE__*/
-  fileDesc("ChlkZWxheWQvdjEvbmFtZXNwYWNlLnByb3RvEglkZWxheWQudjEitwMKD05hbWVzcGFjZVBvbGljeRIuCgthY2tfdGltZW91dBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtYXhfYXR0ZW1wdHMYAiABKAUSMgoPYmFja29mZl9pbml0aWFsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC2JhY2tvZmZfbWF4GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhoKEmJhY2tvZmZfbXVsdGlwbGllchgFIAEoARIZChFtYXhfcGF5bG9hZF9ieXRlcxgGIAEoBRIZChFtYXhfcGVuZGluZ190YXNrcxgHIAEoAxISCgpyYXRlX2xpbWl0GAggASgBEhIKCnJhdGVfYnVyc3QYCSABKAUSFwoPbWF4X3N1YnNjcmliZXJzGAogASgFEiwKCW1heF9kZWxheRgLIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZwYXVzZWQYDCABKAgSGQoRbWF4X2Rpc3BhdGNoX3JhdGUYDSABKAESDgoGc2hhcmRzGA4gASgFIqcBCglOYW1lc3BhY2USDAoEbmFtZRgBIAEoCRIqCgZwb2xpY3kYAiABKAsyGi5kZWxheWQudjEuTmFtZXNwYWNlUG9saWN5Ei8KC2NyZWF0ZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQQoWQ3JlYXRlTmFtZXNwYWNlUmVxdWVzdBInCgluYW1lc3BhY2UYASABKAsyFC5kZWxheWQudjEuTmFtZXNwYWNlIkIKF0NyZWF0ZU5hbWVzcGFjZVJlc3BvbnNlEicKCW5hbWVzcGFjZRgBIAEoCzIULmRlbGF5ZC52MS5OYW1lc3BhY2UiKAoTR2V0TmFtZXNwYWNlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkiPwoUR2V0TmFtZXNwYWNlUmVzcG9uc2USJwoJbmFtZXNwYWNlGAEgASgLMhQuZGVsYXlkLnYxLk5hbWVzcGFjZSI+ChVMaXN0TmFtZXNwYWNlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiWwoWTGlzdE5hbWVzcGFjZXNSZXNwb25zZRIoCgpuYW1lc3BhY2VzGAEgAygLMhQuZGVsYXlkLnYxLk5hbWVzcGFjZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkicgoWVXBkYXRlTmFtZXNwYWNlUmVxdWVzdBInCgluYW1lc3BhY2UYASABKAsyFC5kZWxheWQudjEuTmFtZXNwYWNlEi8KC3VwZGF0ZV9tYXNrGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLkZpZWxkTWFzayJCChdVcGRhdGVOYW1lc3BhY2VSZXNwb25zZRInCgluYW1lc3BhY2UYASABKAsyFC5kZWxheWQudjEuTmFtZXNwYWNlIjoKFkRlbGV0ZU5hbWVzcGFjZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg0KBWZvcmNlGAIgASgIIjAKF0RlbGV0ZU5hbWVzcGFjZVJlc3BvbnNlEhUKDWRlbGV0ZWRfdGFza3MYASABKAMiLQoYR2V0TmFtZXNwYWNlU3RhdHNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCSLBAgoZR2V0TmFtZXNwYWNlU3RhdHNSZXNwb25zZRIRCglzY2hlZHVsZWQYASABKAMSEQoJZGVsaXZlcmVkGAIgASgDEgwKBGRlYWQYAyABKAMSDwoHZHVlX25vdxgEIAEoAxI2ChNvbGRlc3RfZHVlX2xhdGVuZXNzGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnBhdXNlZBgGIAEoCBJICgtkdWVfYnlfa2luZBgHIAMoCzIzLmRlbGF5ZC52MS5HZXROYW1lc3BhY2VTdGF0c1Jlc3BvbnNlLkR1ZUJ5S2luZEVudHJ5EhsKE2R1ZV9ieV9raW5kX3BhcnRpYWwYCCABKAgaMAoORHVlQnlLaW5kRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgDOgI4ASJ1ChZMaXN0RGVhZExldHRlcnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRIhCgR2aWV3GAQgASgOMhMuZGVsYXlkLnYxLlRhc2tWaWV3IlIKF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEh4KBXRhc2tzGAEgAygLMg8uZGVsYXlkLnYxLlRhc2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInIKGVJlcXVldWVEZWFkTGV0dGVyc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEgsKA2lkcxgCIAMoCRILCgNhbGwYAyABKAgSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iLgoaUmVxdWV1ZURlYWRMZXR0ZXJzUmVzcG9uc2USEAoIcmVxdWV1ZWQYASABKAMiRgoXUHVyZ2VEZWFkTGV0dGVyc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEgsKA2lkcxgCIAMoCRILCgNhbGwYAyABKAgiKgoYUHVyZ2VEZWFkTGV0dGVyc1Jlc3BvbnNlEg4KBnB1cmdlZBgBIAEoAyKPAQoDS2V5EgoKAmlkGAEgASgJEhEKCW5hbWVzcGFjZRgCIAEoCRIjCgZzY29wZXMYAyADKA4yEy5kZWxheWQudjEuS2V5U2NvcGUSEwoLZGVzY3JpcHRpb24YBCABKAkSLwoLY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIl8KEENyZWF0ZUtleVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEiMKBnNjb3BlcxgCIAMoDjITLmRlbGF5ZC52MS5LZXlTY29wZRITCgtkZXNjcmlwdGlvbhgDIAEoCSJAChFDcmVhdGVLZXlSZXNwb25zZRIbCgNrZXkYASABKAsyDi5kZWxheWQudjEuS2V5Eg4KBnNlY3JldBgCIAEoCSJLCg9MaXN0S2V5c1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIkkKEExpc3RLZXlzUmVzcG9uc2USHAoEa2V5cxgBIAMoCzIOLmRlbGF5ZC52MS5LZXkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIh4KEFJldm9rZUtleVJlcXVlc3QSCgoCaWQYASABKAkiEwoRUmV2b2tlS2V5UmVzcG9uc2UiDwoNV2hvQW1JUmVxdWVzdCJDCg5XaG9BbUlSZXNwb25zZRIbCgNrZXkYASABKAsyDi5kZWxheWQudjEuS2V5EhQKDGF1dGhfZW5hYmxlZBgCIAEoCCpoCghLZXlTY29wZRIZChVLRVlfU0NPUEVfVU5TUEVDSUZJRUQQABIVChFLRVlfU0NPUEVfUFJPRFVDRRABEhUKEUtFWV9TQ09QRV9DT05TVU1FEAISEwoPS0VZX1NDT1BFX0FETUlOEAMy1ggKEE5hbWVzcGFjZVNlcnZpY2USWAoPQ3JlYXRlTmFtZXNwYWNlEiEuZGVsYXlkLnYxLkNyZWF0ZU5hbWVzcGFjZVJlcXVlc3QaIi5kZWxheWQudjEuQ3JlYXRlTmFtZXNwYWNlUmVzcG9uc2USTwoMR2V0TmFtZXNwYWNlEh4uZGVsYXlkLnYxLkdldE5hbWVzcGFjZVJlcXVlc3QaHy5kZWxheWQudjEuR2V0TmFtZXNwYWNlUmVzcG9uc2USVQoOTGlzdE5hbWVzcGFjZXMSIC5kZWxheWQudjEuTGlzdE5hbWVzcGFjZXNSZXF1ZXN0GiEuZGVsYXlkLnYxLkxpc3ROYW1lc3BhY2VzUmVzcG9uc2USWAoPVXBkYXRlTmFtZXNwYWNlEiEuZGVsYXlkLnYxLlVwZGF0ZU5hbWVzcGFjZVJlcXVlc3QaIi5kZWxheWQudjEuVXBkYXRlTmFtZXNwYWNlUmVzcG9uc2USWAoPRGVsZXRlTmFtZXNwYWNlEiEuZGVsYXlkLnYxLkRlbGV0ZU5hbWVzcGFjZVJlcXVlc3QaIi5kZWxheWQudjEuRGVsZXRlTmFtZXNwYWNlUmVzcG9uc2USXgoRR2V0TmFtZXNwYWNlU3RhdHMSIy5kZWxheWQudjEuR2V0TmFtZXNwYWNlU3RhdHNSZXF1ZXN0GiQuZGVsYXlkLnYxLkdldE5hbWVzcGFjZVN0YXRzUmVzcG9uc2USWAoPTGlzdERlYWRMZXR0ZXJzEiEuZGVsYXlkLnYxLkxpc3REZWFkTGV0dGVyc1JlcXVlc3QaIi5kZWxheWQudjEuTGlzdERlYWRMZXR0ZXJzUmVzcG9uc2USYQoSUmVxdWV1ZURlYWRMZXR0ZXJzEiQuZGVsYXlkLnYxLlJlcXVldWVEZWFkTGV0dGVyc1JlcXVlc3QaJS5kZWxheWQudjEuUmVxdWV1ZURlYWRMZXR0ZXJzUmVzcG9uc2USWwoQUHVyZ2VEZWFkTGV0dGVycxIiLmRlbGF5ZC52MS5QdXJnZURlYWRMZXR0ZXJzUmVxdWVzdBojLmRlbGF5ZC52MS5QdXJnZURlYWRMZXR0ZXJzUmVzcG9uc2USRgoJQ3JlYXRlS2V5EhsuZGVsYXlkLnYxLkNyZWF0ZUtleVJlcXVlc3QaHC5kZWxheWQudjEuQ3JlYXRlS2V5UmVzcG9uc2USQwoITGlzdEtleXMSGi5kZWxheWQudjEuTGlzdEtleXNSZXF1ZXN0GhsuZGVsYXlkLnYxLkxpc3RLZXlzUmVzcG9uc2USRgoJUmV2b2tlS2V5EhsuZGVsYXlkLnYxLlJldm9rZUtleVJlcXVlc3QaHC5kZWxheWQudjEuUmV2b2tlS2V5UmVzcG9uc2USPQoGV2hvQW1JEhguZGVsYXlkLnYxLldob0FtSVJlcXVlc3QaGS5kZWxheWQudjEuV2hvQW1JUmVzcG9uc2ViBnByb3RvMw", [file_delayd_v1_task, file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
+  fileDesc("ChlkZWxheWQvdjEvbmFtZXNwYWNlLnByb3RvEglkZWxheWQudjEi3AMKD05hbWVzcGFjZVBvbGljeRIuCgthY2tfdGltZW91dBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIUCgxtYXhfYXR0ZW1wdHMYAiABKAUSMgoPYmFja29mZl9pbml0aWFsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KC2JhY2tvZmZfbWF4GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhoKEmJhY2tvZmZfbXVsdGlwbGllchgFIAEoARIZChFtYXhfcGF5bG9hZF9ieXRlcxgGIAEoBRIZChFtYXhfcGVuZGluZ190YXNrcxgHIAEoAxISCgpyYXRlX2xpbWl0GAggASgBEhIKCnJhdGVfYnVyc3QYCSABKAUSFwoPbWF4X3N1YnNjcmliZXJzGAogASgFEiwKCW1heF9kZWxheRgLIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZwYXVzZWQYDCABKAgSGQoRbWF4X2Rpc3BhdGNoX3JhdGUYDSABKAESDgoGc2hhcmRzGA4gASgFEiMKBHB1c2gYDyABKAsyFS5kZWxheWQudjEuUHVzaFRhcmdldCI9CgpQdXNoVGFyZ2V0EgsKA3VybBgBIAEoCRIOCgZzZWNyZXQYAiABKAkSEgoKc2VjcmV0X3NldBgDIAEoCCKnAQoJTmFtZXNwYWNlEgwKBG5hbWUYASABKAkSKgoGcG9saWN5GAIgASgLMhouZGVsYXlkLnYxLk5hbWVzcGFjZVBvbGljeRIvCgtjcmVhdGVfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIkEKFkNyZWF0ZU5hbWVzcGFjZVJlcXVlc3QSJwoJbmFtZXNwYWNlGAEgASgLMhQuZGVsYXlkLnYxLk5hbWVzcGFjZSJCChdDcmVhdGVOYW1lc3BhY2VSZXNwb25zZRInCgluYW1lc3BhY2UYASABKAsyFC5kZWxheWQudjEuTmFtZXNwYWNlIigKE0dldE5hbWVzcGFjZVJlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJIj8KFEdldE5hbWVzcGFjZVJlc3BvbnNlEicKCW5hbWVzcGFjZRgBIAEoCzIULmRlbGF5ZC52MS5OYW1lc3BhY2UiPgoVTGlzdE5hbWVzcGFjZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlsKFkxpc3ROYW1lc3BhY2VzUmVzcG9uc2USKAoKbmFtZXNwYWNlcxgBIAMoCzIULmRlbGF5ZC52MS5OYW1lc3BhY2USFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInIKFlVwZGF0ZU5hbWVzcGFjZVJlcXVlc3QSJwoJbmFtZXNwYWNlGAEgASgLMhQuZGVsYXlkLnYxLk5hbWVzcGFjZRIvCgt1cGRhdGVfbWFzaxgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE1hc2siQgoXVXBkYXRlTmFtZXNwYWNlUmVzcG9uc2USJwoJbmFtZXNwYWNlGAEgASgLMhQuZGVsYXlkLnYxLk5hbWVzcGFjZSI6ChZEZWxldGVOYW1lc3BhY2VSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRINCgVmb3JjZRgCIAEoCCIwChdEZWxldGVOYW1lc3BhY2VSZXNwb25zZRIVCg1kZWxldGVkX3Rhc2tzGAEgASgDIi0KGEdldE5hbWVzcGFjZVN0YXRzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkiwQIKGUdldE5hbWVzcGFjZVN0YXRzUmVzcG9uc2USEQoJc2NoZWR1bGVkGAEgASgDEhEKCWRlbGl2ZXJlZBgCIAEoAxIMCgRkZWFkGAMgASgDEg8KB2R1ZV9ub3cYBCABKAMSNgoTb2xkZXN0X2R1ZV9sYXRlbmVzcxgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZwYXVzZWQYBiABKAgSSAoLZHVlX2J5X2tpbmQYByADKAsyMy5kZWxheWQudjEuR2V0TmFtZXNwYWNlU3RhdHNSZXNwb25zZS5EdWVCeUtpbmRFbnRyeRIbChNkdWVfYnlfa2luZF9wYXJ0aWFsGAggASgIGjAKDkR1ZUJ5S2luZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEidQoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkSIQoEdmlldxgEIAEoDjITLmRlbGF5ZC52MS5UYXNrVmlldyJSChdMaXN0RGVhZExldHRlcnNSZXNwb25zZRIeCgV0YXNrcxgBIAMoCzIPLmRlbGF5ZC52MS5UYXNrEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJyChlSZXF1ZXVlRGVhZExldHRlcnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRILCgNpZHMYAiADKAkSCwoDYWxsGAMgASgIEigKBWRlbGF5GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi4KGlJlcXVldWVEZWFkTGV0dGVyc1Jlc3BvbnNlEhAKCHJlcXVldWVkGAEgASgDIkYKF1B1cmdlRGVhZExldHRlcnNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRILCgNpZHMYAiADKAkSCwoDYWxsGAMgASgIIioKGFB1cmdlRGVhZExldHRlcnNSZXNwb25zZRIOCgZwdXJnZWQYASABKAMijwEKA0tleRIKCgJpZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSIwoGc2NvcGVzGAMgAygOMhMuZGVsYXlkLnYxLktleVNjb3BlEhMKC2Rlc2NyaXB0aW9uGAQgASgJEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJfChBDcmVhdGVLZXlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIjCgZzY29wZXMYAiADKA4yEy5kZWxheWQudjEuS2V5U2NvcGUSEwoLZGVzY3JpcHRpb24YAyABKAkiQAoRQ3JlYXRlS2V5UmVzcG9uc2USGwoDa2V5GAEgASgLMg4uZGVsYXlkLnYxLktleRIOCgZzZWNyZXQYAiABKAkiSwoPTGlzdEtleXNSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJJChBMaXN0S2V5c1Jlc3BvbnNlEhwKBGtleXMYASADKAsyDi5kZWxheWQudjEuS2V5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIeChBSZXZva2VLZXlSZXF1ZXN0EgoKAmlkGAEgASgJIhMKEVJldm9rZUtleVJlc3BvbnNlIg8KDVdob0FtSVJlcXVlc3QiQwoOV2hvQW1JUmVzcG9uc2USGwoDa2V5GAEgASgLMg4uZGVsYXlkLnYxLktleRIUCgxhdXRoX2VuYWJsZWQYAiABKAgqaAoIS2V5U2NvcGUSGQoVS0VZX1NDT1BFX1VOU1BFQ0lGSUVEEAASFQoRS0VZX1NDT1BFX1BST0RVQ0UQARIVChFLRVlfU0NPUEVfQ09OU1VNRRACEhMKD0tFWV9TQ09QRV9BRE1JThADMtYIChBOYW1lc3BhY2VTZXJ2aWNlElgKD0NyZWF0ZU5hbWVzcGFjZRIhLmRlbGF5ZC52MS5DcmVhdGVOYW1lc3BhY2VSZXF1ZXN0GiIuZGVsYXlkLnYxLkNyZWF0ZU5hbWVzcGFjZVJlc3BvbnNlEk8KDEdldE5hbWVzcGFjZRIeLmRlbGF5ZC52MS5HZXROYW1lc3BhY2VSZXF1ZXN0Gh8uZGVsYXlkLnYxLkdldE5hbWVzcGFjZVJlc3BvbnNlElUKDkxpc3ROYW1lc3BhY2VzEiAuZGVsYXlkLnYxLkxpc3ROYW1lc3BhY2VzUmVxdWVzdBohLmRlbGF5ZC52MS5MaXN0TmFtZXNwYWNlc1Jlc3BvbnNlElgKD1VwZGF0ZU5hbWVzcGFjZRIhLmRlbGF5ZC52MS5VcGRhdGVOYW1lc3BhY2VSZXF1ZXN0GiIuZGVsYXlkLnYxLlVwZGF0ZU5hbWVzcGFjZVJlc3BvbnNlElgKD0RlbGV0ZU5hbWVzcGFjZRIhLmRlbGF5ZC52MS5EZWxldGVOYW1lc3BhY2VSZXF1ZXN0GiIuZGVsYXlkLnYxLkRlbGV0ZU5hbWVzcGFjZVJlc3BvbnNlEl4KEUdldE5hbWVzcGFjZVN0YXRzEiMuZGVsYXlkLnYxLkdldE5hbWVzcGFjZVN0YXRzUmVxdWVzdBokLmRlbGF5ZC52MS5HZXROYW1lc3BhY2VTdGF0c1Jlc3BvbnNlElgKD0xpc3REZWFkTGV0dGVycxIhLmRlbGF5ZC52MS5MaXN0RGVhZExldHRlcnNSZXF1ZXN0GiIuZGVsYXlkLnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEmEKElJlcXVldWVEZWFkTGV0dGVycxIkLmRlbGF5ZC52MS5SZXF1ZXVlRGVhZExldHRlcnNSZXF1ZXN0GiUuZGVsYXlkLnYxLlJlcXVldWVEZWFkTGV0dGVyc1Jlc3BvbnNlElsKEFB1cmdlRGVhZExldHRlcnMSIi5kZWxheWQudjEuUHVyZ2VEZWFkTGV0dGVyc1JlcXVlc3QaIy5kZWxheWQudjEuUHVyZ2VEZWFkTGV0dGVyc1Jlc3BvbnNlEkYKCUNyZWF0ZUtleRIbLmRlbGF5ZC52MS5DcmVhdGVLZXlSZXF1ZXN0GhwuZGVsYXlkLnYxLkNyZWF0ZUtleVJlc3BvbnNlEkMKCExpc3RLZXlzEhouZGVsYXlkLnYxLkxpc3RLZXlzUmVxdWVzdBobLmRlbGF5ZC52MS5MaXN0S2V5c1Jlc3BvbnNlEkYKCVJldm9rZUtleRIbLmRlbGF5ZC52MS5SZXZva2VLZXlSZXF1ZXN0GhwuZGVsYXlkLnYxLlJldm9rZUtleVJlc3BvbnNlEj0KBldob0FtSRIYLmRlbGF5ZC52MS5XaG9BbUlSZXF1ZXN0GhkuZGVsYXlkLnYxLldob0FtSVJlc3BvbnNlYgZwcm90bzM", [file_delayd_v1_task, file_google_protobuf_duration, file_google_protobuf_field_mask, file_google_protobuf_timestamp]);
 
 /**
  * Describes the message delayd.v1.NamespacePolicy.
@@ -20,200 +20,207 @@ export const NamespacePolicySchema = /*@__PURE__*/
   messageDesc(file_delayd_v1_namespace, 0);
 
 /**
+ * Describes the message delayd.v1.PushTarget.
+ * Use `create(PushTargetSchema)` to create a new message.
+ */
+export const PushTargetSchema = /*@__PURE__*/
+  messageDesc(file_delayd_v1_namespace, 1);
+
+/**
  * Describes the message delayd.v1.Namespace.
  * Use `create(NamespaceSchema)` to create a new message.
  */
 export const NamespaceSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 1);
+  messageDesc(file_delayd_v1_namespace, 2);
 
 /**
  * Describes the message delayd.v1.CreateNamespaceRequest.
  * Use `create(CreateNamespaceRequestSchema)` to create a new message.
  */
 export const CreateNamespaceRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 2);
+  messageDesc(file_delayd_v1_namespace, 3);
 
 /**
  * Describes the message delayd.v1.CreateNamespaceResponse.
  * Use `create(CreateNamespaceResponseSchema)` to create a new message.
  */
 export const CreateNamespaceResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 3);
+  messageDesc(file_delayd_v1_namespace, 4);
 
 /**
  * Describes the message delayd.v1.GetNamespaceRequest.
  * Use `create(GetNamespaceRequestSchema)` to create a new message.
  */
 export const GetNamespaceRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 4);
+  messageDesc(file_delayd_v1_namespace, 5);
 
 /**
  * Describes the message delayd.v1.GetNamespaceResponse.
  * Use `create(GetNamespaceResponseSchema)` to create a new message.
  */
 export const GetNamespaceResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 5);
+  messageDesc(file_delayd_v1_namespace, 6);
 
 /**
  * Describes the message delayd.v1.ListNamespacesRequest.
  * Use `create(ListNamespacesRequestSchema)` to create a new message.
  */
 export const ListNamespacesRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 6);
+  messageDesc(file_delayd_v1_namespace, 7);
 
 /**
  * Describes the message delayd.v1.ListNamespacesResponse.
  * Use `create(ListNamespacesResponseSchema)` to create a new message.
  */
 export const ListNamespacesResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 7);
+  messageDesc(file_delayd_v1_namespace, 8);
 
 /**
  * Describes the message delayd.v1.UpdateNamespaceRequest.
  * Use `create(UpdateNamespaceRequestSchema)` to create a new message.
  */
 export const UpdateNamespaceRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 8);
+  messageDesc(file_delayd_v1_namespace, 9);
 
 /**
  * Describes the message delayd.v1.UpdateNamespaceResponse.
  * Use `create(UpdateNamespaceResponseSchema)` to create a new message.
  */
 export const UpdateNamespaceResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 9);
+  messageDesc(file_delayd_v1_namespace, 10);
 
 /**
  * Describes the message delayd.v1.DeleteNamespaceRequest.
  * Use `create(DeleteNamespaceRequestSchema)` to create a new message.
  */
 export const DeleteNamespaceRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 10);
+  messageDesc(file_delayd_v1_namespace, 11);
 
 /**
  * Describes the message delayd.v1.DeleteNamespaceResponse.
  * Use `create(DeleteNamespaceResponseSchema)` to create a new message.
  */
 export const DeleteNamespaceResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 11);
+  messageDesc(file_delayd_v1_namespace, 12);
 
 /**
  * Describes the message delayd.v1.GetNamespaceStatsRequest.
  * Use `create(GetNamespaceStatsRequestSchema)` to create a new message.
  */
 export const GetNamespaceStatsRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 12);
+  messageDesc(file_delayd_v1_namespace, 13);
 
 /**
  * Describes the message delayd.v1.GetNamespaceStatsResponse.
  * Use `create(GetNamespaceStatsResponseSchema)` to create a new message.
  */
 export const GetNamespaceStatsResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 13);
+  messageDesc(file_delayd_v1_namespace, 14);
 
 /**
  * Describes the message delayd.v1.ListDeadLettersRequest.
  * Use `create(ListDeadLettersRequestSchema)` to create a new message.
  */
 export const ListDeadLettersRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 14);
+  messageDesc(file_delayd_v1_namespace, 15);
 
 /**
  * Describes the message delayd.v1.ListDeadLettersResponse.
  * Use `create(ListDeadLettersResponseSchema)` to create a new message.
  */
 export const ListDeadLettersResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 15);
+  messageDesc(file_delayd_v1_namespace, 16);
 
 /**
  * Describes the message delayd.v1.RequeueDeadLettersRequest.
  * Use `create(RequeueDeadLettersRequestSchema)` to create a new message.
  */
 export const RequeueDeadLettersRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 16);
+  messageDesc(file_delayd_v1_namespace, 17);
 
 /**
  * Describes the message delayd.v1.RequeueDeadLettersResponse.
  * Use `create(RequeueDeadLettersResponseSchema)` to create a new message.
  */
 export const RequeueDeadLettersResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 17);
+  messageDesc(file_delayd_v1_namespace, 18);
 
 /**
  * Describes the message delayd.v1.PurgeDeadLettersRequest.
  * Use `create(PurgeDeadLettersRequestSchema)` to create a new message.
  */
 export const PurgeDeadLettersRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 18);
+  messageDesc(file_delayd_v1_namespace, 19);
 
 /**
  * Describes the message delayd.v1.PurgeDeadLettersResponse.
  * Use `create(PurgeDeadLettersResponseSchema)` to create a new message.
  */
 export const PurgeDeadLettersResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 19);
+  messageDesc(file_delayd_v1_namespace, 20);
 
 /**
  * Describes the message delayd.v1.Key.
  * Use `create(KeySchema)` to create a new message.
  */
 export const KeySchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 20);
+  messageDesc(file_delayd_v1_namespace, 21);
 
 /**
  * Describes the message delayd.v1.CreateKeyRequest.
  * Use `create(CreateKeyRequestSchema)` to create a new message.
  */
 export const CreateKeyRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 21);
+  messageDesc(file_delayd_v1_namespace, 22);
 
 /**
  * Describes the message delayd.v1.CreateKeyResponse.
  * Use `create(CreateKeyResponseSchema)` to create a new message.
  */
 export const CreateKeyResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 22);
+  messageDesc(file_delayd_v1_namespace, 23);
 
 /**
  * Describes the message delayd.v1.ListKeysRequest.
  * Use `create(ListKeysRequestSchema)` to create a new message.
  */
 export const ListKeysRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 23);
+  messageDesc(file_delayd_v1_namespace, 24);
 
 /**
  * Describes the message delayd.v1.ListKeysResponse.
  * Use `create(ListKeysResponseSchema)` to create a new message.
  */
 export const ListKeysResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 24);
+  messageDesc(file_delayd_v1_namespace, 25);
 
 /**
  * Describes the message delayd.v1.RevokeKeyRequest.
  * Use `create(RevokeKeyRequestSchema)` to create a new message.
  */
 export const RevokeKeyRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 25);
+  messageDesc(file_delayd_v1_namespace, 26);
 
 /**
  * Describes the message delayd.v1.RevokeKeyResponse.
  * Use `create(RevokeKeyResponseSchema)` to create a new message.
  */
 export const RevokeKeyResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 26);
+  messageDesc(file_delayd_v1_namespace, 27);
 
 /**
  * Describes the message delayd.v1.WhoAmIRequest.
  * Use `create(WhoAmIRequestSchema)` to create a new message.
  */
 export const WhoAmIRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 27);
+  messageDesc(file_delayd_v1_namespace, 28);
 
 /**
  * Describes the message delayd.v1.WhoAmIResponse.
  * Use `create(WhoAmIResponseSchema)` to create a new message.
  */
 export const WhoAmIResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_namespace, 28);
+  messageDesc(file_delayd_v1_namespace, 29);
 
 /**
  * Describes the enum delayd.v1.KeyScope.
