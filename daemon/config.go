@@ -109,6 +109,15 @@ type Config struct {
 	// with the count and the worst), so a stall is never silent. If zero,
 	// 1 second (dispatcher.DefaultLateWarn); negative: never.
 	LateWarn time.Duration
+	// PushAllow lists the hosts and CIDR prefixes namespaces may push to
+	// (NamespacePolicy.push), comma-separated: "hooks.example.com",
+	// "*.example.com", "203.0.113.0/24" (see push.Allow for exactly what
+	// each admits; every connection is checked on the address dialed). If
+	// empty, push is disabled: a policy that sets push is refused.
+	PushAllow string
+	// PushConcurrency is the most push requests one namespace has in
+	// flight on one replica. If zero, 16 (dispatcher.DefaultPushConcurrency).
+	PushConcurrency int
 	// ShutdownTimeout bounds shutdown: the dispatcher handing deliveries
 	// back and running calls draining together get this long, then every
 	// connection is closed. If zero, 10 seconds.
@@ -176,6 +185,7 @@ const (
 	DefaultFullReconcileInterval = durable.DefaultFullReconcileInterval
 	DefaultSafetyPoll            = dispatcher.DefaultSafetyPoll
 	DefaultLateWarn              = dispatcher.DefaultLateWarn
+	DefaultPushConcurrency       = dispatcher.DefaultPushConcurrency
 )
 
 // defaultPolicy is the namespace policy a zero Config gives every
@@ -209,6 +219,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LateWarn == 0 {
 		c.LateWarn = DefaultLateWarn
+	}
+	if c.PushConcurrency <= 0 {
+		c.PushConcurrency = DefaultPushConcurrency
 	}
 	return c
 }

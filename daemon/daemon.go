@@ -26,6 +26,7 @@ import (
 	"github.com/delayd/delayd/dispatcher"
 	"github.com/delayd/delayd/metrics"
 	"github.com/delayd/delayd/ops"
+	"github.com/delayd/delayd/push"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -45,6 +46,8 @@ type Daemon struct {
 	redis      *redisConn
 	durable    *durableMode // durable mode (durable.go); nil when Redis-only
 	dispatcher *dispatcher.Dispatcher
+	// pushClient sends HTTP pushes when --push-allow is set; else nil.
+	pushClient *push.Client
 	server     *server.Server
 	lis        net.Listener
 	httpLis    net.Listener // nil when Config.HTTPListen is empty
@@ -229,17 +232,36 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		dispMetrics = m
 	}
 
-	// 3. The dispatcher: pops due tasks for Subscribe streams.
+	// 3. The dispatcher: pops due tasks for Subscribe streams and, with
+	// --push-allow, for the namespaces' HTTP push targets.
+	pushAllow, err := push.ParseAllow(cfg.PushAllow)
+	if err != nil {
+		return nil, fmt.Errorf("--push-allow: %w", err)
+	}
+	var pusher dispatcher.Pusher
+	var pushMetrics dispatcher.PushMetrics
+	if pushAllow.Enabled() {
+		client := push.NewClient(push.ClientOptions{Allow: pushAllow, UserAgent: "delayd/" + build.Version, MaxConnsPerHost: cfg.PushConcurrency})
+		cleanup = append(cleanup, client.Close)
+		pusher, d.pushClient = client, client
+		logger.Info("HTTP push enabled", "allow", pushAllow.String(), "concurrency", cfg.PushConcurrency)
+	}
+	if m != nil {
+		pushMetrics = m
+	}
 	d.dispatcher, err = dispatcher.New(dispatcher.Config{
-		Store:      tasks,
-		Wakeups:    store,
-		Feed:       store,
-		Policies:   ten.registry,
-		Namespaces: namespaces,
-		Logger:     logger.With("component", "dispatcher"),
-		Metrics:    dispMetrics,
-		SafetyPoll: cfg.SafetyPoll,
-		LateWarn:   cfg.LateWarn,
+		Store:           tasks,
+		Wakeups:         store,
+		Feed:            store,
+		Policies:        ten.registry,
+		Namespaces:      namespaces,
+		Logger:          logger.With("component", "dispatcher"),
+		Metrics:         dispMetrics,
+		SafetyPoll:      cfg.SafetyPoll,
+		LateWarn:        cfg.LateWarn,
+		Pusher:          pusher,
+		PushConcurrency: cfg.PushConcurrency,
+		PushMetrics:     pushMetrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dispatcher: %w", err)
@@ -257,6 +279,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Limits:            cfg.Limits,
 		DisableReflection: cfg.DisableReflection,
 		Instrumentation:   instrumentation,
+		PushAllow:         pushAllow,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
@@ -389,7 +412,8 @@ func (d *Daemon) HTTPAddr() string {
 // The order, senders before receivers:
 //  1. health NOT_SERVING, so probes and load balancers send no new work;
 //  2. dispatcher Stop: stop popping, hand back what streams still hold,
-//     end the Subscribe streams;
+//     end the Subscribe streams, cancel push requests in flight (handed
+//     back); then close the push client's idle connections;
 //  3. gRPC GracefulStop and the HTTP edge's shutdown, together: running
 //     unary calls finish; when ctx ends first, the remaining connections
 //     are closed;
@@ -410,7 +434,10 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		}
 		d.server.SetServing(false)        // 1
 		dispErr := d.dispatcher.Stop(ctx) // 2
-		grpcDone := make(chan error, 1)   // 3
+		if d.pushClient != nil {
+			d.pushClient.Close()
+		}
+		grpcDone := make(chan error, 1) // 3
 		go func() {
 			httpErr := make(chan error, 1)
 			go func() { httpErr <- d.server.ShutdownHTTPEdge(ctx) }()

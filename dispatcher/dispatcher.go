@@ -82,6 +82,11 @@
 // policy at every wake (an announced resume wakes it) or at the latest
 // every SafetyPoll.
 //
+// # Push
+//
+// Namespaces with an HTTP push target are served by internal subscribers
+// that POST what they are given (push.go).
+//
 // # Shutdown
 //
 // Stop stops the namespace loops (a pop in progress completes and is
@@ -224,6 +229,17 @@ type Config struct {
 	// DefaultLateWarn; negative: never logged (the lateness histogram still
 	// counts every delivery).
 	LateWarn time.Duration
+	// Pusher, if set, POSTs the due tasks of namespaces whose policy has a
+	// push target (push.go). If nil, push is disabled: such namespaces'
+	// tasks wait.
+	Pusher Pusher
+	// PushConcurrency is the most push requests one namespace has in
+	// flight on this replica (its pusher's max_in_flight). If zero,
+	// DefaultPushConcurrency.
+	PushConcurrency int
+	// PushMetrics receives every push request's outcome. If nil, nothing
+	// is reported.
+	PushMetrics PushMetrics
 	// Liveness is how long a delivery stays leased in the store unless this
 	// replica renews it; the replica renews every Liveness/3, up to the
 	// namespace's ack timeout. A replica that stops (crash, hang) has its
@@ -271,6 +287,12 @@ func (c *Config) setDefaults() {
 	if c.LateWarn == 0 {
 		c.LateWarn = DefaultLateWarn
 	}
+	if c.PushConcurrency <= 0 {
+		c.PushConcurrency = DefaultPushConcurrency
+	}
+	if c.PushMetrics == nil {
+		c.PushMetrics = noPushMetrics{}
+	}
 }
 
 // DefaultLateWarn is Config.LateWarn's default: a task delivered a second or
@@ -301,6 +323,8 @@ type Dispatcher struct {
 	watch   watchers
 	// feed publishes delivery copies when Config.Feed is set; else nil.
 	feed *feedPublisher
+	// push runs the pushers when Config.Pusher is set; else nil.
+	push *pushManager
 }
 
 const (
@@ -318,6 +342,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{})}
 	if cfg.Feed != nil {
 		d.feed = newFeedPublisher(cfg.Feed, cfg.Clock, cfg.StoreTimeout)
+	}
+	if cfg.Pusher != nil {
+		d.push = newPushManager(d)
 	}
 	return d, nil
 }
@@ -349,6 +376,13 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		go func() {
 			defer d.bg.Done()
 			d.feed.run(bgCtx, d.log)
+		}()
+	}
+	if d.push != nil {
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			d.push.run(bgCtx)
 		}()
 	}
 	return nil
@@ -387,7 +421,12 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	}
 	// 3. Wait for the Serve calls (the streams' senders) to return.
 	errServe := waitCtx(ctx, &d.serving)
-	// 4. Stop the wake-up subscription and the sweeper.
+	// 4. Let push requests in flight finish (for half of what is left of
+	// ctx), then stop the wake-up subscription, the sweeper and the
+	// pushers (requests still in flight are canceled and handed back).
+	if d.push != nil {
+		d.push.drain(ctx)
+	}
 	d.cancel()
 	errBg := waitCtx(ctx, &d.bg)
 	if errServe != nil {
@@ -419,6 +458,8 @@ func (d *Dispatcher) Notify(ns string) {
 	d.mu.Unlock()
 	if n != nil {
 		n.poke(n.wake)
+	} else if d.push != nil {
+		d.push.hint(ns, false) // a namespace with a push target starts its pusher
 	}
 }
 
@@ -441,6 +482,8 @@ type Subscriber struct {
 	// Send (the server sends the stream's headers there, so a client knows
 	// it is subscribed). An error ends Serve.
 	Ready func() error
+	// internal marks a pusher (push.go): not counted as a subscriber.
+	internal bool
 }
 
 // Serve registers sub and sends it deliveries until ctx is done (the stream
@@ -471,8 +514,10 @@ func (d *Dispatcher) Serve(ctx context.Context, sub Subscriber) error {
 	d.serving.Add(1)
 	d.mu.Unlock()
 	defer d.serving.Done()
-	d.cfg.Metrics.Subscribers(sub.Namespace, 1)
-	defer d.cfg.Metrics.Subscribers(sub.Namespace, -1)
+	if !sub.internal {
+		d.cfg.Metrics.Subscribers(sub.Namespace, 1)
+		defer d.cfg.Metrics.Subscribers(sub.Namespace, -1)
+	}
 
 	err := d.sendLoop(ctx, n, st, sub)
 	if errors.Is(err, ErrStopped) {
@@ -748,6 +793,9 @@ func (d *Dispatcher) policyChanged(ns string) {
 	if n != nil {
 		n.expirePolicy()
 		n.poke(n.wake)
+	}
+	if d.push != nil {
+		d.push.hint(ns, true) // push set, changed or removed
 	}
 }
 

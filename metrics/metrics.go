@@ -98,6 +98,8 @@ type Metrics struct {
 
 	grpc *grpcMetrics
 
+	push *pushMetrics
+
 	mu  sync.RWMutex
 	nss map[string]*nsChildren
 }
@@ -171,6 +173,7 @@ func New(opts Options) *Metrics {
 		// observation per call, and the latency that varies is the store's,
 		// which delayd_store_call_duration_seconds times per op.
 		grpc: newGRPCMetrics(),
+		push: newPushMetrics(),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "delayd_build_info",
@@ -181,7 +184,7 @@ func New(opts Options) *Metrics {
 	m.reg.MustRegister(
 		m.lateness, m.upserted, m.removed, m.acked, m.nacked, m.expired, m.dead, m.subscribers,
 		m.storeDur, m.storeErr, m.reconcileDur, m.reconcileRepaired, m.reconcileFailed,
-		m.grpc, build,
+		m.grpc, build, m.push.requests, m.push.duration,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -72,6 +72,7 @@ func TestReportsDoNotAllocate(t *testing.T) {
 	tokens := []storage.Token{{}, {}}
 	specs := make([]storage.UpsertSpec, 2)
 	m.Delivered("orders", time.Millisecond) // resolve the children once
+	m.Pushed("orders", storage.PushOK, time.Millisecond)
 	for name, fn := range map[string]func(){
 		"Upsert":      func() { _, _ = s.Upsert(ctx, "orders", specs) },
 		"Remove":      func() { _, _ = s.Remove(ctx, "orders", "t1", storage.Version{}) },
@@ -79,6 +80,7 @@ func TestReportsDoNotAllocate(t *testing.T) {
 		"Extend":      func() { _, _ = s.Extend(ctx, "orders", tokens, time.Second) },
 		"Delivered":   func() { m.Delivered("orders", 3*time.Millisecond) },
 		"Subscribers": func() { m.Subscribers("orders", 1); m.Subscribers("orders", -1) },
+		"Pushed":      func() { m.Pushed("orders", storage.PushTimeout, time.Second) },
 		"Pop":         func() { _, _ = s.Pop(ctx, "orders", storage.PopParams{Limit: 10, LeaseFor: time.Second}) },
 		"Ack":         func() { _, _ = s.Ack(ctx, "orders", tokens) },
 		"Nack":        func() { _, _, _ = s.Nack(ctx, "orders", tokens, storage.NackOptions{}) },
@@ -138,6 +140,34 @@ func TestStoreCountsOutcomes(t *testing.T) {
 	} {
 		if !strings.Contains(body, series) {
 			t.Errorf("exposition lacks %s", series)
+		}
+	}
+}
+
+// TestPushedCountsOutcomes: push requests are counted per namespace and
+// outcome, under the names docs/operating.md gives; namespaces that never
+// push export no push series.
+func TestPushedCountsOutcomes(t *testing.T) {
+	m := New(Options{})
+	m.Delivered("quiet", time.Millisecond)
+	m.Pushed("hooks", storage.PushOK, 10*time.Millisecond)
+	m.Pushed("hooks", storage.PushOK, 10*time.Millisecond)
+	m.Pushed("hooks", storage.PushHTTPError, time.Second)
+	m.Pushed("hooks", storage.PushTimeout, 30*time.Second)
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for series, want := range map[string]bool{
+		`delayd_push_requests_total{namespace="hooks",outcome="ok"} 2`:            true,
+		`delayd_push_requests_total{namespace="hooks",outcome="http_error"} 1`:    true,
+		`delayd_push_requests_total{namespace="hooks",outcome="timeout"} 1`:       true,
+		`delayd_push_requests_total{namespace="hooks",outcome="connect_error"} 0`: true,
+		`delayd_push_requests_total{namespace="hooks",outcome="refused"} 0`:       true,
+		`delayd_push_request_duration_seconds_count{namespace="hooks"} 4`:         true,
+		`delayd_push_requests_total{namespace="quiet"`:                            false,
+	} {
+		if got := strings.Contains(string(body), series); got != want {
+			t.Errorf("exposition contains %s: %v, want %v", series, got, want)
 		}
 	}
 }

@@ -74,8 +74,15 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	if err != nil {
 		return toStatus(ctx, s.logger, err)
 	}
-	if _, err := policyOrCreate(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
+	pol, err := policyOrCreate(ctx, s.opts.Tenancy, s.logger, ns)
+	if err != nil {
 		return err
+	}
+	if pol.Push.Enabled() {
+		// Its due tasks go to the push target; a stream would take a share
+		// of them from it.
+		return status.Errorf(codes.FailedPrecondition,
+			"namespace %q delivers its tasks to its HTTP push target (policy.push.url); Subscribe is refused while push is set: turn push off (update policy.push with an empty url) to consume over Subscribe", ns)
 	}
 	// Per-namespace subscriber and rate limits belong here, before Serve
 	// (the policy above carries MaxSubscribers; Dispatcher.Subscribers(ns)

@@ -71,6 +71,11 @@ const (
 	maxDispatchRate = 1_000_000
 	minMaxDelay     = time.Second
 	maxMaxDelay     = 3660 * 24 * time.Hour
+	// Push target bounds: the URL (the allow list checks it further) and
+	// the HMAC secret.
+	maxPushURLBytes    = 2048
+	minPushSecretBytes = 16
+	maxPushSecretBytes = 1024
 )
 
 var policyFields = []policyField{
@@ -230,6 +235,34 @@ var policyFields = []policyField{
 		},
 		same: func(a, b storage.Policy) bool { return a.Shards == b.Shards },
 	},
+	{
+		// Not a quota: the operator's allow list (--push-allow) bounds
+		// where a namespace admin may point it (checkPush). An empty url
+		// turns push off; an absent secret keeps the stored one.
+		name: "push",
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			p := src.GetPush()
+			if p.GetUrl() == "" {
+				if p.GetSecret() != "" {
+					return invalidf(f+".url", "is empty while a secret is given; allowed: the URL to push to, or no push at all (no url, no secret) to turn push off")
+				}
+				dst.Push = storage.PushTarget{}
+				return nil
+			}
+			if n := len(p.GetUrl()); n > maxPushURLBytes {
+				return invalidf(f+".url", "is %d bytes; allowed: at most %d", n, maxPushURLBytes)
+			}
+			if n := len(p.GetSecret()); n > 0 && (n < minPushSecretBytes || n > maxPushSecretBytes) {
+				return invalidf(f+".secret", "is %d bytes; allowed: %d-%d bytes (a random string of at least 32 characters is best)", n, minPushSecretBytes, maxPushSecretBytes)
+			}
+			dst.Push.URL = p.GetUrl()
+			if p.GetSecret() != "" {
+				dst.Push.Secret = p.GetSecret()
+			}
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.Push == b.Push },
+	},
 }
 
 // policyDuration reads a policy duration: unset or zero = 0 (the server
@@ -279,7 +312,42 @@ func policyToProto(p storage.Policy) *delaydv1.NamespacePolicy {
 		Paused:            p.Paused,
 		MaxDispatchRate:   p.MaxDispatchRate,
 		Shards:            int32(min(max(p.Shards, 1), storage.MaxShards)),
+		Push:              pushToProto(p.Push),
 	}
+}
+
+// pushToProto is the wire form of a push target: never the secret, only
+// whether one is stored.
+func pushToProto(t storage.PushTarget) *delaydv1.PushTarget {
+	if !t.Enabled() {
+		return nil
+	}
+	return &delaydv1.PushTarget{Url: t.URL, SecretSet: t.Secret != ""}
+}
+
+// checkPushURL refuses a push URL this server may not push to: push
+// disabled (FailedPrecondition naming the flag), or a URL the operator's
+// allow list does not admit (InvalidArgument naming the field and what is
+// allowed). It may resolve the URL's host, so it runs before the
+// registry's update.
+func (s *namespaceService) checkPushURL(ctx context.Context, field, url string) error {
+	if s.opts.PushAllow == nil || !s.opts.PushAllow.Enabled() {
+		return status.Errorf(codes.FailedPrecondition,
+			"%s: push is disabled on this server; the operator enables it by listing the allowed hosts or CIDRs in --push-allow (environment DELAYD_PUSH_ALLOW)", field)
+	}
+	if err := s.opts.PushAllow.CheckURL(ctx, url); err != nil {
+		return invalidf(field, "%s", err.Error())
+	}
+	return nil
+}
+
+// checkPushSecret refuses a push target without a secret: there is
+// nothing to sign its requests with.
+func checkPushSecret(prefix string, eff storage.Policy) error {
+	if eff.Push.Enabled() && eff.Push.Secret == "" {
+		return invalidf(prefix+"push.secret", "is required when push is set (%d-%d bytes); it signs every request (Delayd-Signature)", minPushSecretBytes, maxPushSecretBytes)
+	}
+	return nil
 }
 
 // defaults returns the server default policy.
@@ -333,12 +401,25 @@ func (s *namespaceService) CreateNamespace(ctx context.Context, req *delaydv1.Cr
 	if err := checkConsistent("namespace.policy.", pol.WithDefaults(s.defaults())); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
+	if pol.Push.Enabled() {
+		if err := s.checkPushURL(ctx, "namespace.policy.push.url", pol.Push.URL); err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+		if err := checkPushSecret("namespace.policy.", pol); err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+	}
 	n, err := reg.CreateNamespace(ctx, storage.Namespace{Name: name, Policy: pol})
 	if errors.Is(err, storage.ErrAlreadyExists) {
 		return nil, status.Errorf(codes.AlreadyExists, "namespace %q already exists", name)
 	}
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("create namespace: %w", err))
+	}
+	if pol.Push.Enabled() {
+		// Every replica starts pushing the namespace now, not when its
+		// first task is upserted.
+		s.opts.Subscriptions.PolicyChanged(ctx, name)
 	}
 	s.audit(ctx, "namespace created", slog.String("namespace", name))
 	return &delaydv1.CreateNamespaceResponse{Namespace: s.namespaceToProto(n)}, nil
@@ -421,6 +502,12 @@ func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.Up
 			return nil, toStatus(ctx, s.logger, err)
 		}
 	}
+	pushMasked := slices.ContainsFunc(fields, func(f policyField) bool { return f.name == "push" })
+	if pushMasked && scratch.Push.Enabled() {
+		if err := s.checkPushURL(ctx, "namespace.policy.push.url", scratch.Push.URL); err != nil {
+			return nil, toStatus(ctx, s.logger, err)
+		}
+	}
 	p := principalFrom(ctx)
 	defaults := s.defaults()
 	n, err := reg.UpdateNamespace(ctx, name, func(cur storage.Policy) (storage.Policy, error) {
@@ -438,6 +525,9 @@ func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.Up
 					"(a task's shard is a hash of its id modulo the count; moving tasks between shards without losing or "+
 					"duplicating one is not supported): create a new namespace with the shards wanted and move producers to it",
 				newEff.Shards, oldEff.Shards)
+		}
+		if err := checkPushSecret("namespace.policy.", newEff); err != nil {
+			return storage.Policy{}, err
 		}
 		if p != nil && !p.global() {
 			for _, f := range fields {

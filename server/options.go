@@ -90,6 +90,15 @@ type Subscriptions interface {
 
 var _ Subscriptions = (*dispatcher.Dispatcher)(nil)
 
+// PushAllow decides which push URLs a namespace may set.
+type PushAllow interface {
+	// Enabled reports whether push is on at all.
+	Enabled() bool
+	// CheckURL returns nil when raw may be a push target; otherwise an
+	// error, written for the client, saying why and what is allowed.
+	CheckURL(ctx context.Context, raw string) error
+}
+
 // Options are the parts and limits a Server is built from.
 type Options struct {
 	// Logger for request logs and errors. If nil, logs are discarded.
@@ -129,6 +138,12 @@ type Options struct {
 	// Auth configures API-key authentication; see AuthOptions for when it
 	// is on. ResolveAuth builds it from the daemon's flags.
 	Auth AuthOptions
+	// PushAllow, if set and enabled, is the operator's list of HTTP push
+	// destinations: a namespace policy may set push only to a URL it
+	// admits (*push.Allow implements it). If nil or empty, push is
+	// disabled: a policy that sets push is refused.
+	PushAllow PushAllow
+
 	// TLS, if non-nil, makes the listener speak TLS with this configuration
 	// (mTLS when it requires client certificates); LoadTLSConfig builds it
 	// from PEM files. If nil, plaintext.
