@@ -77,16 +77,10 @@ func (rc *receiver) requests() []pushReq {
 	return append([]pushReq(nil), rc.reqs...)
 }
 
-// waitFor polls cond until it holds or e2eWait passes.
+// waitFor waits until cond holds, for at most e2eWait.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(e2eWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, e2eWait)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, e2eWait, what, cond)
 }
 
 // newPushEnv starts a replica allowing pushes to allow and creates the
