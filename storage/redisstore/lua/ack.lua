@@ -40,7 +40,10 @@ for i = 0, n - 1 do
   local id = ids[i + 1]
   local st = 3
   if not done[id] then
-    local mark = ARGV[j + 1] .. ',' .. ARGV[j + 2] .. ',' .. ARGV[j + 3]
+    local mark
+    if marks then
+      mark = ARGV[j + 1] .. ',' .. ARGV[j + 2] .. ',' .. ARGV[j + 3]
+    end
     st = token_check(hs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
       tonumber(ARGV[j + 3]))
     if st == 1 then
@@ -58,6 +61,10 @@ for i = 0, n - 1 do
 end
 flush('ZREM', KEYS[1], gone)
 flush('HDEL', KEYS[2], gone)
-flush('HDEL', KEYS[3], gone)
+-- body entries exist only for payloads too large to be inline: most
+-- namespaces have no body HASH at all
+if #gone > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  flush('HDEL', KEYS[3], gone)
+end
 flush('HSET', KEYS[4], mset)
 return out

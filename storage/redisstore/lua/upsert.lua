@@ -72,7 +72,9 @@ end
 local olds = redis.call('HMGET', KEYS[4], unpack(ids))
 local first = head(KEYS[1])
 local wake = false
-local pending = {} -- id -> {h, due, payload} written by this call
+-- id -> header, due time and payload written by this call (three tables,
+-- not a table per task)
+local pend_h, pend_due, pend_p = {}, {}, {}
 -- the header of a task this call creates, up to its kind length: a new
 -- incarnation (now_us), generation 1, never delivered, created and updated
 -- now (both stored as differences: empty)
@@ -101,10 +103,10 @@ for i = 0, n - 1 do
   end
   local winc, wgen = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
   local kind, payload = ARGV[j + 5], ARGV[j + 6]
-  local pend = pending[id]
+  local pend = pend_h[id]
   local old = olds[i + 1]
   if pend then
-    old = pend.h
+    old = pend
   end
   local oinc, ogen, ocreated, odseq
   if old then
@@ -148,7 +150,7 @@ for i = 0, n - 1 do
   if keep then
     local st, sc, p
     if pend then
-      st, sc, p = 1, pend.due, pend.payload
+      st, sc, p = 1, pend_due[id], pend_p[id]
     elseif old then
       st, sc = locate(KEYS[1], KEYS[2], KEYS[3], id)
       p = redis.call('HGET', KEYS[5], id) or ''
@@ -178,14 +180,16 @@ for i = 0, n - 1 do
     push(hset, id, h)
     if body[id] == nil then
       border[#border + 1] = id
-      stored[id] = olds[i + 1] ~= nil
+      if olds[i + 1] then
+        stored[id] = true
+      end
     end
     if inl then
       body[id] = ''
     else
       body[id] = payload
     end
-    pending[id] = {h = h, due = due, payload = payload}
+    pend_h[id], pend_due[id], pend_p[id] = h, due, payload
     if first == nil or due < first then
       first = due
       code = code + 2
