@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -245,5 +246,26 @@ func checkDocDefault(t *testing.T, fs *flag.FlagSet, doc, name, text string) {
 	}
 	if got := probe.Lookup(name).Value.String(); got != fl.DefValue {
 		t.Errorf("%s: --%s default %q, but --help says %q", doc, name, strings.TrimSpace(text), fl.DefValue)
+	}
+}
+
+// TestSetGCPercent: the delayd command collects garbage at GOGC=400 unless
+// the environment says otherwise; a GOGC in the environment is left to the
+// Go runtime.
+func TestSetGCPercent(t *testing.T) {
+	prev := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(prev) })
+	if got := setGCPercent(func(string) string { return "" }); got != DefaultGCPercent {
+		t.Fatalf("setGCPercent without GOGC = %d, want %d", got, DefaultGCPercent)
+	}
+	if now := debug.SetGCPercent(100); now != DefaultGCPercent {
+		t.Errorf("GC percent after setGCPercent = %d, want %d", now, DefaultGCPercent)
+	}
+	env := map[string]string{"GOGC": "50"}
+	if got := setGCPercent(func(k string) string { return env[k] }); got != -1 {
+		t.Errorf("setGCPercent with GOGC=50 = %d, want -1 (untouched)", got)
+	}
+	if now := debug.SetGCPercent(100); now != 100 {
+		t.Errorf("GC percent with GOGC set = %d, want the runtime's 100 untouched", now)
 	}
 }
