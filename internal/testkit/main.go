@@ -16,9 +16,10 @@ import (
 // the test Redis every namespace named with a Suffix of this process that
 // a test left behind (a namespace a server auto-created, one a failed test
 // did not clean), and fails the run if a goroutine outlived the tests
-// (goleak, with opts).
+// (goleak, with opts). It stops the SharedCluster, if a test started one.
 func Main(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
+	stopShared()
 	if n, err := sweep(RedisURL()); err != nil {
 		fmt.Fprintf(os.Stderr, "testkit: sweeping test namespaces: %v\n", err)
 	} else if n > 0 && testing.Verbose() {

@@ -2,6 +2,8 @@ package testkit
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,5 +126,38 @@ func TestLaggingReplicaAndRetarget(t *testing.T) {
 	}
 	if c.Get(ctx, "before").Val() != "1" {
 		t.Fatal("after the failover the promoted replica lacks what it had replicated")
+	}
+}
+
+// TestSharedCluster: the shared cluster has 3 masters, each with one synced
+// replica, answers through a ClusterClient, and a second call returns the
+// same cluster.
+func TestSharedCluster(t *testing.T) {
+	c := SharedCluster(t)
+	if SharedCluster(t) != c {
+		t.Fatal("SharedCluster started a second cluster")
+	}
+	ctx := context.Background()
+	masters, err := c.MasterNodes(ctx)
+	if err != nil || len(masters) != 3 || len(c.Nodes) != 6 {
+		t.Fatalf("masters = %d of %d nodes (%v), want 3 of 6", len(masters), len(c.Nodes), err)
+	}
+	for _, m := range masters {
+		cl := m.Client()
+		repl, err := cl.Info(ctx, "replication").Result()
+		cl.Close()
+		if err != nil || infoField(repl, "connected_slaves") != "1" {
+			t.Errorf("master %s: connected_slaves = %q (%v), want 1", m.Addr, infoField(repl, "connected_slaves"), err)
+		}
+	}
+	cc := c.Client()
+	defer cc.Close()
+	for i := range 30 {
+		if err := cc.Set(ctx, fmt.Sprintf("k%d", i), i, 0).Err(); err != nil {
+			t.Fatalf("SET through the cluster: %v", err)
+		}
+	}
+	if !strings.HasPrefix(c.URL(), "redis-cluster://127.0.0.1:") {
+		t.Errorf("URL = %q", c.URL())
 	}
 }

@@ -1,10 +1,15 @@
 package redisstore
 
 import (
+	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/storetest"
 )
 
@@ -29,12 +34,21 @@ func TestConformanceEmbedded(t *testing.T) {
 	runConformance(t, testMiniClient(t))
 }
 
-// TestConformanceCluster runs the suite against a two-master Redis Cluster
-// through a ClusterClient: every script's keys must hash to one slot
-// (Redis refuses cross-slot scripts), and wake-ups cross nodes.
+// TestConformanceCluster runs the suite against the shared 3-master,
+// 3-replica Redis Cluster (testkit.SharedCluster) through a ClusterClient:
+// every script's keys must hash to one slot (Redis refuses cross-slot
+// scripts), and wake-ups cross nodes.
 func TestConformanceCluster(t *testing.T) {
 	t.Parallel()
-	runConformance(t, startCluster(t, 2))
+	runConformance(t, sharedClusterClient(t))
+}
+
+// sharedClusterClient is a ClusterClient of testkit.SharedCluster, closed
+// when t ends.
+func sharedClusterClient(t *testing.T) *redis.ClusterClient {
+	cc := testkit.SharedCluster(t).Client()
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 // TestConformanceSplitScripts runs the suite with a script byte budget so
@@ -59,9 +73,54 @@ func TestConformanceSharded(t *testing.T) {
 	runConformanceSharded(t, testRedisClient(t), Options{Shards: FixedShards(4)})
 }
 
-// TestConformanceShardedCluster is TestConformanceSharded on a Redis
-// Cluster: each shard of a namespace has its own slot.
+// TestConformanceShardedCluster is TestConformanceSharded on the shared
+// 3-master, 3-replica cluster: each shard of a namespace has its own slot.
 func TestConformanceShardedCluster(t *testing.T) {
 	t.Parallel()
-	runConformanceSharded(t, startCluster(t, 2), Options{Shards: FixedShards(4)})
+	runConformanceSharded(t, sharedClusterClient(t), Options{Shards: FixedShards(6)})
+}
+
+// TestShardsOnEveryMaster: a namespace of 6 shards on a 3-master cluster
+// has keys on every master, 2 shards each (shardTag spreads the shards over
+// the slot space), and its tasks spread over all 6 shards.
+func TestShardsOnEveryMaster(t *testing.T) {
+	t.Parallel()
+	cl := testkit.SharedCluster(t)
+	s := New(sharedClusterClient(t), Options{Shards: FixedShards(6)})
+	ns := storetest.Namespace(t)
+	ctx := t.Context()
+	var specs []storage.UpsertSpec
+	for i := range 600 {
+		specs = append(specs, storage.UpsertSpec{ID: fmt.Sprintf("task-%d", i), Delay: time.Hour})
+	}
+	if _, err := s.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = s.DropNamespace(context.Background(), ns, 0) })
+	masters, err := cl.MasterNodes(ctx)
+	if err != nil || len(masters) != 3 {
+		t.Fatalf("masters: %d, %v", len(masters), err)
+	}
+	tags := map[string]bool{}
+	for _, m := range masters {
+		c := m.Client()
+		keys, err := c.Keys(ctx, "delayd:{"+ns+"#*}:due").Result()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) != 2 {
+			t.Errorf("master %s holds the due sets %v; want 2 of the 6 shards", m.Addr, keys)
+		}
+		for _, k := range keys {
+			tags[k] = true
+		}
+	}
+	if len(tags) != 6 {
+		t.Errorf("due sets of %d shards, want 6", len(tags))
+	}
+	st, err := s.Stats(ctx, ns)
+	if err != nil || st.Scheduled != 600 {
+		t.Fatalf("Stats = %+v, %v; want 600 scheduled summed over the shards", st, err)
+	}
 }

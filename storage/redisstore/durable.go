@@ -67,7 +67,7 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, fo
 
 // restoreShard is Restore of tasks of shard sh.
 func (s *Store) restoreShard(ctx context.Context, ns string, sh int, tasks []storage.Task, force bool) (int, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.life}
 	flag := "0"
 	if force {
@@ -146,7 +146,7 @@ func (s *Store) Versions(ctx context.Context, ns string, ids []string) ([]storag
 
 // versionsShard is Versions for ids of shard sh.
 func (s *Store) versionsShard(ctx context.Context, ns string, sh int, ids []string) ([]storage.Version, []storage.Token, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	vs := make([]storage.Version, 0, len(ids))
 	marks := make([]storage.Token, 0, len(ids))
 	err := chunks(len(ids), func(lo, hi int) error {
@@ -233,7 +233,7 @@ func (s *Store) ClearAcked(ctx context.Context, ns string, marks []storage.Token
 
 // clearAckedShard is ClearAcked for markers of shard sh.
 func (s *Store) clearAckedShard(ctx context.Context, ns string, sh int, marks []storage.Token) (int, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	dropped := 0
 	err := chunks(len(marks), func(lo, hi int) error {
 		args := make([]any, 0, 2*(hi-lo))
@@ -328,7 +328,7 @@ func (s *Store) Forget(ctx context.Context, ns string, vs []storage.Version) (in
 
 // forgetShard is Forget for versions of shard sh.
 func (s *Store) forgetShard(ctx context.Context, ns string, sh int, vs []storage.Version) (int, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	removed := 0
 	err := chunks(len(vs), func(lo, hi int) error {
 		args := make([]any, 0, 1+3*(hi-lo))
@@ -361,7 +361,7 @@ func (s *Store) Indexed(ctx context.Context, ns string) (bool, error) {
 	err = fanOut(allShards(n), func(sh int) error {
 		ctx, cancel := context.WithTimeout(ctx, s.timeout)
 		defer cancel()
-		c, err := s.rdb.Exists(ctx, keysFor(ns, sh).indexed).Result()
+		c, err := s.rdb.Exists(ctx, s.keysOf(ns, sh).indexed).Result()
 		if err != nil {
 			return wrapErr("indexed", err)
 		}
@@ -383,7 +383,7 @@ func (s *Store) MarkIndexed(ctx context.Context, ns string) error {
 	return fanOut(allShards(n), func(sh int) error {
 		ctx, cancel := context.WithTimeout(ctx, s.timeout)
 		defer cancel()
-		if err := s.rdb.Set(ctx, keysFor(ns, sh).indexed, "1", 0).Err(); err != nil {
+		if err := s.rdb.Set(ctx, s.keysOf(ns, sh).indexed, "1", 0).Err(); err != nil {
 			return wrapErr("mark indexed", err)
 		}
 		return nil

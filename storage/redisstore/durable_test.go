@@ -296,8 +296,8 @@ func TestNamespaces(t *testing.T) {
 	}
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		s := New(startCluster(t, 2), Options{})
-		// enough namespaces that both masters hold some
+		s := New(sharedClusterClient(t), Options{})
+		// enough namespaces that every master holds some
 		var names []string
 		ctx := context.Background()
 		for range 8 {

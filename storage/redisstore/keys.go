@@ -3,6 +3,7 @@ package redisstore
 import (
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/delayd/delayd/storage"
 )
@@ -10,8 +11,9 @@ import (
 // This file is the only place Redis keys and channels are built: read it to
 // see the whole key space.
 //
-// Per namespace ns and shard k (one shard, k = 0, for now), every key shares
-// the hash tag {ns#k}, so each script's keys sit in one Redis Cluster slot:
+// Per namespace ns and shard k, every key shares the hash tag {ns#k} (one
+// shard: {ns#0}; several: {ns#k} or {ns#k~s}, see shardTag), so each
+// script's keys sit in one Redis Cluster slot:
 //
 //	delayd:{ns#k}:due       ZSET  task id -> due time (Unix ms)
 //	delayd:{ns#k}:inflight  ZSET  task id -> lease deadline (Unix ms)
@@ -111,15 +113,20 @@ type nsKeys struct {
 // traceOf is the trace-context key of task id (in this shard).
 func (k nsKeys) traceOf(id string) string { return k.trace + id }
 
-// hashTag returns "{ns#k}", the hash tag every key of shard k of ns shares.
+// hashTag returns "{ns#k}", the hash tag every key of shard k of a
+// one-shard namespace ns shares (see shardTag for several shards).
 func hashTag(ns string, shard int) string {
 	return "{" + ns + "#" + strconv.Itoa(shard) + "}"
 }
 
-// keysFor builds the keys of shard k of namespace ns. ns must have passed
+// keysFor builds the keys of shard k of a namespace ns of one shard (the
+// layout of every namespace before sharding; tests). ns must have passed
 // storage.ValidateNamespace; shard must be >= 0.
-func keysFor(ns string, shard int) nsKeys {
-	p := keyPrefix + hashTag(ns, shard) + ":"
+func keysFor(ns string, shard int) nsKeys { return keysForN(ns, shard, 1) }
+
+// keysForN builds the keys of shard k of namespace ns of n shards.
+func keysForN(ns string, shard, n int) nsKeys {
+	p := keyPrefix + "{" + shardTag(ns, shard, n) + "}:"
 	return nsKeys{
 		due:      p + "due",
 		inflight: p + "inflight",
@@ -187,3 +194,61 @@ func registryKeysKey() string { return keyPrefix + registryTag + ":keys" }
 // registryNamespaceKeysKey is the ZSET of the key ids of namespace ns (a
 // valid name, or "*" for the global keys), scored by creation time (ms).
 func registryNamespaceKeysKey(ns string) string { return keyPrefix + registryTag + ":nskeys:" + ns }
+
+// clusterSlots is the number of Redis Cluster hash slots.
+const clusterSlots = 16384
+
+// slotOf is the Redis Cluster slot of a hash tag's content: CRC16 (XMODEM,
+// as Redis's cluster.c) modulo 16384.
+func slotOf(tag string) int {
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % clusterSlots
+}
+
+// tagCache holds shardTag's answers: (ns, k, n) -> tag content.
+var tagCache sync.Map
+
+type tagKey struct {
+	ns   string
+	k, n int
+}
+
+// shardTag is the hash tag content of shard k of a namespace of n shards.
+// One shard: "ns#0", the layout of every namespace before sharding. Several:
+// "ns#k" if its slot falls in the k-th of n equal slices of the slot space,
+// else "ns#k~s" with the smallest s >= 1 that does. So the shards of a
+// namespace spread evenly over the slot space, and a cluster whose masters
+// own equal slot ranges (as `redis-cli --cluster create` makes them) gets
+// an even share of every namespace's shards: 6 shards on 3 masters are 2
+// on each, where plain CRC16 of "ns#k" would leave a master without any
+// about one time in four.
+func shardTag(ns string, k, n int) string {
+	if n <= 1 {
+		return ns + "#" + strconv.Itoa(k)
+	}
+	key := tagKey{ns, k, n}
+	if v, ok := tagCache.Load(key); ok {
+		return v.(string)
+	}
+	lo, hi := k*clusterSlots/n, (k+1)*clusterSlots/n
+	base := ns + "#" + strconv.Itoa(k)
+	tag := base
+	for s := 1; ; s++ {
+		if slot := slotOf(tag); slot >= lo && slot < hi {
+			break
+		}
+		tag = base + "~" + strconv.Itoa(s)
+	}
+	tagCache.Store(key, tag)
+	return tag
+}

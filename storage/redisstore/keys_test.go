@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -128,6 +129,40 @@ func TestShardOf(t *testing.T) {
 	for sh := range 6 {
 		if seen[sh] < 800 || seen[sh] > 1200 {
 			t.Errorf("shard %d of 6 got %d of 6000 ids; want about 1000", sh, seen[sh])
+		}
+	}
+}
+
+// TestShardTag: one shard keeps the layout from before sharding ({ns#0});
+// several spread evenly over the slot space (shard k in the k-th of n equal
+// slices), and Redis's own CLUSTER KEYSLOT agrees with slotOf.
+func TestShardTag(t *testing.T) {
+	if got := shardTag("orders", 0, 1); got != "orders#0" {
+		t.Errorf("shardTag(orders, 0, 1) = %q, want orders#0", got)
+	}
+	for _, n := range []int{2, 3, 6, 16, 256} {
+		for k := range n {
+			tag := shardTag("orders", k, n)
+			if slot := slotOf(tag); slot < k*clusterSlots/n || slot >= (k+1)*clusterSlots/n {
+				t.Errorf("shard %d of %d: tag %q in slot %d, outside its slice", k, n, tag, slot)
+			}
+			if ns, ok := namespaceOfKey(keysForN("orders", k, n).due); !ok || ns != "orders" {
+				t.Errorf("namespaceOfKey(%q) = %q, %v", keysForN("orders", k, n).due, ns, ok)
+			}
+		}
+	}
+	if got := slotOf("123456789"); got != 0x31C3 { // CRC16/XMODEM's check value
+		t.Errorf("slotOf(123456789) = %#x, want 0x31c3", got)
+	}
+	c := testkit.SharedCluster(t).Nodes[0].Client()
+	defer c.Close()
+	for _, tag := range []string{"orders#0", "a", "orders#5~3", "123456789"} {
+		want, err := c.ClusterKeySlot(t.Context(), "x{"+tag+"}y").Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT: %v", err)
+		}
+		if got := slotOf(tag); int64(got) != want {
+			t.Errorf("slotOf(%q) = %d, CLUSTER KEYSLOT says %d", tag, got, want)
 		}
 	}
 }

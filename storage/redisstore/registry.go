@@ -474,7 +474,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 	}
 	counts := make([]int64, n)
 	err = fanOut(allShards(n), func(sh int) error {
-		k := keysFor(ns, sh)
+		k := s.keysOf(ns, sh)
 		v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace,
 			[]string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy, k.life}, max(incarnation, 0))
 		if err != nil {

@@ -156,7 +156,8 @@ func (r *RegistryShards) Shards(ctx context.Context, ns string) (int, error) {
 // Forget implements ShardCounter.
 func (r *RegistryShards) Forget(ns string) { r.cache.Delete(ns) }
 
-// shardCount is ns's shard count: 1 without Options.Shards.
+// shardCount is ns's shard count: 1 without Options.Shards. It remembers
+// the count for keysOf.
 func (s *Store) shardCount(ctx context.Context, ns string) (int, error) {
 	if s.shards == nil {
 		return 1, nil
@@ -165,11 +166,26 @@ func (s *Store) shardCount(ctx context.Context, ns string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return min(max(n, 1), MaxShards), nil
+	n = min(max(n, 1), MaxShards)
+	if v, ok := s.counts.Load(ns); !ok || v.(int) != n {
+		s.counts.Store(ns, n)
+	}
+	return n, nil
+}
+
+// keysOf are the keys of shard sh of ns, for the shard count the call that
+// got here read (every method reads it first, through shardCount).
+func (s *Store) keysOf(ns string, sh int) nsKeys {
+	n := 1
+	if v, ok := s.counts.Load(ns); ok {
+		n = v.(int)
+	}
+	return keysForN(ns, sh, n)
 }
 
 // forgetShards drops the cached shard count of ns.
 func (s *Store) forgetShards(ns string) {
+	s.counts.Delete(ns)
 	if s.shards != nil {
 		s.shards.Forget(ns)
 	}
@@ -181,7 +197,7 @@ func (s *Store) taskKeys(ctx context.Context, ns, id string) (nsKeys, error) {
 	if err != nil {
 		return nsKeys{}, err
 	}
-	return keysFor(ns, shardOf(id, n)), nil
+	return keysForN(ns, shardOf(id, n), n), nil
 }
 
 // fanOutWidth bounds the script calls one fan-out has in flight at once.
@@ -468,7 +484,7 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 		window = storage.KindScanWindow
 	}
 	err := fanOut(allShards(n), func(sh int) error {
-		k := keysFor(ns, sh)
+		k := s.keysOf(ns, sh)
 		args := []any{limit, window}
 		if window > 0 {
 			for _, kind := range p.Kinds {
@@ -503,7 +519,7 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	// A rate cap: the namespace's one bucket (in shard 0) grants the
 	// tokens first; what the shards do not use is given back.
 	granted := want
-	rateKey := keysFor(ns, 0).rate
+	rateKey := s.keysOf(ns, 0).rate
 	burst := max(p.Burst, 1)
 	if p.MaxRate > 0 {
 		v, err := s.run(ctx, "pop", scripts.rateTake, []string{rateKey}, strconv.FormatFloat(p.MaxRate, 'g', -1, 64), burst, want, 0)
@@ -683,7 +699,7 @@ func (s *Store) hscanShards(ctx context.Context, op, ns string, key func(nsKeys)
 	if sh >= n {
 		return nil, 0, fmt.Errorf("%s: %w", op, storage.ErrInvalidCursor)
 	}
-	kv, next, err := s.hscan(ctx, op, key(keysFor(ns, sh)), inner, count)
+	kv, next, err := s.hscan(ctx, op, key(s.keysOf(ns, sh)), inner, count)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -25,6 +25,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -106,6 +107,7 @@ type Store struct {
 	co       coalescer
 	shards   ShardCounter  // Options.Shards
 	reapTurn atomic.Uint32 // rotates a sharded Reap's remainder
+	counts   sync.Map      // ns -> its shard count as last read (keysOf)
 }
 
 var (
@@ -316,7 +318,7 @@ func (s *Store) ClaimIncarnation(ctx context.Context, ns string, inc int64) erro
 
 // claimShard is ClaimIncarnation for shard sh (whose life key it checks).
 func (s *Store) claimShard(ctx context.Context, ns string, sh int, inc int64) error {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	rep, err := s.runSlice(ctx, "claim incarnation", scripts.upsert,
 		[]string{k.due, k.inflight, k.dead, k.meta, k.body, k.life}, s.wake, ns, 0, inc)
 	if err != nil {
@@ -345,7 +347,7 @@ func nsIncarnation(specs []storage.UpsertSpec) int64 {
 // storage.ErrNamespaceEnded (a call split in several stops at the first
 // refused one).
 func (s *Store) upsertScript(ctx context.Context, ns string, sh int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.life}
 	nsInc := nsIncarnation(specs)
 	out := make([]storage.UpsertResult, 0, len(specs))
@@ -544,7 +546,7 @@ func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTask
 
 // removeIDsShard deletes ids (all of shard sh) and says how many it deleted.
 func (s *Store) removeIDsShard(ctx context.Context, ns string, sh int, ids []string) (int64, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
 	{
 		args := make([]any, 0, 1+len(ids))
@@ -578,7 +580,7 @@ var walkStates = []storage.State{storage.StateScheduled, storage.StateDelivered,
 // walk runs removetasks.lua's walk from p.Cursor until p.Limit tasks were
 // examined or the walk is done.
 func (s *Store) walkShard(ctx context.Context, ns string, sh int, p storage.RemoveTasksParams, dry bool) ([]storage.Version, string, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
 	state, score, id, err := parseWalkCursor(p.Cursor, p.Filter.State)
 	if err != nil {
@@ -710,7 +712,7 @@ func (s *Store) listShard(ctx context.Context, ns string, sh int, p storage.List
 	if state == storage.StateUnspecified {
 		state = storage.StateScheduled
 	}
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	var set string
 	switch state {
 	case storage.StateScheduled:
@@ -818,7 +820,7 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 
 // popShard is Pop of shard sh.
 func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopParams) ([]storage.Delivery, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	// ARGV as documented in lua/pop.lua.
 	rate := max(p.MaxRate, 0)
 	args := []any{min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0}
@@ -965,7 +967,7 @@ func (s *Store) ack(ctx context.Context, ns string, tokens []storage.Token, mark
 
 // ackShard is ack for tokens of shard sh.
 func (s *Store) ackShard(ctx context.Context, ns string, sh int, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	flag := "0"
 	if marks {
 		flag = "1"
@@ -1069,7 +1071,7 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 
 // nackShard is Nack for tokens of shard sh.
 func (s *Store) nackShard(ctx context.Context, ns string, sh int, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta}
 	statuses := make([]storage.TokenStatus, 0, len(tokens))
 	var movedTasks []storage.Moved
@@ -1137,7 +1139,7 @@ func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, b
 
 // extendShard is Extend for tokens of shard sh.
 func (s *Store) extendShard(ctx context.Context, ns string, sh int, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	out := make([]storage.ExtendResult, 0, len(tokens))
 	err := byteChunks(len(tokens), s.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
 		args := make([]any, 0, 2+tokenArity*(hi-lo))
@@ -1187,7 +1189,7 @@ func (s *Store) Reap(ctx context.Context, ns string, limit int, opts storage.Nac
 
 // reapShard is Reap of shard sh.
 func (s *Store) reapShard(ctx context.Context, ns string, sh int, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	args := make([]any, 0, 11)
 	args = append(args, s.wake, ns)
 	args = append(args, retryArgs(opts.RetryAfter, opts)...)
@@ -1232,7 +1234,7 @@ func (s *Store) NextWake(ctx context.Context, ns string) (next, now time.Time, o
 
 // nextWakeShard is NextWake of shard sh.
 func (s *Store) nextWakeShard(ctx context.Context, ns string, sh int) (next, now time.Time, ok bool, err error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	rep, err := s.runSlice(ctx, "next wake", scripts.nextWake, []string{k.due, k.inflight})
 	if err != nil {
 		return time.Time{}, time.Time{}, false, err
@@ -1282,7 +1284,7 @@ func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams)
 
 // requeueShard is Requeue of shard sh.
 func (s *Store) requeueShard(ctx context.Context, ns string, sh int, p storage.RequeueParams) ([]storage.Moved, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	keys := []string{k.due, k.dead, k.meta}
 	var out []storage.Moved
 	call := func(ids []string) error {
@@ -1349,7 +1351,7 @@ func (s *Store) PurgeVersions(ctx context.Context, ns string, p storage.PurgePar
 
 // purgeShard is PurgeVersions of shard sh.
 func (s *Store) purgeShard(ctx context.Context, ns string, sh int, p storage.PurgeParams) ([]storage.Version, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	keys := []string{k.dead, k.meta, k.body}
 	var out []storage.Version
 	call := func(ids []string) error {
@@ -1413,7 +1415,7 @@ func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 
 // statsShard is Stats of shard sh.
 func (s *Store) statsShard(ctx context.Context, ns string, sh int) (storage.Stats, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	rep, err := s.runSlice(ctx, "stats", scripts.stats, []string{k.due, k.inflight, k.dead})
 	if err != nil {
 		return storage.Stats{}, err
@@ -1452,7 +1454,7 @@ func (s *Store) DueKinds(ctx context.Context, ns string) (storage.DueKinds, erro
 
 // dueKindsShard is DueKinds of shard sh.
 func (s *Store) dueKindsShard(ctx context.Context, ns string, sh int) (storage.DueKinds, error) {
-	k := keysFor(ns, sh)
+	k := s.keysOf(ns, sh)
 	rep, err := s.runSlice(ctx, "due kinds", scripts.dueKinds, []string{k.due, k.meta}, storage.KindScanWindow)
 	if err != nil {
 		return storage.DueKinds{}, err

@@ -46,7 +46,7 @@ func (s *Store) writeTraces(ctx context.Context, ns string, n int, specs []stora
 			if i >= len(res) || res[i].Stale || res[i].Refused != storage.NotRefused {
 				continue
 			}
-			key := traceKey(ns, shardOf(specs[i].ID, n), specs[i].ID)
+			key := keysForN(ns, shardOf(specs[i].ID, n), n).traceOf(specs[i].ID)
 			if tp := specs[i].TraceParent; tp != "" {
 				p.SetArgs(ctx, key, tp, redis.SetArgs{ExpireAt: res[i].Task.DueTime.Add(traceRetention)})
 				res[i].Task.TraceParent = tp
@@ -84,7 +84,7 @@ func (s *Store) restoreTraces(ctx context.Context, ns string, sh int, tasks []st
 			if t.TraceParent == "" || t.State == storage.StateDead {
 				continue
 			}
-			p.SetArgs(ctx, traceKey(ns, sh, t.ID), t.TraceParent, redis.SetArgs{Mode: "NX", ExpireAt: t.DueTime.Add(traceRetention)})
+			p.SetArgs(ctx, s.keysOf(ns, sh).traceOf(t.ID), t.TraceParent, redis.SetArgs{Mode: "NX", ExpireAt: t.DueTime.Add(traceRetention)})
 		}
 		return nil
 	})
@@ -109,7 +109,7 @@ func (s *Store) readTrace(ctx context.Context, k nsKeys, id string) string {
 func (s *Store) readTraces(ctx context.Context, ns string, sh int, dels []storage.Delivery) {
 	keys := make([]string, len(dels))
 	for i := range dels {
-		keys[i] = traceKey(ns, sh, dels[i].Task.ID)
+		keys[i] = s.keysOf(ns, sh).traceOf(dels[i].Task.ID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
