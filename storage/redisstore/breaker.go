@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -133,5 +134,83 @@ func (h breakerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		err := next(ctx, cmds)
 		h.b.done(err, time.Since(start), probe, time.Now())
 		return err
+	}
+}
+
+// On a Redis Cluster one breaker for the whole client would turn one dead
+// master into an outage of every shard: slotBreakers keeps a breaker per
+// hash slot of the command's first key (a namespace shard is one slot), and
+// one for commands without a key (PUBLISH, TIME). A failover moves a slot
+// to the promoted replica; its breaker lets one probe through per openFor
+// window and closes on the first answer.
+type slotBreakers struct {
+	openFor, tripAfter time.Duration
+	mu                 sync.Mutex
+	m                  map[int]*breaker // slot (-1: no key) -> breaker
+}
+
+func (s *slotBreakers) of(slot int) *breaker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.m[slot]
+	if !ok {
+		b = &breaker{openFor: s.openFor, tripAfter: s.tripAfter}
+		s.m[slot] = b
+	}
+	return b
+}
+
+// cmdSlot is the slot of cmd's first key, -1 when it has none.
+func cmdSlot(cmd redis.Cmder) int {
+	args := cmd.Args()
+	pos := 1
+	switch strings.ToLower(cmd.Name()) {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		if len(args) < 4 || fmt.Sprint(args[2]) == "0" {
+			return -1
+		}
+		pos = 3
+	case "publish", "spublish", "subscribe", "psubscribe", "time", "ping", "info", "cluster", "hello", "auth", "select", "client", "command", "readonly":
+		return -1
+	}
+	if len(args) <= pos {
+		return -1
+	}
+	key, ok := args[pos].(string)
+	if !ok {
+		return -1
+	}
+	return keySlot(key)
+}
+
+// keySlot is the Redis Cluster slot of key (its hash tag's, if it has one).
+func keySlot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return slotOf(key)
+}
+
+// clusterBreakerHook applies slotBreakers to every command and pipeline of
+// a ClusterClient (a pipeline goes by its first command's slot).
+type clusterBreakerHook struct{ s *slotBreakers }
+
+func (h clusterBreakerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h clusterBreakerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return breakerHook{h.s.of(cmdSlot(cmd))}.ProcessHook(next)(ctx, cmd)
+	}
+}
+
+func (h clusterBreakerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		slot := -1
+		if len(cmds) > 0 {
+			slot = cmdSlot(cmds[0])
+		}
+		return breakerHook{h.s.of(slot)}.ProcessPipelineHook(next)(ctx, cmds)
 	}
 }

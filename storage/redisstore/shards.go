@@ -200,6 +200,10 @@ func (s *Store) taskKeys(ctx context.Context, ns, id string) (nsKeys, error) {
 	return keysForN(ns, shardOf(id, n), n), nil
 }
 
+// shardRetry is how soon a sharded NextWake asks again when a shard did
+// not answer (its master failing over).
+const shardRetry = 100 * time.Millisecond
+
 // fanOutWidth bounds the script calls one fan-out has in flight at once.
 const fanOutWidth = 32
 
@@ -228,6 +232,43 @@ func fanOut(shards []int, fn func(sh int) error) error {
 		}
 	}
 	return nil
+}
+
+// fanOutEach is fanOut answering every shard's error (nil where it
+// worked), in the order given.
+func fanOutEach(shards []int, fn func(sh int) error) []error {
+	errs := make([]error, len(shards))
+	sem := make(chan struct{}, fanOutWidth)
+	var wg sync.WaitGroup
+	for i, sh := range shards {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = fn(sh)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// partial sums up fanOutEach: the first error when every shard failed, and
+// whether any did.
+func partial(errs []error) (allFailed error, anyFailed bool) {
+	failed := 0
+	var first error
+	for _, err := range errs {
+		if err != nil {
+			failed++
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	if failed == len(errs) && first != nil {
+		return first, true
+	}
+	return nil, failed > 0
 }
 
 // allShards is 0..n-1.
@@ -483,7 +524,9 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	if len(p.Kinds) > 0 {
 		window = storage.KindScanWindow
 	}
-	err := fanOut(allShards(n), func(sh int) error {
+	// A shard that cannot be read (its master failing over) is left out of
+	// this pop: the shards on the other masters keep delivering.
+	errs := fanOutEach(allShards(n), func(sh int) error {
 		k := s.keysOf(ns, sh)
 		args := []any{limit, window}
 		if window > 0 {
@@ -505,7 +548,7 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 		}
 		return nil
 	})
-	if err != nil {
+	if err, _ := partial(errs); err != nil {
 		return nil, err
 	}
 	all := slices.Concat(heads...)
@@ -548,7 +591,7 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	q := p
 	q.MaxRate = 0
 	got := make([][]storage.Delivery, n)
-	err = fanOut(shards, func(sh int) error {
+	err := fanOut(shards, func(sh int) error {
 		qq := q
 		qq.Limit = counts[sh]
 		var err error
@@ -614,21 +657,30 @@ func (s *Store) nextWakeSharded(ctx context.Context, ns string, n int) (next, no
 		ok        bool
 	}
 	as := make([]ans, n)
-	err = fanOut(allShards(n), func(sh int) error {
+	errs := fanOutEach(allShards(n), func(sh int) error {
 		a, b, c, err := s.nextWakeShard(ctx, ns, sh)
 		as[sh] = ans{a, b, c}
 		return err
 	})
+	err, anyFailed := partial(errs)
 	if err != nil {
 		return time.Time{}, time.Time{}, false, err
 	}
-	for _, a := range as {
+	for i, a := range as {
+		if errs[i] != nil {
+			continue
+		}
 		if a.now.After(now) {
 			now = a.now
 		}
 		if a.ok && (!ok || a.next.Before(next)) {
 			next, ok = a.next, true
 		}
+	}
+	// A shard that did not answer may have work at any time: look again
+	// soon rather than sleep past it.
+	if soon := now.Add(shardRetry); anyFailed && (!ok || next.After(soon)) {
+		next, ok = soon, true
 	}
 	return next, now, ok, nil
 }

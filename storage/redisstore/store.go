@@ -137,7 +137,14 @@ func New(client redis.UniversalClient, opts Options) *Store {
 	}
 	// Fail fast once Redis is known down (see breaker). Only calls that
 	// waited half the store timeout (at most 1 s) count as evidence.
-	client.AddHook(breakerHook{&breaker{openFor: time.Second, tripAfter: min(s.timeout/2, time.Second)}})
+	// On a cluster, per slot: one dead master is not an outage of the
+	// shards on the others.
+	openFor, tripAfter := time.Second, min(s.timeout/2, time.Second)
+	if _, ok := client.(*redis.ClusterClient); ok {
+		client.AddHook(clusterBreakerHook{&slotBreakers{openFor: openFor, tripAfter: tripAfter, m: map[int]*breaker{}}})
+	} else {
+		client.AddHook(breakerHook{&breaker{openFor: openFor, tripAfter: tripAfter}})
+	}
 	return s
 }
 
@@ -147,9 +154,22 @@ func (s *Store) run(ctx context.Context, op string, sc *redis.Script, keys []str
 	defer cancel()
 	v, err := sc.Run(ctx, s.rdb, keys, args...).Result()
 	if err != nil {
+		s.reloadOnFailure(err)
 		return nil, wrapErr(op, err)
 	}
 	return v, nil
+}
+
+// reloadOnFailure asks a ClusterClient to reload the slot map when a call
+// could not reach a node: go-redis reloads it on its own only on a MOVED
+// reply (which a dead master never sends) or every minute, so without this
+// the calls of a failed-over slot keep going to the dead master long after
+// its replica was promoted. Reloads are throttled by go-redis (one at a
+// time, 200 ms apart).
+func (s *Store) reloadOnFailure(err error) {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok && unavailable(err) {
+		cc.ReloadState(context.Background())
+	}
 }
 
 // runSlice runs a script that answers an array.
