@@ -62,6 +62,15 @@ type Policy struct {
 	// MaxDispatchRate caps the namespace's deliveries per second across
 	// every replica; 0 = unlimited.
 	MaxDispatchRate float64 `json:"max_dispatch_rate"`
+	// PushURL, if set, is the HTTP endpoint the namespace's due tasks are
+	// POSTed to instead of being served to Subscribe streams (only to
+	// hosts the server's --push-allow admits); "" = no push.
+	PushURL string `json:"push_url,omitempty"`
+	// PushSecret signs push requests (16-1024 bytes). Write-only: sent,
+	// never answered; empty in an update keeps the stored one.
+	PushSecret string `json:"-"`
+	// PushSecretSet, in answers, says a push secret is stored.
+	PushSecretSet bool `json:"push_secret_set,omitempty"`
 }
 
 // PolicyFields are the names UpdateNamespace accepts in its fields list, in
@@ -69,7 +78,7 @@ type Policy struct {
 var PolicyFields = []string{
 	"ack_timeout", "max_attempts", "backoff_initial", "backoff_max", "backoff_multiplier",
 	"max_payload_bytes", "max_pending_tasks", "rate_limit", "rate_burst", "max_subscribers", "max_delay",
-	"paused", "max_dispatch_rate",
+	"paused", "max_dispatch_rate", "push",
 }
 
 func (p Policy) proto() *delaydv1.NamespacePolicy {
@@ -93,7 +102,15 @@ func (p Policy) proto() *delaydv1.NamespacePolicy {
 		MaxDelay:          d(p.MaxDelay),
 		Paused:            p.Paused,
 		MaxDispatchRate:   p.MaxDispatchRate,
+		Push:              pushProto(p.PushURL, p.PushSecret),
 	}
+}
+
+func pushProto(url, secret string) *delaydv1.PushTarget {
+	if url == "" && secret == "" {
+		return nil
+	}
+	return &delaydv1.PushTarget{Url: url, Secret: secret}
 }
 
 func policyFromProto(p *delaydv1.NamespacePolicy) Policy {
@@ -111,6 +128,8 @@ func policyFromProto(p *delaydv1.NamespacePolicy) Policy {
 		MaxDelay:          p.GetMaxDelay().AsDuration(),
 		Paused:            p.GetPaused(),
 		MaxDispatchRate:   p.GetMaxDispatchRate(),
+		PushURL:           p.GetPush().GetUrl(),
+		PushSecretSet:     p.GetPush().GetSecretSet(),
 	}
 }
 
@@ -221,6 +240,15 @@ type Stats struct {
 	OldestDueLateness time.Duration `json:"oldest_due_lateness"`
 	// Paused: the namespace's policy stops its deliveries.
 	Paused bool `json:"paused"`
+	// MaxDispatchRate is the namespace's cap on deliveries per second
+	// across every replica; 0 = unlimited.
+	MaxDispatchRate float64 `json:"max_dispatch_rate"`
+	// Push: the namespace's tasks go to its HTTP push target.
+	Push bool `json:"push"`
+	// DueByKind counts due tasks per kind ("" = no kind) over the first
+	// 1,000 due tasks; DueByKindPartial says more were due.
+	DueByKind        map[string]int64 `json:"due_by_kind,omitempty"`
+	DueByKindPartial bool             `json:"due_by_kind_partial,omitempty"`
 }
 
 // Stats returns namespace name's counts.
@@ -236,6 +264,10 @@ func (a *Admin) Stats(ctx context.Context, name string) (Stats, error) {
 		DueNow:            resp.GetDueNow(),
 		OldestDueLateness: resp.GetOldestDueLateness().AsDuration(),
 		Paused:            resp.GetPaused(),
+		MaxDispatchRate:   resp.GetMaxDispatchRate(),
+		Push:              resp.GetPush(),
+		DueByKind:         resp.GetDueByKind(),
+		DueByKindPartial:  resp.GetDueByKindPartial(),
 	}, nil
 }
 

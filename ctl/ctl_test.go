@@ -43,7 +43,14 @@ const adminKey = "delayctl-test-admin-key-0123456789"
 // free loopback port, and returns its address.
 func delayd(t *testing.T) string {
 	t.Helper()
-	d, err := daemon.Start(t.Context(), daemon.Config{Listen: "127.0.0.1:0", AdminKey: adminKey}, slog.New(slog.DiscardHandler))
+	return delaydWith(t, daemon.Config{})
+}
+
+// delaydWith is delayd with cfg's other settings.
+func delaydWith(t *testing.T, cfg daemon.Config) string {
+	t.Helper()
+	cfg.Listen, cfg.AdminKey = "127.0.0.1:0", adminKey
+	d, err := daemon.Start(t.Context(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("daemon.Start: %v", err)
 	}
@@ -445,4 +452,47 @@ func TestGoldenConditionalAndBulk(t *testing.T) {
 		{code: 0, args: args("task list shop")},
 	})
 	golden(t, "conditional_bulk", got)
+}
+
+// TestGoldenDeliveryControls: the delivery controls of issue 16 through
+// delayctl: pause and the dispatch-rate cap in the stats table, the due
+// tasks per kind under it, and a push target set, refused, re-keyed and
+// turned off, its secret never printed.
+func TestGoldenDeliveryControls(t *testing.T) {
+	addr := delaydWith(t, daemon.Config{PushAllow: "hooks.example.com"})
+	ctx := t.Context()
+	const secret = "push-secret-ZYXWVUTSRQPONMLK"
+	got := scenario(t, ctx, addr, []step{
+		{code: 0, args: args("ns create shop")},
+		{code: 0, args: args("ns update shop --paused --max-dispatch-rate 50")},
+		{code: 0, args: args("task upsert shop a1 --delay 0s --kind order.close")},
+		{code: 0, args: args("task upsert shop a2 --delay 0s --kind order.close")},
+		{code: 0, args: args("task upsert shop b1 --delay 0s --kind order.remind")},
+		{code: 0, args: args("task upsert shop c1 --delay 0s")},
+		{code: 0, args: args("ns stats shop")},
+		{code: 0, args: args("ns stats shop -o json")},
+		{code: 0, args: args("ns update shop --paused=false --max-dispatch-rate 0")},
+		{code: 0, args: args("ns create hooks --push-url https://hooks.example.com/delayd --push-secret " + secret)},
+		{code: 0, args: args("ns get hooks -o json")},
+		{code: 1, args: args("ns update hooks --push-url http://169.254.169.254/latest")},
+		{code: 1, args: args("ns create nosecret --push-url https://hooks.example.com/x")},
+		{code: 0, args: args("ns update hooks --push-secret another-secret-QWERTYUIOP")},
+		{code: 0, args: args("ns update hooks --push-url https://hooks.example.com/v2")},
+		{code: 0, args: args("ns stats hooks")},
+		{code: 0, args: []string{"ns", "update", "hooks", "--push-url="}},
+		{code: 2, args: args("ns update shop --push-secret another-secret-QWERTYUIOP")},
+	})
+	for _, s := range []string{secret, "another-secret-QWERTYUIOP"} {
+		if strings.Count(got, s) != strings.Count(got, "--push-secret "+s) {
+			t.Errorf("the push secret %q is printed outside the command lines:\n%s", s, got)
+		}
+	}
+	// How late the oldest due task is differs between runs.
+	got = regexp.MustCompile(`("oldest_due_lateness": )"[^"]+"`).ReplaceAllString(got, `$1"<lateness>"`)
+	got = regexp.MustCompile(`(?m)^(shop +(?:\d+ +){4})\S+`).ReplaceAllString(got, "${1}<lateness>")
+	// and so does the width of that column.
+	got = regexp.MustCompile(`(?m)^(NAMESPACE|shop) .*$`).ReplaceAllStringFunc(got, func(line string) string {
+		return strings.Join(strings.Fields(line), " ")
+	})
+	golden(t, "delivery_controls", got)
 }

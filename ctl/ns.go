@@ -2,6 +2,8 @@ package ctl
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -47,7 +49,10 @@ func nsCommand(g *globals) *cobra.Command {
 					return err
 				}
 				return g.emit(viewStats(s), func() error {
-					return g.table(statsHeader, [][]string{statsRow(args[0], s)})
+					if err := g.table(statsHeader, [][]string{statsRow(args[0], s)}); err != nil {
+						return err
+					}
+					return g.dueByKind(s)
 				})
 			},
 		},
@@ -55,11 +60,44 @@ func nsCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
-var statsHeader = []string{"NAMESPACE", "SCHEDULED", "DUE NOW", "DELIVERED", "DEAD", "OLDEST DUE LATENESS"}
+var statsHeader = []string{"NAMESPACE", "SCHEDULED", "DUE NOW", "DELIVERED", "DEAD", "OLDEST DUE LATENESS", "PAUSED", "MAX RATE", "DELIVERY"}
 
 func statsRow(ns string, s client.Stats) []string {
 	i := func(v int64) string { return strconv.FormatInt(v, 10) }
-	return []string{ns, i(s.Scheduled), i(s.DueNow), i(s.Delivered), i(s.Dead), s.OldestDueLateness.String()}
+	rate := "unlimited"
+	if s.MaxDispatchRate > 0 {
+		rate = strconv.FormatFloat(s.MaxDispatchRate, 'g', -1, 64) + "/s"
+	}
+	delivery := "subscribe"
+	if s.Push {
+		delivery = "push"
+	}
+	return []string{ns, i(s.Scheduled), i(s.DueNow), i(s.Delivered), i(s.Dead), s.OldestDueLateness.String(),
+		strconv.FormatBool(s.Paused), rate, delivery}
+}
+
+// dueByKind prints, below the stats of one namespace, its due tasks per
+// kind (nothing when none is due).
+func (g *globals) dueByKind(s client.Stats) error {
+	if len(s.DueByKind) == 0 {
+		return nil
+	}
+	kinds := slices.Sorted(maps.Keys(s.DueByKind))
+	rows := make([][]string, 0, len(kinds))
+	for _, k := range kinds {
+		name := k
+		if name == "" {
+			name = "(none)"
+		}
+		rows = append(rows, []string{name, strconv.FormatInt(s.DueByKind[k], 10)})
+	}
+	if s.DueByKindPartial {
+		rows = append(rows, []string{"(first 1000 due tasks only)", ""})
+	}
+	if _, err := fmt.Fprintln(g.stdout); err != nil {
+		return err
+	}
+	return g.table([]string{"KIND", "DUE NOW"}, rows)
 }
 
 // nsList prints every namespace with its stats.
@@ -114,6 +152,8 @@ func namespaceFields(n client.Namespace) [][2]string {
 		{"max_delay", d(p.MaxDelay)},
 		{"paused", strconv.FormatBool(p.Paused)},
 		{"max_dispatch_rate", f(p.MaxDispatchRate)},
+		{"push_url", orDash(p.PushURL)},
+		{"push_secret", map[bool]string{true: "set (write-only)", false: "-"}[p.PushSecretSet]},
 	}
 }
 
@@ -133,6 +173,8 @@ func policyFlags(fs *pflag.FlagSet, p *client.Policy) {
 	fs.DurationVar(&p.MaxDelay, "max-delay", 0, "furthest ahead a task may be due (0 = default 366 days)")
 	fs.BoolVar(&p.Paused, "paused", false, "stop deliveries on every replica (--paused=false resumes them)")
 	fs.Float64Var(&p.MaxDispatchRate, "max-dispatch-rate", 0, "deliveries per second across all replicas (0 = unlimited)")
+	fs.StringVar(&p.PushURL, "push-url", "", "POST due tasks to this http(s) URL instead of serving Subscribe streams; a host the server's --push-allow admits; '' turns push off")
+	fs.StringVar(&p.PushSecret, "push-secret", "", "HMAC-SHA256 key signing push requests (16-1024 bytes; required with the first --push-url; kept when not given)")
 }
 
 // nsWriteCommand is "ns create" or "ns update": update changes only the
@@ -157,8 +199,22 @@ func nsWriteCommand(g *globals, verb string) *cobra.Command {
 						fields = append(fields, f)
 					}
 				}
+				if cmd.Flags().Changed("push-url") || cmd.Flags().Changed("push-secret") {
+					fields = append(fields, "push")
+				}
 				if len(fields) == 0 {
 					return usagef("ns update: give at least one policy flag (see --help)")
+				}
+				if cmd.Flags().Changed("push-secret") && !cmd.Flags().Changed("push-url") {
+					// A new secret alone: keep the URL the namespace has.
+					cur, err := a.GetNamespace(cmd.Context(), args[0])
+					if err != nil {
+						return err
+					}
+					if cur.Policy.PushURL == "" {
+						return usagef("ns update: --push-secret needs --push-url: %s has no push target", args[0])
+					}
+					p.PushURL = cur.Policy.PushURL
 				}
 				n, err = a.UpdateNamespace(cmd.Context(), args[0], p, fields)
 			}

@@ -72,6 +72,8 @@ type policyView struct {
 	MaxDelay          string  `json:"max_delay"`
 	Paused            bool    `json:"paused"`
 	MaxDispatchRate   float64 `json:"max_dispatch_rate"`
+	PushURL           string  `json:"push_url,omitempty"`
+	PushSecretSet     bool    `json:"push_secret_set,omitempty"`
 }
 
 // namespaceView is a namespace for JSON.
@@ -93,6 +95,7 @@ func viewNamespace(n client.Namespace) namespaceView {
 			MaxPayloadBytes: p.MaxPayloadBytes, MaxPendingTasks: p.MaxPendingTasks, RateLimit: p.RateLimit,
 			RateBurst: p.RateBurst, MaxSubscribers: p.MaxSubscribers, MaxDelay: p.MaxDelay.String(),
 			Paused: p.Paused, MaxDispatchRate: p.MaxDispatchRate,
+			PushURL: p.PushURL, PushSecretSet: p.PushSecretSet,
 		},
 		CreateTime: tsPtr(n.CreateTime),
 		UpdateTime: tsPtr(n.UpdateTime),
@@ -101,17 +104,22 @@ func viewNamespace(n client.Namespace) namespaceView {
 
 // statsView is a namespace's counts for JSON.
 type statsView struct {
-	Scheduled         int64  `json:"scheduled"`
-	DueNow            int64  `json:"due_now"`
-	Delivered         int64  `json:"delivered"`
-	Dead              int64  `json:"dead"`
-	OldestDueLateness string `json:"oldest_due_lateness"`
-	Paused            bool   `json:"paused"`
+	Scheduled         int64            `json:"scheduled"`
+	DueNow            int64            `json:"due_now"`
+	Delivered         int64            `json:"delivered"`
+	Dead              int64            `json:"dead"`
+	OldestDueLateness string           `json:"oldest_due_lateness"`
+	Paused            bool             `json:"paused"`
+	MaxDispatchRate   float64          `json:"max_dispatch_rate"`
+	Push              bool             `json:"push"`
+	DueByKind         map[string]int64 `json:"due_by_kind,omitempty"`
+	DueByKindPartial  bool             `json:"due_by_kind_partial,omitempty"`
 }
 
 func viewStats(s client.Stats) *statsView {
 	return &statsView{Scheduled: s.Scheduled, DueNow: s.DueNow, Delivered: s.Delivered, Dead: s.Dead,
-		OldestDueLateness: s.OldestDueLateness.String(), Paused: s.Paused}
+		OldestDueLateness: s.OldestDueLateness.String(), Paused: s.Paused, MaxDispatchRate: s.MaxDispatchRate,
+		Push: s.Push, DueByKind: s.DueByKind, DueByKindPartial: s.DueByKindPartial}
 }
 
 // tsPtr is a time for JSON: nil (omitted) when unset.

@@ -67,6 +67,8 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 		Paused:            pol.Paused,
 		DueByKind:         dk.Counts,
 		DueByKindPartial:  dk.Partial,
+		MaxDispatchRate:   pol.MaxDispatchRate,
+		Push:              pol.Push.Enabled(),
 	}
 	if st.DueNow > 0 && !st.OldestDue.IsZero() && st.OldestDue.Before(st.Now) {
 		resp.OldestDueLateness = durationpb.New(st.Now.Sub(st.OldestDue))

@@ -983,8 +983,14 @@ type GetNamespaceStatsResponse struct {
 	DueByKind map[string]int64 `protobuf:"bytes,7,rep,name=due_by_kind,json=dueByKind,proto3" json:"due_by_kind,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// More than 1,000 tasks are due: due_by_kind covers the first 1,000.
 	DueByKindPartial bool `protobuf:"varint,8,opt,name=due_by_kind_partial,json=dueByKindPartial,proto3" json:"due_by_kind_partial,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The namespace's dispatch-rate cap in deliveries per second across
+	// every replica (NamespacePolicy.max_dispatch_rate); 0 = unlimited.
+	MaxDispatchRate float64 `protobuf:"fixed64,9,opt,name=max_dispatch_rate,json=maxDispatchRate,proto3" json:"max_dispatch_rate,omitempty"`
+	// The namespace's tasks are POSTed to its HTTP push target
+	// (NamespacePolicy.push) rather than served to Subscribe streams.
+	Push          bool `protobuf:"varint,10,opt,name=push,proto3" json:"push,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetNamespaceStatsResponse) Reset() {
@@ -1069,6 +1075,20 @@ func (x *GetNamespaceStatsResponse) GetDueByKind() map[string]int64 {
 func (x *GetNamespaceStatsResponse) GetDueByKindPartial() bool {
 	if x != nil {
 		return x.DueByKindPartial
+	}
+	return false
+}
+
+func (x *GetNamespaceStatsResponse) GetMaxDispatchRate() float64 {
+	if x != nil {
+		return x.MaxDispatchRate
+	}
+	return 0
+}
+
+func (x *GetNamespaceStatsResponse) GetPush() bool {
+	if x != nil {
+		return x.Push
 	}
 	return false
 }
@@ -1996,7 +2016,7 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x17DeleteNamespaceResponse\x12#\n" +
 	"\rdeleted_tasks\x18\x01 \x01(\x03R\fdeletedTasks\"8\n" +
 	"\x18GetNamespaceStatsRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xa9\x03\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xe9\x03\n" +
 	"\x19GetNamespaceStatsResponse\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\x03R\tscheduled\x12\x1c\n" +
 	"\tdelivered\x18\x02 \x01(\x03R\tdelivered\x12\x12\n" +
@@ -2005,7 +2025,10 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x13oldest_due_lateness\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x11oldestDueLateness\x12\x16\n" +
 	"\x06paused\x18\x06 \x01(\bR\x06paused\x12S\n" +
 	"\vdue_by_kind\x18\a \x03(\v23.delayd.v1.GetNamespaceStatsResponse.DueByKindEntryR\tdueByKind\x12-\n" +
-	"\x13due_by_kind_partial\x18\b \x01(\bR\x10dueByKindPartial\x1a<\n" +
+	"\x13due_by_kind_partial\x18\b \x01(\bR\x10dueByKindPartial\x12*\n" +
+	"\x11max_dispatch_rate\x18\t \x01(\x01R\x0fmaxDispatchRate\x12\x12\n" +
+	"\x04push\x18\n" +
+	" \x01(\bR\x04push\x1a<\n" +
 	"\x0eDueByKindEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x9b\x01\n" +

@@ -546,6 +546,22 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
    * @generated from field: bool due_by_kind_partial = 8;
    */
   dueByKindPartial: boolean;
+
+  /**
+   * The namespace's dispatch-rate cap in deliveries per second across
+   * every replica (NamespacePolicy.max_dispatch_rate); 0 = unlimited.
+   *
+   * @generated from field: double max_dispatch_rate = 9;
+   */
+  maxDispatchRate: number;
+
+  /**
+   * The namespace's tasks are POSTed to its HTTP push target
+   * (NamespacePolicy.push) rather than served to Subscribe streams.
+   *
+   * @generated from field: bool push = 10;
+   */
+  push: boolean;
 };
 
 /**
