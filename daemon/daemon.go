@@ -277,6 +277,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Auth:              ten.auth,
 		TLS:               ten.tls,
 		Limits:            cfg.Limits,
+		SharedLimits:      store, // the Redis store in both modes: limits hold across replicas
 		DisableReflection: cfg.DisableReflection,
 		Instrumentation:   instrumentation,
 		PushAllow:         pushAllow,

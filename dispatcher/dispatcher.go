@@ -694,12 +694,53 @@ func (d *Dispatcher) nack(ctx context.Context, ns string, tokens []storage.Token
 
 // Settle frees the credit of deliveries of ns that an ack or nack on this
 // replica answered (whatever the per-token status), and lets the namespace
-// pop for it. Tokens not held by a local stream are ignored.
-func (d *Dispatcher) Settle(ns string, tokens []storage.Token) {
+// pop for it. Of the tokens no local stream holds, those the store settled
+// (settled[i] true; nil: none) are announced to every replica over the
+// wake-up channel (storage.Wakeups.PublishSettled), so the replica whose
+// stream holds them frees their credit now instead of when their leases
+// end. Announcing blocks for at most StoreTimeout; a failure is logged
+// (the credit then comes back at lease end).
+func (d *Dispatcher) Settle(ctx context.Context, ns string, tokens []storage.Token, settled []bool) {
 	d.mu.Lock()
 	n := d.nss[ns]
 	d.mu.Unlock()
-	if n != nil && n.settle(tokens) > 0 {
+	var elsewhere []storage.Token
+	if n != nil {
+		held := n.settle(tokens)
+		if len(held) > 0 {
+			n.poke(n.credit)
+		}
+		for i, tok := range tokens {
+			if i < len(settled) && settled[i] && !held[tok] {
+				elsewhere = append(elsewhere, tok)
+			}
+		}
+	} else {
+		for i, tok := range tokens {
+			if i < len(settled) && settled[i] {
+				elsewhere = append(elsewhere, tok)
+			}
+		}
+	}
+	if len(elsewhere) == 0 || d.cfg.Wakeups == nil {
+		return
+	}
+	// The deliveries are settled whether or not the caller waits on.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.StoreTimeout)
+	defer cancel()
+	if err := d.cfg.Wakeups.PublishSettled(ctx, ns, elsewhere); err != nil {
+		d.log.LogAttrs(ctx, slog.LevelDebug, "dispatcher: announcing settled deliveries to the other replicas failed; their streams get the credit back when the leases end",
+			slog.String("namespace", ns), slog.Int("deliveries", len(elsewhere)), slog.String("error", err.Error()))
+	}
+}
+
+// settledElsewhere frees the credit of deliveries another replica settled
+// (a Settled wake-up) that a stream of this replica holds.
+func (d *Dispatcher) settledElsewhere(ns string, tokens []storage.Token) {
+	d.mu.Lock()
+	n := d.nss[ns]
+	d.mu.Unlock()
+	if n != nil && len(n.settle(tokens)) > 0 {
 		n.poke(n.credit)
 	}
 }
@@ -754,6 +795,10 @@ func (d *Dispatcher) runWakeups(ctx context.Context) {
 // the head of a namespace, or a changed policy (the cached one is dropped
 // and the namespace's loop re-reads it at once).
 func (d *Dispatcher) wakeup(w storage.Wakeup) {
+	if len(w.Settled) > 0 {
+		d.settledElsewhere(w.Namespace, w.Settled)
+		return
+	}
 	if w.PolicyChanged {
 		d.policyChanged(w.Namespace)
 		return

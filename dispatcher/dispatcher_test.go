@@ -110,14 +110,19 @@ func (h *harness) get(id string) (storage.Task, error) {
 	return h.store.Get(context.Background(), h.ns, id)
 }
 
-// ack acks tokens in the store and frees their credit on d.
+// ack acks tokens in the store and frees their credit through d, as the
+// server of replica d does.
 func (h *harness) ack(d *dispatcher.Dispatcher, toks ...storage.Token) []storage.TokenStatus {
 	h.t.Helper()
 	st, err := h.store.Ack(context.Background(), h.ns, toks)
 	if err != nil {
 		h.t.Fatalf("Ack: %v", err)
 	}
-	d.Settle(h.ns, toks)
+	settled := make([]bool, len(toks))
+	for i := range toks {
+		settled[i] = st[i] == storage.TokenOK
+	}
+	d.Settle(context.Background(), h.ns, toks, settled)
 	return st
 }
 
@@ -232,6 +237,33 @@ func TestCreditBoundsInFlightAndAckFreesIt(t *testing.T) {
 		if _, err := h.get(id); !errors.Is(err, storage.ErrNotFound) {
 			t.Errorf("after ack, Get(%s) = %v, want ErrNotFound", id, err)
 		}
+	}
+}
+
+// TestAckOnOtherReplicaFreesCredit (issue 15 item 4): a delivery held by a
+// stream of replica A and acked through replica B frees the stream's credit
+// at once: B announces it over the wake-up channel. Before, A learnt it
+// only at its next lease renewal (every Liveness/3; here 20 minutes) or
+// when the lease ended.
+func TestAckOnOtherReplicaFreesCredit(t *testing.T) {
+	t.Parallel()
+	slow := func(c *dispatcher.Config) { c.Liveness = time.Hour }
+	h := newHarness(t, testPolicy(), slow)
+	b := h.startDispatcher(testPolicy(), slow)
+	s := h.subscribe(h.d, h.ns, 1)
+	h.upsert(h.d, 0, "a", "b")
+	first := s.next(t)
+	s.none(t) // max_in_flight 1
+	if st := h.ack(b, first.Token); st[0] != storage.TokenOK {
+		t.Fatalf("ack through B: %v, want OK", st[0])
+	}
+	if second := s.next(t); second.Task.ID == first.Task.ID {
+		t.Fatalf("the acked task %s came again", first.Task.ID)
+	}
+	// A token the store did not settle (acked twice) is not announced:
+	// nothing frees credit that is in use.
+	if st := h.ack(b, first.Token); st[0] == storage.TokenOK {
+		t.Fatalf("second ack of one token: %v", st[0])
 	}
 }
 

@@ -313,7 +313,7 @@ func (n *namespace) renewHeld(ctx context.Context) {
 	c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 	gone := n.d.renew(c, n, held, false)
 	cancel()
-	if n.settle(gone) > 0 {
+	if len(n.settle(gone)) > 0 {
 		n.poke(n.credit)
 	}
 }
@@ -702,16 +702,20 @@ func (n *namespace) unmarkSent(st *stream, tok storage.Token) {
 	}
 }
 
-// settle frees the credit of the tokens held here; it returns how many were.
-func (n *namespace) settle(tokens []storage.Token) int {
+// settle frees the credit of the tokens held here; it returns those that
+// were (nil when none).
+func (n *namespace) settle(tokens []storage.Token) map[storage.Token]bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	freed := 0
+	var freed map[storage.Token]bool
 	for _, tok := range tokens {
 		if st := n.held[tok]; st != nil {
 			delete(st.held, tok)
 			delete(n.held, tok)
-			freed++
+			if freed == nil {
+				freed = map[storage.Token]bool{}
+			}
+			freed[tok] = true
 		}
 	}
 	return freed

@@ -538,8 +538,8 @@ func tenancyServerOptions(opts Options) []grpc.ServerOption {
 			"set --admin-key (DELAYD_ADMIN_KEY) to turn it on")
 	}
 	unary, stream := authInterceptors(opts)
-	rl := newRateLimiter(opts.Tenancy, opts.Logger)
-	subs := newSubscriberLimiter(opts.Tenancy, opts.Logger, opts.Limits.withDefaults().MaxStreamsPerKey)
+	rl := newRateLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger)
+	subs := newSubscriberLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger, opts.Limits.withDefaults().MaxStreamsPerKey)
 	q := newPendingQuota(opts)
 	unary = append(unary, rl.unary, q.unary)
 	stream = append(stream, rl.stream, subs.stream)

@@ -161,7 +161,7 @@ func (s *deliveryService) AckTasks(ctx context.Context, req *delaydv1.AckTasksRe
 		if err != nil {
 			return nil, toStatus(ctx, s.logger, err)
 		}
-		s.settle(ns, b.tokens)
+		s.settle(ctx, ns, b.tokens, statuses)
 		for i, st := range statuses {
 			b.results[b.index[i]].Status = tokenStatusToProto(st)
 		}
@@ -201,7 +201,7 @@ func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasks
 		if err != nil {
 			return nil, toStatus(ctx, s.logger, err)
 		}
-		s.settle(ns, b.tokens)
+		s.settle(ctx, ns, b.tokens, statuses)
 		for i, st := range statuses {
 			b.results[b.index[i]].Status = tokenStatusToProto(st)
 		}
@@ -299,10 +299,14 @@ func (s *deliveryService) decodeBatch(ns string, raw []string) (tokenBatch, erro
 	return b, nil
 }
 
-// settle gives the credit of settled deliveries back to their streams on
-// this replica.
-func (s *deliveryService) settle(ns string, tokens []storage.Token) {
-	s.opts.Subscriptions.Settle(ns, tokens)
+// settle gives the credit of the deliveries an ack or nack answered back to
+// their streams, on this replica or (those the store settled) another.
+func (s *deliveryService) settle(ctx context.Context, ns string, tokens []storage.Token, statuses []storage.TokenStatus) {
+	settled := make([]bool, len(tokens))
+	for i := range tokens {
+		settled[i] = i < len(statuses) && statuses[i] == storage.TokenOK
+	}
+	s.opts.Subscriptions.Settle(ctx, ns, tokens, settled)
 }
 
 // deliveryToProto converts a delivery to its wire form.

@@ -76,8 +76,10 @@ type Subscriptions interface {
 	Serve(ctx context.Context, sub dispatcher.Subscriber) error
 	// Notify says that ns may have a new earliest due task.
 	Notify(ns string)
-	// Settle returns the credit of acked or nacked deliveries.
-	Settle(ns string, tokens []storage.Token)
+	// Settle returns the credit of acked or nacked deliveries, on every
+	// replica: settled[i] says the store settled tokens[i] (those are
+	// announced to the replica whose stream holds them).
+	Settle(ctx context.Context, ns string, tokens []storage.Token, settled []bool)
 	// LeaseExtended moves the local lease estimate of the deliveries by by.
 	LeaseExtended(ns string, tokens []storage.Token, by time.Duration)
 	// PolicyChanged says ns's policy was changed here: every replica's
@@ -119,6 +121,11 @@ type Options struct {
 
 	// Limits bound what one request may ask for.
 	Limits Limits
+	// SharedLimits, if set, counts each namespace's request rate
+	// (policy.rate_limit) and Subscribe streams (policy.max_subscribers)
+	// once for every replica (the daemon passes the Redis store). If nil,
+	// or while it fails, each replica counts its own.
+	SharedLimits storage.SharedLimits
 
 	// Clock reads local time: relative due times sent as timestamps,
 	// quota count ages, API key create times. If nil, the system clock.

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
@@ -46,22 +49,27 @@ func limitPolicy(ctx context.Context, p policyLookup, ns string) (storage.Policy
 var adminServicePrefix = "/" + delaydv1.NamespaceService_ServiceDesc.ServiceName + "/"
 
 // rateLimiter enforces each namespace's policy.rate_limit / rate_burst with
-// a token bucket (golang.org/x/time/rate) per namespace, on this replica:
-// with N replicas behind a balancer a namespace gets up to N times its rate.
-// Every TaskService and DeliveryService call takes one token (a Subscribe
-// stream one when it opens); NamespaceService calls take none, so an
-// operator can always change the limits of a namespace that is being
-// throttled. A new policy applies to the existing bucket at once.
+// a token bucket per namespace shared by every replica (in Redis:
+// storage.SharedLimits), so N replicas behind a balancer still allow the
+// namespace its rate once. Without shared limits, and while the shared
+// bucket cannot be reached, a bucket of this replica's own
+// (golang.org/x/time/rate) decides. Every TaskService and DeliveryService
+// call takes one token (a Subscribe stream one when it opens);
+// NamespaceService calls take none, so an operator can always change the
+// limits of a namespace that is being throttled. A new policy applies to
+// the existing bucket at once.
 type rateLimiter struct {
 	policies policyLookup
+	shared   storage.SharedLimits
 	logger   *slog.Logger
 
 	mu      sync.Mutex
 	buckets map[string]*rate.Limiter
+	warned  time.Time // last warning that the shared bucket failed
 }
 
-func newRateLimiter(policies policyLookup, logger *slog.Logger) *rateLimiter {
-	return &rateLimiter{policies: policies, logger: logger, buckets: make(map[string]*rate.Limiter)}
+func newRateLimiter(policies policyLookup, shared storage.SharedLimits, logger *slog.Logger) *rateLimiter {
+	return &rateLimiter{policies: policies, shared: shared, logger: logger, buckets: make(map[string]*rate.Limiter)}
 }
 
 // allow takes a token of ns's bucket, or returns ResourceExhausted naming
@@ -81,6 +89,21 @@ func (l *rateLimiter) allow(ctx context.Context, ns string) error {
 	if burst <= 0 {
 		burst = int(math.Max(1, math.Ceil(pol.RateLimit)))
 	}
+	over := func(scope string) error {
+		return status.Errorf(codes.ResourceExhausted,
+			"namespace %q is over its request rate limit (policy.rate_limit %g/s, policy.rate_burst %d, %s); retry later",
+			ns, pol.RateLimit, burst, scope)
+	}
+	if l.shared != nil {
+		took, err := l.shared.TakeRequestToken(ctx, ns, pol.RateLimit, burst)
+		if err == nil {
+			if !took {
+				return over("across all replicas")
+			}
+			return nil
+		}
+		l.warn(ctx, ns, err)
+	}
 	l.mu.Lock()
 	b := l.buckets[ns]
 	if b == nil {
@@ -92,11 +115,25 @@ func (l *rateLimiter) allow(ctx context.Context, ns string) error {
 	}
 	l.mu.Unlock()
 	if !b.Allow() {
-		return status.Errorf(codes.ResourceExhausted,
-			"namespace %q is over its request rate limit (policy.rate_limit %g/s, policy.rate_burst %d, per server replica); retry later",
-			ns, pol.RateLimit, burst)
+		return over("per server replica")
 	}
 	return nil
+}
+
+// warn logs, at most every 10 s, that the shared bucket failed and this
+// replica's own decides.
+func (l *rateLimiter) warn(ctx context.Context, ns string, err error) {
+	l.mu.Lock()
+	now := time.Now()
+	quiet := now.Sub(l.warned) < 10*time.Second
+	if !quiet {
+		l.warned = now
+	}
+	l.mu.Unlock()
+	if !quiet && l.logger != nil {
+		l.logger.LogAttrs(ctx, slog.LevelWarn, "rate limit: the shared bucket failed; this replica's own bucket decides meanwhile",
+			slog.String("namespace", ns), slog.String("error", err.Error()))
+	}
 }
 
 // requestNamespace is the namespace a rate limit or quota is charged to: the
@@ -140,59 +177,171 @@ func (l *rateLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	}})
 }
 
+// subscriberLease is how long a Subscribe stream's slot in the shared count
+// lasts without renewal: the streams of a replica that dies stop counting
+// within it. Each replica renews its streams' slots every third of it.
+const subscriberLease = 15 * time.Second
+
 // subscriberLimiter enforces policy.max_subscribers (the most concurrent
-// Subscribe streams of a namespace on this replica) and
-// Limits.MaxStreamsPerKey (the most of one API key, across namespaces). A
-// stream holds its slots from its first message until its handler returns.
+// Subscribe streams of a namespace, across all replicas when SharedLimits
+// is set: each stream holds a leased slot in Redis that this replica
+// renews; otherwise, and while the shared count cannot be reached, on this
+// replica) and Limits.MaxStreamsPerKey (the most of one API key, across
+// namespaces, on this replica). A stream holds its slots from its first
+// message until its handler returns.
 type subscriberLimiter struct {
 	policies policyLookup
+	shared   storage.SharedLimits
 	logger   *slog.Logger
 	perKey   int
+	prefix   string // starts the shared ids of this replica's streams
 
 	mu     sync.Mutex
-	active map[string]int // by namespace
+	active map[string]int // by namespace, on this replica
 	byKey  map[string]int // by API key id
+	seq    uint64
+	renew  map[string]*renewal // by namespace: this replica's shared slots
 }
 
-func newSubscriberLimiter(policies policyLookup, logger *slog.Logger, perKey int) *subscriberLimiter {
-	return &subscriberLimiter{policies: policies, logger: logger, perKey: perKey,
-		active: make(map[string]int), byKey: make(map[string]int)}
+// renewal is the shared slots of one namespace's streams on this replica,
+// renewed by one goroutine until the last is released.
+type renewal struct {
+	ids  map[string]bool
+	stop chan struct{}
+}
+
+func newSubscriberLimiter(policies policyLookup, shared storage.SharedLimits, logger *slog.Logger, perKey int) *subscriberLimiter {
+	return &subscriberLimiter{policies: policies, shared: shared, logger: logger, perKey: perKey,
+		prefix: strconv.FormatUint(rand.Uint64(), 36) + "-",
+		active: make(map[string]int), byKey: make(map[string]int), renew: make(map[string]*renewal)}
 }
 
 // acquire takes a stream slot of ns and of key (the caller's key id; "" when
 // auth is off), or returns ResourceExhausted naming the limit. release must
-// be called once for every successful acquire.
-func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) error {
+// be called once for every successful acquire, with the id it returned
+// (the stream's shared slot; "" when it holds none).
+func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string, error) {
 	pol, ok, err := limitPolicy(ctx, l.policies, ns)
 	if err != nil {
-		return toStatus(ctx, l.logger, fmt.Errorf("subscriber limit: %w", err))
+		return "", toStatus(ctx, l.logger, fmt.Errorf("subscriber limit: %w", err))
+	}
+	most := 0
+	if ok && pol.MaxSubscribers > 0 {
+		most = pol.MaxSubscribers
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if ok && pol.MaxSubscribers > 0 && l.active[ns] >= pol.MaxSubscribers {
-		return status.Errorf(codes.ResourceExhausted,
+	if l.shared == nil && most > 0 && l.active[ns] >= most {
+		n := l.active[ns]
+		l.mu.Unlock()
+		return "", status.Errorf(codes.ResourceExhausted,
 			"namespace %q already has %d Subscribe streams on this server replica (policy.max_subscribers %d); close one or raise the limit",
-			ns, l.active[ns], pol.MaxSubscribers)
+			ns, n, most)
 	}
 	if key != "" && l.perKey > 0 && l.byKey[key] >= l.perKey {
-		return status.Errorf(codes.ResourceExhausted,
+		n := l.byKey[key]
+		l.mu.Unlock()
+		return "", status.Errorf(codes.ResourceExhausted,
 			"API key %s already holds %d Subscribe streams on this server replica (at most %d per key); close one or use another key",
-			key, l.byKey[key], l.perKey)
+			key, n, l.perKey)
 	}
 	l.active[ns]++
 	if key != "" {
 		l.byKey[key]++
 	}
-	return nil
+	l.seq++
+	id := l.prefix + strconv.FormatUint(l.seq, 36)
+	l.mu.Unlock()
+	if l.shared == nil {
+		return "", nil
+	}
+	taken, held, err := l.shared.AcquireSubscriber(ctx, ns, id, most, subscriberLease)
+	switch {
+	case err != nil:
+		// The shared count cannot be reached: this replica's decides.
+		l.mu.Lock()
+		n := l.active[ns] - 1
+		l.mu.Unlock()
+		if most > 0 && n >= most {
+			l.release(ns, key, "")
+			return "", status.Errorf(codes.ResourceExhausted,
+				"namespace %q already has %d Subscribe streams on this server replica (policy.max_subscribers %d); close one or raise the limit",
+				ns, n, most)
+		}
+		if l.logger != nil {
+			l.logger.LogAttrs(ctx, slog.LevelWarn, "subscriber limit: the shared count failed; this replica's own count decided",
+				slog.String("namespace", ns), slog.String("error", err.Error()))
+		}
+		return "", nil
+	case !taken:
+		l.release(ns, key, "")
+		return "", status.Errorf(codes.ResourceExhausted,
+			"namespace %q already has %d Subscribe streams across all replicas (policy.max_subscribers %d); close one or raise the limit",
+			ns, held, most)
+	}
+	l.mu.Lock()
+	r := l.renew[ns]
+	if r == nil {
+		r = &renewal{ids: map[string]bool{}, stop: make(chan struct{})}
+		l.renew[ns] = r
+		go l.renewLoop(ns, r)
+	}
+	r.ids[id] = true
+	l.mu.Unlock()
+	return id, nil
 }
 
-func (l *subscriberLimiter) release(ns, key string) {
+// renewLoop renews the shared slots of r (ns's streams on this replica)
+// every third of their lease until r.stop is closed.
+func (l *subscriberLimiter) renewLoop(ns string, r *renewal) {
+	tick := time.NewTicker(subscriberLease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+		}
+		l.mu.Lock()
+		ids := make([]string, 0, len(r.ids))
+		for id := range r.ids {
+			ids = append(ids, id)
+		}
+		l.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), subscriberLease/3)
+		err := l.shared.RenewSubscribers(ctx, ns, ids, subscriberLease)
+		cancel()
+		if err != nil && l.logger != nil {
+			l.logger.Warn("subscriber limit: renewing this replica's streams in the shared count failed; retrying",
+				"namespace", ns, "streams", len(ids), "error", err)
+		}
+	}
+}
+
+// release gives back what acquire took: the slot of ns and of key on this
+// replica, and the shared slot id ("" when none).
+func (l *subscriberLimiter) release(ns, key, id string) {
 	l.mu.Lock()
 	decrement(l.active, ns)
 	if key != "" {
 		decrement(l.byKey, key)
 	}
+	if r := l.renew[ns]; r != nil && id != "" {
+		delete(r.ids, id)
+		if len(r.ids) == 0 {
+			close(r.stop)
+			delete(l.renew, ns)
+		}
+	}
 	l.mu.Unlock()
+	if id == "" || l.shared == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.shared.ReleaseSubscriber(ctx, ns, id); err != nil && l.logger != nil {
+		l.logger.Warn("subscriber limit: releasing a stream in the shared count failed; it stops counting when its lease ends",
+			"namespace", ns, "error", err, "lease", subscriberLease)
+	}
 }
 
 // decrement lowers m[k] by one, dropping it at zero.
@@ -208,7 +357,7 @@ func (l *subscriberLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.Str
 	if info.FullMethod != delaydv1.DeliveryService_Subscribe_FullMethodName {
 		return handler(srv, ss)
 	}
-	var held, key string
+	var held, key, id string
 	if p := principalFrom(ss.Context()); p != nil {
 		key = p.keyID
 	}
@@ -217,14 +366,15 @@ func (l *subscriberLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.Str
 		if ns == "" {
 			return nil // invalid request: the handler answers InvalidArgument
 		}
-		if err := l.acquire(ss.Context(), ns, key); err != nil {
+		sid, err := l.acquire(ss.Context(), ns, key)
+		if err != nil {
 			return err
 		}
-		held = ns
+		held, id = ns, sid
 		return nil
 	}})
 	if held != "" {
-		l.release(held, key)
+		l.release(held, key, id)
 	}
 	return err
 }

@@ -272,6 +272,11 @@ type Wakeup struct {
 	// rate cap): re-read it now instead of at the next refresh. False: an
 	// earlier task is at the head of the namespace.
 	PolicyChanged bool
+	// Settled, when set, are deliveries of the namespace an ack or nack on
+	// some replica settled that its own streams did not hold: the replica
+	// whose stream holds them frees their credit now instead of when their
+	// leases end (PublishSettled).
+	Settled []Token
 }
 
 // Wakeups tells dispatchers when an upsert on any replica put an earlier task
@@ -284,4 +289,27 @@ type Wakeups interface {
 	// (subscribed at the time) that ns's policy changed. Best effort: a
 	// replica that misses it reads the policy at its next refresh.
 	PublishPolicyChanged(ctx context.Context, ns string) error
+	// PublishSettled tells the dispatchers of every replica that tokens
+	// (deliveries of ns) were acked or nacked, so the one whose stream
+	// holds them frees its credit at once. Best effort: a replica that
+	// misses it frees the credit when the lease ends.
+	PublishSettled(ctx context.Context, ns string, tokens []Token) error
+}
+
+// SharedLimits are per-namespace limits counted once for every replica
+// (in Redis), so N replicas do not allow N times a namespace's limit.
+type SharedLimits interface {
+	// TakeRequestToken takes one token of ns's request bucket, refilled
+	// at rate per second up to burst and shared by every replica; false
+	// when it is empty.
+	TakeRequestToken(ctx context.Context, ns string, rate float64, burst int) (bool, error)
+	// AcquireSubscriber adds Subscribe stream id (unique across replicas)
+	// to ns's streams, leased for lease, unless most (> 0) streams are
+	// held already; it answers whether it did and how many are held.
+	AcquireSubscriber(ctx context.Context, ns, id string, most int, lease time.Duration) (ok bool, held int, err error)
+	// RenewSubscribers renews the leases of ns's streams ids (re-adding
+	// any whose lease lapsed: they are still open).
+	RenewSubscribers(ctx context.Context, ns string, ids []string, lease time.Duration) error
+	// ReleaseSubscriber removes stream id from ns's streams.
+	ReleaseSubscriber(ctx context.Context, ns, id string) error
 }

@@ -71,6 +71,9 @@ type Index interface {
 	storage.Deliveries
 	storage.DeadLetters
 	storage.Counter
+	// SharedLimits are the limits counted once for every replica; the
+	// durable store hands them to the index (they are not durable state).
+	storage.SharedLimits
 
 	// Restore re-indexes tasks read from the authority: each is written
 	// unless the index holds the same or a newer version (with force:
@@ -1198,6 +1201,28 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 	}
 	return max(deleted, inIndex+n), nil
 }
+
+// TakeRequestToken implements storage.SharedLimits on the index.
+func (s *Store) TakeRequestToken(ctx context.Context, ns string, rate float64, burst int) (bool, error) {
+	return s.idx.TakeRequestToken(ctx, ns, rate, burst)
+}
+
+// AcquireSubscriber implements storage.SharedLimits on the index.
+func (s *Store) AcquireSubscriber(ctx context.Context, ns, id string, most int, lease time.Duration) (bool, int, error) {
+	return s.idx.AcquireSubscriber(ctx, ns, id, most, lease)
+}
+
+// RenewSubscribers implements storage.SharedLimits on the index.
+func (s *Store) RenewSubscribers(ctx context.Context, ns string, ids []string, lease time.Duration) error {
+	return s.idx.RenewSubscribers(ctx, ns, ids, lease)
+}
+
+// ReleaseSubscriber implements storage.SharedLimits on the index.
+func (s *Store) ReleaseSubscriber(ctx context.Context, ns, id string) error {
+	return s.idx.ReleaseSubscriber(ctx, ns, id)
+}
+
+var _ storage.SharedLimits = (*Store)(nil)
 
 // writeMoved writes index transitions through to MySQL.
 func (s *Store) writeMoved(ctx context.Context, ns string, moved []storage.Moved, what string) error {

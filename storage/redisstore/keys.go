@@ -28,6 +28,9 @@ import (
 //	delayd:{ns#k}:rate      HASH  dispatch-rate token bucket (lua/pop.lua):
 //	                              t = tokens, at = when (Redis µs); expires
 //	                              once it would be full again
+//	delayd:{ns#0}:reqrate   HASH  request-rate token bucket, and
+//	delayd:{ns#0}:subs      ZSET  Subscribe streams of every replica
+//	                              (storage.SharedLimits; see limits.go)
 //	delayd:{ns#k}:task      HASH  the one-value records of delayd before the
 //	                              header/payload split; Migrate converts them
 //	delayd:{ns#k}:trace:<id> STRING W3C traceparent of the task's last traced
@@ -38,7 +41,8 @@ import (
 //
 //	delayd:wake             pub/sub channel; message = namespace name (an
 //	                        earlier task is at its head), or "policy:" and
-//	                        the name (its policy changed; policyWakeMessage)
+//	                        the name (its policy changed; policyWakeMessage),
+//	                        or "settled:" and tokens (limits.go)
 //	delayd:watch:<ns>       pub/sub channel; message = one delivery copy of
 //	                        namespace ns (JSON, watch.go), published only
 //	                        while a watcher somewhere is subscribed
@@ -80,6 +84,9 @@ func policyWakeMessage(ns string) string { return policyWakePrefix + ns }
 
 // parseWakeMessage reads a message of the wake-up channel.
 func parseWakeMessage(m string) storage.Wakeup {
+	if w, ok := parseSettled(m); ok {
+		return w
+	}
 	if ns, ok := strings.CutPrefix(m, policyWakePrefix); ok {
 		return storage.Wakeup{Namespace: ns, PolicyChanged: true}
 	}

@@ -47,6 +47,8 @@ type Store struct {
 	watchers map[string]map[int]chan storage.WatchCopy
 	// lives: namespace -> its incarnations (the Redis index's life key)
 	lives map[string]life
+	// lim is the state of storage.SharedLimits (limits.go).
+	lim limits
 }
 
 // life is the latest namespace incarnation that wrote and the latest one
@@ -99,6 +101,7 @@ var (
 	_ storage.Counter      = (*Store)(nil)
 	_ storage.Wakeups      = (*Store)(nil)
 	_ storage.DeliveryFeed = (*Store)(nil)
+	_ storage.SharedLimits = (*Store)(nil)
 )
 
 // now reads the clock in milliseconds and microseconds; microseconds strictly

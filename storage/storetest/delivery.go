@@ -479,10 +479,18 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) Store) {
 	ctx, cancel := context.WithCancel(context.Background())
 	got := make(chan string, 100)
 	policy := make(chan string, 100)
+	settled := make(chan []storage.Token, 100)
 	done := make(chan error, 1)
 	go func() {
 		done <- w.SubscribeWakeups(ctx, func(wu storage.Wakeup) {
 			if wu.Namespace != e.ns {
+				return
+			}
+			if len(wu.Settled) > 0 {
+				select {
+				case settled <- wu.Settled:
+				default:
+				}
 				return
 			}
 			ch := got
@@ -520,6 +528,22 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) Store) {
 	case <-policy:
 	case <-time.After(10 * time.Second):
 		t.Errorf("no policy-change wake-up for %s within 10 s of PublishPolicyChanged", e.ns)
+	}
+	// Settled deliveries reach the subscription with their tokens intact.
+	toks := []storage.Token{
+		{Namespace: e.ns, ID: "x", Incarnation: 1_700_000_000_000_123, Generation: 2, Attempt: 3, Delivery: 1_700_000_000_000_456},
+		{Namespace: e.ns, ID: "y/é", Incarnation: 1, Generation: 1, Attempt: 1, Delivery: 1},
+	}
+	if err := w.PublishSettled(e.ctx, e.ns, toks); err != nil {
+		t.Fatalf("PublishSettled: %v", err)
+	}
+	select {
+	case got := <-settled:
+		if !slices.Equal(got, toks) {
+			t.Errorf("settled wake-up carried %+v, want %+v", got, toks)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("no settled wake-up for %s within 10 s of PublishSettled", e.ns)
 	}
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
@@ -749,4 +773,71 @@ func testDueKinds(t *testing.T, newStore func(t *testing.T) Store) {
 	if dk, err = e.s.DueKinds(e.ctx, e.ns); err != nil || !dk.Partial {
 		t.Fatalf("DueKinds with %d due: partial %v, %v; want true", storage.KindScanWindow+3, dk.Partial, err)
 	}
+}
+
+func testSharedLimits(t *testing.T, newStore func(t *testing.T) Store) {
+	t.Parallel()
+	e := newEnv(t, newStore)
+	l, ok := e.s.(storage.SharedLimits)
+	if !ok {
+		t.Skip("store does not implement storage.SharedLimits")
+	}
+	// The request bucket: burst 3, refilled far too slowly to matter.
+	for i := range 3 {
+		if took, err := l.TakeRequestToken(e.ctx, e.ns, 0.001, 3); err != nil || !took {
+			t.Fatalf("token %d of a full bucket of 3: %v %v", i+1, took, err)
+		}
+	}
+	if took, err := l.TakeRequestToken(e.ctx, e.ns, 0.001, 3); err != nil || took {
+		t.Fatalf("a 4th token from a bucket of 3: %v %v", took, err)
+	}
+	// A fast bucket refills.
+	poll(t, "a refilled token", func() bool {
+		took, err := l.TakeRequestToken(e.ctx, e.ns+"-fast", 100, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return took
+	})
+
+	// Streams: at most 2; one already held may be acquired again; a
+	// released one frees its place.
+	const lease = time.Minute
+	for _, id := range []string{"a", "b", "a"} {
+		if ok, _, err := l.AcquireSubscriber(e.ctx, e.ns, id, 2, lease); err != nil || !ok {
+			t.Fatalf("acquire %s: %v %v", id, ok, err)
+		}
+	}
+	if ok, held, err := l.AcquireSubscriber(e.ctx, e.ns, "c", 2, lease); err != nil || ok || held != 2 {
+		t.Fatalf("a third stream under a limit of 2: ok %v, held %d, %v; want refused, 2", ok, held, err)
+	}
+	if err := l.ReleaseSubscriber(e.ctx, e.ns, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, held, err := l.AcquireSubscriber(e.ctx, e.ns, "c", 2, lease); err != nil || !ok || held != 2 {
+		t.Fatalf("after a release: ok %v, held %d, %v; want taken, 2", ok, held, err)
+	}
+	// A stream whose lease is renewed keeps its place; one whose lease
+	// lapsed (its replica died) loses it.
+	other := e.ns + "-lease"
+	short := 300 * time.Millisecond
+	if ok, _, err := l.AcquireSubscriber(e.ctx, other, "kept", 1, short); err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	for range 6 {
+		time.Sleep(short / 3)
+		if err := l.RenewSubscribers(e.ctx, other, []string{"kept"}, short); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, _, err := l.AcquireSubscriber(e.ctx, other, "new", 1, short); err != nil || ok {
+		t.Fatalf("a renewed stream lost its place: %v %v", ok, err)
+	}
+	poll(t, "a lapsed lease to free its place", func() bool {
+		ok, _, err := l.AcquireSubscriber(e.ctx, other, "new", 1, short)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	})
 }

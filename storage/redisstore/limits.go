@@ -1,0 +1,141 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// This file holds what replicas share besides tasks: the per-namespace
+// request-rate bucket and Subscribe stream count (storage.SharedLimits),
+// and the announcements of settled deliveries on the wake-up channel.
+//
+// Keys, on the namespace's first shard (its hash tag {ns#0}):
+//
+//	delayd:{ns#0}:reqrate  HASH  request-rate token bucket (lua/reqrate.lua):
+//	                             t = tokens, at = when (Redis µs); expires
+//	                             once it would be full again
+//	delayd:{ns#0}:subs     ZSET  Subscribe stream id -> lease end (Redis ms)
+//	                             (lua/subscribers.lua); expires with the last
+//	                             lease
+//
+// Wake-up message "settled:" + JSON array of tokens: deliveries an ack or
+// nack settled on a replica whose streams did not hold them.
+
+var _ storage.SharedLimits = (*Store)(nil)
+
+// The scripts of this file.
+var (
+	reqRateScript     = load("reqrate")
+	subscribersScript = load("subscribers")
+)
+
+// requestRateKey is ns's request-rate bucket.
+func requestRateKey(ns string) string { return keyPrefix + hashTag(ns, 0) + ":reqrate" }
+
+// subscribersKey is ns's set of Subscribe streams.
+func subscribersKey(ns string) string { return keyPrefix + hashTag(ns, 0) + ":subs" }
+
+// settledWakePrefix starts a wake-up message that carries settled tokens.
+const settledWakePrefix = "settled:"
+
+// TakeRequestToken implements storage.SharedLimits.
+func (s *Store) TakeRequestToken(ctx context.Context, ns string, rate float64, burst int) (bool, error) {
+	if err := storage.ValidateNamespace(ns); err != nil {
+		return false, err
+	}
+	if !(rate > 0) {
+		return true, nil
+	}
+	v, err := s.run(ctx, "request rate", reqRateScript, []string{requestRateKey(ns)},
+		fmt.Sprintf("%g", rate), max(1, burst))
+	if err != nil {
+		return false, err
+	}
+	n, err := replyInt(v)
+	if err != nil {
+		return false, fmt.Errorf("request rate: %w", err)
+	}
+	return n == 1, nil
+}
+
+// subscribers runs lua/subscribers.lua.
+func (s *Store) subscribers(ctx context.Context, ns, op string, lease time.Duration, most int, ids ...string) (bool, int, error) {
+	if err := storage.ValidateNamespace(ns); err != nil {
+		return false, 0, err
+	}
+	args := make([]any, 0, 3+len(ids))
+	args = append(args, op, max(1, lease.Milliseconds()), max(0, most))
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	rep, err := s.runSlice(ctx, "subscribers "+op, subscribersScript, []string{subscribersKey(ns)}, args...)
+	if err != nil {
+		return false, 0, err
+	}
+	if len(rep) != 2 {
+		return false, 0, fmt.Errorf("subscribers %s: reply has %d values", op, len(rep))
+	}
+	ok, err1 := replyInt(rep[0])
+	held, err2 := replyInt(rep[1])
+	if err1 != nil || err2 != nil {
+		return false, 0, fmt.Errorf("subscribers %s: bad reply %v", op, rep)
+	}
+	return ok == 1, int(held), nil
+}
+
+// AcquireSubscriber implements storage.SharedLimits.
+func (s *Store) AcquireSubscriber(ctx context.Context, ns, id string, most int, lease time.Duration) (bool, int, error) {
+	return s.subscribers(ctx, ns, "acquire", lease, most, id)
+}
+
+// RenewSubscribers implements storage.SharedLimits.
+func (s *Store) RenewSubscribers(ctx context.Context, ns string, ids []string, lease time.Duration) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	_, _, err := s.subscribers(ctx, ns, "renew", lease, 0, ids...)
+	return err
+}
+
+// ReleaseSubscriber implements storage.SharedLimits.
+func (s *Store) ReleaseSubscriber(ctx context.Context, ns, id string) error {
+	_, _, err := s.subscribers(ctx, ns, "release", time.Millisecond, 0, id)
+	return err
+}
+
+// PublishSettled publishes on the wake-up channel that tokens of ns were
+// settled (see storage.Wakeups).
+func (s *Store) PublishSettled(ctx context.Context, ns string, tokens []storage.Token) error {
+	if len(tokens) == 0 {
+		return nil
+	}
+	msg, err := json.Marshal(tokens)
+	if err != nil {
+		return fmt.Errorf("publish settled: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.rdb.Publish(ctx, s.wake, settledWakePrefix+string(msg)).Err(); err != nil {
+		return wrapErr("publish settled", err)
+	}
+	return nil
+}
+
+// parseSettled reads a "settled:" wake-up message; ok is false for another
+// kind of message or a malformed one.
+func parseSettled(m string) (storage.Wakeup, bool) {
+	body, ok := strings.CutPrefix(m, settledWakePrefix)
+	if !ok {
+		return storage.Wakeup{}, false
+	}
+	var toks []storage.Token
+	if err := json.Unmarshal([]byte(body), &toks); err != nil || len(toks) == 0 {
+		return storage.Wakeup{}, false
+	}
+	return storage.Wakeup{Namespace: toks[0].Namespace, Settled: toks}, true
+}
