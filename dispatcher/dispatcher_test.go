@@ -247,13 +247,26 @@ func TestCreditBoundsInFlightAndAckFreesIt(t *testing.T) {
 // when the lease ended.
 func TestAckOnOtherReplicaFreesCredit(t *testing.T) {
 	t.Parallel()
-	slow := func(c *dispatcher.Config) { c.Liveness = time.Hour }
-	h := newHarness(t, testPolicy(), slow)
-	b := h.startDispatcher(testPolicy(), slow)
+	polsA := newCachedPolicies(&mutablePolicies{p: testPolicy()})
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) { c.Liveness, c.Policies = time.Hour, polsA })
+	b := h.startDispatcher(testPolicy(), func(c *dispatcher.Config) { c.Liveness = time.Hour })
 	s := h.subscribe(h.d, h.ns, 1)
 	h.upsert(h.d, 0, "a", "b")
 	first := s.next(t)
 	s.none(t) // max_in_flight 1
+	// A subscribes to the wake-up channel in the background: make sure it
+	// hears B before B announces the ack.
+	deadline := time.After(wait)
+	for heard := false; !heard; {
+		b.PolicyChanged(context.Background(), h.ns)
+		select {
+		case <-polsA.invalidated:
+			heard = true
+		case <-time.After(100 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("replica A never heard replica B on the wake-up channel")
+		}
+	}
 	if st := h.ack(b, first.Token); st[0] != storage.TokenOK {
 		t.Fatalf("ack through B: %v, want OK", st[0])
 	}
@@ -612,11 +625,19 @@ func TestPauseAndResumeApplyAtOnceOnEveryReplica(t *testing.T) {
 		for len(polsB.invalidated) > 0 {
 			<-polsB.invalidated
 		}
-		h.d.PolicyChanged(context.Background(), h.ns)
-		select {
-		case <-polsB.invalidated:
-		case <-time.After(wait):
-			t.Fatalf("replica B was not told of the policy change within %s", wait)
+		// The replicas subscribe to the wake-up channel in the background:
+		// announce again until B has heard it (a wake-up published before
+		// B subscribed is lost, as with Redis pub/sub).
+		deadline := time.After(wait)
+		for {
+			h.d.PolicyChanged(context.Background(), h.ns)
+			select {
+			case <-polsB.invalidated:
+				return
+			case <-time.After(100 * time.Millisecond):
+			case <-deadline:
+				t.Fatalf("replica B was not told of the policy change within %s", wait)
+			}
 		}
 	}
 	announce()
