@@ -403,7 +403,7 @@ func (p *pusher) deliver(ctx context.Context, del storage.Delivery) {
 			d.log.LogAttrs(sctx, slog.LevelWarn, "dispatcher: push: acking a pushed task failed; it is pushed again when its lease runs out",
 				slog.String("namespace", p.ns), slog.String("id", tok.ID), slog.String("error", err.Error()))
 		}
-		d.Settle(p.ns, toks)
+		d.Settle(d.base, p.ns, toks, nil)
 		return
 	}
 	reason := "push failed"
@@ -415,7 +415,7 @@ func (p *pusher) deliver(ctx context.Context, del storage.Delivery) {
 		d.log.LogAttrs(sctx, slog.LevelWarn, "dispatcher: push: nacking a failed push failed; it is retried when its lease runs out",
 			slog.String("namespace", p.ns), slog.String("id", tok.ID), slog.String("error", err.Error()))
 	}
-	d.Settle(p.ns, toks)
+	d.Settle(d.base, p.ns, toks, nil)
 	for _, mv := range moved {
 		if mv.State == storage.StateScheduled {
 			d.Notify(p.ns) // the retry may fall due before the loop's planned wake
@@ -443,7 +443,7 @@ func (p *pusher) holdLease(toks []storage.Token, pol storage.Policy) bool {
 			d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: push: extending the lease before a push failed; pushing anyway",
 				slog.String("namespace", p.ns), slog.String("error", err.Error()))
 		} else if len(res) == 1 && res[0].Status != storage.TokenOK {
-			d.Settle(p.ns, toks) // reaped or removed meanwhile
+			d.Settle(d.base, p.ns, toks, nil) // reaped or removed meanwhile
 			return false
 		}
 	}
@@ -460,6 +460,6 @@ func (p *pusher) handBack(toks []storage.Token, reason string, pol storage.Polic
 	zero := time.Duration(0)
 	d.nack(ctx, p.ns, toks, storage.NackOptions{RetryAfter: &zero, Reason: reason, MaxAttempts: math.MaxInt32,
 		Backoff: pol.Backoff, Unsent: true})
-	d.Settle(p.ns, toks)
+	d.Settle(d.base, p.ns, toks, nil)
 	d.Notify(p.ns)
 }
