@@ -205,6 +205,23 @@ func (r *Report) WriteTable(w io.Writer) error {
 			return err
 		}
 	}
+	fmt.Fprintln(bw, "\ncost per task (µs of CPU per task over load + delivery; client = the delaybench process, which for a baseline or --server inproc runs the system too):")
+	tw = tabwriter.NewWriter(bw, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tsystem\tredis µs\tsvc µs\tclient µs\t")
+	for _, x := range r.Results {
+		if x.Skipped != "" || x.Error != "" {
+			continue
+		}
+		c := x.Cost()
+		svc := "-"
+		if x.ServerCPU.Scope != "" {
+			svc = fmt.Sprintf("%.1f", c.Service)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.1f\t\n", x.Workload, x.System, c.Redis, svc, c.Client)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	var problems []string
 	for _, x := range r.Results {
 		switch {

@@ -150,6 +150,10 @@ type Result struct {
 
 	ServerCPU CPU `json:"server_cpu"`
 	RedisCPU  CPU `json:"redis_cpu"`
+	// ClientCPU is the delaybench process (the load generator and the
+	// subscribers; for a baseline or an in-process delayd, the system
+	// too) over the same phases.
+	ClientCPU CPU `json:"client_cpu"`
 	// RedisBytesPerTask is the growth of Redis used_memory per pending
 	// task, over MemTasks tasks; 0 if not measured.
 	RedisBytesPerTask float64 `json:"redis_bytes_per_pending_task"`
@@ -306,6 +310,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	memBefore := e.memory(ctx)
 	cpu0, scope, cpuOK := sys.cpu()
 	rcpu0 := e.redisCPU(ctx)
+	ccpu0 := SelfCPU()
 	loadStart := e.clock.Now()
 	firstDue := loadStart.Add(w.Lead)
 	for i := range sk.dues {
@@ -359,6 +364,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	}
 	cpu1, _, _ := sys.cpu()
 	rcpu1 := e.redisCPU(ctx)
+	ccpu1 := SelfCPU()
 	loadEnd := time.Now()
 
 	// Deliveries.
@@ -401,6 +407,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	lastAck := time.Unix(0, sk.lastAck.Load())
 	cpu2, _, _ := sys.cpu()
 	rcpu2 := e.redisCPU(ctx)
+	ccpu2 := SelfCPU()
 	if res.Error == "" {
 		// Keep listening briefly: a duplicate would show up now.
 		time.Sleep(w.Grace)
@@ -438,6 +445,8 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 		res.ServerCPU = CPU{Scope: scope, Load: (cpu1 - cpu0).Seconds(), Deliver: (cpu2 - cpu1).Seconds()}
 		res.ServerCPU.DeliverPercent = 100 * res.ServerCPU.Deliver / deliverWall.Seconds()
 	}
+	res.ClientCPU = CPU{Scope: "delaybench process", Load: (ccpu1 - ccpu0).Seconds(), Deliver: (ccpu2 - ccpu1).Seconds()}
+	res.ClientCPU.DeliverPercent = 100 * res.ClientCPU.Deliver / deliverWall.Seconds()
 	if e.redis != nil && rcpu0 >= 0 && rcpu2 >= 0 {
 		res.RedisCPU = CPU{Scope: "redis-server process", Load: (rcpu1 - rcpu0).Seconds(), Deliver: (rcpu2 - rcpu1).Seconds()}
 		res.RedisCPU.DeliverPercent = 100 * res.RedisCPU.Deliver / deliverWall.Seconds()
@@ -509,3 +518,20 @@ func produce(ctx context.Context, n, batch, producers int, nss []string, fn func
 
 // itoa is strconv.Itoa.
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// CostPerTask is CPU per task over load and delivery, in microseconds: of
+// Redis, of the service (with --server child, delayd alone), and of the
+// delaybench process. Zero where not measured.
+type CostPerTask struct {
+	Redis, Service, Client float64
+}
+
+// Cost returns the run's CPU per task (see CostPerTask).
+func (r *Result) Cost() CostPerTask {
+	n := float64(r.Params.Tasks)
+	if n <= 0 {
+		return CostPerTask{}
+	}
+	us := func(c CPU) float64 { return (c.Load + c.Deliver) * 1e6 / n }
+	return CostPerTask{Redis: us(r.RedisCPU), Service: us(r.ServerCPU), Client: us(r.ClientCPU)}
+}
