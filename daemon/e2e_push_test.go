@@ -428,3 +428,66 @@ func TestE2EPushSecretNeverReturned(t *testing.T) {
 		t.Errorf("pushed %+v", r.body)
 	}
 }
+
+// TestE2EPushOffAcrossReplicas: push turned off through replica A stops
+// replica B's pusher at once (the change is announced to every replica):
+// B serves a Subscribe stream of the namespace, which gets the next task,
+// and the endpoint does not.
+func TestE2EPushOffAcrossReplicas(t *testing.T) {
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ push.Body) { w.WriteHeader(http.StatusOK) })
+	e, a := newPushEnv(t, "127.0.0.1/32", pushPolicy(rc.srv.URL, 5, 30*time.Second))
+	b := e.pushReplica("127.0.0.1/32")
+	e.upsert(b, "pushed", 0)
+	waitFor(t, "first task pushed", func() bool { return len(rc.requests()) >= 1 })
+
+	e.update(a, &delaydv1.NamespacePolicy{}, "policy.push")
+	// The announcement travels over Redis pub/sub; give it a moment.
+	time.Sleep(e2eQuiet)
+	s := e.subscribe(b, 10)
+	e.upsert(a, "streamed", 0)
+	if d := s.next(t); d.GetTask().GetId() != "streamed" {
+		t.Fatalf("B's stream got %s, want streamed", d.GetTask().GetId())
+	}
+	for _, r := range rc.requests() {
+		if r.body.ID == "streamed" {
+			t.Fatalf("streamed was pushed after push was turned off")
+		}
+	}
+}
+
+// TestE2EPushDurable: in durable mode (MySQL the authority) a pushed task
+// is acked through the durable store: gone after its 2xx, and a task
+// whose pushes fail is a dead letter there.
+func TestE2EPushDurable(t *testing.T) {
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, b push.Body) {
+		if b.ID == "bad" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	dsn := testkit.Database(t, "delayd_daemon_push")
+	url := testRedisURL()
+	e := &e2eEnv{t: t, url: url, rdb: testkit.RedisAt(t, url), ns: "e2e-push-" + suffix()}
+	t.Cleanup(func() { cleanNamespace(t, url, e.ns) })
+	a := start(t, Config{RedisURL: url, MySQLDSN: dsn, LogLevel: "warn", PushAllow: "127.0.0.1/32"})
+	if _, err := delaydv1.NewNamespaceServiceClient(a.conn).CreateNamespace(ctxFor(t), &delaydv1.CreateNamespaceRequest{
+		Namespace: &delaydv1.Namespace{Name: e.ns, Policy: pushPolicy(rc.srv.URL, 2, 30*time.Second)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"ok1", "ok2", "bad"} {
+		e.upsert(a, id, 0)
+	}
+	waitFor(t, "ok1 and ok2 acked, bad dead", func() bool {
+		_, e1 := e.getTask(a, "ok1")
+		_, e2 := e.getTask(a, "ok2")
+		bad, e3 := e.getTask(a, "bad")
+		return status.Code(e1) == codes.NotFound && status.Code(e2) == codes.NotFound && e3 == nil &&
+			bad.GetState() == delaydv1.TaskState_TASK_STATE_DEAD
+	})
+	bad, _ := e.getTask(a, "bad")
+	if !strings.Contains(bad.GetLastError(), "HTTP 503") {
+		t.Errorf("bad's last error %q, want HTTP 503", bad.GetLastError())
+	}
+}

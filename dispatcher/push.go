@@ -160,6 +160,13 @@ func (m *pushManager) run(ctx context.Context) {
 			for ns := range m.pushers {
 				names = append(names, ns)
 			}
+			// Forget namespaces not named for a while (deleted ones), so
+			// the map does not grow with every name ever seen.
+			for ns, at := range m.checked {
+				if time.Since(at) > 2*cfg.PolicyRefresh {
+					delete(m.checked, ns)
+				}
+			}
 			m.mu.Unlock()
 			for _, ns := range names {
 				m.check(ctx, ns)
