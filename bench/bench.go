@@ -52,7 +52,19 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 	rep := &Report{Machine: machineInfo(), Started: time.Now().UTC().Format(time.RFC3339)}
 
 	redisURL := cfg.RedisURL
-	if cfg.OwnRedis {
+	var rdb redis.UniversalClient
+	if cfg.OwnRedisCluster > 0 {
+		c, err := startOwnCluster(ctx, cfg.RedisServerBin, cfg.OwnRedisCluster)
+		if err != nil {
+			return err
+		}
+		defer c.stop()
+		redisURL = c.url()
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.addrs, PoolSize: 256})
+		defer cc.Close()
+		rdb = cc
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Redis: a private Redis Cluster of %d masters (no replicas, no persistence) started for this run; Redis CPU and memory are summed over the masters.", cfg.OwnRedisCluster))
+	} else if cfg.OwnRedis {
 		r, err := startOwnRedis(ctx, cfg.RedisServerBin)
 		if err != nil {
 			return err
@@ -63,13 +75,19 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 	} else {
 		rep.Notes = append(rep.Notes, "Redis: "+redactURL(redisURL)+", shared: other clients' load shows in its CPU and memory figures.")
 	}
-	opt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		return fmt.Errorf("--redis-url: %w", err)
+	if rdb == nil {
+		opt, err := redis.ParseURL(redisURL)
+		if err != nil {
+			return fmt.Errorf("--redis-url: %w", err)
+		}
+		opt.PoolSize = 256
+		c := redis.NewClient(opt)
+		defer c.Close()
+		rdb = c
 	}
-	opt.PoolSize = 256
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
+	if cfg.Shards > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("delayd namespaces: %d shards each (--shards).", cfg.Shards))
+	}
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis at %s does not answer: %w", redactURL(redisURL), err)
 	}
@@ -219,6 +237,9 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 	var sys system
 	switch sysName {
 	case SystemBaseline1s, SystemBaseline10ms:
+		if cfg.OwnRedisCluster > 0 {
+			return Result{Workload: w.Name, System: sysName, Params: w, Skipped: "the baseline runs on one Redis, not a cluster (--own-redis-cluster)"}
+		}
 		iv := time.Second
 		if sysName == SystemBaseline10ms {
 			iv = 10 * time.Millisecond
@@ -239,7 +260,7 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 		}
 		ds, err := newDelaydSystem(delaydConfig{
 			Addr: d.addr, APIKey: key, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
-			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger,
+			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards,
 		})
 		if err != nil {
 			return Result{Workload: w.Name, System: sysName, Params: w, Error: err.Error()}
@@ -401,6 +422,12 @@ func command(cfg Config, workload, system string) string {
 	}
 	if cfg.OwnRedis {
 		args = append(args, "--own-redis")
+	}
+	if cfg.OwnRedisCluster > 0 {
+		args = append(args, fmt.Sprintf("--own-redis-cluster=%d", cfg.OwnRedisCluster))
+	}
+	if cfg.Shards > 0 && strings.HasPrefix(system, "delayd") {
+		args = append(args, fmt.Sprintf("--shards=%d", cfg.Shards))
 	}
 	if cfg.Target != "" {
 		args = append(args, "--target="+cfg.Target)

@@ -52,6 +52,12 @@ type Config struct {
 	// that no other client's load or keys disturb the figures.
 	OwnRedis       bool
 	RedisServerBin string
+	// OwnRedisCluster, if > 0, starts a private Redis Cluster of that many
+	// masters (no replicas) instead, and delayd gets redis-cluster://.
+	OwnRedisCluster int
+	// Shards is the shard count of the namespaces a run creates
+	// (NamespacePolicy.shards); 0 = the server default (1).
+	Shards int
 	// MySQLDSN is the MySQL server for durable rows, without a database
 	// name: each run creates a database of its own and drops it afterwards.
 	MySQLDSN string
@@ -131,6 +137,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.StringVar(&c.RedisURL, "redis-url", "redis://127.0.0.1:6379", "Redis for delayd and the baseline (keys go under a fresh random namespace/prefix and are deleted after; never FLUSHDB)")
 	fs.BoolVar(&c.OwnRedis, "own-redis", false, "start a private redis-server on a free port instead of --redis-url (clean CPU and memory figures)")
 	fs.StringVar(&c.RedisServerBin, "redis-server", "redis-server", "redis-server binary for --own-redis")
+	fs.IntVar(&c.OwnRedisCluster, "own-redis-cluster", 0, "start a private Redis Cluster of this many masters (no replicas, no persistence; redis-cli joins them) instead of --redis-url; delayd uses redis-cluster://, the Redis figures sum every master; baseline rows are skipped")
+	fs.IntVar(&c.Shards, "shards", 0, "shards of every namespace a delayd run creates (NamespacePolicy.shards, 1-256); 0 = the server default, 1")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/", "MySQL for durable rows, without a database: each run creates and drops its own")
 	fs.IntVar(&c.BaselineBatch, "baseline-batch", 200, "baseline poller pop limit (ids per ZRANGEBYSCORE LIMIT)")
 	fs.IntVar(&c.Conns, "conns", 4, "gRPC connections to delayd, shared round-robin")

@@ -41,6 +41,9 @@ type delaydConfig struct {
 	CPU func() (time.Duration, string, bool)
 	// Redis is the Redis delayd uses, for cleanup; nil skips key cleanup.
 	Redis redis.UniversalClient
+	// Shards is the shard count of the namespaces setup creates; 0 = the
+	// server default.
+	Shards int
 	// Label names the system in reports. If empty, "delayd".
 	Label  string
 	Logger *slog.Logger
@@ -124,7 +127,8 @@ func (s *delaydSystem) next() int { return int(s.rr.Add(1) % uint64(len(s.conns)
 // that auto-creates namespaces (or has no admin API yet) needs nothing.
 func (s *delaydSystem) setup(ctx context.Context, nss []string) error {
 	for _, ns := range nss {
-		_, err := s.admin.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}})
+		_, err := s.admin.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns,
+			Policy: &delaydv1.NamespacePolicy{Shards: int32(s.cfg.Shards)}}})
 		switch status.Code(err) {
 		case codes.OK, codes.AlreadyExists, codes.Unimplemented:
 		case codes.PermissionDenied, codes.Unauthenticated:

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,12 +20,30 @@ type RedisProbe struct {
 	rdb redis.UniversalClient
 	// PID is the server's process id, 0 if it is not on this host.
 	PID int
+	// nodes, on a Redis Cluster, probe each master; the figures are their
+	// sums.
+	nodes []*RedisProbe
 	// Version is the server's redis_version.
 	Version string
 }
 
 // NewRedisProbe inspects the server behind rdb.
 func NewRedisProbe(ctx context.Context, rdb redis.UniversalClient) (*RedisProbe, error) {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		p := &RedisProbe{rdb: rdb}
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			n, err := NewRedisProbe(ctx, c)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				p.nodes = append(p.nodes, n)
+				p.Version = n.Version
+			}
+			return err
+		})
+		return p, err
+	}
 	info, err := redisInfo(ctx, rdb, "server")
 	if err != nil {
 		return nil, err
@@ -42,6 +61,17 @@ func NewRedisProbe(ctx context.Context, rdb redis.UniversalClient) (*RedisProbe,
 
 // CPU returns the server's user+system CPU time so far.
 func (p *RedisProbe) CPU(ctx context.Context) (time.Duration, error) {
+	if p.nodes != nil {
+		var sum time.Duration
+		for _, n := range p.nodes {
+			d, err := n.CPU(ctx)
+			if err != nil {
+				return 0, err
+			}
+			sum += d
+		}
+		return sum, nil
+	}
 	if p.PID != 0 {
 		if d, err := ProcCPU(p.PID); err == nil {
 			return d, nil
@@ -61,6 +91,17 @@ func (p *RedisProbe) CPU(ctx context.Context) (time.Duration, error) {
 
 // UsedMemory returns INFO memory used_memory in bytes.
 func (p *RedisProbe) UsedMemory(ctx context.Context) (int64, error) {
+	if p.nodes != nil {
+		var sum int64
+		for _, n := range p.nodes {
+			m, err := n.UsedMemory(ctx)
+			if err != nil {
+				return 0, err
+			}
+			sum += m
+		}
+		return sum, nil
+	}
 	info, err := redisInfo(ctx, p.rdb, "memory")
 	if err != nil {
 		return 0, err
@@ -77,6 +118,14 @@ func (p *RedisProbe) UsedMemory(ctx context.Context) (int64, error) {
 // the previous run's UNLINKed keys would otherwise shrink used_memory and
 // add CPU while the next run measures.
 func (p *RedisProbe) WaitLazyFree(ctx context.Context, limit time.Duration) error {
+	for _, n := range p.nodes {
+		if err := n.WaitLazyFree(ctx, limit); err != nil {
+			return err
+		}
+	}
+	if p.nodes != nil {
+		return nil
+	}
 	deadline := time.Now().Add(limit)
 	for {
 		info, err := redisInfo(ctx, p.rdb, "memory")

@@ -244,12 +244,25 @@ type ownRedis struct {
 // startOwnRedis starts bin (redis-server) on a free loopback port with no
 // persistence, so that measurements see no other client's load.
 func startOwnRedis(ctx context.Context, bin string) (*ownRedis, error) {
+	return startOwnRedisArgs(ctx, bin)
+}
+
+// startOwnRedisArgs is startOwnRedis with extra redis-server arguments, on
+// a port below 55535 (so a cluster node's bus port, +10000, fits).
+func startOwnRedisArgs(ctx context.Context, bin string, extra ...string) (*ownRedis, error) {
 	port, err := freePort()
+	for tries := 0; err == nil && port >= 55535 && tries < 100; tries++ {
+		port, err = freePort()
+	}
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
+	if port >= 55535 {
+		return nil, fmt.Errorf("no free loopback port below 55535")
+	}
+	args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -110,5 +111,46 @@ func TestSparseRunWaitsForLateDueTask(t *testing.T) {
 		if r.Error != "" || r.Lost != 0 || r.Delivered != 1 {
 			t.Errorf("%s: error %q, delivered %d, lost %d", r.System, r.Error, r.Delivered, r.Lost)
 		}
+	}
+}
+
+// --own-redis-cluster with --shards: a tiny backlog run on a private
+// 3-master cluster, namespaces of 6 shards, delivers every task exactly
+// once, measures Redis CPU and memory over the masters, skips the baseline
+// (one Redis only), and its reproduce command names both flags.
+func TestSmokeOwnClusterShards(t *testing.T) {
+	t.Parallel()
+	cfg := Config{
+		Workloads: []string{"custom"}, Systems: []string{SystemDelayd, SystemBaseline10ms},
+		Server: "inproc", OwnRedisCluster: 3, Shards: 6, RedisServerBin: "redis-server",
+		MySQLDSN: "root@tcp(127.0.0.1:3306)/", BaselineBatch: 50, Conns: 2, AckBatch: 20, JSON: true, Quiet: true,
+		Timeout: 2 * time.Minute, Override: func(w *Workload) {
+			*w = Workload{Name: "custom", Tasks: 300, Backlog: true, Batch: 64, PayloadBytes: 100,
+				Namespaces: 2, Producers: 2, Subscribers: 2, MaxInFlight: 50}
+		},
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out.String())
+	}
+	if len(rep.Results) != 2 {
+		t.Fatalf("%d results, want 2", len(rep.Results))
+	}
+	d, b := rep.Results[0], rep.Results[1]
+	if d.Error != "" || d.Skipped != "" || d.Tally != (Tally{Expected: 300, Delivered: 300}) || d.Early != 0 {
+		t.Errorf("delayd on the cluster: error %q skipped %q tally %+v early %d", d.Error, d.Skipped, d.Tally, d.Early)
+	}
+	if d.RedisCPU.Load+d.RedisCPU.Deliver <= 0 {
+		t.Errorf("Redis CPU over the masters = %+v, want > 0", d.RedisCPU)
+	}
+	if !strings.Contains(d.Command, "--own-redis-cluster=3") || !strings.Contains(d.Command, "--shards=6") {
+		t.Errorf("command %q does not name --own-redis-cluster=3 --shards=6", d.Command)
+	}
+	if b.Skipped == "" {
+		t.Errorf("baseline on a cluster: not skipped (%+v)", b)
 	}
 }

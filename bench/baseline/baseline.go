@@ -159,6 +159,35 @@ func (q *Queue) Cleanup(ctx context.Context) (int, error) {
 // DeleteMatching UNLINKs every key matching the SCAN pattern and returns
 // how many it deleted. It never flushes the database.
 func DeleteMatching(ctx context.Context, rdb redis.UniversalClient, pattern string) (int, error) {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		// Every master in turn; keys one at a time (one UNLINK of keys in
+		// several slots is refused).
+		var mu sync.Mutex
+		total := 0
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			var cursor uint64
+			for {
+				ks, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+				if err != nil {
+					return fmt.Errorf("cleanup %q: %w", pattern, err)
+				}
+				for _, k := range ks {
+					d, err := c.Unlink(ctx, k).Result()
+					if err != nil {
+						return fmt.Errorf("cleanup %q: %w", pattern, err)
+					}
+					mu.Lock()
+					total += int(d)
+					mu.Unlock()
+				}
+				if next == 0 {
+					return nil
+				}
+				cursor = next
+			}
+		})
+		return total, err
+	}
 	n := 0
 	var cursor uint64
 	for {
