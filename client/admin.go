@@ -71,6 +71,10 @@ type Policy struct {
 	PushSecret string `json:"-"`
 	// PushSecretSet, in answers, says a push secret is stored.
 	PushSecretSet bool `json:"push_secret_set,omitempty"`
+	// Shards spreads the namespace's tasks over that many Redis Cluster
+	// slots (1-256; 0 = the default, 1). Set at create only: an update that
+	// would change it is refused (FailedPrecondition).
+	Shards int32 `json:"shards"`
 }
 
 // PolicyFields are the names UpdateNamespace accepts in its fields list, in
@@ -78,7 +82,7 @@ type Policy struct {
 var PolicyFields = []string{
 	"ack_timeout", "max_attempts", "backoff_initial", "backoff_max", "backoff_multiplier",
 	"max_payload_bytes", "max_pending_tasks", "rate_limit", "rate_burst", "max_subscribers", "max_delay",
-	"paused", "max_dispatch_rate", "push",
+	"paused", "max_dispatch_rate", "shards", "push",
 }
 
 func (p Policy) proto() *delaydv1.NamespacePolicy {
@@ -103,6 +107,7 @@ func (p Policy) proto() *delaydv1.NamespacePolicy {
 		Paused:            p.Paused,
 		MaxDispatchRate:   p.MaxDispatchRate,
 		Push:              pushProto(p.PushURL, p.PushSecret),
+		Shards:            p.Shards,
 	}
 }
 
@@ -130,6 +135,7 @@ func policyFromProto(p *delaydv1.NamespacePolicy) Policy {
 		MaxDispatchRate:   p.GetMaxDispatchRate(),
 		PushURL:           p.GetPush().GetUrl(),
 		PushSecretSet:     p.GetPush().GetSecretSet(),
+		Shards:            p.GetShards(),
 	}
 }
 

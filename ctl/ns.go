@@ -154,6 +154,7 @@ func namespaceFields(n client.Namespace) [][2]string {
 		{"max_dispatch_rate", f(p.MaxDispatchRate)},
 		{"push_url", orDash(p.PushURL)},
 		{"push_secret", map[bool]string{true: "set (write-only)", false: "-"}[p.PushSecretSet]},
+		{"shards", i(int64(p.Shards))},
 	}
 }
 
@@ -175,6 +176,7 @@ func policyFlags(fs *pflag.FlagSet, p *client.Policy) {
 	fs.Float64Var(&p.MaxDispatchRate, "max-dispatch-rate", 0, "deliveries per second across all replicas (0 = unlimited)")
 	fs.StringVar(&p.PushURL, "push-url", "", "POST due tasks to this http(s) URL instead of serving Subscribe streams; a host the server's --push-allow admits; '' turns push off")
 	fs.StringVar(&p.PushSecret, "push-secret", "", "HMAC-SHA256 key signing push requests (16-1024 bytes; required with the first --push-url; kept when not given)")
+	fs.Int32Var(&p.Shards, "shards", 0, "Redis Cluster slots the tasks spread over (1-256; 0 = default 1; set at create only; global admin only)")
 }
 
 // nsWriteCommand is "ns create" or "ns update": update changes only the

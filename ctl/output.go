@@ -74,6 +74,7 @@ type policyView struct {
 	MaxDispatchRate   float64 `json:"max_dispatch_rate"`
 	PushURL           string  `json:"push_url,omitempty"`
 	PushSecretSet     bool    `json:"push_secret_set,omitempty"`
+	Shards            int32   `json:"shards"`
 }
 
 // namespaceView is a namespace for JSON.
@@ -96,6 +97,7 @@ func viewNamespace(n client.Namespace) namespaceView {
 			RateBurst: p.RateBurst, MaxSubscribers: p.MaxSubscribers, MaxDelay: p.MaxDelay.String(),
 			Paused: p.Paused, MaxDispatchRate: p.MaxDispatchRate,
 			PushURL: p.PushURL, PushSecretSet: p.PushSecretSet,
+			Shards: p.Shards,
 		},
 		CreateTime: tsPtr(n.CreateTime),
 		UpdateTime: tsPtr(n.UpdateTime),
