@@ -101,7 +101,10 @@ VET_FLAGS ?= -race
 
 .PHONY: test
 test: services promtool chromium ## Check services, promtool and chromium, go vet, then go test -race (no code generators needed); console screenshots go to artifacts/.
-	go vet $(VET_FLAGS) ./...
+	@# test-ts's npm packages (network, on a fresh clone) download beside go vet (CPU).
+	$(MAKE) --no-print-directory $(TS_DEPS) & npm=$$!; \
+		go vet $(VET_FLAGS) ./... || { wait $$npm; exit 1; }; \
+		wait $$npm
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) test-ts
 
