@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -60,39 +61,70 @@ func FreePort(t testing.TB) int {
 
 // StartRedis starts a private redis-server on a free loopback port (no RDB,
 // no AOF, its own directory) with the extra arguments, waits until it
-// answers, and kills it when t ends.
+// answers, and kills it when t ends. A port chosen free can be taken by
+// another process (tests running in parallel) before redis-server binds it:
+// then it tries another port, up to five times.
 func StartRedis(t testing.TB, extra ...string) *RedisServer {
 	t.Helper()
-	port := FreePort(t)
 	dir := t.TempDir()
-	s := &RedisServer{t: t, dir: dir, Addr: fmt.Sprintf("127.0.0.1:%d", port)}
-	s.URL = "redis://" + s.Addr
-	s.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}, extra...)
+	s := &RedisServer{t: t, dir: dir}
 	t.Cleanup(s.kill)
-	s.start()
-	return s
+	for attempt := 1; ; attempt++ {
+		port := FreePort(t)
+		s.Addr = fmt.Sprintf("127.0.0.1:%d", port)
+		s.URL = "redis://" + s.Addr
+		s.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}, extra...)
+		err := s.startOnce()
+		if err == nil {
+			return s
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 5 {
+			t.Fatal(err)
+		}
+		s.kill()
+		_ = os.Remove(filepath.Join(dir, "redis.log")) // its "Address already in use"
+	}
 }
+
+// errPortTaken: another process had the port before redis-server bound it.
+var errPortTaken = errors.New("port taken")
 
 func (s *RedisServer) start() {
 	s.t.Helper()
+	if err := s.startOnce(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// startOnce starts redis-server and waits until it answers on s.Addr, and
+// checks that the server answering is this process (not another test's
+// server that got the port first).
+func (s *RedisServer) startOnce() error {
 	cmd := exec.Command(redisServerBin(s.t), s.args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
+		return fmt.Errorf("start redis-server: %w", err)
 	}
 	s.cmd = cmd
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
 	defer c.Close()
+	logFile := filepath.Join(s.dir, "redis.log")
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		err := c.Ping(context.Background()).Err()
+		info, err := c.Info(context.Background(), "server").Result()
 		if err == nil {
-			return
+			if !strings.Contains(info, "process_id:"+strconv.Itoa(cmd.Process.Pid)+"\r\n") {
+				return fmt.Errorf("redis-server on %s: another process answers there: %w", s.Addr, errPortTaken)
+			}
+			return nil
+		}
+		if log, _ := os.ReadFile(logFile); strings.Contains(string(log), "Address already in use") {
+			return fmt.Errorf("redis-server on %s: %w", s.Addr, errPortTaken)
 		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			s.t.Fatalf("redis-server on %s did not start: %v\n%s", s.Addr, err, log)
+			log, _ := os.ReadFile(logFile)
+			return fmt.Errorf("redis-server on %s did not start: %v\n%s", s.Addr, err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -96,7 +96,8 @@ const ShardCacheTTL = 10 * time.Second
 
 // RegistryShards is a ShardCounter over a namespace registry: the count is
 // the namespace's Policy.Shards (0 = 1), cached for ShardCacheTTL (it is
-// fixed for the life of a namespace). A namespace the registry does not
+// fixed for the life of a namespace); while the registry cannot answer, the
+// last count is kept. A namespace the registry does not
 // have counts 1 shard and is not cached. A replica whose cache outlives a
 // delete and re-creation of the namespace with another count writes
 // through its stale view only until the namespace incarnation check refuses
@@ -132,8 +133,9 @@ func (r *RegistryShards) Use(reg storage.Registry) {
 
 // Shards implements ShardCounter.
 func (r *RegistryShards) Shards(ctx context.Context, ns string) (int, error) {
-	if v, ok := r.cache.Load(ns); ok {
-		if e := v.(shardEntry); time.Since(e.at) < ShardCacheTTL {
+	last, cached := r.cache.Load(ns)
+	if cached {
+		if e := last.(shardEntry); time.Since(e.at) < ShardCacheTTL {
 			return e.n, nil
 		}
 	}
@@ -146,6 +148,16 @@ func (r *RegistryShards) Shards(ctx context.Context, ns string) (int, error) {
 		return 1, nil
 	}
 	if err != nil {
+		if cached {
+			// The registry cannot answer (in durable mode: MySQL down or
+			// hung). The count is fixed for the namespace's life, so keep
+			// the last one for another ShardCacheTTL rather than fail
+			// every Redis call of the namespace (acks, lease renewals,
+			// pops) for as long as MySQL is out.
+			e := last.(shardEntry)
+			r.cache.Store(ns, shardEntry{n: e.n, at: time.Now()})
+			return e.n, nil
+		}
 		return 0, fmt.Errorf("shard count of %q: %w", ns, err)
 	}
 	c := min(max(n.Policy.Shards, 1), MaxShards)
