@@ -918,16 +918,28 @@ func (s *Store) logBad(op, ns string, ids []string) {
 }
 
 // tokenArgs appends id, incarnation, generation, delivery per token
-// (tokenArity values). A token of another namespace is sent with an id no
-// task has, so it answers NOT_FOUND; so does one with delivery 0 (the
+// (tokenArity values), the numbers in hexadecimal as headers hold them
+// (appendHex: 0 is ""), so the scripts compare them as strings (see
+// token_check in lua/lib.lua). A token of another namespace is sent with an
+// id no task has, so it answers NOT_FOUND; so does one with delivery 0 (the
 // scripts never match it).
 func tokenArgs(args []any, ns string, tokens []storage.Token) []any {
+	// one buffer for every token's numbers; each argument is a slice of it
+	// (a full slice expression, so nothing appends into another's bytes)
+	buf := make([]byte, 0, 40*len(tokens))
 	for _, t := range tokens {
 		if t.Namespace != "" && t.Namespace != ns {
-			args = append(args, "", 0, 0, 0)
+			args = append(args, "", "", "", "")
 			continue
 		}
-		args = append(args, t.ID, t.Incarnation, t.Generation, t.Delivery)
+		a := len(buf)
+		buf = appendHex(buf, t.Incarnation)
+		b := len(buf)
+		buf = appendHex(buf, t.Generation)
+		c := len(buf)
+		buf = appendHex(buf, t.Delivery)
+		d := len(buf)
+		args = append(args, t.ID, buf[a:b:b], buf[b:c:c], buf[c:d:d])
 	}
 	return args
 }

@@ -12,7 +12,8 @@
 --         MySQL (the reconciler, if the ack's own write-through never
 --         runs): pops are not written to MySQL, so only the index knows it.
 -- ARGV[2] n (at most 1,000); then per token i (from 0), at ARGV[3+4i ..]:
---         id, incarnation, generation, delivery sequence
+--         id, incarnation, generation, delivery sequence (hexadecimal, as
+--         headers hold them: 0 is '')
 --
 -- Returns one status per token: 1 OK (deleted, or acked before and the
 -- marker still says so), 2 STALE (the task has a newer generation or
@@ -42,10 +43,10 @@ for i = 0, n - 1 do
   if not done[id] then
     local mark
     if marks then
-      mark = ARGV[j + 1] .. ',' .. ARGV[j + 2] .. ',' .. ARGV[j + 3]
+      -- markers are decimal (durable.go, markOf)
+      mark = int(dec(ARGV[j + 1]) or 0) .. ',' .. int(dec(ARGV[j + 2]) or 0) .. ',' .. int(dec(ARGV[j + 3]) or 0)
     end
-    st = token_check(hs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
-      tonumber(ARGV[j + 3]))
+    st = token_check(hs[i + 1], leased[i + 1], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3])
     if st == 1 then
       done[id] = true
       gone[#gone + 1] = id

@@ -5,7 +5,8 @@
 -- KEYS[1] inflight ZSET, KEYS[2] meta HASH
 -- ARGV[1] by ms
 -- ARGV[2] n (at most 1,000); then per token i (from 0), at ARGV[3+4i ..]:
---         id, incarnation, generation, delivery sequence
+--         id, incarnation, generation, delivery sequence (hexadecimal, as
+--         headers hold them: 0 is '')
 --
 -- Returns {new lease deadline ms, then one status per token: 1 OK, 2 STALE,
 -- 3 NOT_FOUND (unchanged)}.
@@ -26,8 +27,7 @@ local d = int(deadline)
 local zargs = {}
 for i = 0, n - 1 do
   local j = 3 + 4 * i
-  local st = token_check(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
-      tonumber(ARGV[j + 3]))
+  local st = token_check(recs[i + 1], leased[i + 1], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3])
   if st == 1 then
     push(zargs, d, ids[i + 1])
   end

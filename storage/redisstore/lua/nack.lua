@@ -10,7 +10,8 @@
 -- ARGV[11] '1' when the deliveries were popped but never sent: each gives
 --          back the attempt its pop counted, else '0'
 -- ARGV[12] n (at most 1,000); then per token i (from 0), at ARGV[13+4i ..]:
---          id, incarnation, generation, delivery sequence
+--          id, incarnation, generation, delivery sequence (hexadecimal, as
+--          headers hold them: 0 is '')
 --
 -- Publishes the namespace on the wake channel when a task became earlier
 -- than the head of due.
@@ -39,8 +40,7 @@ for i = 0, n - 1 do
   local id = ids[i + 1]
   local st, state, at = 3, 0, 0
   if not done[id] then
-    st = token_check(recs[i + 1], leased[i + 1], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
-      tonumber(ARGV[j + 3]))
+    st = token_check(recs[i + 1], leased[i + 1], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3])
     local r
     if st == 1 then
       r = parse(recs[i + 1])
