@@ -207,9 +207,17 @@ func (n *ClusterNode) Kill() {
 	if !n.Alive() {
 		return
 	}
+	_ = n.cmd.Process.Signal(syscall.SIGCONT) // a paused process must run to die
 	_ = n.cmd.Process.Kill()
 	_ = n.cmd.Wait()
 }
+
+// Pause sends SIGSTOP: the node answers nothing and stops replicating, as
+// a hung or partitioned node does; Resume undoes it.
+func (n *ClusterNode) Pause() error { return n.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume sends SIGCONT after Pause.
+func (n *ClusterNode) Resume() error { return n.cmd.Process.Signal(syscall.SIGCONT) }
 
 // Client is a plain client of this node alone (the caller closes it).
 func (n *ClusterNode) Client() *redis.Client {
@@ -234,6 +242,26 @@ func infoField(info, key string) string {
 		}
 	}
 	return ""
+}
+
+// ReplicaOf is a live replica of master, nil if it has none.
+func (c *Cluster) ReplicaOf(ctx context.Context, master *ClusterNode) (*ClusterNode, error) {
+	for _, n := range c.Nodes {
+		if !n.Alive() || n == master {
+			continue
+		}
+		cl := n.Client()
+		repl, err := cl.Info(ctx, "replication").Result()
+		cl.Close()
+		if err != nil {
+			return nil, err
+		}
+		if infoField(repl, "role") == "slave" &&
+			infoField(repl, "master_host")+":"+infoField(repl, "master_port") == master.Addr {
+			return n, nil
+		}
+	}
+	return nil, nil
 }
 
 // Addrs are the addresses of the nodes still alive.
