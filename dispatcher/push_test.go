@@ -149,3 +149,33 @@ func TestStopCutsPushPastItsDrainTime(t *testing.T) {
 		t.Errorf("p1 after Stop cut its push: %+v %v; want scheduled, attempt 0, %q", task, err, dispatcher.ReasonPushStopping)
 	}
 }
+
+// At most PushConcurrency pushes of a namespace are in flight on a
+// replica: with 2 and an endpoint that does not answer, 2 of 5 due tasks
+// are pushed; the others wait (scheduled) until an answer frees a slot.
+func TestPushConcurrencyIsBounded(t *testing.T) {
+	t.Parallel()
+	fp := &fakePusher{hold: make(chan struct{}), answer: func(storage.Delivery) (storage.PushOutcome, error) { return storage.PushOK, nil }}
+	h := newHarness(t, pushPolicy(), func(c *dispatcher.Config) { c.Pusher, c.PushConcurrency = fp, 2 })
+	h.d.PolicyChanged(context.Background(), h.ns)
+	h.upsert(h.d, 0, "c1", "c2", "c3", "c4", "c5")
+	total := func() int {
+		fp.mu.Lock()
+		defer fp.mu.Unlock()
+		return len(fp.got)
+	}
+	testkit.Eventually(t, wait, "two pushes in flight", func() bool { return total() == 2 })
+	time.Sleep(quiet)
+	if n := total(); n != 2 {
+		t.Fatalf("%d pushes started with concurrency 2 and none answered", n)
+	}
+	st, err := h.store.Stats(context.Background(), h.ns)
+	if err != nil || st.Delivered != 2 || st.Scheduled != 3 {
+		t.Fatalf("stats %+v %v; want 2 delivered (leased to the pushes), 3 scheduled", st, err)
+	}
+	close(fp.hold) // answers come: the rest is pushed
+	testkit.Eventually(t, wait, "all five pushed and acked", func() bool {
+		st, err := h.store.Stats(context.Background(), h.ns)
+		return err == nil && total() == 5 && st.Scheduled+st.Delivered == 0
+	})
+}
