@@ -334,7 +334,9 @@ func TestConsole(t *testing.T) {
 			chromedp.WaitVisible(chromedp.ID("detail-id")),
 			into(&id, chromedp.Text(chromedp.ID("detail-id"))),
 			into(&payload, chromedp.Text(chromedp.ID("detail-payload"))),
-			waitJS(`document.getElementById('stat-scheduled')?.textContent === "3"`),
+			waitJS(`document.getElementById('stat-scheduled')?.textContent === "3" &&
+				document.getElementById('stat-rate')?.textContent === "unlimited" &&
+				document.getElementById('stat-delivery')?.textContent === "Subscribe"`),
 			b.shot("admin-task"))
 		if id != "order-1002" || payload != `{"order":1001}` {
 			t.Errorf("task detail: id %q payload %q", id, payload)

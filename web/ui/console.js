@@ -373,7 +373,9 @@
           stat('scheduled', num(s.scheduled), 'stat-scheduled'), stat('due now', num(s.dueNow), 'stat-due'),
           stat('in flight', num(s.delivered), 'stat-delivered'), stat('dead', num(s.dead), 'stat-dead'),
           stat('oldest due lateness', fmtDuration(seconds(s.oldestDueLateness)), 'stat-lateness'),
-          stat('deliveries', s.paused ? 'paused' : 'running', 'stat-paused'));
+          stat('deliveries', s.paused ? 'paused' : 'running', 'stat-paused'),
+          stat('rate cap', s.maxDispatchRate ? s.maxDispatchRate + '/s' : 'unlimited', 'stat-rate'),
+          stat('delivered by', s.push ? 'HTTP push' : 'Subscribe', 'stat-delivery'));
       }));
     } else {
       stats.replaceChildren(h('span', { class: 'muted' }, 'Stats, dead-letter actions and keys need the admin scope on this namespace.'));
