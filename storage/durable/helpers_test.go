@@ -43,8 +43,15 @@ func newEnv(t testing.TB, cfg func(*durable.Config)) *env {
 // Redis.
 func newEnvOn(t testing.TB, dsn, url string, cfg func(*durable.Config)) *env {
 	t.Helper()
+	return newEnvIndex(t, dsn, url, redisstore.Options{}, cfg)
+}
+
+// newEnvIndex is newEnvOn with the index's options (Logger is set).
+func newEnvIndex(t testing.TB, dsn, url string, opts redisstore.Options, cfg func(*durable.Config)) *env {
+	t.Helper()
 	e := &env{t: t, dsn: dsn, rdb: testkit.RedisAt(t, url)}
-	e.idx = redisstore.New(e.rdb, redisstore.Options{Logger: testkit.Logger(t)})
+	opts.Logger = testkit.Logger(t)
+	e.idx = redisstore.New(e.rdb, opts)
 	c := durable.Config{DSN: dsn, Index: e.idx, Logger: testkit.Logger(t), IndexCheckInterval: 50 * time.Millisecond}
 	if cfg != nil {
 		cfg(&c)

@@ -12,6 +12,7 @@ import (
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/mysqlstore"
+	"github.com/delayd/delayd/storage/redisstore"
 )
 
 // consumer pops and acks tasks of ns until stopped, counting deliveries
@@ -97,9 +98,20 @@ func (c *consumer) counts() (delivered, acked, dups int) {
 // The test runs a redis-server of its own.
 func TestFlushAllMidway(t *testing.T) {
 	t.Parallel()
-	const total = 10_000
+	flushAllMidway(t, 10_000, redisstore.Options{})
+}
+
+// TestFlushAllMidwaySharded is TestFlushAllMidway with the namespace in 4
+// shards of the index: the rebuild re-indexes every shard from MySQL (each
+// task into its own shard) and sets every shard's index marker again.
+func TestFlushAllMidwaySharded(t *testing.T) {
+	t.Parallel()
+	flushAllMidway(t, 4_000, redisstore.Options{Shards: redisstore.FixedShards(4)})
+}
+
+func flushAllMidway(t *testing.T, total int, opts redisstore.Options) {
 	url := testkit.StartRedis(t).URL
-	e := newEnvOn(t, testkit.Database(t, "delayd_test"), url, func(c *durable.Config) {
+	e := newEnvIndex(t, testkit.Database(t, "delayd_test"), url, opts, func(c *durable.Config) {
 		c.IndexCheckInterval = 50 * time.Millisecond
 		c.OpTimeout = 2 * time.Second
 	})
@@ -109,7 +121,7 @@ func TestFlushAllMidway(t *testing.T) {
 	now := time.Now()
 	for i := 0; i < total; i += 500 {
 		specs := make([]storage.UpsertSpec, 0, 500)
-		for j := i; j < i+500; j++ {
+		for j := i; j < min(i+500, total); j++ {
 			specs = append(specs, storage.UpsertSpec{ID: fmt.Sprintf("t%05d", j), Payload: []byte("payload"),
 				DueTime: now.Add(time.Duration(j%2000) * time.Millisecond)})
 		}
