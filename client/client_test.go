@@ -436,6 +436,9 @@ func TestConsumeShutdownTimeoutCancelsHandlers(t *testing.T) {
 
 func TestConsumeExtendsLeaseOfSlowHandler(t *testing.T) {
 	t.Parallel()
+	// 2 s: the extension is sent well inside the lease even when the
+	// whole suite loads the machine (1 s missed it at load 16).
+	const lease = 2 * time.Second
 	srv := startDelayd(t, "127.0.0.1:0")
 	for _, extend := range []bool{true, false} {
 		t.Run(fmt.Sprintf("extend=%v", extend), func(t *testing.T) {
@@ -443,7 +446,7 @@ func TestConsumeExtendsLeaseOfSlowHandler(t *testing.T) {
 			c := newClient(t, srv.addr(), client.WithLogger(testLogger(t)))
 			ns := namespace(t, c)
 			setPolicy(t, c, ns, &delaydv1.NamespacePolicy{
-				AckTimeout:     durationpb.New(time.Second),
+				AckTimeout:     durationpb.New(lease),
 				BackoffInitial: durationpb.New(10 * time.Millisecond),
 				BackoffMax:     durationpb.New(10 * time.Millisecond),
 			})
@@ -456,7 +459,7 @@ func TestConsumeExtendsLeaseOfSlowHandler(t *testing.T) {
 				deliveries.Add(1)
 				// Three and a half leases of work.
 				select {
-				case <-time.After(3500 * time.Millisecond):
+				case <-time.After(lease * 7 / 2):
 				case <-ctx.Done():
 				}
 				done <- struct{}{}

@@ -29,7 +29,9 @@ func TestConditionalWrites(t *testing.T) {
 				cfg.MySQLDSN = testkit.Database(t, "delayd_client_cond")
 			}
 			srv := startDelaydWith(t, cfg)
-			c := newClient(t, srv.addr())
+			// Batches of 1,000 through durable mode's group commit: 5 s (the
+			// default) is tight when the whole suite loads the machine.
+			c := newClient(t, srv.addr(), client.WithTimeout(30*time.Second))
 			ns := namespace(t, c)
 			ctx := t.Context()
 
