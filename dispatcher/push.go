@@ -86,7 +86,6 @@ type pushManager struct {
 	pushers map[string]*pusher
 	checked map[string]time.Time // namespaces without a pusher: last look at their policy
 	pending map[string]bool      // namespaces to look at; true: even if looked at lately
-	warned  map[string]bool      // namespaces logged as "push set but push disabled here"
 	closing bool                 // drain began: no new pushers
 }
 
@@ -97,7 +96,6 @@ func newPushManager(d *Dispatcher) *pushManager {
 		pushers: make(map[string]*pusher),
 		checked: make(map[string]time.Time),
 		pending: make(map[string]bool),
-		warned:  make(map[string]bool),
 	}
 }
 
@@ -220,12 +218,6 @@ func (m *pushManager) check(ctx context.Context, ns string) {
 	p := m.pushers[ns]
 	m.checked[ns] = time.Now()
 	switch {
-	case want && p == nil && cfg.Pusher == nil:
-		if !m.warned[ns] {
-			m.warned[ns] = true
-			m.d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: namespace has a push target but push is disabled on this replica (--push-allow is empty); its tasks wait for a replica that pushes",
-				slog.String("namespace", ns))
-		}
 	case want && p == nil && m.ctx != nil && m.ctx.Err() == nil && !m.closing:
 		p = m.start(ns)
 		m.pushers[ns] = p

@@ -81,8 +81,12 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	if pol.Push.Enabled() {
 		// Its due tasks go to the push target; a stream would take a share
 		// of them from it.
+		disabled := ""
+		if s.opts.PushAllow == nil || !s.opts.PushAllow.Enabled() {
+			disabled = " (push is disabled on this server, --push-allow is empty: the tasks wait for a replica that pushes)"
+		}
 		return status.Errorf(codes.FailedPrecondition,
-			"namespace %q delivers its tasks to its HTTP push target (policy.push.url); Subscribe is refused while push is set: turn push off (update policy.push with an empty url) to consume over Subscribe", ns)
+			"namespace %q delivers its tasks to its HTTP push target (policy.push.url)%s; Subscribe is refused while push is set: turn push off (update policy.push with an empty url) to consume over Subscribe", ns, disabled)
 	}
 	// Per-namespace subscriber and rate limits belong here, before Serve
 	// (the policy above carries MaxSubscribers; Dispatcher.Subscribers(ns)
