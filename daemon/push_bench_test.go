@@ -57,7 +57,9 @@ func BenchmarkPushDrain(b *testing.B) {
 	}}}); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { _, _ = nsc.DeleteNamespace(context.Background(), &delaydv1.DeleteNamespaceRequest{Namespace: ns, Force: true}) }()
+	defer func() {
+		_, _ = nsc.DeleteNamespace(context.Background(), &delaydv1.DeleteNamespaceRequest{Namespace: ns, Force: true})
+	}()
 	for start := 0; start < b.N; start += 500 {
 		req := &delaydv1.BatchUpsertTasksRequest{Namespace: ns}
 		for i := start; i < min(start+500, b.N); i++ {
