@@ -278,13 +278,6 @@ func (m *pushManager) stopAll() {
 	}
 }
 
-// running reports whether this replica runs a pusher for ns.
-func (m *pushManager) running(ns string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.pushers[ns] != nil
-}
-
 // pusher serves one namespace's push target on this replica.
 type pusher struct {
 	m      *pushManager
