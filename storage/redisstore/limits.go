@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 //
 // Keys, on the namespace's first shard (its hash tag {ns#0}):
 //
-//	delayd:{ns#0}:reqrate  HASH  request-rate token bucket (lua/reqrate.lua):
+//	delayd:{ns#0}:reqrate  HASH  request-rate token bucket (lua/ratetake.lua):
 //	                             t = tokens, at = when (Redis µs); expires
 //	                             once it would be full again
 //	delayd:{ns#0}:subs     ZSET  Subscribe stream id -> lease end (Redis ms)
@@ -28,11 +29,9 @@ import (
 
 var _ storage.SharedLimits = (*Store)(nil)
 
-// The scripts of this file.
-var (
-	reqRateScript     = load("reqrate")
-	subscribersScript = load("subscribers")
-)
+// subscribersScript is lua/subscribers.lua. (The request bucket runs
+// scripts.rateTake.)
+var subscribersScript = load("subscribers")
 
 // requestRateKey is ns's request-rate bucket.
 func requestRateKey(ns string) string { return keyPrefix + hashTag(ns, 0) + ":reqrate" }
@@ -51,8 +50,10 @@ func (s *Store) TakeRequestToken(ctx context.Context, ns string, rate float64, b
 	if !(rate > 0) {
 		return true, nil
 	}
-	v, err := s.run(ctx, "request rate", reqRateScript, []string{requestRateKey(ns)},
-		fmt.Sprintf("%g", rate), max(1, burst))
+	// lua/ratetake.lua, the dispatch-rate bucket's script outside a pop:
+	// take one whole token, give none back.
+	v, err := s.run(ctx, "request rate", scripts.rateTake, []string{requestRateKey(ns)},
+		strconv.FormatFloat(rate, 'g', -1, 64), max(1, burst), 1, 0)
 	if err != nil {
 		return false, err
 	}

@@ -1,7 +1,9 @@
 -- ratetake.lua: take tokens from, or give tokens back to, a namespace's
 -- dispatch-rate bucket outside a pop. A sharded namespace has one bucket,
 -- in shard 0 (shards.go): a Pop takes its tokens here first, pops that
--- many across the shards, and gives back what it did not use.
+-- many across the shards, and gives back what it did not use. The
+-- request-rate bucket of policy.rate_limit (limits.go) takes one token a
+-- call through it too.
 --
 -- KEYS[1] rate HASH (t = tokens, at = Redis time of t in µs; pop.lua's
 --         layout)
