@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -133,8 +134,26 @@ type tally struct {
 	last      time.Time // when the last first-time ack happened
 }
 
-func newTally() *tally {
-	return &tally{due: map[string]time.Time{}, delivered: map[string]int{}, acked: map[string]bool{}}
+// newTally returns an empty tally; if t fails, it logs which accepted
+// tasks were never acked and how often each was delivered.
+func newTally(t *testing.T) *tally {
+	ty := &tally{due: map[string]time.Time{}, delivered: map[string]int{}, acked: map[string]bool{}}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ty.mu.Lock()
+		defer ty.mu.Unlock()
+		var unacked []string
+		for id := range ty.due {
+			if !ty.acked[id] {
+				unacked = append(unacked, fmt.Sprintf("%s (delivered %d times)", id, ty.delivered[id]))
+			}
+		}
+		sort.Strings(unacked)
+		t.Logf("tally: %d accepted, %d acked, %d never acked: %v", len(ty.due), len(ty.acked), len(unacked), unacked[:min(len(unacked), 50)])
+	})
+	return ty
 }
 
 // received records a delivery at time now.
@@ -323,7 +342,7 @@ func TestFaultReplicaSIGKILLMidStream(t *testing.T) {
 	args := []string{"--redis-url", rs.URL, "--no-auth"}
 	a, b := startReplica(t, bin, args...), startReplica(t, bin, args...)
 	ns := "fault-kill"
-	ty := newTally()
+	ty := newTally(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	held := consume(ctx, t, a.conn, ns, 2*time.Second, ty) // slow: holds what it gets
@@ -380,7 +399,7 @@ func TestFaultRedisLossDurable(t *testing.T) {
 			r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--mysql-dsn", testkit.Database(t, "delayd_fault"),
 				"--reconcile-interval", "2s")
 			ns := "fault-" + tc.name
-			ty := newTally()
+			ty := newTally(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			consume(ctx, t, r.conn, ns, 0, ty)
@@ -422,7 +441,7 @@ func TestFaultRedisSIGSTOP(t *testing.T) {
 	rs := testkit.StartRedis(t)
 	r := startReplica(t, bin, "--redis-url", rs.URL, "--no-auth", "--store-timeout", "2s")
 	ns := "fault-sigstop"
-	ty := newTally()
+	ty := newTally(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	consume(ctx, t, r.conn, ns, 0, ty)
@@ -486,7 +505,7 @@ func TestFaultDelaydSIGKILLDuringWrites(t *testing.T) {
 	args := []string{"--redis-url", rs.URL, "--no-auth"}
 	a, b := startReplica(t, bin, args...), startReplica(t, bin, args...)
 	ns := "fault-writes"
-	ty := newTally()
+	ty := newTally(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	consume(ctx, t, b.conn, ns, 0, ty)
@@ -644,7 +663,7 @@ func TestFaultRedisSIGSTOPDurable(t *testing.T) {
 		}
 		return err
 	})
-	ty := newTally()
+	ty := newTally(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	consume(ctx, t, r.conn, ns, 0, ty)
@@ -781,7 +800,7 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 				}
 				return err
 			})
-			ty := newTally()
+			ty := newTally(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			dc := delaydv1.NewDeliveryServiceClient(r.conn)
@@ -994,7 +1013,7 @@ func TestFaultLaggingReplicaPromoted(t *testing.T) {
 			}
 			r := startReplica(t, bin, args...)
 			ns := "fault-promote-" + name
-			ty := newTally()
+			ty := newTally(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			consume(ctx, t, r.conn, ns, 0, ty)
