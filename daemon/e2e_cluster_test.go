@@ -210,6 +210,11 @@ func runFailoverLag(t *testing.T, cfg Config, n int, lag, due, stall time.Durati
 			run.inFlight = delivered - int(acked.Load())
 			// shard 0's slot: its tag is e.ns#0 or e.ns#0~s; find the master
 			// through the keys it holds.
+			// The namespace has its 6 shards (in durable mode the count comes
+			// from the MySQL registry).
+			if got := shardsWithKeys(t, cl, e.ns); got != 6 {
+				t.Fatalf("the namespace's tasks are in %d shards, want 6", got)
+			}
 			if victim == nil {
 				victim = masterWith(t, cl, "delayd:{"+e.ns+"#0*}:life")
 			}
@@ -296,6 +301,28 @@ func runFailoverLag(t *testing.T, cfg Config, n int, lag, due, stall time.Durati
 	t.Logf("failover: %d upserted, %d lost, %d duplicate deliveries, %d in flight at the kill, %d calls Unavailable, recovered after %s",
 		run.upserted, run.lost, run.dups, run.inFlight, run.unavailable, run.recovered.Round(time.Millisecond))
 	return run
+}
+
+// shardsWithKeys counts the shards of ns that have a life key, over the
+// live masters.
+func shardsWithKeys(t *testing.T, cl *testkit.Cluster, ns string) int {
+	t.Helper()
+	ctx := context.Background()
+	masters, err := cl.MasterNodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range masters {
+		c := m.Client()
+		keys, err := c.Keys(ctx, "delayd:{"+ns+"#*}:life").Result()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += len(keys)
+	}
+	return n
 }
 
 // masterWith is the live master holding a key that matches pattern.
