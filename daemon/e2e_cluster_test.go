@@ -174,9 +174,18 @@ func runFailoverLag(t *testing.T, cfg Config, n int, lag, due, stall time.Durati
 
 	var run failoverRun
 	var killedAt, pausedAt time.Time
+	checked := false
 	var victim, replica *testkit.ClusterNode
 	ctx := context.Background()
 	for lo := 0; lo < n; lo += 50 {
+		if lo >= n/3 && !checked {
+			// The namespace has its 6 shards (in durable mode the count
+			// comes from the MySQL registry). Asked before a node is paused.
+			if got := shardsWithKeys(t, cl, e.ns); got != 6 {
+				t.Fatalf("the namespace's tasks are in %d shards, want 6", got)
+			}
+			checked = true
+		}
 		if lag > 0 && lo >= n/3 && pausedAt.IsZero() {
 			victim = masterWith(t, cl, "delayd:{"+e.ns+"#0*}:life")
 			var err error
@@ -210,11 +219,6 @@ func runFailoverLag(t *testing.T, cfg Config, n int, lag, due, stall time.Durati
 			run.inFlight = delivered - int(acked.Load())
 			// shard 0's slot: its tag is e.ns#0 or e.ns#0~s; find the master
 			// through the keys it holds.
-			// The namespace has its 6 shards (in durable mode the count comes
-			// from the MySQL registry).
-			if got := shardsWithKeys(t, cl, e.ns); got != 6 {
-				t.Fatalf("the namespace's tasks are in %d shards, want 6", got)
-			}
 			if victim == nil {
 				victim = masterWith(t, cl, "delayd:{"+e.ns+"#0*}:life")
 			}

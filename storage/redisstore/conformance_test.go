@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,5 +123,19 @@ func TestShardsOnEveryMaster(t *testing.T) {
 	st, err := s.Stats(ctx, ns)
 	if err != nil || st.Scheduled != 600 {
 		t.Fatalf("Stats = %+v, %v; want 600 scheduled summed over the shards", st, err)
+	}
+	// DropNamespace takes every shard's tasks (and keeps only the life keys).
+	if n, err := s.DropNamespace(ctx, ns, 0); err != nil || n != 600 {
+		t.Fatalf("DropNamespace = %d, %v; want 600", n, err)
+	}
+	for _, m := range masters {
+		c := m.Client()
+		keys, err := c.Keys(ctx, "delayd:{"+ns+"#*}:*").Result()
+		c.Close()
+		for _, k := range keys {
+			if !strings.HasSuffix(k, ":life") {
+				t.Errorf("after DropNamespace, master %s still holds %s (%v)", m.Addr, k, err)
+			}
+		}
 	}
 }

@@ -226,19 +226,7 @@ func fanOut(shards []int, fn func(sh int) error) error {
 	if len(shards) == 1 {
 		return fn(shards[0])
 	}
-	errs := make([]error, len(shards))
-	sem := make(chan struct{}, fanOutWidth)
-	var wg sync.WaitGroup
-	for i, sh := range shards {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			errs[i] = fn(sh)
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
+	for _, err := range fanOutEach(shards, fn) {
 		if err != nil {
 			return err
 		}
@@ -246,8 +234,9 @@ func fanOut(shards []int, fn func(sh int) error) error {
 	return nil
 }
 
-// fanOutEach is fanOut answering every shard's error (nil where it
-// worked), in the order given.
+// fanOutEach runs fn for each shard, concurrently (at most fanOutWidth at
+// once), and answers every shard's error (nil where it worked), in the
+// order given.
 func fanOutEach(shards []int, fn func(sh int) error) []error {
 	errs := make([]error, len(shards))
 	sem := make(chan struct{}, fanOutWidth)
