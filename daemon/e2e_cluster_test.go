@@ -127,6 +127,15 @@ func runFailoverLag(t *testing.T, cfg Config, n int, lag, due, stall time.Durati
 	cl := testkit.StartCluster(t, 3, 1)
 	cfg.StoreTimeout = 2 * time.Second
 	e, r := newClusterE2E(t, cl, cfg, 6)
+	// The namespace's record (Redis-only: in the registry's slot, which may
+	// be the victim's) must not be in the window: a failover to a replica
+	// that lacks it loses the namespace itself, and auto-create brings it
+	// back with the default policy (1 shard), hiding the other shards'
+	// tasks. This test measures the loss of tasks, so it starts once every
+	// replica has caught up.
+	if err := cl.WaitReplicasCaughtUp(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	seen := map[string]int{}
 	var acked, ackUnavailable atomic.Int64
