@@ -224,7 +224,15 @@ func TestE2EPushRetriesThenDeadLetters(t *testing.T) {
 	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ push.Body) {
 		http.Error(w, "broken", http.StatusInternalServerError)
 	})
-	e, a := newPushEnv(t, "127.0.0.1/32", pushPolicy(rc.srv.URL, 3, 30*time.Second))
+	url := testRedisURL()
+	e := &e2eEnv{t: t, url: url, rdb: testkit.RedisAt(t, url), ns: "e2e-push-" + suffix()}
+	t.Cleanup(func() { cleanNamespace(t, url, e.ns) })
+	a := start(t, Config{RedisURL: url, LogLevel: "warn", PushAllow: "127.0.0.1/32", OpsListen: "127.0.0.1:0"})
+	if _, err := delaydv1.NewNamespaceServiceClient(a.conn).CreateNamespace(ctxFor(t), &delaydv1.CreateNamespaceRequest{
+		Namespace: &delaydv1.Namespace{Name: e.ns, Policy: pushPolicy(rc.srv.URL, 3, 30*time.Second)},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	e.upsert(a, "doomed", 0)
 	waitFor(t, "task dead", func() bool {
 		task, err := e.getTask(a, "doomed")
@@ -255,6 +263,23 @@ func TestE2EPushRetriesThenDeadLetters(t *testing.T) {
 	}
 	if len(ids) != 3 {
 		t.Errorf("delivery ids %v, want 3 distinct", ids)
+	}
+	// The outcomes are counted under the names docs/operating.md gives.
+	resp, err := http.Get("http://" + a.d.OpsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	for _, series := range []string{
+		`delayd_push_requests_total{namespace="` + e.ns + `",outcome="http_error"} 3`,
+		`delayd_push_requests_total{namespace="` + e.ns + `",outcome="ok"} 0`,
+		`delayd_push_request_duration_seconds_count{namespace="` + e.ns + `"} 3`,
+		`delayd_tasks_dead_total{namespace="` + e.ns + `"} 1`,
+	} {
+		if !strings.Contains(string(metrics), series) {
+			t.Errorf("/metrics lacks %s", series)
+		}
 	}
 }
 
