@@ -115,6 +115,10 @@ type Config struct {
 	// each admits; every connection is checked on the address dialed). If
 	// empty, push is disabled: a policy that sets push is refused.
 	PushAllow string
+	// PushCAFile, if set, is a PEM file of certificate authorities https
+	// push targets are verified against, besides the system's (endpoints
+	// with certificates of a private CA). If empty, the system's only.
+	PushCAFile string
 	// PushConcurrency is the most push requests one namespace has in
 	// flight on one replica. If zero, 16 (dispatcher.DefaultPushConcurrency).
 	PushConcurrency int

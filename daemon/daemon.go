@@ -9,6 +9,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -241,7 +242,12 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	var pusher dispatcher.Pusher
 	var pushMetrics dispatcher.PushMetrics
 	if pushAllow.Enabled() {
-		client := push.NewClient(push.ClientOptions{Allow: pushAllow, UserAgent: "delayd/" + build.Version, MaxConnsPerHost: cfg.PushConcurrency})
+		roots, err := pushRoots(cfg.PushCAFile)
+		if err != nil {
+			return nil, err
+		}
+		client := push.NewClient(push.ClientOptions{Allow: pushAllow, UserAgent: "delayd/" + build.Version,
+			MaxConnsPerHost: cfg.PushConcurrency, RootCAs: roots})
 		cleanup = append(cleanup, client.Close)
 		pusher, d.pushClient = client, client
 		logger.Info("HTTP push enabled", "allow", pushAllow.String(), "concurrency", cfg.PushConcurrency)
@@ -496,4 +502,24 @@ func wrap(op string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// pushRoots is the pool https push targets are verified against: nil (the
+// system's) without a file, else the system's plus the file's PEM CAs.
+func pushRoots(file string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--push-ca: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--push-ca: %s holds no PEM certificate", file)
+	}
+	return pool, nil
 }

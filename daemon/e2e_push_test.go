@@ -8,8 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -514,5 +516,20 @@ func TestE2EPushDurable(t *testing.T) {
 	bad, _ := e.getTask(a, "bad")
 	if !strings.Contains(bad.GetLastError(), "HTTP 503") {
 		t.Errorf("bad's last error %q, want HTTP 503", bad.GetLastError())
+	}
+}
+
+// TestPushCAMustHoldCertificates: a --push-ca file without a PEM
+// certificate stops delayd from starting, naming the flag, rather than
+// leaving https pushes to fail one by one.
+func TestPushCAMustHoldCertificates(t *testing.T) {
+	t.Parallel()
+	bad := t.TempDir() + "/ca.pem"
+	if err := os.WriteFile(bad, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Start(t.Context(), Config{Listen: "127.0.0.1:0", RedisURL: testRedisURL(), PushAllow: "127.0.0.1/32", PushCAFile: bad}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "--push-ca") {
+		t.Fatalf("Start with a --push-ca file holding no certificate: %v, want an error naming --push-ca", err)
 	}
 }

@@ -80,6 +80,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.DurationVar(&c.SafetyPoll, "safety-poll", DefaultSafetyPoll, "dispatcher safety-net poll interval")
 	fs.DurationVar(&c.LateWarn, "log-late-deliveries", DefaultLateWarn, "log deliveries at least this late past their due time at WARN (once per namespace per 10 s, with count and worst); negative = never")
 	fs.StringVar(&c.PushAllow, "push-allow", "", "hosts and CIDRs namespaces may push tasks to over HTTP (policy.push), comma-separated, e.g. hooks.example.com,*.example.com,203.0.113.0/24; empty = push disabled")
+	fs.StringVar(&c.PushCAFile, "push-ca", "", "PEM certificate authorities https push targets are verified against, besides the system's; empty = the system's only")
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", DefaultPushConcurrency, "most HTTP push requests in flight per namespace on one replica")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
 	fs.Var(negatedFlag{&c.DisableReflection}, "reflection", "serve gRPC server reflection (for grpcurl)")

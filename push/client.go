@@ -10,6 +10,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -97,6 +99,9 @@ type ClientOptions struct {
 	MaxConnsPerHost int
 	// Now reads the clock for the signature's timestamp. If nil, time.Now.
 	Now func() time.Time
+	// RootCAs are the certificate authorities https targets are verified
+	// against. If nil, the system's.
+	RootCAs *x509.CertPool
 }
 
 // Client POSTs deliveries (dispatcher.Pusher). No proxy from the
@@ -130,6 +135,7 @@ func NewClient(opts ClientOptions) *Client {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
+		TLSClientConfig:       &tls.Config{RootCAs: opts.RootCAs, MinVersion: tls.VersionTLS12},
 	}
 	c.http = &http.Client{
 		Transport:     tr,

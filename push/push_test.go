@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -224,6 +225,28 @@ func TestPushOutcomes(t *testing.T) {
 	_ = lis.Close()
 	if o, err := c.Push(ctx, storage.PushTarget{URL: "http://" + addr + "/", Secret: secret}, delivery("t1", 1), 10, 5*time.Second); o != storage.PushConnectError || err == nil {
 		t.Errorf("closed port: %v %v", o, err)
+	}
+}
+
+// TestPushTLSRootCAs: an https target whose certificate a private CA
+// signed is a connection error with the system roots, and is pushed to
+// once that CA is given (--push-ca).
+func TestPushTLSRootCAs(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+	defer srv.Close()
+	target := storage.PushTarget{URL: srv.URL, Secret: "0123456789abcdef"}
+	ctx := context.Background()
+	plain := push.NewClient(push.ClientOptions{Allow: mustAllow(t, "127.0.0.1")})
+	defer plain.Close()
+	if o, err := plain.Push(ctx, target, delivery("t1", 1), 10, 5*time.Second); o != storage.PushConnectError || err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("without the CA: %v %v, want a certificate error", o, err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	trusting := push.NewClient(push.ClientOptions{Allow: mustAllow(t, "127.0.0.1"), RootCAs: pool})
+	defer trusting.Close()
+	if o, err := trusting.Push(ctx, target, delivery("t1", 1), 10, 5*time.Second); o != storage.PushOK || err != nil {
+		t.Errorf("with the CA: %v %v, want ok", o, err)
 	}
 }
 
