@@ -139,3 +139,10 @@ func TestShardsOnEveryMaster(t *testing.T) {
 		}
 	}
 }
+
+// TestConformanceShardedEmbedded is TestConformanceSharded on miniredis,
+// the embedded mode's store (a namespace may have shards there too).
+func TestConformanceShardedEmbedded(t *testing.T) {
+	t.Parallel()
+	runConformanceSharded(t, testMiniClient(t), Options{Shards: FixedShards(4)})
+}
