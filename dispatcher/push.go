@@ -202,9 +202,11 @@ func (m *pushManager) scan(ctx context.Context) {
 func (m *pushManager) check(ctx context.Context, ns string) {
 	cfg := &m.d.cfg
 	want := false
+	var pol storage.Policy
 	if cfg.Policies != nil {
 		pctx, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
-		pol, err := cfg.Policies.Policy(pctx, ns)
+		var err error
+		pol, err = cfg.Policies.Policy(pctx, ns)
 		cancel()
 		switch {
 		case errors.Is(err, storage.ErrNotFound):
@@ -219,7 +221,7 @@ func (m *pushManager) check(ctx context.Context, ns string) {
 	m.checked[ns] = time.Now()
 	switch {
 	case want && p == nil && m.ctx != nil && m.ctx.Err() == nil && !m.closing:
-		p = m.start(ns)
+		p = m.start(ns, pol)
 		m.pushers[ns] = p
 		delete(m.checked, ns)
 	case !want && p != nil:
@@ -287,12 +289,16 @@ type pusher struct {
 	// draining: the replica is stopping; queued deliveries are handed back
 	// instead of pushed.
 	draining atomic.Bool
+	// last is the policy last read: what a push uses when reading the
+	// policy fails (a registry hiccup must not turn push off).
+	last atomic.Pointer[storage.Policy]
 }
 
 // start runs a pusher for ns. m.mu is held.
-func (m *pushManager) start(ns string) *pusher {
+func (m *pushManager) start(ns string, pol storage.Policy) *pusher {
 	ctx, cancel := context.WithCancel(m.ctx)
 	p := &pusher{m: m, ns: ns, cancel: cancel, done: make(chan struct{})}
+	p.last.Store(&pol)
 	go p.run(ctx)
 	return p
 }
@@ -363,7 +369,8 @@ func (p *pusher) deliver(ctx context.Context, del storage.Delivery) {
 	tok := del.Token
 	toks := []storage.Token{tok}
 	sctx, cancel := context.WithTimeout(d.base, cfg.StoreTimeout)
-	pol := d.policyOf(sctx, p.ns, storage.DefaultPolicy())
+	pol := d.policyOf(sctx, p.ns, *p.last.Load())
+	p.last.Store(&pol)
 	cancel()
 	if ctx.Err() != nil || p.draining.Load() || !pol.Push.Enabled() || cfg.Pusher == nil {
 		reason := ReasonPushStopping

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,5 +178,41 @@ func TestPushConcurrencyIsBounded(t *testing.T) {
 	testkit.Eventually(t, wait, "all five pushed and acked", func() bool {
 		st, err := h.store.Stats(context.Background(), h.ns)
 		return err == nil && total() == 5 && st.Scheduled+st.Delivered == 0
+	})
+}
+
+// failingPolicies answers like mutablePolicies until fail is set, then
+// fails every read, as a registry that cannot be reached does.
+type failingPolicies struct {
+	mutablePolicies
+	fail atomic.Bool
+}
+
+func (f *failingPolicies) Policy(ctx context.Context, ns string) (storage.Policy, error) {
+	if f.fail.Load() {
+		return storage.Policy{}, errors.New("registry unreachable")
+	}
+	return f.mutablePolicies.Policy(ctx, ns)
+}
+
+// A policy read that fails does not turn push off: pushes go on with the
+// policy last read.
+func TestPushKeepsGoingWhenPolicyReadFails(t *testing.T) {
+	t.Parallel()
+	fp := &fakePusher{answer: func(storage.Delivery) (storage.PushOutcome, error) { return storage.PushOK, nil }}
+	pols := &failingPolicies{}
+	pols.set(pushPolicy())
+	h := newHarness(t, pushPolicy(), func(c *dispatcher.Config) { c.Pusher, c.Policies = fp, pols })
+	h.d.PolicyChanged(context.Background(), h.ns)
+	h.upsert(h.d, 0, "before")
+	testkit.Eventually(t, wait, "before pushed and acked", func() bool {
+		_, err := h.get("before")
+		return errors.Is(err, storage.ErrNotFound)
+	})
+	pols.fail.Store(true)
+	h.upsert(h.d, 0, "during")
+	testkit.Eventually(t, wait, "during pushed and acked while the policy cannot be read", func() bool {
+		_, err := h.get("during")
+		return errors.Is(err, storage.ErrNotFound)
 	})
 }
