@@ -89,17 +89,24 @@ func TestMySQLDown(t *testing.T) {
 	}
 }
 
-// TestRedisDownUpsertIsDurable: with the index unreachable an upsert is
-// still answered once MySQL has it (Get reads it from MySQL); when Redis is
-// back the task is re-indexed and delivered.
-func TestRedisDownUpsertIsDurable(t *testing.T) {
-	t.Parallel()
+// redisViaProxy returns the test Redis's URL through a proxy of its own,
+// which the test can cut.
+func redisViaProxy(t *testing.T) (string, *testkit.Proxy) {
+	t.Helper()
 	opt, err := redis.ParseURL(testkit.RedisURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	rp := testkit.NewProxy(t, opt.Addr)
-	url := fmt.Sprintf("redis://%s/%d", rp.Addr(), opt.DB)
+	return fmt.Sprintf("redis://%s/%d", rp.Addr(), opt.DB), rp
+}
+
+// TestRedisDownUpsertIsDurable: with the index unreachable an upsert is
+// still answered once MySQL has it (Get reads it from MySQL); when Redis is
+// back the task is re-indexed and delivered.
+func TestRedisDownUpsertIsDurable(t *testing.T) {
+	t.Parallel()
+	url, rp := redisViaProxy(t)
 	e := newEnvOn(t, testkit.Database(t, "delayd_test"), url, func(c *durable.Config) { c.IndexCheckInterval = 50 * time.Millisecond })
 	ctx := context.Background()
 	ns := testkit.Namespace(t, "du")

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/durable"
@@ -68,6 +66,9 @@ func TestUpsertPastTheIndexCheckDoesNotOutliveDelete(t *testing.T) {
 				h = &heldClaim{Index: c.Index}
 				c.Index = h
 				c.ReconcileInterval = 100 * time.Millisecond
+				// A write skips the index's check while an index call has
+				// run for IndexWait (a loaded machine): keep the check on.
+				c.IndexWait = 30 * time.Second
 			})
 			e.waitReady()
 			ctx := context.Background()
@@ -148,12 +149,7 @@ func TestUpsertPastTheIndexCheckDoesNotOutliveDelete(t *testing.T) {
 // would; the new incarnation's writes go on.
 func TestRedisDownMySQLChecksIncarnation(t *testing.T) {
 	t.Parallel()
-	opt, err := redis.ParseURL(testkit.RedisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := testkit.NewProxy(t, opt.Addr)
-	url := fmt.Sprintf("redis://%s/%d", rp.Addr(), opt.DB)
+	url, rp := redisViaProxy(t)
 	e := newEnvOn(t, testkit.Database(t, "delayd_test"), url, nil)
 	e.waitReady()
 	ctx := context.Background()
