@@ -21,11 +21,14 @@ import (
 // credit, pause, dispatch-rate cap and hand-back as any stream, and the
 // replicas share the namespace's due tasks as streams do (each task is
 // leased to one of them at a time; duplicates only after a fault). Its
-// Send queues the delivery for one of PushConcurrency workers; a worker
-// POSTs it (Config.Pusher, within the ack timeout) and acks it on a 2xx
-// or nacks it with the namespace's backoff otherwise (dead letter after
-// max attempts), then frees its credit (Settle). Credit bounds what the
-// workers hold, so the queue never blocks Send for long and never drops.
+// Send starts a goroutine for the delivery once one of PushConcurrency
+// slots is free (no idle workers per namespace); it POSTs the delivery
+// (Config.Pusher, within the ack timeout) and acks it on a 2xx or nacks
+// it with the namespace's backoff otherwise (dead letter after max
+// attempts), then frees its slot and its credit (Settle). Credit already
+// bounds the deliveries in flight to PushConcurrency, so Send finds a free
+// slot at once but for the moment a lease estimate ran out under a request
+// still at it; then it waits, like a stream's Send under flow control.
 //
 // Which namespaces get a pusher: those whose policy has Push, learnt
 // when a policy change is announced (PolicyChanged, on any replica), when
@@ -34,8 +37,8 @@ import (
 // namespace (Config.Namespaces) at Start and every SweepInterval. A
 // pusher ends when its namespace's policy loses Push (checked every
 // PolicyRefresh) or at Stop. At Stop, requests in flight get up to half
-// of what is left of Stop's context to finish (then they are canceled);
-// deliveries queued for a worker are handed back without a request.
+// of what is left of Stop's context to finish (then they are canceled
+// and handed back without costing an attempt).
 
 // Pusher sends one delivery to an HTTP push target (package push's Client
 // implements it).
@@ -68,8 +71,8 @@ const pushLeaseMargin = 2 * time.Second
 
 // Reasons a pusher hands a delivery back without costing an attempt.
 const (
-	// ReasonPushStopping: the replica stopped while the request was queued
-	// or in flight.
+	// ReasonPushStopping: the replica stopped before the request was made,
+	// or cut it when its drain time was up.
 	ReasonPushStopping = "push interrupted: delayd stopping"
 	// ReasonPushOff: the namespace's push target was removed before the
 	// request was made.
@@ -237,9 +240,8 @@ func (m *pushManager) check(ctx context.Context, ns string) {
 
 // drain lets the pushers' requests in flight finish, for up to half of
 // what is left of ctx (all of it when ctx has no deadline): Stop has ended
-// their Serve calls, so nothing new is queued, and what is queued is
-// handed back without a request. Pushers still busy then are canceled by
-// stopAll.
+// their Serve calls, so no request starts. Pushers still busy then are
+// canceled by stopAll.
 func (m *pushManager) drain(ctx context.Context) {
 	m.mu.Lock()
 	m.closing = true
@@ -285,9 +287,9 @@ type pusher struct {
 	m      *pushManager
 	ns     string
 	cancel context.CancelFunc
-	done   chan struct{} // closed when Serve and the workers have returned
-	// draining: the replica is stopping; queued deliveries are handed back
-	// instead of pushed.
+	done   chan struct{} // closed when Serve and the requests have returned
+	// draining: the replica is stopping; a delivery not yet pushed is
+	// handed back instead.
 	draining atomic.Bool
 	// last is the policy last read: what a push uses when reading the
 	// policy fails (a registry hiccup must not turn push off).
@@ -309,32 +311,15 @@ func (p *pusher) stop() {
 	<-p.done
 }
 
-// queued is a delivery handed to the workers.
-type queued struct {
-	del storage.Delivery
-}
-
 func (p *pusher) run(ctx context.Context) {
 	defer close(p.done)
 	d := p.m.d
 	conc := d.cfg.PushConcurrency
-	// Credit bounds what is queued or in flight to conc (a delivery holds
-	// credit until its worker settles it), so Send finds room at once,
-	// except in the moment a lease estimate ran out under a worker still
-	// at it; then it waits, like a stream's Send under flow control.
-	jobs := make(chan queued, conc)
-	var workers sync.WaitGroup
-	for range conc {
-		workers.Go(func() {
-			for q := range jobs {
-				p.deliver(ctx, q.del)
-			}
-		})
-	}
-	defer func() {
-		close(jobs)
-		workers.Wait()
-	}()
+	// slots bounds the requests in flight to conc (see the package
+	// comment's Push section); requests is what run waits for.
+	slots := make(chan struct{}, conc)
+	var requests sync.WaitGroup
+	defer requests.Wait()
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := d.Serve(ctx, Subscriber{
@@ -343,11 +328,15 @@ func (p *pusher) run(ctx context.Context) {
 			internal:    true,
 			Send: func(del storage.Delivery) error {
 				select {
-				case jobs <- queued{del: del}:
-					return nil
+				case slots <- struct{}{}:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
+				requests.Go(func() {
+					defer func() { <-slots }()
+					p.deliver(ctx, del)
+				})
+				return nil
 			},
 		})
 		if errors.Is(err, ErrStopped) || ctx.Err() != nil {
