@@ -275,8 +275,25 @@ func TestAckOnOtherReplicaFreesCredit(t *testing.T) {
 	}
 	// A token the store did not settle (acked twice) is not announced:
 	// nothing frees credit that is in use.
+	ctx, cancel := context.WithCancel(context.Background())
+	settled := make(chan []storage.Token, 10)
+	subscribed := make(chan error, 1)
+	go func() {
+		subscribed <- h.store.SubscribeWakeups(ctx, func(w storage.Wakeup) {
+			if len(w.Settled) > 0 {
+				settled <- w.Settled
+			}
+		})
+	}()
+	defer func() { cancel(); <-subscribed }()
+	time.Sleep(quiet) // let the subscription start
 	if st := h.ack(b, first.Token); st[0] == storage.TokenOK {
 		t.Fatalf("second ack of one token: %v", st[0])
+	}
+	select {
+	case toks := <-settled:
+		t.Fatalf("a token the store did not settle was announced: %+v", toks)
+	case <-time.After(quiet):
 	}
 }
 
