@@ -153,7 +153,9 @@ func requestNamespace(ctx context.Context, method string, req any) string {
 		return ""
 	}
 	ns := r.ns(req)
-	if ns == storage.GlobalNamespace {
+	if ns == storage.GlobalNamespace || storage.ValidateNamespace(ns) != nil {
+		// Invalid: the handler answers InvalidArgument; no limit (and no
+		// shared count in Redis) is asked about a name that cannot exist.
 		return ""
 	}
 	return ns
