@@ -128,3 +128,54 @@ func TestMaxSubscribersSharedAndFallback(t *testing.T) {
 		t.Error("a second stream on the replica whose shared count is down was let in under max_subscribers 1")
 	}
 }
+
+// askedLimits records the namespaces shared limits are asked about.
+type askedLimits struct {
+	downLimits
+	asked chan string
+}
+
+func (a askedLimits) TakeRequestToken(_ context.Context, ns string, _ float64, _ int) (bool, error) {
+	a.asked <- ns
+	return true, nil
+}
+
+func (a askedLimits) AcquireSubscriber(_ context.Context, ns, _ string, _ int, _ time.Duration) (bool, int, error) {
+	a.asked <- ns
+	return true, 1, nil
+}
+
+// TestLimitsIgnoreInvalidNamespaces: a request whose namespace is not a
+// valid name is answered InvalidArgument without the shared limits (Redis)
+// being asked about it (Subscribe to "Not A Namespace" asked for a
+// subscriber slot, and logged the refusal of the name as a Redis failure).
+func TestLimitsIgnoreInvalidNamespaces(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	lim := askedLimits{asked: make(chan string, 100)}
+	// Auth off, as `make run`: with auth on, the key check refuses the
+	// name before the limits run.
+	r := e.replica(tenOpts{server: func(o *server.Options) {
+		o.SharedLimits = lim
+		o.Auth = server.AuthOptions{Disabled: true}
+	}})
+	const bad = "Not A Namespace"
+	ctx, cancel := context.WithTimeout(admin(), 10*time.Second)
+	defer cancel()
+	stream, err := r.dlv.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: bad, MaxInFlight: 1})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Subscribe of %q: %v, want InvalidArgument", bad, err)
+	}
+	if _, err := r.tasks.GetTask(admin(), &delaydv1.GetTaskRequest{Namespace: bad, Id: "x"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("GetTask of %q: %v, want InvalidArgument", bad, err)
+	}
+	close(lim.asked)
+	for ns := range lim.asked {
+		if ns == bad {
+			t.Errorf("shared limits were asked about the invalid namespace %q", ns)
+		}
+	}
+}
