@@ -780,7 +780,7 @@ func testSharedLimits(t *testing.T, newStore func(t *testing.T) Store) {
 	e := newEnv(t, newStore)
 	l, ok := e.s.(storage.SharedLimits)
 	if !ok {
-		t.Skip("store does not implement storage.SharedLimits")
+		t.Fatalf("%T does not implement storage.SharedLimits: every store delayd runs on shares its limits", e.s)
 	}
 	// The request bucket: burst 3, refilled far too slowly to matter.
 	for i := range 3 {

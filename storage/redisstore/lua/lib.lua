@@ -275,6 +275,57 @@ local function push(t, a, b)
   t[#t + 1] = b
 end
 
+-- bucket_read returns the tokens in token bucket HASH key (t = tokens, at =
+-- Redis time of t in µs) at now_us: refilled at rate per second up to
+-- burst; a bucket never written (or expired) is full.
+local function bucket_read(key, rate, burst, now_us)
+  local b = redis.call('HMGET', key, 't', 'at')
+  if b[1] and b[2] then
+    local elapsed = math.max(0, now_us - tonumber(b[2]))
+    return math.min(burst, tonumber(b[1]) + elapsed * rate / 1000000)
+  end
+  return burst
+end
+
+-- bucket_write stores tokens in bucket key as of now_us; the key expires
+-- once the bucket would be full again (a full bucket needs no key).
+local function bucket_write(key, tokens, rate, burst, now_us)
+  redis.call('HSET', key, 't', tostring(tokens), 'at', int(now_us))
+  redis.call('PEXPIRE', key, int(math.ceil(burst * 1000 / rate) + 1000))
+end
+
+-- due_head returns the head of due ZSET zkey by now as a flat list {id,
+-- due ms, id, due ms, ...} in due order: the first limit members or, when
+-- window > 0, the members whose kind (read from the meta HASH mkey) is in
+-- the set want among the first window due ones, at most limit of them;
+-- members without a readable header are left where they are. pop.lua and
+-- peekdue.lua must agree on it.
+local function due_head(zkey, mkey, now, limit, window, want)
+  if window == 0 then
+    return redis.call('ZRANGEBYSCORE', zkey, '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, limit)
+  end
+  local items = {}
+  local scan = redis.call('ZRANGEBYSCORE', zkey, '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, window)
+  if #scan == 0 then
+    return items
+  end
+  local sids = {}
+  for i = 1, #scan, 2 do
+    sids[#sids + 1] = scan[i]
+  end
+  local shs = redis.call('HMGET', mkey, unpack(sids))
+  for k = 1, #sids do
+    local r = parse(shs[k])
+    if r and want[string.sub(shs[k], r.b, r.b + r.kl - 1)] then
+      push(items, sids[k], scan[2 * k])
+      if #items >= 2 * limit then
+        break
+      end
+    end
+  end
+  return items
+end
+
 -- flush runs cmd on key with the collected arguments, if any. Scripts
 -- collect their writes and run each command once per call rather than once
 -- per task: a redis.call costs far more than the Lua around it. Batches are

@@ -38,49 +38,21 @@ local out = {now, deadline}
 local tokens, burst
 if rate > 0 then
   burst = math.max(1, tonumber(ARGV[4]))
-  tokens = burst
-  local b = redis.call('HMGET', KEYS[6], 't', 'at')
-  if b[1] and b[2] then
-    local elapsed = math.max(0, now_us - tonumber(b[2]))
-    tokens = math.min(burst, tonumber(b[1]) + elapsed * rate / 1000000)
-  end
+  tokens = bucket_read(KEYS[6], rate, burst, now_us)
   limit = math.min(limit, math.floor(tokens))
   if limit < 1 then
     return out
   end
 end
-local window = tonumber(ARGV[5])
-local items
-if window > 0 then
-  -- Kinds: the wanted tasks among the first window due ones, in due order;
-  -- the others (and members without a readable header) stay where they are.
-  local want = {}
-  for i = 6, #ARGV do
-    want[ARGV[i]] = true
-  end
-  local scan = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES',
-    'LIMIT', 0, window)
-  items = {}
-  if #scan > 0 then
-    local sids = {}
-    for i = 1, #scan, 2 do
-      sids[#sids + 1] = scan[i]
-    end
-    local shs = redis.call('HMGET', KEYS[4], unpack(sids))
-    for k = 1, #sids do
-      local r = parse(shs[k])
-      if r and want[string.sub(shs[k], r.b, r.b + r.kl - 1)] then
-        push(items, sids[k], scan[2 * k])
-        if #items >= 2 * limit then
-          break
-        end
-      end
-    end
-  end
-else
-  items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES',
-    'LIMIT', 0, limit)
+-- Kinds (a window > 0): the wanted tasks among the first window due ones,
+-- in due order; the others (and members without a readable header) stay
+-- where they are.
+local want = {}
+for i = 6, #ARGV do
+  want[ARGV[i]] = true
 end
+local window = tonumber(ARGV[5])
+local items = due_head(KEYS[1], KEYS[4], now, limit, window, want)
 if #items == 0 then
   return out
 end
@@ -134,8 +106,7 @@ if #bad > 0 then
   flush('ZADD', KEYS[3], dargs)
 end
 if rate > 0 and #good > 0 then
-  redis.call('HSET', KEYS[6], 't', tostring(tokens - #good), 'at', int(now_us))
-  redis.call('PEXPIRE', KEYS[6], int(math.ceil(burst * 1000 / rate) + 1000))
+  bucket_write(KEYS[6], tokens - #good, rate, burst, now_us)
 end
 for _, k in ipairs(good) do
   push(out, ids[k], hs[k])

@@ -16,15 +16,7 @@
 local _, now_us = clock()
 local rate = tonumber(ARGV[1])
 local burst = math.max(1, tonumber(ARGV[2]))
-local tokens = burst
-local b = redis.call('HMGET', KEYS[1], 't', 'at')
-if b[1] and b[2] then
-  local elapsed = math.max(0, now_us - tonumber(b[2]))
-  tokens = math.min(burst, tonumber(b[1]) + elapsed * rate / 1000000)
-end
-tokens = math.min(burst, tokens + tonumber(ARGV[4]))
+local tokens = math.min(burst, bucket_read(KEYS[1], rate, burst, now_us) + tonumber(ARGV[4]))
 local take = math.max(0, math.min(tonumber(ARGV[3]), math.floor(tokens)))
-tokens = tokens - take
-redis.call('HSET', KEYS[1], 't', tostring(tokens), 'at', int(now_us))
-redis.call('PEXPIRE', KEYS[1], int(math.ceil(burst * 1000 / rate) + 1000))
+bucket_write(KEYS[1], tokens - take, rate, burst, now_us)
 return take
