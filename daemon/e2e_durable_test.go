@@ -1,4 +1,4 @@
-package durable_test
+package daemon
 
 import (
 	"context"
@@ -14,17 +14,21 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/delayd/delayd/daemon"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
 )
+
+// This is the end-to-end side of storage/durable's TestFlushAllMidway: the
+// same outage, with delayd's dispatcher and gRPC between the store and the
+// consumers. It lives here, above the stores, because it wires a whole
+// daemon (docs/ARCHITECTURE.md, internal/boundary).
 
 // startDurableDaemon runs delayd in durable mode on a loopback port and
 // returns a client connection to it, once health reports SERVING.
 func startDurableDaemon(t *testing.T, redisURL, dsn string) *grpc.ClientConn {
 	t.Helper()
 	ctx := context.Background()
-	d, err := daemon.Start(ctx, daemon.Config{
+	d, err := Start(ctx, Config{
 		Listen:            "127.0.0.1:0",
 		RedisURL:          redisURL,
 		MySQLDSN:          dsn,
@@ -32,7 +36,7 @@ func startDurableDaemon(t *testing.T, redisURL, dsn string) *grpc.ClientConn {
 		ShutdownTimeout:   10 * time.Second,
 	}, testkit.Logger(t))
 	if err != nil {
-		t.Fatalf("daemon.Start: %v", err)
+		t.Fatalf("Start: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -47,7 +51,7 @@ func startDurableDaemon(t *testing.T, redisURL, dsn string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	hc := healthpb.NewHealthClient(conn)
-	poll(t, "health SERVING", func() bool {
+	testkit.Eventually(t, time.Minute, "health SERVING", func() bool {
 		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
 	})
@@ -153,12 +157,12 @@ func (c *grpcConsumer) counts() (delivered, acked, dups int) {
 	return len(c.delivered), len(c.acked), dups
 }
 
-// TestDaemonFlushAllMidway: delayd in durable mode (daemon, dispatcher,
+// TestE2EDurableFlushAllMidway: delayd in durable mode (daemon, dispatcher,
 // gRPC) with a redis-server of the test's own; 10,000 tasks are produced
 // over gRPC and consumed by four Subscribe streams; Redis is FLUSHALLed
 // midway. Every task is delivered and acked (none lost), MySQL ends empty,
 // and the duplicates are counted and printed.
-func TestDaemonFlushAllMidway(t *testing.T) {
+func TestE2EDurableFlushAllMidway(t *testing.T) {
 	t.Parallel()
 	const total = 10_000
 	url := testkit.StartRedis(t).URL
@@ -180,15 +184,22 @@ func TestDaemonFlushAllMidway(t *testing.T) {
 		}
 	}
 	c := startGRPCConsumers(t, conn, ns, 4)
-	poll(t, "half of the tasks to be acked", func() bool { _, a, _ := c.counts(); return a >= total/2 })
-	e := newEnvOn(t, dsn, url, nil) // a second replica's view, for the checks
-	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
+	testkit.Eventually(t, time.Minute, "half of the tasks to be acked", func() bool { _, a, _ := c.counts(); return a >= total/2 })
+	db := testkit.DB(t, dsn)
+	inMySQL := func() int {
+		var n int
+		if err := db.QueryRow("SELECT COUNT(*) FROM delayd_tasks WHERE namespace = ?", ns).Scan(&n); err != nil {
+			t.Fatalf("count the namespace's tasks in MySQL: %v", err)
+		}
+		return n
+	}
+	if err := testkit.RedisAt(t, url).FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	_, ackedAtFlush, _ := c.counts()
-	poll(t, "every task to be delivered and gone from mysql", func() bool {
+	testkit.Eventually(t, time.Minute, "every task to be delivered and gone from mysql", func() bool {
 		d, _, _ := c.counts()
-		return d == total && e.count(ns) == 0
+		return d == total && inMySQL() == 0
 	})
 	c.halt()
 	d, a, dups := c.counts()
