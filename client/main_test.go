@@ -94,9 +94,9 @@ func namespace(t *testing.T, c *client.Client) string {
 	return ns
 }
 
-// setPolicy gives ns a policy through the admin API. Tests that need a
-// short ack timeout (lease extension) skip when the server has no
-// NamespaceService yet.
+// setPolicy gives ns a policy through the admin API (tests that need a
+// short ack timeout, for lease extension). Every delayd serves
+// NamespaceService, so a failure here fails the test.
 func setPolicy(t *testing.T, c *client.Client, ns string, p *delaydv1.NamespacePolicy) {
 	t.Helper()
 	admin := delaydv1.NewNamespaceServiceClient(c.Conn())
@@ -107,9 +107,6 @@ func setPolicy(t *testing.T, c *client.Client, ns string, p *delaydv1.NamespaceP
 		_, err = admin.UpdateNamespace(t.Context(), &delaydv1.UpdateNamespaceRequest{
 			Namespace: &delaydv1.Namespace{Name: ns, Policy: p},
 		})
-	}
-	if status.Code(err) == codes.Unimplemented {
-		t.Skipf("needs NamespaceService.CreateNamespace/UpdateNamespace to set a short ack timeout: %v", err)
 	}
 	if err != nil {
 		t.Fatalf("set policy of %s: %v", ns, err)

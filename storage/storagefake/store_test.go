@@ -14,6 +14,7 @@ import (
 func TestConformance(t *testing.T) {
 	s := storagefake.New(nil)
 	storetest.Run(t, func(t *testing.T) storetest.Store { return s })
+	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return s })
 }
 
 func TestRegistryConformance(t *testing.T) {

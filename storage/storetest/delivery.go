@@ -469,13 +469,10 @@ func testNextWake(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
-func testWakeups(t *testing.T, newStore func(t *testing.T) Store) {
+func testWakeups(t *testing.T, newStore func(t *testing.T) WakeupStore) {
 	t.Parallel()
-	e := newEnv(t, newStore)
-	w, ok := e.s.(storage.Wakeups)
-	if !ok {
-		t.Skip("store does not implement storage.Wakeups")
-	}
+	var w storage.Wakeups
+	e := newEnv(t, func(t *testing.T) Store { s := newStore(t); w = s; return s })
 	ctx, cancel := context.WithCancel(context.Background())
 	got := make(chan string, 100)
 	policy := make(chan string, 100)
