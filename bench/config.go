@@ -65,6 +65,13 @@ type Config struct {
 	// Soak, when its Duration is set, runs a steady flow instead of the
 	// workloads (see Soak).
 	Soak Soak
+	// Floor, if Rounds > 0, runs the gRPC floor (floor.go) instead of the
+	// workloads: how close any gRPC service can get to the source design
+	// on this machine.
+	Floor struct {
+		Rounds int
+		Tasks  int
+	}
 
 	// Override changes every workload after the presets are chosen (the
 	// workload flags that were given explicitly).
@@ -150,6 +157,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (with --server inproc: delayd and the load generator) to this file")
 	fs.DurationVar(&c.Timeout, "timeout", time.Hour, "bound on the whole run")
 	fs.DurationVar(&c.Soak.Duration, "soak", 0, "run a steady flow for this long instead of the workloads (make soak); the workload flags --producers, --subscribers, --max-in-flight and --payload apply")
+	fs.IntVar(&c.Floor.Rounds, "floor", 0, "run this many rounds of the gRPC floor instead of the workloads: the source design's Lua upsert and pop-delete loop beside a no-op gRPC service and one that does the same Redis work, in one process (docs/BENCHMARKS.md)")
+	fs.IntVar(&c.Floor.Tasks, "floor-tasks", 50_000, "tasks per row and round of --floor")
 	fs.IntVar(&c.Soak.Rate, "rate", 500, "soak: tasks upserted per second, one UpsertTask each")
 	fs.DurationVar(&c.Soak.DueAfter, "due-after", 2*time.Second, "soak: time from a task's upsert to its due time")
 	fs.DurationVar(&c.Soak.Sample, "soak-sample", 10*time.Second, "soak: how often delayd's RSS, goroutines, threads and log volume are read")
@@ -207,6 +216,12 @@ func (c *Config) Finish(fs *flag.FlagSet, w *Workload) error {
 	case "inproc", "child":
 	default:
 		return fmt.Errorf("--server %q: allowed: inproc, child", c.Server)
+	}
+	if c.Floor.Rounds < 0 || c.Floor.Rounds > 20 {
+		return fmt.Errorf("--floor %d: allowed: 0 (off) to 20 rounds", c.Floor.Rounds)
+	}
+	if c.Floor.Tasks < 1000 || c.Floor.Tasks > 10_000_000 {
+		return fmt.Errorf("--floor-tasks %d: allowed: 1000 to 10000000", c.Floor.Tasks)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -154,3 +154,49 @@ func TestSmokeOwnClusterShards(t *testing.T) {
 		t.Errorf("baseline on a cluster: not skipped (%+v)", b)
 	}
 }
+
+// The gRPC floor (--floor) runs its six rows to completion — every drain
+// row receives every task it was fed — prints one table row each, and
+// leaves no key behind.
+func TestSmokeFloor(t *testing.T) {
+	t.Parallel()
+	rdb := testRedis(t)
+	cfg := Config{Server: "inproc", RedisURL: testkit.RedisURL(), MySQLDSN: "root@tcp(127.0.0.1:3306)/",
+		BaselineBatch: 50, Conns: 2, AckBatch: 20, Quiet: true, Timeout: 2 * time.Minute}
+	cfg.Floor.Rounds, cfg.Floor.Tasks = 2, 1000
+	floorKeys := func() map[string]bool {
+		ks, err := rdb.Keys(context.Background(), "delaybench:{delaybench-floor-*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, k := range ks {
+			m[k] = true
+		}
+		return m
+	}
+	before := floorKeys()
+	var out bytes.Buffer
+	if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
+		t.Fatalf("Run --floor: %v\n%s", err, out.String())
+	}
+	var rows []string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(l, "| unary |") || strings.HasPrefix(l, "| drain |") {
+			rows = append(rows, l)
+		}
+	}
+	if len(rows) != 6 {
+		t.Fatalf("%d table rows, want 6 (3 unary, 3 drain):\n%s", len(rows), out.String())
+	}
+	for _, r := range rows[:1] {
+		if !strings.Contains(r, "| 1.00× |") {
+			t.Errorf("the first row is the source design, ratio 1.00×: %s", r)
+		}
+	}
+	for k := range floorKeys() {
+		if !before[k] {
+			t.Errorf("key left behind: %s", k)
+		}
+	}
+}
