@@ -201,6 +201,18 @@ type RequeueParams struct {
 	Delay time.Duration
 }
 
+// RestoreParams says which versions a re-index of tasks read from the
+// durable authority (durable mode's Index.Restore, implemented by
+// redisstore) may overwrite.
+type RestoreParams struct {
+	// Repair writes each task unless the index holds that very version:
+	// the authority wins even over a version the index holds as newer but
+	// the authority never committed (the reconciler's repair). Without it
+	// a task is written only over an older version or none (a rebuild).
+	// Either way a version the index's ack marker names is never written.
+	Repair bool
+}
+
 // PurgeParams selects the dead tasks Purge deletes.
 type PurgeParams struct {
 	// IDs are the dead tasks to delete; ids that are not dead are skipped.

@@ -365,9 +365,9 @@ type slowRestore struct {
 	delay time.Duration
 }
 
-func (s slowRestore) Restore(ctx context.Context, ns string, tasks []storage.Task, force bool) (int, error) {
+func (s slowRestore) Restore(ctx context.Context, ns string, tasks []storage.Task, p storage.RestoreParams) (int, error) {
 	time.Sleep(s.delay)
-	return s.Index.Restore(ctx, ns, tasks, force)
+	return s.Index.Restore(ctx, ns, tasks, p)
 }
 
 // TestRemoveDuringRestoreNeverDelivered (issue 10 item 6): the index has

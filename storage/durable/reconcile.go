@@ -42,7 +42,7 @@ import (
 // Every repair (repairIDs) runs in a MySQL transaction that holds the
 // tasks' row locks while it reads the index and writes it: no upsert, ack
 // delete or remove of those tasks commits meanwhile, so the index gets
-// exactly the version MySQL holds (forced: MySQL wins even over a version
+// exactly the version MySQL holds (a repair: MySQL wins even over a version
 // the index calls newer), and a task removed or acked at the same time is
 // never brought back. An acked task is never brought back either when its
 // MySQL delete failed (an outage): the ack left a marker in the index
@@ -410,7 +410,7 @@ func (s *Store) checkVersions(ctx context.Context, ns string, vs []storage.Versi
 // repairIDs makes the index hold, for each named task of ns, exactly the
 // version MySQL holds, under the rows' locks (see mysqlstore.Store.Repair
 // and the top of this file): a task MySQL has at another version than the
-// index is restored (forced); a version an ack marker names is not
+// index is restored (RestoreParams.Repair); a version an ack marker names is not
 // restored but deleted from MySQL (the ack's own delete failed or is in
 // flight) and its marker dropped; a marker naming a version MySQL no longer
 // has is dropped. Tasks MySQL does not have are left to the reverse pass.
@@ -458,7 +458,7 @@ func (s *Store) repairIDs(ctx context.Context, ns string, ids []string) (int, er
 			}
 		}
 		if len(restore) > 0 {
-			n, err := s.idx.Restore(ctx, ns, restore, true)
+			n, err := s.idx.Restore(ctx, ns, restore, storage.RestoreParams{Repair: true})
 			if err != nil {
 				return nil, fmt.Errorf("index restore: %w", err)
 			}
@@ -607,7 +607,7 @@ func (s *Store) rebuildIDs(ctx context.Context, ns string, vs []storage.Version)
 	if err != nil || len(tasks) == 0 {
 		return 0, err
 	}
-	n, err := s.idx.Restore(ctx, ns, tasks, false)
+	n, err := s.idx.Restore(ctx, ns, tasks, storage.RestoreParams{})
 	if err != nil {
 		return 0, fmt.Errorf("index restore: %w", err)
 	}

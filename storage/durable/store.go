@@ -76,11 +76,11 @@ type Index interface {
 	storage.SharedLimits
 
 	// Restore re-indexes tasks read from the authority: each is written
-	// unless the index holds the same or a newer version (with force:
+	// unless the index holds the same or a newer version (with p.Repair:
 	// unless it holds that very version), and never a version its ack
 	// marker names. A DELIVERED task is restored as SCHEDULED at its
 	// DueTime; version and attempt are kept. It returns how many it wrote.
-	Restore(ctx context.Context, ns string, tasks []storage.Task, force bool) (int, error)
+	Restore(ctx context.Context, ns string, tasks []storage.Task, p storage.RestoreParams) (int, error)
 	// Versions returns the version the index holds for each id, in order
 	// (zero where it holds none), and each id's ack marker (Delivery 0
 	// where there is none).

@@ -22,7 +22,7 @@ import (
 // Restore re-indexes tasks of ns read from the durable authority, in one
 // round trip per MaxBatch tasks or Options.MaxScriptBytes. A task is written unless the index already
 // holds the same or a newer version of it ((incarnation, generation)
-// order), or, with force, unless it holds that very version (a repair: the
+// order), or, with p.Repair, unless it holds that very version (the
 // authority wins even over a version it never committed); and never when
 // the task's ack marker names that version (see AckMarked). Scheduled tasks
 // go to due at DueTime; delivered ones are re-indexed as scheduled, due at
@@ -33,13 +33,13 @@ import (
 // now (and so does its update time, if it has none). A restored task's
 // next delivery gets a sequence number from the clock, above any delivery
 // made before (see Token.Delivery). Returns how many tasks were written.
-func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, force bool) (int, error) {
+func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, p storage.RestoreParams) (int, error) {
 	n, err := s.shardCount(ctx, ns)
 	if err != nil {
 		return 0, fmt.Errorf("restore: %w", err)
 	}
 	if n == 1 {
-		return s.restoreShard(ctx, ns, 0, tasks, force)
+		return s.restoreShard(ctx, ns, 0, tasks, p)
 	}
 	groups := make([][]storage.Task, n)
 	for _, t := range tasks {
@@ -55,7 +55,7 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, fo
 	written := make([]int, n)
 	err = fanOut(shards, func(sh int) error {
 		var err error
-		written[sh], err = s.restoreShard(ctx, ns, sh, groups[sh], force)
+		written[sh], err = s.restoreShard(ctx, ns, sh, groups[sh], p)
 		return err
 	})
 	total := 0
@@ -66,13 +66,9 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, fo
 }
 
 // restoreShard is Restore of tasks of shard sh.
-func (s *Store) restoreShard(ctx context.Context, ns string, sh int, tasks []storage.Task, force bool) (int, error) {
+func (s *Store) restoreShard(ctx context.Context, ns string, sh int, tasks []storage.Task, p storage.RestoreParams) (int, error) {
 	k := s.keysOf(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.life}
-	flag := "0"
-	if force {
-		flag = "1"
-	}
 	written := 0
 	size := func(i int) int {
 		return len(tasks[i].ID) + len(tasks[i].Kind) + len(tasks[i].Payload) + len(tasks[i].LastError)
@@ -80,7 +76,7 @@ func (s *Store) restoreShard(ctx context.Context, ns string, sh int, tasks []sto
 	err := byteChunks(len(tasks), s.maxArgs, size, func(lo, hi int) error {
 		part := tasks[lo:hi]
 		args := make([]any, 0, 4+7*len(part))
-		args = append(args, s.wake, ns, flag, len(part))
+		args = append(args, s.wake, ns, luaBool(p.Repair), len(part))
 		for i := range part {
 			t := &part[i]
 			dead := t.State == storage.StateDead

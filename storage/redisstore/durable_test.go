@@ -46,7 +46,7 @@ func TestRestoreWithoutCreateTime(t *testing.T) {
 			dropNS(t, s, ns)
 			due := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 			in := []storage.Task{{ID: "bare", Kind: "k", Payload: []byte("p"), State: storage.StateScheduled, Generation: 3, DueTime: due}}
-			if n, err := s.Restore(ctx, ns, in, false); err != nil || n != 1 {
+			if n, err := s.Restore(ctx, ns, in, storage.RestoreParams{}); err != nil || n != 1 {
 				t.Fatalf("restore = %d, %v", n, err)
 			}
 			task, err := s.Get(ctx, ns, "bare")
@@ -81,7 +81,7 @@ func TestRestore(t *testing.T) {
 				{ID: "dead", Payload: []byte("p3"), State: storage.StateDead, DueTime: base.Add(-2 * time.Minute),
 					DeadTime: base.Add(time.Second), Generation: 9, Attempt: 10, CreateTime: base, UpdateTime: base.Add(time.Second), LastError: "gave up"},
 			}
-			n, err := s.Restore(ctx, ns, in, false)
+			n, err := s.Restore(ctx, ns, in, storage.RestoreParams{})
 			if err != nil || n != 3 {
 				t.Fatalf("restore = %d, %v; want 3", n, err)
 			}
@@ -108,7 +108,7 @@ func TestRestore(t *testing.T) {
 			older := in[0]
 			older.Generation = 3
 			older.Payload = []byte("old")
-			if n, err := s.Restore(ctx, ns, []storage.Task{in[0], older, in[2]}, false); err != nil || n != 0 {
+			if n, err := s.Restore(ctx, ns, []storage.Task{in[0], older, in[2]}, storage.RestoreParams{}); err != nil || n != 0 {
 				t.Errorf("restore of known generations = %d, %v; want 0", n, err)
 			}
 			if task, _ := s.Get(ctx, ns, "sched"); string(task.Payload) != "p1" {
@@ -128,7 +128,7 @@ func TestRestore(t *testing.T) {
 			newer.Attempt = 0
 			newer.State = storage.StateScheduled
 			newer.DueTime = base.Add(5 * time.Hour)
-			if n, err := s.Restore(ctx, ns, []storage.Task{newer}, false); err != nil || n != 1 {
+			if n, err := s.Restore(ctx, ns, []storage.Task{newer}, storage.RestoreParams{}); err != nil || n != 1 {
 				t.Fatalf("restore of a newer generation = %d, %v", n, err)
 			}
 			if st, _ := s.Ack(ctx, ns, []storage.Token{ds[0].Token}); st[0] != storage.TokenStale {
@@ -691,6 +691,44 @@ func TestAckMarkerCarriesAttempt(t *testing.T) {
 			}
 			if n, err := s.ClearAcked(ctx, ns, toks); err != nil || n != 2 {
 				t.Fatalf("clear acked dropped %d (%v), want 2", n, err)
+			}
+		})
+	}
+}
+
+// TestRestoreRepair: a rebuild (RestoreParams{}) never writes over a newer
+// version the index holds; a repair (Repair) writes the authority's version
+// over any other, older or newer, and leaves that very version alone.
+func TestRestoreRepair(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := testkit.Namespace(t, "rr")
+			dropNS(t, s, ns)
+			due := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+			uncommitted := storage.Task{ID: "t", Payload: []byte("never committed"), State: storage.StateScheduled,
+				Incarnation: 1, Generation: 5, DueTime: due}
+			if n, err := s.Restore(ctx, ns, []storage.Task{uncommitted}, storage.RestoreParams{}); err != nil || n != 1 {
+				t.Fatalf("restore of generation 5 = %d, %v; want 1", n, err)
+			}
+			authority := uncommitted
+			authority.Generation, authority.Payload = 4, []byte("committed")
+			if n, err := s.Restore(ctx, ns, []storage.Task{authority}, storage.RestoreParams{}); err != nil || n != 0 {
+				t.Fatalf("rebuild over a newer version = %d, %v; want 0 written", n, err)
+			}
+			if task, _ := s.Get(ctx, ns, "t"); task.Generation != 5 {
+				t.Fatalf("after the rebuild the index holds generation %d, want 5 (kept)", task.Generation)
+			}
+			if n, err := s.Restore(ctx, ns, []storage.Task{authority}, storage.RestoreParams{Repair: true}); err != nil || n != 1 {
+				t.Fatalf("repair over a newer version = %d, %v; want 1 written", n, err)
+			}
+			if task, _ := s.Get(ctx, ns, "t"); task.Generation != 4 || string(task.Payload) != "committed" {
+				t.Fatalf("after the repair the index holds generation %d payload %q, want the authority's 4 %q", task.Generation, task.Payload, "committed")
+			}
+			if n, err := s.Restore(ctx, ns, []storage.Task{authority}, storage.RestoreParams{Repair: true}); err != nil || n != 0 {
+				t.Fatalf("repair of the version the index holds = %d, %v; want 0 written", n, err)
 			}
 		})
 	}

@@ -146,7 +146,7 @@ func TestNamespaceIncarnation(t *testing.T) {
 	ended("an earlier incarnation's upsert", up(50, "stale"))
 	ended("an unchecked upsert into the deleted namespace", up(0, "stale"))
 	ended("a claim of the deleted incarnation", s.ClaimIncarnation(ctx, ns, 100))
-	if n, err := s.Restore(ctx, ns, []storage.Task{{ID: "stale", Incarnation: 1, Generation: 1, State: storage.StateScheduled, DueTime: time.Now().Add(time.Hour)}}, false); err != nil || n != 0 {
+	if n, err := s.Restore(ctx, ns, []storage.Task{{ID: "stale", Incarnation: 1, Generation: 1, State: storage.StateScheduled, DueTime: time.Now().Add(time.Hour)}}, storage.RestoreParams{}); err != nil || n != 0 {
 		t.Errorf("Restore into the deleted namespace = %d, %v; want 0", n, err)
 	}
 	if st, _ := s.Stats(ctx, ns); st.Scheduled != 0 {

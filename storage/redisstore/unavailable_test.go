@@ -33,7 +33,7 @@ func everyOp(ctx context.Context, s *Store, ns string) map[string]error {
 	_, errs["requeue"] = s.Requeue(ctx, ns, storage.RequeueParams{All: true, Limit: 10})
 	_, errs["purge"] = s.Purge(ctx, ns, storage.PurgeParams{All: true, Limit: 10})
 	_, errs["stats"] = s.Stats(ctx, ns)
-	_, errs["restore"] = s.Restore(ctx, ns, []storage.Task{{ID: "x", Generation: 1, State: storage.StateScheduled}}, false)
+	_, errs["restore"] = s.Restore(ctx, ns, []storage.Task{{ID: "x", Generation: 1, State: storage.StateScheduled}}, storage.RestoreParams{})
 	_, _, errs["versions"] = s.Versions(ctx, ns, []string{"x"})
 	_, errs["indexed"] = s.Indexed(ctx, ns)
 	errs["markindexed"] = s.MarkIndexed(ctx, ns)

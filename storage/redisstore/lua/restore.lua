@@ -4,10 +4,10 @@
 -- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] acked HASH,
 -- KEYS[7] life STRING (the namespace incarnation, see keys.go)
 -- ARGV[1] wake channel, ARGV[2] namespace
--- ARGV[3] '1' = force: write each task unless the index holds that very
---         version (a repair: MySQL is the authority even when the index
---         holds a "newer" one it never committed); '0' = write unless the
---         index holds the same or a newer version
+-- ARGV[3] '1' = repair (storage.RestoreParams.Repair): write each task
+--         unless the index holds that very version (MySQL is the authority
+--         even when the index holds a "newer" one it never committed);
+--         '0' = write unless the index holds the same or a newer version
 -- ARGV[4] n (at most 1,000); then per task i (from 0), at ARGV[5+7i ..]: id,
 --         incarnation, generation, state (1 = due, 3 = dead), score (due ms
 --         or death ms), header (one without a create time is given the
@@ -24,7 +24,7 @@
 -- namespace's, about to be dropped from the authority too.
 --
 -- Returns the number of tasks written (an id given twice counts once).
-local force = ARGV[3] == '1'
+local repair = ARGV[3] == '1'
 local n = tonumber(ARGV[4])
 if n == 0 then
   return 0
@@ -56,7 +56,7 @@ for i = 0, n - 1 do
     write = false
   elseif not hi then
     write = true
-  elseif force then
+  elseif repair then
     write = hi ~= inc or hg ~= gen
   else
     write = newer(inc, gen, hi, hg)
