@@ -302,28 +302,6 @@ func (c *Cluster) MasterNodes(ctx context.Context) ([]*ClusterNode, error) {
 	return out, nil
 }
 
-// NodeOfSlot is the live master serving slot now.
-func (c *Cluster) NodeOfSlot(ctx context.Context, slot int) (*ClusterNode, error) {
-	masters, err := c.MasterNodes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, m := range masters {
-		cl := m.Client()
-		slots, err := cl.ClusterSlots(ctx).Result()
-		cl.Close()
-		if err != nil {
-			return nil, err
-		}
-		for _, s := range slots {
-			if slot >= int(s.Start) && slot <= int(s.End) && len(s.Nodes) > 0 && s.Nodes[0].Addr == m.Addr {
-				return m, nil
-			}
-		}
-	}
-	return nil, fmt.Errorf("no live master serves slot %d", slot)
-}
-
 // WaitHealthy waits until every live node says cluster_state:ok, knows the
 // same masters, and every live replica's link to its master is up with no
 // sync in progress.
