@@ -99,7 +99,8 @@ func Main(ctx context.Context, args []string, env Env, stdin io.Reader, stdout, 
 
 // connectionHint says what to check when err is a failure to connect
 // rather than an answer of the server (a handshake refused, a plaintext
-// client on a TLS port or the reverse), or "" otherwise: the raw text
+// client on a TLS port or the reverse, a server certificate that does not
+// name the address or whose CA is not trusted), or "" otherwise: the raw text
 // ("write: broken pipe", "error reading server preface") does not say that
 // TLS settings are the likely cause.
 func (g *globals) connectionHint(err error) string {
@@ -114,6 +115,14 @@ func (g *globals) connectionHint(err error) string {
 	}
 	if !connErr {
 		return ""
+	}
+	if strings.Contains(msg, "x509: certificate is valid for") || strings.Contains(msg, "x509: cannot validate certificate for") ||
+		strings.Contains(msg, "x509: certificate is not valid for any names") {
+		return "the server's certificate does not name the host of " + g.addr + ": pass the name it was issued for with " +
+			"--tls-server-name (or use that name in --addr)"
+	}
+	if strings.Contains(msg, "x509: certificate signed by unknown authority") {
+		return "the server's certificate is not signed by a CA delayctl trusts: pass the CA that signed it with --tls-ca"
 	}
 	if g.tls || g.tlsCA != "" || g.tlsCert != "" {
 		return "the TLS connection to " + g.addr + " failed: if the server requires client certificates (--tls-client-ca), " +
