@@ -488,3 +488,95 @@ func TestRemoveDuringRestoreNeverDelivered(t *testing.T) {
 		t.Fatalf("mysql still holds %d rows of removed tasks", n)
 	}
 }
+
+// TestOldIncarnationWriteThroughSparesNewRow (issue 10 item 1): the index
+// holds an old incarnation of a task (a snapshot restored after the task was
+// removed and re-created: a failover to a lagging replica) while MySQL holds
+// the new one. A delivery of the old incarnation can still be popped from
+// the index, and its ack, its nack to dead letters and its nack with a retry
+// are written through to MySQL: each write names the old (incarnation,
+// generation) and must leave the new incarnation's row as it was (before
+// incarnations, MySQL restarted a re-created id at generation 1, so the old
+// version's guard could match the new row, or the write went by id alone).
+func TestOldIncarnationWriteThroughSparesNewRow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) { c.ReconcileInterval = time.Hour; c.FullReconcileInterval = time.Hour })
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "owt")
+	ids := []string{"acked", "dead", "retried"}
+	var specs []storage.UpsertSpec
+	for _, id := range ids {
+		specs = append(specs, storage.UpsertSpec{ID: id, Payload: []byte("old"), Delay: -time.Second})
+	}
+	old, err := e.store.Upsert(ctx, ns, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := takeSnapshot(t, e.rdb, ns)
+	for _, id := range ids {
+		if _, err := e.store.Remove(ctx, ns, id, storage.Version{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range specs {
+		specs[i].Payload, specs[i].Delay = []byte("new"), time.Hour
+	}
+	fresh, err := e.store.Upsert(ctx, ns, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type version struct{ inc, gen int64 }
+	want := map[string]version{}
+	for i, r := range fresh {
+		if !r.Created || r.Task.Incarnation <= old[i].Task.Incarnation {
+			t.Fatalf("re-create of %s = %+v; want a new incarnation above %d", r.Task.ID, r, old[i].Task.Incarnation)
+		}
+		want[r.Task.ID] = version{r.Task.Incarnation, r.Task.Generation}
+	}
+	rowOf := func(id string) (mysqlRow, version) {
+		t.Helper()
+		var r mysqlRow
+		var v version
+		err := e.db.QueryRow("SELECT state, generation, attempt, due_ms, last_error, incarnation FROM delayd_tasks WHERE namespace = ? AND id = ?", ns, id).
+			Scan(&r.State, &r.Generation, &r.Attempt, &r.DueMS, &r.LastError, &v.inc)
+		if err != nil {
+			t.Fatalf("mysql row of %s: %v (the old incarnation's write-through deleted the new row?)", id, err)
+		}
+		v.gen = r.Generation
+		return r, v
+	}
+	before := map[string]mysqlRow{}
+	for _, id := range ids {
+		before[id], _ = rowOf(id)
+	}
+
+	snap.restore(t, e.rdb, ns) // the index is back at the old incarnations, due now
+	ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 10, LeaseFor: time.Minute})
+	if err != nil || len(ds) != len(ids) {
+		t.Fatalf("pop of the restored old incarnations = %+v, %v", ds, err)
+	}
+	tok := map[string]storage.Token{}
+	for _, d := range ds {
+		if d.Token.Incarnation == want[d.Task.ID].inc {
+			t.Fatalf("popped %s at the new incarnation; the restore did not take", d.Task.ID)
+		}
+		tok[d.Task.ID] = d.Token
+	}
+	if st, err := e.store.Ack(ctx, ns, []storage.Token{tok["acked"]}); err != nil || st[0] != storage.TokenOK {
+		t.Fatalf("ack of the old incarnation = %v, %v (the index holds it)", st, err)
+	}
+	if st, _, err := e.store.Nack(ctx, ns, []storage.Token{tok["dead"]}, storage.NackOptions{MaxAttempts: 1, Reason: "boom"}); err != nil || st[0] != storage.TokenOK {
+		t.Fatalf("nack to dead of the old incarnation = %v, %v", st, err)
+	}
+	zero := time.Duration(0)
+	if st, _, err := e.store.Nack(ctx, ns, []storage.Token{tok["retried"]}, storage.NackOptions{RetryAfter: &zero, Reason: "again", MaxAttempts: 5}); err != nil || st[0] != storage.TokenOK {
+		t.Fatalf("nack with retry of the old incarnation = %v, %v", st, err)
+	}
+	for _, id := range ids {
+		r, v := rowOf(id)
+		if v != want[id] || r != before[id] {
+			t.Errorf("mysql row of %s after the old incarnation's write-through = %+v at %+v; want it untouched: %+v at %+v", id, r, v, before[id], want[id])
+		}
+	}
+}
