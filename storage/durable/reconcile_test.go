@@ -1,0 +1,159 @@
+package durable_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/durable"
+)
+
+// TestIncrementalPassReadsOnlyChangedRows (issue 10 item 3): the periodic
+// pass reads the rows changed since its watermark, not every row. Two tasks
+// lose their index entries; one of them has just changed in MySQL (its
+// update time is now), the other last changed an hour ago. The incremental
+// passes (every 50 ms; the full pass is an hour away) repair the changed
+// one and never read the other: at 10M tasks a pass over every row would
+// take longer than its interval.
+func TestIncrementalPassReadsOnlyChangedRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) {
+		c.OpTimeout = 2 * time.Second // the watermark's margin: 4 s
+		c.ReconcileInterval = 50 * time.Millisecond
+		c.FullReconcileInterval = time.Hour
+	})
+	e.waitReady()
+	time.Sleep(time.Second) // the full pass after start is done (the database is empty)
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "incr")
+	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{
+		{ID: "unchanged", Payload: []byte("p"), Delay: time.Hour},
+		{ID: "changed", Payload: []byte("p"), Delay: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec("UPDATE delayd_tasks SET update_ms = ? WHERE namespace = ? AND id = ?",
+		time.Now().Add(-time.Hour).UnixMilli(), ns, "unchanged"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // passes that read "unchanged" at its old update time are over
+	for _, r := range res {
+		v := storage.Version{ID: r.Task.ID, Incarnation: r.Task.Incarnation, Generation: r.Task.Generation}
+		if n, err := e.idx.Forget(ctx, ns, []storage.Version{v}); err != nil || n != 1 {
+			t.Fatalf("forget %s in the index = %d, %v", r.Task.ID, n, err)
+		}
+	}
+	if _, err := e.db.Exec("UPDATE delayd_tasks SET update_ms = ? WHERE namespace = ? AND id = ?",
+		time.Now().UnixMilli(), ns, "changed"); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 30*time.Second, "an incremental pass to repair the changed task", func() bool {
+		_, err := e.idx.Get(ctx, ns, "changed")
+		return err == nil
+	})
+	time.Sleep(time.Second) // 20 more passes
+	if g, err := e.idx.Get(ctx, ns, "unchanged"); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("the index holds the unchanged task again (%+v, %v): an incremental pass read a row older than its watermark", g, err)
+	}
+}
+
+// leadRecorder is an index that counts which holders were granted the
+// leader lease, and makes every Versions call (each step of a pass) slow.
+type leadRecorder struct {
+	durable.Index
+	delay time.Duration
+	mu    *sync.Mutex
+	led   map[string]int // holder -> leases granted or renewed
+
+}
+
+func (l leadRecorder) TryLead(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
+	ok, err := l.Index.TryLead(ctx, name, holder, ttl)
+	if ok && err == nil {
+		l.mu.Lock()
+		l.led[holder]++
+		l.mu.Unlock()
+	}
+	return ok, err
+}
+
+func (l leadRecorder) Versions(ctx context.Context, ns string, ids []string) ([]storage.Version, []storage.Token, error) {
+	time.Sleep(l.delay)
+	return l.Index.Versions(ctx, ns, ids)
+}
+
+// passTimes records the reconciler's successful passes.
+type passTimes struct {
+	mu   sync.Mutex
+	took []time.Duration
+}
+
+func (p *passTimes) ReconcilePass(took time.Duration, _ int, err error) {
+	if err == nil {
+		p.mu.Lock()
+		p.took = append(p.took, took)
+		p.mu.Unlock()
+	}
+}
+
+func (p *passTimes) longest() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var m time.Duration
+	for _, d := range p.took {
+		m = max(m, d)
+	}
+	return m
+}
+
+// TestLeaderLeaseRenewedDuringLongPass (issue 10 item 3): a pass that takes
+// several times the leader lease's TTL (20 steps of 300 ms against a 2 s
+// lease) renews the lease while it works, so the other replica never takes
+// over in the middle of it and two leaders never repair at once.
+func TestLeaderLeaseRenewedDuringLongPass(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	dsn := testkit.Database(t, "delayd_test")
+	url := testkit.StartRedis(t).URL // the lease key is the test's own
+	var mu sync.Mutex
+	led := map[string]int{}
+	var passes [2]passTimes
+	var envs []*env
+	for i, h := range []string{"replica-a", "replica-b"} {
+		envs = append(envs, newEnvOn(t, dsn, url, func(c *durable.Config) {
+			c.Index = leadRecorder{Index: c.Index, delay: 300 * time.Millisecond, mu: &mu, led: led}
+			c.Holder = h
+			c.LeaderTTL = ttl
+			c.ReconcileBatch = 10
+			c.ReconcileInterval = time.Hour
+			c.FullReconcileInterval = 100 * time.Millisecond
+			c.Metrics = &passes[i]
+		}))
+	}
+	for _, e := range envs {
+		e.waitReady()
+	}
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "lease")
+	specs := make([]storage.UpsertSpec, 200) // a full pass: 20 steps
+	for i := range specs {
+		specs[i] = storage.UpsertSpec{ID: fmt.Sprintf("t%03d", i), Payload: []byte("p"), Delay: time.Hour}
+	}
+	if _, err := envs[0].store.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 60*time.Second, "a full pass longer than twice the lease's TTL", func() bool {
+		return max(passes[0].longest(), passes[1].longest()) > 2*ttl
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(led) != 1 {
+		t.Fatalf("leases granted per holder: %v; want one leader throughout", led)
+	}
+}
