@@ -113,25 +113,11 @@ func upsert(ns, id string) *delaydv1.UpsertTaskRequest {
 		When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(time.Hour)}}
 }
 
-// cleanNamespace deletes every key of ns in the Redis at url (never
-// FLUSHDB: Redis is shared).
+// cleanNamespace deletes every key of ns in the Redis at url when t ends
+// (never FLUSHDB: Redis is shared): the test kit's cleanup, which also
+// takes the namespace's API keys.
 func cleanNamespace(t *testing.T, url, ns string) {
-	t.Cleanup(func() {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			return
-		}
-		rdb := redis.NewClient(opt)
-		defer rdb.Close()
-		ctx := context.Background()
-		keys, _ := rdb.Keys(ctx, "*{"+ns+"#*").Result()
-		if len(keys) > 0 {
-			rdb.Del(ctx, keys...)
-		}
-		// The namespace's registry record (auto-created on first use).
-		rdb.Del(ctx, "delayd:{registry}:ns:"+ns)
-		rdb.ZRem(ctx, "delayd:{registry}:namespaces", ns)
-	})
+	t.Cleanup(func() { testkit.DeleteNamespaceKeys(t, url, ns) })
 }
 
 func TestEmbeddedModeServesUpsertAndGet(t *testing.T) {
