@@ -580,3 +580,52 @@ func TestOldIncarnationWriteThroughSparesNewRow(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenFromBeforeIndexLossNeverAcksLaterDelivery (issue 10 item 2):
+// a rebuild from MySQL and a restored snapshot both roll a task's stored
+// delivery back (MySQL does not record pops; a snapshot predates them), so
+// the delivery after it has the same incarnation, generation and attempt
+// as the one before. Its token must still differ: the holder of the old
+// delivery acking late must not finish the new one.
+func TestTokenFromBeforeIndexLossNeverAcksLaterDelivery(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) { c.ReconcileInterval = time.Hour; c.FullReconcileInterval = time.Hour })
+	e.waitReady()
+	ctx := context.Background()
+	for _, loss := range []string{"rebuild", "snapshot"} {
+		ns := testkit.Namespace(t, loss)
+		if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("p"), Delay: -time.Second}}); err != nil {
+			t.Fatal(err)
+		}
+		snap := takeSnapshot(t, e.rdb, ns)
+		before, ok := popUntil(t, e.store, ns, "x", 10*time.Second)
+		if !ok {
+			t.Fatalf("%s: x never delivered", loss)
+		}
+		if loss == "rebuild" {
+			testkit.DeleteNamespaceKeys(t, testkit.RedisURL(), ns) // the index loses the namespace: rebuilt from MySQL
+		} else {
+			snap.restore(t, e.rdb, ns)
+		}
+		after, ok := popUntil(t, e.store, ns, "x", 30*time.Second)
+		if !ok {
+			t.Fatalf("%s: x never delivered again", loss)
+		}
+		b, a := before.Token, after.Token
+		if a.Incarnation != b.Incarnation || a.Generation != b.Generation || a.Attempt != b.Attempt {
+			t.Logf("%s: the later delivery differs in more than its sequence: %+v, %+v", loss, b, a)
+		}
+		if a == b {
+			t.Fatalf("%s: the delivery after the loss repeats the token of the one before: %+v", loss, b)
+		}
+		if st, err := e.store.Ack(ctx, ns, []storage.Token{b}); err != nil || st[0] == storage.TokenOK {
+			t.Fatalf("%s: ack with the token from before = %v, %v; want it refused", loss, st, err)
+		}
+		if g, err := e.store.Get(ctx, ns, "x"); err != nil || g.State != storage.StateDelivered {
+			t.Fatalf("%s: after the old token's ack x = %+v, %v; want still delivered", loss, g, err)
+		}
+		if st, err := e.store.Ack(ctx, ns, []storage.Token{a}); err != nil || st[0] != storage.TokenOK {
+			t.Fatalf("%s: ack with the current token = %v, %v", loss, st, err)
+		}
+	}
+}
