@@ -385,6 +385,37 @@ func TestStreamEndLeavesSentLeased(t *testing.T) {
 	}
 }
 
+// TestStreamEndSentComesBackAtItsDeadline: what a stream was sent before it
+// ended and its subscriber never acks comes back once the lease deadline the
+// subscriber was told has passed, and not before (the duplicate README's
+// "Delivery guarantees" lists for a broken stream or a replica that shut
+// down).
+func TestStreamEndSentComesBackAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	pol := testPolicy()
+	pol.AckTimeout = 1500 * time.Millisecond
+	h := newHarness(t, pol, nil)
+	a := h.subscribe(h.d, h.ns, 10)
+	h.upsert(h.d, 0, "x")
+	first := a.next(t)
+	if err := a.close(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve returned %v, want context.Canceled", err)
+	}
+	b := h.subscribe(h.d, h.ns, 10)
+	again := b.next(t)
+	// Redis's clock decides the deadline; this host's may differ by a
+	// little from it.
+	if early := first.LeaseDeadline.Sub(time.Now()); early > 100*time.Millisecond {
+		t.Fatalf("redelivered %v before the deadline its first subscriber was told", early)
+	}
+	if again.Task.ID != "x" || again.Token.Attempt != 2 || again.Token == first.Token {
+		t.Fatalf("redelivery = %+v, token %+v; want x, attempt 2, a new token", again.Task, again.Token)
+	}
+	if st := h.ack(h.d, first.Token); st[0] == storage.TokenOK {
+		t.Fatalf("the first delivery's late ack = %v; want it refused", st[0])
+	}
+}
+
 // A delivery popped for a stream but never sent to it goes back without
 // costing an attempt (issue 10 item 4).
 func TestUnsentHandBackCostsNoAttempt(t *testing.T) {
