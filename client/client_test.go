@@ -330,6 +330,48 @@ func TestConsumeReconnectsAfterServerRestart(t *testing.T) {
 	}
 }
 
+// TestConsumeAcksThroughRestart (issue 10 item 4): a handler is still
+// running when its delayd is stopped (a rolling deploy). The delivery
+// stays leased to this consumer; the handler finishes after a new delayd
+// took the address, and its ack, sent through the consumer's reconnect,
+// counts: the task is gone and was handled once, not redelivered when the
+// stream ended nor when its lease ran out.
+func TestConsumeAcksThroughRestart(t *testing.T) {
+	t.Parallel()
+	first := startDelayd(t, "127.0.0.1:0")
+	addr := first.addr()
+	c := newClient(t, addr, client.WithLogger(testLogger(t)), client.WithReconnectMaxDelay(500*time.Millisecond))
+	ns := namespace(t, c)
+	var mu sync.Mutex
+	calls := 0
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	stop := consume(t, c, ns, func(_ context.Context, d *client.Delivery) error {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		started <- struct{}{}
+		<-release
+		return nil
+	}, client.ConsumeOptions{ReconnectMaxDelay: 500 * time.Millisecond})
+	if _, err := c.Upsert(t.Context(), ns, client.TaskSpec{ID: "working", When: client.After(0)}); err != nil {
+		t.Fatal(err)
+	}
+	within(t, started, 20*time.Second, "the handler to start")
+	first.stop()
+	startDelayd(t, addr)
+	close(release)
+	waitGone(t, c, ns, "working")
+	time.Sleep(time.Second) // a redelivery would start the handler again
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 1 {
+		t.Fatalf("handler ran %d times; want once (its ack after the restart counts)", calls)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Consume returned %v, want nil", err)
+	}
+}
+
 func TestConsumeDrainsOnCancel(t *testing.T) {
 	t.Parallel()
 	srv := startDelayd(t, "127.0.0.1:0")
