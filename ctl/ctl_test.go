@@ -3,6 +3,7 @@ package ctl_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -214,6 +215,18 @@ func TestGoldenNamespacesKeysTasks(t *testing.T) {
 		{key: secret, code: 0, args: args("task list orders")},
 		{key: secret, code: 1, args: args("ns create other")},
 		{key: secret, code: 1, args: args("ns stats orders")},
+		{code: 0, args: args("key list orders")},
+	})
+	// Revoked, the key is refused at once; the list no longer shows it.
+	var created struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):strings.LastIndex(out, "}")+1]), &created); err != nil || created.ID == "" {
+		t.Fatalf("no key id in:\n%s", out)
+	}
+	got += scenario(t, ctx, addr, []step{
+		{code: 0, args: args("key revoke " + created.ID)},
+		{key: secret, code: 1, args: args("task list orders")},
 		{code: 0, args: args("key list orders")},
 	})
 	golden(t, "namespaces_keys_tasks", got)
