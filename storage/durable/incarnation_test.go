@@ -629,3 +629,44 @@ func TestTokenFromBeforeIndexLossNeverAcksLaterDelivery(t *testing.T) {
 		}
 	}
 }
+
+// TestRecreatedOverDeadGhostIsDelivered (issue 10 item 1): as
+// TestRecreatedAfterSnapshotRestoreIsDelivered, with the restored old
+// version a dead letter: the ghost in DEAD state must not hide the
+// re-created task until someone purges it.
+func TestRecreatedOverDeadGhostIsDelivered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *durable.Config) { c.ReconcileInterval = time.Hour; c.FullReconcileInterval = time.Hour })
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "ghost")
+	for range 3 {
+		if _, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("old"), Delay: -time.Second}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, ok := popUntil(t, e.store, ns, "x", 10*time.Second)
+	if !ok {
+		t.Fatal("x never delivered")
+	}
+	if st, _, err := e.store.Nack(ctx, ns, []storage.Token{d.Token}, storage.NackOptions{MaxAttempts: 1, Reason: "boom"}); err != nil || st[0] != storage.TokenOK {
+		t.Fatalf("nack to dead = %v, %v", st, err)
+	}
+	snap := takeSnapshot(t, e.rdb, ns)
+	if _, err := e.store.Remove(ctx, ns, "x", storage.Version{}); err != nil {
+		t.Fatal(err)
+	}
+	snap.restore(t, e.rdb, ns) // the index holds x dead again
+	res, err := e.store.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x", Payload: []byte("new"), Delay: time.Second}})
+	if err != nil || !res[0].Created || res[0].Task.Incarnation <= d.Token.Incarnation {
+		t.Fatalf("re-create = %+v, %v; want created with an incarnation above %d", res, err, d.Token.Incarnation)
+	}
+	got, ok := popUntil(t, e.store, ns, "x", 30*time.Second)
+	if !ok {
+		g, gerr := e.idx.Get(ctx, ns, "x")
+		t.Fatalf("the re-created task was never delivered; the index holds %+v (%v)", g, gerr)
+	}
+	if string(got.Task.Payload) != "new" || got.Token.Incarnation != res[0].Task.Incarnation {
+		t.Fatalf("delivered %+v; want the re-created task", got.Task)
+	}
+}
