@@ -415,10 +415,35 @@ func (s *Store) checkVersions(ctx context.Context, ns string, vs []storage.Versi
 // flight) and its marker dropped; a marker naming a version MySQL no longer
 // has is dropped. Tasks MySQL does not have are left to the reverse pass.
 // Returns how many tasks it restored or settled.
+//
+// It works in steps of at most repairStep tasks, each its own transaction:
+// a step holds its rows' locks while it reads and writes the index, so a
+// bounded step keeps writers of those tasks waiting only briefly, and a
+// step that fails (a killed connection, a timeout) loses only itself:
+// what the steps before it did stays done, and the next pass goes on from
+// there. One transaction for a whole page (up to ReconcileBatch tasks)
+// could outlast every connection of a troubled MySQL and never commit.
 func (s *Store) repairIDs(ctx context.Context, ns string, ids []string) (int, error) {
 	ids = slices.Clone(ids)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
+	done := 0
+	for start := 0; start < len(ids); start += repairStep {
+		n, err := s.repairStepIDs(ctx, ns, ids[start:min(start+repairStep, len(ids))])
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// repairStep is the most tasks one repair transaction takes.
+const repairStep = 100
+
+// repairStepIDs is one step of repairIDs: ids (sorted, distinct) in one
+// transaction.
+func (s *Store) repairStepIDs(ctx context.Context, ns string, ids []string) (int, error) {
 	var settled []storage.Token
 	restored := 0
 	err := s.db.Repair(ctx, ns, ids, func(ctx context.Context, held []storage.Task) ([]mysqlstore.AckRow, error) {

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
@@ -155,5 +158,91 @@ func TestLeaderLeaseRenewedDuringLongPass(t *testing.T) {
 	defer mu.Unlock()
 	if len(led) != 1 {
 		t.Fatalf("leases granted per holder: %v; want one leader throughout", led)
+	}
+}
+
+// slowVersions is an index whose Versions calls take perID per task named
+// once on is set (a Redis far away, or a loaded one).
+type slowVersions struct {
+	durable.Index
+	on    *atomic.Bool
+	perID time.Duration
+}
+
+func (s slowVersions) Versions(ctx context.Context, ns string, ids []string) ([]storage.Version, []storage.Token, error) {
+	if s.on.Load() {
+		time.Sleep(time.Duration(len(ids)) * s.perID)
+	}
+	return s.Index.Versions(ctx, ns, ids)
+}
+
+// TestAckSettlingProgressesUnderShortTransactions: 800 acks left their rows
+// in MySQL (their deletes failed in a connection cut), and every MySQL
+// connection is then KILLed every 200 ms while the index answers slowly
+// (1 ms per task). A repair transaction holds its rows' locks while it
+// reads the index, so settling 800 markers in one transaction takes longer
+// than any connection lives: it never committed, and the rows stayed
+// forever (seen: TestConnectionsKilledMidBatch left 800 rows for 2
+// minutes on a loaded machine). Repairs run in bounded steps, each its own
+// transaction, and a failed step loses only itself, so the reconciler gets
+// through.
+func TestAckSettlingProgressesUnderShortTransactions(t *testing.T) {
+	t.Parallel()
+	direct := testkit.Database(t, "delayd_test")
+	dsn, proxy := viaProxy(t, direct)
+	var slow atomic.Bool
+	e := newEnvOn(t, dsn, testkit.RedisURL(), func(c *durable.Config) {
+		c.Index = slowVersions{Index: c.Index, on: &slow, perID: time.Millisecond}
+		c.OpTimeout = 3 * time.Second
+		c.ReconcileInterval = 50 * time.Millisecond
+		c.FullReconcileInterval = time.Hour
+	})
+	e.waitReady()
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "settle")
+	const n = 800
+	specs := make([]storage.UpsertSpec, n)
+	for i := range specs {
+		specs[i] = storage.UpsertSpec{ID: fmt.Sprintf("t%03d", i), Payload: []byte("p"), Delay: -time.Second}
+	}
+	if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	var toks []storage.Token
+	for len(toks) < n {
+		ds, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 1000, LeaseFor: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			toks = append(toks, d.Token)
+		}
+	}
+	proxy.Cut()
+	if _, err := e.store.Ack(ctx, ns, toks); !errors.Is(err, storage.ErrUnavailable) {
+		t.Fatalf("ack with mysql cut: %v; want ErrUnavailable", err)
+	}
+	proxy.Restore()
+	cfg, err := mysql.ParseDSN(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := directDB(t, testkit.MySQLDSN()) // another database: the killer leaves it alone
+	rows := func() int {
+		var c int
+		if err := admin.QueryRow("SELECT COUNT(*) FROM "+cfg.DBName+".delayd_tasks WHERE namespace = ?", ns).Scan(&c); err != nil {
+			t.Fatalf("count: %v", err)
+		}
+		return c
+	}
+	if c := rows(); c != n {
+		t.Fatalf("%d rows after the failed acks, want %d", c, n)
+	}
+	slow.Store(true)
+	stopKill := killer(t, cfg.DBName, 200*time.Millisecond)
+	defer stopKill()
+	testkit.Eventually(t, 60*time.Second, "the reconciler to settle every ack marker", func() bool { return rows() == 0 })
+	if got, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 1000, LeaseFor: time.Minute}); err != nil || len(got) != 0 {
+		t.Fatalf("after settling, pop = %d deliveries, %v; want none", len(got), err)
 	}
 }
