@@ -143,6 +143,10 @@ func TestEmbeddedModeListensOnLoopback(t *testing.T) {
 			listen: "0.0.0.0:7070", http: "127.0.0.1:7071", opsAdr: ""},
 		{name: "embedded, host given", args: []string{"--http-listen", "10.1.2.3:80"}, listen: "127.0.0.1:7070", http: "10.1.2.3:80", opsAdr: "127.0.0.1:9070", moved: true},
 		{name: "real Redis", args: []string{"--redis-url", "redis://127.0.0.1:6379/0"}, listen: ":7070", http: ":7071", opsAdr: ":9070"},
+		// An empty HTTP address turns the HTTP edge (and the console) off.
+		{name: "embedded, an empty DELAYD_HTTP_LISTEN", env: map[string]string{"DELAYD_HTTP_LISTEN": ""},
+			listen: "127.0.0.1:7070", http: "", opsAdr: "127.0.0.1:9070", moved: true},
+		{name: "real Redis, --http-listen empty", args: []string{"--redis-url", "redis://127.0.0.1:6379/0", "--http-listen", ""}, listen: ":7070", http: "", opsAdr: ":9070"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
