@@ -27,6 +27,9 @@ import (
 // when the test is).
 func TestReadmeQuickTour(t *testing.T) {
 	t.Parallel()
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatalf("curl is not installed; the README's HTTP/JSON examples use it (Debian: apt-get install curl): %v", err)
+	}
 	dir := t.TempDir()
 	shim := filepath.Join(dir, "bin")
 	args := []string{"build", "-o", filepath.Join(shim, "delayctl")}
