@@ -30,16 +30,18 @@ import (
 // fault suite's tests spend most of their time waiting on due times, leases
 // and real processes, not on the CPU, and each has servers, ports and
 // databases of its own, so running them together cuts the package from
-// minutes to the length of its longest test. 8, not more: the suite's
+// minutes to the length of its longest test. 4, not more: the suite's
 // startup burst (a -race delayd and redis-servers per test) runs beside
 // another package's tests under go test's default -p, whose delayds must
-// still renew their 6 s leases in time.
+// still renew their 6 s leases in time (at 8, fresh-clone runs on the
+// 2-core machine saw client lease tests and one fault test miss their
+// timing).
 func TestMain(m *testing.M) {
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
 	if !set {
-		_ = flag.Set("test.parallel", "8")
+		_ = flag.Set("test.parallel", "4")
 	}
 	code := m.Run()
 	if built.dir != "" {
