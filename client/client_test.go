@@ -1,10 +1,10 @@
 package client_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/delayd/delayd/internal/testkit"
 	"log/slog"
 	"net"
 	"strings"
@@ -654,24 +654,6 @@ func TestAPIKeyAgainstRealServer(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A consumer pointed at an address where nothing listens (a typo) must not
 // look healthy: every failed attempt reaches OnError (with a nil Delivery)
 // and the logger, the client's connection state is not Ready, and Consume
@@ -684,7 +666,7 @@ func TestConsumeAtAWrongAddressIsNotSilent(t *testing.T) {
 	}
 	addr := lis.Addr().String()
 	_ = lis.Close() // nothing listens there now: connections are refused
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	c, err := client.New(addr, client.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package ctl_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -65,29 +64,11 @@ func delaydWith(t *testing.T, cfg daemon.Config) string {
 	return d.Addr()
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // run runs delayctl with args against addr with key, and returns its
 // transcript: the command, stdout, stderr and exit code.
 func run(ctx context.Context, addr, key string, args ...string) (transcript string, code int) {
 	env := map[string]string{"DELAYD_ADDR": addr, "DELAYD_API_KEY": key}
-	var out, errOut syncBuffer
+	var out, errOut testkit.SyncBuffer
 	code = ctl.Main(ctx, args, func(k string) string { return env[k] }, strings.NewReader("from stdin"), &out, &errOut)
 	var b strings.Builder
 	fmt.Fprintf(&b, "$ delayctl %s\n%s", strings.Join(args, " "), out.String())
@@ -317,7 +298,7 @@ func TestTailWatchesWithoutConsuming(t *testing.T) {
 	}
 
 	env := map[string]string{"DELAYD_ADDR": addr, "DELAYD_API_KEY": consumeKey}
-	var out, errOut syncBuffer
+	var out, errOut testkit.SyncBuffer
 	tailDone := make(chan int, 1)
 	go func() {
 		tailDone <- ctl.Main(ctx, args("tail devices --count 3"), func(k string) string { return env[k] }, nil, &out, &errOut)
@@ -397,7 +378,7 @@ func TestTailSeesEveryReplica(t *testing.T) {
 	t.Cleanup(func() { run(context.Background(), a.Addr(), adminKey, args("ns delete "+ns+" --force")...) })
 
 	env := map[string]string{"DELAYD_ADDR": a.Addr(), "DELAYD_API_KEY": adminKey}
-	var out, errOut syncBuffer
+	var out, errOut testkit.SyncBuffer
 	tailDone := make(chan int, 1)
 	tctx, stopTail := context.WithCancel(ctx)
 	defer stopTail()

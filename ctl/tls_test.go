@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"github.com/delayd/delayd/internal/testkit"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -44,7 +45,7 @@ func TestTLSFlags(t *testing.T) {
 	ctx := t.Context()
 	run := func(env map[string]string, args ...string) (stdout, stderr string, code int) {
 		env["DELAYD_ADDR"], env["DELAYD_API_KEY"] = addr, adminKey
-		var out, errOut syncBuffer
+		var out, errOut testkit.SyncBuffer
 		code = ctl.Main(ctx, args, func(k string) string { return env[k] }, nil, &out, &errOut)
 		return out.String(), errOut.String(), code
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"github.com/delayd/delayd/internal/testkit"
 	"io"
 	"log/slog"
 	"net"
@@ -509,7 +510,7 @@ func craftedToken(ns string, state byte, cursor string) string {
 // nothing is logged at ERROR.
 func TestCraftedPageTokenIsInvalidArgument(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	e := newTenEnv(t)
 	r := e.replica(tenOpts{server: func(o *server.Options) {
 		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -528,7 +529,7 @@ func TestCraftedPageTokenIsInvalidArgument(t *testing.T) {
 // naming a 1 MiB namespace must not put it in the request log.
 func TestRequestLogNeverWritesAnInvalidNamespace(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	e := newTenEnv(t)
 	r := e.replica(tenOpts{server: func(o *server.Options) {
 		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -564,30 +565,6 @@ func TestDueTimeAtEpochOrYearOne(t *testing.T) {
 	if _, err := r.tasks.UpsertTask(admin(), &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "t", When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: past}}); err != nil {
 		t.Errorf("a due time an hour ago: %v", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Len()
 }
 
 // TestPendingQuotaUnderConcurrentBatches: 20 concurrent batches of new

@@ -183,7 +183,7 @@ func TestMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("LoadTLSConfig: %v", err)
 	}
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	e := newTenEnv(t)
 	r := e.replica(tenOpts{server: func(o *server.Options) {
 		o.TLS = cfg

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -129,7 +127,7 @@ func TestReadmeQuickTour(t *testing.T) {
 
 	cmd := exec.Command("bash", "-c", addrs.Replace(stream))
 	cmd.Env, cmd.Dir = env, dir
-	var subOut syncBuffer
+	var subOut testkit.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &subOut, &subOut
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -152,22 +150,4 @@ func TestReadmeQuickTour(t *testing.T) {
 	if !strings.Contains(subOut.String(), `"token":"`) {
 		t.Errorf("the delivery has no token to ack with:\n%s", subOut.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
