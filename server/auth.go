@@ -350,6 +350,7 @@ var rules = map[string]rule{
 	delaydv1.TaskService_RemoveTasks_FullMethodName:      {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 	delaydv1.TaskService_GetTask_FullMethodName:          {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 	delaydv1.TaskService_ListTasks_FullMethodName:        {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
+	delaydv1.TaskService_GetTaskHistory_FullMethodName:   {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 
 	delaydv1.DeliveryService_Subscribe_FullMethodName:       {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
 	delaydv1.DeliveryService_AckTasks_FullMethodName:        {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},

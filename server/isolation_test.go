@@ -371,6 +371,9 @@ func TestIsolationMatrix(t *testing.T) {
 		{name: "ListTasks", scope: P, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.tasks.ListTasks(ctx, &delaydv1.ListTasksRequest{Namespace: ns})
 		}},
+		{name: "GetTaskHistory", scope: P, global: false, do: func(ctx context.Context, ns string) (any, error) {
+			return r.tasks.GetTaskHistory(ctx, &delaydv1.GetTaskHistoryRequest{Namespace: ns, Id: "held"})
+		}},
 		{name: "Subscribe", scope: C, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			d, cancel, err := firstDelivery(ctx, r, ns)
 			cancel()

@@ -359,3 +359,12 @@ func timeToProto(t time.Time) *timestamppb.Timestamp {
 	}
 	return timestamppb.New(t)
 }
+
+// GetTaskHistory pages through one task's events. History is not recorded
+// yet: every namespace answers an empty page with history_enabled false.
+func (s *taskService) GetTaskHistory(ctx context.Context, req *delaydv1.GetTaskHistoryRequest) (*delaydv1.GetTaskHistoryResponse, error) {
+	if err := validateNamespaceAndID(req.GetNamespace(), req.GetId()); err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	return &delaydv1.GetTaskHistoryResponse{}, nil
+}

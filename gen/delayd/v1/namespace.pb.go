@@ -137,9 +137,17 @@ type NamespacePolicy struct {
 	// operator enabled push (--push-allow) and the URL's host is one it
 	// allows. See docs/push.md for the request, its signature and how it is
 	// acknowledged. Default: none.
-	Push          *PushTarget `protobuf:"bytes,15,opt,name=push,proto3" json:"push,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Push *PushTarget `protobuf:"bytes,15,opt,name=push,proto3" json:"push,omitempty"`
+	// Task history (GetTaskHistory): the most bytes of events the namespace
+	// keeps, oldest dropped first. In Redis-only mode they are kept in one
+	// Redis stream per namespace, capped by length (this figure divided by
+	// an event's typical size, 128 bytes); in durable mode in MySQL's
+	// delayd_task_events, pruned to the same count by the leader. Default 0
+	// = no history: nothing is recorded and no call pays for it. 0 to
+	// 1 GiB; at least 64 KiB when set.
+	HistoryRetentionBytes int64 `protobuf:"varint,16,opt,name=history_retention_bytes,json=historyRetentionBytes,proto3" json:"history_retention_bytes,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *NamespacePolicy) Reset() {
@@ -275,6 +283,13 @@ func (x *NamespacePolicy) GetPush() *PushTarget {
 		return x.Push
 	}
 	return nil
+}
+
+func (x *NamespacePolicy) GetHistoryRetentionBytes() int64 {
+	if x != nil {
+		return x.HistoryRetentionBytes
+	}
+	return 0
 }
 
 // PushTarget is where and how delayd POSTs a namespace's due tasks.
@@ -988,7 +1003,33 @@ type GetNamespaceStatsResponse struct {
 	MaxDispatchRate float64 `protobuf:"fixed64,9,opt,name=max_dispatch_rate,json=maxDispatchRate,proto3" json:"max_dispatch_rate,omitempty"`
 	// The namespace's tasks are POSTed to its HTTP push target
 	// (NamespacePolicy.push) rather than served to Subscribe streams.
-	Push          bool `protobuf:"varint,10,opt,name=push,proto3" json:"push,omitempty"`
+	Push bool `protobuf:"varint,10,opt,name=push,proto3" json:"push,omitempty"`
+	// Forecast: scheduled tasks falling due per minute over the next hour.
+	// Element i counts the tasks due in [forecast_time + i min,
+	// forecast_time + (i+1) min); 60 elements. Counted from the index (one
+	// range count per bucket), so it reflects the due times stored now:
+	// tasks upserted, acked or rescheduled later move it.
+	DuePerMinute []int64 `protobuf:"varint,11,rep,packed,name=due_per_minute,json=duePerMinute,proto3" json:"due_per_minute,omitempty"`
+	// Forecast: scheduled tasks falling due per hour over the next day.
+	// Element i counts [forecast_time + i h, forecast_time + (i+1) h); 24
+	// elements (element 0 is the sum of due_per_minute).
+	DuePerHour []int64 `protobuf:"varint,12,rep,packed,name=due_per_hour,json=duePerHour,proto3" json:"due_per_hour,omitempty"`
+	// The store's clock when the forecast was counted: the start of bucket 0.
+	ForecastTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=forecast_time,json=forecastTime,proto3" json:"forecast_time,omitempty"`
+	// Deliveries of the namespace per second over the last recent_window,
+	// as seen by the replica that answered (each replica counts the
+	// deliveries it made itself).
+	RecentDeliveryRate float64 `protobuf:"fixed64,14,opt,name=recent_delivery_rate,json=recentDeliveryRate,proto3" json:"recent_delivery_rate,omitempty"`
+	// Lateness (delivery time minus due time) of the namespace's deliveries
+	// over the last recent_window on the replica that answered: the 50th,
+	// 90th and 99th percentiles. Unset when it made none.
+	RecentLatenessP50 *durationpb.Duration `protobuf:"bytes,15,opt,name=recent_lateness_p50,json=recentLatenessP50,proto3" json:"recent_lateness_p50,omitempty"`
+	// See recent_lateness_p50.
+	RecentLatenessP90 *durationpb.Duration `protobuf:"bytes,16,opt,name=recent_lateness_p90,json=recentLatenessP90,proto3" json:"recent_lateness_p90,omitempty"`
+	// See recent_lateness_p50.
+	RecentLatenessP99 *durationpb.Duration `protobuf:"bytes,17,opt,name=recent_lateness_p99,json=recentLatenessP99,proto3" json:"recent_lateness_p99,omitempty"`
+	// The window recent_delivery_rate and the lateness percentiles cover.
+	RecentWindow  *durationpb.Duration `protobuf:"bytes,18,opt,name=recent_window,json=recentWindow,proto3" json:"recent_window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1091,6 +1132,62 @@ func (x *GetNamespaceStatsResponse) GetPush() bool {
 		return x.Push
 	}
 	return false
+}
+
+func (x *GetNamespaceStatsResponse) GetDuePerMinute() []int64 {
+	if x != nil {
+		return x.DuePerMinute
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetDuePerHour() []int64 {
+	if x != nil {
+		return x.DuePerHour
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetForecastTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ForecastTime
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetRecentDeliveryRate() float64 {
+	if x != nil {
+		return x.RecentDeliveryRate
+	}
+	return 0
+}
+
+func (x *GetNamespaceStatsResponse) GetRecentLatenessP50() *durationpb.Duration {
+	if x != nil {
+		return x.RecentLatenessP50
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetRecentLatenessP90() *durationpb.Duration {
+	if x != nil {
+		return x.RecentLatenessP90
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetRecentLatenessP99() *durationpb.Duration {
+	if x != nil {
+		return x.RecentLatenessP99
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetRecentWindow() *durationpb.Duration {
+	if x != nil {
+		return x.RecentWindow
+	}
+	return nil
 }
 
 // ListDeadLettersRequest pages through dead tasks.
@@ -1952,7 +2049,7 @@ var File_delayd_v1_namespace_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\n" +
-	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x05\n" +
+	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd5\x05\n" +
 	"\x0fNamespacePolicy\x12:\n" +
 	"\vack_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"ackTimeout\x12!\n" +
@@ -1973,7 +2070,8 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x06paused\x18\f \x01(\bR\x06paused\x12*\n" +
 	"\x11max_dispatch_rate\x18\r \x01(\x01R\x0fmaxDispatchRate\x12\x16\n" +
 	"\x06shards\x18\x0e \x01(\x05R\x06shards\x12)\n" +
-	"\x04push\x18\x0f \x01(\v2\x15.delayd.v1.PushTargetR\x04push\"U\n" +
+	"\x04push\x18\x0f \x01(\v2\x15.delayd.v1.PushTargetR\x04push\x126\n" +
+	"\x17history_retention_bytes\x18\x10 \x01(\x03R\x15historyRetentionBytes\"U\n" +
 	"\n" +
 	"PushTarget\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
@@ -2016,7 +2114,7 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x17DeleteNamespaceResponse\x12#\n" +
 	"\rdeleted_tasks\x18\x01 \x01(\x03R\fdeletedTasks\"8\n" +
 	"\x18GetNamespaceStatsRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xe9\x03\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xc5\a\n" +
 	"\x19GetNamespaceStatsResponse\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\x03R\tscheduled\x12\x1c\n" +
 	"\tdelivered\x18\x02 \x01(\x03R\tdelivered\x12\x12\n" +
@@ -2028,7 +2126,16 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x13due_by_kind_partial\x18\b \x01(\bR\x10dueByKindPartial\x12*\n" +
 	"\x11max_dispatch_rate\x18\t \x01(\x01R\x0fmaxDispatchRate\x12\x12\n" +
 	"\x04push\x18\n" +
-	" \x01(\bR\x04push\x1a<\n" +
+	" \x01(\bR\x04push\x12$\n" +
+	"\x0edue_per_minute\x18\v \x03(\x03R\fduePerMinute\x12 \n" +
+	"\fdue_per_hour\x18\f \x03(\x03R\n" +
+	"duePerHour\x12?\n" +
+	"\rforecast_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\fforecastTime\x120\n" +
+	"\x14recent_delivery_rate\x18\x0e \x01(\x01R\x12recentDeliveryRate\x12I\n" +
+	"\x13recent_lateness_p50\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\x11recentLatenessP50\x12I\n" +
+	"\x13recent_lateness_p90\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\x11recentLatenessP90\x12I\n" +
+	"\x13recent_lateness_p99\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\x11recentLatenessP99\x12>\n" +
+	"\rrecent_window\x18\x12 \x01(\v2\x19.google.protobuf.DurationR\frecentWindow\x1a<\n" +
 	"\x0eDueByKindEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x9b\x01\n" +
@@ -2176,46 +2283,51 @@ var file_delayd_v1_namespace_proto_depIdxs = []int32{
 	3,  // 14: delayd.v1.UpdateNamespaceResponse.namespace:type_name -> delayd.v1.Namespace
 	32, // 15: delayd.v1.GetNamespaceStatsResponse.oldest_due_lateness:type_name -> google.protobuf.Duration
 	31, // 16: delayd.v1.GetNamespaceStatsResponse.due_by_kind:type_name -> delayd.v1.GetNamespaceStatsResponse.DueByKindEntry
-	35, // 17: delayd.v1.ListDeadLettersRequest.view:type_name -> delayd.v1.TaskView
-	36, // 18: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
-	32, // 19: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
-	0,  // 20: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
-	33, // 21: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 22: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
-	22, // 23: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
-	22, // 24: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
-	22, // 25: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
-	4,  // 26: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
-	6,  // 27: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
-	8,  // 28: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
-	10, // 29: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
-	12, // 30: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
-	14, // 31: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
-	16, // 32: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
-	18, // 33: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
-	20, // 34: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
-	23, // 35: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
-	25, // 36: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
-	27, // 37: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
-	29, // 38: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
-	5,  // 39: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
-	7,  // 40: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
-	9,  // 41: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
-	11, // 42: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
-	13, // 43: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
-	15, // 44: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
-	17, // 45: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
-	19, // 46: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
-	21, // 47: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
-	24, // 48: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
-	26, // 49: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
-	28, // 50: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
-	30, // 51: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
-	39, // [39:52] is the sub-list for method output_type
-	26, // [26:39] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	33, // 17: delayd.v1.GetNamespaceStatsResponse.forecast_time:type_name -> google.protobuf.Timestamp
+	32, // 18: delayd.v1.GetNamespaceStatsResponse.recent_lateness_p50:type_name -> google.protobuf.Duration
+	32, // 19: delayd.v1.GetNamespaceStatsResponse.recent_lateness_p90:type_name -> google.protobuf.Duration
+	32, // 20: delayd.v1.GetNamespaceStatsResponse.recent_lateness_p99:type_name -> google.protobuf.Duration
+	32, // 21: delayd.v1.GetNamespaceStatsResponse.recent_window:type_name -> google.protobuf.Duration
+	35, // 22: delayd.v1.ListDeadLettersRequest.view:type_name -> delayd.v1.TaskView
+	36, // 23: delayd.v1.ListDeadLettersResponse.tasks:type_name -> delayd.v1.Task
+	32, // 24: delayd.v1.RequeueDeadLettersRequest.delay:type_name -> google.protobuf.Duration
+	0,  // 25: delayd.v1.Key.scopes:type_name -> delayd.v1.KeyScope
+	33, // 26: delayd.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	0,  // 27: delayd.v1.CreateKeyRequest.scopes:type_name -> delayd.v1.KeyScope
+	22, // 28: delayd.v1.CreateKeyResponse.key:type_name -> delayd.v1.Key
+	22, // 29: delayd.v1.ListKeysResponse.keys:type_name -> delayd.v1.Key
+	22, // 30: delayd.v1.WhoAmIResponse.key:type_name -> delayd.v1.Key
+	4,  // 31: delayd.v1.NamespaceService.CreateNamespace:input_type -> delayd.v1.CreateNamespaceRequest
+	6,  // 32: delayd.v1.NamespaceService.GetNamespace:input_type -> delayd.v1.GetNamespaceRequest
+	8,  // 33: delayd.v1.NamespaceService.ListNamespaces:input_type -> delayd.v1.ListNamespacesRequest
+	10, // 34: delayd.v1.NamespaceService.UpdateNamespace:input_type -> delayd.v1.UpdateNamespaceRequest
+	12, // 35: delayd.v1.NamespaceService.DeleteNamespace:input_type -> delayd.v1.DeleteNamespaceRequest
+	14, // 36: delayd.v1.NamespaceService.GetNamespaceStats:input_type -> delayd.v1.GetNamespaceStatsRequest
+	16, // 37: delayd.v1.NamespaceService.ListDeadLetters:input_type -> delayd.v1.ListDeadLettersRequest
+	18, // 38: delayd.v1.NamespaceService.RequeueDeadLetters:input_type -> delayd.v1.RequeueDeadLettersRequest
+	20, // 39: delayd.v1.NamespaceService.PurgeDeadLetters:input_type -> delayd.v1.PurgeDeadLettersRequest
+	23, // 40: delayd.v1.NamespaceService.CreateKey:input_type -> delayd.v1.CreateKeyRequest
+	25, // 41: delayd.v1.NamespaceService.ListKeys:input_type -> delayd.v1.ListKeysRequest
+	27, // 42: delayd.v1.NamespaceService.RevokeKey:input_type -> delayd.v1.RevokeKeyRequest
+	29, // 43: delayd.v1.NamespaceService.WhoAmI:input_type -> delayd.v1.WhoAmIRequest
+	5,  // 44: delayd.v1.NamespaceService.CreateNamespace:output_type -> delayd.v1.CreateNamespaceResponse
+	7,  // 45: delayd.v1.NamespaceService.GetNamespace:output_type -> delayd.v1.GetNamespaceResponse
+	9,  // 46: delayd.v1.NamespaceService.ListNamespaces:output_type -> delayd.v1.ListNamespacesResponse
+	11, // 47: delayd.v1.NamespaceService.UpdateNamespace:output_type -> delayd.v1.UpdateNamespaceResponse
+	13, // 48: delayd.v1.NamespaceService.DeleteNamespace:output_type -> delayd.v1.DeleteNamespaceResponse
+	15, // 49: delayd.v1.NamespaceService.GetNamespaceStats:output_type -> delayd.v1.GetNamespaceStatsResponse
+	17, // 50: delayd.v1.NamespaceService.ListDeadLetters:output_type -> delayd.v1.ListDeadLettersResponse
+	19, // 51: delayd.v1.NamespaceService.RequeueDeadLetters:output_type -> delayd.v1.RequeueDeadLettersResponse
+	21, // 52: delayd.v1.NamespaceService.PurgeDeadLetters:output_type -> delayd.v1.PurgeDeadLettersResponse
+	24, // 53: delayd.v1.NamespaceService.CreateKey:output_type -> delayd.v1.CreateKeyResponse
+	26, // 54: delayd.v1.NamespaceService.ListKeys:output_type -> delayd.v1.ListKeysResponse
+	28, // 55: delayd.v1.NamespaceService.RevokeKey:output_type -> delayd.v1.RevokeKeyResponse
+	30, // 56: delayd.v1.NamespaceService.WhoAmI:output_type -> delayd.v1.WhoAmIResponse
+	44, // [44:57] is the sub-list for method output_type
+	31, // [31:44] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_namespace_proto_init() }

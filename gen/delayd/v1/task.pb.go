@@ -137,6 +137,92 @@ func (TaskView) EnumDescriptor() ([]byte, []int) {
 	return file_delayd_v1_task_proto_rawDescGZIP(), []int{1}
 }
 
+// TaskEventKind is what happened to a task.
+type TaskEventKind int32
+
+const (
+	// Not a kind.
+	TaskEventKind_TASK_EVENT_KIND_UNSPECIFIED TaskEventKind = 0
+	// An upsert created the task (key_id, generation, due_time).
+	TaskEventKind_TASK_EVENT_KIND_UPSERTED TaskEventKind = 1
+	// An upsert replaced an existing task: new due time, kind or payload
+	// (key_id, generation, due_time).
+	TaskEventKind_TASK_EVENT_KIND_RESCHEDULED TaskEventKind = 2
+	// The task was delivered (attempt, replica, lateness: how long after its
+	// due time it left the store).
+	TaskEventKind_TASK_EVENT_KIND_DELIVERED TaskEventKind = 3
+	// A subscriber nacked a delivery (attempt, reason, retry_after, due_time:
+	// the retry).
+	TaskEventKind_TASK_EVENT_KIND_NACKED TaskEventKind = 4
+	// A delivery's lease ran out unacked; it goes back with backoff (attempt,
+	// due_time: the retry).
+	TaskEventKind_TASK_EVENT_KIND_LEASE_EXPIRED TaskEventKind = 5
+	// The task used up its attempts and became a dead letter (attempt,
+	// reason).
+	TaskEventKind_TASK_EVENT_KIND_DEAD_LETTERED TaskEventKind = 6
+	// An admin requeued the dead letter (key_id, due_time).
+	TaskEventKind_TASK_EVENT_KIND_REQUEUED TaskEventKind = 7
+	// The task was removed (key_id), or purged from the dead letters.
+	TaskEventKind_TASK_EVENT_KIND_REMOVED TaskEventKind = 8
+	// A subscriber acked the delivery; the task is done (attempt).
+	TaskEventKind_TASK_EVENT_KIND_ACKED TaskEventKind = 9
+)
+
+// Enum value maps for TaskEventKind.
+var (
+	TaskEventKind_name = map[int32]string{
+		0: "TASK_EVENT_KIND_UNSPECIFIED",
+		1: "TASK_EVENT_KIND_UPSERTED",
+		2: "TASK_EVENT_KIND_RESCHEDULED",
+		3: "TASK_EVENT_KIND_DELIVERED",
+		4: "TASK_EVENT_KIND_NACKED",
+		5: "TASK_EVENT_KIND_LEASE_EXPIRED",
+		6: "TASK_EVENT_KIND_DEAD_LETTERED",
+		7: "TASK_EVENT_KIND_REQUEUED",
+		8: "TASK_EVENT_KIND_REMOVED",
+		9: "TASK_EVENT_KIND_ACKED",
+	}
+	TaskEventKind_value = map[string]int32{
+		"TASK_EVENT_KIND_UNSPECIFIED":   0,
+		"TASK_EVENT_KIND_UPSERTED":      1,
+		"TASK_EVENT_KIND_RESCHEDULED":   2,
+		"TASK_EVENT_KIND_DELIVERED":     3,
+		"TASK_EVENT_KIND_NACKED":        4,
+		"TASK_EVENT_KIND_LEASE_EXPIRED": 5,
+		"TASK_EVENT_KIND_DEAD_LETTERED": 6,
+		"TASK_EVENT_KIND_REQUEUED":      7,
+		"TASK_EVENT_KIND_REMOVED":       8,
+		"TASK_EVENT_KIND_ACKED":         9,
+	}
+)
+
+func (x TaskEventKind) Enum() *TaskEventKind {
+	p := new(TaskEventKind)
+	*p = x
+	return p
+}
+
+func (x TaskEventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TaskEventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_delayd_v1_task_proto_enumTypes[2].Descriptor()
+}
+
+func (TaskEventKind) Type() protoreflect.EnumType {
+	return &file_delayd_v1_task_proto_enumTypes[2]
+}
+
+func (x TaskEventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TaskEventKind.Descriptor instead.
+func (TaskEventKind) EnumDescriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{2}
+}
+
 type Task struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Namespace the task belongs to.
@@ -1349,6 +1435,281 @@ func (x *ListTasksResponse) GetNextPageToken() string {
 	return ""
 }
 
+// TaskEvent is one thing that happened to a task. Fields a kind does not
+// carry are unset (see TaskEventKind).
+type TaskEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened.
+	Kind TaskEventKind `protobuf:"varint,1,opt,name=kind,proto3,enum=delayd.v1.TaskEventKind" json:"kind,omitempty"`
+	// When, by the store's clock (the one due times use), millisecond
+	// precision.
+	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// The id of the API key that made the call ("admin-key" for the
+	// bootstrap key; empty without auth or for the server's own moves).
+	// Never the key's secret.
+	KeyId string `protobuf:"bytes,3,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// The task's generation after the event.
+	Generation int64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The due time the event set (upsert, reschedule, nack, lease expired,
+	// requeue).
+	DueTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=due_time,json=dueTime,proto3" json:"due_time,omitempty"`
+	// The delivery attempt the event is about (1 = the first delivery).
+	Attempt int32 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The replica that delivered the task (its --replica-id or host name).
+	Replica string `protobuf:"bytes,7,opt,name=replica,proto3" json:"replica,omitempty"`
+	// Delivered: how long after its due time the task left the store.
+	Lateness *durationpb.Duration `protobuf:"bytes,8,opt,name=lateness,proto3" json:"lateness,omitempty"`
+	// Nacked or dead-lettered: the reason given, or "lease expired".
+	Reason string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Nacked: the retry_after the subscriber asked for (unset: the backoff).
+	RetryAfter    *durationpb.Duration `protobuf:"bytes,10,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskEvent) Reset() {
+	*x = TaskEvent{}
+	mi := &file_delayd_v1_task_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskEvent) ProtoMessage() {}
+
+func (x *TaskEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_task_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskEvent.ProtoReflect.Descriptor instead.
+func (*TaskEvent) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TaskEvent) GetKind() TaskEventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return TaskEventKind_TASK_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *TaskEvent) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *TaskEvent) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *TaskEvent) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *TaskEvent) GetDueTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DueTime
+	}
+	return nil
+}
+
+func (x *TaskEvent) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *TaskEvent) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
+}
+
+func (x *TaskEvent) GetLateness() *durationpb.Duration {
+	if x != nil {
+		return x.Lateness
+	}
+	return nil
+}
+
+func (x *TaskEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *TaskEvent) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+// GetTaskHistoryRequest names a task whose history to page through.
+type GetTaskHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Namespace of the task.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Task id (the task need not exist any more).
+	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Events per page: 1-1,000; 0 means 100.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first page. Only
+	// valid with the same namespace and id.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTaskHistoryRequest) Reset() {
+	*x = GetTaskHistoryRequest{}
+	mi := &file_delayd_v1_task_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTaskHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTaskHistoryRequest) ProtoMessage() {}
+
+func (x *GetTaskHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_task_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTaskHistoryRequest.ProtoReflect.Descriptor instead.
+func (*GetTaskHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetTaskHistoryRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *GetTaskHistoryRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GetTaskHistoryRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *GetTaskHistoryRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// GetTaskHistoryResponse is one page of a task's events, oldest first.
+type GetTaskHistoryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task's events in the order they happened. A page is cut by
+	// page_size and by bytes (the server's --list-max-bytes), and a page may
+	// be empty with next_page_token set while older events of other tasks are
+	// skipped: follow the token until it is empty.
+	Events []*TaskEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Token for the next page; empty when every kept event was read.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// Whether the namespace keeps history (its policy's
+	// history_retention_bytes is set). False: events is empty because
+	// nothing is recorded.
+	HistoryEnabled bool `protobuf:"varint,3,opt,name=history_enabled,json=historyEnabled,proto3" json:"history_enabled,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetTaskHistoryResponse) Reset() {
+	*x = GetTaskHistoryResponse{}
+	mi := &file_delayd_v1_task_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTaskHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTaskHistoryResponse) ProtoMessage() {}
+
+func (x *GetTaskHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_task_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTaskHistoryResponse.ProtoReflect.Descriptor instead.
+func (*GetTaskHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetTaskHistoryResponse) GetEvents() []*TaskEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *GetTaskHistoryResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *GetTaskHistoryResponse) GetHistoryEnabled() bool {
+	if x != nil {
+		return x.HistoryEnabled
+	}
+	return false
+}
+
 var File_delayd_v1_task_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_task_proto_rawDesc = "" +
@@ -1439,7 +1800,32 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\x04view\x18\x05 \x01(\x0e2\x13.delayd.v1.TaskViewR\x04view\"b\n" +
 	"\x11ListTasksResponse\x12%\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x0f.delayd.v1.TaskR\x05tasks\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*p\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x96\x03\n" +
+	"\tTaskEvent\x12,\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x18.delayd.v1.TaskEventKindR\x04kind\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x15\n" +
+	"\x06key_id\x18\x03 \x01(\tR\x05keyId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x03R\n" +
+	"generation\x125\n" +
+	"\bdue_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\adueTime\x12\x18\n" +
+	"\aattempt\x18\x06 \x01(\x05R\aattempt\x12\x18\n" +
+	"\areplica\x18\a \x01(\tR\areplica\x125\n" +
+	"\blateness\x18\b \x01(\v2\x19.google.protobuf.DurationR\blateness\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x12:\n" +
+	"\vretry_after\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\"\x81\x01\n" +
+	"\x15GetTaskHistoryRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x97\x01\n" +
+	"\x16GetTaskHistoryResponse\x12,\n" +
+	"\x06events\x18\x01 \x03(\v2\x14.delayd.v1.TaskEventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12'\n" +
+	"\x0fhistory_enabled\x18\x03 \x01(\bR\x0ehistoryEnabled*p\n" +
 	"\tTaskState\x12\x1a\n" +
 	"\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14TASK_STATE_SCHEDULED\x10\x01\x12\x18\n" +
@@ -1448,7 +1834,18 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\bTaskView\x12\x19\n" +
 	"\x15TASK_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fTASK_VIEW_BASIC\x10\x01\x12\x12\n" +
-	"\x0eTASK_VIEW_FULL\x10\x022\xd8\x03\n" +
+	"\x0eTASK_VIEW_FULL\x10\x02*\xc6\x02\n" +
+	"\rTaskEventKind\x12\x1f\n" +
+	"\x1bTASK_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18TASK_EVENT_KIND_UPSERTED\x10\x01\x12\x1f\n" +
+	"\x1bTASK_EVENT_KIND_RESCHEDULED\x10\x02\x12\x1d\n" +
+	"\x19TASK_EVENT_KIND_DELIVERED\x10\x03\x12\x1a\n" +
+	"\x16TASK_EVENT_KIND_NACKED\x10\x04\x12!\n" +
+	"\x1dTASK_EVENT_KIND_LEASE_EXPIRED\x10\x05\x12!\n" +
+	"\x1dTASK_EVENT_KIND_DEAD_LETTERED\x10\x06\x12\x1c\n" +
+	"\x18TASK_EVENT_KIND_REQUEUED\x10\a\x12\x1b\n" +
+	"\x17TASK_EVENT_KIND_REMOVED\x10\b\x12\x19\n" +
+	"\x15TASK_EVENT_KIND_ACKED\x10\t2\xaf\x04\n" +
 	"\vTaskService\x12I\n" +
 	"\n" +
 	"UpsertTask\x12\x1c.delayd.v1.UpsertTaskRequest\x1a\x1d.delayd.v1.UpsertTaskResponse\x12[\n" +
@@ -1457,7 +1854,8 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"RemoveTask\x12\x1c.delayd.v1.RemoveTaskRequest\x1a\x1d.delayd.v1.RemoveTaskResponse\x12L\n" +
 	"\vRemoveTasks\x12\x1d.delayd.v1.RemoveTasksRequest\x1a\x1e.delayd.v1.RemoveTasksResponse\x12@\n" +
 	"\aGetTask\x12\x19.delayd.v1.GetTaskRequest\x1a\x1a.delayd.v1.GetTaskResponse\x12F\n" +
-	"\tListTasks\x12\x1b.delayd.v1.ListTasksRequest\x1a\x1c.delayd.v1.ListTasksResponseB\x90\x01\n" +
+	"\tListTasks\x12\x1b.delayd.v1.ListTasksRequest\x1a\x1c.delayd.v1.ListTasksResponse\x12U\n" +
+	"\x0eGetTaskHistory\x12 .delayd.v1.GetTaskHistoryRequest\x1a!.delayd.v1.GetTaskHistoryResponseB\x90\x01\n" +
 	"\rcom.delayd.v1B\tTaskProtoP\x01Z/github.com/delayd/delayd/gen/delayd/v1;delaydv1\xa2\x02\x03DXX\xaa\x02\tDelayd.V1\xca\x02\tDelayd\\V1\xe2\x02\x15Delayd\\V1\\GPBMetadata\xea\x02\n" +
 	"Delayd::V1b\x06proto3"
 
@@ -1473,68 +1871,80 @@ func file_delayd_v1_task_proto_rawDescGZIP() []byte {
 	return file_delayd_v1_task_proto_rawDescData
 }
 
-var file_delayd_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_delayd_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_delayd_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_delayd_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_delayd_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                   // 0: delayd.v1.TaskState
 	(TaskView)(0),                    // 1: delayd.v1.TaskView
-	(*Task)(nil),                     // 2: delayd.v1.Task
-	(*UpsertTaskRequest)(nil),        // 3: delayd.v1.UpsertTaskRequest
-	(*UpsertTaskResponse)(nil),       // 4: delayd.v1.UpsertTaskResponse
-	(*BatchUpsertTasksRequest)(nil),  // 5: delayd.v1.BatchUpsertTasksRequest
-	(*BatchUpsertTasksResponse)(nil), // 6: delayd.v1.BatchUpsertTasksResponse
-	(*BatchUpsertTaskResult)(nil),    // 7: delayd.v1.BatchUpsertTaskResult
-	(*ItemError)(nil),                // 8: delayd.v1.ItemError
-	(*RemoveTaskRequest)(nil),        // 9: delayd.v1.RemoveTaskRequest
-	(*RemoveTaskResponse)(nil),       // 10: delayd.v1.RemoveTaskResponse
-	(*RemoveTasksRequest)(nil),       // 11: delayd.v1.RemoveTasksRequest
-	(*TaskFilter)(nil),               // 12: delayd.v1.TaskFilter
-	(*RemoveTasksResponse)(nil),      // 13: delayd.v1.RemoveTasksResponse
-	(*GetTaskRequest)(nil),           // 14: delayd.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),          // 15: delayd.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),         // 16: delayd.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),        // 17: delayd.v1.ListTasksResponse
-	(*timestamppb.Timestamp)(nil),    // 18: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 19: google.protobuf.Duration
+	(TaskEventKind)(0),               // 2: delayd.v1.TaskEventKind
+	(*Task)(nil),                     // 3: delayd.v1.Task
+	(*UpsertTaskRequest)(nil),        // 4: delayd.v1.UpsertTaskRequest
+	(*UpsertTaskResponse)(nil),       // 5: delayd.v1.UpsertTaskResponse
+	(*BatchUpsertTasksRequest)(nil),  // 6: delayd.v1.BatchUpsertTasksRequest
+	(*BatchUpsertTasksResponse)(nil), // 7: delayd.v1.BatchUpsertTasksResponse
+	(*BatchUpsertTaskResult)(nil),    // 8: delayd.v1.BatchUpsertTaskResult
+	(*ItemError)(nil),                // 9: delayd.v1.ItemError
+	(*RemoveTaskRequest)(nil),        // 10: delayd.v1.RemoveTaskRequest
+	(*RemoveTaskResponse)(nil),       // 11: delayd.v1.RemoveTaskResponse
+	(*RemoveTasksRequest)(nil),       // 12: delayd.v1.RemoveTasksRequest
+	(*TaskFilter)(nil),               // 13: delayd.v1.TaskFilter
+	(*RemoveTasksResponse)(nil),      // 14: delayd.v1.RemoveTasksResponse
+	(*GetTaskRequest)(nil),           // 15: delayd.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),          // 16: delayd.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),         // 17: delayd.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),        // 18: delayd.v1.ListTasksResponse
+	(*TaskEvent)(nil),                // 19: delayd.v1.TaskEvent
+	(*GetTaskHistoryRequest)(nil),    // 20: delayd.v1.GetTaskHistoryRequest
+	(*GetTaskHistoryResponse)(nil),   // 21: delayd.v1.GetTaskHistoryResponse
+	(*timestamppb.Timestamp)(nil),    // 22: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 23: google.protobuf.Duration
 }
 var file_delayd_v1_task_proto_depIdxs = []int32{
-	18, // 0: delayd.v1.Task.due_time:type_name -> google.protobuf.Timestamp
+	22, // 0: delayd.v1.Task.due_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: delayd.v1.Task.state:type_name -> delayd.v1.TaskState
-	18, // 2: delayd.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	18, // 3: delayd.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	18, // 4: delayd.v1.Task.lease_deadline:type_name -> google.protobuf.Timestamp
-	18, // 5: delayd.v1.Task.dead_time:type_name -> google.protobuf.Timestamp
-	18, // 6: delayd.v1.UpsertTaskRequest.due_time:type_name -> google.protobuf.Timestamp
-	19, // 7: delayd.v1.UpsertTaskRequest.delay:type_name -> google.protobuf.Duration
-	2,  // 8: delayd.v1.UpsertTaskResponse.task:type_name -> delayd.v1.Task
-	3,  // 9: delayd.v1.BatchUpsertTasksRequest.tasks:type_name -> delayd.v1.UpsertTaskRequest
-	7,  // 10: delayd.v1.BatchUpsertTasksResponse.results:type_name -> delayd.v1.BatchUpsertTaskResult
-	2,  // 11: delayd.v1.BatchUpsertTaskResult.task:type_name -> delayd.v1.Task
-	8,  // 12: delayd.v1.BatchUpsertTaskResult.error:type_name -> delayd.v1.ItemError
+	22, // 2: delayd.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	22, // 3: delayd.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	22, // 4: delayd.v1.Task.lease_deadline:type_name -> google.protobuf.Timestamp
+	22, // 5: delayd.v1.Task.dead_time:type_name -> google.protobuf.Timestamp
+	22, // 6: delayd.v1.UpsertTaskRequest.due_time:type_name -> google.protobuf.Timestamp
+	23, // 7: delayd.v1.UpsertTaskRequest.delay:type_name -> google.protobuf.Duration
+	3,  // 8: delayd.v1.UpsertTaskResponse.task:type_name -> delayd.v1.Task
+	4,  // 9: delayd.v1.BatchUpsertTasksRequest.tasks:type_name -> delayd.v1.UpsertTaskRequest
+	8,  // 10: delayd.v1.BatchUpsertTasksResponse.results:type_name -> delayd.v1.BatchUpsertTaskResult
+	3,  // 11: delayd.v1.BatchUpsertTaskResult.task:type_name -> delayd.v1.Task
+	9,  // 12: delayd.v1.BatchUpsertTaskResult.error:type_name -> delayd.v1.ItemError
 	0,  // 13: delayd.v1.RemoveTaskResponse.previous_state:type_name -> delayd.v1.TaskState
-	12, // 14: delayd.v1.RemoveTasksRequest.filter:type_name -> delayd.v1.TaskFilter
+	13, // 14: delayd.v1.RemoveTasksRequest.filter:type_name -> delayd.v1.TaskFilter
 	0,  // 15: delayd.v1.TaskFilter.state:type_name -> delayd.v1.TaskState
-	2,  // 16: delayd.v1.GetTaskResponse.task:type_name -> delayd.v1.Task
+	3,  // 16: delayd.v1.GetTaskResponse.task:type_name -> delayd.v1.Task
 	0,  // 17: delayd.v1.ListTasksRequest.state:type_name -> delayd.v1.TaskState
 	1,  // 18: delayd.v1.ListTasksRequest.view:type_name -> delayd.v1.TaskView
-	2,  // 19: delayd.v1.ListTasksResponse.tasks:type_name -> delayd.v1.Task
-	3,  // 20: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
-	5,  // 21: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
-	9,  // 22: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
-	11, // 23: delayd.v1.TaskService.RemoveTasks:input_type -> delayd.v1.RemoveTasksRequest
-	14, // 24: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
-	16, // 25: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
-	4,  // 26: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
-	6,  // 27: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
-	10, // 28: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
-	13, // 29: delayd.v1.TaskService.RemoveTasks:output_type -> delayd.v1.RemoveTasksResponse
-	15, // 30: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
-	17, // 31: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
-	26, // [26:32] is the sub-list for method output_type
-	20, // [20:26] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	3,  // 19: delayd.v1.ListTasksResponse.tasks:type_name -> delayd.v1.Task
+	2,  // 20: delayd.v1.TaskEvent.kind:type_name -> delayd.v1.TaskEventKind
+	22, // 21: delayd.v1.TaskEvent.time:type_name -> google.protobuf.Timestamp
+	22, // 22: delayd.v1.TaskEvent.due_time:type_name -> google.protobuf.Timestamp
+	23, // 23: delayd.v1.TaskEvent.lateness:type_name -> google.protobuf.Duration
+	23, // 24: delayd.v1.TaskEvent.retry_after:type_name -> google.protobuf.Duration
+	19, // 25: delayd.v1.GetTaskHistoryResponse.events:type_name -> delayd.v1.TaskEvent
+	4,  // 26: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
+	6,  // 27: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
+	10, // 28: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
+	12, // 29: delayd.v1.TaskService.RemoveTasks:input_type -> delayd.v1.RemoveTasksRequest
+	15, // 30: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
+	17, // 31: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
+	20, // 32: delayd.v1.TaskService.GetTaskHistory:input_type -> delayd.v1.GetTaskHistoryRequest
+	5,  // 33: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
+	7,  // 34: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
+	11, // 35: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
+	14, // 36: delayd.v1.TaskService.RemoveTasks:output_type -> delayd.v1.RemoveTasksResponse
+	16, // 37: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
+	18, // 38: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
+	21, // 39: delayd.v1.TaskService.GetTaskHistory:output_type -> delayd.v1.GetTaskHistoryResponse
+	33, // [33:40] is the sub-list for method output_type
+	26, // [26:33] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_task_proto_init() }
@@ -1551,8 +1961,8 @@ func file_delayd_v1_task_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_task_proto_rawDesc), len(file_delayd_v1_task_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   16,
+			NumEnums:      3,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	TaskService_RemoveTasks_FullMethodName      = "/delayd.v1.TaskService/RemoveTasks"
 	TaskService_GetTask_FullMethodName          = "/delayd.v1.TaskService/GetTask"
 	TaskService_ListTasks_FullMethodName        = "/delayd.v1.TaskService/ListTasks"
+	TaskService_GetTaskHistory_FullMethodName   = "/delayd.v1.TaskService/GetTaskHistory"
 )
 
 // TaskServiceClient is the client API for TaskService service.
@@ -103,6 +104,16 @@ type TaskServiceClient interface {
 	// ListTasks pages through the tasks of one state: SCHEDULED in due-time
 	// order, DELIVERED in lease-deadline order, DEAD in time-of-death order.
 	ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
+	// GetTaskHistory pages through what happened to one task, oldest first:
+	// upserts (with the API key id that made them, never its secret),
+	// reschedules, deliveries, nacks, expired leases, dead-lettering,
+	// requeues, acks and removes, each timed by the store's clock (the clock
+	// due times use). It works after the task is gone. Events are kept only
+	// while the namespace's policy keeps history
+	// (NamespacePolicy.history_retention_bytes); a namespace that keeps none
+	// answers an empty page with history_enabled false. It needs the produce
+	// scope on the namespace, as GetTask does.
+	GetTaskHistory(ctx context.Context, in *GetTaskHistoryRequest, opts ...grpc.CallOption) (*GetTaskHistoryResponse, error)
 }
 
 type taskServiceClient struct {
@@ -167,6 +178,16 @@ func (c *taskServiceClient) ListTasks(ctx context.Context, in *ListTasksRequest,
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListTasksResponse)
 	err := c.cc.Invoke(ctx, TaskService_ListTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *taskServiceClient) GetTaskHistory(ctx context.Context, in *GetTaskHistoryRequest, opts ...grpc.CallOption) (*GetTaskHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetTaskHistoryResponse)
+	err := c.cc.Invoke(ctx, TaskService_GetTaskHistory_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -249,6 +270,16 @@ type TaskServiceServer interface {
 	// ListTasks pages through the tasks of one state: SCHEDULED in due-time
 	// order, DELIVERED in lease-deadline order, DEAD in time-of-death order.
 	ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error)
+	// GetTaskHistory pages through what happened to one task, oldest first:
+	// upserts (with the API key id that made them, never its secret),
+	// reschedules, deliveries, nacks, expired leases, dead-lettering,
+	// requeues, acks and removes, each timed by the store's clock (the clock
+	// due times use). It works after the task is gone. Events are kept only
+	// while the namespace's policy keeps history
+	// (NamespacePolicy.history_retention_bytes); a namespace that keeps none
+	// answers an empty page with history_enabled false. It needs the produce
+	// scope on the namespace, as GetTask does.
+	GetTaskHistory(context.Context, *GetTaskHistoryRequest) (*GetTaskHistoryResponse, error)
 	mustEmbedUnimplementedTaskServiceServer()
 }
 
@@ -276,6 +307,9 @@ func (UnimplementedTaskServiceServer) GetTask(context.Context, *GetTaskRequest) 
 }
 func (UnimplementedTaskServiceServer) ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListTasks not implemented")
+}
+func (UnimplementedTaskServiceServer) GetTaskHistory(context.Context, *GetTaskHistoryRequest) (*GetTaskHistoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetTaskHistory not implemented")
 }
 func (UnimplementedTaskServiceServer) mustEmbedUnimplementedTaskServiceServer() {}
 func (UnimplementedTaskServiceServer) testEmbeddedByValue()                     {}
@@ -406,6 +440,24 @@ func _TaskService_ListTasks_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TaskService_GetTaskHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTaskHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TaskServiceServer).GetTaskHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TaskService_GetTaskHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TaskServiceServer).GetTaskHistory(ctx, req.(*GetTaskHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TaskService_ServiceDesc is the grpc.ServiceDesc for TaskService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -436,6 +488,10 @@ var TaskService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListTasks",
 			Handler:    _TaskService_ListTasks_Handler,
+		},
+		{
+			MethodName: "GetTaskHistory",
+			Handler:    _TaskService_GetTaskHistory_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -146,6 +146,19 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
    * @generated from field: delayd.v1.PushTarget push = 15;
    */
   push?: PushTarget | undefined;
+
+  /**
+   * Task history (GetTaskHistory): the most bytes of events the namespace
+   * keeps, oldest dropped first. In Redis-only mode they are kept in one
+   * Redis stream per namespace, capped by length (this figure divided by
+   * an event's typical size, 128 bytes); in durable mode in MySQL's
+   * delayd_task_events, pruned to the same count by the leader. Default 0
+   * = no history: nothing is recorded and no call pays for it. 0 to
+   * 1 GiB; at least 64 KiB when set.
+   *
+   * @generated from field: int64 history_retention_bytes = 16;
+   */
+  historyRetentionBytes: bigint;
 };
 
 /**
@@ -562,6 +575,72 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
    * @generated from field: bool push = 10;
    */
   push: boolean;
+
+  /**
+   * Forecast: scheduled tasks falling due per minute over the next hour.
+   * Element i counts the tasks due in [forecast_time + i min,
+   * forecast_time + (i+1) min); 60 elements. Counted from the index (one
+   * range count per bucket), so it reflects the due times stored now:
+   * tasks upserted, acked or rescheduled later move it.
+   *
+   * @generated from field: repeated int64 due_per_minute = 11;
+   */
+  duePerMinute: bigint[];
+
+  /**
+   * Forecast: scheduled tasks falling due per hour over the next day.
+   * Element i counts [forecast_time + i h, forecast_time + (i+1) h); 24
+   * elements (element 0 is the sum of due_per_minute).
+   *
+   * @generated from field: repeated int64 due_per_hour = 12;
+   */
+  duePerHour: bigint[];
+
+  /**
+   * The store's clock when the forecast was counted: the start of bucket 0.
+   *
+   * @generated from field: google.protobuf.Timestamp forecast_time = 13;
+   */
+  forecastTime?: Timestamp | undefined;
+
+  /**
+   * Deliveries of the namespace per second over the last recent_window,
+   * as seen by the replica that answered (each replica counts the
+   * deliveries it made itself).
+   *
+   * @generated from field: double recent_delivery_rate = 14;
+   */
+  recentDeliveryRate: number;
+
+  /**
+   * Lateness (delivery time minus due time) of the namespace's deliveries
+   * over the last recent_window on the replica that answered: the 50th,
+   * 90th and 99th percentiles. Unset when it made none.
+   *
+   * @generated from field: google.protobuf.Duration recent_lateness_p50 = 15;
+   */
+  recentLatenessP50?: Duration | undefined;
+
+  /**
+   * See recent_lateness_p50.
+   *
+   * @generated from field: google.protobuf.Duration recent_lateness_p90 = 16;
+   */
+  recentLatenessP90?: Duration | undefined;
+
+  /**
+   * See recent_lateness_p50.
+   *
+   * @generated from field: google.protobuf.Duration recent_lateness_p99 = 17;
+   */
+  recentLatenessP99?: Duration | undefined;
+
+  /**
+   * The window recent_delivery_rate and the lateness percentiles cover.
+   *
+   * @generated from field: google.protobuf.Duration recent_window = 18;
+   */
+  recentWindow?: Duration | undefined;
 };
 
 /**

@@ -698,6 +698,175 @@ export declare type ListTasksResponse = Message<"delayd.v1.ListTasksResponse"> &
 export declare const ListTasksResponseSchema: GenMessage<ListTasksResponse>;
 
 /**
+ * TaskEvent is one thing that happened to a task. Fields a kind does not
+ * carry are unset (see TaskEventKind).
+ *
+ * @generated from message delayd.v1.TaskEvent
+ */
+export declare type TaskEvent = Message<"delayd.v1.TaskEvent"> & {
+  /**
+   * What happened.
+   *
+   * @generated from field: delayd.v1.TaskEventKind kind = 1;
+   */
+  kind: TaskEventKind;
+
+  /**
+   * When, by the store's clock (the one due times use), millisecond
+   * precision.
+   *
+   * @generated from field: google.protobuf.Timestamp time = 2;
+   */
+  time?: Timestamp | undefined;
+
+  /**
+   * The id of the API key that made the call ("admin-key" for the
+   * bootstrap key; empty without auth or for the server's own moves).
+   * Never the key's secret.
+   *
+   * @generated from field: string key_id = 3;
+   */
+  keyId: string;
+
+  /**
+   * The task's generation after the event.
+   *
+   * @generated from field: int64 generation = 4;
+   */
+  generation: bigint;
+
+  /**
+   * The due time the event set (upsert, reschedule, nack, lease expired,
+   * requeue).
+   *
+   * @generated from field: google.protobuf.Timestamp due_time = 5;
+   */
+  dueTime?: Timestamp | undefined;
+
+  /**
+   * The delivery attempt the event is about (1 = the first delivery).
+   *
+   * @generated from field: int32 attempt = 6;
+   */
+  attempt: number;
+
+  /**
+   * The replica that delivered the task (its --replica-id or host name).
+   *
+   * @generated from field: string replica = 7;
+   */
+  replica: string;
+
+  /**
+   * Delivered: how long after its due time the task left the store.
+   *
+   * @generated from field: google.protobuf.Duration lateness = 8;
+   */
+  lateness?: Duration | undefined;
+
+  /**
+   * Nacked or dead-lettered: the reason given, or "lease expired".
+   *
+   * @generated from field: string reason = 9;
+   */
+  reason: string;
+
+  /**
+   * Nacked: the retry_after the subscriber asked for (unset: the backoff).
+   *
+   * @generated from field: google.protobuf.Duration retry_after = 10;
+   */
+  retryAfter?: Duration | undefined;
+};
+
+/**
+ * Describes the message delayd.v1.TaskEvent.
+ * Use `create(TaskEventSchema)` to create a new message.
+ */
+export declare const TaskEventSchema: GenMessage<TaskEvent>;
+
+/**
+ * GetTaskHistoryRequest names a task whose history to page through.
+ *
+ * @generated from message delayd.v1.GetTaskHistoryRequest
+ */
+export declare type GetTaskHistoryRequest = Message<"delayd.v1.GetTaskHistoryRequest"> & {
+  /**
+   * Namespace of the task.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Task id (the task need not exist any more).
+   *
+   * @generated from field: string id = 2;
+   */
+  id: string;
+
+  /**
+   * Events per page: 1-1,000; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * next_page_token of the previous page; empty for the first page. Only
+   * valid with the same namespace and id.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message delayd.v1.GetTaskHistoryRequest.
+ * Use `create(GetTaskHistoryRequestSchema)` to create a new message.
+ */
+export declare const GetTaskHistoryRequestSchema: GenMessage<GetTaskHistoryRequest>;
+
+/**
+ * GetTaskHistoryResponse is one page of a task's events, oldest first.
+ *
+ * @generated from message delayd.v1.GetTaskHistoryResponse
+ */
+export declare type GetTaskHistoryResponse = Message<"delayd.v1.GetTaskHistoryResponse"> & {
+  /**
+   * The task's events in the order they happened. A page is cut by
+   * page_size and by bytes (the server's --list-max-bytes), and a page may
+   * be empty with next_page_token set while older events of other tasks are
+   * skipped: follow the token until it is empty.
+   *
+   * @generated from field: repeated delayd.v1.TaskEvent events = 1;
+   */
+  events: TaskEvent[];
+
+  /**
+   * Token for the next page; empty when every kept event was read.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+
+  /**
+   * Whether the namespace keeps history (its policy's
+   * history_retention_bytes is set). False: events is empty because
+   * nothing is recorded.
+   *
+   * @generated from field: bool history_enabled = 3;
+   */
+  historyEnabled: boolean;
+};
+
+/**
+ * Describes the message delayd.v1.GetTaskHistoryResponse.
+ * Use `create(GetTaskHistoryResponseSchema)` to create a new message.
+ */
+export declare const GetTaskHistoryResponseSchema: GenMessage<GetTaskHistoryResponse>;
+
+/**
  * TaskState is where a task is in its lifecycle. A task is in exactly one
  * state at a time; an acked, removed or purged task no longer exists.
  *
@@ -773,6 +942,93 @@ export enum TaskView {
  * Describes the enum delayd.v1.TaskView.
  */
 export declare const TaskViewSchema: GenEnum<TaskView>;
+
+/**
+ * TaskEventKind is what happened to a task.
+ *
+ * @generated from enum delayd.v1.TaskEventKind
+ */
+export enum TaskEventKind {
+  /**
+   * Not a kind.
+   *
+   * @generated from enum value: TASK_EVENT_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * An upsert created the task (key_id, generation, due_time).
+   *
+   * @generated from enum value: TASK_EVENT_KIND_UPSERTED = 1;
+   */
+  UPSERTED = 1,
+
+  /**
+   * An upsert replaced an existing task: new due time, kind or payload
+   * (key_id, generation, due_time).
+   *
+   * @generated from enum value: TASK_EVENT_KIND_RESCHEDULED = 2;
+   */
+  RESCHEDULED = 2,
+
+  /**
+   * The task was delivered (attempt, replica, lateness: how long after its
+   * due time it left the store).
+   *
+   * @generated from enum value: TASK_EVENT_KIND_DELIVERED = 3;
+   */
+  DELIVERED = 3,
+
+  /**
+   * A subscriber nacked a delivery (attempt, reason, retry_after, due_time:
+   * the retry).
+   *
+   * @generated from enum value: TASK_EVENT_KIND_NACKED = 4;
+   */
+  NACKED = 4,
+
+  /**
+   * A delivery's lease ran out unacked; it goes back with backoff (attempt,
+   * due_time: the retry).
+   *
+   * @generated from enum value: TASK_EVENT_KIND_LEASE_EXPIRED = 5;
+   */
+  LEASE_EXPIRED = 5,
+
+  /**
+   * The task used up its attempts and became a dead letter (attempt,
+   * reason).
+   *
+   * @generated from enum value: TASK_EVENT_KIND_DEAD_LETTERED = 6;
+   */
+  DEAD_LETTERED = 6,
+
+  /**
+   * An admin requeued the dead letter (key_id, due_time).
+   *
+   * @generated from enum value: TASK_EVENT_KIND_REQUEUED = 7;
+   */
+  REQUEUED = 7,
+
+  /**
+   * The task was removed (key_id), or purged from the dead letters.
+   *
+   * @generated from enum value: TASK_EVENT_KIND_REMOVED = 8;
+   */
+  REMOVED = 8,
+
+  /**
+   * A subscriber acked the delivery; the task is done (attempt).
+   *
+   * @generated from enum value: TASK_EVENT_KIND_ACKED = 9;
+   */
+  ACKED = 9,
+}
+
+/**
+ * Describes the enum delayd.v1.TaskEventKind.
+ */
+export declare const TaskEventKindSchema: GenEnum<TaskEventKind>;
 
 /**
  * TaskService creates, reschedules, cancels and looks up delay tasks.
@@ -897,6 +1153,24 @@ export declare const TaskService: GenService<{
     methodKind: "unary";
     input: typeof ListTasksRequestSchema;
     output: typeof ListTasksResponseSchema;
+  },
+  /**
+   * GetTaskHistory pages through what happened to one task, oldest first:
+   * upserts (with the API key id that made them, never its secret),
+   * reschedules, deliveries, nacks, expired leases, dead-lettering,
+   * requeues, acks and removes, each timed by the store's clock (the clock
+   * due times use). It works after the task is gone. Events are kept only
+   * while the namespace's policy keeps history
+   * (NamespacePolicy.history_retention_bytes); a namespace that keeps none
+   * answers an empty page with history_enabled false. It needs the produce
+   * scope on the namespace, as GetTask does.
+   *
+   * @generated from rpc delayd.v1.TaskService.GetTaskHistory
+   */
+  getTaskHistory: {
+    methodKind: "unary";
+    input: typeof GetTaskHistoryRequestSchema;
+    output: typeof GetTaskHistoryResponseSchema;
   },
 }>;
 
