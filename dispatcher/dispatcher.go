@@ -45,7 +45,12 @@
 // up to the ack timeout the subscriber was told. So the deliveries of a
 // replica that dies (SIGKILL, a lost machine) come back within about
 // Liveness, not after the whole ack timeout; and a live replica's
-// deliveries stay leased for the full ack timeout.
+// deliveries stay leased for the full ack timeout. Renewal runs in a
+// goroutine of its own per namespace, apart from the namespace loop, and
+// retries a failed renewal every 100 ms; after store trouble, reaping waits
+// until the holders could renew (renew.go), so a slow loop, a starved
+// process or a store stall shorter than the ack timeout does not take
+// leases from live streams.
 //
 // A delivery that waited in its stream's queue (a stream whose Send is
 // slow) until its store lease ran out, by the store's clock as this replica
@@ -244,7 +249,10 @@ type Config struct {
 	// replica renews it; the replica renews every Liveness/3, up to the
 	// namespace's ack timeout. A replica that stops (crash, hang) has its
 	// deliveries taken back after about Liveness instead of the whole ack
-	// timeout. Keep it well above StoreTimeout/3 and the worst pause of the
+	// timeout. A renewal may come up to two thirds of Liveness late before
+	// the lease runs out (the margin for a loaded machine); after a store
+	// call failed or took a sixth of Liveness, reaping waits Liveness/2 so
+	// renewals get in first. Keep it well above the worst pause of the
 	// process. If zero, 6 seconds; negative: no renewal, the store lease is
 	// the ack timeout.
 	Liveness time.Duration
@@ -325,6 +333,8 @@ type Dispatcher struct {
 	feed *feedPublisher
 	// push runs the pushers when Config.Pusher is set; else nil.
 	push *pushManager
+	// health tells reaping to wait after store trouble (renew.go).
+	health *health
 }
 
 const (
@@ -339,7 +349,9 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("dispatcher: Config.Store is required")
 	}
 	cfg.setDefaults()
-	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{})}
+	h := newHealth(cfg.Liveness)
+	cfg.Store = observedStore{Store: cfg.Store, h: h}
+	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{}), health: h}
 	if cfg.Feed != nil {
 		d.feed = newFeedPublisher(cfg.Feed, cfg.Clock, cfg.StoreTimeout)
 	}
@@ -600,7 +612,7 @@ func (d *Dispatcher) release(n *namespace, st *stream) {
 // go back for an immediate retry without costing an attempt.
 func (d *Dispatcher) handBack(ctx context.Context, n *namespace, sent []heldLease, unsent []storage.Token) {
 	if d.cfg.Liveness > 0 && len(sent) > 0 {
-		d.renew(ctx, n, sent, true)
+		_, _ = d.renew(ctx, n, sent, true) // logged; on failure the short lease runs out
 	}
 	if len(unsent) > 0 {
 		zero := time.Duration(0)
@@ -633,7 +645,7 @@ type heldLease struct {
 // Liveness and the deadline its subscriber was told; with final, to that
 // deadline (the replica lets go of it). Tokens the store no longer leases
 // (acked, nacked or reaped anywhere) are returned.
-func (d *Dispatcher) renew(ctx context.Context, n *namespace, held []heldLease, final bool) (gone []storage.Token) {
+func (d *Dispatcher) renew(ctx context.Context, n *namespace, held []heldLease, final bool) (gone []storage.Token, err error) {
 	now := d.cfg.Clock.Now()
 	groups := map[time.Duration][]storage.Token{}
 	for _, h := range held {
@@ -654,10 +666,15 @@ func (d *Dispatcher) renew(ctx context.Context, n *namespace, held []heldLease, 
 	for by, toks := range groups {
 		for start := 0; start < len(toks); start += d.cfg.PopBatch {
 			end := min(start+d.cfg.PopBatch, len(toks))
-			res, err := d.cfg.Store.Extend(ctx, n.name, toks[start:end], by)
-			if err != nil {
-				d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: renewing leases failed; they may be taken back and delivered again",
-					slog.String("namespace", n.name), slog.Int("deliveries", end-start), slog.String("error", err.Error()))
+			res, xerr := d.cfg.Store.Extend(ctx, n.name, toks[start:end], by)
+			if xerr != nil {
+				if final {
+					d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: leaving leases to their ack deadline failed; they are taken back when the short lease runs out",
+						slog.String("namespace", n.name), slog.Int("deliveries", end-start), slog.String("error", xerr.Error()))
+				}
+				if err == nil {
+					err = xerr // the renewer logs and retries
+				}
 				continue
 			}
 			var okToks []storage.Token
@@ -678,7 +695,7 @@ func (d *Dispatcher) renew(ctx context.Context, n *namespace, held []heldLease, 
 			}
 		}
 	}
-	return gone
+	return gone, err
 }
 
 func (d *Dispatcher) nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) {
@@ -871,8 +888,12 @@ func (d *Dispatcher) runSweeper(ctx context.Context) {
 	}
 }
 
-// sweep reaps the namespaces this replica has no loop for.
+// sweep reaps the namespaces this replica has no loop for (not while
+// reaping waits after store trouble: the next sweep does).
 func (d *Dispatcher) sweep(ctx context.Context) {
+	if d.reapHeldFor() > 0 {
+		return
+	}
 	lctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
 	names, err := d.cfg.Namespaces.Namespaces(lctx)
 	cancel()

@@ -38,12 +38,11 @@ type namespace struct {
 	ahead time.Duration
 
 	// Loop-only state.
-	lastReap  time.Time
-	popFull   bool          // the last pop round was filled: a backlog may be waiting
-	nextRenew time.Time     // when the held deliveries' store leases are renewed next
-	errWait   time.Duration // backoff after a store error; 0 when healthy
-	idleWait  time.Duration // backoff when the store says "due" but gives nothing
-	lastWarn  time.Time
+	lastReap time.Time
+	popFull  bool          // the last pop round was filled: a backlog may be waiting
+	errWait  time.Duration // backoff after a store error; 0 when healthy
+	idleWait time.Duration // backoff when the store says "due" but gives nothing
+	lastWarn time.Time
 
 	// Late deliveries since the last WARN about them (guarded by lateMu:
 	// senders report them).
@@ -123,6 +122,12 @@ func (n *namespace) poke(ch chan struct{}) {
 func (n *namespace) run() {
 	defer n.d.loops.Done()
 	defer close(n.exited)
+	renewer := make(chan struct{})
+	go func() {
+		defer close(renewer)
+		n.renewLoop()
+	}()
+	defer func() { <-renewer }()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	reap := true
@@ -173,6 +178,14 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	pol := n.refreshPolicy(ctx)
 
 	progress, reapFull := false, false
+	// After the store failed or stalled, reaping waits until the replicas
+	// that hold leases had time to renew them (Dispatcher.reapHeldFor):
+	// leases that ran out only because renewals could not reach the store
+	// are not taken from live streams.
+	heldFor := n.d.reapHeldFor()
+	if heldFor > 0 {
+		reap = false
+	}
 	if reap {
 		n.lastReap = time.Now()
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
@@ -186,7 +199,6 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		reapFull = len(moved) >= cfg.ReapBatch
 	}
 
-	n.renewHeld(ctx)
 	free, expired := n.freeCredit(cfg.Clock.Now())
 	if len(expired) > 0 {
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
@@ -201,7 +213,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		if reapFull {
 			return 0, false, true
 		}
-		return n.renewWait(cfg.SafetyPoll), false, false
+		return cfg.SafetyPoll, false, false
 	}
 	popFull := false
 	if free > 0 {
@@ -229,11 +241,11 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	n.errWait = 0
 	if !ok {
 		n.idleWait = 0
-		return n.renewWait(cfg.SafetyPoll), false, false
+		return cfg.SafetyPoll, false, false
 	}
 	if until := next.Sub(storeNow); until > 0 {
 		n.idleWait = 0
-		return n.renewWait(min(until, cfg.SafetyPoll)), false, false
+		return min(until, cfg.SafetyPoll), false, false
 	}
 	// Something is due, or a lease ran out, right now.
 	if free > 0 && pol.MaxDispatchRate > 0 && !popFull {
@@ -245,13 +257,18 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		// the usual cadence.
 		n.idleWait = 0
 		wait := time.Duration(float64(time.Second) / pol.MaxDispatchRate)
-		return n.renewWait(min(max(wait, rateWaitMin), cfg.SafetyPoll)), false, false
+		return min(max(wait, rateWaitMin), cfg.SafetyPoll), false, false
 	}
 	if free > 0 && progress {
 		// More fell due since the pop (a steady flow): pop again, without
 		// a reap, which would add a round trip to every delivery.
 		n.idleWait = 0
 		return 0, false, false
+	}
+	if heldFor > 0 {
+		// It may be a lease that ran out while the store was away: look
+		// again when reaping may resume (or on a wake).
+		return heldFor, free == 0, true
 	}
 	if !reap {
 		// Nothing moved: it may be an expired lease. Reap and look again.
@@ -277,45 +294,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	if np := n.earliestLease(); !np.IsZero() {
 		wait = min(wait, max(np.Sub(cfg.Clock.Now()), time.Millisecond))
 	}
-	return n.renewWait(wait), true, false
-}
-
-// renewWait shortens wait to the next lease renewal when deliveries are
-// held (the loop only sleeps up to SafetyPoll otherwise, which may be
-// longer than a third of Liveness).
-func (n *namespace) renewWait(wait time.Duration) time.Duration {
-	if n.d.cfg.Liveness <= 0 || n.nextRenew.IsZero() {
-		return wait
-	}
-	return min(wait, max(n.nextRenew.Sub(n.d.cfg.Clock.Now()), time.Millisecond))
-}
-
-// renewHeld renews the store leases of every delivery the streams hold,
-// every Liveness/3 (see Config.Liveness), and frees the credit of those the
-// store no longer leases (acked or nacked through another replica).
-func (n *namespace) renewHeld(ctx context.Context) {
-	cfg := &n.d.cfg
-	now := cfg.Clock.Now()
-	if cfg.Liveness <= 0 || (!n.nextRenew.IsZero() && now.Before(n.nextRenew)) {
-		return
-	}
-	n.mu.Lock()
-	held := make([]heldLease, 0, len(n.held))
-	for tok, st := range n.held {
-		held = append(held, heldLease{tok: tok, deadline: st.held[tok].deadline})
-	}
-	n.mu.Unlock()
-	if len(held) == 0 {
-		n.nextRenew = time.Time{}
-		return
-	}
-	n.nextRenew = now.Add(cfg.Liveness / 3)
-	c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
-	gone := n.d.renew(c, n, held, false)
-	cancel()
-	if len(n.settle(gone)) > 0 {
-		n.poke(n.credit)
-	}
+	return wait, true, false
 }
 
 // pop pops for free credit: one Pop of at most PopBatch, or, when free
@@ -616,9 +595,6 @@ func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 	}
 	if len(orphans) < len(dels) && (n.nextPrune.IsZero() || deadline.Before(n.nextPrune)) {
 		n.nextPrune = deadline
-	}
-	if len(orphans) < len(dels) && n.nextRenew.IsZero() && n.d.cfg.Liveness > 0 {
-		n.nextRenew = n.d.cfg.Clock.Now().Add(n.d.cfg.Liveness / 3)
 	}
 	n.mu.Unlock()
 	if len(orphans) > 0 {

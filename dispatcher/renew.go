@@ -1,0 +1,185 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// Lease renewal runs apart from the namespace loop (issue 30): a loop
+// stuck in a slow pop, or starved on a loaded machine, must not let the
+// leases of its live streams run out. Each namespace served here has a
+// renewer goroutine beside its loop:
+//
+//   - every Liveness/3 it sets the store lease of every delivery the
+//     streams hold to store-now + Liveness (never past the deadline the
+//     subscriber was told), so a renewal may come up to two thirds of
+//     Liveness late (4 s by default) before a lease runs out;
+//   - a renewal that failed (the store unreachable, or slower than the
+//     store timeout) is tried again every renewRetry, so it lands as soon as
+//     the store answers again, not a whole interval later.
+//
+// The store's clock runs on while the store is away (a SIGSTOPped Redis
+// keeps its TIME), so a stall longer than the margin leaves leases expired
+// that live streams still hold. Reaping therefore waits after any store
+// trouble this replica saw — a call that failed, or that took longer than
+// slowCall — until reapHold has passed with none (health.heldFor): every
+// replica talks to the same store, so each saw the stall, and the renewers
+// of the replicas holding the leases get in first. A reap already waiting
+// in the store's queue when it stalled still runs when it resumes; that
+// window is what remains.
+
+// renewRetry is how soon a failed renewal is tried again.
+const renewRetry = 100 * time.Millisecond
+
+// renewLoop renews the store leases of what the namespace's streams hold
+// until the loop ends (quit). It does nothing when Liveness is negative.
+func (n *namespace) renewLoop() {
+	cfg := &n.d.cfg
+	if cfg.Liveness <= 0 {
+		return
+	}
+	every := cfg.Liveness / 3
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	var failingSince time.Time // first failure of the current streak
+	for {
+		select {
+		case <-n.quit:
+			return
+		case <-timer.C:
+		}
+		wait := every
+		err := n.renewHeld(n.d.base)
+		switch {
+		case err != nil:
+			wait = min(renewRetry, every)
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+				n.d.log.LogAttrs(n.d.base, slog.LevelWarn, "dispatcher: renewing leases failed; retrying until the store answers",
+					slog.String("namespace", n.name), slog.String("error", err.Error()))
+			}
+		case !failingSince.IsZero():
+			n.d.log.LogAttrs(n.d.base, slog.LevelInfo, "dispatcher: renewing leases works again",
+				slog.String("namespace", n.name), slog.Duration("failed_for", time.Since(failingSince)))
+			failingSince = time.Time{}
+		}
+		timer.Reset(wait)
+	}
+}
+
+// renewHeld renews the store leases of every delivery the streams hold
+// (see Config.Liveness), and frees the credit of those the store no longer
+// leases (acked or nacked through another replica). It returns the first
+// store error: some leases may not have been renewed.
+func (n *namespace) renewHeld(ctx context.Context) error {
+	cfg := &n.d.cfg
+	n.mu.Lock()
+	held := make([]heldLease, 0, len(n.held))
+	for tok, st := range n.held {
+		held = append(held, heldLease{tok: tok, deadline: st.held[tok].deadline})
+	}
+	n.mu.Unlock()
+	if len(held) == 0 {
+		return nil
+	}
+	c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
+	gone, err := n.d.renew(c, n, held, false)
+	cancel()
+	if len(n.settle(gone)) > 0 {
+		n.poke(n.credit)
+	}
+	return err
+}
+
+// health records when this replica last saw the store in trouble, so
+// reaping can wait for the lease holders' renewals after it (see above).
+type health struct {
+	trouble  atomic.Int64 // unix nanos of the last failed or slow call; 0: never
+	slowCall time.Duration
+	hold     time.Duration
+}
+
+// newHealth returns the tracker for a replica whose liveness lease is
+// liveness (no renewals when not positive: nothing to wait for).
+func newHealth(liveness time.Duration) *health {
+	if liveness <= 0 {
+		return &health{}
+	}
+	// A renewal may be two thirds of Liveness late; a call that took a
+	// sixth of it, or failed, means renewals may have missed their turn.
+	// The hold leaves the renewers, retrying every renewRetry, half of
+	// Liveness after the store answers again (the breaker of each replica
+	// lets its first call through up to a second after another's).
+	return &health{slowCall: liveness / 6, hold: liveness / 2}
+}
+
+// observe records a store call that started at start and returned err.
+func (h *health) observe(start time.Time, err error) {
+	if h.hold <= 0 {
+		return
+	}
+	now := time.Now()
+	if errors.Is(err, storage.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || now.Sub(start) >= h.slowCall {
+		h.trouble.Store(now.UnixNano())
+	}
+}
+
+// heldFor returns how long reaping must still wait after the last store
+// trouble; 0: reap.
+func (h *health) heldFor() time.Duration {
+	t := h.trouble.Load()
+	if t == 0 || h.hold <= 0 {
+		return 0
+	}
+	return max(time.Until(time.Unix(0, t).Add(h.hold)), 0)
+}
+
+// reapHeldFor is how long this replica's reaping still waits after store
+// trouble; 0: reap.
+func (d *Dispatcher) reapHeldFor() time.Duration { return d.health.heldFor() }
+
+// observedStore times every delivery call of the dispatcher for health.
+type observedStore struct {
+	Store
+	h *health
+}
+
+func (o observedStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+	start := time.Now()
+	dels, err := o.Store.Pop(ctx, ns, p)
+	o.h.observe(start, err)
+	return dels, err
+}
+
+func (o observedStore) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
+	start := time.Now()
+	res, err := o.Store.Extend(ctx, ns, tokens, by)
+	o.h.observe(start, err)
+	return res, err
+}
+
+func (o observedStore) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
+	start := time.Now()
+	moved, err := o.Store.Reap(ctx, ns, limit, opts)
+	o.h.observe(start, err)
+	return moved, err
+}
+
+func (o observedStore) NextWake(ctx context.Context, ns string) (time.Time, time.Time, bool, error) {
+	start := time.Now()
+	next, now, ok, err := o.Store.NextWake(ctx, ns)
+	o.h.observe(start, err)
+	return next, now, ok, err
+}
+
+func (o observedStore) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	start := time.Now()
+	st, moved, err := o.Store.Nack(ctx, ns, tokens, opts)
+	o.h.observe(start, err)
+	return st, moved, err
+}
