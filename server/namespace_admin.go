@@ -560,7 +560,11 @@ func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.Up
 }
 
 // maskedPolicyFields resolves update_mask paths to policy fields. Empty, or
-// "policy", means every field.
+// "policy", means every field. A field's path may be spelt as the proto
+// names it (policy.max_dispatch_rate) or in lowerCamelCase as JSON writes
+// it (policy.maxDispatchRate): protojson turns the JSON string form of a
+// FieldMask into snake_case, but a client that sends the paths as an
+// object (grpcurl's {"paths": [...]}) passes them through as written.
 func maskedPolicyFields(paths []string) ([]policyField, error) {
 	if len(paths) == 0 {
 		return policyFields, nil
@@ -571,19 +575,40 @@ func maskedPolicyFields(paths []string) ([]policyField, error) {
 			return policyFields, nil
 		}
 		name, ok := strings.CutPrefix(path, "policy.")
-		j := slices.IndexFunc(policyFields, func(f policyField) bool { return f.name == name })
+		j := slices.IndexFunc(policyFields, func(f policyField) bool { return f.name == name || lowerCamel(f.name) == name })
 		if !ok || j < 0 {
 			allowed := make([]string, len(policyFields))
 			for k, f := range policyFields {
 				allowed[k] = "policy." + f.name
 			}
-			return nil, invalidf(fmt.Sprintf("update_mask.paths[%d]", i), "is %q; allowed: policy, %s", path, strings.Join(allowed, ", "))
+			return nil, invalidf(fmt.Sprintf("update_mask.paths[%d]", i), "is %q; allowed: policy, %s (each also in lowerCamelCase, as JSON writes it: policy.maxDispatchRate)",
+				path, strings.Join(allowed, ", "))
 		}
+		name = policyFields[j].name
 		if !slices.ContainsFunc(out, func(f policyField) bool { return f.name == name }) {
 			out = append(out, policyFields[j])
 		}
 	}
 	return out, nil
+}
+
+// lowerCamel is a snake_case proto field name as JSON spells it:
+// max_dispatch_rate → maxDispatchRate.
+func lowerCamel(snake string) string {
+	var b strings.Builder
+	up := false
+	for _, r := range snake {
+		switch {
+		case r == '_':
+			up = true
+		case up:
+			b.WriteRune(unicode.ToUpper(r))
+			up = false
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // DeleteNamespace deletes a namespace and its API keys. A namespace that

@@ -270,6 +270,46 @@ func TestPolicyValidation(t *testing.T) {
 	}
 }
 
+// TestUpdateMaskPathSpellings: a policy path in update_mask may be written
+// as the proto names it (policy.max_dispatch_rate) or as JSON does
+// (policy.maxDispatchRate). grpcurl sends a FieldMask's paths as they are
+// written, without protojson's lowerCamel-to-snake conversion, so the
+// README's UpdateNamespace lines work either way.
+func TestUpdateMaskPathSpellings(t *testing.T) {
+	t.Parallel()
+	e := newTenEnv(t)
+	r := e.replica(tenOpts{})
+	ns := e.newNamespace(r, "mask-", nil)
+	for _, tc := range []struct {
+		path string
+		pol  *delaydv1.NamespacePolicy
+		want func(*delaydv1.NamespacePolicy) bool
+	}{
+		{"policy.max_dispatch_rate", &delaydv1.NamespacePolicy{MaxDispatchRate: 7}, func(p *delaydv1.NamespacePolicy) bool { return p.GetMaxDispatchRate() == 7 }},
+		{"policy.maxDispatchRate", &delaydv1.NamespacePolicy{MaxDispatchRate: 9}, func(p *delaydv1.NamespacePolicy) bool { return p.GetMaxDispatchRate() == 9 }},
+		{"policy.maxAttempts", &delaydv1.NamespacePolicy{MaxAttempts: 3}, func(p *delaydv1.NamespacePolicy) bool { return p.GetMaxAttempts() == 3 }},
+		{"policy.paused", &delaydv1.NamespacePolicy{Paused: true}, func(p *delaydv1.NamespacePolicy) bool { return p.GetPaused() }},
+	} {
+		got, err := r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+			Namespace: &delaydv1.Namespace{Name: ns, Policy: tc.pol}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{tc.path}},
+		})
+		if err != nil {
+			t.Errorf("update_mask %q: %v", tc.path, err)
+			continue
+		}
+		if !tc.want(got.GetNamespace().GetPolicy()) {
+			t.Errorf("update_mask %q: the policy is now %v", tc.path, got.GetNamespace().GetPolicy())
+		}
+	}
+	// A camel spelling of no field is refused, naming both spellings.
+	_, err := r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+		Namespace: &delaydv1.Namespace{Name: ns}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy.maxDispatchrate"}},
+	})
+	wantCode(t, err, codes.InvalidArgument, "update_mask.paths[0]")
+	wantCode(t, err, codes.InvalidArgument, "policy.max_dispatch_rate")
+	wantCode(t, err, codes.InvalidArgument, "policy.maxDispatchRate")
+}
+
 // TestNamespaceAdminCannotRaiseQuotas: a namespace's own admin key may tune
 // its retry policy but not its limits; a global admin may.
 func TestNamespaceAdminCannotRaiseQuotas(t *testing.T) {

@@ -44,8 +44,10 @@ func TestMain(m *testing.M) {
 		_ = flag.Set("test.parallel", "4")
 	}
 	code := m.Run()
-	if built.dir != "" {
-		_ = os.RemoveAll(built.dir)
+	for _, dir := range []string{built.dir, grpcurlBuilt.dir} {
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }
