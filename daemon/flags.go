@@ -70,7 +70,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.IntVar(&c.MaxScriptBytes, "max-script-bytes", redisstore.DefaultMaxScriptBytes, "bytes of ids, kinds and payloads one Redis script call carries; larger batches are split into several calls")
 	fs.IntVar(&c.Limits.MaxConnections, "max-connections", server.DefaultMaxConnections, "most client connections open at once; more are closed as soon as accepted")
 	fs.DurationVar(&c.Limits.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call for this long is sent GOAWAY (clients reconnect)")
-	fs.IntVar(&c.Limits.MaxStreamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey, "most Subscribe streams one API key holds open per replica")
+	fs.IntVar(&c.Limits.MaxStreamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey, "most streams (Subscribe, WatchDeliveries) one API key holds open per replica")
 	fs.IntVar(&c.Limits.MaxKeys, "max-keys", server.DefaultMaxKeys, "most API keys one namespace holds, and most global keys; CreateKey past it is ResourceExhausted")
 	fs.IntVar(&c.Limits.MaxInFlight, "max-in-flight", server.DefaultMaxInFlight, "largest max_in_flight a subscriber may ask for")
 	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", pol.MaxPayloadBytes, "largest task payload, in bytes")

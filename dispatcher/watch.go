@@ -27,6 +27,11 @@ type Watcher struct {
 	// Buffer is how many copies may wait for Send before further ones are
 	// missed. Values below 1 are taken as 256.
 	Buffer int
+	// BufferBytes bounds the payload bytes of the copies waiting for Send:
+	// a copy that would go past it is missed (one copy always fits, so a
+	// payload larger than the bound is still seen by a watcher that keeps
+	// up). Values below 1 are taken as DefaultWatchBufferBytes.
+	BufferBytes int
 	// Send pushes one copy to the watcher. Watch calls it from its own
 	// goroutine only, one call at a time. An error ends Watch.
 	Send func(Watched) error
@@ -35,11 +40,55 @@ type Watcher struct {
 	Ready func() error
 }
 
-// watcher is a registered Watcher. ch and missed are written by observe
-// (any stream's sender) and read by the watcher's own Watch goroutine.
+// DefaultWatchBufferBytes is Watcher.BufferBytes's default: 1 MiB of
+// payloads may wait for a watcher that reads slowly.
+const DefaultWatchBufferBytes = 1 << 20
+
+// watchCopyOverhead is what a waiting copy costs besides its payload (the
+// task's id, kind and fields), counted against Watcher.BufferBytes.
+const watchCopyOverhead = 256
+
+// watcher is a registered Watcher. ch and missed are written by offer
+// (any stream's sender, or the feed's subscription) and read by the
+// watcher's own Watch goroutine.
 type watcher struct {
-	ch     chan Watched
-	missed atomic.Int64
+	ch       chan Watched
+	missed   atomic.Int64
+	bytes    atomic.Int64 // cost of the copies in ch
+	maxBytes int64
+}
+
+func newWatcher(w Watcher) *watcher {
+	return &watcher{ch: make(chan Watched, w.Buffer), maxBytes: int64(w.BufferBytes)}
+}
+
+// copyCost is what c costs against Watcher.BufferBytes.
+func copyCost(c Watched) int64 {
+	return int64(len(c.Delivery.Task.Payload) + watchCopyOverhead)
+}
+
+// offer queues c without blocking; a full watcher (by count or by bytes)
+// misses it and counts it.
+func (w *watcher) offer(c Watched) {
+	cost := copyCost(c)
+	if n := w.bytes.Add(cost); n > w.maxBytes && n != cost {
+		w.bytes.Add(-cost)
+		w.missed.Add(1)
+		return
+	}
+	select {
+	case w.ch <- c:
+	default:
+		w.bytes.Add(-cost)
+		w.missed.Add(1)
+	}
+}
+
+// next is the copy to send after c was taken from ch.
+func (w *watcher) next(c Watched) Watched {
+	w.bytes.Add(-copyCost(c))
+	c.Missed = w.missed.Swap(0)
+	return c
 }
 
 // watchers is the dispatcher's registry of watchers per namespace. Watching
@@ -86,11 +135,7 @@ func (ws *watchers) observe(ns string, del storage.Delivery, at time.Time) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	for w := range ws.byNS[ns] {
-		select {
-		case w.ch <- Watched{Delivery: del, SentAt: at}:
-		default:
-			w.missed.Add(1)
-		}
+		w.offer(Watched{Delivery: del, SentAt: at})
 	}
 }
 
@@ -103,6 +148,9 @@ func (ws *watchers) observe(ns string, del storage.Delivery, at time.Time) {
 func (d *Dispatcher) Watch(ctx context.Context, w Watcher) error {
 	if w.Buffer < 1 {
 		w.Buffer = 256
+	}
+	if w.BufferBytes < 1 {
+		w.BufferBytes = DefaultWatchBufferBytes
 	}
 	d.mu.Lock()
 	if d.state != stateRunning {
@@ -117,7 +165,7 @@ func (d *Dispatcher) Watch(ctx context.Context, w Watcher) error {
 	if d.feed != nil {
 		return d.watchFeed(ctx, w, stopped)
 	}
-	wt := &watcher{ch: make(chan Watched, w.Buffer)}
+	wt := newWatcher(w)
 	d.watch.add(w.Namespace, wt)
 	defer d.watch.remove(w.Namespace, wt)
 	if w.Ready != nil {
@@ -132,8 +180,7 @@ func (d *Dispatcher) Watch(ctx context.Context, w Watcher) error {
 		case <-stopped:
 			return ErrStopped
 		case c := <-wt.ch:
-			c.Missed = wt.missed.Swap(0)
-			if err := w.Send(c); err != nil {
+			if err := w.Send(wt.next(c)); err != nil {
 				return err
 			}
 		}

@@ -168,7 +168,7 @@ func (p *feedPublisher) run(ctx context.Context, log interface {
 // namespace's feed channel, which carries every replica's deliveries.
 func (d *Dispatcher) watchFeed(ctx context.Context, w Watcher, stopped <-chan struct{}) error {
 	ctx, cancel := context.WithCancel(ctx)
-	wt := &watcher{ch: make(chan Watched, w.Buffer)}
+	wt := newWatcher(w)
 	ready := make(chan struct{})
 	subErr := make(chan error, 1)
 	go func() {
@@ -178,11 +178,8 @@ func (d *Dispatcher) watchFeed(ctx context.Context, w Watcher, stopped <-chan st
 				if c.Dropped > 0 {
 					wt.missed.Add(c.Dropped)
 				}
-				select { // never block the subscription: a slow watcher misses copies
-				case wt.ch <- Watched{Delivery: storage.Delivery{Task: c.Task, LeaseDeadline: c.LeaseDeadline}, SentAt: c.SentAt}:
-				default:
-					wt.missed.Add(1)
-				}
+				// Never block the subscription: a slow watcher misses copies.
+				wt.offer(Watched{Delivery: storage.Delivery{Task: c.Task, LeaseDeadline: c.LeaseDeadline}, SentAt: c.SentAt})
 				return nil
 			})
 	}()
@@ -218,8 +215,7 @@ func (d *Dispatcher) watchFeed(ctx context.Context, w Watcher, stopped <-chan st
 			subErr <- err
 			return err
 		case c := <-wt.ch:
-			c.Missed = wt.missed.Swap(0)
-			if err := w.Send(c); err != nil {
+			if err := w.Send(wt.next(c)); err != nil {
 				return err
 			}
 		}

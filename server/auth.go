@@ -531,18 +531,18 @@ func authInterceptors(opts Options) ([]grpc.UnaryServerInterceptor, []grpc.Strea
 // tenancyServerOptions are the gRPC server options of tenancy and security,
 // appended after the server's own (recovery, logging): the interceptors in
 // the order they run — authentication, authorization, per-namespace rate
-// limit, max subscribers, pending-task quota. It logs a warning when auth is
-// off. (The TLS credentials are added by New, with the refused-handshake log.)
-func tenancyServerOptions(opts Options) []grpc.ServerOption {
+// limit, the stream guard (stream caps, revocation, namespace deletion),
+// pending-task quota. It logs a warning when auth is off. (The TLS
+// credentials are added by New, with the refused-handshake log.)
+func tenancyServerOptions(opts Options, guard *streamGuard) []grpc.ServerOption {
 	if !authEnabled(opts) && opts.Logger != nil {
 		opts.Logger.Warn("authentication is off: every client may do everything in every namespace; " +
 			"set --admin-key (DELAYD_ADMIN_KEY) to turn it on")
 	}
 	unary, stream := authInterceptors(opts)
 	rl := newRateLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger)
-	subs := newSubscriberLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger, opts.Limits.withDefaults().MaxStreamsPerKey)
 	q := newPendingQuota(opts)
 	unary = append(unary, rl.unary, q.unary)
-	stream = append(stream, rl.stream, subs.stream)
+	stream = append(stream, rl.stream, guard.stream)
 	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
 }

@@ -41,7 +41,6 @@ type deliveryService struct {
 	opts   Options
 	limits Limits
 	logger *slog.Logger
-	guard  *streamGuard
 }
 
 func newDeliveryService(opts Options) *deliveryService {
@@ -49,7 +48,7 @@ func newDeliveryService(opts Options) *deliveryService {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &deliveryService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger, guard: newStreamGuard(opts)}
+	return &deliveryService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger}
 }
 
 // Subscribe streams due tasks of one namespace until the client goes away or
@@ -88,12 +87,9 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 		return status.Errorf(codes.FailedPrecondition,
 			"namespace %q delivers its tasks to its HTTP push target (policy.push.url)%s; Subscribe is refused while push is set: turn push off (update policy.push with an empty url) to consume over Subscribe", ns, disabled)
 	}
-	// Per-namespace subscriber and rate limits belong here, before Serve
-	// (the policy above carries MaxSubscribers; Dispatcher.Subscribers(ns)
-	// counts this replica's streams).
-	// The stream ends when its key is revoked or its namespace deleted.
-	ctx, stopGuard, guardEnded := s.guard.watch(ctx, principalFrom(ctx), ns)
-	defer stopGuard()
+	// The stream guard (streamguard.go) holds the stream's caps and cancels
+	// ctx when its key is revoked or its namespace deleted; it then answers
+	// the stream's status.
 	err = s.opts.Subscriptions.Serve(ctx, dispatcher.Subscriber{
 		Namespace:   ns,
 		MaxInFlight: inFlight,
@@ -106,8 +102,6 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	switch {
 	case errors.Is(err, dispatcher.ErrStopped):
 		return status.Error(codes.Unavailable, msgShuttingDown)
-	case guardEnded() != nil:
-		return guardEnded()
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	}

@@ -29,14 +29,15 @@ type namespaceService struct {
 	opts   Options
 	limits Limits
 	logger *slog.Logger
+	guard  *streamGuard // ends this replica's streams of a revoked key or deleted namespace
 }
 
-func newNamespaceService(opts Options) *namespaceService {
+func newNamespaceService(opts Options, guard *streamGuard) *namespaceService {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &namespaceService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger}
+	return &namespaceService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger, guard: guard}
 }
 
 // GetNamespaceStats counts the namespace's tasks per state and says how late

@@ -649,6 +649,7 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	if err := reg.DeleteNamespace(ctx, name); err != nil && !errors.Is(err, storage.ErrNotFound) {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
 	}
+	s.guard.namespaceEnded(name)
 	s.audit(ctx, "namespace deleted", slog.String("namespace", name), slog.Int64("deleted_tasks", deleted))
 	return &delaydv1.DeleteNamespaceResponse{DeletedTasks: deleted}, nil
 }
@@ -885,6 +886,7 @@ func (s *namespaceService) RevokeKey(ctx context.Context, req *delaydv1.RevokeKe
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("revoke key: %w", err))
 	}
+	s.guard.keyRevoked(id)
 	s.audit(ctx, "API key revoked", slog.String("key_id", id))
 	return &delaydv1.RevokeKeyResponse{}, nil
 }

@@ -185,12 +185,13 @@ func (l *rateLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 const subscriberLease = 15 * time.Second
 
 // subscriberLimiter enforces policy.max_subscribers (the most concurrent
-// Subscribe streams of a namespace, across all replicas when SharedLimits
+// streams of a namespace — Subscribe, WatchDeliveries, every stream the
+// streamGuard admits — across all replicas when SharedLimits
 // is set: each stream holds a leased slot in Redis that this replica
 // renews; otherwise, and while the shared count cannot be reached, on this
 // replica) and Limits.MaxStreamsPerKey (the most of one API key, across
 // namespaces, on this replica). A stream holds its slots from its first
-// message until its handler returns.
+// message until its handler returns (streamGuard).
 type subscriberLimiter struct {
 	policies policyLookup
 	shared   storage.SharedLimits
@@ -236,14 +237,14 @@ func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string
 		n := l.active[ns]
 		l.mu.Unlock()
 		return "", status.Errorf(codes.ResourceExhausted,
-			"namespace %q already has %d Subscribe streams on this server replica (policy.max_subscribers %d); close one or raise the limit",
+			"namespace %q already has %d streams (Subscribe, WatchDeliveries) on this server replica (policy.max_subscribers %d); close one or raise the limit",
 			ns, n, most)
 	}
 	if key != "" && l.perKey > 0 && l.byKey[key] >= l.perKey {
 		n := l.byKey[key]
 		l.mu.Unlock()
 		return "", status.Errorf(codes.ResourceExhausted,
-			"API key %s already holds %d Subscribe streams on this server replica (at most %d per key); close one or use another key",
+			"API key %s already holds %d streams (Subscribe, WatchDeliveries) on this server replica (at most %d per key); close one or use another key",
 			key, n, l.perKey)
 	}
 	l.active[ns]++
@@ -266,7 +267,7 @@ func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string
 		if most > 0 && n >= most {
 			l.release(ns, key, "")
 			return "", status.Errorf(codes.ResourceExhausted,
-				"namespace %q already has %d Subscribe streams on this server replica (policy.max_subscribers %d); close one or raise the limit",
+				"namespace %q already has %d streams (Subscribe, WatchDeliveries) on this server replica (policy.max_subscribers %d); close one or raise the limit",
 				ns, n, most)
 		}
 		if l.logger != nil {
@@ -277,7 +278,7 @@ func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string
 	case !taken:
 		l.release(ns, key, "")
 		return "", status.Errorf(codes.ResourceExhausted,
-			"namespace %q already has %d Subscribe streams across all replicas (policy.max_subscribers %d); close one or raise the limit",
+			"namespace %q already has %d streams (Subscribe, WatchDeliveries) across all replicas (policy.max_subscribers %d); close one or raise the limit",
 			ns, held, most)
 	}
 	l.mu.Lock()
@@ -353,30 +354,4 @@ func decrement(m map[string]int, k string) {
 	} else {
 		m[k]--
 	}
-}
-
-func (l *subscriberLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if info.FullMethod != delaydv1.DeliveryService_Subscribe_FullMethodName {
-		return handler(srv, ss)
-	}
-	var held, key, id string
-	if p := principalFrom(ss.Context()); p != nil {
-		key = p.keyID
-	}
-	err := handler(srv, &firstMessageStream{ServerStream: ss, check: func(m any) error {
-		ns := requestNamespace(ss.Context(), info.FullMethod, m)
-		if ns == "" {
-			return nil // invalid request: the handler answers InvalidArgument
-		}
-		sid, err := l.acquire(ss.Context(), ns, key)
-		if err != nil {
-			return err
-		}
-		held, id = ns, sid
-		return nil
-	}})
-	if held != "" {
-		l.release(held, key, id)
-	}
-	return err
 }

@@ -158,14 +158,15 @@ func New(opts Options) (*Server, error) {
 	// interceptors accumulate in order): authentication, authorization,
 	// rate limit, subscriber limit, pending-task quota; and TLS credentials,
 	// which log refused handshakes (both listeners share one rate limit).
-	serverOpts = append(serverOpts, tenancyServerOptions(opts)...)
+	guard := newStreamGuard(opts)
+	serverOpts = append(serverOpts, tenancyServerOptions(opts, guard)...)
 	refused := newHandshakeLog(opts.Logger, opts.Clock)
 	serverOpts = append(serverOpts, tlsServerOptions(opts, refused)...)
 	gs := grpc.NewServer(serverOpts...)
 
 	delaydv1.RegisterTaskServiceServer(gs, newTaskService(opts))
 	delaydv1.RegisterDeliveryServiceServer(gs, newDeliveryService(opts))
-	delaydv1.RegisterNamespaceServiceServer(gs, newNamespaceService(opts))
+	delaydv1.RegisterNamespaceServiceServer(gs, newNamespaceService(opts, guard))
 
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)

@@ -270,9 +270,10 @@ type DeliveryFeed interface {
 	PublishWatchCopies(ctx context.Context, copies []WatchCopy) ([]int64, error)
 	// SubscribeWatchCopies subscribes to the copies of ns that any replica
 	// publishes, calls ready once the subscription is in place, then fn for
-	// each copy, one call at a time on the calling goroutine, until ctx is
-	// done (it returns ctx.Err()), ready or fn fails (their error), or the
-	// subscription is lost (an error wrapping ErrUnavailable).
+	// each copy, one call at a time, until ctx is done (it returns
+	// ctx.Err()), ready or fn fails (their error), or the subscription is
+	// lost (an error wrapping ErrUnavailable). fn may run on a goroutine
+	// the feed shares between subscriptions: it must not block.
 	SubscribeWatchCopies(ctx context.Context, ns string, ready func() error, fn func(WatchCopy) error) error
 }
 

@@ -108,6 +108,7 @@ type Store struct {
 	shards   ShardCounter  // Options.Shards
 	reapTurn atomic.Uint32 // rotates a sharded Reap's remainder
 	counts   sync.Map      // ns -> its shard count as last read (keysOf)
+	hub      *watchHub     // the one pub/sub connection of watch channels
 }
 
 var (
@@ -135,6 +136,7 @@ func New(client redis.UniversalClient, opts Options) *Store {
 	if s.wake == "" {
 		s.wake = DefaultWakeChannel
 	}
+	s.hub = &watchHub{rdb: client, log: s.log, timeout: s.timeout}
 	// Fail fast once Redis is known down (see breaker). Only calls that
 	// waited half the store timeout (at most 1 s) count as evidence.
 	// On a cluster, per slot: one dead master is not an outage of the

@@ -3,7 +3,11 @@ package redisstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -39,42 +43,194 @@ func (s *Store) PublishWatchCopies(ctx context.Context, copies []storage.WatchCo
 	return out, nil
 }
 
-// SubscribeWatchCopies subscribes to ns's watch channel on its own
-// connection; see storage.DeliveryFeed. After a connection loss go-redis
-// re-subscribes in the background; copies published meanwhile are lost.
-// A message that is not a copy is logged and skipped.
+// SubscribeWatchCopies subscribes to ns's watch channel; see
+// storage.DeliveryFeed. Every subscription of the Store shares one pub/sub
+// connection (watchHub): a replica holds one connection for all its
+// watchers, however many there are, and a copy is decoded once and fanned
+// out in process. fn is called on that connection's reader goroutine and
+// must not block. After a connection loss go-redis re-subscribes in the
+// background; copies published meanwhile are lost. A message that is not a
+// copy is logged and skipped.
 func (s *Store) SubscribeWatchCopies(ctx context.Context, ns string, ready func() error, fn func(storage.WatchCopy) error) error {
+	sub := &watchSub{fn: fn, failed: make(chan error, 1)}
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
-	sub := s.rdb.Subscribe(rctx, watchChannel(ns))
-	defer sub.Close()
-	_, err := sub.Receive(rctx)
-	cancel()
+	confirmed, err := s.hub.add(rctx, ns, sub)
 	if err != nil {
+		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		return wrapErr("subscribe watch copies", err)
 	}
+	defer s.hub.remove(ns, sub)
+	select {
+	case <-confirmed:
+		cancel()
+	case <-rctx.Done():
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("subscribe watch copies: %w: Redis did not confirm the subscription within %s", storage.ErrUnavailable, s.timeout)
+	}
 	if err := ready(); err != nil {
 		return err
 	}
-	ch := sub.Channel()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case m, ok := <-ch:
-			if !ok {
-				return fmt.Errorf("subscribe watch copies: %w: subscription closed", storage.ErrUnavailable)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case err := <-sub.failed:
+		return err
+	}
+}
+
+// watchHub is a Store's one pub/sub connection for watch channels, open
+// while anyone subscribes: it SUBSCRIBEs a namespace's channel for its
+// first subscriber and UNSUBSCRIBEs it after its last, and one reader
+// goroutine fans each copy out to the namespace's subscribers.
+type watchHub struct {
+	rdb     redis.UniversalClient
+	log     *slog.Logger
+	timeout time.Duration
+
+	mu    sync.Mutex
+	ps    *redis.PubSub // nil while nobody subscribes
+	done  chan struct{} // closed when ps's reader ends
+	chans map[string]*hubChannel
+}
+
+// hubChannel is one subscribed channel: its subscribers, and confirmed,
+// closed once Redis confirmed the SUBSCRIBE.
+type hubChannel struct {
+	ns        string
+	subs      map[*watchSub]struct{}
+	confirmed chan struct{}
+	ok        bool // confirmed is closed
+}
+
+// watchSub is one SubscribeWatchCopies call.
+type watchSub struct {
+	fn     func(storage.WatchCopy) error
+	failed chan error // fn's first error
+}
+
+func (h *watchHub) add(ctx context.Context, ns string, sub *watchSub) (<-chan struct{}, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ps == nil {
+		h.ps = h.rdb.Subscribe(context.WithoutCancel(ctx))
+		h.done = make(chan struct{})
+		h.chans = make(map[string]*hubChannel)
+		go h.read(h.ps, h.done)
+	}
+	name := watchChannel(ns)
+	c := h.chans[name]
+	if c == nil {
+		if err := h.ps.Subscribe(ctx, name); err != nil {
+			h.closeIfIdleLocked()
+			return nil, err
+		}
+		c = &hubChannel{ns: ns, subs: make(map[*watchSub]struct{}), confirmed: make(chan struct{})}
+		h.chans[name] = c
+	}
+	c.subs[sub] = struct{}{}
+	return c.confirmed, nil
+}
+
+func (h *watchHub) remove(ns string, sub *watchSub) {
+	h.mu.Lock()
+	name := watchChannel(ns)
+	c := h.chans[name]
+	if c == nil {
+		h.mu.Unlock()
+		return
+	}
+	delete(c.subs, sub)
+	if len(c.subs) == 0 {
+		delete(h.chans, name)
+		if len(h.chans) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), h.timeout)
+			if err := h.ps.Unsubscribe(ctx, name); err != nil {
+				h.log.Debug("watch channel: UNSUBSCRIBE failed; the connection's next reconnect drops it", "namespace", ns, "err", err)
 			}
-			var c storage.WatchCopy
-			if err := json.Unmarshal([]byte(m.Payload), &c); err != nil {
-				s.log.Warn("watch channel: a message that is not a delivery copy", "namespace", ns, "err", err)
+			cancel()
+		}
+	}
+	ps, done := h.ps, h.done
+	idle := h.closeIfIdleLocked()
+	h.mu.Unlock()
+	if idle {
+		_ = ps.Close()
+		<-done
+	}
+}
+
+// closeIfIdleLocked forgets the connection when nobody subscribes; the
+// caller closes it (outside the lock: its reader may be waiting for it).
+func (h *watchHub) closeIfIdleLocked() bool {
+	if len(h.chans) > 0 || h.ps == nil {
+		return false
+	}
+	h.ps, h.done, h.chans = nil, nil, nil
+	return true
+}
+
+// read fans out ps's messages until ps is closed.
+func (h *watchHub) read(ps *redis.PubSub, done chan struct{}) {
+	defer close(done)
+	for {
+		msg, err := ps.Receive(context.Background())
+		if err != nil {
+			if errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			// The next Receive reconnects and re-subscribes every channel.
+			h.log.Debug("watch channel: connection lost; reconnecting", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind != "subscribe" {
 				continue
 			}
-			c.Task.Namespace = ns
-			if err := fn(c); err != nil {
-				return err
+			h.mu.Lock()
+			if c := h.chans[m.Channel]; h.ps == ps && c != nil && !c.ok {
+				c.ok = true
+				close(c.confirmed)
+			}
+			h.mu.Unlock()
+		case *redis.Message:
+			h.fanOut(ps, m)
+		}
+	}
+}
+
+func (h *watchHub) fanOut(ps *redis.PubSub, m *redis.Message) {
+	h.mu.Lock()
+	c := h.chans[m.Channel]
+	if h.ps != ps || c == nil {
+		h.mu.Unlock()
+		return
+	}
+	ns := c.ns
+	subs := make([]*watchSub, 0, len(c.subs))
+	for s := range c.subs {
+		subs = append(subs, s)
+	}
+	h.mu.Unlock()
+	var wc storage.WatchCopy
+	if err := json.Unmarshal([]byte(m.Payload), &wc); err != nil {
+		h.log.Warn("watch channel: a message that is not a delivery copy", "namespace", ns, "err", err)
+		return
+	}
+	wc.Task.Namespace = ns
+	for _, s := range subs {
+		c := wc
+		if err := s.fn(c); err != nil {
+			select {
+			case s.failed <- err:
+			default:
 			}
 		}
 	}

@@ -2,6 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,5 +64,81 @@ func TestWatchCopiesRoundTrip(t *testing.T) {
 	}
 	if len(got) != 0 {
 		t.Errorf("extra copies: %v", <-got)
+	}
+}
+
+// TestWatchSubscriptionsShareOneConnection: 60 subscriptions over 6
+// namespaces hold one pub/sub connection to Redis, each gets its own
+// namespace's copies, and the connection is closed after the last ends.
+// Before, each subscription opened its own connection: 2,100 watches ran
+// Redis out of clients.
+func TestWatchSubscriptionsShareOneConnection(t *testing.T) {
+	t.Parallel()
+	rds := testkit.StartRedis(t)
+	s := New(rds.Client(), Options{})
+	admin := rds.Client()
+	pubsubClients := func() int {
+		out, err := admin.Do(t.Context(), "CLIENT", "LIST", "TYPE", "pubsub").Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, line := range strings.Split(out, "\n") {
+			if strings.TrimSpace(line) != "" {
+				n++
+			}
+		}
+		return n
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	subCtx, stop := context.WithCancel(ctx)
+	const perNS, spaces = 10, 6
+	got := make([]atomic.Int64, perNS*spaces)
+	var wg sync.WaitGroup
+	for i := range perNS * spaces {
+		ready := make(chan struct{})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ns := fmt.Sprintf("share-%d", i%spaces)
+			err := s.SubscribeWatchCopies(subCtx, ns, func() error { close(ready); return nil },
+				func(c storage.WatchCopy) error {
+					if c.Task.Namespace == ns {
+						got[i].Add(1)
+					}
+					return nil
+				})
+			if err != context.Canceled {
+				t.Errorf("subscription %d ended with %v", i, err)
+			}
+		}()
+		<-ready
+	}
+	if n := pubsubClients(); n != 1 {
+		t.Errorf("%d subscriptions hold %d pub/sub connections; want 1", perNS*spaces, n)
+	}
+	var copies []storage.WatchCopy
+	for k := range spaces {
+		copies = append(copies, storage.WatchCopy{Task: storage.Task{Namespace: fmt.Sprintf("share-%d", k), ID: "t"}})
+	}
+	if _, err := s.PublishWatchCopies(ctx, copies); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		for got[i].Load() == 0 && ctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := got[i].Load(); n != 1 {
+			t.Errorf("subscription %d got %d copies of its namespace; want 1", i, n)
+		}
+	}
+	stop()
+	wg.Wait()
+	for pubsubClients() != 0 && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := pubsubClients(); n != 0 {
+		t.Errorf("after every subscription ended, %d pub/sub connections are open", n)
 	}
 }
