@@ -77,6 +77,7 @@ type options struct {
 	dialOpts   []grpc.DialOption
 	maxBackoff time.Duration
 	tracer     trace.TracerProvider
+	batch      BatchSettings
 }
 
 // WithTracerProvider traces the client's calls with tp (OpenTelemetry;
@@ -156,6 +157,7 @@ type Client struct {
 	tasks    delaydv1.TaskServiceClient
 	delivery delaydv1.DeliveryServiceClient
 	opts     options
+	pub      *publisher // nil when batching is disabled
 }
 
 // New returns a Client for target, a grpc target such as "localhost:7070" or
@@ -208,12 +210,16 @@ func New(target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("delayd client: %w", err)
 	}
-	return &Client{
+	c := &Client{
 		conn:     conn,
 		tasks:    delaydv1.NewTaskServiceClient(conn),
 		delivery: delaydv1.NewDeliveryServiceClient(conn),
 		opts:     o,
-	}, nil
+	}
+	if !o.batch.Disabled {
+		c.pub = newPublisher(c.tasks, o.batch)
+	}
+	return c, nil
 }
 
 // Conn returns the underlying connection, e.g. for
@@ -229,9 +235,33 @@ func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 // ConsumeOptions.OnError.
 func (c *Client) ConnState() connectivity.State { return c.conn.GetState() }
 
-// Close closes the connection. Calls in progress fail with Canceled; a
-// Consume still running ends with an error.
-func (c *Client) Close() error { return c.conn.Close() }
+// Flush sends the Upsert and Remove calls the batcher holds now, without
+// waiting for [BatchSettings].Linger, and waits until every call made before
+// Flush was answered, or ctx ends. Calls block until answered anyway, so
+// Flush is for a linger that should not hold a shutdown.
+func (c *Client) Flush(ctx context.Context) error {
+	if c.pub == nil {
+		return nil
+	}
+	return c.pub.flush(ctx)
+}
+
+// Close refuses new Upsert and Remove calls ([ErrClosed]), lets the ones the
+// batcher holds or has in flight finish (Flush, for at most the Client's
+// timeout, 5 s by default), then closes the connection. Calls still in
+// progress then fail with Canceled; a Consume still running ends with an
+// error.
+func (c *Client) Close() error {
+	if c.pub != nil {
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if c.opts.timeout > 0 {
+			ctx, cancel = context.WithTimeout(ctx, c.opts.timeout)
+		}
+		_ = c.pub.close(ctx)
+		cancel()
+	}
+	return c.conn.Close()
+}
 
 // bearer sends an API key as per-RPC credentials.
 type bearer struct{ token string }

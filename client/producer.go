@@ -29,11 +29,23 @@ type UpsertResult struct {
 // made before the upsert can no longer ack or nack it (the ack answers
 // STALE). Upsert is idempotent by (ns, spec.ID) and retried on Unavailable.
 //
+// Concurrent Upsert calls are coalesced into BatchUpsertTasks calls unless
+// batching is off (see [BatchSettings]: on by default, with no linger); each
+// still gets its own result and error, and calls for one id keep their
+// order. A delay (After) is resolved by delayd when the call reaches it.
+//
 // Upsert is how a deadline is renewed: a device heartbeat that upserts
 // "device-7 offline" After(30 s) pushes the same task 30 s further each time.
 func (c *Client) Upsert(ctx context.Context, ns string, spec TaskSpec) (*UpsertResult, error) {
 	if err := checkSpec(spec); err != nil {
 		return nil, fmt.Errorf("delayd upsert %s/%s: %w", ns, spec.ID, err)
+	}
+	if c.pub != nil {
+		r, err := c.pub.upsert(ctx, ns, spec.proto(""))
+		if err != nil {
+			return nil, fmt.Errorf("delayd upsert %s/%s: %w", ns, spec.ID, err)
+		}
+		return r, nil
 	}
 	resp, err := c.tasks.UpsertTask(ctx, spec.proto(ns))
 	if err != nil {
@@ -125,8 +137,15 @@ func (c *Client) RemoveIf(ctx context.Context, ns, id string, v Version) (Remove
 }
 
 func (c *Client) remove(ctx context.Context, ns, id string, v Version) (RemoveResult, error) {
-	resp, err := c.tasks.RemoveTask(ctx, &delaydv1.RemoveTaskRequest{Namespace: ns, Id: id,
-		IfGeneration: v.Generation, IfIncarnation: v.Incarnation})
+	req := &delaydv1.RemoveTaskRequest{Namespace: ns, Id: id, IfGeneration: v.Generation, IfIncarnation: v.Incarnation}
+	if c.pub != nil {
+		r, err := c.pub.remove(ctx, req)
+		if err != nil {
+			return RemoveResult{}, fmt.Errorf("delayd remove %s/%s: %w", ns, id, err)
+		}
+		return r, nil
+	}
+	resp, err := c.tasks.RemoveTask(ctx, req)
 	if err != nil {
 		return RemoveResult{}, fmt.Errorf("delayd remove %s/%s: %w", ns, id, err)
 	}
