@@ -146,6 +146,15 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		rep.Notes = append(rep.Notes, "delayd: external at "+cfg.Target+".")
 	}
 	rep.Notes = append(rep.Notes, "Baseline CPU is the delaybench process (its poller and the load generator); the baseline's work happens mostly in Redis.")
+	ran := func(sys string) bool {
+		return slices.ContainsFunc(rep.Results, func(r Result) bool { return r.System == sys && r.Skipped == "" })
+	}
+	if ran(SystemDelaydSDK) {
+		rep.Notes = append(rep.Notes, "delayd-sdk: the producers call the Go SDK's Client.Upsert (one Client, default batching: concurrent calls coalesce into BatchUpsertTasks); delivery as for delayd.")
+	}
+	if ran(SystemAsynq) {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("asynq %s: Enqueue with ProcessAt and TaskID per task (no batch enqueue exists; batch rows loop Enqueue), one asynq server in the delaybench process with Concurrency %d per subscriber and DelayedTaskCheckInterval %s (its default is 5 s); its CPU is the delaybench process, and its ack is the handler's return.", asynqVersion(), asynqConcurrency, asynqCheckInterval))
+	}
 	rep.Clock = clock
 	rep.Machine.LoadAvgEnd = loadAvg()
 	rep.Ratios = ratios(rep.Results)
@@ -226,8 +235,8 @@ func selectRows(cfg Config) ([]row, error) {
 			systems = cfg.Systems
 		}
 		for _, s := range systems {
-			if !slices.Contains([]string{SystemDelayd, SystemDelaydDurable, SystemBaseline1s, SystemBaseline10ms}, s) {
-				return nil, fmt.Errorf("--systems %q: allowed: delayd, delayd-durable, baseline-1s, baseline-10ms", s)
+			if !slices.Contains(allSystems, s) {
+				return nil, fmt.Errorf("--systems %q: allowed: %s", s, strings.Join(allSystems, ", "))
 			}
 		}
 		rows = append(rows, row{name: n, w: w, systems: systems})
@@ -248,6 +257,11 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 			iv = 10 * time.Millisecond
 		}
 		sys = newBaselineSystem(rdb, "b"+randomSuffix(5), iv, cfg.BaselineBatch, e.clock, cfg.Logger)
+	case SystemAsynq:
+		if cfg.OwnRedisCluster > 0 {
+			return Result{Workload: w.Name, System: sysName, Params: w, Skipped: "asynq runs on one Redis here, not a cluster (--own-redis-cluster)"}
+		}
+		sys = newAsynqSystem(rdb)
 	default:
 		dep := deployRedis
 		if sysName == SystemDelaydDurable {
@@ -264,6 +278,7 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 		ds, err := newDelaydSystem(delaydConfig{
 			Addr: d.addr, APIKey: key, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
 			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards,
+			SDK: sysName == SystemDelaydSDK,
 		})
 		if err != nil {
 			return Result{Workload: w.Name, System: sysName, Params: w, Error: err.Error()}

@@ -132,7 +132,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	c.Workloads = []string{"all"}
 	fs.Var(listFlag{&c.Workloads}, "workload", "comma-separated workloads: "+strings.Join(Presets(), ", ")+", all, or custom (only the workload flags)")
 	fs.BoolVar(&c.Short, "short", false, "run the short set (under 3 minutes; what `make bench` runs)")
-	fs.Var(listFlag{&c.Systems}, "systems", "comma-separated systems to run each workload on: delayd, delayd-durable, baseline-1s, baseline-10ms (default: each workload's own)")
+	fs.Var(listFlag{&c.Systems}, "systems", "comma-separated systems to run each workload on: delayd, delayd-sdk (the Go SDK), delayd-durable, baseline-1s, baseline-10ms, asynq (default: each workload's own)")
 	fs.StringVar(&c.Server, "server", "inproc", "how to run delayd: inproc (in this process; CPU includes the load generator) or child (./cmd/delayd as a child process; CPU is delayd's own)")
 	fs.StringVar(&c.DelaydBin, "delayd-bin", "", "delayd binary for --server child (default: go build ./cmd/delayd)")
 	fs.BoolVar(&c.NoOps, "no-ops", false, "run delayd with --ops-listen '' (no ops listener, no metrics), to measure the metrics' overhead against a run without this flag")

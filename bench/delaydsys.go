@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/delayd/delayd/bench/baseline"
+	"github.com/delayd/delayd/client"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 )
 
@@ -44,6 +45,9 @@ type delaydConfig struct {
 	// Shards is the shard count of the namespaces setup creates; 0 = the
 	// server default.
 	Shards int
+	// SDK sends unary upserts through the Go SDK's Client.Upsert (with its
+	// default batching) instead of the raw UpsertTask stub.
+	SDK bool
 	// Label names the system in reports. If empty, "delayd".
 	Label  string
 	Logger *slog.Logger
@@ -56,6 +60,7 @@ type delaydSystem struct {
 	tasks      []delaydv1.TaskServiceClient
 	delivery   []delaydv1.DeliveryServiceClient
 	admin      delaydv1.NamespaceServiceClient
+	sdk        *client.Client // with cfg.SDK
 	rr         atomic.Uint64
 	streamErrs atomic.Int64
 }
@@ -108,11 +113,28 @@ func newDelaydSystem(cfg delaydConfig) (*delaydSystem, error) {
 		s.delivery = append(s.delivery, delaydv1.NewDeliveryServiceClient(cc))
 	}
 	s.admin = delaydv1.NewNamespaceServiceClient(s.conns[0])
+	if cfg.SDK {
+		// One Client, as an application has: its batcher coalesces the
+		// calls of every producer goroutine.
+		copts := []client.Option{client.WithLogger(cfg.Logger)}
+		if cfg.APIKey != "" {
+			copts = append(copts, client.WithAPIKey(cfg.APIKey))
+		}
+		c, err := client.New(cfg.Addr, copts...)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		s.sdk = c
+	}
 	return s, nil
 }
 
 // close closes the connections.
 func (s *delaydSystem) close() {
+	if s.sdk != nil {
+		_ = s.sdk.Close()
+	}
 	for _, cc := range s.conns {
 		_ = cc.Close()
 	}
@@ -142,6 +164,14 @@ func (s *delaydSystem) setup(ctx context.Context, nss []string) error {
 }
 
 func (s *delaydSystem) upsert(ctx context.Context, ns string, items []item, payload []byte, unary bool) error {
+	if unary && s.sdk != nil {
+		for _, it := range items {
+			if _, err := s.sdk.Upsert(ctx, ns, client.TaskSpec{ID: it.id, Payload: payload, When: client.At(it.due)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	c := s.tasks[s.next()]
 	if unary {
 		for _, it := range items {

@@ -114,7 +114,9 @@ func ratios(rs []Result) []Ratio {
 			if !ok(b) || b.Workload != a.Workload {
 				continue
 			}
-			if !strings.HasPrefix(b.System, "baseline") && !(a.System == SystemDelaydDurable && b.System == SystemDelayd) {
+			if !strings.HasPrefix(b.System, "baseline") && b.System != SystemAsynq &&
+				!(a.System == SystemDelaydDurable && b.System == SystemDelayd) &&
+				!(a.System == SystemDelaydSDK && b.System == SystemDelayd) {
 				continue
 			}
 			lat := div(b.Lateness.P99, a.Lateness.P99)
@@ -250,7 +252,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, n := range r.Notes {
 		fmt.Fprintln(bw, "note: "+n)
 	}
-	io.WriteString(bw, "note: upserts/s is the load phase (unary = one UpsertTask per call, batch = BatchUpsertTasks / pipelined baseline); deliv+ack/s runs from the first due time (backlog: from subscribing) to the last ack; lateness is due time -> arrival at the subscriber by the Redis clock; svc %core is the service CPU over the delivery phase."+"\n")
+	io.WriteString(bw, "note: upserts/s is the load phase (unary = one UpsertTask per call, sdk = one Go SDK Client.Upsert per task, batched by the SDK, batch = BatchUpsertTasks / pipelined baseline); deliv+ack/s runs from the first due time (backlog: from subscribing) to the last ack; lateness is due time -> arrival at the subscriber by the Redis clock; svc %core is the service CPU over the delivery phase."+"\n")
 	return bw.Flush()
 }
 

@@ -221,8 +221,11 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	w = w.withDefaults()
 	wallStart := time.Now()
 	res = Result{Workload: w.Name, System: sys.name(), Params: w, Clock: e.clock, UpsertMode: "unary"}
-	if !w.unary() {
+	switch {
+	case !w.unary():
 		res.UpsertMode = "batch"
+	case sys.name() == SystemDelaydSDK:
+		res.UpsertMode = "sdk" // unary Client.Upsert calls, batched by the SDK
 	}
 	run := randomSuffix(5)
 	nss := make([]string, w.Namespaces)

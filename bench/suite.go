@@ -16,7 +16,16 @@ const (
 	SystemDelaydDurable = "delayd-durable"
 	SystemBaseline1s    = "baseline-1s"
 	SystemBaseline10ms  = "baseline-10ms"
+	// SystemDelaydSDK is delayd driven through the Go SDK (package client):
+	// unary upserts are Client.Upsert calls, which the SDK coalesces into
+	// BatchUpsertTasks calls; delivery is as for SystemDelayd.
+	SystemDelaydSDK = "delayd-sdk"
+	// SystemAsynq is hibiken/asynq on the same Redis (asynqsys.go).
+	SystemAsynq = "asynq"
 )
+
+// allSystems are the names --systems accepts.
+var allSystems = []string{SystemDelayd, SystemDelaydSDK, SystemDelaydDurable, SystemBaseline1s, SystemBaseline10ms, SystemAsynq}
 
 // preset is a named workload and the systems it is run on by default.
 type preset struct {
@@ -29,7 +38,7 @@ var compared = []string{SystemDelayd, SystemBaseline1s, SystemBaseline10ms}
 
 // Presets returns the names of the workloads in run order.
 func Presets() []string {
-	return []string{"spread", "backlog", "unary", "idle", "scale-100k", "scale-1m", "scale-10m", "durable"}
+	return []string{"spread", "backlog", "unary", "producers-64", "idle", "scale-100k", "scale-1m", "scale-10m", "durable"}
 }
 
 // presets returns the workloads by name: the full set of docs/BENCHMARKS.md,
@@ -49,6 +58,12 @@ func presets(short bool) map[string]preset {
 		// concurrent producers, then the drain.
 		"unary": {Workload{Name: "unary", Tasks: 100_000, Backlog: true,
 			PayloadBytes: 100, Producers: 32, Subscribers: 4, MaxInFlight: 1000}, compared},
+		// The upsert figure of issue 25: 64 goroutines each making one
+		// upsert call per task (raw unary gRPC, the Go SDK's Upsert, the
+		// source design's Lua upsert, asynq's Enqueue), then the drain.
+		"producers-64": {Workload{Name: "producers-64", Tasks: 100_000, Backlog: true,
+			PayloadBytes: 100, Producers: 64, Subscribers: 4, MaxInFlight: 1000},
+			[]string{SystemDelayd, SystemDelaydSDK, SystemBaseline10ms, SystemAsynq}},
 		// (c) 1,000 tasks over 60 s: the CPU of an (almost) idle service.
 		"idle": {Workload{Name: "idle", Tasks: 1000, Spread: 60 * time.Second, Lead: 2 * time.Second,
 			Batch: 1000, PayloadBytes: 100, Producers: 1, Subscribers: 4, MaxInFlight: 1000}, compared},
@@ -72,6 +87,7 @@ func presets(short bool) map[string]preset {
 	shrink("spread", func(w *Workload) { w.Tasks, w.Spread, w.Lead = 10_000, 2*time.Second, 3*time.Second })
 	shrink("backlog", func(w *Workload) { w.Tasks = 20_000 })
 	shrink("unary", func(w *Workload) { w.Tasks = 10_000 })
+	shrink("producers-64", func(w *Workload) { w.Tasks = 20_000 })
 	shrink("idle", func(w *Workload) { w.Tasks, w.Spread, w.Lead = 200, 10*time.Second, time.Second })
 	shrink("scale-100k", func(w *Workload) { w.Tasks = 10_000 })
 	shrink("durable", func(w *Workload) { w.Tasks = 10_000 })
