@@ -444,6 +444,8 @@ func TestGoldenConditionalAndBulk(t *testing.T) {
 		{code: 2, args: args("task remove-many shop order-2 --kind order.close")},
 		{code: 0, args: args("task remove-many shop --kind order.close --state scheduled -o json")},
 		{code: 0, args: args("task list shop")},
+		// A due time already past is accepted as due now, and said so.
+		{code: 0, args: args("task upsert shop order-past --at 2020-01-01T00:00:00Z")},
 	})
 	golden(t, "conditional_bulk", got)
 }

@@ -74,12 +74,17 @@ func taskUpsertCommand(g *globals) *cobra.Command {
 				if res.Created {
 					verb = "created"
 				}
-				return write(g.stdout, "%s %s/%s, due %s (generation %d)\n", verb, res.Task.Namespace, res.Task.ID, ts(res.Task.DueTime), res.Task.Generation)
+				due := ts(res.Task.DueTime)
+				// delayd accepts a due time already past as "due now".
+				if res.Task.DueTime.Before(res.Task.UpdateTime) {
+					due += ", which had passed: due now"
+				}
+				return write(g.stdout, "%s %s/%s, due %s (generation %d)\n", verb, res.Task.Namespace, res.Task.ID, due, res.Task.Generation)
 			})
 		},
 	}
 	cmd.Flags().DurationVar(&delay, "delay", 0, "due after this delay from now, by delayd's clock (e.g. 30s, 15m, 0 = now)")
-	cmd.Flags().StringVar(&at, "at", "", "due at this RFC 3339 time (e.g. 2030-01-02T15:04:05Z)")
+	cmd.Flags().StringVar(&at, "at", "", "due at this RFC 3339 time (e.g. 2030-01-02T15:04:05Z); a time already past means due now")
 	cmd.Flags().StringVar(&kind, "kind", "", "optional label, e.g. order.close")
 	cmd.Flags().StringVar(&payload, "payload", "", "payload: literal text, @file to read a file, @- to read stdin")
 	cmd.Flags().BoolVar(&once, "create-only", false, "only create: fail (AlreadyExists) and change nothing if the task exists")

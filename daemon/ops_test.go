@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
@@ -302,5 +303,47 @@ func TestAlertRules(t *testing.T) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
+	}
+}
+
+// TestPastDueTimeIsNotLateness: a task upserted with a due time in the past
+// is due at once, and its lateness is measured from when delayd accepted
+// it, not from that due time: the lateness histogram puts it under a
+// minute (not the years since 2020) and no late-delivery warning is logged,
+// so neither a dashboard nor DelaydDeliveryLate (deploy/prometheus) sees a
+// stall that is not there. A task due later than it was accepted is
+// measured from its due time, as before.
+func TestPastDueTimeIsNotLateness(t *testing.T) {
+	t.Parallel()
+	url := testRedisURL()
+	ns := "past-" + suffix()
+	cleanNamespace(t, url, ns)
+	s := start(t, Config{RedisURL: url, OpsListen: "127.0.0.1:0"})
+	ctx := ctxFor(t)
+	past := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := s.tasks.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "past", Payload: []byte("p"),
+		When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(past)}}); err != nil {
+		t.Fatal(err)
+	}
+	deliveries := delaydv1.NewDeliveryServiceClient(s.conn)
+	stream, err := deliveries.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.GetDelivery().GetTask().GetDueTime().AsTime(); !got.Equal(past) {
+		t.Errorf("the delivery's due time is %v, want the %v asked for", got, past)
+	}
+	_, body := httpGet(t, "http://"+s.d.OpsAddr()+"/metrics")
+	count, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
+	underMinute, _ := seriesValue(body, `delayd_delivery_lateness_seconds_bucket{namespace="`+ns+`",le="60"}`)
+	if count != 1 || underMinute != 1 {
+		t.Errorf("lateness histogram: %v deliveries, %v of them under a minute; want 1 and 1 (measured from the upsert, not from 2020)", count, underMinute)
+	}
+	if strings.Contains(s.log.String(), "delivered late") {
+		t.Errorf("a task due before it was upserted was logged as late:\n%s", s.log.String())
 	}
 }

@@ -1154,7 +1154,8 @@ func (r *records) late() []slog.Record {
 // TestLateDeliveriesAreLogged (issue 20): a stall is never silent. Tasks
 // delivered LateWarn or more past their due time are logged at WARN with
 // the namespace, how many and the worst, at most once per namespace every
-// 10 s however many there are; a negative LateWarn turns it off.
+// 10 s however many there are, naming no subscriber as the commonest
+// cause; a negative LateWarn turns it off.
 func TestLateDeliveriesAreLogged(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -1188,6 +1189,11 @@ func TestLateDeliveriesAreLogged(t *testing.T) {
 				})
 				if ns != h.ns {
 					t.Errorf("warning names namespace %q, want %q", ns, h.ns)
+				}
+				// The commonest cause first: tasks that fell due while no
+				// subscriber was connected are delivered late when one comes.
+				if !strings.Contains(rec.Message, "no subscriber") {
+					t.Errorf("warning %q does not name the commonest cause, no subscriber", rec.Message)
 				}
 			}
 		})

@@ -76,7 +76,7 @@ func (n *namespace) late(lateness time.Duration) {
 		attrs = append(attrs, slog.Duration("over", now.Sub(since)))
 	}
 	n.d.log.LogAttrs(context.Background(), slog.LevelWarn,
-		"dispatcher: tasks delivered late (subscribers short of credit, the store slow, or this process starved?)", attrs...)
+		"dispatcher: tasks delivered late (most often no subscriber was connected when they fell due; else subscribers short of credit, the store slow, or this process starved)", attrs...)
 }
 
 // maxIdleWait bounds the backoff while the store says a task is due but
@@ -568,12 +568,24 @@ func (n *namespace) earliestLease() time.Time {
 	return n.nextPrune
 }
 
+// lateFrom is the instant a task's lateness is measured from: its due
+// time, or, for a task written with a due time already past (accepted as
+// due now), the time it was written (UpdateTime, by the store's clock). A
+// task upserted "due 2020-01-01" is not years late when delivered at once,
+// and must not fill the lateness histogram or the late-delivery log.
+func lateFrom(t storage.Task) time.Time {
+	if t.UpdateTime.After(t.DueTime) {
+		return t.UpdateTime
+	}
+	return t.DueTime
+}
+
 // distribute hands popped deliveries to the streams round robin, each to a
 // stream with room. Deliveries no stream
 // can take (their streams ended since the pop) are handed back unsent.
 // The store set each lease deadline to store-now + p.storeLease, so
-// store-now minus the due time is how late the task was popped; the
-// subscriber is told store-now + p.leaseFor.
+// store-now minus the task's start (lateFrom) is how late the task was
+// popped; the subscriber is told store-now + p.leaseFor.
 func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 	deadline := p.deadline
 	var orphans []storage.Token
@@ -586,7 +598,7 @@ func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 			continue
 		}
 		storeDeadline := del.LeaseDeadline
-		late := storeDeadline.Add(-p.storeLease).Sub(del.Task.DueTime)
+		late := storeDeadline.Add(-p.storeLease).Sub(lateFrom(del.Task))
 		del.LeaseDeadline = storeDeadline.Add(p.leaseFor - p.storeLease)
 		del.Task.LeaseDeadline = del.LeaseDeadline
 		st.held[del.Token] = &lease{deadline: deadline, storeDeadline: storeDeadline, popped: p.popped, late: late}

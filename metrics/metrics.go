@@ -134,7 +134,7 @@ func New(opts Options) *Metrics {
 		nss:   make(map[string]*nsChildren),
 		lateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "delayd_delivery_lateness_seconds",
-			Help:    "Time from a task's due time to its delivery being sent to a subscriber, by the store's clock.",
+			Help:    "Time from a task's due time (or, for a task written with a due time already past, from when it was written) to its delivery being sent to a subscriber, by the store's clock.",
 			Buckets: LatenessBuckets,
 		}, ns),
 		upserted: counter("delayd_tasks_upserted_total", "Tasks created or replaced (stale upserts not counted)."),

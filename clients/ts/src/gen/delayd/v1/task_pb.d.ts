@@ -191,8 +191,12 @@ export declare type UpsertTaskRequest = Message<"delayd.v1.UpsertTaskRequest"> &
    */
   when: {
     /**
-     * Absolute due time. A time in the past means "due now". At most the
-     * namespace's horizon (default 366 days) ahead of now.
+     * Absolute due time. A time in the past is accepted and means "due
+     * now": the task keeps the due time given (and sorts before tasks due
+     * later), and its delivery lateness (delayd_delivery_lateness_seconds,
+     * the late-delivery log) counts from when it was written, not from
+     * that past time. At most the namespace's horizon (default 366 days)
+     * ahead of now.
      *
      * @generated from field: google.protobuf.Timestamp due_time = 5;
      */
