@@ -364,7 +364,7 @@ func (p *publisher) sendBatch(q *pubQueue, ops []*op) {
 	for i, r := range resp.GetResults() {
 		o := ops[i]
 		if e := r.GetError(); e != nil {
-			e = &delaydv1.ItemError{Code: e.GetCode(), Message: strings.TrimPrefix(e.GetMessage(), fmt.Sprintf("tasks[%d].", i))}
+			e = &delaydv1.ItemError{Code: e.GetCode(), Message: strings.ReplaceAll(e.GetMessage(), fmt.Sprintf("tasks[%d].", i), "")}
 			p.answer(o, itemError(e, r.GetTask(), Version{Generation: o.req.GetIfGeneration(), Incarnation: o.req.GetIfIncarnation()}))
 			continue
 		}
