@@ -131,6 +131,13 @@ var rules = map[string]rule{
 		imports:     []string{"gen/delayd/v1"},
 		testImports: []string{"daemon", "internal/testkit"},
 	},
+	// The transactional outbox and effect-once consumer: an SDK package
+	// over the client and the wire API (its relay calls the batch RPCs
+	// itself); its tests use real MySQL/PostgreSQL and a real delayd.
+	"client/outbox": {
+		imports:     []string{"client", "gen/delayd/v1"},
+		testImports: []string{"daemon", "internal/testkit"},
+	},
 	// delayctl's commands: a client program over the typed admin client;
 	// its golden tests start a real delayd in-process.
 	"ctl": {
