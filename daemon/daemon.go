@@ -25,6 +25,7 @@ import (
 
 	"github.com/delayd/delayd/buildinfo"
 	"github.com/delayd/delayd/dispatcher"
+	"github.com/delayd/delayd/history"
 	"github.com/delayd/delayd/metrics"
 	"github.com/delayd/delayd/ops"
 	"github.com/delayd/delayd/push"
@@ -188,6 +189,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		tasks      server.Store               = store
 		registry   storage.Registry           = store
 		namespaces dispatcher.NamespaceLister = store
+		hist       server.History             = store
 	)
 	if d.durable, err = openDurable(ctx, cfg, store, shards, logger, m); err != nil {
 		return nil, err
@@ -208,6 +210,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	if err != nil {
 		return nil, err
 	}
+	// Task history (package history): the events of the namespaces whose
+	// policy keeps some are recorded after each store call, into hist
+	// (the Redis stream, or MySQL in durable mode).
+	replica, _ := os.Hostname()
+	tasks = history.Wrap(tasks, history.Config{Policies: ten.registry, Sink: hist, Replica: replica,
+		Logger: logger.With("component", "history")})
+
 	var instrumentation []grpc.ServerOption
 	var dispMetrics dispatcher.Metrics
 	if tp != nil {
@@ -280,6 +289,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Store:             tasks,
 		Tenancy:           ten.registry,
 		Subscriptions:     d.dispatcher,
+		History:           hist,
 		Auth:              ten.auth,
 		TLS:               ten.tls,
 		Limits:            cfg.Limits,

@@ -267,7 +267,7 @@ func (a *authenticator) authenticate(ctx context.Context) (context.Context, erro
 	}
 	hash := hashSecret(token)
 	if a.adminHash != nil && subtle.ConstantTimeCompare(hash, a.adminHash) == 1 {
-		return context.WithValue(ctx, principalKey{}, &principal{
+		return context.WithValue(storage.WithKeyID(ctx, adminKeyID), principalKey{}, &principal{
 			keyID:     adminKeyID,
 			namespace: storage.GlobalNamespace,
 			scopes:    []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
@@ -290,7 +290,7 @@ func (a *authenticator) authenticate(ctx context.Context) (context.Context, erro
 	if subtle.ConstantTimeCompare(hash, k.Hash) != 1 {
 		return nil, errBadKey
 	}
-	return context.WithValue(ctx, principalKey{}, &principal{keyID: k.ID, namespace: k.Namespace, scopes: k.Scopes}), nil
+	return context.WithValue(storage.WithKeyID(ctx, k.ID), principalKey{}, &principal{keyID: k.ID, namespace: k.Namespace, scopes: k.Scopes}), nil
 }
 
 // openMethod reports whether a method needs no API key: the health service

@@ -87,7 +87,7 @@ func (e *dlvEnv) replica() *dlvReplica {
 		e.t.Fatalf("dispatcher.New: %v", err)
 	}
 	srv, err := server.New(server.Options{
-		Store: e.store, Tenancy: staticTenancy{policy: e.pol}, Subscriptions: d,
+		Store: e.store, Tenancy: staticTenancy{policy: e.pol}, Subscriptions: d, History: e.store,
 		Auth: server.AuthOptions{Disabled: true},
 	})
 	if err != nil {

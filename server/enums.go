@@ -62,3 +62,28 @@ func tokenStatusToProto(s storage.TokenStatus) delaydv1.TokenStatus {
 	}
 	return delaydv1.TokenStatus_TOKEN_STATUS_UNSPECIFIED
 }
+
+// eventKindToProto is a task event kind's wire form.
+func eventKindToProto(k storage.EventKind) delaydv1.TaskEventKind {
+	switch k {
+	case storage.EventUpserted:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_UPSERTED
+	case storage.EventRescheduled:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_RESCHEDULED
+	case storage.EventDelivered:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_DELIVERED
+	case storage.EventNacked:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_NACKED
+	case storage.EventLeaseExpired:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_LEASE_EXPIRED
+	case storage.EventDeadLettered:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_DEAD_LETTERED
+	case storage.EventRequeued:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_REQUEUED
+	case storage.EventRemoved:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_REMOVED
+	case storage.EventAcked:
+		return delaydv1.TaskEventKind_TASK_EVENT_KIND_ACKED
+	}
+	return delaydv1.TaskEventKind_TASK_EVENT_KIND_UNSPECIFIED
+}

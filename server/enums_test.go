@@ -47,4 +47,10 @@ func TestEnumConversions(t *testing.T) {
 			t.Errorf("tokenStatusToProto(%d) = %s, want %s", s, got, want)
 		}
 	}
+	for k := storage.EventUnspecified; k <= storage.NumEventKinds; k++ {
+		want := "TASK_EVENT_KIND_" + strings.ToUpper(k.String())
+		if got := eventKindToProto(k).String(); got != want {
+			t.Errorf("eventKindToProto(%d %s) = %s, want %s", k, k, got, want)
+		}
+	}
 }

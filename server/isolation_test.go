@@ -88,7 +88,7 @@ func (e *tenEnv) replica(o tenOpts) *tenReplica {
 		e.t.Fatalf("dispatcher.New: %v", err)
 	}
 	opts := server.Options{
-		Store: e.store, Tenancy: reg, Subscriptions: d,
+		Store: e.store, Tenancy: reg, Subscriptions: d, History: e.store,
 		Auth: server.AuthOptions{AdminKey: tenAdminKey},
 	}
 	if o.server != nil {

@@ -74,6 +74,11 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	if st.DueNow > 0 && !st.OldestDue.IsZero() && st.OldestDue.Before(st.Now) {
 		resp.OldestDueLateness = durationpb.New(st.Now.Sub(st.OldestDue))
 	}
+	fc, err := s.opts.History.Forecast(ctx, ns)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: forecast: %w", err))
+	}
+	forecastToProto(resp, fc)
 	return resp, nil
 }
 

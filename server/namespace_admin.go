@@ -263,6 +263,19 @@ var policyFields = []policyField{
 		},
 		same: func(a, b storage.Policy) bool { return a.Push == b.Push },
 	},
+	{
+		// A quota: the events are kept in the stores (Redis or MySQL).
+		name: "history_retention_bytes", quota: true,
+		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
+			n := src.GetHistoryRetentionBytes()
+			if n != 0 && (n < storage.MinHistoryRetentionBytes || n > storage.MaxHistoryRetentionBytes) {
+				return invalidf(f, "is %d; allowed: %d-%d bytes (64 KiB-1 GiB), or 0 for no history", n, storage.MinHistoryRetentionBytes, storage.MaxHistoryRetentionBytes)
+			}
+			dst.HistoryRetentionBytes = n
+			return nil
+		},
+		same: func(a, b storage.Policy) bool { return a.HistoryRetentionBytes == b.HistoryRetentionBytes },
+	},
 }
 
 // policyDuration reads a policy duration: unset or zero = 0 (the server
@@ -298,21 +311,22 @@ func policyFromProto(prefix string, p *delaydv1.NamespacePolicy) (storage.Policy
 // policyToProto is the wire form of an effective policy.
 func policyToProto(p storage.Policy) *delaydv1.NamespacePolicy {
 	return &delaydv1.NamespacePolicy{
-		AckTimeout:        durationpb.New(p.AckTimeout),
-		MaxAttempts:       p.MaxAttempts,
-		BackoffInitial:    durationpb.New(p.Backoff.Initial),
-		BackoffMax:        durationpb.New(p.Backoff.Max),
-		BackoffMultiplier: p.Backoff.Multiplier,
-		MaxPayloadBytes:   int32(min(p.MaxPayloadBytes, math.MaxInt32)),
-		MaxPendingTasks:   p.MaxPendingTasks,
-		RateLimit:         p.RateLimit,
-		RateBurst:         int32(min(p.RateBurst, math.MaxInt32)),
-		MaxSubscribers:    int32(min(p.MaxSubscribers, math.MaxInt32)),
-		MaxDelay:          durationpb.New(p.MaxDelay),
-		Paused:            p.Paused,
-		MaxDispatchRate:   p.MaxDispatchRate,
-		Shards:            int32(min(max(p.Shards, 1), storage.MaxShards)),
-		Push:              pushToProto(p.Push),
+		AckTimeout:            durationpb.New(p.AckTimeout),
+		MaxAttempts:           p.MaxAttempts,
+		BackoffInitial:        durationpb.New(p.Backoff.Initial),
+		BackoffMax:            durationpb.New(p.Backoff.Max),
+		BackoffMultiplier:     p.Backoff.Multiplier,
+		MaxPayloadBytes:       int32(min(p.MaxPayloadBytes, math.MaxInt32)),
+		MaxPendingTasks:       p.MaxPendingTasks,
+		RateLimit:             p.RateLimit,
+		RateBurst:             int32(min(p.RateBurst, math.MaxInt32)),
+		MaxSubscribers:        int32(min(p.MaxSubscribers, math.MaxInt32)),
+		MaxDelay:              durationpb.New(p.MaxDelay),
+		Paused:                p.Paused,
+		MaxDispatchRate:       p.MaxDispatchRate,
+		Shards:                int32(min(max(p.Shards, 1), storage.MaxShards)),
+		Push:                  pushToProto(p.Push),
+		HistoryRetentionBytes: p.HistoryRetentionBytes,
 	}
 }
 

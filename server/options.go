@@ -31,6 +31,14 @@ type Store interface {
 	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
 }
 
+// History is what the server asks of the store for task histories and
+// forecasts: GetTaskHistory reads the events (which the history package's
+// store decorator records), GetNamespaceStats the forecast.
+type History interface {
+	storage.History
+	storage.Forecaster
+}
+
 // Tenancy is what the server asks of the namespace registry: the stored
 // namespaces and keys (NamespaceService), effective policies on the hot
 // paths, cached key lookups for authentication, and the server defaults.
@@ -118,6 +126,10 @@ type Options struct {
 	// put an earlier task at the head of a namespace. Required; pass the
 	// *dispatcher.Dispatcher.
 	Subscriptions Subscriptions
+	// History reads task histories (GetTaskHistory) and the due forecast
+	// of GetNamespaceStats. Required; pass the store that keeps the
+	// history (redisstore, or the durable store).
+	History History
 
 	// Limits bound what one request may ask for.
 	Limits Limits

@@ -111,6 +111,8 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("server: Options.Tenancy is required")
 	case opts.Subscriptions == nil:
 		return nil, errors.New("server: Options.Subscriptions is required")
+	case opts.History == nil:
+		return nil, errors.New("server: Options.History is required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

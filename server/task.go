@@ -26,6 +26,7 @@ type taskService struct {
 	delaydv1.UnimplementedTaskServiceServer
 
 	tasks      storage.Tasks
+	history    storage.History
 	tenancy    Tenancy
 	subs       Subscriptions
 	logger     *slog.Logger
@@ -38,6 +39,7 @@ type taskService struct {
 func newTaskService(opts Options) *taskService {
 	return &taskService{
 		tasks:      opts.Store,
+		history:    opts.History,
 		tenancy:    opts.Tenancy,
 		subs:       opts.Subscriptions,
 		logger:     opts.Logger,
@@ -360,11 +362,38 @@ func timeToProto(t time.Time) *timestamppb.Timestamp {
 	return timestamppb.New(t)
 }
 
-// GetTaskHistory pages through one task's events. History is not recorded
-// yet: every namespace answers an empty page with history_enabled false.
+// GetTaskHistory pages through one task's events, oldest first.
 func (s *taskService) GetTaskHistory(ctx context.Context, req *delaydv1.GetTaskHistoryRequest) (*delaydv1.GetTaskHistoryResponse, error) {
-	if err := validateNamespaceAndID(req.GetNamespace(), req.GetId()); err != nil {
+	ns, id := req.GetNamespace(), req.GetId()
+	if err := validateNamespaceAndID(ns, id); err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
-	return &delaydv1.GetTaskHistoryResponse{}, nil
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	cursor, err := decodePageToken(req.GetPageToken(), historyTokenScope(ns, id), historyTokenState)
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, err)
+	}
+	pol, err := lookupPolicy(ctx, s.tenancy, s.logger, ns)
+	if err != nil {
+		return nil, err
+	}
+	events, next, err := s.history.TaskHistory(ctx, ns, storage.HistoryParams{ID: id, Limit: size, Cursor: cursor, MaxBytes: s.maxList})
+	if errors.Is(err, storage.ErrInvalidCursor) {
+		return nil, toStatus(ctx, s.logger, invalidf("page_token", "is not a token this server issued; start again with an empty page_token"))
+	}
+	if err != nil {
+		return nil, toStatus(ctx, s.logger, fmt.Errorf("task history: %w", err))
+	}
+	resp := &delaydv1.GetTaskHistoryResponse{
+		Events:         make([]*delaydv1.TaskEvent, len(events)),
+		NextPageToken:  encodePageToken(historyTokenScope(ns, id), historyTokenState, next),
+		HistoryEnabled: pol.HistoryRetentionBytes > 0,
+	}
+	for i, e := range events {
+		resp.Events[i] = eventToProto(e)
+	}
+	return resp, nil
 }

@@ -70,7 +70,7 @@ func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	}
 	e := &tskEnv{ns: "tsk-" + testkit.Suffix(), clock: store, store: &countingTasks{Store: store}}
 	e.server, err = server.New(server.Options{
-		Store: e.store, Tenancy: staticTenancy{policy: pol}, Subscriptions: d,
+		Store: e.store, Tenancy: staticTenancy{policy: pol}, Subscriptions: d, History: store,
 		Auth: server.AuthOptions{Disabled: true}, Limits: o.limits,
 	})
 	if err != nil {

@@ -206,6 +206,7 @@ type policyRecord struct {
 	Shards            int     `json:"shards,omitempty"`
 	PushURL           string  `json:"push_url,omitempty"`
 	PushSecret        string  `json:"push_secret,omitempty"`
+	HistoryBytes      int64   `json:"history_retention_bytes,omitempty"`
 }
 
 // MarshalPolicy encodes p as the JSON document registries store: durations
@@ -230,6 +231,7 @@ func MarshalPolicy(p Policy) ([]byte, error) {
 		Shards:            p.Shards,
 		PushURL:           p.Push.URL,
 		PushSecret:        p.Push.Secret,
+		HistoryBytes:      p.HistoryRetentionBytes,
 	})
 }
 
@@ -249,15 +251,16 @@ func UnmarshalPolicy(b []byte) (Policy, error) {
 			Multiplier: r.BackoffMultiplier,
 			Jitter:     r.BackoffJitter,
 		},
-		MaxPayloadBytes: r.MaxPayloadBytes,
-		MaxPendingTasks: r.MaxPendingTasks,
-		RateLimit:       r.RateLimit,
-		RateBurst:       r.RateBurst,
-		MaxSubscribers:  r.MaxSubscribers,
-		MaxDelay:        time.Duration(r.MaxDelayMS) * time.Millisecond,
-		Paused:          r.Paused,
-		MaxDispatchRate: r.MaxDispatchRate,
-		Shards:          r.Shards,
-		Push:            PushTarget{URL: r.PushURL, Secret: r.PushSecret},
+		MaxPayloadBytes:       r.MaxPayloadBytes,
+		MaxPendingTasks:       r.MaxPendingTasks,
+		RateLimit:             r.RateLimit,
+		RateBurst:             r.RateBurst,
+		MaxSubscribers:        r.MaxSubscribers,
+		MaxDelay:              time.Duration(r.MaxDelayMS) * time.Millisecond,
+		Paused:                r.Paused,
+		MaxDispatchRate:       r.MaxDispatchRate,
+		Shards:                r.Shards,
+		Push:                  PushTarget{URL: r.PushURL, Secret: r.PushSecret},
+		HistoryRetentionBytes: r.HistoryBytes,
 	}, nil
 }

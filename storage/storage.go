@@ -355,6 +355,10 @@ type Policy struct {
 	// namespace's due tasks to an HTTP endpoint instead of serving them to
 	// Subscribe streams. Zero: no push.
 	Push PushTarget
+	// HistoryRetentionBytes, if > 0, makes the stores keep the namespace's
+	// task events (History), about this many bytes of them (HistoryKeep
+	// events). Zero: no history, and no call pays for it.
+	HistoryRetentionBytes int64
 }
 
 // PushTarget is an HTTP endpoint due tasks are POSTed to, and the key they

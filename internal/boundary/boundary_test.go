@@ -84,6 +84,12 @@ var rules = map[string]rule{
 		imports:     []string{"storage"},
 		testImports: []string{"internal/testkit"},
 	},
+	// Task history: the store decorator that records task events into a
+	// storage.History; it sees only storage's interfaces.
+	"history": {
+		imports:     []string{"storage"},
+		testImports: []string{"storage/storagefake"},
+	},
 	// Metrics: collectors and the ops listener; fed by whoever holds the
 	// numbers, never reaching into the stores.
 	"metrics": {
@@ -112,7 +118,7 @@ var rules = map[string]rule{
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.
 	"daemon": {
-		imports: []string{"server", "web", "dispatcher", "push", "tenancy", "metrics", "ops", "buildinfo", "tracing", "storage",
+		imports: []string{"server", "web", "dispatcher", "push", "tenancy", "metrics", "history", "ops", "buildinfo", "tracing", "storage",
 			"storage/redisstore", "storage/mysqlstore", "storage/durable"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},

@@ -21,6 +21,7 @@ func runConformance(t *testing.T, c redis.UniversalClient) {
 func runConformanceOpts(t *testing.T, c redis.UniversalClient, opts Options) {
 	storetest.Run(t, func(t *testing.T) storetest.Store { return New(c, opts) })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return New(c, opts) })
+	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return New(c, opts) })
 }
 
 // TestConformance runs the store suite against the real Redis.
@@ -65,6 +66,7 @@ func TestConformanceSplitScripts(t *testing.T) {
 func runConformanceSharded(t *testing.T, c redis.UniversalClient, opts Options) {
 	storetest.RunSharded(t, func(t *testing.T) storetest.Store { return New(c, opts) })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return New(c, opts) })
+	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return New(c, opts) })
 }
 
 // TestConformanceSharded runs the suite with every namespace in 4 shards

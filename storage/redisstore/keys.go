@@ -115,6 +115,10 @@ type nsKeys struct {
 	rate string
 	// trace prefixes the trace-context keys (traceKey).
 	trace string
+	// history is the namespace's task events (a stream, XADD with
+	// MAXLEN ~), only used on shard 0's keys: one stream per namespace, on
+	// its first shard's slot.
+	history string
 }
 
 // traceOf is the trace-context key of task id (in this shard).
@@ -146,6 +150,7 @@ func keysForN(ns string, shard, n int) nsKeys {
 		legacy:   p + "task",
 		rate:     p + "rate",
 		trace:    p + "trace:",
+		history:  p + "history",
 	}
 }
 

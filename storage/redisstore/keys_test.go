@@ -27,7 +27,7 @@ func redisHashTag(key string) string {
 }
 
 func allKeys(k nsKeys) []string {
-	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy, k.life}
+	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy, k.life, k.history}
 }
 
 func TestKeys(t *testing.T) {
@@ -44,6 +44,7 @@ func TestKeys(t *testing.T) {
 		life:     "delayd:{orders#0}:life",
 		rate:     "delayd:{orders#0}:rate",
 		trace:    "delayd:{orders#0}:trace:",
+		history:  "delayd:{orders#0}:history",
 	}
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)

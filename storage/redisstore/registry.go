@@ -483,6 +483,11 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 		counts[sh], err = replyInt(v)
 		return err
 	})
+	if err == nil && incarnation > 0 {
+		// A deleted namespace's task history goes with it: a namespace
+		// re-created under the name must not read it.
+		err = s.unlink(ctx, "drop namespace", s.keysOf(ns, 0).history)
+	}
 	s.forgetShards(ns)
 	var total int64
 	for _, c := range counts {

@@ -26,6 +26,7 @@ var scripts = struct {
 	restore, generations, tryLead   *redis.Script
 	forget, clearAcked, migrate     *redis.Script
 	peekDue, rateTake               *redis.Script
+	forecast                        *redis.Script
 }{
 	upsert:      load("upsert"),
 	get:         load("get"),
@@ -50,6 +51,7 @@ var scripts = struct {
 	migrate:     load("migrate"),
 	peekDue:     load("peekdue"),
 	rateTake:    load("ratetake"),
+	forecast:    load("forecast"),
 }
 
 // load returns lib.lua + name.lua as one script. The files are embedded, so

@@ -49,6 +49,10 @@ type Store struct {
 	lives map[string]life
 	// lim is the state of storage.SharedLimits (limits.go).
 	lim limits
+	// hist is each namespace's task events (history.go), oldest first.
+	hist map[string][]histEntry
+	// histSeq numbers the events, the cursor of TaskHistory.
+	histSeq int64
 }
 
 // life is the latest namespace incarnation that wrote and the latest one
@@ -102,6 +106,8 @@ var (
 	_ storage.Wakeups      = (*Store)(nil)
 	_ storage.DeliveryFeed = (*Store)(nil)
 	_ storage.SharedLimits = (*Store)(nil)
+	_ storage.History      = (*Store)(nil)
+	_ storage.Forecaster   = (*Store)(nil)
 )
 
 // now reads the clock in milliseconds and microseconds; microseconds strictly

@@ -15,6 +15,7 @@ func TestConformance(t *testing.T) {
 	s := storagefake.New(nil)
 	storetest.Run(t, func(t *testing.T) storetest.Store { return s })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return s })
+	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return s })
 }
 
 func TestRegistryConformance(t *testing.T) {

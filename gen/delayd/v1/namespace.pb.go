@@ -1005,13 +1005,14 @@ type GetNamespaceStatsResponse struct {
 	// (NamespacePolicy.push) rather than served to Subscribe streams.
 	Push bool `protobuf:"varint,10,opt,name=push,proto3" json:"push,omitempty"`
 	// Forecast: scheduled tasks falling due per minute over the next hour.
-	// Element i counts the tasks due in [forecast_time + i min,
-	// forecast_time + (i+1) min); 60 elements. Counted from the index (one
+	// Element i counts the tasks due in (forecast_time + i min,
+	// forecast_time + (i+1) min]; 60 elements (tasks due at forecast_time or
+	// before are due_now). Counted from the index (one
 	// range count per bucket), so it reflects the due times stored now:
 	// tasks upserted, acked or rescheduled later move it.
 	DuePerMinute []int64 `protobuf:"varint,11,rep,packed,name=due_per_minute,json=duePerMinute,proto3" json:"due_per_minute,omitempty"`
 	// Forecast: scheduled tasks falling due per hour over the next day.
-	// Element i counts [forecast_time + i h, forecast_time + (i+1) h); 24
+	// Element i counts (forecast_time + i h, forecast_time + (i+1) h]; 24
 	// elements (element 0 is the sum of due_per_minute).
 	DuePerHour []int64 `protobuf:"varint,12,rep,packed,name=due_per_hour,json=duePerHour,proto3" json:"due_per_hour,omitempty"`
 	// The store's clock when the forecast was counted: the start of bucket 0.

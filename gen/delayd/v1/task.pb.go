@@ -1459,7 +1459,7 @@ type TaskEvent struct {
 	DueTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=due_time,json=dueTime,proto3" json:"due_time,omitempty"`
 	// The delivery attempt the event is about (1 = the first delivery).
 	Attempt int32 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	// The replica that delivered the task (its --replica-id or host name).
+	// The replica that delivered the task (its host name).
 	Replica string `protobuf:"bytes,7,opt,name=replica,proto3" json:"replica,omitempty"`
 	// Delivered: how long after its due time the task left the store.
 	Lateness *durationpb.Duration `protobuf:"bytes,8,opt,name=lateness,proto3" json:"lateness,omitempty"`

@@ -578,8 +578,9 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
 
   /**
    * Forecast: scheduled tasks falling due per minute over the next hour.
-   * Element i counts the tasks due in [forecast_time + i min,
-   * forecast_time + (i+1) min); 60 elements. Counted from the index (one
+   * Element i counts the tasks due in (forecast_time + i min,
+   * forecast_time + (i+1) min]; 60 elements (tasks due at forecast_time or
+   * before are due_now). Counted from the index (one
    * range count per bucket), so it reflects the due times stored now:
    * tasks upserted, acked or rescheduled later move it.
    *
@@ -589,7 +590,7 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
 
   /**
    * Forecast: scheduled tasks falling due per hour over the next day.
-   * Element i counts [forecast_time + i h, forecast_time + (i+1) h); 24
+   * Element i counts (forecast_time + i h, forecast_time + (i+1) h]; 24
    * elements (element 0 is the sum of due_per_minute).
    *
    * @generated from field: repeated int64 due_per_hour = 12;

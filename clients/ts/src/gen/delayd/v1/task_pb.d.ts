@@ -755,7 +755,7 @@ export declare type TaskEvent = Message<"delayd.v1.TaskEvent"> & {
   attempt: number;
 
   /**
-   * The replica that delivered the task (its --replica-id or host name).
+   * The replica that delivered the task (its host name).
    *
    * @generated from field: string replica = 7;
    */

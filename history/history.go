@@ -1,0 +1,335 @@
+// Package history records what happens to the tasks of the namespaces
+// whose policy keeps history (storage.Policy.HistoryRetentionBytes): Wrap
+// decorates the task store the server and the dispatcher share, and after
+// each call that changed a task it appends the events to the store's
+// storage.History (a Redis stream per namespace, or MySQL in durable mode)
+// in one write. A namespace that keeps no history costs a cached policy
+// lookup per call and no store call.
+//
+// Recording happens after the store call returns, so a crash between the
+// two loses that call's events (never a task), and a failed history write
+// is logged and counted, never turned into a failed call: the history is
+// an account of what happened, not part of it.
+//
+// Order. A task's events are kept in the order they were written, so a
+// call that makes a task due (upsert, nack, lease expiry, requeue) must
+// write its events before a pop of that task writes "delivered". Within a
+// replica a per-namespace lock guarantees it: those calls hold it shared
+// from their store call to their history write, a pop holds it alone. A
+// pop on another replica in the instant between a call's store write and
+// its history write (a task due at once) can still be written first; the
+// events' times, from the store's clock, show the true order then.
+package history
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// Store is the task store the server and the dispatcher share, as Wrap
+// decorates it (the same set as server.Store and metrics.Store).
+type Store interface {
+	storage.Tasks
+	storage.Deliveries
+	storage.DeadLetters
+	storage.Counter
+	// DropNamespace deletes every task of ns (see server.Store).
+	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
+}
+
+// Policies answers a namespace's effective policy without creating it
+// (*tenancy.Registry's LookupPolicy, a cache read).
+type Policies interface {
+	LookupPolicy(ctx context.Context, ns string) (storage.Policy, error)
+}
+
+// Config is what Wrap needs.
+type Config struct {
+	// Policies tells which namespaces keep history, and how much. Required.
+	Policies Policies
+	// Sink keeps the events. Required.
+	Sink storage.History
+	// Replica names this replica in delivered events (the host name).
+	Replica string
+	// Logger receives failed history writes. If nil, slog.Default().
+	Logger *slog.Logger
+}
+
+// Recorder is the decorated store; Failures counts history writes that
+// failed (logged, never failing the call).
+type Recorder struct {
+	next     Store
+	cfg      Config
+	failures atomic.Int64
+	order    sync.Map // namespace -> *sync.RWMutex (see Order above)
+}
+
+// orderOf is ns's ordering lock.
+func (r *Recorder) orderOf(ns string) *sync.RWMutex {
+	if m, ok := r.order.Load(ns); ok {
+		return m.(*sync.RWMutex)
+	}
+	m, _ := r.order.LoadOrStore(ns, &sync.RWMutex{})
+	return m.(*sync.RWMutex)
+}
+
+// makesDue holds ns's ordering lock shared for a call that may make tasks
+// due, when ns keeps history; the returned func releases it.
+func (r *Recorder) makesDue(ns string, keep int64) func() {
+	if keep <= 0 {
+		return func() {}
+	}
+	m := r.orderOf(ns)
+	m.RLock()
+	return m.RUnlock
+}
+
+// Wrap returns next recording the events of every call that changed a
+// task of a namespace that keeps history.
+func Wrap(next Store, cfg Config) *Recorder {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Recorder{next: next, cfg: cfg}
+}
+
+// Failures is how many history writes failed since Wrap.
+func (r *Recorder) Failures() int64 { return r.failures.Load() }
+
+// keep is how many events ns keeps; 0 = none (or its policy is unknown).
+func (r *Recorder) keep(ctx context.Context, ns string) int64 {
+	p, err := r.cfg.Policies.LookupPolicy(ctx, ns)
+	if err != nil {
+		return 0
+	}
+	return storage.HistoryKeep(p.HistoryRetentionBytes)
+}
+
+// record writes events of ns when there are any.
+func (r *Recorder) record(ctx context.Context, ns string, keep int64, events []storage.Event) {
+	if keep <= 0 || len(events) == 0 {
+		return
+	}
+	if err := r.cfg.Sink.RecordEvents(context.WithoutCancel(ctx), ns, keep, events); err != nil {
+		r.failures.Add(1)
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "recording task history failed", slog.String("namespace", ns),
+			slog.Int("events", len(events)), slog.String("err", err.Error()))
+	}
+}
+
+// Upsert records an upserted (created) or rescheduled (replaced) event per
+// applied spec.
+func (r *Recorder) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	keep := r.keep(ctx, ns)
+	defer r.makesDue(ns, keep)()
+	res, err := r.next.Upsert(ctx, ns, specs)
+	if keep > 0 && err == nil {
+		key := storage.KeyIDOf(ctx)
+		events := make([]storage.Event, 0, len(res))
+		for _, x := range res {
+			if x.Stale || x.Refused != storage.NotRefused {
+				continue
+			}
+			kind := storage.EventRescheduled
+			if x.Created {
+				kind = storage.EventUpserted
+			}
+			events = append(events, storage.Event{Kind: kind, ID: x.Task.ID, KeyID: key, Generation: x.Task.Generation, Due: x.Task.DueTime})
+		}
+		r.record(ctx, ns, keep, events)
+	}
+	return res, err
+}
+
+// Remove records a removed event when it removed the task.
+func (r *Recorder) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
+	keep := r.keep(ctx, ns)
+	st, err := r.next.Remove(ctx, ns, id, ifVersion)
+	if keep > 0 && err == nil {
+		r.record(ctx, ns, keep, []storage.Event{{Kind: storage.EventRemoved, ID: id, KeyID: storage.KeyIDOf(ctx)}})
+	}
+	return st, err
+}
+
+// RemoveTasks records a removed event per id when every id given was
+// removed (the store answers a count, not which ids; a filter walk's
+// removals are not named and are not recorded).
+func (r *Recorder) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
+	keep := r.keep(ctx, ns)
+	res, err := r.next.RemoveTasks(ctx, ns, p)
+	if keep > 0 && err == nil && len(p.IDs) > 0 && res.Removed == int64(len(p.IDs)) {
+		key := storage.KeyIDOf(ctx)
+		events := make([]storage.Event, len(p.IDs))
+		for i, id := range p.IDs {
+			events[i] = storage.Event{Kind: storage.EventRemoved, ID: id, KeyID: key}
+		}
+		r.record(ctx, ns, keep, events)
+	}
+	return res, err
+}
+
+// Get passes through.
+func (r *Recorder) Get(ctx context.Context, ns, id string) (storage.Task, error) {
+	return r.next.Get(ctx, ns, id)
+}
+
+// List passes through.
+func (r *Recorder) List(ctx context.Context, ns string, p storage.ListParams) ([]storage.Task, string, error) {
+	return r.next.List(ctx, ns, p)
+}
+
+// Pop records a delivered event per delivery: its attempt, this replica,
+// and its lateness (the pop's store time, Task.UpdateTime, minus the due
+// time).
+func (r *Recorder) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+	keep := r.keep(ctx, ns)
+	if keep > 0 {
+		m := r.orderOf(ns)
+		m.Lock()
+		defer m.Unlock()
+	}
+	ds, err := r.next.Pop(ctx, ns, p)
+	if keep > 0 && len(ds) > 0 {
+		events := make([]storage.Event, len(ds))
+		for i, d := range ds {
+			t := d.Task
+			events[i] = storage.Event{Kind: storage.EventDelivered, ID: t.ID, Time: t.UpdateTime, Generation: t.Generation,
+				Attempt: t.Attempt, Replica: r.cfg.Replica, Lateness: max(0, t.UpdateTime.Sub(t.DueTime)).Truncate(time.Millisecond)}
+		}
+		r.record(ctx, ns, keep, events)
+	}
+	return ds, err
+}
+
+// Ack records an acked event per settled token.
+func (r *Recorder) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
+	keep := r.keep(ctx, ns)
+	sts, err := r.next.Ack(ctx, ns, tokens)
+	if keep > 0 && err == nil {
+		key := storage.KeyIDOf(ctx)
+		var events []storage.Event
+		for i, st := range sts {
+			if st == storage.TokenOK && i < len(tokens) {
+				t := tokens[i]
+				events = append(events, storage.Event{Kind: storage.EventAcked, ID: t.ID, KeyID: key, Generation: t.Generation, Attempt: t.Attempt})
+			}
+		}
+		r.record(ctx, ns, keep, events)
+	}
+	return sts, err
+}
+
+// Nack records a nacked event per task it moved (and dead-lettered for
+// those that used up their attempts). A hand-back of deliveries never sent
+// (opts.Unsent) is not an event: the pop's attempt is given back.
+func (r *Recorder) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	keep := r.keep(ctx, ns)
+	defer r.makesDue(ns, keep)()
+	sts, moved, err := r.next.Nack(ctx, ns, tokens, opts)
+	if keep > 0 && err == nil && !opts.Unsent {
+		key := storage.KeyIDOf(ctx)
+		var after time.Duration
+		if opts.RetryAfter != nil {
+			after = *opts.RetryAfter
+		}
+		events := make([]storage.Event, 0, len(moved))
+		for _, m := range moved {
+			events = append(events, storage.Event{Kind: storage.EventNacked, ID: m.ID, KeyID: key, Generation: m.Generation,
+				Attempt: m.Attempt, Reason: opts.Reason, RetryAfter: after, Due: scheduledDue(m)})
+			if m.State == storage.StateDead {
+				events = append(events, storage.Event{Kind: storage.EventDeadLettered, ID: m.ID, Generation: m.Generation, Attempt: m.Attempt, Reason: opts.Reason})
+			}
+		}
+		r.record(ctx, ns, keep, events)
+	}
+	return sts, moved, err
+}
+
+// scheduledDue is the retry's due time of a moved task that went back to
+// scheduled; zero for one that died.
+func scheduledDue(m storage.Moved) time.Time {
+	if m.State == storage.StateScheduled {
+		return m.DueTime
+	}
+	return time.Time{}
+}
+
+// Extend passes through (a lease extension is not an event).
+func (r *Recorder) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
+	return r.next.Extend(ctx, ns, tokens, by)
+}
+
+// Reap records a lease-expired event per task taken back (and
+// dead-lettered for those that used up their attempts).
+func (r *Recorder) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
+	keep := r.keep(ctx, ns)
+	defer r.makesDue(ns, keep)()
+	moved, err := r.next.Reap(ctx, ns, limit, opts)
+	if keep > 0 && len(moved) > 0 {
+		events := make([]storage.Event, 0, len(moved))
+		for _, m := range moved {
+			events = append(events, storage.Event{Kind: storage.EventLeaseExpired, ID: m.ID, Generation: m.Generation, Attempt: m.Attempt, Due: scheduledDue(m)})
+			if m.State == storage.StateDead {
+				events = append(events, storage.Event{Kind: storage.EventDeadLettered, ID: m.ID, Generation: m.Generation, Attempt: m.Attempt, Reason: "lease expired"})
+			}
+		}
+		r.record(ctx, ns, keep, events)
+	}
+	return moved, err
+}
+
+// NextWake passes through.
+func (r *Recorder) NextWake(ctx context.Context, ns string) (time.Time, time.Time, bool, error) {
+	return r.next.NextWake(ctx, ns)
+}
+
+// Requeue records a requeued event per task it moved back.
+func (r *Recorder) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
+	keep := r.keep(ctx, ns)
+	defer r.makesDue(ns, keep)()
+	moved, err := r.next.Requeue(ctx, ns, p)
+	if keep > 0 && err == nil {
+		key := storage.KeyIDOf(ctx)
+		events := make([]storage.Event, len(moved))
+		for i, m := range moved {
+			events[i] = storage.Event{Kind: storage.EventRequeued, ID: m.ID, KeyID: key, Generation: m.Generation, Due: m.DueTime}
+		}
+		r.record(ctx, ns, keep, events)
+	}
+	return moved, err
+}
+
+// Purge records a removed event (reason "purged") per dead task deleted.
+func (r *Recorder) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]string, error) {
+	keep := r.keep(ctx, ns)
+	ids, err := r.next.Purge(ctx, ns, p)
+	if keep > 0 && err == nil {
+		key := storage.KeyIDOf(ctx)
+		events := make([]storage.Event, len(ids))
+		for i, id := range ids {
+			events[i] = storage.Event{Kind: storage.EventRemoved, ID: id, KeyID: key, Reason: "purged"}
+		}
+		r.record(ctx, ns, keep, events)
+	}
+	return ids, err
+}
+
+// Stats passes through.
+func (r *Recorder) Stats(ctx context.Context, ns string) (storage.Stats, error) {
+	return r.next.Stats(ctx, ns)
+}
+
+// DueKinds passes through.
+func (r *Recorder) DueKinds(ctx context.Context, ns string) (storage.DueKinds, error) {
+	return r.next.DueKinds(ctx, ns)
+}
+
+// DropNamespace passes through.
+func (r *Recorder) DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error) {
+	return r.next.DropNamespace(ctx, ns, incarnation)
+}

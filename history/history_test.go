@@ -1,0 +1,90 @@
+package history_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/history"
+	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/storagefake"
+)
+
+// policies gives every namespace the same history retention.
+type policies struct{ bytes int64 }
+
+func (p policies) LookupPolicy(context.Context, string) (storage.Policy, error) {
+	return storage.Policy{HistoryRetentionBytes: p.bytes}, nil
+}
+
+// countingSink counts RecordEvents calls before passing them on.
+type countingSink struct {
+	storage.History
+	calls atomic.Int64
+}
+
+func (c *countingSink) RecordEvents(ctx context.Context, ns string, keep int64, events []storage.Event) error {
+	c.calls.Add(1)
+	return c.History.RecordEvents(ctx, ns, keep, events)
+}
+
+// drive upserts, pops, nacks, pops again and acks one task.
+func drive(t *testing.T, s history.Store) {
+	ctx := storage.WithKeyID(t.Context(), "k1")
+	if _, err := s.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	pop := func() storage.Token {
+		ds, err := s.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Minute})
+		if err != nil || len(ds) != 1 {
+			t.Fatalf("pop: %v, %v", ds, err)
+		}
+		return ds[0].Token
+	}
+	zero := time.Duration(0)
+	if _, _, err := s.Nack(ctx, "ns", []storage.Token{pop()}, storage.NackOptions{RetryAfter: &zero, MaxAttempts: 5, Reason: "no"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Ack(ctx, "ns", []storage.Token{pop()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHistoryOffCallsNoSink: a namespace that keeps no history costs no
+// history write at all.
+func TestHistoryOffCallsNoSink(t *testing.T) {
+	fake := storagefake.New(nil)
+	sink := &countingSink{History: fake}
+	drive(t, history.Wrap(fake, history.Config{Policies: policies{0}, Sink: sink}))
+	if n := sink.calls.Load(); n != 0 {
+		t.Errorf("history off: %d history writes, want 0", n)
+	}
+}
+
+// TestHistoryOnRecordsEachCall: with history on, each call that changed
+// the task writes its events once, in order, with the caller's key id.
+func TestHistoryOnRecordsEachCall(t *testing.T) {
+	fake := storagefake.New(nil)
+	sink := &countingSink{History: fake}
+	drive(t, history.Wrap(fake, history.Config{Policies: policies{1 << 20}, Sink: sink, Replica: "r1"}))
+	if n := sink.calls.Load(); n != 5 {
+		t.Errorf("history on: %d history writes, want 5 (one per call)", n)
+	}
+	evs, _, err := fake.TaskHistory(t.Context(), "ns", storage.HistoryParams{ID: "a", Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []storage.EventKind{storage.EventUpserted, storage.EventDelivered, storage.EventNacked, storage.EventDelivered, storage.EventAcked}
+	if len(evs) != len(want) {
+		t.Fatalf("events %+v, want kinds %v", evs, want)
+	}
+	for i, e := range evs {
+		if e.Kind != want[i] {
+			t.Errorf("event %d is %s, want %s", i, e.Kind, want[i])
+		}
+	}
+	if evs[0].KeyID != "k1" || evs[1].Replica != "r1" || evs[2].Reason != "no" || evs[3].Attempt != 2 {
+		t.Errorf("event details: %+v", evs)
+	}
+}

@@ -1,0 +1,49 @@
+package server
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/storage"
+)
+
+// historyTokenState marks GetTaskHistory's page tokens (encodePageToken's
+// state byte), so a ListTasks token is refused there and the reverse.
+const historyTokenState = storage.State(0xff)
+
+// historyTokenScope is what a history page token is bound to: the
+// namespace and the task id.
+func historyTokenScope(ns, id string) string { return ns + "/" + id }
+
+// eventToProto is a task event's wire form; zero fields are left unset.
+func eventToProto(e storage.Event) *delaydv1.TaskEvent {
+	return &delaydv1.TaskEvent{
+		Kind:       eventKindToProto(e.Kind),
+		Time:       timeToProto(e.Time),
+		KeyId:      e.KeyID,
+		Generation: e.Generation,
+		DueTime:    timeToProto(e.Due),
+		Attempt:    e.Attempt,
+		Replica:    e.Replica,
+		Lateness:   durationOrNil(e.Lateness, e.Kind == storage.EventDelivered),
+		Reason:     e.Reason,
+		RetryAfter: durationOrNil(e.RetryAfter, false),
+	}
+}
+
+// durationOrNil is d's wire form, unset when zero unless always.
+func durationOrNil(d time.Duration, always bool) *durationpb.Duration {
+	if d == 0 && !always {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+// forecastToProto fills the forecast fields of a stats response.
+func forecastToProto(resp *delaydv1.GetNamespaceStatsResponse, f storage.Forecast) {
+	resp.DuePerMinute = f.PerMinute
+	resp.DuePerHour = f.PerHour
+	resp.ForecastTime = timeToProto(f.Now)
+}

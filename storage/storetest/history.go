@@ -1,0 +1,165 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// HistoryStore is a store that keeps task histories and answers due
+// forecasts.
+type HistoryStore interface {
+	Store
+	storage.History
+	storage.Forecaster
+	// DropNamespace deletes every task of ns; with an incarnation (a
+	// namespace deleted) its history too.
+	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
+}
+
+// cleanup drops ns, tasks and history, when t ends.
+func cleanup(t *testing.T, s HistoryStore, ns string) {
+	t.Cleanup(func() {
+		if _, err := s.DropNamespace(context.Background(), ns, time.Now().UnixMilli()); err != nil {
+			t.Errorf("cleanup: drop namespace %s: %v", ns, err)
+		}
+	})
+}
+
+// RunHistory runs the history and forecast suite as subtests of t.
+func RunHistory(t *testing.T, newStore func(t *testing.T) HistoryStore) {
+	t.Run("HistoryOrderAndPages", func(t *testing.T) { testHistoryPages(t, newStore(t)) })
+	t.Run("HistoryCap", func(t *testing.T) { testHistoryCap(t, newStore(t)) })
+	t.Run("Forecast", func(t *testing.T) { testForecast(t, newStore(t)) })
+}
+
+// testHistoryPages: a task's events come back in the order written, with
+// every field, page by page (by count and by bytes), apart from other
+// tasks' and other namespaces' events; keep 0 records nothing.
+func testHistoryPages(t *testing.T, s HistoryStore) {
+	ctx := t.Context()
+	ns, other := Namespace(t), Namespace(t)
+	cleanup(t, s, ns)
+	cleanup(t, s, other)
+	due := time.UnixMilli(time.Now().Add(time.Hour).UnixMilli())
+	var want []storage.Event
+	for i := range 7 {
+		e := storage.Event{Kind: storage.EventKind(1 + i%int(storage.NumEventKinds-1)), ID: "a", KeyID: "k1", Generation: int64(i + 1),
+			Due: due, Attempt: int32(i), Replica: "r1", Lateness: time.Duration(i) * time.Millisecond, Reason: fmt.Sprint("why ", i),
+			RetryAfter: time.Duration(i) * time.Second}
+		want = append(want, e)
+		// Another task's event between each of a's.
+		if err := s.RecordEvents(ctx, ns, 1000, []storage.Event{e, {Kind: storage.EventUpserted, ID: "b"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.RecordEvents(ctx, other, 1000, []storage.Event{{Kind: storage.EventUpserted, ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordEvents(ctx, ns, 0, []storage.Event{{Kind: storage.EventAcked, ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []storage.HistoryParams{{Limit: 3}, {Limit: 100, MaxBytes: 2*storage.EventWireSize + 10}, {Limit: 1000}} {
+		var got []storage.Event
+		p.ID = "a"
+		for range 100 {
+			page, next, err := s.TaskHistory(ctx, ns, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page) > p.Limit {
+				t.Fatalf("page of %d events with limit %d", len(page), p.Limit)
+			}
+			got = append(got, page...)
+			if next == "" {
+				break
+			}
+			p.Cursor = next
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%+v: read %d events, want %d: %+v", p, len(got), len(want), got)
+		}
+		for i := range got {
+			if got[i].Time.IsZero() {
+				t.Errorf("event %d has no time", i)
+			}
+			g := got[i]
+			g.Time = time.Time{}
+			if g != want[i] {
+				t.Errorf("event %d = %+v\nwant %+v", i, g, want[i])
+			}
+		}
+	}
+	if _, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{ID: "a", Limit: 10, Cursor: "not a cursor"}); err == nil {
+		t.Error("a bad cursor was accepted")
+	}
+	evs, _, err := s.TaskHistory(ctx, other, storage.HistoryParams{ID: "a", Limit: 10})
+	if err != nil || len(evs) != 1 {
+		t.Errorf("the other namespace's history of a: %v, %v; want its one event", evs, err)
+	}
+}
+
+// testHistoryCap: a namespace keeps about keep events, the newest.
+func testHistoryCap(t *testing.T, s HistoryStore) {
+	ctx := t.Context()
+	ns := Namespace(t)
+	cleanup(t, s, ns)
+	const keep = 300
+	for b := range 10 {
+		var batch []storage.Event
+		for i := range 100 {
+			batch = append(batch, storage.Event{Kind: storage.EventUpserted, ID: fmt.Sprintf("t%d-%d", b, i)})
+		}
+		if err := s.RecordEvents(ctx, ns, keep, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if evs, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{ID: "t9-99", Limit: 10}); err != nil || len(evs) != 1 {
+		t.Errorf("the newest event: %v, %v", evs, err)
+	}
+	// MAXLEN ~ trims whole stream nodes, and MySQL trims in steps: the
+	// oldest events must be gone, not necessarily exactly keep.
+	if evs, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{ID: "t0-0", Limit: 10}); err != nil || len(evs) != 0 {
+		t.Errorf("the oldest of 1,000 events with keep %d: %v, %v; want gone", keep, evs, err)
+	}
+}
+
+// testForecast: tasks land in the minute and hour buckets of their due
+// times; due, delivered and dead tasks are not counted.
+func testForecast(t *testing.T, s HistoryStore) {
+	ctx := t.Context()
+	ns := Namespace(t)
+	cleanup(t, s, ns)
+	var specs []storage.UpsertSpec
+	add := func(n int, d time.Duration) {
+		for range n {
+			specs = append(specs, storage.UpsertSpec{ID: fmt.Sprint("f", len(specs)), Delay: d})
+		}
+	}
+	add(3, 90*time.Second)             // minute 1, hour 0
+	add(2, 30*time.Minute+time.Second) // minute 30, hour 0
+	add(4, 5*time.Hour+time.Minute)    // hour 5
+	add(1, 30*time.Hour)               // beyond the day
+	add(2, 0)                          // due now: not in the forecast
+	if _, err := s.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	f, err := s.Forecast(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.PerMinute) != storage.ForecastMinutes || len(f.PerHour) != storage.ForecastHours || f.Now.IsZero() {
+		t.Fatalf("forecast shape: %d minutes, %d hours, now %v", len(f.PerMinute), len(f.PerHour), f.Now)
+	}
+	wantMin := make([]int64, storage.ForecastMinutes)
+	wantMin[1], wantMin[30] = 3, 2
+	wantHour := make([]int64, storage.ForecastHours)
+	wantHour[0], wantHour[5] = 5, 4
+	if !slices.Equal(f.PerMinute, wantMin) || !slices.Equal(f.PerHour, wantHour) {
+		t.Errorf("forecast per minute %v\nper hour %v\nwant %v\n%v", f.PerMinute, f.PerHour, wantMin, wantHour)
+	}
+}
