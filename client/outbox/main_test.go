@@ -187,27 +187,33 @@ func (e *env) q(s string) string {
 // at due, in one transaction; commit false rolls it back instead.
 func (e *env) order(ob *outbox.Outbox, id string, due time.Time, commit bool) {
 	e.t.Helper()
+	if err := e.tryOrder(ob, id, due, commit); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// tryOrder is order for goroutines other than the test's.
+func (e *env) tryOrder(ob *outbox.Outbox, id string, due time.Time, commit bool) error {
 	ctx := e.t.Context()
 	tx, err := ob.DB().BeginTx(ctx, nil)
 	if err != nil {
-		e.t.Fatal(err)
+		return err
 	}
+	defer func() { _ = tx.Rollback() }()
 	if _, err := tx.ExecContext(ctx, e.q("INSERT INTO orders (id, status) VALUES (?, 'WAIT_PAY')"), id); err != nil {
-		e.t.Fatal(err)
+		return err
 	}
 	if err := ob.Upsert(ctx, tx, e.ns, outbox.Task{ID: id, Kind: "order.close", Payload: []byte(id), DueAt: due}); err != nil {
-		e.t.Fatal(err)
+		return err
 	}
 	if !commit {
-		if err := tx.Rollback(); err != nil {
-			e.t.Fatal(err)
-		}
-		return
+		return tx.Rollback()
 	}
 	if err := tx.Commit(); err != nil {
-		e.t.Fatal(err)
+		return err
 	}
 	ob.Wake()
+	return nil
 }
 
 // effect is the business handler of the tests: one effects row per run,
