@@ -132,6 +132,16 @@ type tally struct {
 	acked     map[string]bool
 	early     []string
 	last      time.Time // when the last first-time ack happened
+	// arrivals are every delivery's due and receive times, in order.
+	arrivals []arrival
+	// resubscribed counts streams that ended UNAVAILABLE and were
+	// subscribed again (consume).
+	resubscribed int
+}
+
+// arrival is one delivery as the subscriber saw it.
+type arrival struct {
+	due, at time.Time
 }
 
 // newTally returns an empty tally; if t fails, it logs which accepted
@@ -162,6 +172,7 @@ func (ty *tally) received(d *delaydv1.Delivery, now time.Time) {
 	defer ty.mu.Unlock()
 	id := d.GetTask().GetId()
 	ty.delivered[id]++
+	ty.arrivals = append(ty.arrivals, arrival{due: d.GetTask().GetDueTime().AsTime(), at: now})
 	if due := d.GetTask().GetDueTime().AsTime(); now.Before(due) {
 		ty.early = append(ty.early, fmt.Sprintf("%s %v early", id, due.Sub(now)))
 	}
@@ -269,6 +280,9 @@ func consume(ctx context.Context, t *testing.T, conn *grpc.ClientConn, ns string
 			if ctx.Err() != nil || status.Code(err) != codes.Unavailable {
 				return
 			}
+			ty.mu.Lock()
+			ty.resubscribed++
+			ty.mu.Unlock()
 			select {
 			case <-ctx.Done():
 				return
@@ -952,12 +966,18 @@ func TestFaultMySQLCutDurable(t *testing.T) {
 // (so a loaded machine does not eat into after).
 func upsertRange(t *testing.T, conn *grpc.ClientConn, ns string, from, n int, after time.Duration, ty *tally) {
 	t.Helper()
+	upsertSpread(t, conn, ns, from, n, after, time.Second, ty)
+}
+
+// upsertSpread is upsertRange with the tasks due spread over span.
+func upsertSpread(t *testing.T, conn *grpc.ClientConn, ns string, from, n int, after, span time.Duration, ty *tally) {
+	t.Helper()
 	tc := delaydv1.NewTaskServiceClient(conn)
 	start := time.Now().Add(after)
 	req := &delaydv1.BatchUpsertTasksRequest{Namespace: ns}
 	dues := make([]time.Time, n)
 	for i := range n {
-		dues[i] = start.Add(time.Duration(i) * time.Second / time.Duration(n)).Truncate(time.Millisecond)
+		dues[i] = start.Add(time.Duration(i) * span / time.Duration(n)).Truncate(time.Millisecond)
 		req.Tasks = append(req.Tasks, &delaydv1.UpsertTaskRequest{Id: fmt.Sprintf("task-%04d", from+i), Payload: []byte("p"),
 			When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(dues[i])}})
 	}
