@@ -406,7 +406,8 @@ func (s *Store) TryLead(ctx context.Context, name, holder string, ttl time.Durat
 const scanCount = 1000
 
 // Namespaces returns, sorted, the namespaces that have any key in Redis
-// other than their incarnation key (keys.go: life). It
+// other than their incarnation key and high-water mark (keys.go: life,
+// hwm). It
 // SCANs in bounded pages (each under the per-call timeout); on a cluster it
 // scans every master.
 func (s *Store) Namespaces(ctx context.Context) ([]string, error) {
@@ -423,8 +424,8 @@ func (s *Store) Namespaces(ctx context.Context) ([]string, error) {
 			}
 			mu.Lock()
 			for _, key := range keys {
-				if strings.HasSuffix(key, "}:life") {
-					continue // outlives the tasks: no sign of any
+				if strings.HasSuffix(key, "}:life") || strings.HasSuffix(key, "}:hwm") {
+					continue // outlive the tasks: no sign of any
 				}
 				if ns, ok := namespaceOfKey(key); ok {
 					seen[ns] = struct{}{}

@@ -25,6 +25,10 @@ import (
 //	delayd:{ns#k}:acked     HASH  task id -> ack marker (durable mode only:
 //	                              the version acked until MySQL deleted it)
 //	delayd:{ns#k}:indexed   STRING  present once durable mode has indexed ns
+//	delayd:{ns#k}:hwm       STRING the highest incarnation or delivery
+//	                              sequence issued (Redis µs; upsert.lua,
+//	                              pop.lua), so neither repeats or goes back
+//	                              when TIME does; outlives the tasks
 //	delayd:{ns#k}:rate      HASH  dispatch-rate token bucket (lua/pop.lua):
 //	                              t = tokens, at = when (Redis µs); expires
 //	                              once it would be full again
@@ -112,6 +116,9 @@ type nsKeys struct {
 	// the tasks, so a write through a stale view of a deleted namespace is
 	// refused; it is not a sign that the namespace has tasks.
 	life string
+	// hwm is the high-water mark of incarnations and delivery sequences
+	// (lib.lua next_stamp).
+	hwm  string
 	rate string
 	// trace prefixes the trace-context keys (traceKey).
 	trace string
@@ -147,6 +154,7 @@ func keysForN(ns string, shard, n int) nsKeys {
 		acked:    p + "acked",
 		indexed:  p + "indexed",
 		life:     p + "life",
+		hwm:      p + "hwm",
 		legacy:   p + "task",
 		rate:     p + "rate",
 		trace:    p + "trace:",

@@ -27,7 +27,7 @@ func redisHashTag(key string) string {
 }
 
 func allKeys(k nsKeys) []string {
-	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy, k.life, k.history}
+	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy, k.life, k.hwm, k.history}
 }
 
 func TestKeys(t *testing.T) {
@@ -42,6 +42,7 @@ func TestKeys(t *testing.T) {
 		indexed:  "delayd:{orders#0}:indexed",
 		legacy:   "delayd:{orders#0}:task",
 		life:     "delayd:{orders#0}:life",
+		hwm:      "delayd:{orders#0}:hwm",
 		rate:     "delayd:{orders#0}:rate",
 		trace:    "delayd:{orders#0}:trace:",
 		history:  "delayd:{orders#0}:history",

@@ -342,7 +342,7 @@ func (s *Store) ClaimIncarnation(ctx context.Context, ns string, inc int64) erro
 func (s *Store) claimShard(ctx context.Context, ns string, sh int, inc int64) error {
 	k := s.keysOf(ns, sh)
 	rep, err := s.runSlice(ctx, "claim incarnation", scripts.upsert,
-		[]string{k.due, k.inflight, k.dead, k.meta, k.body, k.life}, s.wake, ns, 0, inc)
+		[]string{k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm}, s.wake, ns, 0, inc)
 	if err != nil {
 		return err
 	}
@@ -370,7 +370,7 @@ func nsIncarnation(specs []storage.UpsertSpec) int64 {
 // refused one).
 func (s *Store) upsertScript(ctx context.Context, ns string, sh int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	k := s.keysOf(ns, sh)
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.life}
+	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm}
 	nsInc := nsIncarnation(specs)
 	out := make([]storage.UpsertResult, 0, len(specs))
 	size := func(i int) int { return len(specs[i].ID) + len(specs[i].Kind) + len(specs[i].Payload) }
@@ -852,7 +852,7 @@ func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopPa
 			args = append(args, kind)
 		}
 	}
-	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate}, args...)
+	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm}, args...)
 	if err != nil {
 		return nil, err
 	}

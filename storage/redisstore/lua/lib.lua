@@ -45,6 +45,19 @@ local function clock()
   return math.floor(us / 1000), us
 end
 
+-- next_stamp returns the stamp for a new incarnation or delivery sequence
+-- of the shard whose high-water mark is key (a STRING, Redis µs): the Redis
+-- clock in µs, or one past the mark when the clock is not ahead of it (TIME
+-- stepped back), so stamps never repeat or go back. The caller stores the
+-- highest stamp it issued with SET.
+local function next_stamp(key, now_us)
+  local hwm = tonumber(redis.call('GET', key) or '0') or 0
+  if now_us > hwm then
+    return now_us
+  end
+  return hwm + 1
+end
+
 -- int formats an integral number for redis.call without exponent notation.
 local function int(n)
   return string.format('%d', n)

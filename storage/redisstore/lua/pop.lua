@@ -1,7 +1,8 @@
 -- pop.lua: lease at most limit due tasks of one namespace.
 --
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
--- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] rate bucket HASH
+-- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] rate bucket HASH,
+-- KEYS[7] hwm STRING (high-water mark of delivery sequences; next_stamp)
 -- ARGV[1] limit (at most 1,000)
 -- ARGV[2] lease ms
 -- ARGV[3] dispatch rate cap, tasks per second ("0": no cap, KEYS[6] untouched)
@@ -61,14 +62,17 @@ for i = 1, #items, 2 do
   ids[#ids + 1] = items[i]
 end
 local hs = redis.call('HMGET', KEYS[4], unpack(ids))
+local stamp = next_stamp(KEYS[7], now_us)
+local top = 0 -- the highest sequence issued
 local zargs, hargs, good, bad = {}, {}, {}, {}
 local split = {} -- good tasks in the split form: their payloads are read
 local d = int(deadline)
 for k = 1, #ids do
   local id, h = ids[k], hs[k]
   if h then
-    local nh, _, inl = repop(h, now, now_us, tonumber(items[2 * k]))
+    local nh, seq, inl = repop(h, now, stamp, tonumber(items[2 * k]))
     if nh then
+      top = math.max(top, seq)
       push(zargs, d, id)
       push(hargs, id, nh)
       good[#good + 1] = k
@@ -98,6 +102,9 @@ else
 end
 flush('ZADD', KEYS[2], zargs)
 flush('HSET', KEYS[4], hargs)
+if top > 0 then
+  redis.call('SET', KEYS[7], int(top))
+end
 if #bad > 0 then
   local dargs = {}
   for _, id in ipairs(bad) do

@@ -3,6 +3,7 @@
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
 -- KEYS[4] meta HASH (headers), KEYS[5] body HASH (large payloads),
 -- KEYS[6] life STRING (the namespace incarnation, see keys.go)
+-- KEYS[7] hwm STRING (high-water mark of incarnations; see next_stamp)
 -- ARGV[1] wake channel
 -- ARGV[2] namespace (the wake-up message)
 -- ARGV[3] n, the number of tasks (at most 1,000); then 10 arguments per
@@ -16,7 +17,9 @@
 --         generation (and, if given, that incarnation) it is refused. Both
 --         only with incarnation and generation '0','0'.
 --         Incarnation and generation '0','0': a new task gets a new
---         incarnation (the Redis clock in microseconds) and generation 1;
+--         incarnation (the Redis clock in microseconds, or above the
+--         high-water mark when the clock is not; next_stamp) and
+--         generation 1;
 --         an existing one keeps its incarnation and gets the next
 --         generation. Generation given, incarnation '0': that generation
 --         of the stored incarnation (a new one if none is stored).
@@ -70,6 +73,8 @@ for i = 0, n - 1 do
   ids[i + 1] = ARGV[4 + 10 * i]
 end
 local olds = redis.call('HMGET', KEYS[4], unpack(ids))
+local stamp = next_stamp(KEYS[7], now_us)
+local stamped = false
 local first = head(KEYS[1])
 local wake = false
 -- id -> header, due time and payload written by this call (three tables,
@@ -141,7 +146,8 @@ for i = 0, n - 1 do
     end
   else
     if inc == 0 then
-      inc = now_us
+      inc = stamp
+      stamped = true
     end
     if gen == 0 then
       gen = 1
@@ -216,6 +222,9 @@ for _, id in ipairs(border) do
 end
 flush('HDEL', KEYS[5], bdel)
 flush('HSET', KEYS[5], bset)
+if stamped then
+  redis.call('SET', KEYS[7], int(stamp))
+end
 if wake then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end
