@@ -2,13 +2,19 @@
 // doing the timing.
 //
 // Creating an order schedules a delayd task "close order N" 15 minutes out
-// (-close-after); paying the order removes it; when the task falls due, the
-// consumer runs
+// (-close-after); paying the order removes it. Both go through the
+// transactional outbox (client/outbox): the task write is a row in the
+// order's own MySQL transaction, and a relay in this process sends it to
+// delayd after the commit. So an order that rolls back never closes, and
+// creating or paying an order works while delayd is down. When the task
+// falls due, the consumer runs, in one transaction that also records the
+// delivery (outbox.Once),
 //
 //	UPDATE orders SET status='CLOSED' WHERE id=? AND status='WAIT_PAY'
 //
-// so a payment that wins the race, or a duplicate delivery, changes nothing.
-// A failed close (the database is down) is nacked and retried by delayd.
+// so a payment that wins the race changes nothing, and a redelivery after
+// a crash between commit and ack is acked without running again. A failed
+// close (the database is down) is nacked and retried by delayd.
 //
 // It serves a small HTTP API (see README.md):
 //
@@ -38,6 +44,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/client/outbox"
 )
 
 //go:embed schema.sql
@@ -100,11 +107,13 @@ type App struct {
 	cfg    Config
 	db     *sql.DB
 	delayd *client.Client
+	outbox *outbox.Outbox
 	orders *Orders
 	logger *slog.Logger
 }
 
-// open connects to MySQL (creating the schema) and to delayd.
+// open connects to MySQL (creating the schema and the outbox tables) and
+// to delayd.
 func open(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	dsn, err := mysql.ParseDSN(cfg.MySQLDSN)
 	if err != nil {
@@ -128,12 +137,23 @@ func open(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		db.Close()
 		return nil, err
 	}
+	ob, err := outbox.New(db, outbox.Config{Dialect: outbox.MySQL, Table: "ordersclose_outbox", Client: c,
+		Logger: logger.With("component", "outbox")})
+	if err == nil {
+		err = ob.Migrate(ctx)
+	}
+	if err != nil {
+		c.Close()
+		db.Close()
+		return nil, err
+	}
 	return &App{
 		cfg:    cfg,
 		db:     db,
 		delayd: c,
+		outbox: ob,
 		logger: logger,
-		orders: &Orders{db: db, delayd: c, namespace: cfg.Namespace, closeAfter: cfg.CloseAfter, logger: logger},
+		orders: &Orders{db: db, outbox: ob, namespace: cfg.Namespace, closeAfter: cfg.CloseAfter, logger: logger},
 	}, nil
 }
 
@@ -186,11 +206,22 @@ func (app *App) serve(ctx context.Context, ready func(net.Addr)) error {
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve(lis) }()
 
+	// The relay sends what committed orders wrote to the outbox; it runs
+	// until the consumer stopped (below).
+	if err := app.outbox.Start(ctx); err != nil {
+		_ = srv.Close()
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = app.outbox.Stop(stopCtx)
+	}()
 	consumeDone := make(chan error, 1)
 	consumeCtx, stopConsume := context.WithCancel(ctx)
 	defer stopConsume()
 	go func() {
-		consumeDone <- app.delayd.Consume(consumeCtx, cfg.Namespace, app.orders.HandleClose,
+		consumeDone <- app.delayd.Consume(consumeCtx, cfg.Namespace, app.orders.Handler(),
 			client.ConsumeOptions{Concurrency: cfg.Concurrency})
 	}()
 	logger.Info("ordersclose running", "http", lis.Addr().String(), "delayd", cfg.DelaydAddr,

@@ -121,30 +121,26 @@ func TestUnpaidOrderIsClosed(t *testing.T) {
 	}
 }
 
-// The close is scheduled create-only: scheduling it again (a retry after a
-// timeout) succeeds and leaves the due time where the first try put it.
-func TestCloseIsScheduledOnce(t *testing.T) {
+// Orders are taken while delayd is down: the close task waits in the
+// outbox, written in the order's transaction, for the relay to send it.
+func TestOrderTakenWhileDelaydDown(t *testing.T) {
 	t.Parallel()
-	s := start(t, time.Hour, nil)
-	code, body := s.post(t, "/orders", `{"amount_cents": 500}`)
-	if code != http.StatusCreated {
-		t.Fatalf("POST /orders = %d %v, want 201", code, body)
-	}
-	id := uint64(body["id"].(float64))
-	first, err := s.app.delayd.Get(t.Context(), s.app.cfg.Namespace, taskID(id))
+	cfg, err := parseConfig([]string{"-delayd", "127.0.0.1:1", // nothing listens there
+		"-mysql-dsn", testkit.Database(t, "ex_orders"), "-namespace", testkit.Namespace(t, "orders")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10 * time.Millisecond)
-	if err := s.app.orders.scheduleClose(t.Context(), id); err != nil {
-		t.Fatalf("scheduling the close again: %v", err)
-	}
-	again, err := s.app.delayd.Get(t.Context(), s.app.cfg.Namespace, taskID(id))
+	app, err := open(t.Context(), cfg, testkit.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !again.DueTime.Equal(first.DueTime) || again.Generation != first.Generation {
-		t.Fatalf("close task moved: due %v → %v, generation %d → %d", first.DueTime, again.DueTime, first.Generation, again.Generation)
+	defer app.Close()
+	ord, err := app.orders.Create(t.Context(), 500)
+	if err != nil || ord.Status != StatusWaitPay {
+		t.Fatalf("Create with delayd down = %+v, %v; want a WAIT_PAY order", ord, err)
+	}
+	if n, err := app.outbox.Pending(t.Context()); err != nil || n != 1 {
+		t.Fatalf("outbox rows pending = %d, %v; want the order's close task waiting", n, err)
 	}
 }
 
@@ -157,9 +153,7 @@ func TestPaymentCancelsClose(t *testing.T) {
 	if code, body := s.post(t, fmt.Sprintf("/orders/%d/pay", id), ""); code != http.StatusOK || body["status"] != StatusPaid {
 		t.Fatalf("pay = %d %v, want 200 PAID", code, body)
 	}
-	if !s.taskGone(t, id) {
-		t.Error("the close task is still in delayd after the payment")
-	}
+	testkit.Eventually(t, 20*time.Second, "the relay to remove the close task", func() bool { return s.taskGone(t, id) })
 	// Paying again (a retried payment callback) is fine.
 	if code, _ := s.post(t, fmt.Sprintf("/orders/%d/pay", id), ""); code != http.StatusOK {
 		t.Errorf("second pay = %d, want 200", code)
@@ -265,5 +259,8 @@ func TestOwnNamespaceAndNoPayloadInLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	exampletest.OwnNamespace(t, cfg.Namespace)
-	exampletest.QuietOnBadPayload(t, func(l *slog.Logger) client.Handler { return (&Orders{logger: l}).HandleClose })
+	exampletest.QuietOnBadPayload(t, func(l *slog.Logger) client.Handler {
+		o := &Orders{logger: l}
+		return func(ctx context.Context, d *client.Delivery) error { return o.HandleClose(ctx, nil, d) }
+	})
 }

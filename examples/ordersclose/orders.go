@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/client/outbox"
 )
 
 // Order states.
@@ -37,10 +38,14 @@ type Order struct {
 
 // Orders creates, pays and closes orders. MySQL holds the truth; delayd
 // holds one "close" task per unpaid order and pushes it when the order's
-// payment window ends.
+// payment window ends. Every delayd write goes through the outbox, in the
+// order's own transaction: an order that rolls back schedules nothing, one
+// that commits gets its close task even if delayd is down at that moment
+// (the relay sends it when delayd is back), and creating or paying an order
+// never waits for delayd.
 type Orders struct {
 	db         *sql.DB
-	delayd     *client.Client
+	outbox     *outbox.Outbox
 	namespace  string
 	closeAfter time.Duration
 	logger     *slog.Logger
@@ -54,13 +59,10 @@ type Orders struct {
 // itself, so paying needs nothing but the order id to cancel it.
 func taskID(orderID uint64) string { return "order-" + strconv.FormatUint(orderID, 10) }
 
-// Create inserts an order waiting for payment and schedules its close.
-//
-// The close task is upserted inside the order's transaction, before the
-// commit: if the upsert fails, the order is rolled back and the caller gets
-// the error; if the commit fails after the upsert, the task will find no
-// WAIT_PAY order and do nothing. Either way no unpaid order is left without
-// a close task.
+// Create inserts an order waiting for payment and, in the same
+// transaction, the outbox row that schedules its close closeAfter from now.
+// The due time is fixed here, at the order's creation: a relay that sends
+// the row late (delayd was down) or twice does not move it.
 func (o *Orders) Create(ctx context.Context, amountCents int64) (*Order, error) {
 	tx, err := o.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -79,41 +81,29 @@ func (o *Orders) Create(ctx context.Context, amountCents int64) (*Order, error) 
 	if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, event) VALUES (?, 'CREATED')`, id); err != nil {
 		return nil, fmt.Errorf("create order: %w", err)
 	}
-	if err := o.scheduleClose(ctx, id); err != nil {
+	if err := o.outbox.Upsert(ctx, tx, o.namespace, outbox.Task{
+		ID:      taskID(id),
+		Kind:    "order.close",
+		Payload: []byte(strconv.FormatUint(id, 10)),
+		DueAt:   time.Now().Add(o.closeAfter),
+	}); err != nil {
 		return nil, fmt.Errorf("create order: schedule close: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("create order: %w", err)
 	}
+	o.outbox.Wake()
 	return o.Get(ctx, id)
 }
 
-// scheduleClose schedules the order's close closeAfter from now, once: the
-// upsert is create-only, so when the task already exists (the SDK retried
-// an upsert whose first try was applied but whose answer was lost, or the
-// caller retried Create's schedule) it is left as it is and that is
-// success. A plain upsert would push the close back by the time the retry
-// took, and a retry storm could keep an unpaid order open for good.
-func (o *Orders) scheduleClose(ctx context.Context, id uint64) error {
-	_, err := o.delayd.Upsert(ctx, o.namespace, client.TaskSpec{
-		ID:         taskID(id),
-		Kind:       "order.close",
-		Payload:    []byte(strconv.FormatUint(id, 10)),
-		When:       client.After(o.closeAfter),
-		CreateOnly: true,
-	})
-	if cf, ok := client.ConflictOf(err); ok && cf.Exists {
-		return nil // already scheduled; its due time stays
-	}
-	return err
-}
-
-// Pay marks an order paid and cancels its close. Paying a paid order again
-// is a no-op (payment callbacks are retried); paying a closed order is
-// ErrOrderClosed.
+// Pay marks an order paid and cancels its close, in one transaction. Paying
+// a paid order again is a no-op (payment callbacks are retried); paying a
+// closed order is ErrOrderClosed.
 //
 // The payment and the close race on the same row: both are conditional
-// UPDATEs on status = 'WAIT_PAY', so exactly one of them changes it.
+// UPDATEs on status = 'WAIT_PAY', so exactly one of them changes it. A
+// close that still fires (it was in flight) finds the order PAID and does
+// nothing.
 func (o *Orders) Pay(ctx context.Context, id uint64) error {
 	tx, err := o.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -141,24 +131,27 @@ func (o *Orders) Pay(ctx context.Context, id uint64) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, event) VALUES (?, 'PAID')`, id); err != nil {
 		return fmt.Errorf("pay order %d: %w", id, err)
 	}
+	if err := o.outbox.Remove(ctx, tx, o.namespace, taskID(id)); err != nil {
+		return fmt.Errorf("pay order %d: cancel close: %w", id, err)
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("pay order %d: %w", id, err)
 	}
-	// The close is no longer needed. Removing it is an optimisation, not a
-	// requirement: a close that still fires finds the order PAID and does
-	// nothing. So a failure here is logged, not returned.
-	if _, err := o.delayd.Remove(ctx, o.namespace, taskID(id)); err != nil {
-		o.logger.Warn("paid order's close task not removed; it will fire and do nothing", "order", id, "error", err)
-	}
+	o.outbox.Wake()
 	return nil
 }
 
-// HandleClose is the delayd handler for "order.close" tasks: it closes the
-// order if it is still waiting for payment. It is idempotent: a duplicate
-// delivery, or a close that lost the race to a payment, updates no row and
-// acks. A database error returns the error, so delayd retries the close
-// after its backoff.
-func (o *Orders) HandleClose(ctx context.Context, d *client.Delivery) error {
+// Handler is the consumer of "order.close" tasks: HandleClose run once per
+// task version, inside a transaction that also records the delivery
+// (outbox.Once), so a consumer that dies after its commit and before its
+// ack does not close the order, or release its stock, a second time.
+func (o *Orders) Handler() client.Handler { return o.outbox.Once(o.HandleClose) }
+
+// HandleClose closes the order, in tx, if it is still waiting for payment;
+// a close that lost the race to a payment updates no row. A database error
+// returns the error, so the transaction rolls back and delayd retries the
+// close after its backoff.
+func (o *Orders) HandleClose(ctx context.Context, tx *sql.Tx, d *client.Delivery) error {
 	id, err := strconv.ParseUint(string(d.Payload), 10, 64)
 	if err != nil {
 		// A malformed task will never succeed: log it and ack it.
@@ -170,27 +163,16 @@ func (o *Orders) HandleClose(ctx context.Context, d *client.Delivery) error {
 			return err
 		}
 	}
-	tx, err := o.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("close order %d: %w", id, err)
-	}
-	defer func() { _ = tx.Rollback() }()
 	res, err := tx.ExecContext(ctx,
 		`UPDATE orders SET status = ?, closed_at = NOW(3) WHERE id = ? AND status = ?`, StatusClosed, id, StatusWaitPay)
 	if err != nil {
 		return fmt.Errorf("close order %d: %w", id, err)
 	}
-	n, _ := res.RowsAffected()
-	if n == 1 {
+	if n, _ := res.RowsAffected(); n == 1 {
 		// Release stock, void coupons... in the same transaction.
 		if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, event) VALUES (?, 'CLOSED')`, id); err != nil {
 			return fmt.Errorf("close order %d: %w", id, err)
 		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("close order %d: %w", id, err)
-	}
-	if n == 1 {
 		o.logger.Info("order closed: not paid in time", "order", id, "attempt", d.Attempt)
 	}
 	return nil
