@@ -75,6 +75,10 @@ type Policy struct {
 	// slots (1-256; 0 = the default, 1). Set at create only: an update that
 	// would change it is refused (FailedPrecondition).
 	Shards int32 `json:"shards"`
+	// HistoryRetentionBytes keeps the namespace's task events (History),
+	// about this many bytes of them (64 KiB-1 GiB; 0 = no history). Global
+	// admin only.
+	HistoryRetentionBytes int64 `json:"history_retention_bytes,omitempty"`
 }
 
 // PolicyFields are the names UpdateNamespace accepts in its fields list, in
@@ -82,7 +86,7 @@ type Policy struct {
 var PolicyFields = []string{
 	"ack_timeout", "max_attempts", "backoff_initial", "backoff_max", "backoff_multiplier",
 	"max_payload_bytes", "max_pending_tasks", "rate_limit", "rate_burst", "max_subscribers", "max_delay",
-	"paused", "max_dispatch_rate", "shards", "push",
+	"paused", "max_dispatch_rate", "shards", "push", "history_retention_bytes",
 }
 
 func (p Policy) proto() *delaydv1.NamespacePolicy {
@@ -93,21 +97,22 @@ func (p Policy) proto() *delaydv1.NamespacePolicy {
 		return durationpb.New(v)
 	}
 	return &delaydv1.NamespacePolicy{
-		AckTimeout:        d(p.AckTimeout),
-		MaxAttempts:       p.MaxAttempts,
-		BackoffInitial:    d(p.BackoffInitial),
-		BackoffMax:        d(p.BackoffMax),
-		BackoffMultiplier: p.BackoffMultiplier,
-		MaxPayloadBytes:   p.MaxPayloadBytes,
-		MaxPendingTasks:   p.MaxPendingTasks,
-		RateLimit:         p.RateLimit,
-		RateBurst:         p.RateBurst,
-		MaxSubscribers:    p.MaxSubscribers,
-		MaxDelay:          d(p.MaxDelay),
-		Paused:            p.Paused,
-		MaxDispatchRate:   p.MaxDispatchRate,
-		Push:              pushProto(p.PushURL, p.PushSecret),
-		Shards:            p.Shards,
+		AckTimeout:            d(p.AckTimeout),
+		MaxAttempts:           p.MaxAttempts,
+		BackoffInitial:        d(p.BackoffInitial),
+		BackoffMax:            d(p.BackoffMax),
+		BackoffMultiplier:     p.BackoffMultiplier,
+		MaxPayloadBytes:       p.MaxPayloadBytes,
+		MaxPendingTasks:       p.MaxPendingTasks,
+		RateLimit:             p.RateLimit,
+		RateBurst:             p.RateBurst,
+		MaxSubscribers:        p.MaxSubscribers,
+		MaxDelay:              d(p.MaxDelay),
+		Paused:                p.Paused,
+		MaxDispatchRate:       p.MaxDispatchRate,
+		Push:                  pushProto(p.PushURL, p.PushSecret),
+		Shards:                p.Shards,
+		HistoryRetentionBytes: p.HistoryRetentionBytes,
 	}
 }
 
@@ -120,22 +125,23 @@ func pushProto(url, secret string) *delaydv1.PushTarget {
 
 func policyFromProto(p *delaydv1.NamespacePolicy) Policy {
 	return Policy{
-		AckTimeout:        p.GetAckTimeout().AsDuration(),
-		MaxAttempts:       p.GetMaxAttempts(),
-		BackoffInitial:    p.GetBackoffInitial().AsDuration(),
-		BackoffMax:        p.GetBackoffMax().AsDuration(),
-		BackoffMultiplier: p.GetBackoffMultiplier(),
-		MaxPayloadBytes:   p.GetMaxPayloadBytes(),
-		MaxPendingTasks:   p.GetMaxPendingTasks(),
-		RateLimit:         p.GetRateLimit(),
-		RateBurst:         p.GetRateBurst(),
-		MaxSubscribers:    p.GetMaxSubscribers(),
-		MaxDelay:          p.GetMaxDelay().AsDuration(),
-		Paused:            p.GetPaused(),
-		MaxDispatchRate:   p.GetMaxDispatchRate(),
-		PushURL:           p.GetPush().GetUrl(),
-		PushSecretSet:     p.GetPush().GetSecretSet(),
-		Shards:            p.GetShards(),
+		AckTimeout:            p.GetAckTimeout().AsDuration(),
+		MaxAttempts:           p.GetMaxAttempts(),
+		BackoffInitial:        p.GetBackoffInitial().AsDuration(),
+		BackoffMax:            p.GetBackoffMax().AsDuration(),
+		BackoffMultiplier:     p.GetBackoffMultiplier(),
+		MaxPayloadBytes:       p.GetMaxPayloadBytes(),
+		MaxPendingTasks:       p.GetMaxPendingTasks(),
+		RateLimit:             p.GetRateLimit(),
+		RateBurst:             p.GetRateBurst(),
+		MaxSubscribers:        p.GetMaxSubscribers(),
+		MaxDelay:              p.GetMaxDelay().AsDuration(),
+		Paused:                p.GetPaused(),
+		MaxDispatchRate:       p.GetMaxDispatchRate(),
+		PushURL:               p.GetPush().GetUrl(),
+		PushSecretSet:         p.GetPush().GetSecretSet(),
+		Shards:                p.GetShards(),
+		HistoryRetentionBytes: p.GetHistoryRetentionBytes(),
 	}
 }
 
@@ -255,6 +261,11 @@ type Stats struct {
 	// 1,000 due tasks; DueByKindPartial says more were due.
 	DueByKind        map[string]int64 `json:"due_by_kind,omitempty"`
 	DueByKindPartial bool             `json:"due_by_kind_partial,omitempty"`
+	// DuePerMinute[i] counts scheduled tasks falling due in minute i from
+	// ForecastTime (60 minutes); DuePerHour[i] in hour i (24 hours).
+	DuePerMinute []int64   `json:"due_per_minute,omitempty"`
+	DuePerHour   []int64   `json:"due_per_hour,omitempty"`
+	ForecastTime time.Time `json:"forecast_time,omitzero"`
 }
 
 // Stats returns namespace name's counts.
@@ -274,6 +285,9 @@ func (a *Admin) Stats(ctx context.Context, name string) (Stats, error) {
 		Push:              resp.GetPush(),
 		DueByKind:         resp.GetDueByKind(),
 		DueByKindPartial:  resp.GetDueByKindPartial(),
+		DuePerMinute:      resp.GetDuePerMinute(),
+		DuePerHour:        resp.GetDuePerHour(),
+		ForecastTime:      resp.GetForecastTime().AsTime(),
 	}, nil
 }
 

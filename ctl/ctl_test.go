@@ -492,3 +492,24 @@ func TestGoldenDeliveryControls(t *testing.T) {
 	})
 	golden(t, "delivery_controls", got)
 }
+
+// TestGoldenHistoryAndForecast: a namespace that keeps history shows a
+// task's events, oldest first, also after the task is removed (who did
+// it: the key id); one that keeps none says how to turn it on; stats show
+// the due forecast.
+func TestGoldenHistoryAndForecast(t *testing.T) {
+	addr := delayd(t)
+	got := scenario(t, t.Context(), addr, []step{
+		{code: 0, args: args("ns create ledger --history-retention-bytes 65536")},
+		{code: 0, args: args("task upsert ledger loan-1 --delay 90m --payload due")},
+		{code: 0, args: args("task upsert ledger loan-1 --delay 150m --payload renewed")},
+		{code: 0, args: args("task upsert ledger loan-2 --delay 5h30m")},
+		{code: 0, args: args("ns stats ledger --forecast")},
+		{code: 0, args: args("task remove ledger loan-1")},
+		{code: 0, args: args("task history ledger loan-1")},
+		{code: 0, args: args("task history ledger loan-1 -o json")},
+		{code: 0, args: args("ns create quiet")},
+		{code: 1, args: args("task history quiet loan-1")},
+	})
+	golden(t, "history_forecast", got)
+}

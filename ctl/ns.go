@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,26 +38,39 @@ func nsCommand(g *globals) *cobra.Command {
 		nsWriteCommand(g, "create"),
 		nsWriteCommand(g, "update"),
 		nsDeleteCommand(g),
-		&cobra.Command{
-			Use: "stats NS", Short: "Count a namespace's tasks per state and show how late the oldest due task is", Args: cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				a, err := g.admin()
-				if err != nil {
-					return err
-				}
-				s, err := a.Stats(cmd.Context(), args[0])
-				if err != nil {
-					return err
-				}
-				return g.emit(viewStats(s), func() error {
-					if err := g.table(statsHeader, [][]string{statsRow(args[0], s)}); err != nil {
-						return err
-					}
-					return g.dueByKind(s)
-				})
-			},
-		},
+		nsStatsCommand(g),
 	)
+	return cmd
+}
+
+func nsStatsCommand(g *globals) *cobra.Command {
+	var forecast bool
+	cmd := &cobra.Command{
+		Use: "stats NS [--forecast]", Short: "Count a namespace's tasks per state and show how late the oldest due task is", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := g.admin()
+			if err != nil {
+				return err
+			}
+			s, err := a.Stats(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return g.emit(viewStats(s), func() error {
+				if err := g.table(statsHeader, [][]string{statsRow(args[0], s)}); err != nil {
+					return err
+				}
+				if err := g.dueByKind(s); err != nil {
+					return err
+				}
+				if forecast {
+					return g.forecast(s)
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&forecast, "forecast", false, "also show how many tasks fall due per 5 minutes over the next hour and per hour over the next day (-o json always has it)")
 	return cmd
 }
 
@@ -100,6 +114,46 @@ func (g *globals) dueByKind(s client.Stats) error {
 	return g.table([]string{"KIND", "DUE NOW"}, rows)
 }
 
+// forecast prints, below the stats of one namespace, how many scheduled
+// tasks fall due in the next hour (per 5 minutes, summing the per-minute
+// counts) and the next day (per hour), with a bar per row.
+func (g *globals) forecast(s client.Stats) error {
+	if len(s.DuePerMinute) == 0 && len(s.DuePerHour) == 0 {
+		return nil
+	}
+	var rows [][]string
+	var peak int64
+	type bucket struct {
+		label string
+		n     int64
+	}
+	var bs []bucket
+	for i := 0; i < len(s.DuePerMinute); i += 5 {
+		var n int64
+		for _, v := range s.DuePerMinute[i:min(i+5, len(s.DuePerMinute))] {
+			n += v
+		}
+		bs = append(bs, bucket{fmt.Sprintf("+%dm..+%dm", i, min(i+5, len(s.DuePerMinute))), n})
+	}
+	for i := 1; i < len(s.DuePerHour); i++ { // hour 0 is the minutes above
+		bs = append(bs, bucket{fmt.Sprintf("+%dh..+%dh", i, i+1), s.DuePerHour[i]})
+	}
+	for _, b := range bs {
+		peak = max(peak, b.n)
+	}
+	for _, b := range bs {
+		bar := ""
+		if peak > 0 {
+			bar = strings.Repeat("#", int((b.n*30+peak-1)/peak))
+		}
+		rows = append(rows, []string{b.label, strconv.FormatInt(b.n, 10), bar})
+	}
+	if _, err := fmt.Fprintln(g.stdout); err != nil {
+		return err
+	}
+	return g.table([]string{"FALLS DUE", "TASKS", ""}, rows)
+}
+
 // nsList prints every namespace with its stats.
 func (g *globals) nsList(cmd *cobra.Command) error {
 	a, err := g.admin()
@@ -135,7 +189,7 @@ func namespaceFields(n client.Namespace) [][2]string {
 	d := func(v time.Duration) string { return dflt(v.String(), v == 0) }
 	i := func(v int64) string { return dflt(strconv.FormatInt(v, 10), v == 0) }
 	f := func(v float64) string { return dflt(strconv.FormatFloat(v, 'g', -1, 64), v == 0) }
-	return [][2]string{
+	fields := [][2]string{
 		{"name", n.Name},
 		{"created", ts(n.CreateTime)},
 		{"updated", ts(n.UpdateTime)},
@@ -156,6 +210,10 @@ func namespaceFields(n client.Namespace) [][2]string {
 		{"push_secret", map[bool]string{true: "set (write-only)", false: "-"}[p.PushSecretSet]},
 		{"shards", i(int64(p.Shards))},
 	}
+	if p.HistoryRetentionBytes > 0 { // shown only when on, as most namespaces keep none
+		fields = append(fields, [2]string{"history_retention_bytes", strconv.FormatInt(p.HistoryRetentionBytes, 10)})
+	}
+	return fields
 }
 
 // policyFlags binds one flag per policy field (named like the field, with
@@ -176,6 +234,7 @@ func policyFlags(fs *pflag.FlagSet, p *client.Policy) {
 	fs.Float64Var(&p.MaxDispatchRate, "max-dispatch-rate", 0, "deliveries per second across all replicas (0 = unlimited)")
 	fs.StringVar(&p.PushURL, "push-url", "", "POST due tasks to this http(s) URL instead of serving Subscribe streams; a host the server's --push-allow admits; '' turns push off")
 	fs.StringVar(&p.PushSecret, "push-secret", "", "HMAC-SHA256 key signing push requests (16-1024 bytes; required with the first --push-url; kept when not given)")
+	fs.Int64Var(&p.HistoryRetentionBytes, "history-retention-bytes", 0, "keep task histories (delayctl task history), about this many bytes of events (65536-1073741824; 0 = off; global admin only)")
 	fs.Int32Var(&p.Shards, "shards", 0, "Redis Cluster slots the tasks spread over (1-256; 0 = default 1; set at create only; global admin only)")
 }
 

@@ -75,6 +75,7 @@ type policyView struct {
 	PushURL           string  `json:"push_url,omitempty"`
 	PushSecretSet     bool    `json:"push_secret_set,omitempty"`
 	Shards            int32   `json:"shards"`
+	HistoryRetention  int64   `json:"history_retention_bytes,omitempty"`
 }
 
 // namespaceView is a namespace for JSON.
@@ -97,7 +98,7 @@ func viewNamespace(n client.Namespace) namespaceView {
 			RateBurst: p.RateBurst, MaxSubscribers: p.MaxSubscribers, MaxDelay: p.MaxDelay.String(),
 			Paused: p.Paused, MaxDispatchRate: p.MaxDispatchRate,
 			PushURL: p.PushURL, PushSecretSet: p.PushSecretSet,
-			Shards: p.Shards,
+			Shards: p.Shards, HistoryRetention: p.HistoryRetentionBytes,
 		},
 		CreateTime: tsPtr(n.CreateTime),
 		UpdateTime: tsPtr(n.UpdateTime),
@@ -116,12 +117,16 @@ type statsView struct {
 	Push              bool             `json:"push"`
 	DueByKind         map[string]int64 `json:"due_by_kind,omitempty"`
 	DueByKindPartial  bool             `json:"due_by_kind_partial,omitempty"`
+	DuePerMinute      []int64          `json:"due_per_minute,omitempty"`
+	DuePerHour        []int64          `json:"due_per_hour,omitempty"`
+	ForecastTime      *time.Time       `json:"forecast_time,omitempty"`
 }
 
 func viewStats(s client.Stats) *statsView {
 	return &statsView{Scheduled: s.Scheduled, DueNow: s.DueNow, Delivered: s.Delivered, Dead: s.Dead,
 		OldestDueLateness: s.OldestDueLateness.String(), Paused: s.Paused, MaxDispatchRate: s.MaxDispatchRate,
-		Push: s.Push, DueByKind: s.DueByKind, DueByKindPartial: s.DueByKindPartial}
+		Push: s.Push, DueByKind: s.DueByKind, DueByKindPartial: s.DueByKindPartial,
+		DuePerMinute: s.DuePerMinute, DuePerHour: s.DuePerHour, ForecastTime: tsPtr(s.ForecastTime)}
 }
 
 // tsPtr is a time for JSON: nil (omitted) when unset.

@@ -3,6 +3,7 @@ package ctl
 import (
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,8 +13,9 @@ import (
 )
 
 func taskCommand(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "task", Short: "Tasks: upsert, get, list, remove, remove-many"}
-	cmd.AddCommand(taskUpsertCommand(g), taskGetCommand(g), taskListCommand(g), taskRemoveCommand(g), taskRemoveManyCommand(g))
+	cmd := &cobra.Command{Use: "task", Short: "Tasks: upsert, get, list, remove, remove-many, history"}
+	cmd.AddCommand(taskUpsertCommand(g), taskGetCommand(g), taskListCommand(g), taskRemoveCommand(g), taskRemoveManyCommand(g),
+		taskHistoryCommand(g))
 	return cmd
 }
 
@@ -264,4 +266,59 @@ func taskRemoveManyCommand(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&prefix, "id-prefix", "", "only tasks whose id starts with this")
 	cmd.Flags().StringVar(&state, "state", "", "only tasks in this state: scheduled, delivered or dead (default: any)")
 	return cmd
+}
+
+func taskHistoryCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "history NS ID",
+		Short: "Show what happened to a task, oldest first (also after it is gone; needs the namespace's history_retention_bytes)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			events := []client.TaskEvent{}
+			for e, err := range c.History(cmd.Context(), args[0], args[1]) {
+				if err != nil {
+					return err
+				}
+				events = append(events, e)
+			}
+			return g.emit(events, func() error {
+				rows := make([][]string, len(events))
+				for i, e := range events {
+					rows[i] = eventRow(e)
+				}
+				return g.table([]string{"TIME", "EVENT", "GEN", "ATTEMPT", "DUE", "KEY", "DETAIL"}, rows)
+			})
+		},
+	}
+}
+
+// eventRow is one event as a table row: the details its kind carries in
+// DETAIL.
+func eventRow(e client.TaskEvent) []string {
+	var detail []string
+	if e.Replica != "" {
+		detail = append(detail, "replica "+e.Replica, "late "+e.Lateness.String())
+	}
+	if e.Reason != "" {
+		detail = append(detail, "reason "+strconv.Quote(e.Reason))
+	}
+	if e.RetryAfter > 0 {
+		detail = append(detail, "retry after "+e.RetryAfter.String())
+	}
+	num := func(n int64) string {
+		if n == 0 {
+			return "-"
+		}
+		return strconv.FormatInt(n, 10)
+	}
+	due := "-"
+	if !e.Due.IsZero() {
+		due = e.Due.UTC().Format(time.RFC3339Nano)
+	}
+	return []string{e.Time.UTC().Format(time.RFC3339Nano), e.Kind, num(e.Generation), num(int64(e.Attempt)), due, orDash(e.KeyID),
+		orDash(strings.Join(detail, ", "))}
 }

@@ -196,7 +196,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	}
 	if d.durable != nil {
 		cleanup = append(cleanup, func() { _ = d.durable.close(context.Background()) })
-		tasks, registry = d.durable.store, d.durable.store.Registry()
+		tasks, registry, hist = d.durable.store, d.durable.store.Registry(), d.durable.store
 		// A Redis-only deployment switching to durable mode keeps its
 		// namespaces and API keys (registryimport.go).
 		if err := importRedisRegistry(ctx, store, registry, logger); err != nil {

@@ -277,3 +277,15 @@ func redisClient(t *testing.T) *redis.Client {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// TestHistoryLifecycleDurable: the same lifecycle in durable mode, with
+// the events kept in MySQL (delayd_task_events), none in Redis.
+func TestHistoryLifecycleDurable(t *testing.T) {
+	t.Parallel()
+	dsn := testkit.Database(t, "delayd_hist")
+	runHistoryLifecycle(t, Config{MySQLDSN: dsn})
+	var n int
+	if err := testkit.DB(t, dsn).QueryRow("SELECT COUNT(*) FROM delayd_task_events").Scan(&n); err != nil || n != 10 {
+		t.Errorf("delayd_task_events holds %d rows (%v), want the 10 events", n, err)
+	}
+}

@@ -39,6 +39,7 @@ const (
 	kindRemove = mysqlstore.WriteRemove // delete a task in any state
 	kindAck    = mysqlstore.WriteAck    // delete acked generations
 	kindMoved  = mysqlstore.WriteMoved  // write index transitions (nack, reap, requeue)
+	kindEvents = mysqlstore.WriteEvents // append task events (no task row)
 )
 
 // indexSpec is the index write of row r, which MySQL committed as t.
@@ -76,6 +77,8 @@ func (o *op) size() (rows, bytes int) {
 			bytes += len(m.LastError)
 		}
 		return len(o.Moved), bytes
+	case kindEvents:
+		return len(o.Events), len(o.Events) * storage.EventWireSize
 	default:
 		return 1, 0
 	}
@@ -339,7 +342,8 @@ func (s *Store) commitOps(ops []*op) error {
 		return ws
 	}
 	for i, sg := range segs {
-		out[i] = mysqlstore.Segment{Upserts: writes(sg.upserts), Removes: writes(sg.removes), Acks: writes(sg.acks), Moved: writes(sg.moved)}
+		out[i] = mysqlstore.Segment{Upserts: writes(sg.upserts), Removes: writes(sg.removes), Acks: writes(sg.acks), Moved: writes(sg.moved),
+			Events: writes(sg.events)}
 	}
 	return s.db.Commit(out)
 }
@@ -349,7 +353,7 @@ func (s *Store) commitOps(ops []*op) error {
 // in any order. Ops of one kind may repeat a task; their statements keep
 // the ops' order.
 type segment struct {
-	upserts, removes, acks, moved []*op
+	upserts, removes, acks, moved, events []*op
 }
 
 // segments splits ops, in order, into segments: an op that touches a task
@@ -380,6 +384,8 @@ func segments(ops []*op) []segment {
 			cur.acks = append(cur.acks, o)
 		case kindMoved:
 			cur.moved = append(cur.moved, o)
+		case kindEvents:
+			cur.events = append(cur.events, o) // no task row: never a conflict
 		}
 	}
 	return append(out, cur)

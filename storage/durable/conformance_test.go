@@ -15,3 +15,12 @@ func TestConformance(t *testing.T) {
 		return newEnvOn(t, dsn, testkit.RedisURL(), nil).store
 	})
 }
+
+// TestConformanceHistory runs the history and forecast suite against the
+// durable store: events in MySQL, the forecast from the Redis index.
+func TestConformanceHistory(t *testing.T) {
+	dsn := testkit.Database(t, "delayd_test")
+	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore {
+		return newEnvOn(t, dsn, testkit.RedisURL(), nil).store
+	})
+}

@@ -71,6 +71,8 @@ type Index interface {
 	storage.Deliveries
 	storage.DeadLetters
 	storage.Counter
+	// Forecaster counts the due forecast from the index's due sets.
+	storage.Forecaster
 	// SharedLimits are the limits counted once for every replica; the
 	// durable store hands them to the index (they are not durable state).
 	storage.SharedLimits
@@ -171,6 +173,10 @@ type Authority interface {
 	ReadTasks(ctx context.Context, ns string, ids []string) ([]storage.Task, error)
 	// PruneHistory deletes up to limit history rows acked before cutoff.
 	PruneHistory(ctx context.Context, cutoff time.Time, limit int) (int64, error)
+	// TaskEvents pages through one task's events (delayd_task_events);
+	// PruneEvents trims a namespace's events to the newest keep (0: all).
+	TaskEvents(ctx context.Context, ns string, p storage.HistoryParams) ([]storage.Event, string, error)
+	PruneEvents(ctx context.Context, ns string, keep int64) (int64, error)
 	// DB is the connection pool (for tests and operators' tools).
 	DB() *sql.DB
 	// Database names the database, to scope the leader lease.
@@ -390,6 +396,9 @@ type Store struct {
 	startOnce sync.Once
 	stopOnce  sync.Once
 	started   bool
+	// written counts, per namespace, the events this replica recorded
+	// since it last trimmed the namespace's history (history.go).
+	written sync.Map // namespace -> *atomic.Int64
 }
 
 // taskKey names a task across namespaces.
@@ -1194,6 +1203,12 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 	deleted, err := s.db.DropTasks(ctx, ns, incarnation)
 	if err != nil {
 		return max(deleted, inIndex), err
+	}
+	if incarnation > 0 {
+		// A deleted namespace's history goes with it.
+		if _, err := s.db.PruneEvents(ctx, ns, 0); err != nil {
+			return max(deleted, inIndex), fmt.Errorf("drop namespace: history: %w", err)
+		}
 	}
 	n, err := s.idx.DropNamespace(ctx, ns, incarnation)
 	if err != nil {

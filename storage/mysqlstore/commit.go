@@ -24,6 +24,7 @@ const (
 	WriteRemove                      // delete a task in any state
 	WriteAck                         // delete acked generations
 	WriteMoved                       // write index transitions (nack, reap, requeue)
+	WriteEvents                      // append task events (delayd_task_events)
 )
 
 // UpsertRow is one resolved upsert spec.
@@ -77,6 +78,9 @@ type Write struct {
 	IfInc int64           // WriteRemove, with IfGen: and only this incarnation (0 = any)
 	Acks  []AckRow        // WriteAck
 	Moved []storage.Moved // WriteMoved
+	// Events, for WriteEvents: the task events to append to ns's history,
+	// each with its Time set.
+	Events []storage.Event
 
 	// Results, set by Commit.
 	Upserts []storage.UpsertResult // WriteUpsert: the rows as committed
@@ -96,6 +100,9 @@ type Write struct {
 // the writes' order.
 type Segment struct {
 	Upserts, Removes, Acks, Moved []*Write
+	// Events touch no task row: they go with whichever segment they fall
+	// in, after its task statements.
+	Events []*Write
 }
 
 // taskKey names a task across namespaces.
@@ -264,5 +271,8 @@ func (s *Store) execSegment(ctx context.Context, tx *sql.Tx, sg Segment) error {
 	if err := s.execAcks(ctx, tx, sg.Acks); err != nil {
 		return err
 	}
-	return s.execRemoves(ctx, tx, sg.Removes)
+	if err := s.execRemoves(ctx, tx, sg.Removes); err != nil {
+		return err
+	}
+	return s.execEvents(ctx, tx, sg.Events)
 }
