@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/client/outbox"
 )
 
 // Loan states.
@@ -48,10 +49,13 @@ type overduePayload struct {
 }
 
 // Loans runs the loan state machine. MySQL holds the truth; delayd holds
-// one "loan.overdue" task per borrowed book, due at its due date.
+// one "loan.overdue" task per borrowed book, due at its due date. Every
+// delayd write is an outbox row in the loan's own transaction (a relay in
+// the program sends it after the commit), so a rolled-back confirm or
+// renewal schedules nothing and none of them waits for delayd.
 type Loans struct {
 	db        *sql.DB
-	delayd    *client.Client
+	outbox    *outbox.Outbox
 	namespace string
 	period    time.Duration // loan period given at confirm
 	renewBy   time.Duration // how far a renewal moves the due date
@@ -68,10 +72,10 @@ func taskID(loanID uint64) string { return "loan-" + strconv.FormatUint(loanID, 
 // and in the row compare equal.
 func dueTime(t time.Time) time.Time { return t.Truncate(time.Millisecond).UTC() }
 
-// overdueSpec is the overdue task for a loan due at due.
-func overdueSpec(loanID uint64, due time.Time) client.TaskSpec {
+// overdueTask is the overdue task for a loan due at due.
+func overdueTask(loanID uint64, due time.Time) outbox.Task {
 	payload, _ := json.Marshal(overduePayload{LoanID: loanID, DueAtMs: due.UnixMilli()})
-	return client.TaskSpec{ID: taskID(loanID), Kind: "loan.overdue", Payload: payload, When: client.At(due)}
+	return outbox.Task{ID: taskID(loanID), Kind: "loan.overdue", Payload: payload, DueAt: due}
 }
 
 // Apply records a loan request (APPLIED); nothing is scheduled yet.
@@ -86,10 +90,7 @@ func (l *Loans) Apply(ctx context.Context, userID, bookID uint64) (*Loan, error)
 }
 
 // Confirm hands the book out: BORROWED, due after the loan period, and
-// schedules the overdue task at the due date. The task is upserted before
-// the transaction commits: if that fails the confirm fails as a whole;
-// if the commit fails after it, the task finds no BORROWED loan with that
-// due date and does nothing.
+// schedules the overdue task at the due date, in the same transaction.
 func (l *Loans) Confirm(ctx context.Context, id uint64) (*Loan, error) {
 	due := dueTime(time.Now().Add(l.period))
 	tx, err := l.db.BeginTx(ctx, nil)
@@ -106,19 +107,21 @@ func (l *Loans) Confirm(ctx context.Context, id uint64) (*Loan, error) {
 	if n, _ := res.RowsAffected(); n == 0 {
 		return nil, l.whyNot(ctx, id)
 	}
-	if _, err := l.delayd.Upsert(ctx, l.namespace, overdueSpec(id, due)); err != nil {
+	if err := l.outbox.Upsert(ctx, tx, l.namespace, overdueTask(id, due)); err != nil {
 		return nil, fmt.Errorf("confirm loan %d: schedule overdue: %w", id, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("confirm loan %d: %w", id, err)
 	}
+	l.outbox.Wake()
 	return l.Get(ctx, id)
 }
 
-// Renew moves the due date of a borrowed book renewBy further and upserts
-// the overdue task with the new date. The upsert replaces the task (a new
-// generation), so the old due date never fires; a delivery of the old date
-// already in flight finds due_at changed and does nothing.
+// Renew moves the due date of a borrowed book renewBy further and, in the
+// same transaction, upserts the overdue task with the new date. Once the
+// relay sent it, the upsert has replaced the task (a new generation), so
+// the old due date no longer fires; a delivery of the old date already in
+// flight finds due_at changed and does nothing.
 func (l *Loans) Renew(ctx context.Context, id uint64) (*Loan, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -138,27 +141,33 @@ func (l *Loans) Renew(ctx context.Context, id uint64) (*Loan, error) {
 	if _, err := tx.ExecContext(ctx, `UPDATE borrow_order SET due_at = ?, renewals = renewals + 1 WHERE id = ?`, due, id); err != nil {
 		return nil, fmt.Errorf("renew loan %d: %w", id, err)
 	}
-	if _, err := l.delayd.Upsert(ctx, l.namespace, overdueSpec(id, due)); err != nil {
+	if err := l.outbox.Upsert(ctx, tx, l.namespace, overdueTask(id, due)); err != nil {
 		return nil, fmt.Errorf("renew loan %d: reschedule overdue: %w", id, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("renew loan %d: %w", id, err)
 	}
+	l.outbox.Wake()
 	return l.Get(ctx, id)
 }
 
-// Return takes the book back (from BORROWED or OVERDUE) and removes the
-// overdue task. Removing is an optimisation: an overdue delivery that still
-// arrives finds the loan RETURNED and does nothing.
+// Return takes the book back (from BORROWED or OVERDUE) and, in the same
+// transaction, removes the overdue task. Removing is an optimisation: an
+// overdue delivery that still arrives finds the loan RETURNED and does
+// nothing.
 //
-// The remove is unconditional on purpose. A renewal that races the return
-// is ordered by the loan's row: Renew holds the row lock across its upsert,
-// so this UPDATE waits for it and the remove comes after the renewed task
-// was written. Once the loan is RETURNED, every version of the task is
-// obsolete; a RemoveIf of the generation this call saw would only leave a
-// renewed task behind to fire for nothing.
+// The remove is unconditional on purpose, and ordered after any renewal:
+// the outbox sends the rows of one task in the order they were written,
+// and Renew holds the loan's row lock until it commits, so this UPDATE
+// waits for it and the remove row comes after the renewal's. Once the loan
+// is RETURNED, every version of the task is obsolete.
 func (l *Loans) Return(ctx context.Context, id uint64) (*Loan, error) {
-	res, err := l.db.ExecContext(ctx,
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("return loan %d: %w", id, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	res, err := tx.ExecContext(ctx,
 		`UPDATE borrow_order SET status = ?, return_at = NOW(3) WHERE id = ? AND status IN (?, ?)`,
 		StatusReturned, id, StatusBorrowed, StatusOverdue)
 	if err != nil {
@@ -167,18 +176,27 @@ func (l *Loans) Return(ctx context.Context, id uint64) (*Loan, error) {
 	if n, _ := res.RowsAffected(); n == 0 {
 		return nil, l.whyNot(ctx, id)
 	}
-	if _, err := l.delayd.Remove(ctx, l.namespace, taskID(id)); err != nil {
-		l.logger.Warn("returned loan's overdue task not removed; it will fire and do nothing", "loan", id, "error", err)
+	if err := l.outbox.Remove(ctx, tx, l.namespace, taskID(id)); err != nil {
+		return nil, fmt.Errorf("return loan %d: cancel overdue: %w", id, err)
 	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("return loan %d: %w", id, err)
+	}
+	l.outbox.Wake()
 	return l.Get(ctx, id)
 }
 
-// HandleOverdue is the delayd handler for "loan.overdue" tasks: BORROWED →
-// OVERDUE, and one overdue notice, if the loan is still borrowed with the
-// due date this task was scheduled for. Anything else (returned, renewed,
-// a duplicate delivery) updates no row and acks. A database error nacks, so
-// delayd retries.
-func (l *Loans) HandleOverdue(ctx context.Context, d *client.Delivery) error {
+// Handler is the consumer of "loan.overdue" tasks: HandleOverdue run once
+// per task version, in a transaction that also records the delivery
+// (outbox.Once), so a consumer that dies after its commit and before its
+// ack does not send a second notice.
+func (l *Loans) Handler() client.Handler { return l.outbox.Once(l.HandleOverdue) }
+
+// HandleOverdue marks the loan, in tx, BORROWED → OVERDUE with one overdue
+// notice, if it is still borrowed with the due date this task was
+// scheduled for. Anything else (returned, renewed) updates no row and
+// acks. A database error rolls back and nacks, so delayd retries.
+func (l *Loans) HandleOverdue(ctx context.Context, tx *sql.Tx, d *client.Delivery) error {
 	var p overduePayload
 	if err := json.Unmarshal(d.Payload, &p); err != nil || p.LoanID == 0 {
 		l.logger.Error("overdue task with a bad payload; dropping it", "task", d.ID, "payload_bytes", len(d.Payload)) // never the payload: it may be large or private
@@ -190,27 +208,16 @@ func (l *Loans) HandleOverdue(ctx context.Context, d *client.Delivery) error {
 		}
 	}
 	due := time.UnixMilli(p.DueAtMs).UTC()
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("mark loan %d overdue: %w", p.LoanID, err)
-	}
-	defer func() { _ = tx.Rollback() }()
 	res, err := tx.ExecContext(ctx,
 		`UPDATE borrow_order SET status = ?, overdue_at = NOW(3) WHERE id = ? AND status = ? AND due_at = ?`,
 		StatusOverdue, p.LoanID, StatusBorrowed, due)
 	if err != nil {
 		return fmt.Errorf("mark loan %d overdue: %w", p.LoanID, err)
 	}
-	n, _ := res.RowsAffected()
-	if n == 1 {
+	if n, _ := res.RowsAffected(); n == 1 {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO overdue_notice (loan_id, due_at) VALUES (?, ?)`, p.LoanID, due); err != nil {
 			return fmt.Errorf("mark loan %d overdue: %w", p.LoanID, err)
 		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("mark loan %d overdue: %w", p.LoanID, err)
-	}
-	if n == 1 {
 		l.logger.Info("loan overdue", "loan", p.LoanID, "due_at", due)
 	}
 	return nil
@@ -218,11 +225,11 @@ func (l *Loans) HandleOverdue(ctx context.Context, d *client.Delivery) error {
 
 // Reconcile is the low-frequency safety net of the source design: it finds
 // loans still BORROWED more than grace after their due date (their overdue
-// task was lost, e.g. the upsert failed after a commit or a store lost
-// data) and upserts their overdue task again, at their due date, which is
-// in the past, so delayd delivers it at once. The query uses
-// idx_status_due and reads at most limit rows. It returns how many tasks
-// it re-upserted.
+// task was lost, e.g. a store lost data, or rows were written by hand)
+// and upserts their overdue task again through the outbox, at their due
+// date, which is in the past, so delayd delivers it at once. The query
+// uses idx_status_due and reads at most limit rows. It returns how many
+// tasks it re-upserted.
 //
 // Re-upserting a task that was merely late is harmless: the handler's
 // conditional UPDATE runs once whatever the number of deliveries.
@@ -233,7 +240,7 @@ func (l *Loans) Reconcile(ctx context.Context, grace time.Duration, limit int) (
 	if err != nil {
 		return 0, fmt.Errorf("reconcile: %w", err)
 	}
-	var specs []client.TaskSpec
+	var tasks []outbox.Task
 	for rows.Next() {
 		var id uint64
 		var due time.Time
@@ -241,29 +248,31 @@ func (l *Loans) Reconcile(ctx context.Context, grace time.Duration, limit int) (
 			rows.Close()
 			return 0, fmt.Errorf("reconcile: %w", err)
 		}
-		specs = append(specs, overdueSpec(id, dueTime(due)))
+		tasks = append(tasks, overdueTask(id, dueTime(due)))
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("reconcile: %w", err)
 	}
-	if len(specs) == 0 {
+	if len(tasks) == 0 {
 		return 0, nil
 	}
-	results, err := l.delayd.BatchUpsert(ctx, l.namespace, specs)
+	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("reconcile: %w", err)
 	}
-	n := 0
-	for i, r := range results {
-		if r.Err != nil {
-			l.logger.Warn("reconcile: overdue task not re-upserted", "task", specs[i].ID, "error", r.Err)
-			continue
+	defer func() { _ = tx.Rollback() }()
+	for _, task := range tasks {
+		if err := l.outbox.Upsert(ctx, tx, l.namespace, task); err != nil {
+			return 0, fmt.Errorf("reconcile: %w", err)
 		}
-		n++
 	}
-	l.logger.Info("reconcile: re-upserted overdue tasks of loans past due and still borrowed", "tasks", n)
-	return n, nil
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("reconcile: %w", err)
+	}
+	l.outbox.Wake()
+	l.logger.Info("reconcile: re-upserted overdue tasks of loans past due and still borrowed", "tasks", len(tasks))
+	return len(tasks), nil
 }
 
 // reconcileLoop runs Reconcile every interval until ctx ends.

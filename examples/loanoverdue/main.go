@@ -42,6 +42,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/client/outbox"
 )
 
 //go:embed schema.sql
@@ -110,11 +111,13 @@ type App struct {
 	cfg    Config
 	db     *sql.DB
 	delayd *client.Client
+	outbox *outbox.Outbox
 	loans  *Loans
 	logger *slog.Logger
 }
 
-// open connects to MySQL (creating the schema) and to delayd.
+// open connects to MySQL (creating the schema and the outbox tables) and
+// to delayd.
 func open(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	dsn, err := mysql.ParseDSN(cfg.MySQLDSN)
 	if err != nil {
@@ -138,9 +141,19 @@ func open(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		db.Close()
 		return nil, err
 	}
+	ob, err := outbox.New(db, outbox.Config{Dialect: outbox.MySQL, Table: "loanoverdue_outbox", Client: c,
+		Logger: logger.With("component", "outbox")})
+	if err == nil {
+		err = ob.Migrate(ctx)
+	}
+	if err != nil {
+		c.Close()
+		db.Close()
+		return nil, err
+	}
 	return &App{
-		cfg: cfg, db: db, delayd: c, logger: logger,
-		loans: &Loans{db: db, delayd: c, namespace: cfg.Namespace, period: cfg.LoanPeriod, renewBy: cfg.RenewBy, logger: logger},
+		cfg: cfg, db: db, delayd: c, outbox: ob, logger: logger,
+		loans: &Loans{db: db, outbox: ob, namespace: cfg.Namespace, period: cfg.LoanPeriod, renewBy: cfg.RenewBy, logger: logger},
 	}, nil
 }
 
@@ -193,11 +206,22 @@ func (a *App) serve(ctx context.Context, ready func(net.Addr)) error {
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve(lis) }()
 
+	// The relay sends what committed loans wrote to the outbox; it runs
+	// until the consumer and the reconciliation stopped (below).
+	if err := a.outbox.Start(ctx); err != nil {
+		_ = srv.Close()
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = a.outbox.Stop(stopCtx)
+	}()
 	bgCtx, stopBg := context.WithCancel(ctx)
 	defer stopBg()
 	consumeDone := make(chan error, 1)
 	go func() {
-		consumeDone <- a.delayd.Consume(bgCtx, a.cfg.Namespace, a.loans.HandleOverdue,
+		consumeDone <- a.delayd.Consume(bgCtx, a.cfg.Namespace, a.loans.Handler(),
 			client.ConsumeOptions{Concurrency: a.cfg.Concurrency})
 	}()
 	reconcileDone := make(chan struct{})
