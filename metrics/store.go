@@ -151,6 +151,13 @@ func (s *instrumented) Pop(ctx context.Context, ns string, p storage.PopParams) 
 	return dels, err
 }
 
+func (s *instrumented) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
+	start := time.Now()
+	r, err := s.next.PopWake(ctx, ns, p)
+	s.done(opPop, start, err)
+	return r, err
+}
+
 func (s *instrumented) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
 	start := time.Now()
 	sts, err := s.next.Ack(ctx, ns, tokens)

@@ -91,6 +91,12 @@ type Deliveries interface {
 	// dispatch-rate bucket holds tokens (see PopParams). It never deletes
 	// anything.
 	Pop(ctx context.Context, ns string, p PopParams) ([]Delivery, error)
+	// PopWake is Pop that also answers the store clock at the pop and when
+	// the namespace has work next (as NextWake would right after the pop),
+	// so a dispatcher's wake costs one store call: one script call for an
+	// unsharded Redis namespace (a sharded one fans out, then asks each
+	// shard's next wake).
+	PopWake(ctx context.Context, ns string, p PopParams) (PopResult, error)
 	// Ack deletes the tasks the tokens name, if each is still the delivery in
 	// flight (same generation and attempt). Statuses are in token order.
 	Ack(ctx context.Context, ns string, tokens []Token) ([]TokenStatus, error)
@@ -108,6 +114,20 @@ type Deliveries interface {
 	// first lease deadline, and the store clock now. ok is false when the
 	// namespace has neither.
 	NextWake(ctx context.Context, ns string) (next time.Time, now time.Time, ok bool, err error)
+}
+
+// PopResult is what one PopWake did and what it saw.
+type PopResult struct {
+	// Deliveries are the popped tasks, in due order (Pop's answer).
+	Deliveries []Delivery
+	// Now is the store clock at the pop.
+	Now time.Time
+	// Next is the earlier of the namespace's first due time and first
+	// lease deadline after the pop; zero when HasNext is false.
+	Next time.Time
+	// HasNext is false when the namespace has no scheduled task and no
+	// delivery in flight.
+	HasNext bool
 }
 
 // PopParams says what one Pop may take.

@@ -1029,6 +1029,11 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 	return s.idx.Pop(ctx, ns, p)
 }
 
+// PopWake is the index's: pops are not written to MySQL.
+func (s *Store) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
+	return s.idx.PopWake(ctx, ns, p)
+}
+
 // Ack acks in the index (which checks incarnation, generation and
 // delivery) leaving an ack marker per acked task, then deletes each acked
 // version from MySQL (or moves it to the history table when

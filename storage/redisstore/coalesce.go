@@ -10,75 +10,95 @@ import (
 )
 
 // CoalesceMax is the most specs that coalesced Upsert calls of one namespace
-// share in one script call. A call of CoalesceMax specs or more is not
-// coalesced: it runs on its own, as with Options.NoCoalesce.
+// share in one script call (and the most tokens coalesced Ack calls share).
+// A call of CoalesceMax items or more is not coalesced: it runs on its own,
+// as with Options.NoCoalesce.
 const CoalesceMax = 256
 
-// coalescer joins concurrent Upsert calls of the same namespace into one
-// upsert script call: "batch what is queued", with no added wait. When no
-// upsert of a namespace is in flight, a call goes out at once; calls that
-// arrive while one is in flight queue up, and when it ends the first of them
-// (the leader) sends the queue, up to CoalesceMax specs, in one script call
-// and hands each caller its results. No goroutine runs in the background:
-// every script call is made by one of the callers, so there is nothing to
-// start or stop.
+// coalescer joins concurrent calls of the same shard (and kind) into one
+// script call: "batch what is queued", with no added wait. When no call of
+// a key is in flight, a call goes out at once; calls that arrive while one
+// is in flight queue up, and when it ends the first of them (the leader)
+// sends the queue, up to CoalesceMax items, in one script call and hands
+// each caller its results. No goroutine runs in the background: every
+// script call is made by one of the callers, so there is nothing to start
+// or stop. Upserts coalesce by shard, acks by shard and mode: so acks from
+// every stream and every AckTasks call of a replica share script calls the
+// way upserts do.
 //
 // Order: the queue is first in, first out, and a script call applies its
-// specs in order (a repeated id is a sequential write), so specs of
-// different calls for the same id apply in the order the calls were queued,
-// exactly as if each call had run alone in that order.
+// items in order (a repeated upsert id is a sequential write), so items of
+// different calls for the same task apply in the order the calls were
+// queued, exactly as if each call had run alone in that order.
 //
 // Contexts: a caller whose context ends while it is queued returns the
 // context's error (ErrUnavailable when it was a deadline, as for any Redis
-// call) and its specs are NOT written: it leaves the queue. Once its specs
+// call) and its items are NOT applied: it leaves the queue. Once its items
 // are in a script call, it waits for that call's answer and returns it,
 // whatever its context does meanwhile. The script call keeps the leader's
 // context values but not its cancellation, so one caller giving up fails no
 // other; it is bounded by Options.Timeout and by the latest deadline among
 // its callers (none if one of them has none).
-type coalescer struct {
+type coalescer[T, R any] struct {
+	op string
+	// run makes the script call for items (of one key) and answers one
+	// result per item, in order.
+	run func(ctx context.Context, key coKey, items []T) ([]R, error)
+	// joins reports whether a call's items may share a script call with
+	// the batch's first call's (nil: always).
+	joins func(first, next []T) bool
+
 	mu     sync.Mutex
-	queues map[string]*upsertQueue // shards (hashTag) with a script call in flight
+	queues map[coKey]*coQueue[T, R] // keys with a script call in flight
 }
 
-// upsertQueue holds one namespace's calls waiting for the script call in
-// flight to end.
-type upsertQueue struct {
-	waiting []*upsertCall
+// coKey names what may share a script call: one namespace shard, and for
+// acks the mode (durable marks or not).
+type coKey struct {
+	ns    string
+	sh    int
+	marks bool
 }
 
-// upsertCall is one Upsert call taking part in coalescing.
-type upsertCall struct {
+func newCoalescer[T, R any](op string, run func(context.Context, coKey, []T) ([]R, error), joins func(first, next []T) bool) *coalescer[T, R] {
+	return &coalescer[T, R]{op: op, run: run, joins: joins, queues: make(map[coKey]*coQueue[T, R])}
+}
+
+// coQueue holds one key's calls waiting for the script call in flight to
+// end.
+type coQueue[T, R any] struct {
+	waiting []*coCall[T, R]
+}
+
+// coCall is one call taking part in coalescing.
+type coCall[T, R any] struct {
 	ctx   context.Context
-	specs []storage.UpsertSpec
+	items []T
 	lead  chan struct{} // gets a value when the call is made leader
 	done  chan struct{} // closed when res and err are set
 	// under coalescer.mu:
 	leader bool // this call sends the next script call
-	taken  bool // the specs are in a script call
+	taken  bool // the items are in a script call
 	// set before done is closed:
-	res []storage.UpsertResult
+	res []R
 	err error
 }
 
-// upsertCoalesced is Upsert through the coalescer; 0 < len(specs) <
-// CoalesceMax.
-func (s *Store) upsertCoalesced(ctx context.Context, ns string, sh int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+// do runs items through the coalescer of key; 0 < len(items) < CoalesceMax.
+func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T) ([]R, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, wrapErr("upsert", err)
+		return nil, wrapErr(co.op, err)
 	}
-	c := &upsertCall{ctx: ctx, specs: specs}
-	co := &s.co
-	key := hashTag(ns, sh)
+	c := &coCall[T, R]{ctx: ctx, items: items}
 	co.mu.Lock()
 	q, busy := co.queues[key]
 	if !busy {
 		// Nothing in flight: go out at once, alone.
-		q = &upsertQueue{}
+		q = &coQueue[T, R]{}
 		co.queues[key] = q
 		c.leader, c.taken = true, true
 		co.mu.Unlock()
-		s.send(ctx, ns, sh, q, []*upsertCall{c})
+		co.send(ctx, key, q, []*coCall[T, R]{c})
 		return c.res, c.err
 	}
 	c.lead = make(chan struct{}, 1)
@@ -100,18 +120,18 @@ func (s *Store) upsertCoalesced(ctx context.Context, ns string, sh int, specs []
 			<-c.done
 			return c.res, c.err
 		case ctx.Err() != nil:
-			// Given up while queued: leave unwritten, and pass the lead
+			// Given up while queued: leave unapplied, and pass the lead
 			// on if it was ours.
-			q.waiting = slices.DeleteFunc(q.waiting, func(w *upsertCall) bool { return w == c })
+			q.waiting = slices.DeleteFunc(q.waiting, func(w *coCall[T, R]) bool { return w == c })
 			if c.leader {
 				co.promote(key, q)
 			}
 			co.mu.Unlock()
-			return nil, wrapErr("upsert", ctx.Err())
+			return nil, wrapErr(co.op, ctx.Err())
 		case c.leader:
-			batch := q.take()
+			batch := co.take(q)
 			co.mu.Unlock()
-			s.send(ctx, ns, sh, q, batch)
+			co.send(ctx, key, q, batch)
 			return c.res, c.err
 		}
 		co.mu.Unlock()
@@ -119,18 +139,18 @@ func (s *Store) upsertCoalesced(ctx context.Context, ns string, sh int, specs []
 }
 
 // send runs one script call for batch (its calls taken, out of the queue),
-// passes the lead to the first queued call (or marks ns idle), and hands
-// out the results.
-func (s *Store) send(ctx context.Context, ns string, sh int, q *upsertQueue, batch []*upsertCall) {
-	all := batch[0].specs
+// passes the lead to the first queued call (or marks the key idle), and
+// hands out the results.
+func (co *coalescer[T, R]) send(ctx context.Context, key coKey, q *coQueue[T, R], batch []*coCall[T, R]) {
+	all := batch[0].items
 	if len(batch) > 1 {
 		n := 0
 		for _, c := range batch {
-			n += len(c.specs)
+			n += len(c.items)
 		}
-		all = make([]storage.UpsertSpec, 0, n)
+		all = make([]T, 0, n)
 		for _, c := range batch {
-			all = append(all, c.specs...)
+			all = append(all, c.items...)
 		}
 	}
 	sctx := context.WithoutCancel(ctx)
@@ -150,19 +170,19 @@ func (s *Store) send(ctx context.Context, ns string, sh int, q *upsertQueue, bat
 		sctx, cancel = context.WithDeadline(sctx, latest)
 		defer cancel()
 	}
-	res, err := s.upsertScript(sctx, ns, sh, all)
+	res, err := co.run(sctx, key, all)
 
-	s.co.mu.Lock()
-	s.co.promote(hashTag(ns, sh), q)
-	s.co.mu.Unlock()
+	co.mu.Lock()
+	co.promote(key, q)
+	co.mu.Unlock()
 
 	off := 0
 	for _, c := range batch {
 		if err != nil {
 			c.err = err
 		} else {
-			c.res = res[off : off+len(c.specs) : off+len(c.specs)]
-			off += len(c.specs)
+			c.res = res[off : off+len(c.items) : off+len(c.items)]
+			off += len(c.items)
 		}
 		if c.done != nil {
 			close(c.done)
@@ -170,9 +190,9 @@ func (s *Store) send(ctx context.Context, ns string, sh int, q *upsertQueue, bat
 	}
 }
 
-// promote passes the lead of ns to its first queued call, or marks ns idle
-// when none is queued. Called with co.mu held.
-func (co *coalescer) promote(key string, q *upsertQueue) {
+// promote passes the lead of key to its first queued call, or marks key
+// idle when none is queued. Called with co.mu held.
+func (co *coalescer[T, R]) promote(key coKey, q *coQueue[T, R]) {
 	if len(q.waiting) == 0 {
 		delete(co.queues, key)
 		return
@@ -187,26 +207,60 @@ func (co *coalescer) promote(key string, q *upsertQueue) {
 
 // take removes from the queue and marks taken the calls of the next script
 // call: the leader (first in the queue) and the calls after it while they
-// fit in CoalesceMax specs. Calls whose context has ended stay queued, to
-// leave unwritten. Called with co.mu held.
-func (q *upsertQueue) take() []*upsertCall {
-	var batch []*upsertCall
+// fit in CoalesceMax items and join the leader's. Calls whose context has
+// ended stay queued, to leave unapplied. Called with co.mu held.
+func (co *coalescer[T, R]) take(q *coQueue[T, R]) []*coCall[T, R] {
+	var batch []*coCall[T, R]
 	n, full := 0, false
-	q.waiting = slices.DeleteFunc(q.waiting, func(c *upsertCall) bool {
+	q.waiting = slices.DeleteFunc(q.waiting, func(c *coCall[T, R]) bool {
 		if len(batch) > 0 {
 			// Stop at the first call that does not fit, so no later call
 			// overtakes it.
-			// A call for another namespace incarnation goes in a script
-			// call of its own (the script checks one per call).
-			full = full || n+len(c.specs) > CoalesceMax || nsIncarnation(c.specs) != nsIncarnation(batch[0].specs)
+			full = full || n+len(c.items) > CoalesceMax || (co.joins != nil && !co.joins(batch[0].items, c.items))
 			if full || c.ctx.Err() != nil {
 				return false
 			}
 		}
-		n += len(c.specs)
+		n += len(c.items)
 		c.taken = true
 		batch = append(batch, c)
 		return true
 	})
 	return batch
+}
+
+// idle reports whether no call of any key is in flight or queued.
+func (co *coalescer[T, R]) idle() bool {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	return len(co.queues) == 0
+}
+
+// queued is how many calls of key wait (not counting the one in flight).
+func (co *coalescer[T, R]) queued(key coKey) int {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	if q := co.queues[key]; q != nil {
+		return len(q.waiting)
+	}
+	return 0
+}
+
+// newUpsertCoalescer coalesces Upsert calls by shard. A call for another
+// namespace incarnation goes in a script call of its own (the script checks
+// one per call).
+func (s *Store) newUpsertCoalescer() *coalescer[storage.UpsertSpec, storage.UpsertResult] {
+	return newCoalescer("upsert",
+		func(ctx context.Context, k coKey, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+			return s.upsertScript(ctx, k.ns, k.sh, specs)
+		},
+		func(first, next []storage.UpsertSpec) bool { return nsIncarnation(first) == nsIncarnation(next) })
+}
+
+// newAckCoalescer coalesces Ack (and AckMarked) calls by shard and mode.
+func (s *Store) newAckCoalescer() *coalescer[storage.Token, storage.TokenStatus] {
+	return newCoalescer("ack",
+		func(ctx context.Context, k coKey, tokens []storage.Token) ([]storage.TokenStatus, error) {
+			return s.ackScript(ctx, k.ns, k.sh, tokens, k.marks)
+		}, nil)
 }

@@ -55,12 +55,7 @@ func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // queued returns how many Upsert calls of ns wait behind a script call.
 func queued(s *Store, ns string) int {
-	s.co.mu.Lock()
-	defer s.co.mu.Unlock()
-	if q := s.co.queues[hashTag(ns, 0)]; q != nil {
-		return len(q.waiting)
-	}
-	return 0
+	return s.co.queued(coKey{ns: ns})
 }
 
 // waitQueued waits until n calls of ns are queued.
@@ -173,8 +168,8 @@ func TestUpsertCoalesces(t *testing.T) {
 			t.Errorf("stored %d: %+v, %v", i, got, err)
 		}
 	}
-	if q := queued(s, ns); q != 0 || len(s.co.queues) != 0 {
-		t.Errorf("coalescer not idle after: %d queued, %d namespaces", q, len(s.co.queues))
+	if q := queued(s, ns); q != 0 || !s.co.idle() {
+		t.Errorf("coalescer not idle after: %d queued", q)
 	}
 }
 
@@ -328,8 +323,8 @@ func TestUpsertCoalesceContextEnds(t *testing.T) {
 			t.Errorf("%s stored = %v (%v), want %v", id, got, err, want)
 		}
 	}
-	if len(s.co.queues) != 0 {
-		t.Errorf("coalescer not idle: %d namespaces", len(s.co.queues))
+	if !s.co.idle() {
+		t.Errorf("coalescer not idle")
 	}
 }
 
@@ -398,5 +393,87 @@ func TestUpsertNoCoalesce(t *testing.T) {
 	wg.Wait()
 	if got := g.calls.Load(); got != n {
 		t.Errorf("%d calls made %d script calls, want %d", n, got, n)
+	}
+}
+
+// TestAckCoalesces (issue 25 item 3): acks queued behind one in flight —
+// from different streams and AckTasks calls of a replica — go out together
+// in one script call, each caller getting the statuses of its own tokens:
+// OK for a delivery in flight, NOT_FOUND for one acked by an earlier call
+// of the same batch.
+func TestAckCoalesces(t *testing.T) {
+	t.Parallel()
+	setup := New(testRedisClient(t), Options{})
+	loadScripts(t, setup)
+	ns := testkit.Namespace(t, "coack")
+	dropNS(t, setup, ns)
+	const n = 40
+	specs := make([]storage.UpsertSpec, n)
+	for i := range specs {
+		specs[i] = storage.UpsertSpec{ID: fmt.Sprintf("t%03d", i), Delay: -time.Minute}
+	}
+	ctx := context.Background()
+	if _, err := setup.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	dels, err := setup.Pop(ctx, ns, storage.PopParams{Limit: n, LeaseFor: time.Hour})
+	if err != nil || len(dels) != n {
+		t.Fatalf("pop: %d, %v", len(dels), err)
+	}
+
+	c := testRedisClient(t)
+	g := newScriptGate(true)
+	c.AddHook(g)
+	s := New(c, Options{})
+	key := coKey{ns: ns}
+	// calls[i] acks delivery i; the last call acks delivery 1 again.
+	calls := make([][]storage.Token, n)
+	for i := range calls {
+		calls[i] = []storage.Token{dels[i].Token}
+	}
+	calls[n-1] = append(calls[n-1], dels[1].Token)
+	type ackOut struct {
+		st  []storage.TokenStatus
+		err error
+	}
+	out := make([]ackOut, n)
+	var wg sync.WaitGroup
+	for i, toks := range calls {
+		wg.Go(func() { out[i].st, out[i].err = s.Ack(ctx, ns, toks) })
+		if i == 0 {
+			<-g.held
+			continue
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for s.acks.queued(key) != i {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d acks queued, want %d", s.acks.queued(key), i)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	g.open()
+	wg.Wait()
+
+	if got := g.calls.Load(); got != 2 {
+		t.Errorf("%d acks made %d script calls, want 2 (one alone, then the queue)", n, got)
+	}
+	for i, o := range out {
+		if o.err != nil {
+			t.Fatalf("call %d: %v", i, o.err)
+		}
+		if len(o.st) != len(calls[i]) || o.st[0] != storage.TokenOK {
+			t.Errorf("call %d: statuses %v, want OK", i, o.st)
+		}
+	}
+	if st := out[n-1].st; len(st) == 2 && st[1] != storage.TokenNotFound {
+		t.Errorf("delivery 1 acked again in the same batch: %v, want NOT_FOUND", st[1])
+	}
+	if !s.acks.idle() {
+		t.Error("ack coalescer not idle after")
+	}
+	stats, err := setup.Stats(ctx, ns)
+	if err != nil || stats.Delivered != 0 || stats.Scheduled != 0 {
+		t.Errorf("after the acks: %+v, %v; want nothing left", stats, err)
 	}
 }

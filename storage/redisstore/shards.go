@@ -595,8 +595,8 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	err := fanOut(shards, func(sh int) error {
 		qq := q
 		qq.Limit = counts[sh]
-		var err error
-		got[sh], err = s.popShard(ctx, ns, sh, qq)
+		r, err := s.popShard(ctx, ns, sh, qq)
+		got[sh] = r.Deliveries
 		return err
 	})
 	out := slices.Concat(got...)

@@ -71,9 +71,9 @@ type Options struct {
 	// WakeChannel is the pub/sub channel of wake-ups, shared by every
 	// replica. If empty, DefaultWakeChannel ("delayd:wake") is used.
 	WakeChannel string
-	// NoCoalesce turns off the joining of concurrent Upsert calls of one
-	// namespace into one script call (see Upsert). If false (the default),
-	// they are joined.
+	// NoCoalesce turns off the joining of concurrent Upsert calls, and of
+	// concurrent Ack calls, of one namespace into one script call (see
+	// Upsert, Ack). If false (the default), they are joined.
 	NoCoalesce bool
 	// Traces keeps the trace context of traced upserts (UpsertSpec.
 	// TraceParent) and returns it with their deliveries and from Get (see
@@ -104,7 +104,8 @@ type Store struct {
 	noCo     bool
 	traces   bool
 	maxArgs  int // Options.MaxScriptBytes
-	co       coalescer
+	co       *coalescer[storage.UpsertSpec, storage.UpsertResult]
+	acks     *coalescer[storage.Token, storage.TokenStatus]
 	shards   ShardCounter  // Options.Shards
 	reapTurn atomic.Uint32 // rotates a sharded Reap's remainder
 	counts   sync.Map      // ns -> its shard count as last read (keysOf)
@@ -122,8 +123,8 @@ var (
 // New returns a Store over client. It does not contact Redis.
 func New(client redis.UniversalClient, opts Options) *Store {
 	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
-		noCo: opts.NoCoalesce, traces: opts.Traces, maxArgs: opts.MaxScriptBytes, shards: opts.Shards,
-		co: coalescer{queues: make(map[string]*upsertQueue)}}
+		noCo: opts.NoCoalesce, traces: opts.Traces, maxArgs: opts.MaxScriptBytes, shards: opts.Shards}
+	s.co, s.acks = s.newUpsertCoalescer(), s.newAckCoalescer()
 	if s.maxArgs <= 0 {
 		s.maxArgs = DefaultMaxScriptBytes
 	}
@@ -320,7 +321,7 @@ func (s *Store) upsertShard(ctx context.Context, ns string, sh int, specs []stor
 	if s.noCo || len(specs) == 0 || len(specs) >= CoalesceMax {
 		return s.upsertScript(ctx, ns, sh, specs)
 	}
-	return s.upsertCoalesced(ctx, ns, sh, specs)
+	return s.co.do(ctx, coKey{ns: ns, sh: sh}, specs)
 }
 
 // ClaimIncarnation checks, as an upsert for incarnation inc of ns (the
@@ -835,13 +836,46 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 		return nil, fmt.Errorf("pop: %w", err)
 	}
 	if n == 1 {
-		return s.popShard(ctx, ns, 0, p)
+		r, err := s.popShard(ctx, ns, 0, p)
+		return r.Deliveries, err
 	}
 	return s.popSharded(ctx, ns, n, p)
 }
 
-// popShard is Pop of shard sh.
-func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopParams) ([]storage.Delivery, error) {
+// PopWake is Pop that also answers the Redis clock and the namespace's
+// next wake (see storage.Deliveries): one script call for an unsharded
+// namespace, whose pop.lua reads the heads of due and inflight after the
+// move; a sharded namespace pops, then asks every shard's next wake. With
+// p.Limit <= 0 it only asks the next wake.
+func (s *Store) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return storage.PopResult{}, fmt.Errorf("pop: %w", err)
+	}
+	if n == 1 {
+		if p.Limit <= 0 {
+			// the script pops nothing and answers the heads
+			p.Limit, p.Kinds, p.MaxRate = 0, nil, 0
+		}
+		return s.popShard(ctx, ns, 0, p)
+	}
+	var r storage.PopResult
+	if p.Limit > 0 {
+		if r.Deliveries, err = s.popSharded(ctx, ns, n, p); err != nil {
+			return storage.PopResult{}, err
+		}
+	}
+	r.Next, r.Now, r.HasNext, err = s.nextWakeSharded(ctx, ns, n)
+	if err != nil && len(r.Deliveries) > 0 {
+		// What was popped is leased: hand it over, and look again soon.
+		r.Now = time.Now()
+		r.Next, r.HasNext, err = r.Now.Add(shardRetry), true, nil
+	}
+	return r, err
+}
+
+// popShard is PopWake of shard sh.
+func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopParams) (storage.PopResult, error) {
 	k := s.keysOf(ns, sh)
 	// ARGV as documented in lua/pop.lua.
 	rate := max(p.MaxRate, 0)
@@ -854,19 +888,33 @@ func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopPa
 	}
 	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm}, args...)
 	if err != nil {
-		return nil, err
+		return storage.PopResult{}, err
 	}
-	if len(rep) < 2 {
-		return nil, fmt.Errorf("pop: reply has %d values", len(rep))
+	if len(rep) < popHead {
+		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
 	}
-	rep, bad := splitBad(rep, 2, 3)
+	rep, bad := splitBad(rep, popHead, 3)
 	s.logBad("pop", ns, bad)
-	if len(rep)%3 != 2 {
-		return nil, fmt.Errorf("pop: reply has %d values", len(rep))
+	if len(rep)%3 != popHead%3 {
+		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
+	}
+	nowMS, _ := replyInt(rep[0])
+	res := storage.PopResult{Now: time.UnixMilli(nowMS)}
+	for _, v := range rep[2:popHead] {
+		if sv, _ := replyString(v); sv == "" {
+			continue
+		}
+		at, err := replyInt(v)
+		if err != nil {
+			return storage.PopResult{}, fmt.Errorf("pop: %w", err)
+		}
+		if t := time.UnixMilli(at); !res.HasNext || t.Before(res.Next) {
+			res.Next, res.HasNext = t, true
+		}
 	}
 	deadline, _ := replyInt(rep[1])
-	out := make([]storage.Delivery, 0, (len(rep)-2)/3)
-	for i := 2; i < len(rep); i += 3 {
+	out := make([]storage.Delivery, 0, (len(rep)-popHead)/3)
+	for i := popHead; i < len(rep); i += 3 {
 		id, _ := replyString(rep[i])
 		h, _ := replyString(rep[i+1])
 		payload, _ := replyString(rep[i+2])
@@ -889,8 +937,13 @@ func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopPa
 	if s.traces && len(out) > 0 {
 		s.readTraces(ctx, ns, sh, out)
 	}
-	return out, nil
+	res.Deliveries = out
+	return res, nil
 }
+
+// popHead is how many values precede the tasks in pop.lua's reply: now,
+// lease deadline, next due, next lease deadline.
+const popHead = 4
 
 // splitBad splits a pop or reap reply at its ” marker, found where the id
 // of a task would be (from start, every stride values; no id is empty):
@@ -966,7 +1019,9 @@ func tokenStatus(v any) storage.TokenStatus {
 // since been upserted or redelivered answers STALE, one whose task is gone,
 // re-created since (another incarnation) or not in flight NOT_FOUND; both
 // change nothing. A token of another namespace answers NOT_FOUND. One round
-// trip per MaxBatch tokens (or Options.MaxScriptBytes of their ids).
+// trip per MaxBatch tokens (or Options.MaxScriptBytes of their ids); calls
+// of fewer than CoalesceMax tokens made while another ack of the namespace
+// is in flight are joined into one script call, as Upsert's are.
 func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
 	return s.ack(ctx, ns, tokens, false)
 }
@@ -999,8 +1054,19 @@ func (s *Store) ack(ctx context.Context, ns string, tokens []storage.Token, mark
 	return out, nil
 }
 
-// ackShard is ack for tokens of shard sh.
+// ackShard is ack for tokens of shard sh, coalesced with concurrent acks
+// of the same shard and mode (from every stream and AckTasks call of this
+// replica) unless Options.NoCoalesce says otherwise: one script call per
+// batch, as for upserts.
 func (s *Store) ackShard(ctx context.Context, ns string, sh int, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
+	if s.noCo || len(tokens) == 0 || len(tokens) >= CoalesceMax {
+		return s.ackScript(ctx, ns, sh, tokens, marks)
+	}
+	return s.acks.do(ctx, coKey{ns: ns, sh: sh, marks: marks}, tokens)
+}
+
+// ackScript runs ack.lua for tokens of shard sh (split by byteChunks).
+func (s *Store) ackScript(ctx context.Context, ns string, sh int, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
 	k := s.keysOf(ns, sh)
 	flag := "0"
 	if marks {

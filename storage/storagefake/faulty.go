@@ -121,6 +121,17 @@ func (f *Faulty) Pop(ctx context.Context, ns string, p storage.PopParams) ([]sto
 	return f.Deliveries.Pop(ctx, ns, p)
 }
 
+// PopWake fails or hangs as told (as Pop: OpPop), else pops.
+func (f *Faulty) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
+	if skip, err := f.enter(ctx, OpPop, ns); err != nil {
+		return storage.PopResult{}, err
+	} else if skip {
+		next, now, ok, err := f.Deliveries.NextWake(ctx, ns)
+		return storage.PopResult{Now: now, Next: next, HasNext: ok}, err
+	}
+	return f.Deliveries.PopWake(ctx, ns, p)
+}
+
 // Ack fails or hangs as told, else acks.
 func (f *Faulty) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
 	if skip, err := f.enter(ctx, OpAck, ns); err != nil {

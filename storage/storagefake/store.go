@@ -431,9 +431,24 @@ func (s *Store) List(_ context.Context, ns string, p storage.ListParams) ([]stor
 // most the whole tokens of the namespace's bucket; with p.Kinds, only
 // tasks of those kinds among the first KindScanWindow due ones, as pop.lua
 // does.
-func (s *Store) Pop(_ context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+	r, err := s.PopWake(ctx, ns, p)
+	return r.Deliveries, err
+}
+
+// PopWake is Pop with the store's now and the namespace's next wake after
+// the pop, in one step as pop.lua answers them.
+func (s *Store) PopWake(_ context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	dels := s.pop(ns, p)
+	ms, _ := s.now()
+	next, ok := s.nextWake(ns)
+	return storage.PopResult{Deliveries: dels, Now: time.UnixMilli(ms), Next: next, HasNext: ok}, nil
+}
+
+// pop is Pop with s.mu held.
+func (s *Store) pop(ns string, p storage.PopParams) []storage.Delivery {
 	now, nowUS := s.now()
 	deadline := now + p.LeaseFor.Milliseconds()
 	limit := min(p.Limit, 1000)
@@ -465,7 +480,7 @@ func (s *Store) Pop(_ context.Context, ns string, p storage.PopParams) ([]storag
 	if p.MaxRate > 0 && len(out) > 0 {
 		s.buckets[ns] = bucket{tokens: tokens - float64(len(out)), atUS: nowUS}
 	}
-	return out, nil
+	return out
 }
 
 // bucket is a namespace's dispatch-rate token bucket (PopParams.MaxRate).
@@ -623,7 +638,14 @@ func (s *Store) NextWake(_ context.Context, ns string) (next, now time.Time, ok 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ms, _ := s.now()
+	next, ok = s.nextWake(ns)
+	return next, time.UnixMilli(ms), ok, nil
+}
+
+// nextWake is NextWake's answer with s.mu held.
+func (s *Store) nextWake(ns string) (time.Time, bool) {
 	var best int64
+	ok := false
 	for _, r := range s.nss[ns] {
 		if r.task.State == storage.StateDead {
 			continue
@@ -633,9 +655,9 @@ func (s *Store) NextWake(_ context.Context, ns string) (next, now time.Time, ok 
 		}
 	}
 	if !ok {
-		return time.Time{}, time.UnixMilli(ms), false, nil
+		return time.Time{}, false
 	}
-	return time.UnixMilli(best), time.UnixMilli(ms), true, nil
+	return time.UnixMilli(best), true
 }
 
 // selectDead returns the dead records p selects (ids or the oldest Limit).

@@ -469,6 +469,76 @@ func testNextWake(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
+// testPopWake checks that PopWake pops as Pop does and answers, in the same
+// call, what NextWake would answer right after it: the dispatcher plans its
+// next wake from it and makes no second call.
+func testPopWake(t *testing.T, newStore func(t *testing.T) Store) {
+	popWake := func(e *env, limit int) storage.PopResult {
+		e.t.Helper()
+		before := e.now()
+		r, err := e.s.PopWake(e.ctx, e.ns, storage.PopParams{Limit: limit, LeaseFor: 2 * time.Hour})
+		if err != nil {
+			e.t.Fatalf("pop wake: %v", err)
+		}
+		e.within("pop wake now", r.Now, before.Add(-time.Millisecond), e.now().Add(time.Millisecond))
+		return r
+	}
+	runTable(t, newStore, []transition{{
+		name: "empty",
+		run: func(e *env) {
+			if r := popWake(e, 5); r.HasNext || len(r.Deliveries) != 0 {
+				e.t.Errorf("pop wake = %d deliveries, has next %v; want none, no next", len(r.Deliveries), r.HasNext)
+			}
+		},
+	}, {
+		name:  "pops the due ones and answers the next due time",
+		seeds: []Seed{{ID: "a", Due: -2 * time.Minute}, {ID: "b", Due: -time.Minute}, {ID: "c", Due: time.Minute}},
+		run: func(e *env) {
+			due := e.get("c").DueTime
+			r := popWake(e, 5)
+			if len(r.Deliveries) != 2 || r.Deliveries[0].Task.ID != "a" || r.Deliveries[1].Task.ID != "b" {
+				e.t.Fatalf("pop wake = %v; want a, b", r.Deliveries)
+			}
+			if !r.HasNext || !r.Next.Equal(due) {
+				e.t.Errorf("next = %v (has %v); want c's due time %v", r.Next, r.HasNext, due)
+			}
+		},
+		want: []Row{row("c", sched, 1, 0, ""), row("a", deliv, 1, 1, ""), row("b", deliv, 1, 1, "")},
+	}, {
+		name:  "a limit that leaves due tasks behind answers a next wake now or earlier",
+		seeds: []Seed{{ID: "a", Due: -2 * time.Minute}, {ID: "b", Due: -time.Minute}},
+		run: func(e *env) {
+			r := popWake(e, 1)
+			if len(r.Deliveries) != 1 || !r.HasNext || r.Next.After(r.Now) {
+				e.t.Errorf("pop wake = %d deliveries, next %v (has %v), now %v; want 1, next <= now", len(r.Deliveries), r.Next, r.HasNext, r.Now)
+			}
+		},
+		want: []Row{row("b", sched, 1, 0, ""), row("a", deliv, 1, 1, "")},
+	}, {
+		name:  "the first lease deadline when it comes first",
+		seeds: []Seed{{ID: "d", State: deliv}, {ID: "s", Due: 3 * time.Hour}},
+		run: func(e *env) {
+			lease := e.get("d").LeaseDeadline // 1 h
+			r := popWake(e, 5)
+			if len(r.Deliveries) != 0 || !r.HasNext || !r.Next.Equal(lease) {
+				e.t.Errorf("pop wake = %d deliveries, next %v (has %v); want none, lease deadline %v", len(r.Deliveries), r.Next, r.HasNext, lease)
+			}
+		},
+		want: []Row{row("s", sched, 1, 0, ""), row("d", deliv, 1, 1, "")},
+	}, {
+		name:  "limit 0 pops nothing and still answers",
+		seeds: []Seed{{ID: "a", Due: -time.Minute}},
+		run: func(e *env) {
+			due := e.get("a").DueTime
+			r := popWake(e, 0)
+			if len(r.Deliveries) != 0 || !r.HasNext || !r.Next.Equal(due) {
+				e.t.Errorf("pop wake = %d deliveries, next %v (has %v); want none, a's due time %v", len(r.Deliveries), r.Next, r.HasNext, due)
+			}
+		},
+		want: []Row{row("a", sched, 1, 0, "")},
+	}})
+}
+
 func testWakeups(t *testing.T, newStore func(t *testing.T) WakeupStore) {
 	t.Parallel()
 	var w storage.Wakeups

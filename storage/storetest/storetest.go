@@ -94,6 +94,7 @@ func run(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Purge", func(t *testing.T) { testPurge(t, newStore) })
 	t.Run("Stats", func(t *testing.T) { testStats(t, newStore) })
 	t.Run("NextWake", func(t *testing.T) { testNextWake(t, newStore) })
+	t.Run("PopWake", func(t *testing.T) { testPopWake(t, newStore) })
 	t.Run("SharedLimits", func(t *testing.T) { testSharedLimits(t, newStore) })
 	t.Run("ConcurrentPop", func(t *testing.T) { testConcurrentPop(t, newStore) })
 	t.Run("PopRate", func(t *testing.T) { testPopRate(t, newStore) })

@@ -27,22 +27,33 @@
 -- goes to dead (kept for an operator to look at and purge) instead of
 -- vanishing.
 --
--- Returns {now ms, lease deadline ms, then per task in due order: id,
--- header after the pop, payload of the split form ('' when inline: the
--- header holds it)}; then, after a '' marker, the ids moved to
--- dead as malformed.
+-- Returns {now ms, lease deadline ms, next due ms, next lease deadline ms,
+-- then per task in due order: id, header after the pop, payload of the
+-- split form ('' when inline: the header holds it)}; then, after a ''
+-- marker, the ids moved to dead as malformed. Next due and next lease
+-- deadline are the scores at the heads of due and inflight after the pop
+-- ('' when empty): when the dispatcher has work next, so a wake needs no
+-- second call (NextWake) to plan the following one.
 local now, now_us = clock()
 local deadline = now + tonumber(ARGV[2])
 local limit = tonumber(ARGV[1])
 local rate = tonumber(ARGV[3])
-local out = {now, deadline}
+local out = {now, deadline, '', ''}
+-- heads fills in out[3] and out[4] (called once the writes are done).
+local function heads()
+  local d = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local l = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  out[3] = d[2] or ''
+  out[4] = l[2] or ''
+  return out
+end
 local tokens, burst
 if rate > 0 then
   burst = math.max(1, tonumber(ARGV[4]))
   tokens = bucket_read(KEYS[6], rate, burst, now_us)
   limit = math.min(limit, math.floor(tokens))
   if limit < 1 then
-    return out
+    return heads()
   end
 end
 -- Kinds (a window > 0): the wanted tasks among the first window due ones,
@@ -55,7 +66,7 @@ end
 local window = tonumber(ARGV[5])
 local items = due_head(KEYS[1], KEYS[4], now, limit, window, want)
 if #items == 0 then
-  return out
+  return heads()
 end
 local ids = {}
 for i = 1, #items, 2 do
@@ -64,9 +75,12 @@ end
 local hs = redis.call('HMGET', KEYS[4], unpack(ids))
 local stamp = next_stamp(KEYS[7], now_us)
 local top = 0 -- the highest sequence issued
-local zargs, hargs, good, bad = {}, {}, {}, {}
-local split = {} -- good tasks in the split form: their payloads are read
+-- The reply is built as the tasks are read: no per-task table or string
+-- is made that the reply or a write does not use.
+local zargs, hargs, bad = {}, {}, {}
+local split, at = {}, {} -- split-form tasks (payloads read below), their places in out
 local d = int(deadline)
+local good = 0
 for k = 1, #ids do
   local id, h = ids[k], hs[k]
   if h then
@@ -75,22 +89,23 @@ for k = 1, #ids do
       top = math.max(top, seq)
       push(zargs, d, id)
       push(hargs, id, nh)
-      good[#good + 1] = k
-      hs[k] = nh
+      good = good + 1
+      push(out, id, nh)
+      out[#out + 1] = ''
       if not inl then
         split[#split + 1] = id
+        at[#at + 1] = #out
       end
     else
       bad[#bad + 1] = id
     end
   end
 end
-local bodies = {}
 if #split > 0 then
   local got = redis.call('HMGET', KEYS[5], unpack(split))
-  for x, id in ipairs(split) do
+  for x = 1, #split do
     if got[x] then
-      bodies[id] = got[x]
+      out[at[x]] = got[x]
     end
   end
 end
@@ -112,13 +127,10 @@ if #bad > 0 then
   end
   flush('ZADD', KEYS[3], dargs)
 end
-if rate > 0 and #good > 0 then
-  bucket_write(KEYS[6], tokens - #good, rate, burst, now_us)
+if rate > 0 and good > 0 then
+  bucket_write(KEYS[6], tokens - good, rate, burst, now_us)
 end
-for _, k in ipairs(good) do
-  push(out, ids[k], hs[k])
-  out[#out + 1] = bodies[ids[k]] or ''
-end
+heads()
 if #bad > 0 then
   out[#out + 1] = ''
   for _, id in ipairs(bad) do
