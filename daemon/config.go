@@ -104,6 +104,11 @@ type Config struct {
 	// SafetyPoll is the dispatcher's slow poll that catches a missed
 	// wake-up. If zero, 1 second (dispatcher.Config.SafetyPoll).
 	SafetyPoll time.Duration
+	// WakePrecision is how finely the dispatcher times its wakes: wakes
+	// and wake signals within it join one store call (tasks are never
+	// popped early, at most this much later). If zero, 1 ms
+	// (dispatcher.DefaultWakePrecision); negative: no joining.
+	WakePrecision time.Duration
 	// LateWarn is the lateness past a task's due time from which its
 	// delivery is logged at WARN (at most once per namespace every 10 s,
 	// with the count and the worst), so a stall is never silent. If zero,
@@ -188,6 +193,7 @@ const (
 	// DefaultFullReconcileInterval is FullReconcileInterval's default.
 	DefaultFullReconcileInterval = durable.DefaultFullReconcileInterval
 	DefaultSafetyPoll            = dispatcher.DefaultSafetyPoll
+	DefaultWakePrecision         = dispatcher.DefaultWakePrecision
 	DefaultLateWarn              = dispatcher.DefaultLateWarn
 	DefaultPushConcurrency       = dispatcher.DefaultPushConcurrency
 )
@@ -220,6 +226,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SafetyPoll <= 0 {
 		c.SafetyPoll = DefaultSafetyPoll
+	}
+	if c.WakePrecision == 0 {
+		c.WakePrecision = DefaultWakePrecision
 	}
 	if c.LateWarn == 0 {
 		c.LateWarn = DefaultLateWarn

@@ -273,6 +273,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Logger:          logger.With("component", "dispatcher"),
 		Metrics:         dispMetrics,
 		SafetyPoll:      cfg.SafetyPoll,
+		WakePrecision:   cfg.WakePrecision,
 		LateWarn:        cfg.LateWarn,
 		Pusher:          pusher,
 		PushConcurrency: cfg.PushConcurrency,

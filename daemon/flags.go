@@ -78,6 +78,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.DurationVar(&c.StoreTimeout, "store-timeout", 0, fmt.Sprintf("deadline of each store call; 0 = each store's own: %s per Redis call, %s per MySQL transaction (durable mode)",
 		redisstore.DefaultTimeout, durable.DefaultOpTimeout))
 	fs.DurationVar(&c.SafetyPoll, "safety-poll", DefaultSafetyPoll, "dispatcher safety-net poll interval")
+	fs.DurationVar(&c.WakePrecision, "wake-precision", DefaultWakePrecision, "dispatcher wake precision: wakes and wake signals within it join one store call (tasks never pop early, at most this much later); negative = no joining")
 	fs.DurationVar(&c.LateWarn, "log-late-deliveries", DefaultLateWarn, "log deliveries at least this late past their due time at WARN (once per namespace per 10 s, with count and worst); negative = never")
 	fs.StringVar(&c.PushAllow, "push-allow", "", "hosts and CIDRs namespaces may push tasks to over HTTP (policy.push), comma-separated, e.g. hooks.example.com,*.example.com,203.0.113.0/24; empty = push disabled")
 	fs.StringVar(&c.PushCAFile, "push-ca", "", "PEM certificate authorities https push targets are verified against, besides the system's; empty = the system's only")

@@ -29,9 +29,12 @@
 //
 // # Timing
 //
-// Each namespace loop sleeps until the store's NextWake (the earlier of the
-// first due time and the first lease deadline, measured against the store's
-// clock, so the local clock's offset does not matter), and wakes early on
+// Each namespace loop sleeps until the namespace's next wake (the earlier of
+// the first due time and the first lease deadline, measured against the
+// store's clock, so the local clock's offset does not matter), which the
+// store answers in the same call as the pop (storage.Deliveries.PopWake):
+// one store call per wake. Wakes are timed to Config.WakePrecision (1 ms):
+// signals within it of the last store call join one wake. It wakes early on
 // [Dispatcher.Notify] (a local upsert), on a storage.Wakeups notice (an
 // upsert on any replica), when credit comes back while due tasks wait, and
 // at the latest after Config.SafetyPoll. Due-ness is decided by the store's
@@ -144,6 +147,10 @@ type Policies interface {
 // DefaultSafetyPoll is Config.SafetyPoll's default.
 const DefaultSafetyPoll = time.Second
 
+// DefaultWakePrecision is Config.WakePrecision's default: the store's clock
+// counts milliseconds, so finer wakes would not pop anything sooner.
+const DefaultWakePrecision = time.Millisecond
+
 // Metrics receives what the dispatcher observes (package metrics implements
 // it). Its methods are called on the delivery path and must not block.
 type Metrics interface {
@@ -202,6 +209,15 @@ type Config struct {
 	// SafetyPoll is the slow poll that catches a missed wake-up. If unset or
 	// zero, 1 second is used.
 	SafetyPoll time.Duration
+	// WakePrecision is how finely the namespace loops time their wakes:
+	// a planned wake is rounded up to a multiple of it (tasks due within
+	// one step are popped by one store call), and wake signals (upserts of
+	// an earlier task on any replica, credit coming back) that arrive
+	// within it of the loop's last store call are joined into one wake
+	// that far after it. A task is never popped before it is due; it may
+	// be popped up to WakePrecision later than it would be otherwise. If
+	// zero, DefaultWakePrecision (1 ms); negative: no rounding or joining.
+	WakePrecision time.Duration
 	// PopBatch is the most tasks one Pop call moves. Each Pop is one Lua
 	// script that blocks Redis while it runs (tens of microseconds per task),
 	// so the batch is kept small enough that a burst of due tasks never holds
@@ -270,6 +286,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SafetyPoll <= 0 {
 		c.SafetyPoll = DefaultSafetyPoll
+	}
+	if c.WakePrecision == 0 {
+		c.WakePrecision = DefaultWakePrecision
 	}
 	if c.PopBatch <= 0 {
 		c.PopBatch = 128
@@ -488,8 +507,25 @@ type Subscriber struct {
 	// them only. Tasks whose kind no stream wants stay scheduled.
 	Kinds []string
 	// Send pushes one delivery to the subscriber. Serve calls it from its own
-	// goroutine only, one call at a time. An error ends Serve.
+	// goroutine only, one call at a time. An error ends Serve. Unused when
+	// SendBatch is set.
 	Send func(storage.Delivery) error
+	// SendBatch, if set, pushes several deliveries in one message (a
+	// StreamDeliveries response): Serve hands it what the stream's queue
+	// holds, up to MaxBatch deliveries and about MaxBatchBytes
+	// (storage.TaskWireSize each; a larger delivery goes alone), from its
+	// own goroutine only, one call at a time. An error ends Serve.
+	SendBatch func([]storage.Delivery) error
+	// MaxBatch is the most deliveries per SendBatch call; below 1, 1.
+	MaxBatch int
+	// MaxBatchBytes bounds the deliveries of one SendBatch call; 0 or
+	// less: no bound but MaxBatch.
+	MaxBatchBytes int
+	// Credit, if set, carries new max_in_flight values for the stream
+	// while it is served (values below 1 are taken as 1): more credit lets
+	// the namespace pop for it at once; less stops new deliveries until it
+	// holds fewer than the new value.
+	Credit <-chan int
 	// Ready, if set, is called once the stream is registered and before any
 	// Send (the server sends the stream's headers there, so a client knows
 	// it is subscribed). An error ends Serve.
@@ -546,6 +582,9 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 		}
 	}
 	n.poke(n.credit) // New credit: pop for it.
+	if sub.SendBatch != nil {
+		return d.sendBatches(ctx, n, st, sub)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -567,15 +606,85 @@ func (d *Dispatcher) sendLoop(ctx context.Context, n *namespace, st *stream, sub
 					n.unmarkSent(st, del.Token)
 					return err
 				}
-				if d.feed != nil {
-					d.feed.offer(n.name, del, d.cfg.Clock.Now())
-				} else {
-					d.watch.observe(n.name, del, d.cfg.Clock.Now())
+				d.sent(n, del, lateness)
+			}
+		}
+	}
+}
+
+// sent records a delivery its subscriber was sent: watchers' copies,
+// lateness metric, late-delivery log.
+func (d *Dispatcher) sent(n *namespace, del storage.Delivery, lateness time.Duration) {
+	if d.feed != nil {
+		d.feed.offer(n.name, del, d.cfg.Clock.Now())
+	} else {
+		d.watch.observe(n.name, del, d.cfg.Clock.Now())
+	}
+	d.cfg.Metrics.Delivered(n.name, lateness)
+	if d.cfg.LateWarn > 0 && lateness >= d.cfg.LateWarn {
+		n.late(lateness)
+	}
+}
+
+// sendBatches is sendLoop for a subscriber with SendBatch: each wake sends
+// what the stream's queue holds in messages of at most MaxBatch deliveries
+// and about MaxBatchBytes, and Credit changes the stream's max_in_flight.
+func (d *Dispatcher) sendBatches(ctx context.Context, n *namespace, st *stream, sub Subscriber) error {
+	maxBatch := max(sub.MaxBatch, 1)
+	batch := make([]storage.Delivery, 0, min(maxBatch, st.max))
+	lates := make([]time.Duration, 0, cap(batch))
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-st.done:
+			return ErrStopped
+		case m := <-sub.Credit:
+			if n.setMax(st, max(m, 1)) {
+				n.poke(n.credit)
+			}
+			continue
+		case <-st.ready:
+		}
+		for {
+			batch, lates = batch[:0], lates[:0]
+			size := 0
+			for len(batch) < maxBatch {
+				if sub.MaxBatchBytes > 0 && len(batch) > 0 && size >= sub.MaxBatchBytes {
+					break
 				}
-				d.cfg.Metrics.Delivered(n.name, lateness)
-				if d.cfg.LateWarn > 0 && lateness >= d.cfg.LateWarn {
-					n.late(lateness)
+				del, lateness, ok, expired := n.next(st)
+				if len(expired) > 0 {
+					d.handBackExpired(n, expired)
 				}
+				if !ok {
+					break
+				}
+				size += storage.TaskWireSize(del.Task)
+				batch = append(batch, del)
+				lates = append(lates, lateness)
+				if sub.MaxBatchBytes > 0 && size > sub.MaxBatchBytes && len(batch) > 1 {
+					// Over the bound: this one goes first in the next
+					// message instead.
+					batch = batch[:len(batch)-1]
+					lates = lates[:len(lates)-1]
+					n.requeueFront(st, del)
+					break
+				}
+			}
+			if len(batch) == 0 {
+				break
+			}
+			if err := sub.SendBatch(batch); err != nil {
+				// Not sent after all: they go back without costing an
+				// attempt (unless Stop already let go of them as sent).
+				for _, del := range batch {
+					n.unmarkSent(st, del.Token)
+				}
+				return err
+			}
+			for i, del := range batch {
+				d.sent(n, del, lates[i])
 			}
 		}
 	}

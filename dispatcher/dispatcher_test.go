@@ -459,11 +459,11 @@ func (f *frozenStore) wait(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (f *frozenStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+func (f *frozenStore) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	if f.frozen.Load() {
-		return nil, f.wait(ctx)
+		return storage.PopResult{}, f.wait(ctx)
 	}
-	return f.Store.Pop(ctx, ns, p)
+	return f.Store.PopWake(ctx, ns, p)
 }
 
 func (f *frozenStore) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
@@ -822,7 +822,7 @@ type overlapStore struct {
 	metOnce  sync.Once
 }
 
-func (o *overlapStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+func (o *overlapStore) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	o.mu.Lock()
 	o.inflight++
 	o.limits = append(o.limits, p.Limit)
@@ -839,7 +839,7 @@ func (o *overlapStore) Pop(ctx context.Context, ns string, p storage.PopParams) 
 	case <-o.met:
 	case <-time.After(time.Second):
 	}
-	return o.Store.Pop(ctx, ns, p)
+	return o.Store.PopWake(ctx, ns, p)
 }
 
 func (o *overlapStore) overlapped() bool {
@@ -921,7 +921,15 @@ type countStore struct {
 	dispatcher.Store
 	mu             sync.Mutex
 	reaps, pops    int
+	nextWakes      int
 	inflight, peak int
+}
+
+func (c *countStore) NextWake(ctx context.Context, ns string) (time.Time, time.Time, bool, error) {
+	c.mu.Lock()
+	c.nextWakes++
+	c.mu.Unlock()
+	return c.Store.NextWake(ctx, ns)
 }
 
 func (c *countStore) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
@@ -931,7 +939,7 @@ func (c *countStore) Reap(ctx context.Context, ns string, limit int, opts storag
 	return c.Store.Reap(ctx, ns, limit, opts)
 }
 
-func (c *countStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+func (c *countStore) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	c.mu.Lock()
 	c.pops++
 	c.inflight++
@@ -942,14 +950,16 @@ func (c *countStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([
 		c.inflight--
 		c.mu.Unlock()
 	}()
-	return c.Store.Pop(ctx, ns, p)
+	return c.Store.PopWake(ctx, ns, p)
 }
 
 // TestSteadyFlowCostsOnePopPerWake: tasks falling due one by one (a steady
-// flow) are each fetched by one Pop and no Reap. Reaping on every planned
-// wake and fanning out PopConcurrency Pops whenever free credit exceeded
-// PopBatch used to cost three extra Redis calls per delivery (a reap and
-// three empty pops), which under load delayed every pop behind them.
+// flow) are each fetched by one Pop and no Reap, and the Pop's own answer
+// plans the next wake: no NextWake call (issue 25 item 3: one store call per
+// wake). Reaping on every planned wake and fanning out PopConcurrency Pops
+// whenever free credit exceeded PopBatch used to cost three extra Redis
+// calls per delivery (a reap and three empty pops), and a NextWake after
+// every pop one more.
 func TestSteadyFlowCostsOnePopPerWake(t *testing.T) {
 	t.Parallel()
 	var cs *countStore
@@ -978,6 +988,14 @@ func TestSteadyFlowCostsOnePopPerWake(t *testing.T) {
 	if cs.reaps > 4 {
 		t.Errorf("%d Reaps for %d tasks falling due one by one (%d Pops), want at most 4: a reap per wake", cs.reaps, tasks, cs.pops)
 	}
+	if cs.nextWakes > 0 {
+		t.Errorf("%d NextWake calls beside %d Pops for %d tasks: the pops answer the next wake themselves", cs.nextWakes, cs.pops, tasks)
+	}
+	// One Pop per task falling due, and a few for the subscription's
+	// first credit and the upserts that put a task at the head.
+	if cs.pops > tasks+5 {
+		t.Errorf("%d Pops for %d tasks falling due one by one, want at most %d", cs.pops, tasks, tasks+5)
+	}
 }
 
 // jitterStore is the real store with every Pop delayed by a random few
@@ -986,9 +1004,9 @@ type jitterStore struct {
 	dispatcher.Store
 }
 
-func (j jitterStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+func (j jitterStore) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	time.Sleep(time.Duration(mrand.IntN(20)) * time.Millisecond)
-	return j.Store.Pop(ctx, ns, p)
+	return j.Store.PopWake(ctx, ns, p)
 }
 
 // TestStreamReceivesDueOrder (issue 10 item 6): a backlog drained by
@@ -1034,14 +1052,14 @@ type popLog struct {
 	popped []storage.Token
 }
 
-func (l *popLog) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
-	dels, err := l.Store.Pop(ctx, ns, p)
+func (l *popLog) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
+	r, err := l.Store.PopWake(ctx, ns, p)
 	l.mu.Lock()
-	for _, d := range dels {
+	for _, d := range r.Deliveries {
 		l.popped = append(l.popped, d.Token)
 	}
 	l.mu.Unlock()
-	return dels, err
+	return r, err
 }
 
 func (p *popLog) tokens() []storage.Token {
@@ -1258,9 +1276,9 @@ type popCounter struct {
 	pops atomic.Int64
 }
 
-func (c *popCounter) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+func (c *popCounter) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	c.pops.Add(1)
-	return c.Store.Pop(ctx, ns, p)
+	return c.Store.PopWake(ctx, ns, p)
 }
 
 // TestRateCapWaitsForTokens: with a dispatch-rate cap, deliveries follow

@@ -137,6 +137,7 @@ func (n *namespace) run() {
 			return
 		default:
 		}
+		started := time.Now()
 		wait, blocked, reapNext := n.tick(reap)
 		reap = reapNext
 		if wait <= 0 {
@@ -147,25 +148,64 @@ func (n *namespace) run() {
 		if blocked {
 			credit = n.credit
 		}
+		signaled := false
 		select {
 		case <-n.quit:
 			return
 		case <-n.wake:
+			signaled = true
 		case <-credit:
+			signaled = true
 		case <-timer.C:
 			// A planned wake is nearly always a due task: under a steady
 			// flow it comes every few milliseconds, and reaping on each
 			// would add a store round trip to every delivery. An expired
-			// lease is reaped when NextWake reports it (tick), and every
-			// tenth of the safety poll in any case (below).
+			// lease is reaped when the pop's answer reports it (tick),
+			// and every tenth of the safety poll in any case (below).
 		}
 		timer.Stop()
+		if signaled && !n.settleSignals(started, credit) {
+			return
+		}
 		// Reap at least every tenth of the safety poll even when woken early
 		// all the time (credit coming back under load).
 		if time.Since(n.lastReap) >= n.d.cfg.SafetyPoll/10 {
 			reap = true
 		}
 	}
+}
+
+// settleSignals joins the wake signals that arrive within WakePrecision of
+// the last tick's start (a burst of upserts of earlier tasks, acks coming
+// back one by one) into one wake at the end of that step: it waits out the
+// rest of the step, then drops the signals that came meanwhile, which the
+// next tick answers anyway. credit is the credit channel when the loop
+// heeds it, else nil. It returns false when the loop is to quit.
+func (n *namespace) settleSignals(started time.Time, credit chan struct{}) bool {
+	p := n.d.cfg.WakePrecision
+	if p <= 0 {
+		return true
+	}
+	if rest := p - time.Since(started); rest > 0 {
+		t := time.NewTimer(rest)
+		select {
+		case <-n.quit:
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+	select {
+	case <-n.wake:
+	default:
+	}
+	if credit != nil {
+		select {
+		case <-credit:
+		default:
+		}
+	}
+	return true
 }
 
 // tick reaps (if asked), pops for the free credit, and plans the next wake:
@@ -216,8 +256,10 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		return cfg.SafetyPoll, false, false
 	}
 	popFull := false
+	var wake storage.PopResult
+	popped := false
 	if free > 0 {
-		got, full, err := n.pop(ctx, free, pol)
+		got, full, w, err := n.pop(ctx, free, pol)
 		if got > 0 {
 			progress = true
 			free -= got
@@ -227,25 +269,31 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		}
 		popFull = full
 		n.popFull = full
+		wake, popped = w, true
 	}
 	if reapFull || (popFull && free > 0) {
 		return 0, false, reapFull // More to do right away.
 	}
 
-	c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
-	next, storeNow, ok, err := cfg.Store.NextWake(c, n.name)
-	cancel()
-	if err != nil {
-		return n.failed("next wake", err), false, true
+	if !popped {
+		// No pop this round (no free credit): ask when there is work
+		// next. With credit, the pop answered it in the same call.
+		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
+		next, storeNow, ok, err := cfg.Store.NextWake(c, n.name)
+		cancel()
+		if err != nil {
+			return n.failed("next wake", err), false, true
+		}
+		wake = storage.PopResult{Now: storeNow, Next: next, HasNext: ok}
 	}
 	n.errWait = 0
-	if !ok {
+	if !wake.HasNext {
 		n.idleWait = 0
 		return cfg.SafetyPoll, false, false
 	}
-	if until := next.Sub(storeNow); until > 0 {
+	if until := wake.Next.Sub(wake.Now); until > 0 {
 		n.idleWait = 0
-		return min(until, cfg.SafetyPoll), false, false
+		return min(roundUp(until, cfg.WakePrecision), cfg.SafetyPoll), false, false
 	}
 	// Something is due, or a lease ran out, right now.
 	if free > 0 && pol.MaxDispatchRate > 0 && !popFull {
@@ -303,24 +351,48 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 // not fill stays free). Every popped delivery is distributed, even when
 // another of the calls failed. It returns how many were popped, whether
 // every call was filled (more may be due), and the first error.
-func (n *namespace) pop(ctx context.Context, free int, pol storage.Policy) (got int, full bool, err error) {
+//
+// wake is the store's answer of when the namespace has work next, from
+// the pop that ran last in the store (each PopWake answers it after its own
+// move); when no pop ran (no group had credit), a PopWake of limit 0 asks
+// it, so the caller never needs a second call.
+func (n *namespace) pop(ctx context.Context, free int, pol storage.Policy) (got int, full bool, wake storage.PopResult, err error) {
 	groups := n.creditGroups()
 	if len(groups) == 1 && groups[0].key == "" {
 		return n.popGroup(ctx, creditGroup{free: free}, pol)
 	}
 	full = false
+	asked := false
 	for _, g := range groups {
 		if g.free <= 0 {
 			continue
 		}
-		gg, gf, ge := n.popGroup(ctx, g, pol)
+		gg, gf, gw, ge := n.popGroup(ctx, g, pol)
 		got += gg
 		full = full || gf
+		if ge == nil {
+			wake, asked = gw, true // later groups ran later: their answer is the latest
+		}
 		if err == nil {
 			err = ge
 		}
 	}
-	return got, full, err
+	if !asked && err == nil {
+		c, cancel := context.WithTimeout(ctx, n.d.cfg.StoreTimeout)
+		wake, err = n.d.cfg.Store.PopWake(c, n.name, storage.PopParams{})
+		cancel()
+	}
+	return got, full, wake, err
+}
+
+// roundUp rounds d up to a multiple of precision (precision <= 0: d), so
+// tasks due within one precision step are popped by one wake, never before
+// they are due.
+func roundUp(d, precision time.Duration) time.Duration {
+	if precision <= 0 {
+		return d
+	}
+	return (d + precision - 1) / precision * precision
 }
 
 // creditGroup is the free credit of the streams that take the same kinds.
@@ -372,7 +444,7 @@ func (n *namespace) onlyKinds() bool {
 
 // popGroup pops for the free credit of one group of streams (see pop) and
 // hands what it popped to those streams.
-func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Policy) (got int, full bool, err error) {
+func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Policy) (got int, full bool, wake storage.PopResult, err error) {
 	cfg := &n.d.cfg
 	free := g.free
 	leaseFor := pol.AckTimeout
@@ -395,13 +467,16 @@ func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Pol
 		left -= limits[i]
 	}
 	results := make([][]storage.Delivery, calls)
+	wakes := make([]storage.PopResult, calls)
 	errs := make([]error, calls)
 	before := cfg.Clock.Now()
 	popOne := func(i int) {
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		defer cancel()
-		results[i], errs[i] = cfg.Store.Pop(c, n.name, storage.PopParams{Limit: limits[i], LeaseFor: storeLease,
+		wakes[i], errs[i] = cfg.Store.PopWake(c, n.name, storage.PopParams{Limit: limits[i], LeaseFor: storeLease,
 			MaxRate: pol.MaxDispatchRate, Burst: storage.DispatchBurst(pol.MaxDispatchRate), Kinds: g.kinds})
+		results[i] = wakes[i].Deliveries
+		wakes[i].Deliveries = nil
 	}
 	if calls > 1 {
 		var wg sync.WaitGroup
@@ -430,6 +505,11 @@ func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Pol
 		if len(dels) < limits[i] {
 			full = false
 		}
+		// The call that ran last in the store saw the others' moves: its
+		// answer of the next wake is the one to plan by.
+		if errs[i] == nil && !wakes[i].Now.Before(wake.Now) {
+			wake = wakes[i]
+		}
 	}
 	if calls > 1 {
 		// Each call's batch is in due order, but the calls ran in Redis in
@@ -448,7 +528,7 @@ func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Pol
 		n.distribute(all, distribution{deadline: deadline, popped: popped, leaseFor: leaseFor, storeLease: storeLease, ahead: ahead, kindKey: g.key})
 		got = len(all)
 	}
-	return got, full, err
+	return got, full, wake, err
 }
 
 // distribution is what distribute needs to know about one pop round.
@@ -665,6 +745,28 @@ func (n *namespace) next(st *stream) (del storage.Delivery, lateness time.Durati
 		return del, l.late + now.Sub(l.popped), true, expired
 	}
 	return storage.Delivery{}, 0, false, expired
+}
+
+// requeueFront puts del, which next just took (and marked sent), back at
+// the head of the stream's queue, unsent.
+func (n *namespace) requeueFront(st *stream, del storage.Delivery) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := st.held[del.Token]
+	if l == nil || st.closed {
+		return // let go meanwhile: nothing to send
+	}
+	l.sent = false
+	st.queue = append([]storage.Delivery{del}, st.queue...)
+}
+
+// setMax changes a stream's max_in_flight; it reports whether the stream
+// has room now.
+func (n *namespace) setMax(st *stream, m int) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st.max = m
+	return st.room() > 0
 }
 
 // renewed records the store lease deadlines a renewal set (by the store's

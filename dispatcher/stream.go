@@ -8,10 +8,12 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// stream is one subscriber. Its fields other than id, max, ready and done
-// are guarded by its namespace's mu.
+// stream is one subscriber. Its fields other than id, ready and done are
+// guarded by its namespace's mu.
 type stream struct {
-	id  uint64
+	id uint64
+	// max is the stream's max_in_flight; only its sender changes it
+	// (Subscriber.Credit), under mu.
 	max int
 	// kinds are the task kinds the stream takes, sorted, no duplicates;
 	// nil: every kind. kindKey names the set: streams with the same key
