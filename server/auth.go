@@ -352,11 +352,12 @@ var rules = map[string]rule{
 	delaydv1.TaskService_ListTasks_FullMethodName:        {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 	delaydv1.TaskService_GetTaskHistory_FullMethodName:   {scope: storage.ScopeProduce, ns: reqNamespace, field: "namespace"},
 
-	delaydv1.DeliveryService_Subscribe_FullMethodName:       {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
-	delaydv1.DeliveryService_AckTasks_FullMethodName:        {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
-	delaydv1.DeliveryService_NackTasks_FullMethodName:       {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
-	delaydv1.DeliveryService_ExtendLease_FullMethodName:     {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
-	delaydv1.DeliveryService_WatchDeliveries_FullMethodName: {scope: storage.ScopeConsume, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_Subscribe_FullMethodName:        {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_StreamDeliveries_FullMethodName: {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_AckTasks_FullMethodName:         {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_NackTasks_FullMethodName:        {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_ExtendLease_FullMethodName:      {scope: storage.ScopeConsume, ns: reqNamespace, field: "namespace"},
+	delaydv1.DeliveryService_WatchDeliveries_FullMethodName:  {scope: storage.ScopeConsume, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
 
 	delaydv1.NamespaceService_CreateNamespace_FullMethodName:    {scope: storage.ScopeAdmin, ns: reqNamespaceMsgName, field: "namespace.name", global: true},
 	delaydv1.NamespaceService_ListNamespaces_FullMethodName:     {scope: storage.ScopeAdmin, global: true},

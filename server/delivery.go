@@ -58,34 +58,9 @@ func newDeliveryService(opts Options) *deliveryService {
 func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delaydv1.DeliveryService_SubscribeServer) error {
 	ctx := stream.Context()
 	ns := req.GetNamespace()
-	if err := validateNamespace("namespace", ns); err != nil {
-		return toStatus(ctx, s.logger, err)
-	}
-	inFlight := int(req.GetMaxInFlight())
-	switch {
-	case inFlight == 0:
-		inFlight = s.limits.DefaultInFlight
-	case inFlight < 0 || inFlight > s.limits.MaxInFlight:
-		return toStatus(ctx, s.logger, invalidf("max_in_flight", "is %d; allowed: 1-%d, or 0 for %d",
-			inFlight, s.limits.MaxInFlight, s.limits.DefaultInFlight))
-	}
-	kinds, err := subscribeKinds(req.GetKinds())
-	if err != nil {
-		return toStatus(ctx, s.logger, err)
-	}
-	pol, err := policyOrCreate(ctx, s.opts.Tenancy, s.logger, ns)
+	inFlight, kinds, err := s.openStream(ctx, ns, req.GetMaxInFlight(), req.GetKinds())
 	if err != nil {
 		return err
-	}
-	if pol.Push.Enabled() {
-		// Its due tasks go to the push target; a stream would take a share
-		// of them from it.
-		disabled := ""
-		if s.opts.PushAllow == nil || !s.opts.PushAllow.Enabled() {
-			disabled = " (push is disabled on this server, --push-allow is empty: the tasks wait for a replica that pushes)"
-		}
-		return status.Errorf(codes.FailedPrecondition,
-			"namespace %q delivers its tasks to its HTTP push target (policy.push.url)%s; Subscribe is refused while push is set: turn push off (update policy.push with an empty url) to consume over Subscribe", ns, disabled)
 	}
 	// The stream guard (streamguard.go) holds the stream's caps and cancels
 	// ctx when its key is revoked or its namespace deleted; it then answers
@@ -99,6 +74,57 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 			return stream.Send(&delaydv1.SubscribeResponse{Delivery: deliveryToProto(d)})
 		},
 	})
+	return s.streamEnded(ctx, err)
+}
+
+// inFlight validates a max_in_flight field (0: the default).
+func (s *deliveryService) inFlight(v int32) (int, error) {
+	inFlight := int(v)
+	switch {
+	case inFlight == 0:
+		return s.limits.DefaultInFlight, nil
+	case inFlight < 0 || inFlight > s.limits.MaxInFlight:
+		return 0, invalidf("max_in_flight", "is %d; allowed: 1-%d, or 0 for %d",
+			inFlight, s.limits.MaxInFlight, s.limits.DefaultInFlight)
+	}
+	return inFlight, nil
+}
+
+// openStream validates what opens a Subscribe or StreamDeliveries stream
+// and checks that the namespace delivers to streams; it returns the
+// stream's max_in_flight and kinds, or a status error to return as is.
+func (s *deliveryService) openStream(ctx context.Context, ns string, maxInFlight int32, rawKinds []string) (int, []string, error) {
+	if err := validateNamespace("namespace", ns); err != nil {
+		return 0, nil, toStatus(ctx, s.logger, err)
+	}
+	inFlight, err := s.inFlight(maxInFlight)
+	if err != nil {
+		return 0, nil, toStatus(ctx, s.logger, err)
+	}
+	kinds, err := subscribeKinds(rawKinds)
+	if err != nil {
+		return 0, nil, toStatus(ctx, s.logger, err)
+	}
+	pol, err := policyOrCreate(ctx, s.opts.Tenancy, s.logger, ns)
+	if err != nil {
+		return 0, nil, err
+	}
+	if pol.Push.Enabled() {
+		// Its due tasks go to the push target; a stream would take a share
+		// of them from it.
+		disabled := ""
+		if s.opts.PushAllow == nil || !s.opts.PushAllow.Enabled() {
+			disabled = " (push is disabled on this server, --push-allow is empty: the tasks wait for a replica that pushes)"
+		}
+		return 0, nil, status.Errorf(codes.FailedPrecondition,
+			"namespace %q delivers its tasks to its HTTP push target (policy.push.url)%s; Subscribe is refused while push is set: turn push off (update policy.push with an empty url) to consume over Subscribe", ns, disabled)
+	}
+	return inFlight, kinds, nil
+}
+
+// streamEnded is the status a Subscribe or StreamDeliveries stream ends
+// with, given Serve's error.
+func (s *deliveryService) streamEnded(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, dispatcher.ErrStopped):
 		return status.Error(codes.Unavailable, msgShuttingDown)
@@ -146,8 +172,17 @@ func (s *deliveryService) WatchDeliveries(req *delaydv1.WatchDeliveriesRequest, 
 
 // AckTasks acks deliveries; the tasks are deleted. Answers per token.
 func (s *deliveryService) AckTasks(ctx context.Context, req *delaydv1.AckTasksRequest) (*delaydv1.AckTasksResponse, error) {
-	ns := req.GetNamespace()
-	b, err := s.decodeBatch(ns, req.GetTokens())
+	results, err := s.ack(ctx, req.GetNamespace(), req.GetTokens())
+	if err != nil {
+		return nil, err
+	}
+	return &delaydv1.AckTasksResponse{Results: results}, nil
+}
+
+// ack is AckTasks (and a StreamDeliveries request's ack_tokens): one result
+// per token, or a status error to return as is.
+func (s *deliveryService) ack(ctx context.Context, ns string, raw []string) ([]*delaydv1.TokenResult, error) {
+	b, err := s.decodeBatch(ns, raw)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
@@ -164,14 +199,23 @@ func (s *deliveryService) AckTasks(ctx context.Context, req *delaydv1.AckTasksRe
 			b.results[b.index[i]].Status = tokenStatusToProto(st)
 		}
 	}
-	return &delaydv1.AckTasksResponse{Results: b.results}, nil
+	return b.results, nil
 }
 
 // NackTasks gives deliveries back for a retry (or to dead letters when their
 // attempts are used up). Answers per token.
 func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasksRequest) (*delaydv1.NackTasksResponse, error) {
-	ns := req.GetNamespace()
-	b, err := s.decodeBatch(ns, req.GetTokens())
+	results, err := s.nack(ctx, req.GetNamespace(), req.GetTokens(), req.GetRetryAfter(), req.GetReason())
+	if err != nil {
+		return nil, err
+	}
+	return &delaydv1.NackTasksResponse{Results: results}, nil
+}
+
+// nack is NackTasks (and a StreamDeliveries request's nacks): one result
+// per token, or a status error to return as is.
+func (s *deliveryService) nack(ctx context.Context, ns string, raw []string, retryAfter *durationpb.Duration, reason string) ([]*delaydv1.TokenResult, error) {
+	b, err := s.decodeBatch(ns, raw)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
@@ -180,12 +224,12 @@ func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasks
 		return nil, err
 	}
 	opts := storage.NackOptions{
-		Reason:      truncateUTF8(req.GetReason(), maxReasonBytes),
+		Reason:      truncateUTF8(reason, maxReasonBytes),
 		MaxAttempts: pol.MaxAttempts,
 		Backoff:     pol.Backoff,
 	}
-	if ra := req.GetRetryAfter(); ra != nil {
-		d, err := durationField("retry_after", ra, 0, pol.MaxDelay)
+	if retryAfter != nil {
+		d, err := durationField("retry_after", retryAfter, 0, pol.MaxDelay)
 		if err != nil {
 			return nil, toStatus(ctx, s.logger, err)
 		}
@@ -211,14 +255,23 @@ func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasks
 			}
 		}
 	}
-	return &delaydv1.NackTasksResponse{Results: b.results}, nil
+	return b.results, nil
 }
 
 // ExtendLease moves lease deadlines to now + extend_by (default: the
 // namespace's ack timeout). Answers per token with the new deadline.
 func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendLeaseRequest) (*delaydv1.ExtendLeaseResponse, error) {
-	ns := req.GetNamespace()
-	b, err := s.decodeBatch(ns, req.GetTokens())
+	results, err := s.extend(ctx, req.GetNamespace(), req.GetTokens(), req.GetExtendBy())
+	if err != nil {
+		return nil, err
+	}
+	return &delaydv1.ExtendLeaseResponse{Results: results}, nil
+}
+
+// extend is ExtendLease (and a StreamDeliveries request's extends): one
+// result per token, or a status error to return as is.
+func (s *deliveryService) extend(ctx context.Context, ns string, raw []string, extendBy *durationpb.Duration) ([]*delaydv1.TokenResult, error) {
+	b, err := s.decodeBatch(ns, raw)
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, err)
 	}
@@ -227,8 +280,8 @@ func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendL
 		return nil, err
 	}
 	by := pol.AckTimeout
-	if eb := req.GetExtendBy(); eb != nil {
-		if by, err = durationField("extend_by", eb, time.Millisecond, maxExtendBy); err != nil {
+	if extendBy != nil {
+		if by, err = durationField("extend_by", extendBy, time.Millisecond, maxExtendBy); err != nil {
 			return nil, toStatus(ctx, s.logger, err)
 		}
 	}
@@ -253,7 +306,7 @@ func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendL
 			s.opts.Subscriptions.LeaseExtended(ns, extended, by)
 		}
 	}
-	return &delaydv1.ExtendLeaseResponse{Results: b.results}, nil
+	return b.results, nil
 }
 
 // tokenBatch is a decoded Ack/Nack/Extend request: one result per request

@@ -382,6 +382,27 @@ func TestIsolationMatrix(t *testing.T) {
 			}
 			return d, nil
 		}},
+		{name: "StreamDeliveries", scope: C, global: false, do: func(ctx context.Context, ns string) (any, error) {
+			// Opened with an ack on it: the answer is its result.
+			ctx, cancel := context.WithTimeout(ctx, dlvWait)
+			defer cancel()
+			stream, err := r.dlv.StreamDeliveries(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if err := stream.Send(&delaydv1.StreamDeliveriesRequest{Namespace: ns, MaxInFlight: 1, AckTokens: []string{tokens[ns] + "x"}}); err != nil {
+				return nil, err
+			}
+			for {
+				resp, err := stream.Recv()
+				if err != nil {
+					return nil, err
+				}
+				if len(resp.GetAckResults()) > 0 {
+					return resp, nil
+				}
+			}
+		}},
 		{name: "AckTasks", scope: C, global: false, do: func(ctx context.Context, ns string) (any, error) {
 			return r.dlv.AckTasks(ctx, &delaydv1.AckTasksRequest{Namespace: ns, Tokens: []string{tokens[ns] + "x"}})
 		}},

@@ -206,6 +206,310 @@ func (x *SubscribeResponse) GetDelivery() *Delivery {
 	return nil
 }
 
+// StreamDeliveriesRequest opens a StreamDeliveries stream (the first
+// request) or carries verdicts and credit (every request).
+type StreamDeliveriesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// First request: the namespace to receive due tasks of. Later requests:
+	// empty, or the same namespace.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// First request: most unacked deliveries the stream holds at once,
+	// 1-10,000; 0 means 64. Later requests: a new value changes the stream's
+	// credit from then on (0 leaves it as it is).
+	MaxInFlight int32 `protobuf:"varint,2,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// First request only: kinds of task the stream receives, as
+	// SubscribeRequest.kinds.
+	Kinds []string `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	// First request only: most deliveries per response, 1-1,000; 0 means
+	// 100. A response also stops at about 1 MiB of deliveries (a larger
+	// delivery goes alone).
+	MaxBatch int32 `protobuf:"varint,4,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
+	// Deliveries done: the tasks are deleted (as AckTasks). At most 1,000
+	// tokens per request across acks, nacks and extends.
+	AckTokens []string `protobuf:"bytes,5,rep,name=ack_tokens,json=ackTokens,proto3" json:"ack_tokens,omitempty"`
+	// Deliveries given back for a retry (as NackTasks), one entry per
+	// retry_after and reason.
+	Nacks []*StreamNack `protobuf:"bytes,6,rep,name=nacks,proto3" json:"nacks,omitempty"`
+	// Leases to extend (as ExtendLease), one entry per extend_by.
+	Extends       []*StreamExtend `protobuf:"bytes,7,rep,name=extends,proto3" json:"extends,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamDeliveriesRequest) Reset() {
+	*x = StreamDeliveriesRequest{}
+	mi := &file_delayd_v1_delivery_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamDeliveriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamDeliveriesRequest) ProtoMessage() {}
+
+func (x *StreamDeliveriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_delivery_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamDeliveriesRequest.ProtoReflect.Descriptor instead.
+func (*StreamDeliveriesRequest) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StreamDeliveriesRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *StreamDeliveriesRequest) GetMaxInFlight() int32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *StreamDeliveriesRequest) GetKinds() []string {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *StreamDeliveriesRequest) GetMaxBatch() int32 {
+	if x != nil {
+		return x.MaxBatch
+	}
+	return 0
+}
+
+func (x *StreamDeliveriesRequest) GetAckTokens() []string {
+	if x != nil {
+		return x.AckTokens
+	}
+	return nil
+}
+
+func (x *StreamDeliveriesRequest) GetNacks() []*StreamNack {
+	if x != nil {
+		return x.Nacks
+	}
+	return nil
+}
+
+func (x *StreamDeliveriesRequest) GetExtends() []*StreamExtend {
+	if x != nil {
+		return x.Extends
+	}
+	return nil
+}
+
+// StreamNack is a NackTasks carried on a StreamDeliveries stream.
+type StreamNack struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Delivery tokens of the stream's namespace.
+	Tokens []string `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	// As NackTasksRequest.retry_after.
+	RetryAfter *durationpb.Duration `protobuf:"bytes,2,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// As NackTasksRequest.reason.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamNack) Reset() {
+	*x = StreamNack{}
+	mi := &file_delayd_v1_delivery_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamNack) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamNack) ProtoMessage() {}
+
+func (x *StreamNack) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_delivery_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamNack.ProtoReflect.Descriptor instead.
+func (*StreamNack) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *StreamNack) GetTokens() []string {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *StreamNack) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *StreamNack) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// StreamExtend is an ExtendLease carried on a StreamDeliveries stream.
+type StreamExtend struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Delivery tokens of the stream's namespace.
+	Tokens []string `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	// As ExtendLeaseRequest.extend_by.
+	ExtendBy      *durationpb.Duration `protobuf:"bytes,2,opt,name=extend_by,json=extendBy,proto3" json:"extend_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamExtend) Reset() {
+	*x = StreamExtend{}
+	mi := &file_delayd_v1_delivery_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamExtend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamExtend) ProtoMessage() {}
+
+func (x *StreamExtend) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_delivery_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamExtend.ProtoReflect.Descriptor instead.
+func (*StreamExtend) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *StreamExtend) GetTokens() []string {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *StreamExtend) GetExtendBy() *durationpb.Duration {
+	if x != nil {
+		return x.ExtendBy
+	}
+	return nil
+}
+
+// StreamDeliveriesResponse carries deliveries, or the answers to the
+// verdicts of one request, or both.
+type StreamDeliveriesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deliveries, in due order, within the stream's credit.
+	Deliveries []*Delivery `protobuf:"bytes,1,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
+	// Per ack token of one request, in request order (as AckTasksResponse).
+	AckResults []*TokenResult `protobuf:"bytes,2,rep,name=ack_results,json=ackResults,proto3" json:"ack_results,omitempty"`
+	// Per nack token of one request, in request order, nack entries one
+	// after the other.
+	NackResults []*TokenResult `protobuf:"bytes,3,rep,name=nack_results,json=nackResults,proto3" json:"nack_results,omitempty"`
+	// Per extend token of one request, in request order, with the new lease
+	// deadline when OK.
+	ExtendResults []*TokenResult `protobuf:"bytes,4,rep,name=extend_results,json=extendResults,proto3" json:"extend_results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamDeliveriesResponse) Reset() {
+	*x = StreamDeliveriesResponse{}
+	mi := &file_delayd_v1_delivery_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamDeliveriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamDeliveriesResponse) ProtoMessage() {}
+
+func (x *StreamDeliveriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_delivery_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamDeliveriesResponse.ProtoReflect.Descriptor instead.
+func (*StreamDeliveriesResponse) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *StreamDeliveriesResponse) GetDeliveries() []*Delivery {
+	if x != nil {
+		return x.Deliveries
+	}
+	return nil
+}
+
+func (x *StreamDeliveriesResponse) GetAckResults() []*TokenResult {
+	if x != nil {
+		return x.AckResults
+	}
+	return nil
+}
+
+func (x *StreamDeliveriesResponse) GetNackResults() []*TokenResult {
+	if x != nil {
+		return x.NackResults
+	}
+	return nil
+}
+
+func (x *StreamDeliveriesResponse) GetExtendResults() []*TokenResult {
+	if x != nil {
+		return x.ExtendResults
+	}
+	return nil
+}
+
 // Delivery is one push of a due task to one subscriber.
 type Delivery struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -226,7 +530,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[2]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -238,7 +542,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[2]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -251,7 +555,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{2}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Delivery) GetTask() *Task {
@@ -290,7 +594,7 @@ type TokenResult struct {
 
 func (x *TokenResult) Reset() {
 	*x = TokenResult{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[3]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -302,7 +606,7 @@ func (x *TokenResult) String() string {
 func (*TokenResult) ProtoMessage() {}
 
 func (x *TokenResult) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[3]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -315,7 +619,7 @@ func (x *TokenResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenResult.ProtoReflect.Descriptor instead.
 func (*TokenResult) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{3}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TokenResult) GetToken() string {
@@ -352,7 +656,7 @@ type AckTasksRequest struct {
 
 func (x *AckTasksRequest) Reset() {
 	*x = AckTasksRequest{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[4]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -364,7 +668,7 @@ func (x *AckTasksRequest) String() string {
 func (*AckTasksRequest) ProtoMessage() {}
 
 func (x *AckTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[4]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -377,7 +681,7 @@ func (x *AckTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckTasksRequest.ProtoReflect.Descriptor instead.
 func (*AckTasksRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{4}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AckTasksRequest) GetNamespace() string {
@@ -406,7 +710,7 @@ type AckTasksResponse struct {
 
 func (x *AckTasksResponse) Reset() {
 	*x = AckTasksResponse{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[5]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +722,7 @@ func (x *AckTasksResponse) String() string {
 func (*AckTasksResponse) ProtoMessage() {}
 
 func (x *AckTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[5]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +735,7 @@ func (x *AckTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckTasksResponse.ProtoReflect.Descriptor instead.
 func (*AckTasksResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{5}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AckTasksResponse) GetResults() []*TokenResult {
@@ -460,7 +764,7 @@ type NackTasksRequest struct {
 
 func (x *NackTasksRequest) Reset() {
 	*x = NackTasksRequest{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[6]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -472,7 +776,7 @@ func (x *NackTasksRequest) String() string {
 func (*NackTasksRequest) ProtoMessage() {}
 
 func (x *NackTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[6]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -485,7 +789,7 @@ func (x *NackTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackTasksRequest.ProtoReflect.Descriptor instead.
 func (*NackTasksRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{6}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NackTasksRequest) GetNamespace() string {
@@ -527,7 +831,7 @@ type NackTasksResponse struct {
 
 func (x *NackTasksResponse) Reset() {
 	*x = NackTasksResponse{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[7]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +843,7 @@ func (x *NackTasksResponse) String() string {
 func (*NackTasksResponse) ProtoMessage() {}
 
 func (x *NackTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[7]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +856,7 @@ func (x *NackTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackTasksResponse.ProtoReflect.Descriptor instead.
 func (*NackTasksResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{7}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NackTasksResponse) GetResults() []*TokenResult {
@@ -578,7 +882,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[8]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +894,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[8]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +907,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{8}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExtendLeaseRequest) GetNamespace() string {
@@ -638,7 +942,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[9]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +954,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[9]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +967,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{9}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExtendLeaseResponse) GetResults() []*TokenResult {
@@ -684,7 +988,7 @@ type WatchDeliveriesRequest struct {
 
 func (x *WatchDeliveriesRequest) Reset() {
 	*x = WatchDeliveriesRequest{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[10]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +1000,7 @@ func (x *WatchDeliveriesRequest) String() string {
 func (*WatchDeliveriesRequest) ProtoMessage() {}
 
 func (x *WatchDeliveriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[10]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +1013,7 @@ func (x *WatchDeliveriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeliveriesRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeliveriesRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{10}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchDeliveriesRequest) GetNamespace() string {
@@ -737,7 +1041,7 @@ type WatchDeliveriesResponse struct {
 
 func (x *WatchDeliveriesResponse) Reset() {
 	*x = WatchDeliveriesResponse{}
-	mi := &file_delayd_v1_delivery_proto_msgTypes[11]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +1053,7 @@ func (x *WatchDeliveriesResponse) String() string {
 func (*WatchDeliveriesResponse) ProtoMessage() {}
 
 func (x *WatchDeliveriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_delivery_proto_msgTypes[11]
+	mi := &file_delayd_v1_delivery_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +1066,7 @@ func (x *WatchDeliveriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeliveriesResponse.ProtoReflect.Descriptor instead.
 func (*WatchDeliveriesResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{11}
+	return file_delayd_v1_delivery_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchDeliveriesResponse) GetTask() *Task {
@@ -803,7 +1107,33 @@ const file_delayd_v1_delivery_proto_rawDesc = "" +
 	"\rmax_in_flight\x18\x02 \x01(\x05R\vmaxInFlight\x12\x14\n" +
 	"\x05kinds\x18\x03 \x03(\tR\x05kinds\"D\n" +
 	"\x11SubscribeResponse\x12/\n" +
-	"\bdelivery\x18\x01 \x01(\v2\x13.delayd.v1.DeliveryR\bdelivery\"\x88\x01\n" +
+	"\bdelivery\x18\x01 \x01(\v2\x13.delayd.v1.DeliveryR\bdelivery\"\x8d\x02\n" +
+	"\x17StreamDeliveriesRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\"\n" +
+	"\rmax_in_flight\x18\x02 \x01(\x05R\vmaxInFlight\x12\x14\n" +
+	"\x05kinds\x18\x03 \x03(\tR\x05kinds\x12\x1b\n" +
+	"\tmax_batch\x18\x04 \x01(\x05R\bmaxBatch\x12\x1d\n" +
+	"\n" +
+	"ack_tokens\x18\x05 \x03(\tR\tackTokens\x12+\n" +
+	"\x05nacks\x18\x06 \x03(\v2\x15.delayd.v1.StreamNackR\x05nacks\x121\n" +
+	"\aextends\x18\a \x03(\v2\x17.delayd.v1.StreamExtendR\aextends\"x\n" +
+	"\n" +
+	"StreamNack\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\tR\x06tokens\x12:\n" +
+	"\vretry_after\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"^\n" +
+	"\fStreamExtend\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\tR\x06tokens\x126\n" +
+	"\textend_by\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bextendBy\"\x82\x02\n" +
+	"\x18StreamDeliveriesResponse\x123\n" +
+	"\n" +
+	"deliveries\x18\x01 \x03(\v2\x13.delayd.v1.DeliveryR\n" +
+	"deliveries\x127\n" +
+	"\vack_results\x18\x02 \x03(\v2\x16.delayd.v1.TokenResultR\n" +
+	"ackResults\x129\n" +
+	"\fnack_results\x18\x03 \x03(\v2\x16.delayd.v1.TokenResultR\vnackResults\x12=\n" +
+	"\x0eextend_results\x18\x04 \x03(\v2\x16.delayd.v1.TokenResultR\rextendResults\"\x88\x01\n" +
 	"\bDelivery\x12#\n" +
 	"\x04task\x18\x01 \x01(\v2\x0f.delayd.v1.TaskR\x04task\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12A\n" +
@@ -843,9 +1173,10 @@ const file_delayd_v1_delivery_proto_rawDesc = "" +
 	"\x0fTOKEN_STATUS_OK\x10\x01\x12\x16\n" +
 	"\x12TOKEN_STATUS_STALE\x10\x02\x12\x1a\n" +
 	"\x16TOKEN_STATUS_NOT_FOUND\x10\x03\x12\x1a\n" +
-	"\x16TOKEN_STATUS_MALFORMED\x10\x042\x92\x03\n" +
+	"\x16TOKEN_STATUS_MALFORMED\x10\x042\xf3\x03\n" +
 	"\x0fDeliveryService\x12H\n" +
-	"\tSubscribe\x12\x1b.delayd.v1.SubscribeRequest\x1a\x1c.delayd.v1.SubscribeResponse0\x01\x12C\n" +
+	"\tSubscribe\x12\x1b.delayd.v1.SubscribeRequest\x1a\x1c.delayd.v1.SubscribeResponse0\x01\x12_\n" +
+	"\x10StreamDeliveries\x12\".delayd.v1.StreamDeliveriesRequest\x1a#.delayd.v1.StreamDeliveriesResponse(\x010\x01\x12C\n" +
 	"\bAckTasks\x12\x1a.delayd.v1.AckTasksRequest\x1a\x1b.delayd.v1.AckTasksResponse\x12F\n" +
 	"\tNackTasks\x12\x1b.delayd.v1.NackTasksRequest\x1a\x1c.delayd.v1.NackTasksResponse\x12L\n" +
 	"\vExtendLease\x12\x1d.delayd.v1.ExtendLeaseRequest\x1a\x1e.delayd.v1.ExtendLeaseResponse\x12Z\n" +
@@ -866,54 +1197,68 @@ func file_delayd_v1_delivery_proto_rawDescGZIP() []byte {
 }
 
 var file_delayd_v1_delivery_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_delayd_v1_delivery_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_delayd_v1_delivery_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_delayd_v1_delivery_proto_goTypes = []any{
-	(TokenStatus)(0),                // 0: delayd.v1.TokenStatus
-	(*SubscribeRequest)(nil),        // 1: delayd.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),       // 2: delayd.v1.SubscribeResponse
-	(*Delivery)(nil),                // 3: delayd.v1.Delivery
-	(*TokenResult)(nil),             // 4: delayd.v1.TokenResult
-	(*AckTasksRequest)(nil),         // 5: delayd.v1.AckTasksRequest
-	(*AckTasksResponse)(nil),        // 6: delayd.v1.AckTasksResponse
-	(*NackTasksRequest)(nil),        // 7: delayd.v1.NackTasksRequest
-	(*NackTasksResponse)(nil),       // 8: delayd.v1.NackTasksResponse
-	(*ExtendLeaseRequest)(nil),      // 9: delayd.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),     // 10: delayd.v1.ExtendLeaseResponse
-	(*WatchDeliveriesRequest)(nil),  // 11: delayd.v1.WatchDeliveriesRequest
-	(*WatchDeliveriesResponse)(nil), // 12: delayd.v1.WatchDeliveriesResponse
-	(*Task)(nil),                    // 13: delayd.v1.Task
-	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 15: google.protobuf.Duration
+	(TokenStatus)(0),                 // 0: delayd.v1.TokenStatus
+	(*SubscribeRequest)(nil),         // 1: delayd.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 2: delayd.v1.SubscribeResponse
+	(*StreamDeliveriesRequest)(nil),  // 3: delayd.v1.StreamDeliveriesRequest
+	(*StreamNack)(nil),               // 4: delayd.v1.StreamNack
+	(*StreamExtend)(nil),             // 5: delayd.v1.StreamExtend
+	(*StreamDeliveriesResponse)(nil), // 6: delayd.v1.StreamDeliveriesResponse
+	(*Delivery)(nil),                 // 7: delayd.v1.Delivery
+	(*TokenResult)(nil),              // 8: delayd.v1.TokenResult
+	(*AckTasksRequest)(nil),          // 9: delayd.v1.AckTasksRequest
+	(*AckTasksResponse)(nil),         // 10: delayd.v1.AckTasksResponse
+	(*NackTasksRequest)(nil),         // 11: delayd.v1.NackTasksRequest
+	(*NackTasksResponse)(nil),        // 12: delayd.v1.NackTasksResponse
+	(*ExtendLeaseRequest)(nil),       // 13: delayd.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),      // 14: delayd.v1.ExtendLeaseResponse
+	(*WatchDeliveriesRequest)(nil),   // 15: delayd.v1.WatchDeliveriesRequest
+	(*WatchDeliveriesResponse)(nil),  // 16: delayd.v1.WatchDeliveriesResponse
+	(*durationpb.Duration)(nil),      // 17: google.protobuf.Duration
+	(*Task)(nil),                     // 18: delayd.v1.Task
+	(*timestamppb.Timestamp)(nil),    // 19: google.protobuf.Timestamp
 }
 var file_delayd_v1_delivery_proto_depIdxs = []int32{
-	3,  // 0: delayd.v1.SubscribeResponse.delivery:type_name -> delayd.v1.Delivery
-	13, // 1: delayd.v1.Delivery.task:type_name -> delayd.v1.Task
-	14, // 2: delayd.v1.Delivery.lease_deadline:type_name -> google.protobuf.Timestamp
-	0,  // 3: delayd.v1.TokenResult.status:type_name -> delayd.v1.TokenStatus
-	14, // 4: delayd.v1.TokenResult.lease_deadline:type_name -> google.protobuf.Timestamp
-	4,  // 5: delayd.v1.AckTasksResponse.results:type_name -> delayd.v1.TokenResult
-	15, // 6: delayd.v1.NackTasksRequest.retry_after:type_name -> google.protobuf.Duration
-	4,  // 7: delayd.v1.NackTasksResponse.results:type_name -> delayd.v1.TokenResult
-	15, // 8: delayd.v1.ExtendLeaseRequest.extend_by:type_name -> google.protobuf.Duration
-	4,  // 9: delayd.v1.ExtendLeaseResponse.results:type_name -> delayd.v1.TokenResult
-	13, // 10: delayd.v1.WatchDeliveriesResponse.task:type_name -> delayd.v1.Task
-	14, // 11: delayd.v1.WatchDeliveriesResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	14, // 12: delayd.v1.WatchDeliveriesResponse.delivery_time:type_name -> google.protobuf.Timestamp
-	1,  // 13: delayd.v1.DeliveryService.Subscribe:input_type -> delayd.v1.SubscribeRequest
-	5,  // 14: delayd.v1.DeliveryService.AckTasks:input_type -> delayd.v1.AckTasksRequest
-	7,  // 15: delayd.v1.DeliveryService.NackTasks:input_type -> delayd.v1.NackTasksRequest
-	9,  // 16: delayd.v1.DeliveryService.ExtendLease:input_type -> delayd.v1.ExtendLeaseRequest
-	11, // 17: delayd.v1.DeliveryService.WatchDeliveries:input_type -> delayd.v1.WatchDeliveriesRequest
-	2,  // 18: delayd.v1.DeliveryService.Subscribe:output_type -> delayd.v1.SubscribeResponse
-	6,  // 19: delayd.v1.DeliveryService.AckTasks:output_type -> delayd.v1.AckTasksResponse
-	8,  // 20: delayd.v1.DeliveryService.NackTasks:output_type -> delayd.v1.NackTasksResponse
-	10, // 21: delayd.v1.DeliveryService.ExtendLease:output_type -> delayd.v1.ExtendLeaseResponse
-	12, // 22: delayd.v1.DeliveryService.WatchDeliveries:output_type -> delayd.v1.WatchDeliveriesResponse
-	18, // [18:23] is the sub-list for method output_type
-	13, // [13:18] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	7,  // 0: delayd.v1.SubscribeResponse.delivery:type_name -> delayd.v1.Delivery
+	4,  // 1: delayd.v1.StreamDeliveriesRequest.nacks:type_name -> delayd.v1.StreamNack
+	5,  // 2: delayd.v1.StreamDeliveriesRequest.extends:type_name -> delayd.v1.StreamExtend
+	17, // 3: delayd.v1.StreamNack.retry_after:type_name -> google.protobuf.Duration
+	17, // 4: delayd.v1.StreamExtend.extend_by:type_name -> google.protobuf.Duration
+	7,  // 5: delayd.v1.StreamDeliveriesResponse.deliveries:type_name -> delayd.v1.Delivery
+	8,  // 6: delayd.v1.StreamDeliveriesResponse.ack_results:type_name -> delayd.v1.TokenResult
+	8,  // 7: delayd.v1.StreamDeliveriesResponse.nack_results:type_name -> delayd.v1.TokenResult
+	8,  // 8: delayd.v1.StreamDeliveriesResponse.extend_results:type_name -> delayd.v1.TokenResult
+	18, // 9: delayd.v1.Delivery.task:type_name -> delayd.v1.Task
+	19, // 10: delayd.v1.Delivery.lease_deadline:type_name -> google.protobuf.Timestamp
+	0,  // 11: delayd.v1.TokenResult.status:type_name -> delayd.v1.TokenStatus
+	19, // 12: delayd.v1.TokenResult.lease_deadline:type_name -> google.protobuf.Timestamp
+	8,  // 13: delayd.v1.AckTasksResponse.results:type_name -> delayd.v1.TokenResult
+	17, // 14: delayd.v1.NackTasksRequest.retry_after:type_name -> google.protobuf.Duration
+	8,  // 15: delayd.v1.NackTasksResponse.results:type_name -> delayd.v1.TokenResult
+	17, // 16: delayd.v1.ExtendLeaseRequest.extend_by:type_name -> google.protobuf.Duration
+	8,  // 17: delayd.v1.ExtendLeaseResponse.results:type_name -> delayd.v1.TokenResult
+	18, // 18: delayd.v1.WatchDeliveriesResponse.task:type_name -> delayd.v1.Task
+	19, // 19: delayd.v1.WatchDeliveriesResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	19, // 20: delayd.v1.WatchDeliveriesResponse.delivery_time:type_name -> google.protobuf.Timestamp
+	1,  // 21: delayd.v1.DeliveryService.Subscribe:input_type -> delayd.v1.SubscribeRequest
+	3,  // 22: delayd.v1.DeliveryService.StreamDeliveries:input_type -> delayd.v1.StreamDeliveriesRequest
+	9,  // 23: delayd.v1.DeliveryService.AckTasks:input_type -> delayd.v1.AckTasksRequest
+	11, // 24: delayd.v1.DeliveryService.NackTasks:input_type -> delayd.v1.NackTasksRequest
+	13, // 25: delayd.v1.DeliveryService.ExtendLease:input_type -> delayd.v1.ExtendLeaseRequest
+	15, // 26: delayd.v1.DeliveryService.WatchDeliveries:input_type -> delayd.v1.WatchDeliveriesRequest
+	2,  // 27: delayd.v1.DeliveryService.Subscribe:output_type -> delayd.v1.SubscribeResponse
+	6,  // 28: delayd.v1.DeliveryService.StreamDeliveries:output_type -> delayd.v1.StreamDeliveriesResponse
+	10, // 29: delayd.v1.DeliveryService.AckTasks:output_type -> delayd.v1.AckTasksResponse
+	12, // 30: delayd.v1.DeliveryService.NackTasks:output_type -> delayd.v1.NackTasksResponse
+	14, // 31: delayd.v1.DeliveryService.ExtendLease:output_type -> delayd.v1.ExtendLeaseResponse
+	16, // 32: delayd.v1.DeliveryService.WatchDeliveries:output_type -> delayd.v1.WatchDeliveriesResponse
+	27, // [27:33] is the sub-list for method output_type
+	21, // [21:27] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_delivery_proto_init() }
@@ -928,7 +1273,7 @@ func file_delayd_v1_delivery_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_delivery_proto_rawDesc), len(file_delayd_v1_delivery_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

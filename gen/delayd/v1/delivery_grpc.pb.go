@@ -19,11 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DeliveryService_Subscribe_FullMethodName       = "/delayd.v1.DeliveryService/Subscribe"
-	DeliveryService_AckTasks_FullMethodName        = "/delayd.v1.DeliveryService/AckTasks"
-	DeliveryService_NackTasks_FullMethodName       = "/delayd.v1.DeliveryService/NackTasks"
-	DeliveryService_ExtendLease_FullMethodName     = "/delayd.v1.DeliveryService/ExtendLease"
-	DeliveryService_WatchDeliveries_FullMethodName = "/delayd.v1.DeliveryService/WatchDeliveries"
+	DeliveryService_Subscribe_FullMethodName        = "/delayd.v1.DeliveryService/Subscribe"
+	DeliveryService_StreamDeliveries_FullMethodName = "/delayd.v1.DeliveryService/StreamDeliveries"
+	DeliveryService_AckTasks_FullMethodName         = "/delayd.v1.DeliveryService/AckTasks"
+	DeliveryService_NackTasks_FullMethodName        = "/delayd.v1.DeliveryService/NackTasks"
+	DeliveryService_ExtendLease_FullMethodName      = "/delayd.v1.DeliveryService/ExtendLease"
+	DeliveryService_WatchDeliveries_FullMethodName  = "/delayd.v1.DeliveryService/WatchDeliveries"
 )
 
 // DeliveryServiceClient is the client API for DeliveryService service.
@@ -43,6 +44,20 @@ type DeliveryServiceClient interface {
 	// When the stream ends, whatever it still held goes back to SCHEDULED at
 	// once. On server shutdown the stream ends with UNAVAILABLE: reconnect.
 	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SubscribeResponse], error)
+	// StreamDeliveries is Subscribe and the verdicts on one bidirectional
+	// stream, in the manner of Pub/Sub's StreamingPull: each response carries
+	// up to max_batch deliveries (and at most about 1 MiB of them) within the
+	// stream's credit, and the client sends its acks, nacks, lease extensions
+	// and changes of credit on the same stream, answered per token in later
+	// responses. The first request opens the stream (namespace,
+	// max_in_flight, kinds, max_batch) and may already carry verdicts; later
+	// requests carry verdicts and credit only. Authorization, stream limits
+	// and the stream's end on a key revocation or a namespace deletion are
+	// those of Subscribe. Deliveries a stream held when it ends are handled as
+	// for Subscribe. Subscribe and the unary AckTasks, NackTasks and
+	// ExtendLease stay for clients without bidirectional streams (grpcurl,
+	// browsers over HTTP/1.1); tokens of either path work with both.
+	StreamDeliveries(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamDeliveriesRequest, StreamDeliveriesResponse], error)
 	// AckTasks marks deliveries done; the tasks are deleted. Answers per token.
 	AckTasks(ctx context.Context, in *AckTasksRequest, opts ...grpc.CallOption) (*AckTasksResponse, error)
 	// NackTasks gives deliveries back for a retry: after retry_after if set,
@@ -96,6 +111,19 @@ func (c *deliveryServiceClient) Subscribe(ctx context.Context, in *SubscribeRequ
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DeliveryService_SubscribeClient = grpc.ServerStreamingClient[SubscribeResponse]
 
+func (c *deliveryServiceClient) StreamDeliveries(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamDeliveriesRequest, StreamDeliveriesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DeliveryService_ServiceDesc.Streams[1], DeliveryService_StreamDeliveries_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamDeliveriesRequest, StreamDeliveriesResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DeliveryService_StreamDeliveriesClient = grpc.BidiStreamingClient[StreamDeliveriesRequest, StreamDeliveriesResponse]
+
 func (c *deliveryServiceClient) AckTasks(ctx context.Context, in *AckTasksRequest, opts ...grpc.CallOption) (*AckTasksResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(AckTasksResponse)
@@ -128,7 +156,7 @@ func (c *deliveryServiceClient) ExtendLease(ctx context.Context, in *ExtendLease
 
 func (c *deliveryServiceClient) WatchDeliveries(ctx context.Context, in *WatchDeliveriesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDeliveriesResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &DeliveryService_ServiceDesc.Streams[1], DeliveryService_WatchDeliveries_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &DeliveryService_ServiceDesc.Streams[2], DeliveryService_WatchDeliveries_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +190,20 @@ type DeliveryServiceServer interface {
 	// When the stream ends, whatever it still held goes back to SCHEDULED at
 	// once. On server shutdown the stream ends with UNAVAILABLE: reconnect.
 	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[SubscribeResponse]) error
+	// StreamDeliveries is Subscribe and the verdicts on one bidirectional
+	// stream, in the manner of Pub/Sub's StreamingPull: each response carries
+	// up to max_batch deliveries (and at most about 1 MiB of them) within the
+	// stream's credit, and the client sends its acks, nacks, lease extensions
+	// and changes of credit on the same stream, answered per token in later
+	// responses. The first request opens the stream (namespace,
+	// max_in_flight, kinds, max_batch) and may already carry verdicts; later
+	// requests carry verdicts and credit only. Authorization, stream limits
+	// and the stream's end on a key revocation or a namespace deletion are
+	// those of Subscribe. Deliveries a stream held when it ends are handled as
+	// for Subscribe. Subscribe and the unary AckTasks, NackTasks and
+	// ExtendLease stay for clients without bidirectional streams (grpcurl,
+	// browsers over HTTP/1.1); tokens of either path work with both.
+	StreamDeliveries(grpc.BidiStreamingServer[StreamDeliveriesRequest, StreamDeliveriesResponse]) error
 	// AckTasks marks deliveries done; the tasks are deleted. Answers per token.
 	AckTasks(context.Context, *AckTasksRequest) (*AckTasksResponse, error)
 	// NackTasks gives deliveries back for a retry: after retry_after if set,
@@ -198,6 +240,9 @@ type UnimplementedDeliveryServiceServer struct{}
 
 func (UnimplementedDeliveryServiceServer) Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[SubscribeResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedDeliveryServiceServer) StreamDeliveries(grpc.BidiStreamingServer[StreamDeliveriesRequest, StreamDeliveriesResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method StreamDeliveries not implemented")
 }
 func (UnimplementedDeliveryServiceServer) AckTasks(context.Context, *AckTasksRequest) (*AckTasksResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method AckTasks not implemented")
@@ -242,6 +287,13 @@ func _DeliveryService_Subscribe_Handler(srv interface{}, stream grpc.ServerStrea
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DeliveryService_SubscribeServer = grpc.ServerStreamingServer[SubscribeResponse]
+
+func _DeliveryService_StreamDeliveries_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DeliveryServiceServer).StreamDeliveries(&grpc.GenericServerStream[StreamDeliveriesRequest, StreamDeliveriesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DeliveryService_StreamDeliveriesServer = grpc.BidiStreamingServer[StreamDeliveriesRequest, StreamDeliveriesResponse]
 
 func _DeliveryService_AckTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(AckTasksRequest)
@@ -333,6 +385,12 @@ var DeliveryService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Subscribe",
 			Handler:       _DeliveryService_Subscribe_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "StreamDeliveries",
+			Handler:       _DeliveryService_StreamDeliveries_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 		{
 			StreamName:    "WatchDeliveries",

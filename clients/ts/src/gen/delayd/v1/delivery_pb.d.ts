@@ -4,8 +4,8 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { Task } from "./task_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import type { Task } from "./task_pb.js";
 
 /**
  * Describes the file delayd/v1/delivery.proto.
@@ -73,6 +73,182 @@ export declare type SubscribeResponse = Message<"delayd.v1.SubscribeResponse"> &
  * Use `create(SubscribeResponseSchema)` to create a new message.
  */
 export declare const SubscribeResponseSchema: GenMessage<SubscribeResponse>;
+
+/**
+ * StreamDeliveriesRequest opens a StreamDeliveries stream (the first
+ * request) or carries verdicts and credit (every request).
+ *
+ * @generated from message delayd.v1.StreamDeliveriesRequest
+ */
+export declare type StreamDeliveriesRequest = Message<"delayd.v1.StreamDeliveriesRequest"> & {
+  /**
+   * First request: the namespace to receive due tasks of. Later requests:
+   * empty, or the same namespace.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * First request: most unacked deliveries the stream holds at once,
+   * 1-10,000; 0 means 64. Later requests: a new value changes the stream's
+   * credit from then on (0 leaves it as it is).
+   *
+   * @generated from field: int32 max_in_flight = 2;
+   */
+  maxInFlight: number;
+
+  /**
+   * First request only: kinds of task the stream receives, as
+   * SubscribeRequest.kinds.
+   *
+   * @generated from field: repeated string kinds = 3;
+   */
+  kinds: string[];
+
+  /**
+   * First request only: most deliveries per response, 1-1,000; 0 means
+   * 100. A response also stops at about 1 MiB of deliveries (a larger
+   * delivery goes alone).
+   *
+   * @generated from field: int32 max_batch = 4;
+   */
+  maxBatch: number;
+
+  /**
+   * Deliveries done: the tasks are deleted (as AckTasks). At most 1,000
+   * tokens per request across acks, nacks and extends.
+   *
+   * @generated from field: repeated string ack_tokens = 5;
+   */
+  ackTokens: string[];
+
+  /**
+   * Deliveries given back for a retry (as NackTasks), one entry per
+   * retry_after and reason.
+   *
+   * @generated from field: repeated delayd.v1.StreamNack nacks = 6;
+   */
+  nacks: StreamNack[];
+
+  /**
+   * Leases to extend (as ExtendLease), one entry per extend_by.
+   *
+   * @generated from field: repeated delayd.v1.StreamExtend extends = 7;
+   */
+  extends: StreamExtend[];
+};
+
+/**
+ * Describes the message delayd.v1.StreamDeliveriesRequest.
+ * Use `create(StreamDeliveriesRequestSchema)` to create a new message.
+ */
+export declare const StreamDeliveriesRequestSchema: GenMessage<StreamDeliveriesRequest>;
+
+/**
+ * StreamNack is a NackTasks carried on a StreamDeliveries stream.
+ *
+ * @generated from message delayd.v1.StreamNack
+ */
+export declare type StreamNack = Message<"delayd.v1.StreamNack"> & {
+  /**
+   * Delivery tokens of the stream's namespace.
+   *
+   * @generated from field: repeated string tokens = 1;
+   */
+  tokens: string[];
+
+  /**
+   * As NackTasksRequest.retry_after.
+   *
+   * @generated from field: google.protobuf.Duration retry_after = 2;
+   */
+  retryAfter?: Duration | undefined;
+
+  /**
+   * As NackTasksRequest.reason.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message delayd.v1.StreamNack.
+ * Use `create(StreamNackSchema)` to create a new message.
+ */
+export declare const StreamNackSchema: GenMessage<StreamNack>;
+
+/**
+ * StreamExtend is an ExtendLease carried on a StreamDeliveries stream.
+ *
+ * @generated from message delayd.v1.StreamExtend
+ */
+export declare type StreamExtend = Message<"delayd.v1.StreamExtend"> & {
+  /**
+   * Delivery tokens of the stream's namespace.
+   *
+   * @generated from field: repeated string tokens = 1;
+   */
+  tokens: string[];
+
+  /**
+   * As ExtendLeaseRequest.extend_by.
+   *
+   * @generated from field: google.protobuf.Duration extend_by = 2;
+   */
+  extendBy?: Duration | undefined;
+};
+
+/**
+ * Describes the message delayd.v1.StreamExtend.
+ * Use `create(StreamExtendSchema)` to create a new message.
+ */
+export declare const StreamExtendSchema: GenMessage<StreamExtend>;
+
+/**
+ * StreamDeliveriesResponse carries deliveries, or the answers to the
+ * verdicts of one request, or both.
+ *
+ * @generated from message delayd.v1.StreamDeliveriesResponse
+ */
+export declare type StreamDeliveriesResponse = Message<"delayd.v1.StreamDeliveriesResponse"> & {
+  /**
+   * Deliveries, in due order, within the stream's credit.
+   *
+   * @generated from field: repeated delayd.v1.Delivery deliveries = 1;
+   */
+  deliveries: Delivery[];
+
+  /**
+   * Per ack token of one request, in request order (as AckTasksResponse).
+   *
+   * @generated from field: repeated delayd.v1.TokenResult ack_results = 2;
+   */
+  ackResults: TokenResult[];
+
+  /**
+   * Per nack token of one request, in request order, nack entries one
+   * after the other.
+   *
+   * @generated from field: repeated delayd.v1.TokenResult nack_results = 3;
+   */
+  nackResults: TokenResult[];
+
+  /**
+   * Per extend token of one request, in request order, with the new lease
+   * deadline when OK.
+   *
+   * @generated from field: repeated delayd.v1.TokenResult extend_results = 4;
+   */
+  extendResults: TokenResult[];
+};
+
+/**
+ * Describes the message delayd.v1.StreamDeliveriesResponse.
+ * Use `create(StreamDeliveriesResponseSchema)` to create a new message.
+ */
+export declare const StreamDeliveriesResponseSchema: GenMessage<StreamDeliveriesResponse>;
 
 /**
  * Delivery is one push of a due task to one subscriber.
@@ -450,6 +626,28 @@ export declare const DeliveryService: GenService<{
     methodKind: "server_streaming";
     input: typeof SubscribeRequestSchema;
     output: typeof SubscribeResponseSchema;
+  },
+  /**
+   * StreamDeliveries is Subscribe and the verdicts on one bidirectional
+   * stream, in the manner of Pub/Sub's StreamingPull: each response carries
+   * up to max_batch deliveries (and at most about 1 MiB of them) within the
+   * stream's credit, and the client sends its acks, nacks, lease extensions
+   * and changes of credit on the same stream, answered per token in later
+   * responses. The first request opens the stream (namespace,
+   * max_in_flight, kinds, max_batch) and may already carry verdicts; later
+   * requests carry verdicts and credit only. Authorization, stream limits
+   * and the stream's end on a key revocation or a namespace deletion are
+   * those of Subscribe. Deliveries a stream held when it ends are handled as
+   * for Subscribe. Subscribe and the unary AckTasks, NackTasks and
+   * ExtendLease stay for clients without bidirectional streams (grpcurl,
+   * browsers over HTTP/1.1); tokens of either path work with both.
+   *
+   * @generated from rpc delayd.v1.DeliveryService.StreamDeliveries
+   */
+  streamDeliveries: {
+    methodKind: "bidi_streaming";
+    input: typeof StreamDeliveriesRequestSchema;
+    output: typeof StreamDeliveriesResponseSchema;
   },
   /**
    * AckTasks marks deliveries done; the tasks are deleted. Answers per token.

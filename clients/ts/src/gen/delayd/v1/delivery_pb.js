@@ -10,7 +10,7 @@ import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@
  * Describes the file delayd/v1/delivery.proto.
  */
 export const file_delayd_v1_delivery = /*@__PURE__*/
-  fileDesc("ChhkZWxheWQvdjEvZGVsaXZlcnkucHJvdG8SCWRlbGF5ZC52MSJLChBTdWJzY3JpYmVSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIVCg1tYXhfaW5fZmxpZ2h0GAIgASgFEg0KBWtpbmRzGAMgAygJIjoKEVN1YnNjcmliZVJlc3BvbnNlEiUKCGRlbGl2ZXJ5GAEgASgLMhMuZGVsYXlkLnYxLkRlbGl2ZXJ5ImwKCERlbGl2ZXJ5Eh0KBHRhc2sYASABKAsyDy5kZWxheWQudjEuVGFzaxINCgV0b2tlbhgCIAEoCRIyCg5sZWFzZV9kZWFkbGluZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAieAoLVG9rZW5SZXN1bHQSDQoFdG9rZW4YASABKAkSJgoGc3RhdHVzGAIgASgOMhYuZGVsYXlkLnYxLlRva2VuU3RhdHVzEjIKDmxlYXNlX2RlYWRsaW5lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0Cg9BY2tUYXNrc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg4KBnRva2VucxgCIAMoCSI7ChBBY2tUYXNrc1Jlc3BvbnNlEicKB3Jlc3VsdHMYASADKAsyFi5kZWxheWQudjEuVG9rZW5SZXN1bHQidQoQTmFja1Rhc2tzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDgoGdG9rZW5zGAIgAygJEi4KC3JldHJ5X2FmdGVyGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgEIAEoCSI8ChFOYWNrVGFza3NSZXNwb25zZRInCgdyZXN1bHRzGAEgAygLMhYuZGVsYXlkLnYxLlRva2VuUmVzdWx0ImUKEkV4dGVuZExlYXNlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDgoGdG9rZW5zGAIgAygJEiwKCWV4dGVuZF9ieRgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI+ChNFeHRlbmRMZWFzZVJlc3BvbnNlEicKB3Jlc3VsdHMYASADKAsyFi5kZWxheWQudjEuVG9rZW5SZXN1bHQiKwoWV2F0Y2hEZWxpdmVyaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkirwEKF1dhdGNoRGVsaXZlcmllc1Jlc3BvbnNlEh0KBHRhc2sYASABKAsyDy5kZWxheWQudjEuVGFzaxIyCg5sZWFzZV9kZWFkbGluZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNZGVsaXZlcnlfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGbWlzc2VkGAQgASgDKpABCgtUb2tlblN0YXR1cxIcChhUT0tFTl9TVEFUVVNfVU5TUEVDSUZJRUQQABITCg9UT0tFTl9TVEFUVVNfT0sQARIWChJUT0tFTl9TVEFUVVNfU1RBTEUQAhIaChZUT0tFTl9TVEFUVVNfTk9UX0ZPVU5EEAMSGgoWVE9LRU5fU1RBVFVTX01BTEZPUk1FRBAEMpIDCg9EZWxpdmVyeVNlcnZpY2USSAoJU3Vic2NyaWJlEhsuZGVsYXlkLnYxLlN1YnNjcmliZVJlcXVlc3QaHC5kZWxheWQudjEuU3Vic2NyaWJlUmVzcG9uc2UwARJDCghBY2tUYXNrcxIaLmRlbGF5ZC52MS5BY2tUYXNrc1JlcXVlc3QaGy5kZWxheWQudjEuQWNrVGFza3NSZXNwb25zZRJGCglOYWNrVGFza3MSGy5kZWxheWQudjEuTmFja1Rhc2tzUmVxdWVzdBocLmRlbGF5ZC52MS5OYWNrVGFza3NSZXNwb25zZRJMCgtFeHRlbmRMZWFzZRIdLmRlbGF5ZC52MS5FeHRlbmRMZWFzZVJlcXVlc3QaHi5kZWxheWQudjEuRXh0ZW5kTGVhc2VSZXNwb25zZRJaCg9XYXRjaERlbGl2ZXJpZXMSIS5kZWxheWQudjEuV2F0Y2hEZWxpdmVyaWVzUmVxdWVzdBoiLmRlbGF5ZC52MS5XYXRjaERlbGl2ZXJpZXNSZXNwb25zZTABYgZwcm90bzM", [file_delayd_v1_task, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChhkZWxheWQvdjEvZGVsaXZlcnkucHJvdG8SCWRlbGF5ZC52MSJLChBTdWJzY3JpYmVSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIVCg1tYXhfaW5fZmxpZ2h0GAIgASgFEg0KBWtpbmRzGAMgAygJIjoKEVN1YnNjcmliZVJlc3BvbnNlEiUKCGRlbGl2ZXJ5GAEgASgLMhMuZGVsYXlkLnYxLkRlbGl2ZXJ5IskBChdTdHJlYW1EZWxpdmVyaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSFQoNbWF4X2luX2ZsaWdodBgCIAEoBRINCgVraW5kcxgDIAMoCRIRCgltYXhfYmF0Y2gYBCABKAUSEgoKYWNrX3Rva2VucxgFIAMoCRIkCgVuYWNrcxgGIAMoCzIVLmRlbGF5ZC52MS5TdHJlYW1OYWNrEigKB2V4dGVuZHMYByADKAsyFy5kZWxheWQudjEuU3RyZWFtRXh0ZW5kIlwKClN0cmVhbU5hY2sSDgoGdG9rZW5zGAEgAygJEi4KC3JldHJ5X2FmdGVyGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgDIAEoCSJMCgxTdHJlYW1FeHRlbmQSDgoGdG9rZW5zGAEgAygJEiwKCWV4dGVuZF9ieRgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiLOAQoYU3RyZWFtRGVsaXZlcmllc1Jlc3BvbnNlEicKCmRlbGl2ZXJpZXMYASADKAsyEy5kZWxheWQudjEuRGVsaXZlcnkSKwoLYWNrX3Jlc3VsdHMYAiADKAsyFi5kZWxheWQudjEuVG9rZW5SZXN1bHQSLAoMbmFja19yZXN1bHRzGAMgAygLMhYuZGVsYXlkLnYxLlRva2VuUmVzdWx0Ei4KDmV4dGVuZF9yZXN1bHRzGAQgAygLMhYuZGVsYXlkLnYxLlRva2VuUmVzdWx0ImwKCERlbGl2ZXJ5Eh0KBHRhc2sYASABKAsyDy5kZWxheWQudjEuVGFzaxINCgV0b2tlbhgCIAEoCRIyCg5sZWFzZV9kZWFkbGluZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAieAoLVG9rZW5SZXN1bHQSDQoFdG9rZW4YASABKAkSJgoGc3RhdHVzGAIgASgOMhYuZGVsYXlkLnYxLlRva2VuU3RhdHVzEjIKDmxlYXNlX2RlYWRsaW5lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0Cg9BY2tUYXNrc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg4KBnRva2VucxgCIAMoCSI7ChBBY2tUYXNrc1Jlc3BvbnNlEicKB3Jlc3VsdHMYASADKAsyFi5kZWxheWQudjEuVG9rZW5SZXN1bHQidQoQTmFja1Rhc2tzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDgoGdG9rZW5zGAIgAygJEi4KC3JldHJ5X2FmdGVyGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgEIAEoCSI8ChFOYWNrVGFza3NSZXNwb25zZRInCgdyZXN1bHRzGAEgAygLMhYuZGVsYXlkLnYxLlRva2VuUmVzdWx0ImUKEkV4dGVuZExlYXNlUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDgoGdG9rZW5zGAIgAygJEiwKCWV4dGVuZF9ieRgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI+ChNFeHRlbmRMZWFzZVJlc3BvbnNlEicKB3Jlc3VsdHMYASADKAsyFi5kZWxheWQudjEuVG9rZW5SZXN1bHQiKwoWV2F0Y2hEZWxpdmVyaWVzUmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkirwEKF1dhdGNoRGVsaXZlcmllc1Jlc3BvbnNlEh0KBHRhc2sYASABKAsyDy5kZWxheWQudjEuVGFzaxIyCg5sZWFzZV9kZWFkbGluZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNZGVsaXZlcnlfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGbWlzc2VkGAQgASgDKpABCgtUb2tlblN0YXR1cxIcChhUT0tFTl9TVEFUVVNfVU5TUEVDSUZJRUQQABITCg9UT0tFTl9TVEFUVVNfT0sQARIWChJUT0tFTl9TVEFUVVNfU1RBTEUQAhIaChZUT0tFTl9TVEFUVVNfTk9UX0ZPVU5EEAMSGgoWVE9LRU5fU1RBVFVTX01BTEZPUk1FRBAEMvMDCg9EZWxpdmVyeVNlcnZpY2USSAoJU3Vic2NyaWJlEhsuZGVsYXlkLnYxLlN1YnNjcmliZVJlcXVlc3QaHC5kZWxheWQudjEuU3Vic2NyaWJlUmVzcG9uc2UwARJfChBTdHJlYW1EZWxpdmVyaWVzEiIuZGVsYXlkLnYxLlN0cmVhbURlbGl2ZXJpZXNSZXF1ZXN0GiMuZGVsYXlkLnYxLlN0cmVhbURlbGl2ZXJpZXNSZXNwb25zZSgBMAESQwoIQWNrVGFza3MSGi5kZWxheWQudjEuQWNrVGFza3NSZXF1ZXN0GhsuZGVsYXlkLnYxLkFja1Rhc2tzUmVzcG9uc2USRgoJTmFja1Rhc2tzEhsuZGVsYXlkLnYxLk5hY2tUYXNrc1JlcXVlc3QaHC5kZWxheWQudjEuTmFja1Rhc2tzUmVzcG9uc2USTAoLRXh0ZW5kTGVhc2USHS5kZWxheWQudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0Gh4uZGVsYXlkLnYxLkV4dGVuZExlYXNlUmVzcG9uc2USWgoPV2F0Y2hEZWxpdmVyaWVzEiEuZGVsYXlkLnYxLldhdGNoRGVsaXZlcmllc1JlcXVlc3QaIi5kZWxheWQudjEuV2F0Y2hEZWxpdmVyaWVzUmVzcG9uc2UwAWIGcHJvdG8z", [file_delayd_v1_task, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Describes the message delayd.v1.SubscribeRequest.
@@ -27,74 +27,102 @@ export const SubscribeResponseSchema = /*@__PURE__*/
   messageDesc(file_delayd_v1_delivery, 1);
 
 /**
+ * Describes the message delayd.v1.StreamDeliveriesRequest.
+ * Use `create(StreamDeliveriesRequestSchema)` to create a new message.
+ */
+export const StreamDeliveriesRequestSchema = /*@__PURE__*/
+  messageDesc(file_delayd_v1_delivery, 2);
+
+/**
+ * Describes the message delayd.v1.StreamNack.
+ * Use `create(StreamNackSchema)` to create a new message.
+ */
+export const StreamNackSchema = /*@__PURE__*/
+  messageDesc(file_delayd_v1_delivery, 3);
+
+/**
+ * Describes the message delayd.v1.StreamExtend.
+ * Use `create(StreamExtendSchema)` to create a new message.
+ */
+export const StreamExtendSchema = /*@__PURE__*/
+  messageDesc(file_delayd_v1_delivery, 4);
+
+/**
+ * Describes the message delayd.v1.StreamDeliveriesResponse.
+ * Use `create(StreamDeliveriesResponseSchema)` to create a new message.
+ */
+export const StreamDeliveriesResponseSchema = /*@__PURE__*/
+  messageDesc(file_delayd_v1_delivery, 5);
+
+/**
  * Describes the message delayd.v1.Delivery.
  * Use `create(DeliverySchema)` to create a new message.
  */
 export const DeliverySchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 2);
+  messageDesc(file_delayd_v1_delivery, 6);
 
 /**
  * Describes the message delayd.v1.TokenResult.
  * Use `create(TokenResultSchema)` to create a new message.
  */
 export const TokenResultSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 3);
+  messageDesc(file_delayd_v1_delivery, 7);
 
 /**
  * Describes the message delayd.v1.AckTasksRequest.
  * Use `create(AckTasksRequestSchema)` to create a new message.
  */
 export const AckTasksRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 4);
+  messageDesc(file_delayd_v1_delivery, 8);
 
 /**
  * Describes the message delayd.v1.AckTasksResponse.
  * Use `create(AckTasksResponseSchema)` to create a new message.
  */
 export const AckTasksResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 5);
+  messageDesc(file_delayd_v1_delivery, 9);
 
 /**
  * Describes the message delayd.v1.NackTasksRequest.
  * Use `create(NackTasksRequestSchema)` to create a new message.
  */
 export const NackTasksRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 6);
+  messageDesc(file_delayd_v1_delivery, 10);
 
 /**
  * Describes the message delayd.v1.NackTasksResponse.
  * Use `create(NackTasksResponseSchema)` to create a new message.
  */
 export const NackTasksResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 7);
+  messageDesc(file_delayd_v1_delivery, 11);
 
 /**
  * Describes the message delayd.v1.ExtendLeaseRequest.
  * Use `create(ExtendLeaseRequestSchema)` to create a new message.
  */
 export const ExtendLeaseRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 8);
+  messageDesc(file_delayd_v1_delivery, 12);
 
 /**
  * Describes the message delayd.v1.ExtendLeaseResponse.
  * Use `create(ExtendLeaseResponseSchema)` to create a new message.
  */
 export const ExtendLeaseResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 9);
+  messageDesc(file_delayd_v1_delivery, 13);
 
 /**
  * Describes the message delayd.v1.WatchDeliveriesRequest.
  * Use `create(WatchDeliveriesRequestSchema)` to create a new message.
  */
 export const WatchDeliveriesRequestSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 10);
+  messageDesc(file_delayd_v1_delivery, 14);
 
 /**
  * Describes the message delayd.v1.WatchDeliveriesResponse.
  * Use `create(WatchDeliveriesResponseSchema)` to create a new message.
  */
 export const WatchDeliveriesResponseSchema = /*@__PURE__*/
-  messageDesc(file_delayd_v1_delivery, 11);
+  messageDesc(file_delayd_v1_delivery, 15);
 
 /**
  * Describes the enum delayd.v1.TokenStatus.
