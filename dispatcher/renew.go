@@ -156,6 +156,13 @@ func (o observedStore) Pop(ctx context.Context, ns string, p storage.PopParams) 
 	return dels, err
 }
 
+func (o observedStore) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
+	start := time.Now()
+	r, err := o.Store.PopWake(ctx, ns, p)
+	o.h.observe(start, err)
+	return r, err
+}
+
 func (o observedStore) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
 	start := time.Now()
 	res, err := o.Store.Extend(ctx, ns, tokens, by)
