@@ -26,22 +26,23 @@ type nackKey struct {
 	reason        string
 }
 
-// acker batches verdicts: acks into AckTasks calls of up to size tokens, and
-// nacks with the same retry delay and reason into NackTasks calls. A batch
+// acker batches verdicts: acks into batches of up to size tokens, and nacks
+// with the same retry delay and reason into one batch each, sent on the
+// consumer's StreamDeliveries stream (or AckTasks / NackTasks calls when it
+// has none: verdictLine). A batch
 // is sent when it is full or when its oldest verdict has waited interval.
 // One goroutine (run) owns the batches; add blocks while a send is in
 // progress and the input is full, which is the backpressure on handlers.
 type acker struct {
-	rpc      delaydv1.DeliveryServiceClient
-	ns       string
+	line     *verdictLine
 	size     int
 	interval time.Duration
 	logger   *slog.Logger
 	in       chan verdict
 }
 
-func newAcker(rpc delaydv1.DeliveryServiceClient, ns string, size int, interval time.Duration, logger *slog.Logger) *acker {
-	return &acker{rpc: rpc, ns: ns, size: size, interval: interval, logger: logger, in: make(chan verdict, size)}
+func newAcker(line *verdictLine, size int, interval time.Duration, logger *slog.Logger) *acker {
+	return &acker{line: line, size: size, interval: interval, logger: logger, in: make(chan verdict, size)}
 }
 
 // add queues a verdict. It must not be called after close.
@@ -105,27 +106,27 @@ func (a *acker) run(ctx context.Context) {
 }
 
 func (a *acker) ack(ctx context.Context, vs []verdict) {
-	resp, err := a.rpc.AckTasks(ctx, &delaydv1.AckTasksRequest{Namespace: a.ns, Tokens: tokens(vs)})
+	results, err := a.line.ack(ctx, tokens(vs))
 	if err != nil {
 		a.logger.Warn("delayd consumer: ack failed; the tasks will be delivered again when their leases end",
 			"tasks", len(vs), "error", err)
 		return
 	}
-	a.report("ack", vs, resp.GetResults())
+	a.report("ack", vs, results)
 }
 
 func (a *acker) nack(ctx context.Context, k nackKey, vs []verdict) {
-	req := &delaydv1.NackTasksRequest{Namespace: a.ns, Tokens: tokens(vs), Reason: k.reason}
+	var retryAfter *durationpb.Duration
 	if k.hasRetryAfter {
-		req.RetryAfter = durationpb.New(k.retryAfter)
+		retryAfter = durationpb.New(k.retryAfter)
 	}
-	resp, err := a.rpc.NackTasks(ctx, req)
+	results, err := a.line.nack(ctx, tokens(vs), retryAfter, k.reason)
 	if err != nil {
 		a.logger.Warn("delayd consumer: nack failed; the tasks will be delivered again when their leases end",
 			"tasks", len(vs), "error", err)
 		return
 	}
-	a.report("nack", vs, resp.GetResults())
+	a.report("nack", vs, results)
 }
 
 // report logs the tokens delayd did not apply. STALE and NOT_FOUND are not

@@ -131,18 +131,65 @@ func TestProducerRoundTrip(t *testing.T) {
 	}
 }
 
+// verdictWatch observes the verdicts a client sends, on StreamDeliveries
+// streams and by the unary calls, and the ack results it gets back.
+type verdictWatch struct {
+	onAck       func(tokens []string, unary bool)
+	onAckResult func(rs []*delaydv1.TokenResult)
+}
+
+func (w verdictWatch) dialOptions() []grpc.DialOption {
+	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*delaydv1.AckTasksRequest); ok && w.onAck != nil {
+			w.onAck(r.GetTokens(), true)
+		}
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if r, ok := reply.(*delaydv1.AckTasksResponse); ok && err == nil && w.onAckResult != nil {
+			w.onAckResult(r.GetResults())
+		}
+		return err
+	}
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		return watchedStream{ClientStream: cs, w: w}, err
+	}
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream)}
+}
+
+type watchedStream struct {
+	grpc.ClientStream
+	w verdictWatch
+}
+
+func (s watchedStream) SendMsg(m any) error {
+	if r, ok := m.(*delaydv1.StreamDeliveriesRequest); ok && len(r.GetAckTokens()) > 0 && s.w.onAck != nil {
+		s.w.onAck(r.GetAckTokens(), false)
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+func (s watchedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if r, ok := m.(*delaydv1.StreamDeliveriesResponse); ok && err == nil && len(r.GetAckResults()) > 0 && s.w.onAckResult != nil {
+		s.w.onAckResult(r.GetAckResults())
+	}
+	return err
+}
+
+// TestConsumeAcksInBatches: acks go in batches on the consumer's
+// StreamDeliveries stream (issue 25 item 2), not by AckTasks calls.
 func TestConsumeAcksInBatches(t *testing.T) {
 	t.Parallel()
 	srv := startDelayd(t, "127.0.0.1:0")
-	var ackCalls, ackTokens atomic.Int64
-	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if r, ok := req.(*delaydv1.AckTasksRequest); ok {
-			ackCalls.Add(1)
-			ackTokens.Add(int64(len(r.GetTokens())))
+	var ackCalls, ackTokens, unaryCalls atomic.Int64
+	w := verdictWatch{onAck: func(toks []string, unary bool) {
+		ackCalls.Add(1)
+		ackTokens.Add(int64(len(toks)))
+		if unary {
+			unaryCalls.Add(1)
 		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
-	c := newClient(t, srv.addr(), client.WithDialOptions(grpc.WithChainUnaryInterceptor(count)), client.WithLogger(testLogger(t)))
+	}}
+	c := newClient(t, srv.addr(), client.WithDialOptions(w.dialOptions()...), client.WithLogger(testLogger(t)))
 	ns := namespace(t, c)
 
 	const n = 200
@@ -187,7 +234,10 @@ func TestConsumeAcksInBatches(t *testing.T) {
 		t.Errorf("acked %d tokens, want %d", got, n)
 	}
 	if calls := ackCalls.Load(); calls >= n/2 {
-		t.Errorf("%d AckTasks calls for %d acks; want them batched", calls, n)
+		t.Errorf("%d ack batches for %d acks; want them batched", calls, n)
+	}
+	if u := unaryCalls.Load(); u != 0 {
+		t.Errorf("%d AckTasks calls with the stream up; want every ack on the stream", u)
 	}
 }
 
@@ -564,16 +614,12 @@ func TestStaleAckAfterUpsertChangesNothing(t *testing.T) {
 	t.Parallel()
 	srv := startDelayd(t, "127.0.0.1:0")
 	ackResults := make(chan delaydv1.TokenStatus, 10)
-	watch := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		if r, ok := reply.(*delaydv1.AckTasksResponse); ok && err == nil {
-			for _, res := range r.GetResults() {
-				ackResults <- res.GetStatus()
-			}
+	w := verdictWatch{onAckResult: func(rs []*delaydv1.TokenResult) {
+		for _, res := range rs {
+			ackResults <- res.GetStatus()
 		}
-		return err
-	}
-	c := newClient(t, srv.addr(), client.WithDialOptions(grpc.WithChainUnaryInterceptor(watch)))
+	}}
+	c := newClient(t, srv.addr(), client.WithDialOptions(w.dialOptions()...))
 	ns := namespace(t, c)
 	if _, err := c.Upsert(t.Context(), ns, client.TaskSpec{ID: "renewed", When: client.After(0)}); err != nil {
 		t.Fatal(err)

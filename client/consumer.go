@@ -254,6 +254,7 @@ type consumer struct {
 
 	jobs        chan job      // receiver → workers, unbuffered: the server's credit is the buffer
 	stopWorkers chan struct{} // closed: workers return after their current job
+	line        *verdictLine
 	acker       *acker
 	leaser      *leaser
 	tracer      trace.Tracer
@@ -266,6 +267,7 @@ type job struct {
 
 func newConsumer(c *Client, ns string, h Handler, opts ConsumeOptions) *consumer {
 	logger := c.opts.logger.With("namespace", ns)
+	line := newVerdictLine(c.delivery, ns)
 	return &consumer{
 		c:           c,
 		ns:          ns,
@@ -274,8 +276,9 @@ func newConsumer(c *Client, ns string, h Handler, opts ConsumeOptions) *consumer
 		logger:      logger,
 		jobs:        make(chan job),
 		stopWorkers: make(chan struct{}),
-		acker:       newAcker(c.delivery, ns, opts.AckBatchSize, opts.AckFlushInterval, logger),
-		leaser:      newLeaser(c.delivery, ns, opts.ExtendBy, logger),
+		line:        line,
+		acker:       newAcker(line, opts.AckBatchSize, opts.AckFlushInterval, logger),
+		leaser:      newLeaser(line, opts.ExtendBy, logger),
 		tracer:      c.opts.tracer.Tracer("github.com/delayd/delayd/client"),
 	}
 }
@@ -438,13 +441,18 @@ func (cs *consumer) receive(ctx context.Context, r *streamRun) error {
 	// fails with the dial error ("connection refused", "no such host"),
 	// which run reports and retries with backoff, instead of waiting
 	// silently for a connection that may never come.
-	stream, err := cs.c.delivery.Subscribe(ctx, &delaydv1.SubscribeRequest{
+	stream, err := cs.c.delivery.StreamDeliveries(ctx)
+	if err != nil {
+		return err
+	}
+	err = stream.Send(&delaydv1.StreamDeliveriesRequest{
 		Namespace:   cs.ns,
 		MaxInFlight: int32(cs.opts.MaxInFlight),
 		Kinds:       cs.opts.Kinds,
+		MaxBatch:    int32(min(cs.opts.MaxInFlight, maxStreamBatch)),
 	})
-	if err != nil {
-		return err
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err // io.EOF: the stream's error comes from Recv
 	}
 	// delayd sends the header once the subscription is registered; a
 	// refusal (auth, validation) comes as the stream's error instead.
@@ -457,33 +465,68 @@ func (cs *consumer) receive(ctx context.Context, r *streamRun) error {
 	if md != nil {
 		r.subscribed.Store(true)
 	}
+	// Verdicts go on this stream from now on; when it ends, what it left
+	// unanswered goes again by the unary calls.
+	cs.line.attach(stream)
+	defer cs.line.detach(stream)
+	// The receiver never waits for a worker: answers to verdicts arrive
+	// behind deliveries, and a worker may be waiting for one (through the
+	// acker). pipe holds what the workers have not taken yet; the server
+	// sends at most MaxInFlight unacked deliveries, so it never fills while
+	// this stream runs.
+	pipe := make(chan job, cs.opts.MaxInFlight)
+	forwarded := make(chan struct{})
+	defer func() { <-forwarded }()
+	go func() {
+		defer close(forwarded)
+		cs.forward(ctx, r, pipe)
+	}()
+	defer close(pipe)
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
 			return err
 		}
-		pd := resp.GetDelivery()
-		if pd == nil {
-			continue
+		if len(resp.GetAckResults())+len(resp.GetNackResults())+len(resp.GetExtendResults()) > 0 {
+			cs.line.answered(stream, resp)
 		}
-		r.received = true
-		d := &Delivery{Task: taskFromProto(pd.GetTask()), Token: pd.GetToken(), LeaseDeadline: timeFromProto(pd.GetLeaseDeadline())}
-		j := job{d: d, recv: time.Now()}
+		for _, pd := range resp.GetDeliveries() {
+			r.received = true
+			d := &Delivery{Task: taskFromProto(pd.GetTask()), Token: pd.GetToken(), LeaseDeadline: timeFromProto(pd.GetLeaseDeadline())}
+			select {
+			case pipe <- job{d: d, recv: time.Now()}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+}
+
+// maxStreamBatch is the most deliveries the consumer asks per stream
+// message (the server's limit).
+const maxStreamBatch = 1000
+
+// forward hands what the stream received to the workers, until pipe is
+// closed or the stream stops handing out. Stopping: no handler takes the
+// deliveries left; they stay leased until their deadline and are then
+// delivered again.
+func (cs *consumer) forward(ctx context.Context, r *streamRun, pipe <-chan job) {
+	for j := range pipe {
 		select {
 		case <-r.stop:
-			// Stopping: no handler takes the delivery; it stays leased
-			// until its deadline and is then delivered again.
-			<-ctx.Done()
-			return ctx.Err()
+			for range pipe { // left leased; keep the receiver reading answers
+			}
+			return
 		default:
 		}
 		select {
 		case cs.jobs <- j:
 		case <-r.stop:
-			<-ctx.Done()
-			return ctx.Err()
+			for range pipe {
+			}
+			return
 		case <-ctx.Done():
-			return ctx.Err()
+			return
 		}
 	}
 }

@@ -26,8 +26,7 @@ const (
 // own clock (lease deadline minus the delivery's update time) and counted
 // from when the delivery arrived, so a skewed local clock does not matter.
 type leaser struct {
-	rpc      delaydv1.DeliveryServiceClient
-	ns       string
+	line     *verdictLine
 	extendBy time.Duration
 	logger   *slog.Logger
 
@@ -43,8 +42,8 @@ type lease struct {
 	cancel context.CancelCauseFunc
 }
 
-func newLeaser(rpc delaydv1.DeliveryServiceClient, ns string, extendBy time.Duration, logger *slog.Logger) *leaser {
-	return &leaser{rpc: rpc, ns: ns, extendBy: extendBy, logger: logger, leases: map[string]*lease{}, kick: make(chan struct{}, 1)}
+func newLeaser(line *verdictLine, extendBy time.Duration, logger *slog.Logger) *leaser {
+	return &leaser{line: line, extendBy: extendBy, logger: logger, leases: map[string]*lease{}, kick: make(chan struct{}, 1)}
 }
 
 // add starts watching the lease of d, which arrived at recv. cancel is the
@@ -131,15 +130,15 @@ func (l *leaser) extendDue(ctx context.Context) {
 }
 
 func (l *leaser) extend(ctx context.Context, toks []string) {
-	req := &delaydv1.ExtendLeaseRequest{Namespace: l.ns, Tokens: toks}
+	var extendBy *durationpb.Duration
 	if l.extendBy > 0 {
-		req.ExtendBy = durationpb.New(l.extendBy)
+		extendBy = durationpb.New(l.extendBy)
 	}
 	sent := time.Now()
-	resp, err := l.rpc.ExtendLease(ctx, req)
+	results, err := l.line.extend(ctx, toks, extendBy)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err != nil || len(resp.GetResults()) != len(toks) {
+	if err != nil || len(results) != len(toks) {
 		if ctx.Err() == nil {
 			l.logger.Warn("delayd consumer: lease extension failed; retrying", "tasks", len(toks), "error", err)
 		}
@@ -150,7 +149,7 @@ func (l *leaser) extend(ctx context.Context, toks []string) {
 		}
 		return
 	}
-	for i, r := range resp.GetResults() {
+	for i, r := range results {
 		ls, ok := l.leases[toks[i]]
 		if !ok {
 			continue // the handler returned meanwhile
