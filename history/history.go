@@ -187,13 +187,20 @@ func (r *Recorder) List(ctx context.Context, ns string, p storage.ListParams) ([
 // and its lateness (the pop's store time, Task.UpdateTime, minus the due
 // time).
 func (r *Recorder) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
+	res, err := r.PopWake(ctx, ns, p)
+	return res.Deliveries, err
+}
+
+// PopWake is Pop that also answers the next wake (the dispatcher's call).
+func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	keep := r.keep(ctx, ns)
 	if keep > 0 {
 		m := r.orderOf(ns)
 		m.Lock()
 		defer m.Unlock()
 	}
-	ds, err := r.next.Pop(ctx, ns, p)
+	res, err := r.next.PopWake(ctx, ns, p)
+	ds := res.Deliveries
 	if keep > 0 && len(ds) > 0 {
 		events := make([]storage.Event, len(ds))
 		for i, d := range ds {
@@ -203,7 +210,7 @@ func (r *Recorder) Pop(ctx context.Context, ns string, p storage.PopParams) ([]s
 		}
 		r.record(ctx, ns, keep, events)
 	}
-	return ds, err
+	return res, err
 }
 
 // Ack records an acked event per settled token.
