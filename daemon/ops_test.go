@@ -116,6 +116,11 @@ func TestOpsListenerServesMetricsHealthAndReadiness(t *testing.T) {
 		`delayd_tasks{namespace="` + ns + `",state="scheduled"}`: 1,
 		`delayd_tasks{namespace="` + ns + `",state="delivered"}`: 0,
 		`delayd_tasks_due{namespace="` + ns + `"}`:               0,
+		// "later" falls due within the hour (less the moments since its
+		// upsert), not within 15 minutes.
+		`delayd_tasks_due_forecast{namespace="` + ns + `",within="15m"}`:                                                              0,
+		`delayd_tasks_due_forecast{namespace="` + ns + `",within="1h"}`:                                                               1,
+		`delayd_tasks_due_forecast{namespace="` + ns + `",within="24h"}`:                                                              1,
 		`grpc_server_handled_total{grpc_code="OK",grpc_method="AckTasks",grpc_service="delayd.v1.DeliveryService",grpc_type="unary"}`: 1,
 		`grpc_server_started_total{grpc_method="Subscribe",grpc_service="delayd.v1.DeliveryService",grpc_type="server_stream"}`:       1,
 		// Every registered method's series exist from the start (InitGRPC).

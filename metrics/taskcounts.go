@@ -17,6 +17,32 @@ import (
 type TaskSource interface {
 	Namespaces(ctx context.Context) ([]string, error)
 	Stats(ctx context.Context, ns string) (storage.Stats, error)
+	// Forecast counts the tasks falling due per minute and per hour (one
+	// ZCOUNT per bucket, 84 per namespace shard).
+	Forecast(ctx context.Context, ns string) (storage.Forecast, error)
+}
+
+// forecastWindows are the values of delayd_tasks_due_forecast's within
+// label: how far ahead, and how many of the forecast's minutes (m) or
+// hours (h) that sums. A fixed set, so the series stay bounded.
+var forecastWindows = []struct {
+	label   string
+	minutes int // sum of PerMinute[:minutes]; 0: use hours
+	hours   int // sum of PerHour[:hours]
+}{{"5m", 5, 0}, {"15m", 15, 0}, {"1h", 0, 1}, {"6h", 0, 6}, {"24h", 0, 24}}
+
+// forecastTotals sums f over forecastWindows.
+func forecastTotals(f storage.Forecast) []int64 {
+	out := make([]int64, len(forecastWindows))
+	for i, w := range forecastWindows {
+		for _, n := range f.PerMinute[:min(w.minutes, len(f.PerMinute))] {
+			out[i] += n
+		}
+		for _, n := range f.PerHour[:min(w.hours, len(f.PerHour))] {
+			out[i] += n
+		}
+	}
+	return out
 }
 
 // Defaults of TaskCounts.
@@ -35,6 +61,9 @@ var (
 	dueDesc = prometheus.NewDesc("delayd_tasks_due",
 		"Scheduled tasks whose due time has passed and that no subscriber has taken yet.",
 		[]string{"namespace"}, nil)
+	forecastDesc = prometheus.NewDesc("delayd_tasks_due_forecast",
+		"Scheduled tasks that fall due within the next `within` (5m, 15m, 1h, 6h, 24h; not those due now), per namespace, counted from the index; read at most every 10 s.",
+		[]string{"namespace", "within"}, nil)
 )
 
 // TaskCounts is a collector for delayd_tasks and delayd_tasks_due: on a
@@ -49,6 +78,8 @@ type TaskCounts struct {
 	mu     sync.Mutex
 	readAt time.Time
 	counts map[string]storage.Stats
+	// ahead is each namespace's forecastTotals.
+	ahead map[string][]int64
 }
 
 // NewTaskCounts returns a TaskCounts reading src at most every interval
@@ -64,6 +95,7 @@ func (m *Metrics) NewTaskCounts(src TaskSource, interval time.Duration) *TaskCou
 func (c *TaskCounts) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tasksDesc
 	ch <- dueDesc
+	ch <- forecastDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -71,8 +103,13 @@ func (c *TaskCounts) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.counts == nil || time.Since(c.readAt) >= c.interval {
-		if counts, err := c.read(); err == nil {
-			c.counts, c.readAt = counts, time.Now()
+		if counts, ahead, err := c.read(); err == nil {
+			c.counts, c.ahead, c.readAt = counts, ahead, time.Now()
+		}
+	}
+	for ns, totals := range c.ahead {
+		for i, w := range forecastWindows {
+			ch <- prometheus.MustNewConstMetric(forecastDesc, prometheus.GaugeValue, float64(totals[i]), ns, w.label)
 		}
 	}
 	for ns, st := range c.counts {
@@ -85,19 +122,24 @@ func (c *TaskCounts) Collect(ch chan<- prometheus.Metric) {
 
 // read counts every namespace; past maxNS namespaces, the rest are summed
 // under OtherNamespace.
-func (c *TaskCounts) read() (map[string]storage.Stats, error) {
+func (c *TaskCounts) read() (map[string]storage.Stats, map[string][]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), taskCountsTimeout)
 	defer cancel()
 	names, err := c.src.Namespaces(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	slices.Sort(names) // the first maxNS by name keep their own series
 	out := make(map[string]storage.Stats, min(len(names), c.maxNS+1))
+	ahead := make(map[string][]int64, min(len(names), c.maxNS+1))
 	for i, ns := range names {
 		st, err := c.src.Stats(ctx, ns)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		f, err := c.src.Forecast(ctx, ns)
+		if err != nil {
+			return nil, nil, err
 		}
 		key := ns
 		if i >= c.maxNS {
@@ -109,6 +151,13 @@ func (c *TaskCounts) read() (map[string]storage.Stats, error) {
 		sum.Dead += st.Dead
 		sum.DueNow += st.DueNow
 		out[key] = sum
+		totals := forecastTotals(f)
+		if prev := ahead[key]; prev != nil {
+			for j := range totals {
+				totals[j] += prev[j]
+			}
+		}
+		ahead[key] = totals
 	}
-	return out, nil
+	return out, ahead, nil
 }
