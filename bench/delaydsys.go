@@ -46,7 +46,8 @@ type delaydConfig struct {
 	// server default.
 	Shards int
 	// SDK sends unary upserts through the Go SDK's Client.Upsert (with its
-	// default batching) instead of the raw UpsertTask stub.
+	// default batching) instead of the raw UpsertTask stub, and receives
+	// as the SDK does: StreamDeliveries, acks on the stream.
 	SDK bool
 	// Label names the system in reports. If empty, "delayd".
 	Label  string
@@ -223,6 +224,11 @@ func (s *delaydSystem) consume(ctx context.Context, nss []string, subscribers, m
 	for i := range subscribers {
 		ns := nss[i%len(nss)]
 		ci := s.next()
+		if s.cfg.SDK {
+			// The SDK's delivery path: StreamDeliveries, acks on the stream.
+			wg.Go(func() { s.receiveStream(ctx, s.delivery[ci], ns, maxInFlight, sk) })
+			continue
+		}
 		tokens := make(chan string, maxInFlight)
 		wg.Add(2)
 		go func() {
@@ -267,6 +273,95 @@ func (s *delaydSystem) receive(ctx context.Context, c delaydv1.DeliveryServiceCl
 		case <-ctx.Done():
 			return
 		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// receiveStream is one StreamDeliveries subscriber (the SDK's path: several
+// deliveries per message, acks batched as ackLoop's and sent on the same
+// stream, answered on it) until ctx ends; a stream that breaks is reopened
+// after 100 ms and counted.
+func (s *delaydSystem) receiveStream(ctx context.Context, c delaydv1.DeliveryServiceClient, ns string, maxInFlight int, sk sink) {
+	for ctx.Err() == nil {
+		err := s.streamOnce(ctx, c, ns, maxInFlight, sk)
+		if ctx.Err() != nil {
+			return
+		}
+		s.streamErrs.Add(1)
+		s.cfg.Logger.Warn("delivery stream ended; reopening", "namespace", ns, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (s *delaydSystem) streamOnce(ctx context.Context, c delaydv1.DeliveryServiceClient, ns string, maxInFlight int, sk sink) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.StreamDeliveries(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&delaydv1.StreamDeliveriesRequest{Namespace: ns, MaxInFlight: int32(maxInFlight),
+		MaxBatch: int32(min(maxInFlight, 1000))}); err != nil {
+		return err
+	}
+	tokens := make(chan string, maxInFlight)
+	sent := make(chan struct{})
+	go func() { // the stream's only sender after the opening request
+		defer close(sent)
+		linger := time.NewTimer(time.Hour)
+		defer linger.Stop()
+		for {
+			var tok string
+			select {
+			case tok = <-tokens:
+			case <-ctx.Done():
+				return
+			}
+			batch := []string{tok}
+			linger.Reset(s.cfg.AckLinger)
+		fill:
+			for len(batch) < s.cfg.AckBatch {
+				select {
+				case t := <-tokens:
+					batch = append(batch, t)
+				case <-linger.C:
+					break fill
+				case <-ctx.Done():
+					return
+				}
+			}
+			if err := stream.Send(&delaydv1.StreamDeliveriesRequest{AckTokens: batch}); err != nil {
+				return
+			}
+		}
+	}()
+	defer func() { cancel(); <-sent }()
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if rs := resp.GetAckResults(); len(rs) > 0 {
+			okN := 0
+			for _, r := range rs {
+				if r.GetStatus() == delaydv1.TokenStatus_TOKEN_STATUS_OK {
+					okN++
+				}
+			}
+			sk.acked(okN, len(rs)-okN, time.Now())
+		}
+		now := time.Now()
+		for _, d := range resp.GetDeliveries() {
+			sk.delivered(ns, d.GetTask().GetId(), now)
+			select {
+			case tokens <- d.GetToken():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 }

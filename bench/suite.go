@@ -18,7 +18,8 @@ const (
 	SystemBaseline10ms  = "baseline-10ms"
 	// SystemDelaydSDK is delayd driven through the Go SDK (package client):
 	// unary upserts are Client.Upsert calls, which the SDK coalesces into
-	// BatchUpsertTasks calls; delivery is as for SystemDelayd.
+	// BatchUpsertTasks calls; delivery is the SDK's path, StreamDeliveries
+	// (several deliveries per message, acks batched on the same stream).
 	SystemDelaydSDK = "delayd-sdk"
 	// SystemAsynq is hibiken/asynq on the same Redis (asynqsys.go).
 	SystemAsynq = "asynq"
