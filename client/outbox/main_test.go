@@ -47,7 +47,7 @@ func driver(d outbox.Dialect) string {
 // database creates a database of the test's own on the test MySQL or
 // PostgreSQL, dropped when t ends, and returns its DSN. A server that does
 // not answer fails t.
-func database(t *testing.T, d outbox.Dialect) string {
+func database(t testing.TB, d outbox.Dialect) string {
 	t.Helper()
 	if d == outbox.MySQL {
 		return testkit.Database(t, "outbox")
@@ -85,7 +85,7 @@ func database(t *testing.T, d outbox.Dialect) string {
 // env is one test's world: its own database (with the outbox and two
 // business tables: orders and effects), its own namespace, a delayd.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	dialect outbox.Dialect
 	dsn     string
 	db      *sql.DB
@@ -94,7 +94,7 @@ type env struct {
 	c       *client.Client
 }
 
-func newEnv(t *testing.T, d outbox.Dialect) *env {
+func newEnv(t testing.TB, d outbox.Dialect) *env {
 	t.Helper()
 	e := &env{t: t, dialect: d, dsn: database(t, d)}
 	e.db = e.open()
@@ -347,13 +347,13 @@ func ids(prefix string, n int) []string {
 
 // delayd is a real delayd in this process on the test Redis.
 type delayd struct {
-	t *testing.T
+	t testing.TB
 	d *daemon.Daemon
 }
 
 // startDelayd starts delayd on listen ("127.0.0.1:0" for any port); it is
 // stopped when t ends unless stopped before.
-func startDelayd(t *testing.T, listen string) *delayd {
+func startDelayd(t testing.TB, listen string) *delayd {
 	t.Helper()
 	d, err := daemon.Start(t.Context(), daemon.Config{Listen: listen, RedisURL: testkit.RedisURL(), ShutdownTimeout: 5 * time.Second},
 		testkit.Logger(t).With("side", "delayd"))

@@ -364,12 +364,12 @@ func (o *Outbox) Failed(ctx context.Context, limit int) ([]FailedRow, error) {
 // queries are the statements of one table in one dialect, placeholders
 // already in the dialect's form.
 type queries struct {
-	dialect                         Dialect
-	table, applied                  string
-	insert, claim, recordPark, fail string
-	relockPrefix, deletePrefix      string
-	pending, failed                 string
-	applyInsert, pruneApplied       string
+	dialect                     Dialect
+	table, applied              string
+	insert, claim, fail, bigint string
+	relockPrefix, deletePrefix  string
+	pending, failed             string
+	applyInsert, pruneApplied   string
 }
 
 func newQueries(d Dialect, table string) queries {
@@ -387,7 +387,11 @@ func newQueries(d Dialect, table string) queries {
 	q.claim = "SELECT o.seq, o.namespace, o.task_id, o.op, o.kind, o.payload, o.due_ms, o.created_us, o.park_incarnation, o.park_generation FROM " + t + " o" +
 		" WHERE o.failed = FALSE AND NOT EXISTS (SELECT 1 FROM " + t + " p WHERE p.namespace = o.namespace AND p.task_id = o.task_id AND p.seq < o.seq AND p.failed = FALSE)" +
 		" ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED"
-	q.recordPark = "UPDATE " + t + " SET park_incarnation = ?, park_generation = ? WHERE seq = ?"
+	// A placeholder typed BIGINT, where the context does not type it.
+	q.bigint = "CAST(? AS SIGNED)"
+	if d == Postgres {
+		q.bigint = "CAST(? AS BIGINT)"
+	}
 	q.fail = "UPDATE " + t + " SET failed = TRUE, last_error = ? WHERE seq = ?"
 	q.relockPrefix = "SELECT seq, park_incarnation, park_generation FROM " + t + " WHERE seq IN "
 	q.deletePrefix = "DELETE FROM " + t + " WHERE seq IN "
@@ -399,7 +403,7 @@ func newQueries(d Dialect, table string) queries {
 		q.applyInsert = "INSERT IGNORE INTO " + a + " (namespace, task_id, incarnation, generation, applied_us) VALUES (?, ?, ?, ?, ?)"
 	}
 	q.pruneApplied = "DELETE FROM " + a + " WHERE applied_us < ?"
-	for _, p := range []*string{&q.insert, &q.claim, &q.recordPark, &q.fail, &q.failed, &q.applyInsert, &q.pruneApplied} {
+	for _, p := range []*string{&q.insert, &q.claim, &q.fail, &q.failed, &q.applyInsert, &q.pruneApplied} {
 		*p = q.rebind(*p)
 	}
 	return q

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -185,6 +186,7 @@ func (o *Outbox) round(ctx context.Context, tasks delaydv1.TaskServiceClient) (i
 
 	// Phase 1, park: recorded under the claim, committed before phase 2.
 	parkDue := o.cfg.Now().Add(o.cfg.ParkFor).UnixMilli()
+	var parked []*row
 	for ns, rs := range byNamespace(park) {
 		req := &delaydv1.BatchUpsertTasksRequest{Namespace: ns, Tasks: make([]*delaydv1.UpsertTaskRequest, len(rs))}
 		for i, r := range rs {
@@ -205,13 +207,14 @@ func (o *Outbox) round(ctx context.Context, tasks delaydv1.TaskServiceClient) (i
 				continue
 			}
 			inc, gen := res.GetTask().GetIncarnation(), res.GetTask().GetGeneration()
-			if _, err := tx.ExecContext(ctx, o.q.recordPark, inc, gen, r.seq); err != nil {
-				return len(rows), fmt.Errorf("record park: %w", err)
-			}
 			r.parkInc, r.parkGen = sql.NullInt64{Int64: inc, Valid: true}, sql.NullInt64{Int64: gen, Valid: true}
-			arm = append(arm, r)
+			parked = append(parked, r)
 		}
 	}
+	if err := o.recordPark(ctx, tx, parked); err != nil {
+		return len(rows), err
+	}
+	arm = append(arm, parked...)
 	o.at("park-sent")
 	if err := tx.Commit(); err != nil {
 		return len(rows), fmt.Errorf("commit park: %w", err)
@@ -331,6 +334,32 @@ func (o *Outbox) claim(ctx context.Context, tx *sql.Tx) ([]*row, error) {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	return rows, nil
+}
+
+// recordPark stores the parked versions of rs, in one statement.
+func (o *Outbox) recordPark(ctx context.Context, tx *sql.Tx, rs []*row) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	var inc, gen strings.Builder
+	args := make([]any, 0, 5*len(rs))
+	for _, r := range rs {
+		inc.WriteString(" WHEN ? THEN " + o.q.bigint)
+		args = append(args, r.seq, r.parkInc.Int64)
+	}
+	for _, r := range rs {
+		gen.WriteString(" WHEN ? THEN " + o.q.bigint)
+		args = append(args, r.seq, r.parkGen.Int64)
+	}
+	for _, r := range rs {
+		args = append(args, r.seq)
+	}
+	stmt := o.q.rebind("UPDATE " + o.q.table + " SET park_incarnation = CASE seq" + inc.String() + " END, park_generation = CASE seq" +
+		gen.String() + " END WHERE seq IN (" + strings.TrimSuffix(strings.Repeat("?, ", len(rs)), ", ") + ")")
+	if _, err := tx.ExecContext(ctx, stmt, args...); err != nil {
+		return fmt.Errorf("record park: %w", err)
+	}
+	return nil
 }
 
 // delete deletes rs inside tx.
