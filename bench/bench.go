@@ -278,7 +278,7 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 		ds, err := newDelaydSystem(delaydConfig{
 			Addr: d.addr, APIKey: key, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
 			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards,
-			SDK: sysName == SystemDelaydSDK,
+			SDK: sysName == SystemDelaydSDK, SDKMaxOutstanding: cfg.SDKBatch.MaxOutstanding,
 		})
 		if err != nil {
 			return Result{Workload: w.Name, System: sysName, Params: w, Error: err.Error()}
@@ -452,6 +452,9 @@ func command(cfg Config, workload, system string) string {
 	}
 	if cfg.NoOps && strings.HasPrefix(system, "delayd") {
 		args = append(args, "--no-ops")
+	}
+	if cfg.SDKBatch.MaxOutstanding != 0 && system == SystemDelaydSDK {
+		args = append(args, fmt.Sprintf("--sdk-max-outstanding=%d", cfg.SDKBatch.MaxOutstanding))
 	}
 	if cfg.BaselineBatch != 200 && strings.HasPrefix(system, "baseline") {
 		args = append(args, fmt.Sprintf("--baseline-batch=%d", cfg.BaselineBatch))

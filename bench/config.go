@@ -85,6 +85,9 @@ type Config struct {
 	Conns int
 	// AckBatch is the most tokens per AckTasks call.
 	AckBatch int
+	// SDKBatch is the Go SDK's batching for the delayd-sdk system; the
+	// zero value is the SDK's default.
+	SDKBatch struct{ MaxOutstanding int }
 
 	// JSON prints a JSON report instead of the table.
 	JSON bool
@@ -150,6 +153,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.IntVar(&c.BaselineBatch, "baseline-batch", 200, "baseline poller pop limit (ids per ZRANGEBYSCORE LIMIT)")
 	fs.IntVar(&c.Conns, "conns", 4, "gRPC connections to delayd, shared round-robin")
 	fs.IntVar(&c.AckBatch, "ack-batch", 500, "most tokens per AckTasks call")
+	fs.IntVar(&c.SDKBatch.MaxOutstanding, "sdk-max-outstanding", 0, "delayd-sdk: the SDK's BatchSettings.MaxOutstanding (batches per namespace in flight); 0 = the SDK's default, 2")
 	fs.BoolVar(&c.JSON, "json", false, "print a JSON report on stdout instead of the table")
 	fs.BoolVar(&c.Markdown, "markdown", false, "print the report as Markdown tables")
 	fs.StringVar(&c.JSONOut, "json-out", "", "also write the JSON report to this file")

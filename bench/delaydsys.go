@@ -49,6 +49,9 @@ type delaydConfig struct {
 	// default batching) instead of the raw UpsertTask stub, and receives
 	// as the SDK does: StreamDeliveries, acks on the stream.
 	SDK bool
+	// SDKMaxOutstanding is the SDK's BatchSettings.MaxOutstanding; 0 =
+	// its default.
+	SDKMaxOutstanding int
 	// Label names the system in reports. If empty, "delayd".
 	Label  string
 	Logger *slog.Logger
@@ -117,7 +120,8 @@ func newDelaydSystem(cfg delaydConfig) (*delaydSystem, error) {
 	if cfg.SDK {
 		// One Client, as an application has: its batcher coalesces the
 		// calls of every producer goroutine.
-		copts := []client.Option{client.WithLogger(cfg.Logger)}
+		copts := []client.Option{client.WithLogger(cfg.Logger),
+			client.WithBatching(client.BatchSettings{MaxOutstanding: cfg.SDKMaxOutstanding})}
 		if cfg.APIKey != "" {
 			copts = append(copts, client.WithAPIKey(cfg.APIKey))
 		}

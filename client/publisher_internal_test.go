@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
@@ -219,5 +220,37 @@ func TestPublisherCancelledCallIsDropped(t *testing.T) {
 	}
 	if !cmp.Equal(g.calls, [][]string{{"a"}}) {
 		t.Fatalf("calls %v; want only a", g.calls)
+	}
+}
+
+// A call whose context carries outgoing metadata (or a span) is sent alone,
+// with its own context, in its place in the queue: the calls before it
+// leave first, and the ones after it wait for it when they share its id.
+func TestPublisherSoloContextGoesAloneInOrder(t *testing.T) {
+	g := newGatedTasks()
+	p := newPublisher(g, BatchSettings{MaxOutstanding: 1})
+	var wg sync.WaitGroup
+	run := func(ctx context.Context, id string) {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = p.upsert(ctx, "ns", upsertReq(id)) }()
+	}
+	bg := context.Background()
+	run(bg, "a")
+	g.waitCall(t)
+	run(bg, "b")
+	queued(t, p, "ns", 1)
+	run(metadata.AppendToOutgoingContext(bg, "x-tenant", "7"), "c")
+	queued(t, p, "ns", 2)
+	run(bg, "d")
+	queued(t, p, "ns", 3)
+	run(bg, "e")
+	queued(t, p, "ns", 4)
+	for range 4 {
+		g.release <- struct{}{}
+	}
+	wg.Wait()
+	want := [][]string{{"a"}, {"b"}, {"c"}, {"d", "e"}}
+	if diff := cmp.Diff(want, g.calls); diff != "" {
+		t.Fatalf("calls (-want +got):\n%s", diff)
 	}
 }
