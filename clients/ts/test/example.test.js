@@ -8,6 +8,7 @@ import { TaskService } from "../src/gen/delayd/v1/task_pb.js";
 import { TaskState } from "../src/gen/delayd/v1/task_pb.js";
 import { TokenStatus } from "../src/gen/delayd/v1/delivery_pb.js";
 import { upsertAndSubscribe } from "../example/upsert-and-subscribe.js";
+import { streamDeliveries } from "../example/stream-deliveries.js";
 import { startDelayd } from "./delayd.js";
 
 let delayd;
@@ -48,5 +49,18 @@ test("a bad request is InvalidArgument naming the field", async () => {
     (err) => err instanceof ConnectError && err.code === Code.InvalidArgument && /id has '\/'/.test(err.rawMessage),
   );
   const listed = await tasks.listTasks({ namespace: "ts-example", state: TaskState.SCHEDULED });
+  assert.deepEqual(listed.tasks, []);
+});
+
+test("StreamDeliveries over HTTP/2 brings several deliveries per message and takes the acks on the stream", async () => {
+  const out = await streamDeliveries({ baseUrl, namespace: "ts-stream", count: 20 });
+  assert.equal(out.delivered.length, 20);
+  assert.equal(new Set(out.delivered).size, 20);
+  assert.ok(out.messages < 20, `20 deliveries came in ${out.messages} messages; want several per message`);
+  assert.equal(out.acked, 20);
+
+  // Acked on the stream: nothing is left.
+  const tasks = createClient(TaskService, createConnectTransport({ baseUrl, httpVersion: "1.1" }));
+  const listed = await tasks.listTasks({ namespace: "ts-stream" });
   assert.deepEqual(listed.tasks, []);
 });
