@@ -192,7 +192,7 @@ Output: -o table (default) or -o json.`,
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "deadline of each call (tail has none)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 
-	root.AddCommand(nsCommand(g), keyCommand(g), taskCommand(g), deadCommand(g), tailCommand(g), whoamiCommand(g))
+	root.AddCommand(nsCommand(g), keyCommand(g), taskCommand(g), deadCommand(g), tailCommand(g), whoamiCommand(g), readyCommand(g, env))
 	return root
 }
 

@@ -123,6 +123,10 @@ var rules = map[string]rule{
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},
 
+	// deploy/ holds no Go code, only tests of the deployment files and the
+	// image, which read delayd --help and talk to a delayd as a client.
+	"deploy": {testImports: []string{"daemon", "client", "internal/testkit"}},
+
 	// Binaries.
 	"cmd/delayd":        {imports: []string{"daemon"}, testImports: []string{"gen/delayd/v1", "internal/testkit"}},
 	"cmd/delayctl":      {imports: []string{"ctl"}},
