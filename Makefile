@@ -174,5 +174,5 @@ fuzz: ## Fuzz client-input parsers (validation, keys, records, tokens, auth) for
 SOAK ?= 3m
 
 .PHONY: soak
-soak: services ## Steady flow for SOAK (3m; SOAK=20m for longer): 500 tasks/s due 2 s after upsert, child delayd, own Redis; fails on lost/duplicate/early.
-	go run ./cmd/delaybench --soak $(SOAK) --server child --own-redis $(SOAK_FLAGS)
+soak: services ## Steady flow for SOAK (3m; SOAK=20m for longer): 500 tasks/s due 2 s after upsert, child delayd, own Redis; NOISE=1 spins one core beside it; fails on lost/duplicate/early.
+	go run ./cmd/delaybench --soak $(SOAK) --server child --own-redis $(if $(NOISE),--noise) $(SOAK_FLAGS)

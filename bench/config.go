@@ -169,6 +169,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.DurationVar(&c.Soak.LateMark, "late-mark", 50*time.Millisecond, "soak: lateness above which a due-time second is listed as a late burst")
 	fs.StringVar(&c.Soak.LogLevel, "soak-log-level", "", "soak: the child delayd's --log-level (default: delayd's own default, so the log volume is an operator's)")
 	fs.StringVar(&c.Soak.LogFile, "soak-log", "", "soak: keep the child delayd's log in this file")
+	fs.BoolVar(&c.Soak.Noise, "noise", false, "soak: run a neighbour process that spins one core for the whole soak (make soak NOISE=1)")
 
 	fs.IntVar(&w.Tasks, "tasks", 0, "tasks per run (each checked for early, duplicate and lost delivery)")
 	fs.DurationVar(&w.Spread, "spread", 0, "window the due times are spread over")

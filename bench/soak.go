@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,6 +41,10 @@ type Soak struct {
 	LogLevel string `json:"log_level,omitempty"`
 	// LogFile, if set, keeps the child delayd's log there.
 	LogFile string `json:"-"`
+	// Noise, if set, runs a neighbour that spins one core for the whole
+	// soak (a busy-loop process, see startNoise), as on a machine shared
+	// with other work.
+	Noise bool `json:"noise,omitempty"`
 }
 
 func (s Soak) withDefaults() Soak {
@@ -204,6 +209,14 @@ func runSoak(ctx context.Context, cfg Config, e env, redisURL string, stdout, st
 		}
 	}()
 
+	if sc.Noise {
+		stopNoise, err := startNoise()
+		if err != nil {
+			return fmt.Errorf("--noise: %w", err)
+		}
+		defer stopNoise()
+	}
+
 	// Sampler.
 	var upserted atomic.Int64
 	start := time.Now()
@@ -366,8 +379,12 @@ func runSoak(ctx context.Context, cfg Config, e env, redisURL string, stdout, st
 func (r *SoakReport) WriteText(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	p := r.Params
-	fmt.Fprintf(bw, "soak: %s at %d tasks/s (%d tasks), each due %s after its upsert; %d producers (unary UpsertTask), %d subscribers (max_in_flight %d), %d-byte payloads; delayd %s log level %q\n",
-		p.Duration, p.Rate, r.Expected, p.DueAfter, r.Workload.Producers, r.Workload.Subscribers, r.Workload.MaxInFlight, r.Workload.PayloadBytes, r.Delayd, p.LogLevel)
+	noise := "none"
+	if p.Noise {
+		noise = "one core spun by a busy loop"
+	}
+	fmt.Fprintf(bw, "soak: %s at %d tasks/s (%d tasks), each due %s after its upsert; %d producers (unary UpsertTask), %d subscribers (max_in_flight %d), %d-byte payloads; delayd %s log level %q; neighbour: %s\n",
+		p.Duration, p.Rate, r.Expected, p.DueAfter, r.Workload.Producers, r.Workload.Subscribers, r.Workload.MaxInFlight, r.Workload.PayloadBytes, r.Delayd, p.LogLevel, noise)
 	fmt.Fprintf(bw, "machine: %d CPUs %s, load average %s -> %s; started %s\n", r.Machine.CPUs, r.Machine.Model, r.Machine.LoadAvgStart, r.Machine.LoadAvgEnd, r.Started)
 	fmt.Fprintf(bw, "tasks: %d delivered, %d lost, %d duplicate, %d early, %d unknown\n", r.Delivered, r.Lost, r.Duplicates, r.Early, r.Unknown)
 	l := r.Lateness
@@ -449,4 +466,20 @@ func scrapeGauge(ctx context.Context, addr, name string) int {
 		}
 	}
 	return -1
+}
+
+// startNoise starts a process that spins one core (a shell busy loop, the
+// same as scripts/hog.sh) and returns what ends it. The neighbour is a
+// process of its own, not goroutines of delaybench, so it competes with
+// delayd and Redis as another program on the machine would, without
+// taking the measuring client's Go scheduler.
+func startNoise() (stop func(), err error) {
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}, nil
 }
