@@ -368,9 +368,10 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("dispatcher: Config.Store is required")
 	}
 	cfg.setDefaults()
-	h := newHealth(cfg.Liveness)
-	cfg.Store = observedStore{Store: cfg.Store, h: h}
-	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{}), health: h}
+	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{})}
+	// The store answers again: every loop tries now (wakeAll only pokes).
+	d.health = newHealth(cfg.Liveness, func() { d.wakeAll("") })
+	d.cfg.Store = observedStore{Store: cfg.Store, h: d.health}
 	if cfg.Feed != nil {
 		d.feed = newFeedPublisher(cfg.Feed, cfg.Clock, cfg.StoreTimeout)
 	}

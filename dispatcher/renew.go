@@ -97,35 +97,44 @@ func (n *namespace) renewHeld(ctx context.Context) error {
 }
 
 // health records when this replica last saw the store in trouble, so
-// reaping can wait for the lease holders' renewals after it (see above).
+// reaping can wait for the lease holders' renewals after it (see above),
+// and calls recovered when a call succeeds after one failed: the namespace
+// loops, backing off after their own failures, pop at once instead of at
+// their next try (issue 30 item 2: after a Redis stall, tasks due right
+// after SIGCONT waited up to two seconds for the loops' backoff).
 type health struct {
-	trouble  atomic.Int64 // unix nanos of the last failed or slow call; 0: never
-	slowCall time.Duration
-	hold     time.Duration
+	trouble   atomic.Int64 // unix nanos of the last failed or slow call; 0: never
+	failing   atomic.Bool  // the last call failed
+	slowCall  time.Duration
+	hold      time.Duration
+	recovered func()
 }
 
 // newHealth returns the tracker for a replica whose liveness lease is
 // liveness (no renewals when not positive: nothing to wait for).
-func newHealth(liveness time.Duration) *health {
+func newHealth(liveness time.Duration, recovered func()) *health {
 	if liveness <= 0 {
-		return &health{}
+		return &health{recovered: recovered}
 	}
 	// A renewal may be two thirds of Liveness late; a call that took a
 	// sixth of it, or failed, means renewals may have missed their turn.
 	// The hold leaves the renewers, retrying every renewRetry, half of
 	// Liveness after the store answers again (the breaker of each replica
 	// lets its first call through up to a second after another's).
-	return &health{slowCall: liveness / 6, hold: liveness / 2}
+	return &health{slowCall: liveness / 6, hold: liveness / 2, recovered: recovered}
 }
 
 // observe records a store call that started at start and returned err.
 func (h *health) observe(start time.Time, err error) {
-	if h.hold <= 0 {
-		return
-	}
 	now := time.Now()
-	if errors.Is(err, storage.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || now.Sub(start) >= h.slowCall {
+	failed := errors.Is(err, storage.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+	if h.hold > 0 && (failed || now.Sub(start) >= h.slowCall) {
 		h.trouble.Store(now.UnixNano())
+	}
+	if failed {
+		h.failing.Store(true)
+	} else if err == nil && h.failing.Swap(false) && h.recovered != nil {
+		h.recovered()
 	}
 }
 

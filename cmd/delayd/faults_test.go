@@ -142,6 +142,8 @@ type tally struct {
 // arrival is one delivery as the subscriber saw it.
 type arrival struct {
 	due, at time.Time
+	id      string
+	attempt int32
 }
 
 // newTally returns an empty tally; if t fails, it logs which accepted
@@ -172,7 +174,7 @@ func (ty *tally) received(d *delaydv1.Delivery, now time.Time) {
 	defer ty.mu.Unlock()
 	id := d.GetTask().GetId()
 	ty.delivered[id]++
-	ty.arrivals = append(ty.arrivals, arrival{due: d.GetTask().GetDueTime().AsTime(), at: now})
+	ty.arrivals = append(ty.arrivals, arrival{due: d.GetTask().GetDueTime().AsTime(), at: now, id: id, attempt: d.GetTask().GetAttempt()})
 	if due := d.GetTask().GetDueTime().AsTime(); now.Before(due) {
 		ty.early = append(ty.early, fmt.Sprintf("%s %v early", id, due.Sub(now)))
 	}

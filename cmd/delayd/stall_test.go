@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -59,7 +61,20 @@ func TestFaultRedisStallKeepsLiveStreams(t *testing.T) {
 			accepted, lost, dups, early := ty.counts()
 			ty.mu.Lock()
 			var worst, worstAfter, firstAfter time.Duration = 0, 0, -1
+			// A task whose first delivery to a subscriber is its second
+			// attempt or later was popped and never sent: a pop whose answer
+			// was lost (it ran in Redis after its caller gave up) leaves its
+			// tasks leased to nobody until the liveness lease runs out.
+			seen := map[string]bool{}
+			unsent, worstUnsent := 0, time.Duration(0)
 			for _, ar := range ty.arrivals {
+				if !seen[ar.id] {
+					seen[ar.id] = true
+					if ar.attempt > 1 {
+						unsent++
+						worstUnsent = max(worstUnsent, ar.at.Sub(maxTime(ar.due, resumed)))
+					}
+				}
 				worst = max(worst, ar.at.Sub(ar.due))
 				if !ar.at.Before(resumed) {
 					// How late past the later of its due time and SIGCONT.
@@ -70,9 +85,18 @@ func TestFaultRedisStallKeepsLiveStreams(t *testing.T) {
 				}
 			}
 			resub := ty.resubscribed
+			// The five latest past the later of due time and SIGCONT, to
+			// show where the delay after a stall comes from.
+			late := slices.Clone(ty.arrivals)
 			ty.mu.Unlock()
-			t.Logf("%s: accepted %d, lost %d, redeliveries %d, early %d, streams resubscribed %d; Redis stopped %v; first delivery %v after SIGCONT; worst lateness %v (past the later of due time and SIGCONT: %v)",
-				mode, accepted, lost, dups, early, resub, stall, firstAfter.Round(time.Millisecond), worst.Round(time.Millisecond), worstAfter.Round(time.Millisecond))
+			after := func(ar arrival) time.Duration { return ar.at.Sub(maxTime(ar.due, resumed)) }
+			slices.SortFunc(late, func(a, b arrival) int { return cmp.Compare(after(b), after(a)) })
+			for _, ar := range late[:min(5, len(late))] {
+				t.Logf("late: %s attempt %d due %v after SIGCONT, delivered %v after it", ar.id, ar.attempt,
+					ar.due.Sub(resumed).Round(time.Millisecond), ar.at.Sub(resumed).Round(time.Millisecond))
+			}
+			t.Logf("%s: accepted %d, lost %d, redeliveries %d, early %d, streams resubscribed %d; Redis stopped %v; first delivery %v after SIGCONT; worst lateness %v (past the later of due time and SIGCONT: %v); %d tasks first reached a subscriber on attempt 2 or later (popped, never sent), the worst %v past the later of due time and SIGCONT",
+				mode, accepted, lost, dups, early, resub, stall, firstAfter.Round(time.Millisecond), worst.Round(time.Millisecond), worstAfter.Round(time.Millisecond), unsent, worstUnsent.Round(time.Millisecond))
 			if lost != 0 || early != 0 || dups != 0 {
 				t.Fatalf("lost %d, early %d, redeliveries %d (%v); want 0, 0, 0", lost, early, dups, ty.early)
 			}

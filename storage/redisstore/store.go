@@ -141,8 +141,11 @@ func New(client redis.UniversalClient, opts Options) *Store {
 	// Fail fast once Redis is known down (see breaker). Only calls that
 	// waited half the store timeout (at most 1 s) count as evidence.
 	// On a cluster, per slot: one dead master is not an outage of the
-	// shards on the others.
-	openFor, tripAfter := time.Second, min(s.timeout/2, time.Second)
+	// shards on the others. A probe goes through every 250 ms: one call at
+	// a time, so a hung Redis sees no storm, and a Redis that answers again
+	// is known up within a quarter second (with 1 s, deliveries resumed up
+	// to 2 s after a SIGSTOPped Redis got SIGCONT; issue 30 item 2).
+	openFor, tripAfter := 250*time.Millisecond, min(s.timeout/2, time.Second)
 	if _, ok := client.(*redis.ClusterClient); ok {
 		client.AddHook(clusterBreakerHook{&slotBreakers{openFor: openFor, tripAfter: tripAfter, m: map[int]*breaker{}}})
 	} else {
