@@ -213,9 +213,12 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	// Task history (package history): the events of the namespaces whose
 	// policy keeps some are recorded after each store call, into hist
 	// (the Redis stream, or MySQL in durable mode).
+	// recent keeps what this replica delivered lately per namespace (the
+	// stats' recent rate and lateness percentiles), in memory.
 	replica, _ := os.Hostname()
+	recent := history.NewRecent()
 	tasks = history.Wrap(tasks, history.Config{Policies: ten.registry, Sink: hist, Replica: replica,
-		Logger: logger.With("component", "history")})
+		Logger: logger.With("component", "history"), Recent: recent})
 
 	var instrumentation []grpc.ServerOption
 	var dispMetrics dispatcher.Metrics
@@ -291,6 +294,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 		Tenancy:           ten.registry,
 		Subscriptions:     d.dispatcher,
 		History:           hist,
+		Recent:            recent,
 		Auth:              ten.auth,
 		TLS:               ten.tls,
 		Limits:            cfg.Limits,

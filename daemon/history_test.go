@@ -182,6 +182,16 @@ func runHistoryLifecycle(t *testing.T, cfg Config) {
 		}
 	}
 
+	// The stats show this replica's recent deliveries: three, with their
+	// lateness percentiles.
+	st, err := e.nsAdmin.GetNamespaceStats(e.admin, &delaydv1.GetNamespaceStatsRequest{Namespace: e.ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := st.GetRecentWindow().AsDuration(); w <= 0 || st.GetRecentDeliveryRate()*w.Seconds() < 2.99 || st.GetRecentLatenessP50() == nil || st.GetRecentLatenessP99() == nil {
+		t.Errorf("recent deliveries: rate %v over %v, p50 %v, p99 %v; want 3 deliveries", st.GetRecentDeliveryRate(), st.GetRecentWindow(), st.GetRecentLatenessP50(), st.GetRecentLatenessP99())
+	}
+
 	// Another namespace's key cannot read it.
 	_, err = e.s.tasks.GetTaskHistory(e.stray, &delaydv1.GetTaskHistoryRequest{Namespace: e.ns, Id: "loan-1"})
 	if status.Code(err) != codes.PermissionDenied {

@@ -58,6 +58,9 @@ type Config struct {
 	Replica string
 	// Logger receives failed history writes. If nil, slog.Default().
 	Logger *slog.Logger
+	// Recent, if set, is fed every namespace's deliveries (their lateness),
+	// history kept or not: GetNamespaceStats' recent rate and percentiles.
+	Recent *Recent
 }
 
 // Recorder is the decorated store; Failures counts history writes that
@@ -201,6 +204,13 @@ func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) 
 	}
 	res, err := r.next.PopWake(ctx, ns, p)
 	ds := res.Deliveries
+	if r.cfg.Recent != nil && len(ds) > 0 {
+		late := make([]time.Duration, len(ds))
+		for i, d := range ds {
+			late[i] = max(0, d.Task.UpdateTime.Sub(d.Task.DueTime))
+		}
+		r.cfg.Recent.observe(ns, late)
+	}
 	if keep > 0 && len(ds) > 0 {
 		events := make([]storage.Event, len(ds))
 		for i, d := range ds {

@@ -47,3 +47,14 @@ func forecastToProto(resp *delaydv1.GetNamespaceStatsResponse, f storage.Forecas
 	resp.DuePerHour = f.PerHour
 	resp.ForecastTime = timeToProto(f.Now)
 }
+
+// recentToProto fills the recent-delivery fields of a stats response.
+func recentToProto(resp *delaydv1.GetNamespaceStatsResponse, r storage.RecentDeliveries) {
+	resp.RecentWindow = durationpb.New(r.Window)
+	resp.RecentDeliveryRate = r.PerSecond
+	if r.Count > 0 {
+		resp.RecentLatenessP50 = durationpb.New(r.P50)
+		resp.RecentLatenessP90 = durationpb.New(r.P90)
+		resp.RecentLatenessP99 = durationpb.New(r.P99)
+	}
+}

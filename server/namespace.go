@@ -79,6 +79,9 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: forecast: %w", err))
 	}
 	forecastToProto(resp, fc)
+	if s.opts.Recent != nil {
+		recentToProto(resp, s.opts.Recent.Deliveries(ns))
+	}
 	return resp, nil
 }
 

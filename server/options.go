@@ -39,6 +39,12 @@ type History interface {
 	storage.Forecaster
 }
 
+// Recent is what the server asks about a namespace's recent deliveries on
+// this replica. *history.Recent implements it.
+type Recent interface {
+	Deliveries(ns string) storage.RecentDeliveries
+}
+
 // Tenancy is what the server asks of the namespace registry: the stored
 // namespaces and keys (NamespaceService), effective policies on the hot
 // paths, cached key lookups for authentication, and the server defaults.
@@ -130,6 +136,11 @@ type Options struct {
 	// of GetNamespaceStats. Required; pass the store that keeps the
 	// history (redisstore, or the durable store).
 	History History
+	// Recent, if set, answers what this replica delivered lately per
+	// namespace (GetNamespaceStats' recent rate and lateness
+	// percentiles); nil leaves those fields unset. Pass the
+	// *history.Recent the history decorator feeds.
+	Recent Recent
 
 	// Limits bound what one request may ask for.
 	Limits Limits

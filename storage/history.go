@@ -176,3 +176,16 @@ func KeyIDOf(ctx context.Context) string {
 	id, _ := ctx.Value(keyIDKey{}).(string)
 	return id
 }
+
+// RecentDeliveries is what one replica saw of a namespace's deliveries
+// lately: their rate and lateness percentiles over Window.
+type RecentDeliveries struct {
+	// Window is the span the figures cover.
+	Window time.Duration
+	// Count is the deliveries in the window; PerSecond is Count / Window.
+	Count     int64
+	PerSecond float64
+	// P50, P90 and P99 are lateness percentiles (delivery minus due time)
+	// of the latest deliveries in the window; zero without any.
+	P50, P90, P99 time.Duration
+}
