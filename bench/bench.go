@@ -150,7 +150,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		return slices.ContainsFunc(rep.Results, func(r Result) bool { return r.System == sys && r.Skipped == "" })
 	}
 	if ran(SystemDelaydSDK) {
-		rep.Notes = append(rep.Notes, "delayd-sdk: the producers call the Go SDK's Client.Upsert (one Client, default batching: concurrent calls coalesce into BatchUpsertTasks); delivery as for delayd.")
+		rep.Notes = append(rep.Notes, "delayd-sdk: the producers call the Go SDK's Client.Upsert (one Client, default batching: concurrent calls coalesce into BatchUpsertTasks); delivery as the SDK receives, on StreamDeliveries with the acks on the stream.")
 	}
 	if ran(SystemAsynq) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("asynq %s: Enqueue with ProcessAt and TaskID per task (no batch enqueue exists; batch rows loop Enqueue), one asynq server in the delaybench process with Concurrency %d per subscriber and DelayedTaskCheckInterval %s (its default is 5 s); its CPU is the delaybench process, and its ack is the handler's return.", asynqVersion(), asynqConcurrency, asynqCheckInterval))
