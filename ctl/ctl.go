@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/duration"
 )
 
 // Exit codes of Main.
@@ -189,7 +190,8 @@ Output: -o table (default) or -o json.`,
 	pf.StringVar(&g.tlsKey, "tls-key", env("DELAYD_TLS_KEY"), "PEM private key of --tls-cert (env DELAYD_TLS_KEY)")
 	pf.StringVar(&g.tlsServerName, "tls-server-name", env("DELAYD_TLS_SERVER_NAME"), "server name to verify instead of the --addr host (env DELAYD_TLS_SERVER_NAME)")
 	pf.StringVarP(&g.output, "output", "o", def("DELAYCTL_OUTPUT", "table"), "output format: table or json (env DELAYCTL_OUTPUT)")
-	pf.DurationVar(&g.timeout, "timeout", 10*time.Second, "deadline of each call (tail has none)")
+	g.timeout = 10 * time.Second
+	pf.Var(duration.Value{P: &g.timeout}, "timeout", "deadline of each call (tail has none)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 
 	root.AddCommand(nsCommand(g), keyCommand(g), taskCommand(g), deadCommand(g), tailCommand(g), whoamiCommand(g), readyCommand(g, env))

@@ -446,6 +446,10 @@ func TestGoldenConditionalAndBulk(t *testing.T) {
 		{code: 0, args: args("task list shop")},
 		// A due time already past is accepted as due now, and said so.
 		{code: 0, args: args("task upsert shop order-past --at 2020-01-01T00:00:00Z")},
+		// Durations take days; past the horizon (366d) the server says so.
+		{code: 0, args: args("task upsert shop order-later --delay 2d")},
+		{code: 1, args: args("task upsert shop order-later --delay 400d")},
+		{code: 2, args: args("task upsert shop order-later --delay 400x")},
 	})
 	golden(t, "conditional_bulk", got)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/duration"
 )
 
 // deadFilter selects dead letters on the client side: every set field must
@@ -138,7 +139,7 @@ func deadActionCommand(g *globals, verb string) *cobra.Command {
 	}
 	if verb == "requeue" {
 		cmd.Short = "Move dead letters back to scheduled, attempts reset"
-		cmd.Flags().DurationVar(&delay, "delay", 0, "due after this delay (default: at once)")
+		cmd.Flags().Var(duration.Value{P: &delay}, "delay", "due after this delay, e.g. 30s, 15m, 2h or 1d (default: at once)")
 	} else {
 		cmd.Short = "Delete dead letters for good"
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/duration"
 )
 
 func nsCommand(g *globals) *cobra.Command {
@@ -186,7 +187,7 @@ func namespaceFields(n client.Namespace) [][2]string {
 		}
 		return s
 	}
-	d := func(v time.Duration) string { return dflt(v.String(), v == 0) }
+	d := func(v time.Duration) string { return dflt(duration.Format(v), v == 0) }
 	i := func(v int64) string { return dflt(strconv.FormatInt(v, 10), v == 0) }
 	f := func(v float64) string { return dflt(strconv.FormatFloat(v, 'g', -1, 64), v == 0) }
 	fields := [][2]string{
@@ -219,17 +220,17 @@ func namespaceFields(n client.Namespace) [][2]string {
 // policyFlags binds one flag per policy field (named like the field, with
 // dashes) to p.
 func policyFlags(fs *pflag.FlagSet, p *client.Policy) {
-	fs.DurationVar(&p.AckTimeout, "ack-timeout", 0, "lease per delivery (1s-12h; 0 = server default 30s)")
+	fs.Var(duration.Value{P: &p.AckTimeout}, "ack-timeout", "lease per delivery (1s-12h; 0 = server default 30s)")
 	fs.Int32Var(&p.MaxAttempts, "max-attempts", 0, "deliveries before a task becomes a dead letter (1-1000; 0 = default 10)")
-	fs.DurationVar(&p.BackoffInitial, "backoff-initial", 0, "first retry delay (0 = default 1s)")
-	fs.DurationVar(&p.BackoffMax, "backoff-max", 0, "largest retry delay (0 = default 10m)")
+	fs.Var(duration.Value{P: &p.BackoffInitial}, "backoff-initial", "first retry delay (0 = default 1s)")
+	fs.Var(duration.Value{P: &p.BackoffMax}, "backoff-max", "largest retry delay (0 = default 10m)")
 	fs.Float64Var(&p.BackoffMultiplier, "backoff-multiplier", 0, "factor between retry delays (1-10; 0 = default 2)")
 	fs.Int32Var(&p.MaxPayloadBytes, "max-payload-bytes", 0, "largest payload in bytes (0 = default 65536; global admin only)")
 	fs.Int64Var(&p.MaxPendingTasks, "max-pending-tasks", 0, "most tasks held (0 = unlimited; global admin only)")
 	fs.Float64Var(&p.RateLimit, "rate-limit", 0, "requests per second (0 = unlimited; global admin only)")
 	fs.Int32Var(&p.RateBurst, "rate-burst", 0, "burst above --rate-limit (0 = default; global admin only)")
 	fs.Int32Var(&p.MaxSubscribers, "max-subscribers", 0, "concurrent Subscribe streams (0 = unlimited; global admin only)")
-	fs.DurationVar(&p.MaxDelay, "max-delay", 0, "furthest ahead a task may be due (0 = default 366 days)")
+	fs.Var(duration.Value{P: &p.MaxDelay}, "max-delay", "furthest ahead a task may be due (0 = default 366d)")
 	fs.BoolVar(&p.Paused, "paused", false, "stop deliveries on every replica (--paused=false resumes them)")
 	fs.Float64Var(&p.MaxDispatchRate, "max-dispatch-rate", 0, "deliveries per second across all replicas (0 = unlimited)")
 	fs.StringVar(&p.PushURL, "push-url", "", "POST due tasks to this http(s) URL instead of serving Subscribe streams; a host the server's --push-allow admits; '' turns push off")

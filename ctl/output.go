@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/duration"
 )
 
 // printJSON writes v as indented JSON.
@@ -57,7 +58,8 @@ func ts(t time.Time) string {
 	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
 }
 
-// policyView is a policy for JSON: durations as Go duration strings.
+// policyView is a policy for JSON: durations as delayctl's flags take
+// them (duration.Format: 30s, 10m0s, 366d).
 type policyView struct {
 	AckTimeout        string  `json:"ack_timeout"`
 	MaxAttempts       int32   `json:"max_attempts"`
@@ -92,10 +94,10 @@ func viewNamespace(n client.Namespace) namespaceView {
 	return namespaceView{
 		Name: n.Name,
 		Policy: policyView{
-			AckTimeout: p.AckTimeout.String(), MaxAttempts: p.MaxAttempts,
-			BackoffInitial: p.BackoffInitial.String(), BackoffMax: p.BackoffMax.String(), BackoffMultiplier: p.BackoffMultiplier,
+			AckTimeout: duration.Format(p.AckTimeout), MaxAttempts: p.MaxAttempts,
+			BackoffInitial: duration.Format(p.BackoffInitial), BackoffMax: duration.Format(p.BackoffMax), BackoffMultiplier: p.BackoffMultiplier,
 			MaxPayloadBytes: p.MaxPayloadBytes, MaxPendingTasks: p.MaxPendingTasks, RateLimit: p.RateLimit,
-			RateBurst: p.RateBurst, MaxSubscribers: p.MaxSubscribers, MaxDelay: p.MaxDelay.String(),
+			RateBurst: p.RateBurst, MaxSubscribers: p.MaxSubscribers, MaxDelay: duration.Format(p.MaxDelay),
 			Paused: p.Paused, MaxDispatchRate: p.MaxDispatchRate,
 			PushURL: p.PushURL, PushSecretSet: p.PushSecretSet,
 			Shards: p.Shards, HistoryRetention: p.HistoryRetentionBytes,

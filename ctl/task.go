@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/duration"
 )
 
 func taskCommand(g *globals) *cobra.Command {
@@ -85,7 +86,7 @@ func taskUpsertCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().DurationVar(&delay, "delay", 0, "due after this delay from now, by delayd's clock (e.g. 30s, 15m, 0 = now)")
+	cmd.Flags().Var(duration.Value{P: &delay}, "delay", "due after this delay from now, by delayd's clock (e.g. 30s, 15m, 2h, 400d; 0 = now)")
 	cmd.Flags().StringVar(&at, "at", "", "due at this RFC 3339 time (e.g. 2030-01-02T15:04:05Z); a time already past means due now")
 	cmd.Flags().StringVar(&kind, "kind", "", "optional label, e.g. order.close")
 	cmd.Flags().StringVar(&payload, "payload", "", "payload: literal text, @file to read a file, @- to read stdin")

@@ -7,15 +7,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
-	"github.com/peterbourgon/ff/v3"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayd/delayd/buildinfo"
+	"github.com/delayd/delayd/internal/duration"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -55,10 +58,10 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.StringVar(&c.HTTPListen, "http-listen", DefaultHTTPListen, "HTTP edge address, host:port: Connect/JSON, gRPC-Web and gRPC; empty = off; embedded mode: "+loopback(DefaultHTTPListen)+" unless set")
 	fs.StringVar(&c.RedisURL, "redis-url", "", "Redis for the task index: redis://host:port/db, rediss://..., or redis-cluster://h1:p1,h2:p2; empty = embedded in-memory store (nothing survives a restart)")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", "", "MySQL DSN for durable mode, user:pass@tcp(host:3306)/db; empty = Redis-only")
-	fs.DurationVar(&c.ReconcileInterval, "reconcile-interval", DefaultReconcileInterval, "durable mode: how often the leader re-indexes the tasks changed in MySQL whose Redis copy differs")
-	fs.DurationVar(&c.FullReconcileInterval, "full-reconcile-interval", DefaultFullReconcileInterval, "durable mode: how often the leader compares every task of MySQL and Redis both ways")
+	durationVar(fs, &c.ReconcileInterval, "reconcile-interval", DefaultReconcileInterval, "durable mode: how often the leader re-indexes the tasks changed in MySQL whose Redis copy differs")
+	durationVar(fs, &c.FullReconcileInterval, "full-reconcile-interval", DefaultFullReconcileInterval, "durable mode: how often the leader compares every task of MySQL and Redis both ways")
 	fs.StringVar(&c.LogLevel, "log-level", DefaultLogLevel, "lowest level logged: debug, info, warn, error; debug logs every gRPC call (info logs failed and slow calls only)")
-	fs.DurationVar(&c.SlowCall, "log-slow-calls", server.DefaultSlowCall, "log unary calls that take at least this long at WARN; negative = never")
+	durationVar(fs, &c.SlowCall, "log-slow-calls", server.DefaultSlowCall, "log unary calls that take at least this long at WARN; negative = never")
 	fs.StringVar(&c.LogFormat, "log-format", DefaultLogFormat, "log format: text or json")
 	fs.IntVar(&c.Limits.MaxBatch, "max-batch", server.DefaultMaxBatch, "most items in one batch call (BatchUpsertTasks, AckTasks, ...)")
 	fs.IntVar(&c.Limits.MaxMessageBytes, "max-message-bytes", server.DefaultMaxMessageBytes, "largest gRPC message received or sent, in bytes")
@@ -66,24 +69,24 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.Var(uint32Flag{&c.Limits.MaxConcurrentStreams}, "max-concurrent-streams", "most concurrent calls per client connection")
 	fs.IntVar(&c.Limits.MaxBatchPayloadBytes, "max-batch-payload-bytes", server.DefaultMaxBatchPayload, "most payload bytes of one BatchUpsertTasks, in total")
 	fs.IntVar(&c.Limits.MaxListBytes, "max-list-bytes", server.DefaultMaxListBytes, "bytes of one list page (ListTasks, ListDeadLetters, ListKeys, ListNamespaces); a page is cut there and goes on with next_page_token; at most half of --max-message-bytes")
-	fs.DurationVar(&c.RegistryCacheTTL, "registry-cache-ttl", tenancy.DefaultTTL, "how long a replica caches namespaces, policies and API keys: revocations, deletions and policy changes reach every replica within it")
+	durationVar(fs, &c.RegistryCacheTTL, "registry-cache-ttl", tenancy.DefaultTTL, "how long a replica caches namespaces, policies and API keys: revocations, deletions and policy changes reach every replica within it")
 	fs.IntVar(&c.MaxScriptBytes, "max-script-bytes", redisstore.DefaultMaxScriptBytes, "bytes of ids, kinds and payloads one Redis script call carries; larger batches are split into several calls")
 	fs.IntVar(&c.Limits.MaxConnections, "max-connections", server.DefaultMaxConnections, "most client connections open at once; more are closed as soon as accepted")
-	fs.DurationVar(&c.Limits.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call for this long is sent GOAWAY (clients reconnect)")
+	durationVar(fs, &c.Limits.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call for this long is sent GOAWAY (clients reconnect)")
 	fs.IntVar(&c.Limits.MaxStreamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey, "most streams (Subscribe, WatchDeliveries) one API key holds open per replica")
 	fs.IntVar(&c.Limits.MaxKeys, "max-keys", server.DefaultMaxKeys, "most API keys one namespace holds, and most global keys; CreateKey past it is ResourceExhausted")
 	fs.IntVar(&c.Limits.MaxInFlight, "max-in-flight", server.DefaultMaxInFlight, "largest max_in_flight a subscriber may ask for")
 	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", pol.MaxPayloadBytes, "largest task payload, in bytes")
-	fs.DurationVar(&c.MaxDelay, "max-delay", pol.MaxDelay, "horizon: the furthest ahead a task may be due")
-	fs.DurationVar(&c.StoreTimeout, "store-timeout", 0, fmt.Sprintf("deadline of each store call; 0 = each store's own: %s per Redis call, %s per MySQL transaction (durable mode)",
+	durationVar(fs, &c.MaxDelay, "max-delay", pol.MaxDelay, "horizon: the furthest ahead a task may be due")
+	durationVar(fs, &c.StoreTimeout, "store-timeout", 0, fmt.Sprintf("deadline of each store call; 0 = each store's own: %s per Redis call, %s per MySQL transaction (durable mode)",
 		redisstore.DefaultTimeout, durable.DefaultOpTimeout))
-	fs.DurationVar(&c.SafetyPoll, "safety-poll", DefaultSafetyPoll, "dispatcher safety-net poll interval")
-	fs.DurationVar(&c.WakePrecision, "wake-precision", DefaultWakePrecision, "dispatcher wake precision: wakes and wake signals within it join one store call (tasks never pop early, at most this much later); negative = no joining")
-	fs.DurationVar(&c.LateWarn, "log-late-deliveries", DefaultLateWarn, "log deliveries at least this late past their due time at WARN (once per namespace per 10 s, with count and worst); negative = never")
+	durationVar(fs, &c.SafetyPoll, "safety-poll", DefaultSafetyPoll, "dispatcher safety-net poll interval")
+	durationVar(fs, &c.WakePrecision, "wake-precision", DefaultWakePrecision, "dispatcher wake precision: wakes and wake signals within it join one store call (tasks never pop early, at most this much later); negative = no joining")
+	durationVar(fs, &c.LateWarn, "log-late-deliveries", DefaultLateWarn, "log deliveries at least this late past their due time at WARN (once per namespace per 10 s, with count and worst); negative = never")
 	fs.StringVar(&c.PushAllow, "push-allow", "", "hosts and CIDRs namespaces may push tasks to over HTTP (policy.push), comma-separated, e.g. hooks.example.com,*.example.com,203.0.113.0/24; empty = push disabled")
 	fs.StringVar(&c.PushCAFile, "push-ca", "", "PEM certificate authorities https push targets are verified against, besides the system's; empty = the system's only")
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", DefaultPushConcurrency, "most HTTP push requests in flight per namespace on one replica")
-	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
+	durationVar(fs, &c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
 	fs.Var(negatedFlag{&c.DisableReflection}, "reflection", "serve gRPC server reflection (for grpcurl)")
 	fs.StringVar(&c.AdminKey, "admin-key", "", "bootstrap admin key (16-512 printable ASCII); turns API-key auth on; e.g. $(openssl rand -hex 32)")
 	fs.BoolVar(&f.NoAuth, "no-auth", false, "run without authentication against a real Redis: every client may do everything")
@@ -108,7 +111,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	var f Flags
 	BindFlags(fs, &f)
 	fs.Usage = func() { usage(fs) }
-	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix(EnvPrefix)); err != nil {
+	if err := ParseFlags(fs, args, os.Environ()); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -151,6 +154,116 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// EnvVar is the environment variable of the flag name: --redis-url is
+// DELAYD_REDIS_URL.
+func EnvVar(name string) string {
+	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// notFromEnv are the flags no variable sets: --version is an action, not a
+// setting, so a DELAYD_VERSION a deploy sets as a label (DELAYD_VERSION=1.4.2)
+// neither prints the version and exits nor stops delayd from starting.
+var notFromEnv = map[string]bool{"version": true, "help": true}
+
+// CtlEnv are the variables delayctl reads (ctl/ctl.go): delayd does not, but
+// one environment often serves both, so they are no typo.
+var CtlEnv = []string{"DELAYD_ADDR", "DELAYD_API_KEY", "DELAYD_TLS", "DELAYD_TLS_CA", "DELAYD_TLS_CERT", "DELAYD_TLS_KEY", "DELAYD_TLS_SERVER_NAME"}
+
+// harnessEnv are the variables of this repository's build and tests
+// (Makefile, internal/testkit, the web console's and TypeScript client's
+// tests), which start delayd with their environment: no typo either.
+var harnessEnv = []string{"DELAYD_BIN", "DELAYD_CHROMIUM", "DELAYD_TEST_ARTIFACTS", "DELAYD_TEST_LOG"}
+
+// ParseFlags parses args into fs, then sets every flag the command line
+// left unset from its DELAYD_* variable in environ ("KEY=value" pairs, as
+// os.Environ returns them; an empty value sets nothing, and --version has
+// no variable). A bad value is an error naming the variable and what it
+// must be. So is a DELAYD_* variable that neither delayd nor delayctl
+// reads, with the closest one it may have meant: a misspelt
+// DELAYD_REDIS_ULR would otherwise start an open embedded store as if
+// nothing had been said.
+func ParseFlags(fs *flag.FlagSet, args []string, environ []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	known := map[string]string{} // variable → flag name ("" for delayctl's and the harness's)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !notFromEnv[f.Name] {
+			known[EnvVar(f.Name)] = f.Name
+		}
+	})
+	for _, v := range append(append([]string{EnvVar("version")}, CtlEnv...), harnessEnv...) {
+		known[v] = ""
+	}
+	var unknown []string
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(k, EnvPrefix+"_") {
+			continue
+		}
+		name, ok := known[k]
+		switch {
+		case !ok:
+			unknown = append(unknown, k)
+		case name == "" || v == "" || given[name]:
+		default:
+			if err := fs.Set(name, v); err != nil {
+				return fmt.Errorf("%s=%q (--%s): %v", k, v, name, err)
+			}
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		k := unknown[0]
+		return fmt.Errorf("%s is set, but neither delayd nor delayctl reads it; did you mean %s? (`delayd --help` lists every variable; unset it to start)",
+			k, closest(k, slices.Collect(maps.Keys(known))))
+	}
+	return nil
+}
+
+// closest is the one of names nearest to s by edit distance (the first in
+// sorted order among equals).
+func closest(s string, names []string) string {
+	slices.Sort(names)
+	best, bestD := "", -1
+	for _, n := range names {
+		if d := editDistance(s, n); bestD < 0 || d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// durationVar defines a duration flag with default def: Go's units plus d
+// for days (--max-delay 400d), printed the same way (366d).
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	fs.Var(duration.Value{P: p}, name, usage)
 }
 
 // configFrom is the Config that parsed flags ask for: f.Config with the
@@ -217,10 +330,13 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 // usage prints every flag with its environment variable and default.
 func usage(fs *flag.FlagSet) {
 	w := fs.Output()
-	fmt.Fprintf(w, "delayd: the delay-task gRPC server.\n\nUsage: delayd [flags]\n\nEvery flag can also be set by the environment variable shown; a flag given on\nthe command line wins.\n\n")
+	fmt.Fprintf(w, "delayd: the delay-task gRPC server.\n\nUsage: delayd [flags]\n\nEvery flag can also be set by the environment variable shown; a flag given on\nthe command line wins. A DELAYD_* variable neither delayd nor delayctl reads\nstops delayd from starting (a misspelt name is not silently ignored);\nDELAYD_VERSION is left alone. Durations take %s.\n\n", duration.Formats)
 	fs.VisitAll(func(f *flag.Flag) {
-		env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		fmt.Fprintf(w, "  --%s  (%s)\n        %s", f.Name, env, f.Usage)
+		if notFromEnv[f.Name] {
+			fmt.Fprintf(w, "  --%s\n        %s\n", f.Name, f.Usage)
+			return
+		}
+		fmt.Fprintf(w, "  --%s  (%s)\n        %s", f.Name, EnvVar(f.Name), f.Usage)
 		if f.DefValue != "" {
 			fmt.Fprintf(w, " (default %s)", f.DefValue)
 		}

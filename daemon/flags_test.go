@@ -4,16 +4,19 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/peterbourgon/ff/v3"
 
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -91,6 +94,12 @@ func TestFlagsParse(t *testing.T) {
 	}
 	fs.VisitAll(func(fl *flag.Flag) {
 		env := "DELAYD_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))
+		if fl.Name == "version" {
+			if !strings.Contains(out.String(), "--version\n") {
+				t.Errorf("--help lists --version with a variable; it has none:\n%s", out.String())
+			}
+			return
+		}
 		if !strings.Contains(out.String(), "--"+fl.Name+"  ("+env+")") {
 			t.Errorf("--help does not list --%s (%s)", fl.Name, env)
 		}
@@ -107,6 +116,103 @@ func TestFlagsParse(t *testing.T) {
 	t.Setenv("DELAYD_REDIS_URL", "redis://127.0.0.1:1")
 	if code := Main(context.Background(), nil, &out); code != 2 || !strings.Contains(out.String(), "--no-auth") {
 		t.Errorf("real Redis without auth: exit %d, %q; want 2 and the refusal", code, out.String())
+	}
+}
+
+// TestEnvironment (issue 31): every DELAYD_* variable sets its flag (a
+// duration in days too: DELAYD_MAX_DELAY=400d); a bad value names the
+// variable and the format; a DELAYD_* variable neither delayd nor
+// delayctl reads stops delayd, naming the one it probably meant; and
+// DELAYD_VERSION, a label deploys set, is no --version.
+func TestEnvironment(t *testing.T) {
+	parse := func(environ ...string) (Flags, error) {
+		fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var f Flags
+		BindFlags(fs, &f)
+		err := ParseFlags(fs, nil, environ)
+		return f, err
+	}
+	f, err := parse("DELAYD_MAX_DELAY=400d", "DELAYD_VERSION=1.4.2", "DELAYD_ADDR=localhost:7070", "DELAYD_LOG_LATE_DELIVERIES=2s", "PATH=/bin")
+	if err != nil || f.Config.MaxDelay != 400*24*time.Hour || f.Version || f.Config.LateWarn != 2*time.Second {
+		t.Errorf("DELAYD_MAX_DELAY=400d DELAYD_VERSION=1.4.2: max delay %s, version %v, late %s, %v; want 9600h, false, 2s, nil",
+			f.Config.MaxDelay, f.Version, f.Config.LateWarn, err)
+	}
+	for _, tc := range []struct{ env, want string }{
+		{"DELAYD_MAX_DELAY=400x", `DELAYD_MAX_DELAY="400x" (--max-delay): "400x" is not a duration; want a number with a unit`},
+		{"DELAYD_REDIS_ULR=redis://db:6379/0", "DELAYD_REDIS_ULR is set, but neither delayd nor delayctl reads it; did you mean DELAYD_REDIS_URL?"},
+		{"DELAYD_APIKEY=x", "did you mean DELAYD_API_KEY?"},
+		{"DELAYD_MAX_BATCH=many", `DELAYD_MAX_BATCH="many" (--max-batch)`},
+	} {
+		if _, err := parse(tc.env); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want an error saying %q", tc.env, err, tc.want)
+		}
+	}
+	// Through Main: exit 2 before anything starts.
+	t.Setenv("DELAYD_REDIS_ULR", "redis://127.0.0.1:1")
+	var out bytes.Buffer
+	if code := Main(context.Background(), nil, &out); code != 2 || !strings.Contains(out.String(), "did you mean DELAYD_REDIS_URL?") {
+		t.Errorf("Main with DELAYD_REDIS_ULR: exit %d, %q; want 2 and the variable it meant", code, out.String())
+	}
+}
+
+// TestEveryDelaydVariableIsKnown: every DELAYD_* name the repository
+// mentions — in the docs, the Makefile, scripts, the TypeScript client's
+// tests, the Go code — is a variable delayd or delayctl reads, or one of
+// the test harness's, so no doc hands a reader a variable that would stop
+// delayd (and delayctl's list here is the one ctl/ctl.go reads).
+func TestEveryDelaydVariableIsKnown(t *testing.T) {
+	fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
+	var f Flags
+	BindFlags(fs, &f)
+	known := map[string]bool{EnvVar("version"): true}
+	fs.VisitAll(func(fl *flag.Flag) { known[EnvVar(fl.Name)] = true })
+	for _, v := range append(append([]string{}, CtlEnv...), harnessEnv...) {
+		known[v] = true
+	}
+	// Names the tests use on purpose as unknown or as a placeholder.
+	deliberate := map[string]bool{"DELAYD_REDIS_ULR": true, "DELAYD_APIKEY": true, "DELAYD_X": true}
+	name := regexp.MustCompile(`DELAYD_[A-Z0-9_]*[A-Z0-9]`)
+	seen := 0
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); n == "node_modules" || n == ".git" || n == "gen" || n == "bin" || n == "artifacts" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !slices.Contains([]string{".go", ".md", ".sh", ".js", ".yml", ".yaml", ".json"}, filepath.Ext(path)) && d.Name() != "Makefile" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range name.FindAllString(string(b), -1) {
+			seen++
+			if !known[m] && !deliberate[m] {
+				t.Errorf("%s names %s, which neither delayd nor delayctl reads (delayd would refuse to start with it set)", path, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := os.ReadFile("../ctl/ctl.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`(?:env|def)\("(DELAYD_[A-Z_]+)"`).FindAllStringSubmatch(string(ctl), -1) {
+		if !slices.Contains(CtlEnv, m[1]) {
+			t.Errorf("delayctl reads %s, which CtlEnv does not list: delayd would refuse to start with it set", m[1])
+		}
+	}
+	if seen < 50 {
+		t.Fatalf("found %d DELAYD_* names in the repository; has the walk gone wrong?", seen)
 	}
 }
 
@@ -155,7 +261,7 @@ func TestEmbeddedModeListensOnLoopback(t *testing.T) {
 			fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
 			var f Flags
 			BindFlags(fs, &f)
-			if err := ff.Parse(fs, tc.args, ff.WithEnvVarPrefix(EnvPrefix)); err != nil {
+			if err := ParseFlags(fs, tc.args, os.Environ()); err != nil {
 				t.Fatal(err)
 			}
 			cfg, moved := configFrom(fs, f)

@@ -90,7 +90,7 @@ var readmeTourSections = []string{"Try it with grpcurl", "Subscribing"}
 // block sets before it, against a delayd in embedded mode set up as the
 // doc's text says: without authentication for the README's, with an admin
 // key (~/.delayd-admin-key), a namespace "orders" and its keys
-// ($CONSUMER_KEY, $DELAYD_KEY) for docs/, push allowed to
+// ($CONSUMER_KEY, $ORDERS_ADMIN_KEY) for docs/, push allowed to
 // hooks.example.com, and for the TLS line a delayd with the certificates
 // docs/operating.md's openssl block makes. A Subscribe must print a
 // delivery. The README's install line must name the version go.mod pins.
@@ -214,7 +214,7 @@ func TestDocsGrpcurlCommands(t *testing.T) {
 			if d != authed {
 				return nil
 			}
-			for name, scope := range map[string]delaydv1.KeyScope{"CONSUMER_KEY": delaydv1.KeyScope_KEY_SCOPE_CONSUME, "DELAYD_KEY": delaydv1.KeyScope_KEY_SCOPE_ADMIN} {
+			for name, scope := range map[string]delaydv1.KeyScope{"CONSUMER_KEY": delaydv1.KeyScope_KEY_SCOPE_CONSUME, "ORDERS_ADMIN_KEY": delaydv1.KeyScope_KEY_SCOPE_ADMIN} {
 				k, err := ns.CreateKey(ctx, &delaydv1.CreateKeyRequest{Namespace: "orders", Scopes: []delaydv1.KeyScope{scope}})
 				if err != nil {
 					return err
@@ -224,7 +224,7 @@ func TestDocsGrpcurlCommands(t *testing.T) {
 			return nil
 		})
 	}
-	extra := []string{"CONSUMER_KEY=" + keys["CONSUMER_KEY"], "DELAYD_KEY=" + keys["DELAYD_KEY"]}
+	extra := []string{"CONSUMER_KEY=" + keys["CONSUMER_KEY"], "ORDERS_ADMIN_KEY=" + keys["ORDERS_ADMIN_KEY"]}
 	tlsPort := tlsd.Addr()[strings.LastIndex(tlsd.Addr(), ":")+1:]
 
 	ran, toured := 0, 0

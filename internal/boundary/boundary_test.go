@@ -101,6 +101,8 @@ var rules = map[string]rule{
 	"ops": {},
 	// Version, commit and Go version of this binary.
 	"buildinfo": {},
+	// Durations with days (400d) for delayd's and delayctl's flags.
+	"internal/duration": {},
 	// The OpenTelemetry tracer provider from the OTEL_* environment.
 	"tracing": {},
 	// The gRPC edge.
@@ -119,7 +121,7 @@ var rules = map[string]rule{
 	// wire, against real stores.
 	"daemon": {
 		imports: []string{"server", "web", "dispatcher", "push", "tenancy", "metrics", "history", "ops", "buildinfo", "tracing", "storage",
-			"storage/redisstore", "storage/mysqlstore", "storage/durable"},
+			"storage/redisstore", "storage/mysqlstore", "storage/durable", "internal/duration"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},
 
@@ -151,7 +153,7 @@ var rules = map[string]rule{
 	// delayctl's commands: a client program over the typed admin client;
 	// its golden tests start a real delayd in-process.
 	"ctl": {
-		imports:     []string{"client"},
+		imports:     []string{"client", "internal/duration"},
 		testImports: []string{"daemon", "internal/testkit", "internal/testkit/delaydtest"},
 	},
 	// Examples are client programs.
