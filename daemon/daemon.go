@@ -321,9 +321,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Daemon, err
 	var httpHandler http.Handler
 	if cfg.HTTPListen != "" {
 		httpHandler, err = web.Handler(web.Options{
-			GRPC:            d.server.HTTPHandler(),
-			Services:        server.ServiceNames(),
-			MaxMessageBytes: d.server.MaxMessageBytes(),
+			GRPC:             d.server.HTTPHandler(),
+			Services:         server.ServiceNames(),
+			MaxMessageBytes:  d.server.MaxMessageBytes(),
+			Admit:            d.server.AdmitHTTP,
+			MaxRepeatedItems: d.server.MaxRepeatedItems(),
 		})
 		if err != nil {
 			return nil, err

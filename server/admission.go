@@ -2,10 +2,10 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,46 +25,50 @@ import (
 //     closed as soon as they are accepted (limitListener);
 //  2. the HTTP/2 header list: at most maxHeaderListBytes decoded bytes, so
 //     HPACK-compressed floods of metadata cannot pin memory;
-//  3. the tap handle (tapAuth): with auth on, a call to a delayd service
-//     whose metadata holds no well-formed bearer key is refused with
-//     Unauthenticated before its stream is accepted, so its body is never
-//     read (health and reflection stay open);
+//  3. the tap handle (tapAuth): with auth on, a call to a delayd service is
+//     authenticated before its stream is accepted — the bearer key looked
+//     up (the registry's cache first) and its secret compared — so a call
+//     with no key, a malformed one or a made-up one is refused with
+//     Unauthenticated before a byte of its body is read or buffered, and
+//     a stream is ended at once (health and reflection stay open);
 //  4. the codec (admissionCodec): a request whose repeated fields have more
 //     items than a call may carry is refused before they are built, and
 //     malformed protobuf (including invalid UTF-8 in a string field) is
 //     refused as InvalidArgument instead of grpc-go's Internal;
-//  5. then authentication proper (the key lookup), authorization, limits.
+//  5. then authentication proper (the principal put in the context, from
+//     the cache the tap filled), authorization, limits.
 
 // maxHeaderListBytes is the largest decoded header list (all metadata of
 // one call) the server accepts. A well-formed call needs well under 1 KiB:
 // the bearer key is 63 bytes, tracing headers a few hundred.
 const maxHeaderListBytes = 8 << 10
 
+// tapLookupTimeout bounds the registry read the tap handle makes for a key
+// its cache does not hold. The tap runs on the connection's reader
+// goroutine, so the wait holds only that connection's frames; a read that
+// takes longer lets the call in, and authentication decides after the body
+// was read, as it would with the store down.
+const tapLookupTimeout = 500 * time.Millisecond
+
 // tapAuth returns the InTapHandle that refuses, before the stream is
-// accepted, calls to delayd services without a well-formed bearer key: the
-// bootstrap admin key or a string of the API-key form. It does no I/O (it
-// runs on the connection's reader goroutine); whether the key exists is
-// checked later, by authenticate.
+// accepted, calls to delayd services whose bearer key is missing,
+// malformed, unknown, revoked or wrong (authenticator.lookup).
 func tapAuth(opts Options) tap.ServerInHandle {
-	var adminHash []byte
-	if opts.Auth.AdminKey != "" {
-		adminHash = hashSecret(opts.Auth.AdminKey)
-	}
+	a := newAuthenticator(opts)
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		if openMethod(info.FullMethodName) {
 			return ctx, nil
 		}
-		token, err := bearerToken(info.Header.Get("authorization"))
-		if err != nil {
-			return nil, err
+		lctx, cancel := context.WithTimeout(ctx, tapLookupTimeout)
+		defer cancel()
+		if _, err := a.lookup(lctx, info.Header.Get("authorization")); err != nil {
+			if _, ok := status.FromError(err); ok {
+				return nil, err
+			}
+			// The registry could not answer in time: authentication
+			// decides after.
 		}
-		if _, ok := parseAPIKey(token); ok {
-			return ctx, nil
-		}
-		if adminHash != nil && subtle.ConstantTimeCompare(hashSecret(token), adminHash) == 1 {
-			return ctx, nil
-		}
-		return nil, errBadKey
+		return ctx, nil
 	}
 }
 

@@ -257,21 +257,36 @@ func newAuthenticator(opts Options) *authenticator {
 	return a
 }
 
-// authenticate is the go-grpc-middleware auth.AuthFunc: it reads the bearer
-// token, matches it against the bootstrap key and the registry (comparing
-// hashes in constant time), and puts the principal into the context.
+// authenticate is the go-grpc-middleware auth.AuthFunc: it puts the
+// request's principal (lookup) into the context.
 func (a *authenticator) authenticate(ctx context.Context) (context.Context, error) {
-	token, err := bearerToken(metadata.ValueFromIncomingContext(ctx, "authorization"))
+	p, err := a.lookup(ctx, metadata.ValueFromIncomingContext(ctx, "authorization"))
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, toStatus(ctx, a.logger, fmt.Errorf("authenticate: %w", err))
+	}
+	return context.WithValue(storage.WithKeyID(ctx, p.keyID), principalKey{}, p), nil
+}
+
+// lookup reads the bearer token from the authorization values, matches it
+// against the bootstrap key and the registry (comparing hashes in constant
+// time; the registry's cache first) and returns its principal. A refusal is
+// an Unauthenticated status (errKeyFlood: Unavailable); an error that is
+// not a status is the registry's (it could not answer).
+func (a *authenticator) lookup(ctx context.Context, values []string) (*principal, error) {
+	token, err := bearerToken(values)
 	if err != nil {
 		return nil, err
 	}
 	hash := hashSecret(token)
 	if a.adminHash != nil && subtle.ConstantTimeCompare(hash, a.adminHash) == 1 {
-		return context.WithValue(storage.WithKeyID(ctx, adminKeyID), principalKey{}, &principal{
+		return &principal{
 			keyID:     adminKeyID,
 			namespace: storage.GlobalNamespace,
 			scopes:    []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
-		}), nil
+		}, nil
 	}
 	id, ok := parseAPIKey(token)
 	if !ok {
@@ -285,12 +300,12 @@ func (a *authenticator) authenticate(ctx context.Context) (context.Context, erro
 		return nil, errKeyFlood // not logged: it is what a flood looks like
 	}
 	if err != nil {
-		return nil, toStatus(ctx, a.logger, fmt.Errorf("authenticate: %w", err))
+		return nil, err
 	}
 	if subtle.ConstantTimeCompare(hash, k.Hash) != 1 {
 		return nil, errBadKey
 	}
-	return context.WithValue(storage.WithKeyID(ctx, k.ID), principalKey{}, &principal{keyID: k.ID, namespace: k.Namespace, scopes: k.Scopes}), nil
+	return &principal{keyID: k.ID, namespace: k.Namespace, scopes: k.Scopes}, nil
 }
 
 // openMethod reports whether a method needs no API key: the health service

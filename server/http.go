@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -24,6 +26,13 @@ import (
 // httpReadHeaderTimeout bounds how long a client may take to send its
 // request headers on the HTTP edge.
 const httpReadHeaderTimeout = handshakeTimeout
+
+// httpBodyReadTimeout bounds how long a client may take to send a request's
+// body on the HTTP edge, from its headers to its end (a 5 MiB body needs
+// 90 KB/s). A body still arriving then fails the call and frees the
+// connection; once the body has ended the deadline is lifted, so a
+// streamed answer (Subscribe) lasts as long as it needs.
+const httpBodyReadTimeout = time.Minute
 
 // HTTPHandler returns the Server as an http.Handler speaking the gRPC
 // protocol (HTTP/2 requests, as vanguard produces them). With auth on, a
@@ -45,6 +54,25 @@ func (s *Server) HTTPHandler() http.Handler {
 		s.grpc.ServeHTTP(w, r)
 	})
 }
+
+// AdmitHTTP authenticates an HTTP edge request to a delayd RPC (path
+// /<service>/<method>) as the gRPC tap handle does, from its headers only:
+// nil when it may go on (or auth is off), otherwise the status to answer
+// (Unauthenticated for a missing, malformed, unknown or revoked key). The
+// HTTP edge calls it before it reads or decodes the body, so a made-up key
+// costs no JSON decoding whatever the body's size.
+func (s *Server) AdmitHTTP(r *http.Request) error {
+	if s.tap == nil {
+		return nil
+	}
+	_, err := s.tap(r.Context(), &tap.Info{FullMethodName: r.URL.Path, Header: metadata.MD{"authorization": r.Header.Values("Authorization")}})
+	return err
+}
+
+// MaxRepeatedItems is the most items one repeated field of a request may
+// hold (Limits.MaxBatch with its default filled in); the HTTP edge caps
+// JSON arrays by it before decoding them.
+func (s *Server) MaxRepeatedItems() int { return s.limits.MaxBatch }
 
 // writeGRPCError answers a gRPC call with a trailers-only error response.
 func writeGRPCError(w http.ResponseWriter, err error) {
@@ -79,7 +107,7 @@ func encodeGRPCMessage(msg string) string {
 // may speak HTTP/1.1 or HTTP/2 (h2c). It returns nil after a shutdown.
 func (s *Server) ServeHTTPEdge(lis net.Listener, h http.Handler) error {
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           bodyDeadline(h, httpBodyReadTimeout),
 		ReadHeaderTimeout: httpReadHeaderTimeout,
 		IdleTimeout:       s.limits.MaxConnectionIdle,
 		MaxHeaderBytes:    maxHeaderListBytes,
@@ -111,6 +139,34 @@ func (s *Server) ServeHTTPEdge(lis net.Listener, h http.Handler) error {
 		return nil
 	}
 	return fmt.Errorf("serve http: %w", err)
+}
+
+// bodyDeadline gives each request until d to send its body, lifting the
+// deadline when the body ends.
+func bodyDeadline(next http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if err := rc.SetReadDeadline(time.Now().Add(d)); err == nil && r.Body != nil && r.Body != http.NoBody {
+			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBody lifts the connection's read deadline once the body ended.
+type deadlineBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // ShutdownHTTPEdge stops every ServeHTTPEdge: no new connections, running

@@ -22,9 +22,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 	"connectrpc.com/vanguard"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -40,6 +43,17 @@ type Options struct {
 	// response; a larger one fails with ResourceExhausted. Use the gRPC
 	// server's limit. Required.
 	MaxMessageBytes int
+	// Admit, if set, authenticates a call from its headers before its body
+	// is read (server.AdmitHTTP): an error (a gRPC status) is answered at
+	// once, in the call's protocol (401 for Unauthenticated), and the
+	// connection is closed after the answer, so a refused client's body is
+	// neither read nor decoded.
+	Admit func(*http.Request) error
+	// MaxRepeatedItems, if above zero, caps every array of a JSON request's
+	// top-level fields (tasks, tokens, ...) as the gRPC edge caps repeated
+	// fields (server.MaxRepeatedItems): a longer array is InvalidArgument
+	// naming the field, refused before any item is decoded.
+	MaxRepeatedItems int
 }
 
 // Handler returns the HTTP edge: /ui/ is the web console; every other path
@@ -58,7 +72,10 @@ func Handler(opts Options) (http.Handler, error) {
 	for _, name := range opts.Services {
 		services = append(services, vanguard.NewService(name, opts.GRPC, svcOpts...))
 	}
-	tc, err := vanguard.NewTranscoder(services, vanguard.WithCodec(newJSONCodec))
+	maxItems := opts.MaxRepeatedItems
+	tc, err := vanguard.NewTranscoder(services, vanguard.WithCodec(func(res vanguard.TypeResolver) vanguard.Codec {
+		return newJSONCodec(res, maxItems)
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("web: %w", err)
 	}
@@ -69,7 +86,11 @@ func Handler(opts Options) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/ui/", console)
 	mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
-	mux.Handle("/", connectByDefault(tc))
+	var rpc http.Handler = tc
+	if opts.Admit != nil {
+		rpc = admit(opts.Admit, rpc)
+	}
+	mux.Handle("/", connectByDefault(rpc))
 	return mux, nil
 }
 
@@ -89,22 +110,131 @@ func connectByDefault(next http.Handler) http.Handler {
 	})
 }
 
-// newJSONCodec is vanguard's JSON codec, refusing unknown fields: a
-// misspelled field is an InvalidArgument naming it, not silently dropped.
-func newJSONCodec(res vanguard.TypeResolver) vanguard.Codec {
+// admit answers a call check refuses before its body is read, in the
+// call's protocol, and closes the connection after the answer (HTTP/1.1).
+func admit(check func(*http.Request) error, next http.Handler) http.Handler {
+	ew := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := check(r)
+		if err == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		st := status.Convert(err)
+		w.Header().Set("Connection", "close")
+		if ew.IsSupported(r) {
+			_ = ew.Write(w, r, connect.NewError(connect.Code(st.Code()), errors.New(st.Message())))
+		} else {
+			code := http.StatusUnauthorized
+			if st.Code() != codes.Unauthenticated {
+				code = http.StatusServiceUnavailable
+			}
+			http.Error(w, st.Message(), code)
+		}
+		// The body is never read: without a deadline now, net/http would
+		// read up to 256 KiB of it, at the client's pace, before closing.
+		rc := http.NewResponseController(w)
+		_ = rc.Flush()
+		_ = rc.SetReadDeadline(time.Now())
+	})
+}
+
+// newJSONCodec is vanguard's JSON codec, refusing unknown fields (a
+// misspelled field is an InvalidArgument naming it, not silently dropped)
+// and, with maxItems above zero, top-level arrays longer than maxItems.
+func newJSONCodec(res vanguard.TypeResolver, maxItems int) vanguard.Codec {
 	c := vanguard.NewJSONCodec(res)
 	c.UnmarshalOptions.DiscardUnknown = false
-	return jsonCodec{c}
+	return jsonCodec{JSONCodec: c, maxItems: maxItems}
 }
 
 // jsonCodec answers JSON a client got wrong with InvalidArgument (vanguard
 // would answer Unknown).
-type jsonCodec struct{ *vanguard.JSONCodec }
+type jsonCodec struct {
+	*vanguard.JSONCodec
+	maxItems int
+}
 
 func (c jsonCodec) Unmarshal(data []byte, msg proto.Message) error {
+	if c.maxItems > 0 {
+		if field, over := longArray(data, c.maxItems); over {
+			return connect.NewError(connect.CodeInvalidArgument,
+				fmt.Errorf("%s has more than %d items; at most %d are allowed in one call", field, c.maxItems, c.maxItems))
+		}
+	}
 	if err := c.JSONCodec.Unmarshal(data, msg); err != nil {
 		return connect.NewError(connect.CodeInvalidArgument,
 			fmt.Errorf("the request is not a valid %s in JSON: %w", msg.ProtoReflect().Descriptor().FullName(), err))
 	}
 	return nil
+}
+
+// longArray scans a JSON object without decoding it and reports the first
+// top-level field whose array value has more than limit items. Malformed
+// JSON is left to the decoder to report.
+func longArray(data []byte, limit int) (field string, over bool) {
+	var (
+		depth   int
+		topObj  bool   // the document is an object
+		key     string // the last string seen at depth 1: the field's name
+		arr     string // the field whose array is open at depth 2
+		items   int
+		started bool // the current item of arr has begun
+	)
+	item := func() bool {
+		if depth == 2 && arr != "" && !started {
+			started = true
+			items++
+			return items > limit
+		}
+		return false
+	}
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; c {
+		case ' ', '\t', '\r', '\n':
+		case '"':
+			j := i + 1
+			for j < len(data) && data[j] != '"' {
+				if data[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			if j >= len(data) {
+				return "", false
+			}
+			if depth == 1 && topObj {
+				key = string(data[i+1 : j])
+			}
+			if item() {
+				return arr, true
+			}
+			i = j
+		case '{', '[':
+			if item() {
+				return arr, true
+			}
+			depth++
+			if depth == 1 {
+				topObj = c == '{'
+			}
+			if depth == 2 && topObj && c == '[' {
+				arr, items, started = key, 0, false
+			}
+		case '}', ']':
+			if depth == 2 {
+				arr = ""
+			}
+			depth--
+		case ',':
+			if depth == 2 {
+				started = false
+			}
+		default:
+			if item() {
+				return arr, true
+			}
+		}
+	}
+	return "", false
 }

@@ -1,0 +1,140 @@
+package web_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/server"
+)
+
+const madeUpKey = "dk_0123456789abcdef_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+
+// TestMadeUpKeyIsRefusedBeforeTheBody (issue 32 item 2): on the HTTP edge
+// a made-up but well-formed key is refused 401 before the body is read or
+// decoded: a body that is not JSON answers 401, not the decoder's 400; a
+// body still being sent gets its 401 at once, and the connection is closed
+// after it. Before, vanguard read and decoded the whole body first (a 5 MiB
+// array of 1.7 M items cost 351 MiB).
+func TestMadeUpKeyIsRefusedBeforeTheBody(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	post := func(body io.Reader) *http.Response {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base+"/delayd.v1.TaskService/BatchUpsertTasks", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+madeUpKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := post(strings.NewReader(`{"namespace": "x", "tasks": [{}, {}, {} not json`))
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(raw), "unauthenticated") {
+		t.Errorf("a made-up key with a body that is not JSON: HTTP %d %s; want 401 unauthenticated", resp.StatusCode, raw)
+	}
+	if !resp.Close {
+		t.Errorf("the connection stays open after an early 401")
+	}
+
+	// A body that never ends: the answer comes anyway.
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go func() { _, _ = pw.Write([]byte(`{"namespace": "x", "tasks": [` + strings.Repeat("{},", 1000))) }()
+	resp = post(pr)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a made-up key with an unfinished body: HTTP %d; want 401 before the body ends", resp.StatusCode)
+	}
+}
+
+// TestJSONArraysAreCapped: a JSON array of a request's field holds at most
+// as many items as the proto's repeated field may (Limits.MaxBatch); past
+// it the call is 400 naming the field, before any item is decoded (the
+// gRPC codec's own cap only sees the items after vanguard decoded them all).
+func TestJSONArraysAreCapped(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{MaxBatch: 10})
+	ns := e.namespace("web-arr-", nil)
+	items := func(n int) []map[string]any {
+		out := make([]map[string]any, n)
+		for i := range out {
+			out[i] = map[string]any{"id": fmt.Sprintf("t%d", i), "delay": "60s"}
+		}
+		return out
+	}
+	e.mustCall(adminKey, "TaskService/BatchUpsertTasks", map[string]any{"namespace": ns, "tasks": items(10)})
+	// The 11th item has a misspelled field: the cap answers first, before
+	// any item is decoded.
+	code, out := e.call(adminKey, "TaskService/BatchUpsertTasks", map[string]any{"namespace": ns,
+		"tasks": append(items(10), map[string]any{"idd": "x"})})
+	if code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(out["message"]), "tasks has more than 10 items") {
+		t.Errorf("11 tasks under a cap of 10: HTTP %d %v; want 400 naming tasks", code, out)
+	}
+	code, out = e.call(adminKey, "DeliveryService/AckTasks", map[string]any{"namespace": ns, "tokens": strings.Split(strings.Repeat("x,", 11), ",")})
+	if code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(out["message"]), "tokens has more than 10 items") {
+		t.Errorf("12 tokens under a cap of 10: HTTP %d %v; want 400 naming tokens", code, out)
+	}
+}
+
+// TestSlowBodiesDoNotHoldTheEdge (issue 32 item 3): 200 connections that
+// send a request's headers without a key and then its body a byte at a
+// time, against an edge that takes 200 connections, each get their 401 at
+// once and are closed, and a valid call then succeeds. Before, each held
+// its connection for as long as it dripped, and the valid call was refused
+// for want of a free connection.
+func TestSlowBodiesDoNotHoldTheEdge(t *testing.T) {
+	t.Parallel()
+	const conns = 200
+	e := start(t, server.Limits{MaxConnections: conns})
+	addr := strings.TrimPrefix(e.base, "http://")
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	for range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		_, err = fmt.Fprintf(c, "POST /delayd.v1.NamespaceService/WhoAmI HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range held {
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("slow connection %d: no answer while its body drips: %v", i, err)
+		}
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("slow connection %d: HTTP %d, want 401", i, resp.StatusCode)
+		}
+		// The server closes the connection after the early 401.
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Fatalf("slow connection %d: not closed after its 401: %v", i, err)
+		}
+	}
+	who := e.mustCall(adminKey, "NamespaceService/WhoAmI", map[string]any{})
+	if who["authEnabled"] != true {
+		t.Fatalf("WhoAmI = %v", who)
+	}
+}
