@@ -142,8 +142,11 @@ func (e *env) newClient() *client.Client {
 }
 
 // outbox returns an Outbox on a pool of its own, with fast polls.
-func (e *env) outbox(c *client.Client) *outbox.Outbox {
-	ob, err := outbox.New(e.open(), outbox.Config{Dialect: e.dialect, Client: c, PollInterval: 20 * time.Millisecond,
+func (e *env) outbox(c *client.Client) *outbox.Outbox { return e.outboxBatch(c, 0) }
+
+// outboxBatch is outbox with a BatchSize (0: the default).
+func (e *env) outboxBatch(c *client.Client, batch int) *outbox.Outbox {
+	ob, err := outbox.New(e.open(), outbox.Config{Dialect: e.dialect, Client: c, PollInterval: 20 * time.Millisecond, BatchSize: batch,
 		MaxBackoff: 500 * time.Millisecond, Logger: testkit.Logger(e.t).With("side", "relay")})
 	if err != nil {
 		e.t.Fatal(err)
