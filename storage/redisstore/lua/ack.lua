@@ -35,25 +35,26 @@ local prior = {}
 if marks then
   prior = redis.call('HMGET', KEYS[4], unpack(ids))
 end
+-- markOf is a token's delivery key as markers hold it (decimal:
+-- durable.go, markOf); built only for a token that needs it, so a stale
+-- or unknown token costs no string.
+local function markOf(j)
+  return int(dec(ARGV[j + 1]) or 0) .. ',' .. int(dec(ARGV[j + 2]) or 0) .. ',' .. int(dec(ARGV[j + 3]) or 0)
+end
 local gone, done, mset = {}, {}, {}
 for i = 0, n - 1 do
   local j = 3 + 4 * i
   local id = ids[i + 1]
   local st = 3
   if not done[id] then
-    local mark
-    if marks then
-      -- markers are decimal (durable.go, markOf)
-      mark = int(dec(ARGV[j + 1]) or 0) .. ',' .. int(dec(ARGV[j + 2]) or 0) .. ',' .. int(dec(ARGV[j + 3]) or 0)
-    end
     st = token_check(hs[i + 1], leased[i + 1], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3])
     if st == 1 then
       done[id] = true
       gone[#gone + 1] = id
       if marks then
-        push(mset, id, mark .. ',' .. int(dec(string.match(hs[i + 1], '^[^,]*,[^,]*,([^,]*),')) or 0))
+        push(mset, id, markOf(j) .. ',' .. int(dec(string.match(hs[i + 1], '^[^,]*,[^,]*,([^,]*),')) or 0))
       end
-    elseif marks and not hs[i + 1] and mark_is(prior[i + 1], mark) then
+    elseif marks and not hs[i + 1] and prior[i + 1] and mark_is(prior[i + 1], markOf(j)) then
       done[id] = true
       st = 1
     end
