@@ -334,6 +334,7 @@
     const admin = may('ADMIN', ns);
     crumbs.replaceChildren(h('a', { href: '#/' }, 'namespaces'), ' / ', ns);
     const stats = h('div', { class: 'stats', id: 'stats' });
+    const forecast = h('div', { class: 'forecast', id: 'forecast' });
     const detail = h('div', { id: 'task-detail' });
     const idInput = h('input', { id: 'task-id', type: 'search', placeholder: 'task id' });
     const find = h('form', { class: 'row', id: 'find' }, idInput, h('button', { id: 'find-btn', type: 'submit' }, 'Find task'));
@@ -360,7 +361,7 @@
     main.replaceChildren(
       h('div', { class: 'card' },
         h('h1', {}, ns, ' ', admin ? '' : h('span', { class: 'badge ro', id: 'read-only' }, 'read-only')),
-        stats),
+        stats, forecast),
       h('div', { class: 'card' }, find, detail),
       h('div', { class: 'card' }, tabs, body));
 
@@ -376,6 +377,7 @@
           stat('deliveries', s.paused ? 'paused' : 'running', 'stat-paused'),
           stat('rate cap', s.maxDispatchRate ? s.maxDispatchRate + '/s' : 'unlimited', 'stat-rate'),
           stat('delivered by', s.push ? 'HTTP push' : 'Subscribe', 'stat-delivery'));
+        forecast.replaceChildren(...forecastCharts(s));
       }));
     } else {
       stats.replaceChildren(h('span', { class: 'muted' }, 'Stats, dead-letter actions and keys need the admin scope on this namespace.'));
@@ -397,12 +399,97 @@
       try {
         const { task } = await call('TaskService/GetTask', { namespace: ns, id });
         if (g !== gen) return;
-        detail.replaceChildren(taskDetail(g, ns, task, detail));
+        detail.replaceChildren(taskDetail(g, ns, task, detail), historyBox(g, ns, id));
       } catch (e) {
+        if (e.code === 'not_found' && g === gen) {
+          // Gone (acked, removed, purged): its history may still say why.
+          detail.replaceChildren(h('p', { id: 'task-gone' }, 'Task ', h('code', {}, id), ' does not exist (acked, removed, or never created).'),
+            historyBox(g, ns, id));
+          return;
+        }
         detail.replaceChildren();
         throw e;
       }
     });
+  }
+
+  // historyBox shows task id's history (GetTaskHistory), oldest first,
+  // filled in when the pages arrive.
+  function historyBox(g, ns, id) {
+    const box = h('div', { class: 'history', id: 'task-history' }, h('h2', {}, 'History'), h('p', { class: 'muted' }, 'Loading…'));
+    guard(g, async () => {
+      const events = [];
+      let token = '';
+      let enabled = false;
+      for (let page = 0; page < 20; page++) {
+        const r = await call('TaskService/GetTaskHistory', { namespace: ns, id, pageToken: token });
+        enabled = !!r.historyEnabled;
+        events.push(...(r.events || []));
+        token = r.nextPageToken || '';
+        if (!token) break;
+      }
+      if (g !== gen) return;
+      if (!enabled) {
+        box.replaceChildren(h('h2', {}, 'History'), h('p', { class: 'muted', id: 'history-off' },
+          'This namespace keeps no task history (its policy\'s historyRetentionBytes is 0).'));
+        return;
+      }
+      const kind = (k) => (k || '').replace('TASK_EVENT_KIND_', '').toLowerCase().replace('_', ' ');
+      const detailOf = (e) => [
+        e.replica ? 'replica ' + e.replica + ', ' + fmtDuration(seconds(e.lateness)) + ' late' : '',
+        e.reason ? 'reason: ' + e.reason : '',
+        e.retryAfter ? 'retry after ' + fmtDuration(seconds(e.retryAfter)) : '',
+      ].filter(Boolean).join('; ');
+      box.replaceChildren(h('h2', {}, 'History'), h('table', { id: 'history' },
+        h('thead', {}, h('tr', {}, ['time', 'event', 'generation', 'attempt', 'due', 'key', 'detail'].map((c) => h('th', {}, c)))),
+        h('tbody', {}, events.map((e) => h('tr', { 'data-kind': kind(e.kind) },
+          h('td', {}, fmtTime(e.time)), h('td', {}, kind(e.kind)), h('td', { class: 'num' }, Number(e.generation) || ''),
+          h('td', { class: 'num' }, Number(e.attempt) || ''), h('td', {}, fmtTime(e.dueTime)), h('td', {}, h('code', {}, e.keyId || '')),
+          h('td', {}, detailOf(e)))))));
+    });
+    return box;
+  }
+
+  // svg builds an SVG element (h builds HTML ones).
+  function svg(tag, attrs, ...kids) {
+    const el = document.createElementNS('http://www.w3.org/2000/svg', tag);
+    for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+    el.append(...kids);
+    return el;
+  }
+
+  // barChart draws counts as bars, one per bucket, scaled to the largest;
+  // each bar carries its count (data-n) and a tooltip.
+  function barChart(id, title, counts, label) {
+    const W = 360, H = 80, peak = Math.max(1, ...counts);
+    const bw = W / Math.max(1, counts.length);
+    const bars = counts.map((n, i) => {
+      const bh = n ? Math.max(2, Math.round((n / peak) * (H - 4))) : 0;
+      return svg('rect', { class: 'bar', x: (i * bw).toFixed(1), y: H - bh, width: Math.max(1, bw - 1).toFixed(1), height: bh, 'data-n': n },
+        svg('title', {}, label(i) + ': ' + n));
+    });
+    const total = counts.reduce((a, b) => a + b, 0);
+    return h('figure', { class: 'chart', id },
+      svg('svg', { viewBox: '0 0 ' + W + ' ' + H, width: W, height: H, role: 'img', 'aria-label': title }, svg('line', { class: 'axis', x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5 }), ...bars),
+      h('figcaption', {}, title + ' — ' + total + ' tasks, peak ' + Math.max(0, ...counts)));
+  }
+
+  // forecastCharts are the due forecast (per minute over the hour, per
+  // hour over the day) beside this replica's recent deliveries.
+  function forecastCharts(s) {
+    const ints = (a) => (a || []).map(Number);
+    const recent = h('div', { class: 'stats recent', id: 'recent' },
+      ...[['delivered / min', ((s.recentDeliveryRate || 0) * 60).toFixed(1), 'recent-rate'],
+        ['lateness p50', fmtDuration(seconds(s.recentLatenessP50)), 'recent-p50'],
+        ['lateness p90', fmtDuration(seconds(s.recentLatenessP90)), 'recent-p90'],
+        ['lateness p99', fmtDuration(seconds(s.recentLatenessP99)), 'recent-p99']].map(([k, v, id]) =>
+        h('div', { class: 'stat' }, h('div', { class: 'v', id }, v), h('div', { class: 'k' }, k))),
+      h('div', { class: 'muted' }, 'last ' + fmtDuration(seconds(s.recentWindow)) + ', as this replica delivered'));
+    return [
+      barChart('forecast-minutes', 'Falls due, next hour, per minute', ints(s.duePerMinute), (i) => '+' + i + '–' + (i + 1) + ' min'),
+      barChart('forecast-hours', 'Falls due, next day, per hour', ints(s.duePerHour), (i) => '+' + i + '–' + (i + 1) + ' h'),
+      recent,
+    ];
   }
 
   function taskDetail(g, ns, t, detail) {
