@@ -13,7 +13,8 @@
 // # Configuration
 //
 // Global flags, each with an environment variable: --addr (DELAYD_ADDR,
-// default localhost:7070), --key (DELAYD_API_KEY), --tls, --tls-ca,
+// default localhost:7070), --key (DELAYD_API_KEY; --key-file,
+// DELAYD_API_KEY_FILE), --tls, --tls-ca,
 // --tls-cert, --tls-key, --tls-server-name, -o/--output, --timeout.
 package ctl
 
@@ -49,7 +50,9 @@ type Env func(string) string
 // globals are the flags every command shares.
 type globals struct {
 	addr          string
-	key           string
+	key           string // --key; when empty, --key-file's, then DELAYD_API_KEY's
+	keyFile       string
+	envKey        string // DELAYD_API_KEY, never shown in help
 	tls           bool
 	tlsCA         string
 	tlsCert       string
@@ -161,7 +164,8 @@ func newRoot(g *globals, env Env) *cobra.Command {
 		Short: "delayctl manages a delayd server: namespaces, API keys, tasks, dead letters, and live deliveries",
 		Long: `delayctl manages a delayd server over its public gRPC API.
 
-Connection: --addr (DELAYD_ADDR, default localhost:7070), --key (DELAYD_API_KEY),
+Connection: --addr (DELAYD_ADDR, default localhost:7070), the API key from
+DELAYD_API_KEY or --key-file (DELAYD_API_KEY_FILE) (or --key, which ps shows),
 TLS with --tls and --tls-ca/--tls-cert/--tls-key/--tls-server-name.
 Output: -o table (default) or -o json.`,
 		SilenceUsage:  true,
@@ -183,7 +187,14 @@ Output: -o table (default) or -o json.`,
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.addr, "addr", def("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address host:port (env DELAYD_ADDR)")
-	pf.StringVar(&g.key, "key", env("DELAYD_API_KEY"), "API key, sent as \"authorization: Bearer <key>\" (env DELAYD_API_KEY)")
+	// The key's default is never shown: --help would print the secret.
+	g.envKey = env("DELAYD_API_KEY")
+	envState := "not set"
+	if g.envKey != "" {
+		envState = "set"
+	}
+	pf.StringVar(&g.key, "key", "", "API key, sent as \"authorization: Bearer <key>\"; prefer DELAYD_API_KEY or --key-file, which ps and shell history do not show (env DELAYD_API_KEY: "+envState+")")
+	pf.StringVar(&g.keyFile, "key-file", env("DELAYD_API_KEY_FILE"), "file holding the API key (surrounding whitespace ignored) (env DELAYD_API_KEY_FILE)")
 	pf.BoolVar(&g.tls, "tls", def("DELAYD_TLS", "") == "true", "connect over TLS (implied by --tls-ca/--tls-cert) (env DELAYD_TLS=true)")
 	pf.StringVar(&g.tlsCA, "tls-ca", env("DELAYD_TLS_CA"), "PEM file of CAs to verify the server with; default: the system roots (env DELAYD_TLS_CA)")
 	pf.StringVar(&g.tlsCert, "tls-cert", env("DELAYD_TLS_CERT"), "PEM client certificate for mTLS (env DELAYD_TLS_CERT)")
@@ -204,8 +215,12 @@ func (g *globals) connect() (*client.Client, error) {
 		return g.c, nil
 	}
 	opts := []client.Option{client.WithTimeout(g.timeout), client.WithRetry(client.RetryPolicy{MaxAttempts: 1})}
-	if g.key != "" {
-		opts = append(opts, client.WithAPIKey(g.key))
+	key, err := g.apiKey()
+	if err != nil {
+		return nil, err
+	}
+	if key != "" {
+		opts = append(opts, client.WithAPIKey(key))
 	}
 	if g.tls || g.tlsCA != "" || g.tlsCert != "" {
 		cfg, err := g.tlsConfig()
@@ -220,6 +235,28 @@ func (g *globals) connect() (*client.Client, error) {
 	}
 	g.c = c
 	return c, nil
+}
+
+// apiKey is the key to send: --key, else --key-file's content, else
+// DELAYD_API_KEY ("" for none).
+func (g *globals) apiKey() (string, error) {
+	switch {
+	case g.key != "" && g.keyFile != "":
+		return "", usagef("--key and --key-file (DELAYD_API_KEY_FILE) go alone: give one")
+	case g.key != "":
+		return g.key, nil
+	case g.keyFile != "":
+		b, err := os.ReadFile(g.keyFile)
+		if err != nil {
+			return "", usagef("--key-file: %v", err)
+		}
+		k := strings.TrimSpace(string(b))
+		if k == "" {
+			return "", usagef("--key-file %s is empty; it must hold the API key", g.keyFile)
+		}
+		return k, nil
+	}
+	return g.envKey, nil
 }
 
 func (g *globals) tlsConfig() (*tls.Config, error) {

@@ -41,6 +41,10 @@ type Flags struct {
 	// NoAuth is --no-auth: run without authentication against a real Redis
 	// (see server.ResolveAuth).
 	NoAuth bool
+	// AdminKeyFile is --admin-key-file: read the bootstrap admin key from
+	// this file (surrounding whitespace ignored) instead of --admin-key,
+	// which ps and /debug/pprof/cmdline show.
+	AdminKeyFile string
 	// Version is --version: print the version, commit and Go version and
 	// exit.
 	Version bool
@@ -88,7 +92,8 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", DefaultPushConcurrency, "most HTTP push requests in flight per namespace on one replica")
 	durationVar(fs, &c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
 	fs.Var(negatedFlag{&c.DisableReflection}, "reflection", "serve gRPC server reflection (for grpcurl)")
-	fs.StringVar(&c.AdminKey, "admin-key", "", "bootstrap admin key (16-512 printable ASCII); turns API-key auth on; e.g. $(openssl rand -hex 32)")
+	fs.StringVar(&c.AdminKey, "admin-key", "", "bootstrap admin key (16-512 printable ASCII); turns API-key auth on; pass it in DELAYD_ADMIN_KEY or --admin-key-file: a command line is visible in ps")
+	fs.StringVar(&f.AdminKeyFile, "admin-key-file", "", "file holding the bootstrap admin key (e.g. from openssl rand -hex 32; surrounding whitespace ignored); instead of --admin-key")
 	fs.BoolVar(&f.NoAuth, "no-auth", false, "run without authentication against a real Redis: every client may do everything")
 	fs.BoolVar(&c.AutoCreateNamespaces, "auto-create-namespaces", false, "create an unknown namespace on first use (always on in embedded mode and without auth)")
 	fs.StringVar(&c.TLSCertFile, "tls-cert", "", "PEM certificate chain to serve TLS with (with --tls-key)")
@@ -129,6 +134,10 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg, onlyLoopback := configFrom(fs, f)
+	if err := readAdminKeyFile(&cfg, f.AdminKeyFile); err != nil {
+		fmt.Fprintf(stderr, "delayd: %v\n", err)
+		return 2
+	}
 	// A shared Redis is never open to everyone by accident: without an
 	// admin key, --no-auth must say so (embedded mode is open by default).
 	if _, err := server.ResolveAuth(cfg.AdminKey, f.NoAuth, cfg.RedisURL == ""); err != nil {
@@ -156,6 +165,24 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
+// readAdminKeyFile sets cfg.AdminKey from --admin-key-file, when given.
+func readAdminKeyFile(cfg *Config, file string) error {
+	if file == "" {
+		return nil
+	}
+	if cfg.AdminKey != "" {
+		return errors.New("--admin-key (DELAYD_ADMIN_KEY) and --admin-key-file (DELAYD_ADMIN_KEY_FILE) go alone: give one")
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("--admin-key-file: %w", err)
+	}
+	if cfg.AdminKey = strings.TrimSpace(string(b)); cfg.AdminKey == "" {
+		return fmt.Errorf("--admin-key-file %s is empty; it must hold the admin key", file)
+	}
+	return nil
+}
+
 // EnvVar is the environment variable of the flag name: --redis-url is
 // DELAYD_REDIS_URL.
 func EnvVar(name string) string {
@@ -169,7 +196,7 @@ var notFromEnv = map[string]bool{"version": true, "help": true}
 
 // CtlEnv are the variables delayctl reads (ctl/ctl.go): delayd does not, but
 // one environment often serves both, so they are no typo.
-var CtlEnv = []string{"DELAYD_ADDR", "DELAYD_API_KEY", "DELAYD_TLS", "DELAYD_TLS_CA", "DELAYD_TLS_CERT", "DELAYD_TLS_KEY", "DELAYD_TLS_SERVER_NAME"}
+var CtlEnv = []string{"DELAYD_ADDR", "DELAYD_API_KEY", "DELAYD_API_KEY_FILE", "DELAYD_TLS", "DELAYD_TLS_CA", "DELAYD_TLS_CERT", "DELAYD_TLS_KEY", "DELAYD_TLS_SERVER_NAME"}
 
 // harnessEnv are the variables of this repository's build and tests
 // (Makefile, internal/testkit, the web console's and TypeScript client's

@@ -379,3 +379,36 @@ func TestSetGCPercent(t *testing.T) {
 		t.Errorf("GC percent with GOGC set = %d, want the runtime's 100 untouched", now)
 	}
 }
+
+// TestAdminKeyNeverInHelpAndFromFile (issue 32 item 4): `delayd --help`
+// with DELAYD_ADMIN_KEY set does not print the key, and --admin-key-file
+// reads it from a file (whitespace trimmed), alone.
+func TestAdminKeyNeverInHelpAndFromFile(t *testing.T) {
+	const secret = "admin-SECRETSECRETSECRET-0123456789"
+	t.Setenv("DELAYD_ADMIN_KEY", secret)
+	var help bytes.Buffer
+	if code := Main(context.Background(), []string{"--help"}, &help); code != 0 || !strings.Contains(help.String(), "--admin-key-file") {
+		t.Fatalf("delayd --help: exit %d\n%s", code, help.String())
+	}
+	if strings.Contains(help.String(), "SECRETSECRET") {
+		t.Errorf("delayd --help prints DELAYD_ADMIN_KEY:\n%s", help.String())
+	}
+	file := filepath.Join(t.TempDir(), "admin-key")
+	if err := os.WriteFile(file, []byte("  "+secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg Config
+	if err := readAdminKeyFile(&cfg, file); err != nil || cfg.AdminKey != secret {
+		t.Errorf("readAdminKeyFile = %v, key %q; want %q", err, cfg.AdminKey, secret)
+	}
+	if err := readAdminKeyFile(&cfg, file); err == nil || !strings.Contains(err.Error(), "go alone") {
+		t.Errorf("--admin-key and --admin-key-file together: %v; want an error", err)
+	}
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := readAdminKeyFile(&Config{}, empty); err == nil || !strings.Contains(err.Error(), "is empty") {
+		t.Errorf("an empty --admin-key-file: %v; want an error", err)
+	}
+}
