@@ -27,7 +27,7 @@ help: ## List the targets.
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 $(BIN)/buf: tools/buf/package-lock.json
-	@command -v npm >/dev/null || { echo "buf comes from npm: install Node.js 20 and npm (Debian: apt-get install -y nodejs npm)"; exit 1; }
+	@command -v npm >/dev/null || { echo "buf comes from npm: install Node.js 22 (20 works, with an EBADENGINE warning) and npm (Debian: apt-get install -y nodejs npm)"; exit 1; }
 	npm ci --prefix tools/buf --no-audit --no-fund --loglevel=error
 	mkdir -p $(BIN) && ln -sf $(CURDIR)/tools/buf/node_modules/.bin/buf $(BIN)/buf
 	@$(BIN)/buf --version >/dev/null
@@ -35,7 +35,7 @@ $(BIN)/buf: tools/buf/package-lock.json
 # runtime), pinned in clients/ts/package-lock.json.
 TS_DEPS := clients/ts/node_modules/.package-lock.json
 $(TS_DEPS): clients/ts/package-lock.json
-	@command -v npm >/dev/null || { echo "the TypeScript client needs Node.js 20 and npm (Debian: apt-get install -y nodejs npm)"; exit 1; }
+	@command -v npm >/dev/null || { echo "the TypeScript client needs Node.js 22 (20 works, with an EBADENGINE warning) and npm (Debian: apt-get install -y nodejs npm)"; exit 1; }
 	npm ci --prefix clients/ts --no-audit --no-fund --loglevel=error
 	@touch $@
 

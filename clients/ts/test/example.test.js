@@ -1,6 +1,9 @@
 // Runs the example against a real delayd: the binary in DELAYD_BIN (make
 // test builds it), started in embedded mode on free loopback ports.
 import { test, before, after } from "node:test";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
@@ -10,6 +13,8 @@ import { TokenStatus } from "../src/gen/delayd/v1/delivery_pb.js";
 import { upsertAndSubscribe } from "../example/upsert-and-subscribe.js";
 import { streamDeliveries } from "../example/stream-deliveries.js";
 import { startDelayd } from "./delayd.js";
+
+const execFileP = promisify(execFile);
 
 let delayd;
 let baseUrl;
@@ -40,6 +45,23 @@ test("the example upserts a task and receives it on its first attempt", async ()
     assert.match(err.rawMessage, /task "hello-1" not found/);
     return true;
   });
+});
+
+test("the example, run twice in a row as a program, acks only its own task each time", async () => {
+  // Someone else's task, due now, in the namespace both runs are pointed at.
+  const tasks = createClient(TaskService, createConnectTransport({ baseUrl, httpVersion: "1.1" }));
+  await tasks.upsertTask({ namespace: "ts-twice", id: "not-yours", when: { case: "delay", value: { seconds: 0n } } });
+  for (const run of [1, 2]) {
+    const { stdout } = await execFileP(process.execPath, [fileURLToPath(new URL("../example/upsert-and-subscribe.js", import.meta.url)), baseUrl, "ts-twice"]);
+    assert.match(stdout, /delivered: 'hello-\d+'/, `run ${run} printed:\n${stdout}`);
+    assert.match(stdout, /ack: 1/, `run ${run} printed:\n${stdout}`);
+  }
+  // The other task is still there: neither run acked it.
+  const other = await tasks.getTask({ namespace: "ts-twice", id: "not-yours" });
+  assert.equal(other.task.id, "not-yours");
+  // And with no namespace named, each run picks a scratch one of its own.
+  const { stdout } = await execFileP(process.execPath, [fileURLToPath(new URL("../example/upsert-and-subscribe.js", import.meta.url)), baseUrl]);
+  assert.match(stdout, /ack: 1/);
 });
 
 test("a bad request is InvalidArgument naming the field", async () => {
