@@ -85,6 +85,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		defer c.Close()
 		rdb = c
 	}
+	if cfg.HistoryBytes > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("delayd namespaces keep task history: %d bytes each (--history-bytes).", cfg.HistoryBytes))
+	}
 	if cfg.Shards > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("delayd namespaces: %d shards each (--shards).", cfg.Shards))
 	}
@@ -277,7 +280,7 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 		}
 		ds, err := newDelaydSystem(delaydConfig{
 			Addr: d.addr, APIKey: key, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
-			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards,
+			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards, HistoryBytes: cfg.HistoryBytes,
 			SDK: sysName == SystemDelaydSDK, SDKMaxOutstanding: cfg.SDKBatch.MaxOutstanding,
 		})
 		if err != nil {
@@ -446,6 +449,9 @@ func command(cfg Config, workload, system string) string {
 	}
 	if cfg.Shards > 0 && strings.HasPrefix(system, "delayd") {
 		args = append(args, fmt.Sprintf("--shards=%d", cfg.Shards))
+	}
+	if cfg.HistoryBytes > 0 && strings.HasPrefix(system, "delayd") {
+		args = append(args, fmt.Sprintf("--history-bytes=%d", cfg.HistoryBytes))
 	}
 	if cfg.Target != "" {
 		args = append(args, "--target="+cfg.Target)

@@ -58,6 +58,9 @@ type Config struct {
 	// Shards is the shard count of the namespaces a run creates
 	// (NamespacePolicy.shards); 0 = the server default (1).
 	Shards int
+	// HistoryBytes is the history_retention_bytes of the namespaces a run
+	// creates (task history on); 0 = off.
+	HistoryBytes int64
 	// MySQLDSN is the MySQL server for durable rows, without a database
 	// name: each run creates a database of its own and drops it afterwards.
 	MySQLDSN string
@@ -148,6 +151,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.BoolVar(&c.OwnRedis, "own-redis", false, "start a private redis-server on a free port instead of --redis-url (clean CPU and memory figures)")
 	fs.StringVar(&c.RedisServerBin, "redis-server", "redis-server", "redis-server binary for --own-redis")
 	fs.IntVar(&c.OwnRedisCluster, "own-redis-cluster", 0, "start a private Redis Cluster of this many masters (no replicas, no persistence; redis-cli joins them) instead of --redis-url; delayd uses redis-cluster://, the Redis figures sum every master; baseline rows are skipped")
+	fs.Int64Var(&c.HistoryBytes, "history-bytes", 0, "history_retention_bytes of every namespace a delayd run creates (task history on, 65536-1073741824); 0 = off")
 	fs.IntVar(&c.Shards, "shards", 0, "shards of every namespace a delayd run creates (NamespacePolicy.shards, 1-256); 0 = the server default, 1")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/", "MySQL for durable rows, without a database: each run creates and drops its own")
 	fs.IntVar(&c.BaselineBatch, "baseline-batch", 200, "baseline poller pop limit (ids per ZRANGEBYSCORE LIMIT)")

@@ -45,6 +45,9 @@ type delaydConfig struct {
 	// Shards is the shard count of the namespaces setup creates; 0 = the
 	// server default.
 	Shards int
+	// HistoryBytes is the history_retention_bytes of the namespaces setup
+	// creates; 0 = no history.
+	HistoryBytes int64
 	// SDK sends unary upserts through the Go SDK's Client.Upsert (with its
 	// default batching) instead of the raw UpsertTask stub, and receives
 	// as the SDK does: StreamDeliveries, acks on the stream.
@@ -155,7 +158,7 @@ func (s *delaydSystem) next() int { return int(s.rr.Add(1) % uint64(len(s.conns)
 func (s *delaydSystem) setup(ctx context.Context, nss []string) error {
 	for _, ns := range nss {
 		_, err := s.admin.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns,
-			Policy: &delaydv1.NamespacePolicy{Shards: int32(s.cfg.Shards)}}})
+			Policy: &delaydv1.NamespacePolicy{Shards: int32(s.cfg.Shards), HistoryRetentionBytes: s.cfg.HistoryBytes}}})
 		switch status.Code(err) {
 		case codes.OK, codes.AlreadyExists, codes.Unimplemented:
 		case codes.PermissionDenied, codes.Unauthenticated:
