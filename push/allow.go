@@ -225,9 +225,36 @@ func (a *Allow) dialAllowed(host string, ip netip.Addr) bool {
 	return a.nameListed(host) && public(ip)
 }
 
-// notPublic are ranges netip.Addr.IsPrivate and IsGlobalUnicast miss:
-// "this network" (RFC 791) and the shared address space (RFC 6598).
-var notPublic = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("100.64.0.0/10")}
+// notPublic are the special-purpose ranges (IANA's IPv4 and IPv6
+// Special-Purpose Address Registries) that netip.Addr.IsPrivate and
+// IsGlobalUnicast miss: besides addresses that reach no public host, the
+// translation and tunnelling prefixes (NAT64, 6to4, Teredo), whose
+// addresses stand for an IPv4 address behind them — a private one as well.
+var notPublic = func() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []string{
+		"0.0.0.0/8",       // "this network" (RFC 791)
+		"100.64.0.0/10",   // shared address space, carrier-grade NAT (RFC 6598)
+		"192.0.0.0/24",    // IETF protocol assignments (RFC 6890)
+		"192.0.2.0/24",    // documentation, TEST-NET-1 (RFC 5737)
+		"192.88.99.0/24",  // 6to4 relay anycast (RFC 7526)
+		"198.18.0.0/15",   // benchmarking (RFC 2544)
+		"198.51.100.0/24", // documentation, TEST-NET-2 (RFC 5737)
+		"203.0.113.0/24",  // documentation, TEST-NET-3 (RFC 5737)
+		"240.0.0.0/4",     // reserved (RFC 1112), and broadcast
+		"64:ff9b::/96",    // NAT64 well-known prefix (RFC 6052)
+		"64:ff9b:1::/48",  // local-use NAT64 (RFC 8215)
+		"100::/64",        // discard-only (RFC 6666)
+		"2001::/23",       // IETF protocol assignments, Teredo included (RFC 2928, 4380)
+		"2001:db8::/32",   // documentation (RFC 3849)
+		"2002::/16",       // 6to4 (RFC 3056)
+		"3fff::/20",       // documentation (RFC 9637)
+		"5f00::/16",       // segment routing SIDs (RFC 9602)
+	} {
+		out = append(out, netip.MustParsePrefix(p))
+	}
+	return out
+}()
 
 // public reports whether ip is a global unicast address outside the
 // private, shared and unique-local ranges.
