@@ -132,9 +132,22 @@ func deadActionCommand(g *globals, verb string) *cobra.Command {
 				}
 			}
 			past := map[string]string{"requeue": "requeued", "purge": "purged"}[verb]
-			return g.emit(map[string]any{"namespace": ns, past: n}, func() error {
+			if err := g.emit(map[string]any{"namespace": ns, past: n}, func() error {
 				return write(g.stdout, "%s %d dead letters of %s\n", past, n, ns)
-			})
+			}); err != nil {
+				return err
+			}
+			// Ids named one by one that were not dead letters (missing,
+			// or scheduled/delivered, which dead letters calls leave as
+			// they are) are an error: the caller expected them dead.
+			if named := len(args) - 1; named > 0 && !f.set() && n < int64(named) {
+				what := "are not dead letters of %s, and were left as they are"
+				if int64(named)-n == 1 {
+					what = "is not a dead letter of %s, and was left as it is"
+				}
+				return fmt.Errorf("%d of the %d ids given "+what+" (`delayctl task get %s ID` shows a task's state)", int64(named)-n, named, ns, ns)
+			}
+			return nil
 		},
 	}
 	if verb == "requeue" {
