@@ -120,6 +120,14 @@ func (g *globals) connectionHint(err error) string {
 	if !connErr {
 		return ""
 	}
+	// Nothing to do with TLS: no server, or no such host.
+	if strings.Contains(msg, "connection refused") {
+		return "nothing accepts connections at " + g.addr + ": is delayd running there? (--addr or DELAYD_ADDR; default localhost:7070)"
+	}
+	if strings.Contains(msg, "no such host") || strings.Contains(msg, "produced zero addresses") {
+		host, _, _ := strings.Cut(g.addr, ":")
+		return "the host " + host + " of --addr " + g.addr + " is not known (DNS has no address for it): check the name"
+	}
 	if strings.Contains(msg, "x509: certificate is valid for") || strings.Contains(msg, "x509: cannot validate certificate for") ||
 		strings.Contains(msg, "x509: certificate is not valid for any names") {
 		return "the server's certificate does not name the host of " + g.addr + ": pass the name it was issued for with " +

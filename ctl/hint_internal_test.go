@@ -30,6 +30,8 @@ func TestConnectionHint(t *testing.T) {
 		{"certificate of another name", withTLS, status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate is valid for delayd.internal, not localhost"`), "--tls-server-name"},
 		{"certificate without the address", withTLS, status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: cannot validate certificate for 127.0.0.1 because it doesn't contain any IP SANs"`), "--tls-server-name"},
 		{"unknown CA", &globals{addr: "delayd:7070", tls: true}, status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`), "--tls-ca"},
+		{"connection refused: no TLS hint", plain, status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:7070: connect: connection refused"`), "is delayd running there?"},
+		{"unknown host named", &globals{addr: "delayd.nowhere:7070"}, status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp: lookup delayd.nowhere on 127.0.0.53:53: no such host"`), "the host delayd.nowhere of --addr"},
 		{"store down", withTLS, storeDown, ""},
 		{"not Unavailable", withTLS, status.Error(codes.NotFound, "connection error"), ""},
 		{"no status", withTLS, errors.New("broken pipe"), ""},
@@ -38,5 +40,15 @@ func TestConnectionHint(t *testing.T) {
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("%s: hint %q, want one containing %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestConnectionRefusedHintNamesNoTLS: a refused connection is not about
+// TLS, and the hint says so by not naming a TLS flag.
+func TestConnectionRefusedHintNamesNoTLS(t *testing.T) {
+	g := &globals{addr: "localhost:7070"}
+	got := g.connectionHint(status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp [::1]:7070: connect: connection refused"`))
+	if strings.Contains(got, "--tls") {
+		t.Errorf("hint for a refused connection names TLS: %q", got)
 	}
 }
