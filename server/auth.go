@@ -465,6 +465,11 @@ func (z *authorizer) authorize(ctx context.Context, method string, req any) erro
 		return nil
 	}
 	if !p.allows(r.scope, ns) {
+		if !p.global() && ns != p.namespace {
+			// Name only the caller's own scope: never confirm or echo
+			// another tenant's namespace.
+			return status.Errorf(codes.PermissionDenied, "API key %s belongs to namespace %q and may not call %s on another namespace", p.keyID, p.namespace, shortMethod(method))
+		}
 		if r.orScope != storage.ScopeUnspecified {
 			return status.Errorf(codes.PermissionDenied, "API key %s has neither the %s nor the %s scope on namespace %q", p.keyID, r.scope, r.orScope, ns)
 		}

@@ -171,7 +171,7 @@ func TestSameAuthAsGRPC(t *testing.T) {
 		{"", http.StatusUnauthorized, "unauthenticated", "missing API key"},
 		{"dk_0123456789abcdef_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", http.StatusUnauthorized, "unauthenticated", "invalid API key"},
 		{"not-a-key-at-all", http.StatusUnauthorized, "unauthenticated", "invalid API key"},
-		{secret, http.StatusForbidden, "permission_denied", fmt.Sprintf("namespace %q", nsB)},
+		{secret, http.StatusForbidden, "permission_denied", fmt.Sprintf("belongs to namespace %q and may not call TaskService.GetTask on another namespace", nsA)},
 	} {
 		status, out := e.call(c.key, "TaskService/GetTask", get)
 		if status != c.status || out["code"] != c.code || !strings.Contains(fmt.Sprint(out["message"]), c.contains) {
