@@ -151,6 +151,28 @@ image: ## Build the container image IMAGE (delayd:VERSION, also delayd:latest) f
 	cp Dockerfile deploy/image/passwd deploy/image/group /etc/ssl/certs/ca-certificates.crt $(BIN)/image/
 	DOCKER_BUILDKIT=0 $(DOCKER) build --platform linux/$(IMAGE_ARCH) -t $(IMAGE) -t delayd:latest $(BIN)/image
 
+# make release: static binaries (CGO_ENABLED=0) for each RELEASE_PLATFORMS
+# entry, named delayd-VERSION-OS-ARCH.tar.gz under dist/, each holding
+# delayd and delayctl stamped with VERSION (delayd --version names it),
+# and SHA256SUMS over the archives. Tag first (git tag v0.2.0) so VERSION
+# is the tag, and move CHANGELOG's Unreleased section under it.
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64 darwin/arm64
+DIST := $(CURDIR)/dist
+
+.PHONY: release
+release: ## Cross-compile static delayd and delayctl for RELEASE_PLATFORMS into dist/ (tar.gz each, SHA256SUMS), stamped with VERSION.
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	@set -e; for p in $(RELEASE_PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; name=delayd-$(VERSION)-$$os-$$arch; \
+		echo "building $$name"; \
+		mkdir -p $(DIST)/$$name; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(DIST)/$$name/ ./cmd/delayd ./cmd/delayctl; \
+		cp LICENSE README.md CHANGELOG.md $(DIST)/$$name/; \
+		tar -C $(DIST) -czf $(DIST)/$$name.tar.gz $$name; \
+		rm -rf $(DIST)/$$name; \
+	done
+	cd $(DIST) && sha256sum *.tar.gz > SHA256SUMS && cat SHA256SUMS
+
 # test-image needs a running Docker engine, which a fresh CI machine does
 # not have, so make test does not run it (see deploy/image_test.go).
 .PHONY: test-image
