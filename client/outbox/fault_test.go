@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -248,5 +247,5 @@ func TestChildProcess(t *testing.T) {
 	default:
 		t.Fatalf("OUTBOX_CHILD=%q: relay or consumer", role)
 	}
-	t.Fatal(fmt.Sprintf("not killed at %s within a minute", point))
+	t.Fatalf("not killed at %s within a minute", point)
 }
