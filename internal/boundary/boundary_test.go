@@ -159,7 +159,7 @@ var rules = map[string]rule{
 	// Examples are client programs.
 	"examples/internal/exampletest": {imports: []string{"client", "daemon", "internal/testkit", "internal/testkit/delaydtest"}, testOnly: true},
 	"examples/...": {
-		imports:     []string{"client"},
+		imports:     []string{"client", "client/outbox"},
 		testImports: []string{"examples/internal/exampletest", "internal/testkit"},
 	},
 }
