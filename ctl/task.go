@@ -299,6 +299,10 @@ func taskHistoryCommand(g *globals) *cobra.Command {
 
 // eventRow is one event as a table row: the details its kind carries in
 // DETAIL.
+// historyTime is RFC 3339 with milliseconds always written, so a history
+// table's columns line up (RFC3339Nano drops trailing zeros).
+const historyTime = "2006-01-02T15:04:05.000Z07:00"
+
 func eventRow(e client.TaskEvent) []string {
 	var detail []string
 	if e.Replica != "" {
@@ -318,8 +322,8 @@ func eventRow(e client.TaskEvent) []string {
 	}
 	due := "-"
 	if !e.Due.IsZero() {
-		due = e.Due.UTC().Format(time.RFC3339Nano)
+		due = e.Due.UTC().Format(historyTime)
 	}
-	return []string{e.Time.UTC().Format(time.RFC3339Nano), e.Kind, num(e.Generation), num(int64(e.Attempt)), due, orDash(e.KeyID),
+	return []string{e.Time.UTC().Format(historyTime), e.Kind, num(e.Generation), num(int64(e.Attempt)), due, orDash(e.KeyID),
 		orDash(strings.Join(detail, ", "))}
 }

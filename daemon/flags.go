@@ -198,10 +198,12 @@ var notFromEnv = map[string]bool{"version": true, "help": true}
 // one environment often serves both, so they are no typo.
 var CtlEnv = []string{"DELAYD_ADDR", "DELAYD_API_KEY", "DELAYD_API_KEY_FILE", "DELAYD_TLS", "DELAYD_TLS_CA", "DELAYD_TLS_CERT", "DELAYD_TLS_KEY", "DELAYD_TLS_SERVER_NAME"}
 
-// harnessEnv are the variables of this repository's build and tests
-// (Makefile, internal/testkit, the web console's and TypeScript client's
-// tests), which start delayd with their environment: no typo either.
-var harnessEnv = []string{"DELAYD_BIN", "DELAYD_CHROMIUM", "DELAYD_TEST_ARTIFACTS", "DELAYD_TEST_LOG"}
+// harnessEnv are the variables of this repository's build, tests and
+// deployment files (Makefile, internal/testkit, the web console's and
+// TypeScript client's tests, deploy/compose's image choice, make
+// test-image), which may sit in the environment delayd starts in: no typo
+// either.
+var harnessEnv = []string{"DELAYD_BIN", "DELAYD_CHROMIUM", "DELAYD_IMAGE", "DELAYD_TEST_ARTIFACTS", "DELAYD_TEST_IMAGE", "DELAYD_TEST_LOG"}
 
 // ParseFlags parses args into fs, then sets every flag the command line
 // left unset from its DELAYD_* variable in environ ("KEY=value" pairs, as
