@@ -445,8 +445,10 @@ func TestConsole(t *testing.T) {
 			into(&errText, chromedp.Text(chromedp.ID("error"))),
 			into(&page, chromedp.Text(chromedp.CSS("body"))),
 			b.shot("nskey-other-namespace"))
-		if !strings.Contains(errText, "permission_denied") || !strings.Contains(errText, nsB) {
-			t.Errorf("error shown for another namespace: %q; want permission_denied naming %s", errText, nsB)
+		// The denial names only the key's own scope (issue 32): neither
+		// echoing nor confirming the namespace it asked for.
+		if !strings.Contains(errText, "permission_denied") || !strings.Contains(errText, nsA) || strings.Contains(errText, nsB) {
+			t.Errorf("error shown for another namespace: %q; want permission_denied naming the key's own %s and not %s", errText, nsA, nsB)
 		}
 		if strings.Contains(page, "b-private-task") || strings.Contains(page, "Find task") {
 			t.Errorf("a key of %s sees a task of %s", nsA, nsB)
