@@ -104,6 +104,7 @@ func (n *namespace) renewHeld(ctx context.Context) error {
 // after SIGCONT waited up to two seconds for the loops' backoff).
 type health struct {
 	trouble   atomic.Int64 // unix nanos of the last failed or slow call; 0: never
+	heldSince atomic.Int64 // unix nanos reaping was first held in the current streak; 0: not held
 	failing   atomic.Bool  // the last call failed
 	slowCall  time.Duration
 	hold      time.Duration
@@ -133,6 +134,7 @@ func (h *health) observe(start time.Time, err error) {
 	}
 	if failed {
 		h.failing.Store(true)
+		h.heldSince.Store(0) // only time the store answered counts toward maxHold
 	} else if err == nil && h.failing.Swap(false) && h.recovered != nil {
 		h.recovered()
 	}
@@ -140,16 +142,37 @@ func (h *health) observe(start time.Time, err error) {
 
 // heldFor returns how long reaping must still wait after the last store
 // trouble; 0: reap.
+//
+// The hold never starves reaping: a store that answers, only slowly (a
+// loaded machine, where a call taking a sixth of Liveness is common), keeps
+// renewals landing, so once reaping has been held for maxHold in a row
+// with no call failing, it goes ahead. Otherwise a replica that
+// died would keep its deliveries for as long as the survivors stay busy
+// (TestFaultReplicaSIGKILLMidStream lost a task for 25 s that way in a
+// loaded CI run). While calls fail (a stall) the hold stays: a reap sent
+// into a stalled store runs when it resumes, before the renewals.
 func (h *health) heldFor() time.Duration {
 	t := h.trouble.Load()
 	if t == 0 || h.hold <= 0 {
 		return 0
 	}
-	return max(time.Until(time.Unix(0, t).Add(h.hold)), 0)
+	d := max(time.Until(time.Unix(0, t).Add(h.hold)), 0)
+	if d == 0 {
+		h.heldSince.Store(0)
+		return 0
+	}
+	now := time.Now().UnixNano()
+	h.heldSince.CompareAndSwap(0, now)
+	if !h.failing.Load() && time.Duration(now-h.heldSince.Load()) >= h.maxHold() {
+		h.heldSince.Store(0)
+		return 0
+	}
+	return d
 }
 
-// reapHeldFor is how long this replica's reaping still waits after store
-// trouble; 0: reap.
+// maxHold is how long reaping may be held in a row while the store answers.
+func (h *health) maxHold() time.Duration { return 2 * h.hold }
+
 func (d *Dispatcher) reapHeldFor() time.Duration { return d.health.heldFor() }
 
 // observedStore times every delivery call of the dispatcher for health.
