@@ -12,7 +12,7 @@ import (
 // slowly, holds reaping for at most maxHold; a store whose calls fail (a
 // stall) keeps holding it, so renewals land before any reap.
 func TestSlowStoreDoesNotStarveReaping(t *testing.T) {
-	h := newHealth(60*time.Millisecond, nil) // slowCall 10 ms, hold 30 ms, maxHold 60 ms
+	h := newHealth(60*time.Millisecond, nil) // slowCall 10 ms, hold 30 ms, maxHold 30 ms
 	slow := func(err error) { h.observe(time.Now().Add(-h.slowCall), err) }
 
 	slow(nil)

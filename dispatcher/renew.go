@@ -145,7 +145,8 @@ func (h *health) observe(start time.Time, err error) {
 //
 // The hold never starves reaping: a store that answers, only slowly (a
 // loaded machine, where a call taking a sixth of Liveness is common), keeps
-// renewals landing, so once reaping has been held for maxHold in a row
+// renewals landing, so once reaping has been held for maxHold (the hold
+// itself: Liveness/2) in a row
 // with no call failing, it goes ahead. Otherwise a replica that
 // died would keep its deliveries for as long as the survivors stay busy
 // (TestFaultReplicaSIGKILLMidStream lost a task for 25 s that way in a
@@ -171,7 +172,7 @@ func (h *health) heldFor() time.Duration {
 }
 
 // maxHold is how long reaping may be held in a row while the store answers.
-func (h *health) maxHold() time.Duration { return 2 * h.hold }
+func (h *health) maxHold() time.Duration { return h.hold }
 
 func (d *Dispatcher) reapHeldFor() time.Duration { return d.health.heldFor() }
 
