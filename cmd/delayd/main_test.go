@@ -35,13 +35,16 @@ import (
 // another package's tests under go test's default -p, whose delayds must
 // still renew their 6 s leases in time (at 8, fresh-clone runs on the
 // 2-core machine saw client lease tests and one fault test miss their
-// timing).
+// timing; at 4, this round's fresh-clone runs failed
+// TestFaultReplicaSIGKILLMidStream 2 times in 3 with one task never
+// re-delivered within 25 s, which no run alone reproduced — cause not yet
+// found, see the closing note of issue 30).
 func TestMain(m *testing.M) {
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
 	if !set {
-		_ = flag.Set("test.parallel", "4")
+		_ = flag.Set("test.parallel", "2")
 	}
 	code := m.Run()
 	for _, dir := range []string{built.dir, grpcurlBuilt.dir} {
