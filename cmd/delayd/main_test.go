@@ -30,7 +30,7 @@ import (
 // fault suite's tests spend most of their time waiting on due times, leases
 // and real processes, not on the CPU, and each has servers, ports and
 // databases of its own, so running them together cuts the package from
-// minutes to the length of its longest test. 4, not more: the suite's
+// minutes to the length of its longest test. 2, not more: the suite's
 // startup burst (a -race delayd and redis-servers per test) runs beside
 // another package's tests under go test's default -p, whose delayds must
 // still renew their 6 s leases in time (at 8, fresh-clone runs on the
