@@ -159,17 +159,19 @@ func (r *Recorder) Remove(ctx context.Context, ns, id string, ifVersion storage.
 	return st, err
 }
 
-// RemoveTasks records a removed event per id when every id given was
-// removed (the store answers a count, not which ids; a filter walk's
-// removals are not named and are not recorded).
+// RemoveTasks records a removed event per id the store says it removed
+// (RemoveTasksResult.States; a filter walk's removals are not named and
+// are not recorded).
 func (r *Recorder) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
 	keep := r.keep(ctx, ns)
 	res, err := r.next.RemoveTasks(ctx, ns, p)
-	if keep > 0 && err == nil && len(p.IDs) > 0 && res.Removed == int64(len(p.IDs)) {
+	if keep > 0 && res.Removed > 0 && len(res.States) == len(p.IDs) {
 		key := storage.KeyIDOf(ctx)
-		events := make([]storage.Event, len(p.IDs))
+		events := make([]storage.Event, 0, res.Removed)
 		for i, id := range p.IDs {
-			events[i] = storage.Event{Kind: storage.EventRemoved, ID: id, KeyID: key}
+			if res.States[i] != storage.StateUnspecified {
+				events = append(events, storage.Event{Kind: storage.EventRemoved, ID: id, KeyID: key})
+			}
 		}
 		r.record(ctx, ns, keep, events)
 	}

@@ -200,6 +200,11 @@ type RemoveTasksParams struct {
 type RemoveTasksResult struct {
 	// Removed counts the tasks deleted by the call.
 	Removed int64
+	// States answers IDs one by one, in IDs order: the state each task was
+	// in when it was deleted, StateUnspecified when there was no such task
+	// (an id repeated in IDs is deleted once: its repeats answer
+	// StateUnspecified). Nil for a Filter walk.
+	States []State
 	// Next is the cursor of the next page of a Filter walk; "" when the
 	// walk is done (and always for IDs).
 	Next string

@@ -912,27 +912,32 @@ func (s *Store) removeMatchingMySQL(ctx context.Context, ns string, p storage.Re
 }
 
 // removeIDs removes each id as Remove does, at most removeConcurrency at
-// once, and counts those that existed. The first failure is returned
-// (with the count of those removed).
+// once, and answers the state each was in (States) and how many existed.
+// The first failure is returned (with the results of the others).
 func (s *Store) removeIDs(ctx context.Context, ns string, ids []string) (storage.RemoveTasksResult, error) {
 	var (
-		mu      sync.Mutex
-		removed int64
-		first   error
-		wg      sync.WaitGroup
-		sem     = make(chan struct{}, removeConcurrency)
+		mu     sync.Mutex
+		first  error
+		wg     sync.WaitGroup
+		sem    = make(chan struct{}, removeConcurrency)
+		states = make([]storage.State, len(ids))
+		seen   = make(map[string]bool, len(ids))
 	)
-	for _, id := range ids {
+	for i, id := range ids {
+		if seen[id] {
+			continue // a repeat answers StateUnspecified, as the index does
+		}
+		seen[id] = true
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			_, err := s.Remove(ctx, ns, id, storage.Version{})
+			st, err := s.Remove(ctx, ns, id, storage.Version{})
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case err == nil:
-				removed++
+				states[i] = st
 			case errors.Is(err, storage.ErrNotFound):
 			case first == nil:
 				first = err
@@ -940,10 +945,16 @@ func (s *Store) removeIDs(ctx context.Context, ns string, ids []string) (storage
 		}()
 	}
 	wg.Wait()
-	if first != nil {
-		return storage.RemoveTasksResult{Removed: removed}, fmt.Errorf("remove tasks: %w", first)
+	res := storage.RemoveTasksResult{States: states}
+	for _, st := range states {
+		if st != storage.StateUnspecified {
+			res.Removed++
+		}
 	}
-	return storage.RemoveTasksResult{Removed: removed}, nil
+	if first != nil {
+		return res, fmt.Errorf("remove tasks: %w", first)
+	}
+	return res, nil
 }
 
 // Get returns the task from the index or, when the index does not have it

@@ -553,42 +553,50 @@ func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTask
 		if err != nil {
 			return storage.RemoveTasksResult{}, fmt.Errorf("remove tasks: %w", err)
 		}
-		groups := groupIDs(n, p.IDs)
-		counts := make([]int64, n)
+		groups := groupIndexes(n, len(p.IDs), func(i int) string { return p.IDs[i] })
+		states := make([]storage.State, len(p.IDs))
 		err = fanOut(groupShards(groups), func(sh int) error {
-			var err error
-			counts[sh], err = s.removeIDsShard(ctx, ns, sh, groups[sh])
-			return err
+			return s.removeIDsShard(ctx, ns, sh, p.IDs, groups[sh], states)
 		})
-		var total int64
-		for _, c := range counts {
-			total += c
+		res := storage.RemoveTasksResult{States: states}
+		for _, st := range states {
+			if st != storage.StateUnspecified {
+				res.Removed++
+			}
 		}
-		return storage.RemoveTasksResult{Removed: total}, err
+		return res, err
 	}
 	vs, next, err := s.walk(ctx, ns, p, false)
 	return storage.RemoveTasksResult{Removed: int64(len(vs)), Next: next}, err
 }
 
-// removeIDsShard deletes ids (all of shard sh) and says how many it deleted.
-func (s *Store) removeIDsShard(ctx context.Context, ns string, sh int, ids []string) (int64, error) {
+// removeIDsShard deletes ids[i] for each i of idx (all of shard sh) and
+// sets states[i] to the state each was in (StateUnspecified: none).
+func (s *Store) removeIDsShard(ctx context.Context, ns string, sh int, ids []string, idx []int, states []storage.State) error {
 	k := s.keysOf(ns, sh)
 	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
-	{
-		args := make([]any, 0, 1+len(ids))
-		args = append(args, "ids")
-		for _, id := range ids {
-			args = append(args, id)
-		}
-		rep, err := s.runSlice(ctx, "remove tasks", scripts.removeTasks, keys, args...)
-		if err != nil {
-			return 0, err
-		}
-		if len(rep) != 1 {
-			return 0, fmt.Errorf("remove tasks: reply has %d values", len(rep))
-		}
-		return replyInt(rep[0])
+	args := make([]any, 0, 1+len(idx))
+	args = append(args, "ids")
+	for _, i := range idx {
+		args = append(args, ids[i])
 	}
+	rep, err := s.runSlice(ctx, "remove tasks", scripts.removeTasks, keys, args...)
+	if err != nil {
+		return err
+	}
+	if len(rep) != 1+len(idx) {
+		return fmt.Errorf("remove tasks: reply has %d values, want %d", len(rep), 1+len(idx))
+	}
+	for j, i := range idx {
+		c, err := replyInt(rep[1+j])
+		if err != nil {
+			return fmt.Errorf("remove tasks: %w", err)
+		}
+		if c != 0 {
+			states[i] = stateOf(c)
+		}
+	}
+	return nil
 }
 
 // MatchTasks is the walk of RemoveTasks (p.Filter from p.Cursor, at most

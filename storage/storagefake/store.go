@@ -310,14 +310,15 @@ func (s *Store) RemoveTasks(_ context.Context, ns string, p storage.RemoveTasksP
 	defer s.mu.Unlock()
 	m := s.nss[ns]
 	if len(p.IDs) > 0 {
-		var n int64
-		for _, id := range p.IDs {
-			if _, ok := m[id]; ok {
+		res := storage.RemoveTasksResult{States: make([]storage.State, len(p.IDs))}
+		for i, id := range p.IDs {
+			if r, ok := m[id]; ok {
+				res.States[i] = r.task.State
 				delete(m, id)
-				n++
+				res.Removed++
 			}
 		}
-		return storage.RemoveTasksResult{Removed: n}, nil
+		return res, nil
 	}
 	states := []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead}
 	if p.Filter.State != storage.StateUnspecified {

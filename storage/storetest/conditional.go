@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/delayd/delayd/storage"
 )
 
@@ -330,9 +332,14 @@ func testRemoveTasks(t *testing.T, newStore func(t *testing.T) Store) {
 		name:  "ids in any state; missing ones skipped",
 		seeds: []Seed{{ID: "a"}, {ID: "b", State: deliv}, {ID: "c", State: dead}, {ID: "keep"}},
 		run: func(e *env) {
-			res, err := e.s.RemoveTasks(e.ctx, e.ns, storage.RemoveTasksParams{IDs: []string{"a", "b", "c", "missing"}})
+			res, err := e.s.RemoveTasks(e.ctx, e.ns, storage.RemoveTasksParams{IDs: []string{"c", "missing", "a", "b", "a"}})
 			if err != nil || res.Removed != 3 || res.Next != "" {
 				e.t.Errorf("remove tasks = %+v, %v; want 3 removed, no next", res, err)
+			}
+			// each id answered in request order; a repeat was removed once
+			wantStates := []storage.State{dead, storage.StateUnspecified, sched, deliv, storage.StateUnspecified}
+			if diff := cmp.Diff(wantStates, res.States); diff != "" {
+				e.t.Errorf("remove tasks States (-want +got):\n%s", diff)
 			}
 			if ds := e.pop(10, time.Minute); len(ds) != 0 {
 				e.t.Errorf("pop after remove delivered %v", ds[0].Task.ID)

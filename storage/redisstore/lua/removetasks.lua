@@ -6,7 +6,10 @@
 -- KEYS[4] meta HASH, KEYS[5] body HASH
 -- ARGV[1] mode: 'ids' or 'walk'
 -- ids:  ARGV[2..] task ids (at most 1,000)
---       Returns {removed}: how many of them existed and were deleted.
+--       Returns {removed, state of ARGV[2], state of ARGV[3], ...}: how
+--       many of them existed and were deleted, then per id the state it was
+--       in (1 scheduled, 2 delivered, 3 dead), or 0 when there was no such
+--       task (or it repeats an id already deleted by this call).
 -- walk: ARGV[2] dry: '1' = delete nothing, only report the matches
 --       ARGV[3] the state to walk: 1 scheduled, 2 delivered, 3 dead
 --       ARGV[4] cursor score ('' = from the start), ARGV[5] cursor id: the
@@ -19,16 +22,28 @@
 --       examined (there may be more), last score/id are the cursor of the
 --       next page, examined is how many members the page examined.
 if ARGV[1] == 'ids' then
-  local n = 0
+  local out = {0}
   for i = 2, #ARGV do
     local id = ARGV[i]
-    local gone = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id) + redis.call('ZREM', KEYS[3], id)
-    redis.call('HDEL', KEYS[5], id)
-    if redis.call('HDEL', KEYS[4], id) + gone > 0 then
-      n = n + 1
+    local st = 0
+    if redis.call('ZREM', KEYS[1], id) == 1 then
+      st = 1
+    elseif redis.call('ZREM', KEYS[2], id) == 1 then
+      st = 2
+    elseif redis.call('ZREM', KEYS[3], id) == 1 then
+      st = 3
     end
+    redis.call('HDEL', KEYS[5], id)
+    if redis.call('HDEL', KEYS[4], id) == 1 and st == 0 then
+      -- a header outside every set (should not happen): as remove.lua
+      st = 1
+    end
+    if st ~= 0 then
+      out[1] = out[1] + 1
+    end
+    out[i] = st
   end
-  return {n}
+  return out
 end
 
 local dry = ARGV[2] == '1'
