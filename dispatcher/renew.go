@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,9 +28,11 @@ import (
 // keeps its TIME), so a stall longer than the margin leaves leases expired
 // that live streams still hold. Reaping therefore waits after any store
 // trouble this replica saw — a call that failed, or that took longer than
-// slowCall — until reapHold has passed with none (health.heldFor): every
-// replica talks to the same store, so each saw the stall, and the renewers
-// of the replicas holding the leases get in first. A reap already waiting
+// slowCall — until a hold (Liveness/2) has passed with none, or, while the
+// store answers, only slowly, at most a hold after the trouble began or the
+// last failure (reapHold): every replica talks to the same store, so each
+// saw the stall, and the renewers of the replicas holding the leases get
+// in first. A reap already waiting
 // in the store's queue when it stalled still runs when it resumes; that
 // window is what remains.
 
@@ -103,12 +106,21 @@ func (n *namespace) renewHeld(ctx context.Context) error {
 // their next try (issue 30 item 2: after a Redis stall, tasks due right
 // after SIGCONT waited up to two seconds for the loops' backoff).
 type health struct {
-	trouble   atomic.Int64 // unix nanos of the last failed or slow call; 0: never
-	heldSince atomic.Int64 // unix nanos reaping was first held in the current streak; 0: not held
-	failing   atomic.Bool  // the last call failed
 	slowCall  time.Duration
 	hold      time.Duration
 	recovered func()
+
+	failing atomic.Bool // s.failing, read without the lock on every call
+	mu      sync.Mutex
+	s       holdState
+}
+
+// holdState is what the reap hold is decided from (reapHold).
+type holdState struct {
+	trouble  time.Time // the last failed or slow call; zero: never
+	streak   time.Time // the first trouble since a whole hold passed without any
+	failedAt time.Time // the last failed call; zero: never
+	failing  bool      // the last call that answered or failed, failed
 }
 
 // newHealth returns the tracker for a replica whose liveness lease is
@@ -125,56 +137,97 @@ func newHealth(liveness time.Duration, recovered func()) *health {
 	return &health{slowCall: liveness / 6, hold: liveness / 2, recovered: recovered}
 }
 
-// observe records a store call that started at start and returned err.
-func (h *health) observe(start time.Time, err error) {
-	now := time.Now()
+// observe records a store call that started at start, returned at now,
+// and answered err.
+func (h *health) observe(start, now time.Time, err error) {
 	failed := errors.Is(err, storage.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
-	if h.hold > 0 && (failed || now.Sub(start) >= h.slowCall) {
-		h.trouble.Store(now.UnixNano())
+	slow := h.hold > 0 && now.Sub(start) >= h.slowCall
+	if !failed && !slow && !h.failing.Load() {
+		return // the common case: nothing to record
 	}
-	if failed {
-		h.failing.Store(true)
-		h.heldSince.Store(0) // only time the store answered counts toward maxHold
-	} else if err == nil && h.failing.Swap(false) && h.recovered != nil {
+	h.mu.Lock()
+	if h.hold > 0 && (failed || slow) {
+		if h.s.trouble.IsZero() || now.Sub(h.s.trouble) >= h.hold {
+			h.s.streak = now
+		}
+		if now.After(h.s.trouble) {
+			h.s.trouble = now
+		}
+	}
+	wasFailing := h.s.failing
+	switch {
+	case failed:
+		h.s.failing = true
+		if now.After(h.s.failedAt) {
+			h.s.failedAt = now
+		}
+	case err == nil:
+		h.s.failing = false
+	}
+	h.failing.Store(h.s.failing)
+	recovered := wasFailing && !h.s.failing
+	h.mu.Unlock()
+	if recovered && h.recovered != nil {
 		h.recovered()
 	}
 }
 
-// heldFor returns how long reaping must still wait after the last store
-// trouble; 0: reap.
+// heldFor returns how long reaping must still wait at now after the last
+// store trouble; 0: reap. It only reads: every caller (each namespace
+// loop, whether its tick reaps or not, and the sweeper) gets the same
+// answer.
+func (h *health) heldFor(now time.Time) time.Duration {
+	if h.hold <= 0 {
+		return 0
+	}
+	h.mu.Lock()
+	s := h.s
+	h.mu.Unlock()
+	return reapHold(s, now, h.hold)
+}
+
+// reapHold decides how long reaping must still wait at now (0: reap)
+// after the store trouble s records, for a hold of hold:
 //
-// The hold never starves reaping: a store that answers, only slowly (a
-// loaded machine, where a call taking a sixth of Liveness is common), keeps
-// renewals landing, so once reaping has been held for maxHold (the hold
-// itself: Liveness/2) in a row
-// with no call failing, it goes ahead. Otherwise a replica that
-// died would keep its deliveries for as long as the survivors stay busy
-// (TestFaultReplicaSIGKILLMidStream lost a task for 25 s that way in a
-// loaded CI run). While calls fail (a stall) the hold stays: a reap sent
-// into a stalled store runs when it resumes, before the renewals.
-func (h *health) heldFor() time.Duration {
-	t := h.trouble.Load()
-	if t == 0 || h.hold <= 0 {
+//   - no trouble for a whole hold: reap;
+//   - the last call failed (a stall): wait until a hold has passed since
+//     the last trouble — a reap sent into a stalled store would run when
+//     it resumes, before the renewals;
+//   - the store answers, only slowly (a loaded machine, where a call
+//     taking a sixth of Liveness is common): wait at most a hold after the
+//     later of the streak's start and the last failure, then reap even
+//     while slow calls go on. Slow calls keep renewals landing; without
+//     this bound a replica that died would keep its deliveries for as
+//     long as the survivors stay busy.
+//
+// The answer depends on s and now only: once a slow streak has been held
+// for a hold, it stays released for every reader. (Before, the first
+// reader after the bound took the release and re-armed the hold for the
+// next one; a loop tick that did not reap, or the sweeper, could take it
+// round after round, and TestFaultReplicaSIGKILLMidStream left a dead
+// replica's delivery unreaped for 25 s.)
+func reapHold(s holdState, now time.Time, hold time.Duration) time.Duration {
+	if hold <= 0 || s.trouble.IsZero() {
 		return 0
 	}
-	d := max(time.Until(time.Unix(0, t).Add(h.hold)), 0)
-	if d == 0 {
-		h.heldSince.Store(0)
+	left := s.trouble.Add(hold).Sub(now)
+	if left <= 0 {
 		return 0
 	}
-	now := time.Now().UnixNano()
-	h.heldSince.CompareAndSwap(0, now)
-	if !h.failing.Load() && time.Duration(now-h.heldSince.Load()) >= h.maxHold() {
-		h.heldSince.Store(0)
-		return 0
+	if s.failing {
+		return left
 	}
-	return d
+	since := s.streak
+	if s.failedAt.After(since) {
+		since = s.failedAt
+	}
+	return max(min(left, since.Add(hold).Sub(now)), 0)
 }
 
 // maxHold is how long reaping may be held in a row while the store answers.
 func (h *health) maxHold() time.Duration { return h.hold }
 
-func (d *Dispatcher) reapHeldFor() time.Duration { return d.health.heldFor() }
+func (d *Dispatcher) reapHeldFor() time.Duration { return d.health.heldFor(time.Now()) }
 
 // observedStore times every delivery call of the dispatcher for health.
 type observedStore struct {
@@ -185,41 +238,41 @@ type observedStore struct {
 func (o observedStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	start := time.Now()
 	dels, err := o.Store.Pop(ctx, ns, p)
-	o.h.observe(start, err)
+	o.h.observe(start, time.Now(), err)
 	return dels, err
 }
 
 func (o observedStore) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	start := time.Now()
 	r, err := o.Store.PopWake(ctx, ns, p)
-	o.h.observe(start, err)
+	o.h.observe(start, time.Now(), err)
 	return r, err
 }
 
 func (o observedStore) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
 	start := time.Now()
 	res, err := o.Store.Extend(ctx, ns, tokens, by)
-	o.h.observe(start, err)
+	o.h.observe(start, time.Now(), err)
 	return res, err
 }
 
 func (o observedStore) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
 	start := time.Now()
 	moved, err := o.Store.Reap(ctx, ns, limit, opts)
-	o.h.observe(start, err)
+	o.h.observe(start, time.Now(), err)
 	return moved, err
 }
 
 func (o observedStore) NextWake(ctx context.Context, ns string) (time.Time, time.Time, bool, error) {
 	start := time.Now()
 	next, now, ok, err := o.Store.NextWake(ctx, ns)
-	o.h.observe(start, err)
+	o.h.observe(start, time.Now(), err)
 	return next, now, ok, err
 }
 
 func (o observedStore) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
 	start := time.Now()
 	st, moved, err := o.Store.Nack(ctx, ns, tokens, opts)
-	o.h.observe(start, err)
+	o.h.observe(start, time.Now(), err)
 	return st, moved, err
 }

@@ -137,6 +137,8 @@ type tally struct {
 	// resubscribed counts streams that ended UNAVAILABLE and were
 	// subscribed again (consume).
 	resubscribed int
+	// acking counts, per id, ack calls sent and not answered yet.
+	acking map[string]int
 }
 
 // arrival is one delivery as the subscriber saw it.
@@ -149,7 +151,7 @@ type arrival struct {
 // newTally returns an empty tally; if t fails, it logs which accepted
 // tasks were never acked and how often each was delivered.
 func newTally(t *testing.T) *tally {
-	ty := &tally{due: map[string]time.Time{}, delivered: map[string]int{}, acked: map[string]bool{}}
+	ty := &tally{due: map[string]time.Time{}, delivered: map[string]int{}, acked: map[string]bool{}, acking: map[string]int{}}
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -159,7 +161,7 @@ func newTally(t *testing.T) *tally {
 		var unacked []string
 		for id := range ty.due {
 			if !ty.acked[id] {
-				unacked = append(unacked, fmt.Sprintf("%s (delivered %d times)", id, ty.delivered[id]))
+				unacked = append(unacked, fmt.Sprintf("%s (delivered %d times, %d acks unanswered)", id, ty.delivered[id], ty.acking[id]))
 			}
 		}
 		sort.Strings(unacked)
@@ -267,8 +269,16 @@ func consume(ctx context.Context, t *testing.T, conn *grpc.ClientConn, ns string
 				case <-ctx.Done():
 					return
 				}
-				if ackRetrying(ctx, dc, ns, d.GetToken()) {
-					ty.ackedIDs([]string{d.GetTask().GetId()})
+				id := d.GetTask().GetId()
+				ty.mu.Lock()
+				ty.acking[id]++
+				ty.mu.Unlock()
+				ok := ackRetrying(ctx, dc, ns, d.GetToken())
+				ty.mu.Lock()
+				ty.acking[id]--
+				ty.mu.Unlock()
+				if ok {
+					ty.ackedIDs([]string{id})
 				}
 				mu.Lock()
 				pending--
@@ -359,6 +369,11 @@ func TestFaultReplicaSIGKILLMidStream(t *testing.T) {
 	a, b := startReplica(t, bin, args...), startReplica(t, bin, args...)
 	ns := "fault-kill"
 	ty := newTally(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			logStoreState(t, rs, ns, ty)
+		}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	held := consume(ctx, t, a.conn, ns, 2*time.Second, ty) // slow: holds what it gets
@@ -384,6 +399,28 @@ func TestFaultReplicaSIGKILLMidStream(t *testing.T) {
 	}
 	if dups > inFlight+100 { // A's stream may have had up to max_in_flight more in its buffers
 		t.Fatalf("%d duplicates; want at most what A had sent and not acked (%d, plus its stream's buffer)", dups, inFlight)
+	}
+}
+
+// logStoreState logs where each accepted task that the tally never saw
+// acked is in Redis (one shard): its due and inflight scores and header,
+// or that it is gone.
+func logStoreState(t *testing.T, rs *testkit.RedisServer, ns string, ty *tally) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := rs.Client()
+	now, _ := c.Time(ctx).Result()
+	ty.mu.Lock()
+	defer ty.mu.Unlock()
+	tag := "delayd:{" + ns + "#0}:"
+	for id := range ty.due {
+		if ty.acked[id] {
+			continue
+		}
+		due, derr := c.ZScore(ctx, tag+"due", id).Result()
+		inf, ierr := c.ZScore(ctx, tag+"inflight", id).Result()
+		h, herr := c.HGet(ctx, tag+"meta", id).Result()
+		t.Logf("store: %s at Redis time %d ms: due %v (%v), inflight %v (%v), meta %q (%v)", id, now.UnixMilli(), int64(due), derr, int64(inf), ierr, h, herr)
 	}
 }
 
