@@ -173,6 +173,38 @@ func TestStartFailsWhenRedisDoesNotAnswer(t *testing.T) {
 	}
 }
 
+// TestStartUndoesWhatItStartedWhenALaterPhaseFails makes Start's last phase
+// fail (the ops address is taken): what the earlier phases started — the
+// gRPC listener, the dispatcher, the Redis connections — is undone, so the
+// gRPC port can be bound again and the daemon's Redis has no client left.
+func TestStartUndoesWhatItStartedWhenALaterPhaseFails(t *testing.T) {
+	t.Parallel()
+	own := testkit.StartRedis(t)
+	var lc net.ListenConfig
+	taken, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	listen := "127.0.0.1:" + freePort(t)
+	_, err = Start(t.Context(), Config{Listen: listen, RedisURL: own.URL, OpsListen: taken.Addr().String()}, slog.New(slog.DiscardHandler))
+	if err == nil {
+		t.Fatal("Start with a taken --ops-listen address succeeded")
+	}
+	lis, err := lc.Listen(t.Context(), "tcp", listen)
+	if err != nil {
+		t.Fatalf("the gRPC listener of the failed Start is still bound: %v", err)
+	}
+	_ = lis.Close()
+	c := redis.NewClient(&redis.Options{Addr: own.Addr})
+	defer c.Close()
+	// The server sees a closed connection a moment after the client closed it.
+	testkit.Eventually(t, 10*time.Second, "the failed Start's Redis connections closed", func() bool {
+		list, err := c.ClientList(t.Context()).Result()
+		return err == nil && strings.Count(strings.TrimSpace(list), "\n") == 0
+	})
+}
+
 func TestHealthNotServingOnceShutdownBegins(t *testing.T) {
 	t.Parallel()
 	s := start(t, Config{})
