@@ -352,3 +352,41 @@ func TestPastDueTimeIsNotLateness(t *testing.T) {
 		t.Errorf("a task due before it was upserted was logged as late:\n%s", s.log.String())
 	}
 }
+
+// TestLateDeliveryIsMeasuredFromDueTime: a task that fell due while no
+// subscriber was connected is delivered late when one comes, and that
+// lateness (from its due time, which was after its upsert) reaches the
+// lateness histogram and the late-delivery warning: the stall issue 20
+// wants never silent. (The past-due-time rule, TestPastDueTimeIsNotLateness,
+// must not zero it: after a pop the task's update time is the pop's.)
+func TestLateDeliveryIsMeasuredFromDueTime(t *testing.T) {
+	t.Parallel()
+	url := testRedisURL()
+	ns := "late-" + suffix()
+	cleanNamespace(t, url, ns)
+	s := start(t, Config{RedisURL: url, OpsListen: "127.0.0.1:0"})
+	ctx := ctxFor(t)
+	if _, err := s.tasks.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "late", Payload: []byte("p"),
+		When: &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(100 * time.Millisecond)}}); err != nil {
+		t.Fatal(err)
+	}
+	const idle = 2500 * time.Millisecond // no subscriber: the task waits past its due time
+	time.Sleep(idle)
+	deliveries := delaydv1.NewDeliveryServiceClient(s.conn)
+	stream, err := deliveries.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	_, body := httpGet(t, "http://"+s.d.OpsAddr()+"/metrics")
+	count, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
+	underTwo, _ := seriesValue(body, `delayd_delivery_lateness_seconds_bucket{namespace="`+ns+`",le="1"}`)
+	if count != 1 || underTwo != 0 {
+		t.Errorf("lateness histogram: %v deliveries, %v of them at most 1 s late; want 1 and 0 (the task waited %v past its due time)", count, underTwo, idle)
+	}
+	if !strings.Contains(s.log.String(), "delivered late") {
+		t.Errorf("a task delivered %v late was not logged as late:\n%s", idle, s.log.String())
+	}
+}

@@ -649,13 +649,17 @@ func (n *namespace) earliestLease() time.Time {
 }
 
 // lateFrom is the instant a task's lateness is measured from: its due
-// time, or, for a task written with a due time already past (accepted as
-// due now), the time it was written (UpdateTime, by the store's clock). A
-// task upserted "due 2020-01-01" is not years late when delivered at once,
-// and must not fill the lateness histogram or the late-delivery log.
+// time, or, for a task created with a due time already past (accepted as
+// due now), its creation (CreateTime, by the store's clock). A task
+// upserted "due 2020-01-01" is not years late when delivered at once, and
+// must not fill the lateness histogram or the late-delivery log. Not
+// UpdateTime: a popped task's update time is the pop itself, which would
+// make every delivery 0 late. A retry's due time is set by the store after
+// the task was written, so it is never before CreateTime; a task replaced
+// with a past due time is measured from its creation (an upper bound).
 func lateFrom(t storage.Task) time.Time {
-	if t.UpdateTime.After(t.DueTime) {
-		return t.UpdateTime
+	if t.CreateTime.After(t.DueTime) {
+		return t.CreateTime
 	}
 	return t.DueTime
 }
