@@ -64,11 +64,15 @@ func (s *deliveryService) StreamDeliveries(stream delaydv1.DeliveryService_Strea
 	case maxBatch < 0 || maxBatch > MaxStreamBatch:
 		return toStatus(ctx, s.logger, invalidf("max_batch", "is %d; allowed: 1-%d, or 0 for %d", maxBatch, MaxStreamBatch, DefaultStreamBatch))
 	}
-	out := &streamSender{stream: stream}
+	out := newStreamSender(stream)
 	defer out.close()
 	// Verdicts of the opening request are for deliveries of earlier
-	// streams: apply them before this one receives anything.
-	if err := s.streamVerdicts(ctx, ns, first, out); err != nil {
+	// streams: apply them before this one receives anything. Their answer
+	// waits for the stream's header (Ready), which tells the client the
+	// stream is registered: a response sent first would send the header
+	// with it, and the header could not be sent again.
+	opening, err := s.applyVerdicts(ctx, ns, first)
+	if err != nil {
 		return err
 	}
 
@@ -83,7 +87,15 @@ func (s *deliveryService) StreamDeliveries(stream delaydv1.DeliveryService_Strea
 		MaxBatch:      maxBatch,
 		MaxBatchBytes: StreamBatchBytes,
 		Credit:        credit,
-		Ready:         func() error { return stream.SendHeader(metadata.MD{}) },
+		Ready: func() error {
+			if err := out.sendHeader(); err != nil {
+				return err
+			}
+			if opening != nil {
+				return out.send(opening)
+			}
+			return nil
+		},
 		SendBatch: func(ds []storage.Delivery) error {
 			resp := &delaydv1.StreamDeliveriesResponse{Deliveries: make([]*delaydv1.Delivery, len(ds))}
 			for i, d := range ds {
@@ -158,6 +170,20 @@ func (s *deliveryService) streamReceive(ctx context.Context, cancel context.Canc
 // response; nothing is sent for a request without verdicts. It returns a
 // status error that ends the stream.
 func (s *deliveryService) streamVerdicts(ctx context.Context, ns string, req *delaydv1.StreamDeliveriesRequest, out *streamSender) error {
+	resp, err := s.applyVerdicts(ctx, ns, req)
+	if err != nil || resp == nil {
+		return err
+	}
+	if err := out.send(resp); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	return nil
+}
+
+// applyVerdicts applies the verdicts of one request and returns the
+// response that answers them (nil for a request without verdicts), or a
+// status error that ends the stream.
+func (s *deliveryService) applyVerdicts(ctx context.Context, ns string, req *delaydv1.StreamDeliveriesRequest) (*delaydv1.StreamDeliveriesResponse, error) {
 	total := len(req.GetAckTokens())
 	for _, n := range req.GetNacks() {
 		total += len(n.GetTokens())
@@ -166,16 +192,16 @@ func (s *deliveryService) streamVerdicts(ctx context.Context, ns string, req *de
 		total += len(e.GetTokens())
 	}
 	if total == 0 {
-		return nil
+		return nil, nil
 	}
 	if total > s.limits.MaxBatch {
-		return toStatus(ctx, s.logger, invalidf("ack_tokens", "with nacks and extends has %d tokens; allowed: at most %d per request", total, s.limits.MaxBatch))
+		return nil, toStatus(ctx, s.logger, invalidf("ack_tokens", "with nacks and extends has %d tokens; allowed: at most %d per request", total, s.limits.MaxBatch))
 	}
 	resp := &delaydv1.StreamDeliveriesResponse{}
 	if toks := req.GetAckTokens(); len(toks) > 0 {
 		res, err := s.ack(ctx, ns, toks)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		resp.AckResults = res
 	}
@@ -185,7 +211,7 @@ func (s *deliveryService) streamVerdicts(ctx context.Context, ns string, req *de
 		}
 		res, err := s.nack(ctx, ns, n.GetTokens(), n.GetRetryAfter(), n.GetReason())
 		if err != nil {
-			return err
+			return nil, err
 		}
 		resp.NackResults = append(resp.NackResults, res...)
 	}
@@ -195,29 +221,56 @@ func (s *deliveryService) streamVerdicts(ctx context.Context, ns string, req *de
 		}
 		res, err := s.extend(ctx, ns, e.GetTokens(), e.GetExtendBy())
 		if err != nil {
-			return err
+			return nil, err
 		}
 		resp.ExtendResults = append(resp.ExtendResults, res...)
 	}
-	if err := out.send(resp); err != nil {
-		return status.FromContextError(err).Err()
-	}
-	return nil
+	return resp, nil
 }
 
 // streamSender serializes the Sends of a StreamDeliveries stream (the
-// dispatcher's deliveries and the receiver's verdict answers) and refuses
-// them once the handler has returned.
+// dispatcher's deliveries and the receiver's verdict answers), holds every
+// response until the stream's header is sent (grpc sends the header with
+// the first message, and SendHeader fails once it went), and refuses them
+// once the handler has returned.
 type streamSender struct {
 	mu     sync.Mutex
 	stream delaydv1.DeliveryService_StreamDeliveriesServer
 	closed bool
+	header chan struct{} // closed once the header is sent
+	gone   chan struct{} // closed when the handler returns
 }
 
 // errStreamClosed is send's error once the handler has returned.
 var errStreamClosed = errors.New("stream closed")
 
+func newStreamSender(stream delaydv1.DeliveryService_StreamDeliveriesServer) *streamSender {
+	return &streamSender{stream: stream, header: make(chan struct{}), gone: make(chan struct{})}
+}
+
+// sendHeader sends the stream's header (the client's sign that the stream
+// is registered) and lets the responses through.
+func (o *streamSender) sendHeader() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return errStreamClosed
+	}
+	if err := o.stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
+	close(o.header)
+	return nil
+}
+
+// send sends resp once the header went (waiting for it: a verdict answered
+// before the stream is registered), or refuses it once the handler returned.
 func (o *streamSender) send(resp *delaydv1.StreamDeliveriesResponse) error {
+	select {
+	case <-o.header:
+	case <-o.gone:
+		return errStreamClosed
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
@@ -228,6 +281,9 @@ func (o *streamSender) send(resp *delaydv1.StreamDeliveriesResponse) error {
 
 func (o *streamSender) close() {
 	o.mu.Lock()
-	o.closed = true
+	if !o.closed {
+		o.closed = true
+		close(o.gone)
+	}
 	o.mu.Unlock()
 }

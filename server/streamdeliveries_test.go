@@ -282,3 +282,37 @@ func containsAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// TestStreamDeliveriesOpeningVerdicts: the opening request may carry
+// verdicts for deliveries of an earlier stream (a client reconnecting with
+// what it could not send); they are answered, and the stream then goes on
+// delivering like any other.
+func TestStreamDeliveriesOpeningVerdicts(t *testing.T) {
+	t.Parallel()
+	e := newDlvEnv(t, dlvPolicy())
+	r := e.replica()
+	specs := []storage.UpsertSpec{{ID: "a", DueTime: e.redisNow().Add(-time.Minute)}, {ID: "b", DueTime: e.redisNow().Add(-time.Minute)}}
+	if _, err := e.store.Upsert(context.Background(), e.ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	first := e.streamDeliveries(r, &delaydv1.StreamDeliveriesRequest{MaxInFlight: 10})
+	dels, _ := first.deliveries(t, 2)
+	first.cancel()
+
+	var toks []string
+	for _, d := range dels {
+		toks = append(toks, d.GetToken())
+	}
+	second := e.streamDeliveries(r, &delaydv1.StreamDeliveriesRequest{MaxInFlight: 10, AckTokens: toks})
+	res := second.results(t)
+	if got := dlvStatuses(res.GetAckResults()); len(got) != 2 || got[0] != delaydv1.TokenStatus_TOKEN_STATUS_OK || got[1] != delaydv1.TokenStatus_TOKEN_STATUS_OK {
+		t.Errorf("opening acks answered %v; want 2 OK", got)
+	}
+	if _, err := e.store.Upsert(context.Background(), e.ns, []storage.UpsertSpec{{ID: "c", DueTime: e.redisNow().Add(-time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	r.d.Notify(e.ns)
+	if got, _ := second.deliveries(t, 1); got[0].GetTask().GetId() != "c" {
+		t.Errorf("after the opening verdicts the stream delivered %v, want task c", got[0].GetTask().GetId())
+	}
+}
