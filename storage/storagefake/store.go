@@ -771,6 +771,10 @@ func (s *Store) DropNamespace(_ context.Context, ns string, incarnation int64) (
 	}
 	n := int64(len(s.nss[ns]))
 	delete(s.nss, ns)
+	if incarnation > 0 {
+		// A deleted namespace's history goes with it, as in the real stores.
+		delete(s.hist, ns)
+	}
 	return n, nil
 }
 

@@ -35,6 +35,26 @@ func RunHistory(t *testing.T, newStore func(t *testing.T) HistoryStore) {
 	t.Run("HistoryOrderAndPages", func(t *testing.T) { testHistoryPages(t, newStore(t)) })
 	t.Run("HistoryCap", func(t *testing.T) { testHistoryCap(t, newStore(t)) })
 	t.Run("Forecast", func(t *testing.T) { testForecast(t, newStore(t)) })
+	t.Run("HistoryGoesWithNamespace", func(t *testing.T) { testHistoryDropped(t, newStore(t)) })
+}
+
+// testHistoryDropped: a deleted namespace's history goes with it (DropNamespace
+// with an incarnation), so a namespace re-created under the name, perhaps for
+// another team, never reads the events of the old one's tasks.
+func testHistoryDropped(t *testing.T, s HistoryStore) {
+	ctx := t.Context()
+	ns := Namespace(t)
+	cleanup(t, s, ns)
+	if err := s.RecordEvents(ctx, ns, 1000, []storage.Event{{Kind: storage.EventNacked, ID: "a", Reason: "card 4111 declined"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DropNamespace(ctx, ns, time.Now().UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{ID: "a", Limit: 10})
+	if err != nil || len(got) != 0 {
+		t.Errorf("after DropNamespace the history of task a is %+v, %v; want none", got, err)
+	}
 }
 
 // testHistoryPages: a task's events come back in the order written, with
