@@ -206,6 +206,8 @@ type Config struct {
 	Metrics Metrics
 	// Clock reads local time. If nil, the system clock.
 	Clock storage.Clock
+	// signals are the tests' hooks (signals.go); unset in production.
+	signals signals
 	// SafetyPoll is the slow poll that catches a missed wake-up. If unset or
 	// zero, 1 second is used.
 	SafetyPoll time.Duration

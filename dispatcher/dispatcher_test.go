@@ -29,6 +29,29 @@ const wait = 15 * time.Second
 // quiet is how long a test watches for something that must NOT happen.
 const quiet = 300 * time.Millisecond
 
+// await waits for a signal of the dispatcher (dispatcher.Watch): what is
+// waited for has happened when it returns, with no sleep to guess it.
+func await(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(wait):
+		t.Fatalf("not within %s: %s", wait, what)
+	}
+}
+
+// planned matches a round of ns's loop whose plan satisfies ok.
+func planned(ns string, ok func(dispatcher.Event) bool) func(dispatcher.Event) bool {
+	return func(e dispatcher.Event) bool { return e.Kind == dispatcher.EventPlanned && e.Namespace == ns && ok(e) }
+}
+
+// offsetClock is the system clock plus an offset a test moves forward: a
+// rule of the form "after PolicyRefresh" is reached without sleeping.
+type offsetClock struct{ off atomic.Int64 }
+
+func (c *offsetClock) Now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *offsetClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
 // harness is one in-memory store (storagefake: the Redis index's semantics,
 // checked by the conformance suite), a namespace and a started dispatcher.
 // Dispatcher tests need no Redis: what they test is the loop above the
@@ -605,10 +628,12 @@ func TestWakeupFromAnotherReplica(t *testing.T) {
 	// The safety poll is a minute: only a pub/sub wake-up makes the
 	// subscriber's replica look before the test gives up.
 	slowPoll := func(c *dispatcher.Config) { c.SafetyPoll = time.Minute }
-	h := newHarness(t, testPolicy(), slowPoll)
+	var sig *dispatcher.Signals
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) { slowPoll(c); sig = dispatcher.Watch(c) })
 	other := h.startDispatcher(testPolicy(), slowPoll)
+	idle := sig.Next(planned(h.ns, func(e dispatcher.Event) bool { return e.Wait == time.Minute }))
 	s := h.subscribe(h.d, h.ns, 10)
-	time.Sleep(quiet) // h.d has planned a one-minute sleep on an empty namespace
+	await(t, idle, "h.d plans a one-minute sleep on the empty namespace")
 	h.upsert(other, 0, "remote")
 	if d := s.next(t); d.Task.ID != "remote" {
 		t.Fatalf("got %s, want remote", d.Task.ID)
@@ -684,7 +709,8 @@ func TestPauseAndResumeApplyAtOnceOnEveryReplica(t *testing.T) {
 	}
 	polsA, polsB := newCachedPolicies(src), newCachedPolicies(src)
 	h := newHarness(t, testPolicy(), slow(polsA))
-	dB := h.startDispatcher(testPolicy(), slow(polsB))
+	var sigB *dispatcher.Signals
+	dB := h.startDispatcher(testPolicy(), func(c *dispatcher.Config) { slow(polsB)(c); sigB = dispatcher.Watch(c) })
 	s := h.subscribe(dB, h.ns, 10) // only B has a subscriber
 
 	h.upsert(dB, 0, "before")
@@ -714,8 +740,9 @@ func TestPauseAndResumeApplyAtOnceOnEveryReplica(t *testing.T) {
 			}
 		}
 	}
+	pausedRound := sigB.Next(planned(h.ns, func(e dispatcher.Event) bool { return e.Policy.Paused }))
 	announce()
-	time.Sleep(50 * time.Millisecond) // B's loop marks its policy stale right after Invalidate
+	await(t, pausedRound, "B's loop runs a round with the paused policy")
 	h.upsert(dB, 0, "p1", "p2")
 	s.none(t)
 	for _, id := range []string{"p1", "p2"} {
@@ -743,9 +770,11 @@ func TestPauseAndResumeApplyAtOnceOnEveryReplica(t *testing.T) {
 func TestPolicyChangeAppliesWithoutRestart(t *testing.T) {
 	t.Parallel()
 	pols := &mutablePolicies{p: testPolicy()} // lease: one hour
+	clock := &offsetClock{}
 	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
 		c.Policies = pols
 		c.PolicyRefresh = 50 * time.Millisecond
+		c.Clock = clock
 	})
 	s := h.subscribe(h.d, h.ns, 10)
 	h.upsert(h.d, 0, "p1")
@@ -755,7 +784,7 @@ func TestPolicyChangeAppliesWithoutRestart(t *testing.T) {
 	short := testPolicy()
 	short.AckTimeout = 150 * time.Millisecond
 	pols.set(short)
-	time.Sleep(2 * 50 * time.Millisecond)
+	clock.advance(2 * 50 * time.Millisecond) // the cached policy is now past PolicyRefresh
 	h.upsert(h.d, 0, "p2")
 	d := s.next(t)
 	if d.Task.ID != "p2" {
@@ -791,22 +820,14 @@ func TestSweepReapsNamespacesWithoutSubscriber(t *testing.T) {
 		c.Namespaces = h.store
 		c.SweepInterval = 100 * time.Millisecond
 	})
-	deadline := time.Now().Add(wait)
-	for {
-		task, err := h.get("orphan")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if task.State == storage.StateScheduled {
-			if task.LastError != dispatcher.ReasonLeaseExpired || task.Attempt != 1 {
-				t.Fatalf("swept task: last error %q attempt %d, want %q, 1", task.LastError, task.Attempt, dispatcher.ReasonLeaseExpired)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("expired lease still %v: the sweep did not reap it", task.State)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var task storage.Task
+	testkit.Eventually(t, wait, "the sweep reaps the expired lease", func() bool {
+		var err error
+		task, err = h.get("orphan")
+		return err == nil && task.State == storage.StateScheduled
+	})
+	if task.LastError != dispatcher.ReasonLeaseExpired || task.Attempt != 1 {
+		t.Fatalf("swept task: last error %q attempt %d, want %q, 1", task.LastError, task.Attempt, dispatcher.ReasonLeaseExpired)
 	}
 }
 

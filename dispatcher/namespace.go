@@ -59,7 +59,7 @@ const lateLogEvery = 10 * time.Second
 // Config.LateWarn) and logs the late deliveries of the namespace at WARN,
 // at most once every lateLogEvery: how many, and the worst.
 func (n *namespace) late(lateness time.Duration) {
-	now := time.Now()
+	now := n.d.cfg.Clock.Now()
 	n.lateMu.Lock()
 	n.lateCount++
 	n.lateWorst = max(n.lateWorst, lateness)
@@ -137,7 +137,7 @@ func (n *namespace) run() {
 			return
 		default:
 		}
-		started := time.Now()
+		started := n.d.cfg.Clock.Now()
 		wait, blocked, reapNext := n.tick(reap)
 		reap = reapNext
 		if wait <= 0 {
@@ -169,9 +169,7 @@ func (n *namespace) run() {
 		}
 		// Reap at least every tenth of the safety poll even when woken early
 		// all the time (credit coming back under load).
-		if time.Since(n.lastReap) >= n.d.cfg.SafetyPoll/10 {
-			reap = true
-		}
+		reap = reap || reapDue(n.d.cfg.Clock.Now(), n.lastReap, n.d.cfg.SafetyPoll)
 	}
 }
 
@@ -186,7 +184,7 @@ func (n *namespace) settleSignals(started time.Time, credit chan struct{}) bool 
 	if p <= 0 {
 		return true
 	}
-	if rest := p - time.Since(started); rest > 0 {
+	if rest := p - n.d.cfg.Clock.Now().Sub(started); rest > 0 {
 		t := time.NewTimer(rest)
 		select {
 		case <-n.quit:
@@ -227,7 +225,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		reap = false
 	}
 	if reap {
-		n.lastReap = time.Now()
+		n.lastReap = cfg.Clock.Now()
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		moved, err := cfg.Store.Reap(c, n.name, cfg.ReapBatch,
 			storage.NackOptions{Reason: ReasonLeaseExpired, MaxAttempts: pol.MaxAttempts, Backoff: pol.Backoff})
@@ -245,37 +243,26 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		n.d.handBack(c, n, nil, expired)
 		cancel()
 	}
+	r := round{reaped: reap, reapFull: reapFull, heldFor: heldFor, paused: pol.Paused, free: free,
+		progress: progress, maxRate: pol.MaxDispatchRate}
 	if pol.Paused {
 		// Paused: pop nothing. Leases already out are still renewed and
 		// reaped above; a resume announced on any replica wakes the loop
 		// (PolicyChanged), else the policy is re-read every SafetyPoll.
 		n.popFull = false
-		if reapFull {
-			return 0, false, true
-		}
-		return cfg.SafetyPoll, false, false
-	}
-	popFull := false
-	var wake storage.PopResult
-	popped := false
-	if free > 0 {
+	} else if free > 0 {
 		got, full, w, err := n.pop(ctx, free, pol)
 		if got > 0 {
-			progress = true
-			free -= got
+			r.progress = true
+			r.free -= got
 		}
 		if err != nil {
 			return n.failed("pop", err), false, true
 		}
-		popFull = full
 		n.popFull = full
-		wake, popped = w, true
+		r.popped, r.popFull, r.wake = true, full, w
 	}
-	if reapFull || (popFull && free > 0) {
-		return 0, false, reapFull // More to do right away.
-	}
-
-	if !popped {
+	if r.needsWake() {
 		// No pop this round (no free credit): ask when there is work
 		// next. With credit, the pop answered it in the same call.
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
@@ -284,65 +271,17 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		if err != nil {
 			return n.failed("next wake", err), false, true
 		}
-		wake = storage.PopResult{Now: storeNow, Next: next, HasNext: ok}
+		r.wake = storage.PopResult{Now: storeNow, Next: next, HasNext: ok}
 	}
-	n.errWait = 0
-	if !wake.HasNext {
-		n.idleWait = 0
-		return cfg.SafetyPoll, false, false
+	r.idleWait, r.onlyKinds, r.earliestLease = n.idleWait, n.onlyKinds(), n.earliestLease()
+	r.now = cfg.Clock.Now()
+	p := planNext(r, cfg.SafetyPoll, cfg.WakePrecision)
+	cfg.signals.planned(n.name, pol, p)
+	if p.healthy {
+		n.errWait = 0
 	}
-	if until := wake.Next.Sub(wake.Now); until > 0 {
-		n.idleWait = 0
-		return min(roundUp(until, cfg.WakePrecision), cfg.SafetyPoll), false, false
-	}
-	// Something is due, or a lease ran out, right now.
-	if free > 0 && pol.MaxDispatchRate > 0 && !popFull {
-		// The pop left due tasks behind with credit free: the rate cap's
-		// bucket ran dry (or another replica took them). Wait for tokens
-		// instead of polling: one token's time, at least rateWaitMin so a
-		// high rate pops in batches (the bucket holds a tenth of a second,
-		// so nothing is lost by waiting), expired leases are reaped on
-		// the usual cadence.
-		n.idleWait = 0
-		wait := time.Duration(float64(time.Second) / pol.MaxDispatchRate)
-		return min(max(wait, rateWaitMin), cfg.SafetyPoll), false, false
-	}
-	if free > 0 && progress {
-		// More fell due since the pop (a steady flow): pop again, without
-		// a reap, which would add a round trip to every delivery.
-		n.idleWait = 0
-		return 0, false, false
-	}
-	if heldFor > 0 {
-		// It may be a lease that ran out while the store was away: look
-		// again when reaping may resume (or on a wake).
-		return heldFor, free == 0, true
-	}
-	if !reap {
-		// Nothing moved: it may be an expired lease. Reap and look again.
-		return 0, false, true
-	}
-	if free > 0 {
-		// The store says "due" but neither pop nor reap moved anything:
-		// retry soon, but never spin.
-		longest := maxIdleWait
-		if n.onlyKinds() {
-			// Every stream takes given kinds: what is due may be of kinds
-			// nobody takes, and stays so; look again less often. An
-			// earlier task of any kind still wakes the loop at once.
-			longest = kindIdleWait
-		}
-		n.idleWait = min(max(2*n.idleWait, time.Millisecond), longest, cfg.SafetyPoll)
-		return n.idleWait, false, true
-	}
-	// Blocked on credit: wake when credit comes back, when a local lease
-	// runs out, when the leases are due for renewal, or after the safety
-	// poll (which also reaps).
-	wait = cfg.SafetyPoll
-	if np := n.earliestLease(); !np.IsZero() {
-		wait = min(wait, max(np.Sub(cfg.Clock.Now()), time.Millisecond))
-	}
-	return wait, true, false
+	n.idleWait = p.idleWait
+	return p.wait, p.blocked, p.reap
 }
 
 // pop pops for free credit: one Pop of at most PopBatch, or, when free
@@ -544,8 +483,8 @@ type distribution struct {
 // failed logs a store error (at most every 10 s while it persists) and
 // returns the backoff before the next try: 50 ms doubling to SafetyPoll.
 func (n *namespace) failed(op string, err error) time.Duration {
-	if n.errWait == 0 || time.Since(n.lastWarn) >= 10*time.Second {
-		n.lastWarn = time.Now()
+	if now := n.d.cfg.Clock.Now(); n.errWait == 0 || now.Sub(n.lastWarn) >= 10*time.Second {
+		n.lastWarn = now
 		n.d.log.LogAttrs(context.Background(), slog.LevelWarn, "dispatcher: store call failed; retrying",
 			slog.String("namespace", n.name), slog.String("op", op), slog.String("error", err.Error()))
 	}

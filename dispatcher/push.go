@@ -106,7 +106,7 @@ func newPushManager(d *Dispatcher) *pushManager {
 // this replica does not serve it): at most once per PolicyRefresh per
 // namespace unless force. It never blocks.
 func (m *pushManager) hint(ns string, force bool) {
-	now := time.Now()
+	now := m.d.cfg.Clock.Now()
 	m.mu.Lock()
 	if !force {
 		if _, ok := m.pushers[ns]; ok {
@@ -163,8 +163,9 @@ func (m *pushManager) run(ctx context.Context) {
 			}
 			// Forget namespaces not named for a while (deleted ones), so
 			// the map does not grow with every name ever seen.
+			now := cfg.Clock.Now()
 			for ns, at := range m.checked {
-				if time.Since(at) > 2*cfg.PolicyRefresh {
+				if now.Sub(at) > 2*cfg.PolicyRefresh {
 					delete(m.checked, ns)
 				}
 			}
@@ -221,7 +222,7 @@ func (m *pushManager) check(ctx context.Context, ns string) {
 	}
 	m.mu.Lock()
 	p := m.pushers[ns]
-	m.checked[ns] = time.Now()
+	m.checked[ns] = cfg.Clock.Now()
 	switch {
 	case want && p == nil && m.ctx != nil && m.ctx.Err() == nil && !m.closing:
 		p = m.start(ns, pol)
@@ -235,6 +236,7 @@ func (m *pushManager) check(ctx context.Context, ns string) {
 	m.mu.Unlock()
 	if p != nil && !want {
 		p.stop()
+		cfg.signals.pusherStopped(ns)
 	}
 }
 
@@ -251,7 +253,10 @@ func (m *pushManager) drain(ctx context.Context) {
 		ps = append(ps, p)
 	}
 	m.mu.Unlock()
+	m.d.cfg.signals.draining()
 	if dl, ok := ctx.Deadline(); ok {
+		// A context's deadline is on the runtime's clock, so what is left
+		// of it is too (not Config.Clock, which may be a test's).
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
 		defer cancel()
@@ -372,9 +377,9 @@ func (p *pusher) deliver(ctx context.Context, del storage.Delivery) {
 	if !p.holdLease(toks, pol) {
 		return
 	}
-	start := time.Now()
+	start := cfg.Clock.Now()
 	outcome, perr := cfg.Pusher.Push(ctx, pol.Push, del, pol.MaxAttempts, pol.AckTimeout)
-	took := time.Since(start)
+	took := cfg.Clock.Now().Sub(start)
 	if ctx.Err() != nil && outcome != storage.PushOK {
 		// Stopping (or the target was removed): the request was cut
 		// short; whether the endpoint processed it is unknown. It goes

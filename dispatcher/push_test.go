@@ -72,8 +72,10 @@ func TestPushAcksNacksAndStopsWhenRemoved(t *testing.T) {
 		return storage.PushOK, nil
 	}}
 	pols := &mutablePolicies{p: pushPolicy()}
+	var sig *dispatcher.Signals
 	h := newHarness(t, pushPolicy(), func(c *dispatcher.Config) {
 		c.Pusher, c.Policies, c.PushConcurrency = fp, pols, 2
+		sig = dispatcher.Watch(c)
 	})
 	h.d.PolicyChanged(context.Background(), h.ns)
 	h.upsert(h.d, 0, "ok1", "ok2", "bad")
@@ -92,8 +94,9 @@ func TestPushAcksNacksAndStopsWhenRemoved(t *testing.T) {
 	off := pushPolicy()
 	off.Push = storage.PushTarget{}
 	pols.set(off)
+	stopped := sig.Next(func(e dispatcher.Event) bool { return e.Kind == dispatcher.EventPusherStopped && e.Namespace == h.ns })
 	h.d.PolicyChanged(context.Background(), h.ns)
-	time.Sleep(quiet) // let the pusher let go of the namespace
+	await(t, stopped, "the pusher lets go of the namespace")
 	s := h.subscribe(h.d, h.ns, 10)
 	h.upsert(h.d, 0, "sub1")
 	if d := s.next(t); d.Task.ID != "sub1" {
@@ -110,17 +113,19 @@ func TestStopLetsPushInFlightFinish(t *testing.T) {
 	t.Parallel()
 	fp := &fakePusher{hold: make(chan struct{}), answer: func(storage.Delivery) (storage.PushOutcome, error) { return storage.PushOK, nil }}
 	h := newHarness(t, testPolicy(), nil)
-	d := h.startDispatcher(pushPolicy(), func(c *dispatcher.Config) { c.Pusher = fp })
+	var sig *dispatcher.Signals
+	d := h.startDispatcher(pushPolicy(), func(c *dispatcher.Config) { c.Pusher = fp; sig = dispatcher.Watch(c) })
 	d.PolicyChanged(context.Background(), h.ns)
 	h.upsert(d, 0, "p1")
 	testkit.Eventually(t, wait, "p1 pushed", func() bool { return fp.pushed("p1") == 1 })
+	draining := sig.Next(func(e dispatcher.Event) bool { return e.Kind == dispatcher.EventDraining })
 	stopped := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
 		stopped <- d.Stop(ctx)
 	}()
-	time.Sleep(quiet)
+	await(t, draining, "Stop waits for the push in flight")
 	close(fp.hold) // the endpoint answers while delayd stops
 	if err := <-stopped; err != nil {
 		t.Fatalf("Stop: %v", err)
