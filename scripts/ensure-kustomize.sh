@@ -16,7 +16,7 @@ if command -v kustomize >/dev/null || [ -x "$BIN/kustomize" ]; then
 	exit 0
 fi
 echo "neither kubectl nor kustomize found; installing kustomize $KUSTOMIZE_VERSION into $BIN with go install..."
-if GOBIN=$BIN go install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION" >/tmp/ensure-kustomize.log 2>&1 \
+if CGO_ENABLED=0 GOBIN=$BIN go install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION" >/tmp/ensure-kustomize.log 2>&1 \
 	&& "$BIN/kustomize" version >/dev/null; then
 	echo "kustomize installed: $("$BIN/kustomize" version)"
 	exit 0

@@ -128,6 +128,9 @@ var rules = map[string]rule{
 	// deploy/ holds no Go code, only tests of the deployment files and the
 	// image, which read delayd --help and talk to a delayd as a client.
 	"deploy": {testImports: []string{"daemon", "client", "internal/testkit"}},
+	// clients/ holds the other languages' clients; its Go tests only build
+	// delayd and run those clients' own tests against it.
+	"clients": {testImports: []string{"internal/testkit"}},
 
 	// Binaries.
 	"cmd/delayd":        {imports: []string{"daemon"}, testImports: []string{"gen/delayd/v1", "internal/testkit"}},

@@ -1,0 +1,183 @@
+// Package clients_test checks the language clients under clients/ that the
+// Go toolchain does not build: their generated stubs are what proto/
+// generates today (protoc from Debian's protobuf-compiler, with
+// grpc_python_plugin and grpc_java_plugin), and each client's own test runs
+// against a real delayd built from this tree. scripts/ensure-clients.sh
+// (make test runs it) installs the Debian packages they need. The
+// TypeScript client has its own runner (make test-ts).
+package clients_test
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/delayd/delayd/internal/testkit"
+)
+
+// TestMain removes the delayd binary the tests built. (No testkit.Main:
+// its exit leaves no room for that; each test deletes its own namespace.)
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// built is the delayd binary the client tests run, built once.
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+func delaydBinary(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "delayd-clients-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "delayd")
+		args := []string{"build", "-o", built.bin}
+		if raceBuild {
+			args = append(args, "-race")
+		}
+		if out, err := exec.Command("go", append(args, "../cmd/delayd")...).CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
+}
+
+// need fails t unless every command is installed, naming the Debian
+// packages that bring them.
+func need(t *testing.T, cmds ...string) {
+	t.Helper()
+	for _, c := range cmds {
+		if _, err := exec.LookPath(c); err != nil {
+			t.Fatalf("%s is not installed: run scripts/ensure-clients.sh (make test does), or apt-get install -y %s", c, ensurePackages)
+		}
+	}
+}
+
+const ensurePackages = "protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf " +
+	"protobuf-compiler-grpc-java-plugin libgrpc-java libprotobuf-java default-jdk-headless"
+
+// protoc runs protoc on every file of proto/ with the given output flags,
+// from the repository root.
+func protoc(t *testing.T, outFlags ...string) {
+	t.Helper()
+	files, err := filepath.Glob("../proto/delayd/v1/*.proto")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("proto files: %v %v", files, err)
+	}
+	for i, f := range files {
+		files[i] = strings.TrimPrefix(f, "../")
+	}
+	args := append([]string{"-I", "proto", "-I", "/usr/include"}, outFlags...)
+	cmd := exec.Command("protoc", append(args, files...)...)
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
+	}
+}
+
+// sameTree fails t for every file that differs between the generated tree
+// got and the committed tree want (only files with one of the suffixes).
+func sameTree(t *testing.T, want, got string, suffixes ...string) {
+	t.Helper()
+	list := func(root string) map[string][]byte {
+		files := map[string][]byte{}
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			for _, s := range suffixes {
+				if strings.HasSuffix(p, s) {
+					b, err := os.ReadFile(p)
+					rel, _ := filepath.Rel(root, p)
+					files[rel] = b
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return files
+	}
+	w, g := list(want), list(got)
+	if len(g) == 0 {
+		t.Fatalf("protoc generated nothing under %s", got)
+	}
+	for name, b := range g {
+		if wb, ok := w[name]; !ok {
+			t.Errorf("%s is generated but not committed: run make generate-clients", filepath.Join(want, name))
+		} else if !bytes.Equal(wb, b) {
+			t.Errorf("%s is stale: run make generate-clients and commit the result", filepath.Join(want, name))
+		}
+	}
+	for name := range w {
+		if _, ok := g[name]; !ok {
+			t.Errorf("%s is committed but proto/ no longer generates it: run make generate-clients", filepath.Join(want, name))
+		}
+	}
+}
+
+// TestPythonStubsCurrent: clients/python/delayd/v1 is what protoc and
+// grpc_python_plugin generate from proto/ now.
+func TestPythonStubsCurrent(t *testing.T) {
+	t.Parallel()
+	need(t, "protoc", "grpc_python_plugin")
+	out := t.TempDir()
+	protoc(t, "--python_out="+out, "--pyi_out="+out, "--grpc_python_out="+out,
+		"--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin")
+	sameTree(t, "python/delayd/v1", filepath.Join(out, "delayd/v1"), "_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+}
+
+// pythonWithGRPC is Debian's python3, which python3-grpcio installs into
+// (a python3 earlier on PATH, e.g. pyenv's, does not see it); PYTHON
+// overrides it.
+func pythonWithGRPC(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
+		t.Fatalf("%s cannot import grpc and protobuf (%v: %s): run scripts/ensure-clients.sh, or apt-get install -y python3-grpcio python3-protobuf, or set PYTHON to a python3 that has grpcio and protobuf", py, err, bytes.TrimSpace(out))
+	}
+	return py
+}
+
+// TestPythonClient runs clients/python's tests (python3 -m unittest): the
+// Consumer against a delayd on the test Redis with auth on, through acks,
+// a Retry nack, a handler's exception, a handler slower than its lease
+// (extended, so delivered once) and a delayd restart (reconnected).
+func TestPythonClient(t *testing.T) {
+	t.Parallel()
+	py := pythonWithGRPC(t)
+	bin := delaydBinary(t)
+	url := testkit.RedisURL()
+	ns := "py-client-" + testkit.Suffix()
+	t.Cleanup(func() { testkit.DeleteNamespaceKeys(t, url, ns) })
+	cmd := exec.CommandContext(t.Context(), py, "-m", "unittest", "discover", "-s", "tests", "-v")
+	cmd.Dir = "python"
+	cmd.Env = append(os.Environ(), "DELAYD_BIN="+bin, "TEST_REDIS_URL="+url, "DELAYD_TEST_NAMESPACE="+ns, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("\nOK")) {
+		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
+	}
+	t.Logf("%s", out)
+}
