@@ -18,21 +18,24 @@ import (
 )
 
 // BatchSettings say how concurrent [Client.Upsert] calls are coalesced into
-// BatchUpsertTasks calls, as Pub/Sub's client libraries batch Publish. Each
-// call still blocks until delayd answered it and gets its own result and
-// error, exactly as a lone UpsertTask would give it (AlreadyExists and
-// FailedPrecondition with the details [ConflictOf] reads, InvalidArgument
-// naming the field); two calls for the same namespace and id are applied
-// in the order they were made.
+// BatchUpsertTasks calls, and concurrent [Client.Remove] calls into
+// RemoveTasks calls, as Pub/Sub's client libraries batch Publish. Each call
+// still blocks until delayd answered it and gets its own result and error,
+// exactly as a lone UpsertTask or RemoveTask would give it (AlreadyExists
+// and FailedPrecondition with the details [ConflictOf] reads,
+// InvalidArgument naming the field, Removed and PreviousState); two calls
+// for the same namespace and id are applied in the order they were made.
+// [Client.RemoveIf] is always sent alone (RemoveTasks takes no condition).
 //
 // The default is "Nagle off": a call is sent at once when fewer than
 // MaxOutstanding batches of its namespace are in flight, so a lone caller
 // waits for nothing; the calls that arrive while batches are in flight
 // wait for one to finish and then go together in one call. One call alone
-// is sent as a plain UpsertTask.
+// is sent as a plain UpsertTask (or RemoveTask). A batch holds calls of
+// one kind: upserts and removes queued in turn go in turn.
 type BatchSettings struct {
-	// Disabled sends every Upsert as its own UpsertTask call, as before
-	// batching existed.
+	// Disabled sends every Upsert and Remove as its own UpsertTask or
+	// RemoveTask call, as before batching existed.
 	Disabled bool
 	// Linger is how long a batch that is not full waits for more calls
 	// before it is sent, counted from its first call. If zero, no wait:
@@ -88,10 +91,11 @@ type op struct {
 	kind opKind
 	id   string
 	req  *delaydv1.UpsertTaskRequest // opUpsert, namespace left empty
-	size int                         // encoded size of req
+	size int                         // encoded size of req (opRemove: of the id)
 	rm   *delaydv1.RemoveTaskRequest // opRemove
 	// solo: the call's context carries a span or outgoing metadata, which
-	// travel with the RPC, so it is sent alone, with its own context.
+	// travel with the RPC, so it is sent alone, with its own context; or
+	// it is a conditional remove, which RemoveTasks cannot carry.
 	solo bool
 
 	done     chan struct{}
@@ -120,7 +124,7 @@ type publisher struct {
 type pubQueue struct {
 	ns       string
 	ops      []*op
-	inflight int            // batches (Upsert) in flight
+	inflight int            // calls (batches or lone ops) in flight
 	busy     map[string]int // ids in flight
 	timer    *time.Timer    // Linger timer of the head batch
 	ripe     bool           // the head batch lingered long enough
@@ -150,11 +154,13 @@ func (p *publisher) upsert(ctx context.Context, ns string, req *delaydv1.UpsertT
 	return o.upserted, o.err
 }
 
-// remove queues one remove and waits for its answer. Removes are never
-// coalesced (RemoveTasks answers a count, not each id's previous state), but
-// they keep their place in the namespace's order.
+// remove queues one remove and waits for its answer. Unconditional removes
+// coalesce into RemoveTasks calls (which answer each id); a conditional one
+// goes alone. Either keeps its place in the namespace's order.
 func (p *publisher) remove(ctx context.Context, req *delaydv1.RemoveTaskRequest) (RemoveResult, error) {
-	o := &op{ctx: ctx, kind: opRemove, id: req.GetId(), rm: req, solo: soloContext(ctx)}
+	// size: the id as one element of RemoveTasksRequest.ids
+	o := &op{ctx: ctx, kind: opRemove, id: req.GetId(), rm: req, size: len(req.GetId()) + 3,
+		solo: req.GetIfGeneration() != 0 || soloContext(ctx)}
 	if err := p.submit(ctx, req.GetNamespace(), o); err != nil {
 		return RemoveResult{}, err
 	}
@@ -201,20 +207,15 @@ func (p *publisher) dispatch(q *pubQueue) {
 		if q.busy[head.id] > 0 {
 			return // an op of the same id is in flight: the head waits
 		}
-		if head.kind == opRemove || head.solo {
-			if head.kind == opUpsert {
-				if q.inflight >= p.set.MaxOutstanding {
-					return
-				}
-				q.inflight++
-			}
+		if q.inflight >= p.set.MaxOutstanding {
+			return
+		}
+		if head.solo {
+			q.inflight++
 			q.ops = q.ops[1:]
 			q.busy[head.id]++
 			go p.sendOne(q, head)
 			continue
-		}
-		if q.inflight >= p.set.MaxOutstanding {
-			return
 		}
 		n, full := p.cut(q)
 		if n == 0 {
@@ -243,9 +244,12 @@ func (p *publisher) dispatch(q *pubQueue) {
 			q.busy[o.id]++
 		}
 		q.inflight++
-		if n == 1 {
+		switch {
+		case n == 1:
 			go p.sendOne(q, batch[0])
-		} else {
+		case batch[0].kind == opRemove:
+			go p.sendRemoveBatch(q, batch)
+		default:
 			go p.sendBatch(q, batch)
 		}
 	}
@@ -256,16 +260,18 @@ func (p *publisher) dispatch(q *pubQueue) {
 
 // cut returns how many ops from q's head form the next batch, and whether
 // it is full (by count or bytes, or cut short by an op that cannot join).
-// A batch is a run of coalescible upserts with no id in flight and no id
-// twice (a second call for an id waits for the first one's answer).
+// A batch is a run of coalescible ops of the head's kind with no id in
+// flight and no id twice (a second call for an id waits for the first
+// one's answer).
 func (p *publisher) cut(q *pubQueue) (n int, full bool) {
 	bytes := 0
 	var seen map[string]bool
+	kind := q.ops[0].kind
 	for _, o := range q.ops {
 		if n == p.set.MaxCount {
 			return n, true
 		}
-		if o.kind != opUpsert || o.solo || q.busy[o.id] > 0 || seen[o.id] {
+		if o.kind != kind || o.solo || q.busy[o.id] > 0 || seen[o.id] {
 			return n, n > 0
 		}
 		if n > 0 && bytes+o.size > p.set.MaxBytes {
@@ -281,17 +287,15 @@ func (p *publisher) cut(q *pubQueue) (n int, full bool) {
 	return n, n == p.set.MaxCount
 }
 
-// finish releases ops' ids and their batch slot and dispatches what waited.
-func (p *publisher) finish(q *pubQueue, ops []*op, batch bool) {
+// finish releases ops' ids and their call's slot and dispatches what waited.
+func (p *publisher) finish(q *pubQueue, ops []*op) {
 	p.mu.Lock()
 	for _, o := range ops {
 		if q.busy[o.id]--; q.busy[o.id] <= 0 {
 			delete(q.busy, o.id)
 		}
 	}
-	if batch {
-		q.inflight--
-	}
+	q.inflight--
 	p.dispatch(q)
 	p.mu.Unlock()
 }
@@ -323,7 +327,7 @@ func (p *publisher) sendOne(q *pubQueue, o *op) {
 		req := proto.Clone(o.req).(*delaydv1.UpsertTaskRequest)
 		req.Namespace = q.ns
 		resp, err := p.tasks.UpsertTask(ctx, req)
-		p.finish(q, []*op{o}, true)
+		p.finish(q, []*op{o})
 		if err != nil {
 			p.answer(o, err)
 			return
@@ -332,13 +336,57 @@ func (p *publisher) sendOne(q *pubQueue, o *op) {
 		p.answer(o, nil)
 	case opRemove:
 		resp, err := p.tasks.RemoveTask(ctx, o.rm)
-		p.finish(q, []*op{o}, false)
-		if err != nil {
-			p.answer(o, err)
-			return
+		p.finish(q, []*op{o})
+		p.answerRemove(o, resp, err)
+	}
+}
+
+// answerRemove answers o with what RemoveTask answered.
+func (p *publisher) answerRemove(o *op, resp *delaydv1.RemoveTaskResponse, err error) {
+	if err != nil {
+		p.answer(o, err)
+		return
+	}
+	o.removed = RemoveResult{Removed: resp.GetRemoved(), PreviousState: State(resp.GetPreviousState())}
+	p.answer(o, nil)
+}
+
+// sendRemoveBatch sends ops (unconditional removes) in one RemoveTasks call
+// and answers each with its id's result. RemoveTasks checks every id before
+// it removes anything, so when it refuses the call as a whole with
+// InvalidArgument (one id is malformed), each op is sent again alone and
+// gets the answer RemoveTask gives it; any other failure fails every op
+// with its error, as each unary call would have failed.
+func (p *publisher) sendRemoveBatch(q *pubQueue, ops []*op) {
+	req := &delaydv1.RemoveTasksRequest{Namespace: q.ns, Ids: make([]string, len(ops))}
+	for i, o := range ops {
+		req.Ids[i] = o.id
+	}
+	resp, err := p.tasks.RemoveTasks(rpcContext(ops[0]), req)
+	if status.Code(err) == codes.InvalidArgument {
+		for _, o := range ops {
+			r, err := p.tasks.RemoveTask(rpcContext(o), o.rm)
+			p.answerRemove(o, r, err)
 		}
-		o.removed = RemoveResult{Removed: resp.GetRemoved(), PreviousState: State(resp.GetPreviousState())}
-		p.answer(o, nil)
+		p.finish(q, ops)
+		return
+	}
+	p.finish(q, ops)
+	if err == nil && len(resp.GetResults()) != len(ops) {
+		// A delayd from before RemoveTasks answered each id: the ids are
+		// removed, but which existed is not known.
+		err = status.Errorf(codes.Unimplemented, "server answered %d results for %d ids (RemoveTasks results need a newer delayd; %d of the ids were removed)",
+			len(resp.GetResults()), len(ops), resp.GetRemoved())
+	}
+	if err != nil {
+		for _, o := range ops {
+			p.answer(o, err)
+		}
+		return
+	}
+	for i, r := range resp.GetResults() {
+		ops[i].removed = RemoveResult{Removed: r.GetRemoved(), PreviousState: State(r.GetPreviousState())}
+		p.answer(ops[i], nil)
 	}
 }
 
@@ -351,7 +399,7 @@ func (p *publisher) sendBatch(q *pubQueue, ops []*op) {
 		req.Tasks[i] = o.req
 	}
 	resp, err := p.tasks.BatchUpsertTasks(rpcContext(ops[0]), req)
-	p.finish(q, ops, true)
+	p.finish(q, ops)
 	if err == nil && len(resp.GetResults()) != len(ops) {
 		err = status.Errorf(codes.Internal, "server answered %d results for %d items", len(resp.GetResults()), len(ops))
 	}

@@ -62,6 +62,19 @@ func (g *gatedTasks) RemoveTask(_ context.Context, r *delaydv1.RemoveTaskRequest
 	return &delaydv1.RemoveTaskResponse{Removed: true}, nil
 }
 
+// RemoveTasks records its ids as "-id" and answers each removed, in the
+// state named by its request order (1 scheduled, 2 delivered, ...).
+func (g *gatedTasks) RemoveTasks(_ context.Context, r *delaydv1.RemoveTasksRequest, _ ...grpc.CallOption) (*delaydv1.RemoveTasksResponse, error) {
+	ids := make([]string, len(r.GetIds()))
+	resp := &delaydv1.RemoveTasksResponse{Removed: int64(len(ids))}
+	for i, id := range r.GetIds() {
+		ids[i] = "-" + id
+		resp.Results = append(resp.Results, &delaydv1.RemoveTaskResult{Id: id, Removed: true, PreviousState: delaydv1.TaskState(1 + i%3)})
+	}
+	g.record(ids...)
+	return resp, nil
+}
+
 // waitCall waits until the next call reached the fake (a hang guard, not a
 // speed bound).
 func (g *gatedTasks) waitCall(t *testing.T) {
@@ -131,7 +144,7 @@ func TestPublisherCoalescesWhileInFlight(t *testing.T) {
 }
 
 // MaxBytes cuts batches; a Remove keeps its place after the upserts of its
-// id (removes do not take a batch slot, so it may go beside a batch).
+// id.
 func TestPublisherLimitsAndRemoveOrder(t *testing.T) {
 	g := newGatedTasks()
 	size := proto.Size(upsertReq("x"))
@@ -252,5 +265,59 @@ func TestPublisherSoloContextGoesAloneInOrder(t *testing.T) {
 	want := [][]string{{"a"}, {"b"}, {"c"}, {"d", "e"}}
 	if diff := cmp.Diff(want, g.calls); diff != "" {
 		t.Fatalf("calls (-want +got):\n%s", diff)
+	}
+}
+
+// Concurrent removes coalesce into one RemoveTasks and each caller gets its
+// own id's result; a batch holds one kind of call, and a conditional
+// remove (RemoveIf) goes alone, in its place.
+func TestPublisherCoalescesRemoves(t *testing.T) {
+	g := newGatedTasks()
+	p := newPublisher(g, BatchSettings{MaxOutstanding: 1})
+	var wg sync.WaitGroup
+	results := map[string]RemoveResult{}
+	var mu sync.Mutex
+	rm := func(id string, ifGen int64) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := p.remove(context.Background(), &delaydv1.RemoveTaskRequest{Namespace: "ns", Id: id, IfGeneration: ifGen})
+			if err != nil {
+				t.Errorf("remove %s: %v", id, err)
+			}
+			mu.Lock()
+			results[id] = r
+			mu.Unlock()
+		}()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); _, _ = p.upsert(context.Background(), "ns", upsertReq("a")) }()
+	g.waitCall(t)
+	n := 0
+	step := func(f func()) { f(); n++; queued(t, p, "ns", n) }
+	step(func() { rm("b", 0) })
+	step(func() { rm("c", 0) })
+	step(func() { rm("d", 1) }) // RemoveIf: alone
+	step(func() { rm("e", 0) })
+	step(func() { rm("h", 0) })
+	step(func() {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = p.upsert(context.Background(), "ns", upsertReq("f")) }()
+	})
+	step(func() { rm("g", 0) })
+	for range 5 {
+		g.release <- struct{}{}
+		g.waitCall(t)
+	}
+	g.release <- struct{}{}
+	wg.Wait()
+	want := [][]string{{"a"}, {"-b", "-c"}, {"-d"}, {"-e", "-h"}, {"f"}, {"-g"}}
+	if diff := cmp.Diff(want, g.calls); diff != "" {
+		t.Fatalf("calls (-want +got):\n%s", diff)
+	}
+	// each caller got its own id's answer (the fake answers the i-th id of
+	// a RemoveTasks in state 1+i%3)
+	if results["b"].PreviousState != StateScheduled || results["c"].PreviousState != StateDelivered || results["h"].PreviousState != StateDelivered || !results["d"].Removed {
+		t.Fatalf("results %+v; want each id's own", results)
 	}
 }

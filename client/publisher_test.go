@@ -68,6 +68,8 @@ type batchCounter struct {
 	mu      sync.Mutex
 	batches []int
 	unary   int
+	removes []int // ids per RemoveTasks
+	remove  int   // RemoveTask calls
 }
 
 func (b *batchCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -77,6 +79,10 @@ func (b *batchCounter) intercept(ctx context.Context, method string, req, reply 
 		b.batches = append(b.batches, len(r.GetTasks()))
 	case *delaydv1.UpsertTaskRequest:
 		b.unary++
+	case *delaydv1.RemoveTasksRequest:
+		b.removes = append(b.removes, len(r.GetIds()))
+	case *delaydv1.RemoveTaskRequest:
+		b.remove++
 	}
 	b.mu.Unlock()
 	return invoker(ctx, method, req, reply, cc, opts...)
@@ -167,6 +173,94 @@ func TestBatchedUpsertAnswersAsUnary(t *testing.T) {
 		if !seen[c] {
 			t.Errorf("no case answered %v unary; the table no longer covers it", c)
 		}
+	}
+}
+
+// Every answer a Remove can get is the same whether it went alone
+// (RemoveTask) or in a RemoveTasks with others: removed with the state the
+// task was in, not removed, and (through the fallback to one call each)
+// InvalidArgument naming the id; a RemoveIf goes alone.
+func TestBatchedRemoveAnswersAsUnary(t *testing.T) {
+	t.Parallel()
+	srv := startDelayd(t, "127.0.0.1:0")
+	type answer struct {
+		Code          codes.Code
+		Message       string
+		Removed       bool
+		PreviousState client.State
+	}
+	seed := func(c *client.Client, ns string) {
+		t.Helper()
+		for _, id := range []string{"seed-1", "seed-2", "seed-3", "seed-if"} {
+			if _, err := c.Upsert(t.Context(), ns, client.TaskSpec{ID: id, When: client.After(time.Hour)}); err != nil {
+				t.Fatalf("seed %s: %v", id, err)
+			}
+		}
+	}
+	type call struct {
+		id string
+		cond bool // RemoveIf at generation 1
+	}
+	run := func(c *client.Client, ns string, calls []call, concurrent bool) []answer {
+		out := make([]answer, len(calls))
+		do := func(i int) {
+			var r client.RemoveResult
+			var err error
+			if calls[i].cond {
+				r, err = c.RemoveIf(t.Context(), ns, calls[i].id, client.Version{Generation: 1})
+			} else {
+				r, err = c.Remove(t.Context(), ns, calls[i].id)
+			}
+			st, _ := status.FromError(err)
+			out[i] = answer{Code: st.Code(), Removed: r.Removed, PreviousState: r.PreviousState}
+			if err != nil {
+				out[i].Message = strings.ReplaceAll(err.Error(), ns, "NS")
+			}
+		}
+		var wg sync.WaitGroup
+		for i := range calls {
+			if !concurrent {
+				do(i)
+				continue
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); do(i) }()
+		}
+		wg.Wait()
+		return out
+	}
+	valid := []call{{id: "seed-1"}, {id: "missing-1"}, {id: "seed-2"}, {id: "missing-2"}}
+	invalid := []call{{id: "seed-3"}, {id: "bad/id"}, {id: ""}, {id: "missing-3"}}
+
+	unary := newClient(t, srv.addr(), client.WithBatching(client.BatchSettings{Disabled: true}))
+	nsU := namespace(t, unary)
+	seed(unary, nsU)
+	want := append(run(unary, nsU, valid, false), run(unary, nsU, invalid, false)...)
+	want = append(want, run(unary, nsU, []call{{id: "seed-if", cond: true}}, false)...)
+
+	var count batchCounter
+	batched := newClient(t, srv.addr(),
+		client.WithBatching(client.BatchSettings{Linger: time.Hour, MaxCount: len(valid)}),
+		client.WithDialOptions(grpc.WithChainUnaryInterceptor(count.intercept)))
+	nsB := namespace(t, batched)
+	seed(unary, nsB)
+	got := run(batched, nsB, valid, true)
+	if !cmp.Equal(count.removes, []int{len(valid)}) || count.remove != 0 {
+		t.Fatalf("sent RemoveTasks of %v ids and %d RemoveTask calls; want one RemoveTasks of %d", count.removes, count.remove, len(valid))
+	}
+	got = append(got, run(batched, nsB, invalid, true)...)
+	if !cmp.Equal(count.removes, []int{len(valid), len(invalid)}) || count.remove != len(invalid) {
+		t.Fatalf("sent RemoveTasks of %v ids and %d RemoveTask calls; want a refused RemoveTasks of %d, then one RemoveTask each", count.removes, count.remove, len(invalid))
+	}
+	got = append(got, run(batched, nsB, []call{{id: "seed-if", cond: true}}, true)...)
+	if count.remove != len(invalid)+1 {
+		t.Fatalf("RemoveIf was not sent as its own RemoveTask (%d RemoveTask calls)", count.remove)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("batched answers differ from unary (-unary +batched):\n%s", diff)
+	}
+	if !want[0].Removed || want[0].PreviousState != client.StateScheduled || want[1].Removed || want[5].Code != codes.InvalidArgument {
+		t.Fatalf("unary answers %+v; the table no longer covers removed, missing and invalid", want)
 	}
 }
 

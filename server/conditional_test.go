@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 )
@@ -168,6 +170,15 @@ func TestRemoveTasks(t *testing.T) {
 	resp, err := e.tasks.RemoveTasks(ctx, &delaydv1.RemoveTasksRequest{Namespace: e.ns, Ids: []string{"loan-0001", "loan-0002", "nope"}})
 	if err != nil || resp.GetRemoved() != 2 || resp.GetNextPageToken() != "" {
 		t.Fatalf("remove by ids = %v, %v; want 2 removed, no token", resp, err)
+	}
+	// one result per id, in request order, as RemoveTask would answer
+	wantResults := []*delaydv1.RemoveTaskResult{
+		{Id: "loan-0001", Removed: true, PreviousState: delaydv1.TaskState_TASK_STATE_SCHEDULED},
+		{Id: "loan-0002", Removed: true, PreviousState: delaydv1.TaskState_TASK_STATE_SCHEDULED},
+		{Id: "nope"},
+	}
+	if diff := cmp.Diff(wantResults, resp.GetResults(), protocmp.Transform()); diff != "" {
+		t.Fatalf("remove by ids results (-want +got):\n%s", diff)
 	}
 
 	filter := &delaydv1.TaskFilter{Kind: "loan.overdue"}

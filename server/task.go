@@ -195,7 +195,18 @@ func (s *taskService) RemoveTasks(ctx context.Context, req *delaydv1.RemoveTasks
 	if err != nil {
 		return nil, toStatus(ctx, s.logger, fmt.Errorf("remove tasks: %w", err))
 	}
-	return &delaydv1.RemoveTasksResponse{Removed: res.Removed, NextPageToken: encodeRemoveToken(ns, p.Filter, res.Next)}, nil
+	resp := &delaydv1.RemoveTasksResponse{Removed: res.Removed, NextPageToken: encodeRemoveToken(ns, p.Filter, res.Next)}
+	if len(p.IDs) > 0 {
+		if len(res.States) != len(p.IDs) {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("remove tasks: the store answered %d states for %d ids", len(res.States), len(p.IDs)))
+		}
+		resp.Results = make([]*delaydv1.RemoveTaskResult, len(p.IDs))
+		for i, id := range p.IDs {
+			st := res.States[i]
+			resp.Results[i] = &delaydv1.RemoveTaskResult{Id: id, Removed: st != storage.StateUnspecified, PreviousState: stateToProto(st)}
+		}
+	}
+	return resp, nil
 }
 
 // GetTask returns one task or NotFound.

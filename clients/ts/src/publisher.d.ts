@@ -28,18 +28,22 @@ export interface PublisherSettings {
 }
 
 /**
- * Publisher batches a TaskService client's upserts, as Pub/Sub's client
- * libraries batch Publish. Each call resolves or rejects as a lone
- * UpsertTask would (same ConnectError code and message; ALREADY_EXISTS and
+ * Publisher batches a TaskService client's upserts and removes, as Pub/Sub's
+ * client libraries batch Publish. Each call resolves or rejects as a lone
+ * UpsertTask or RemoveTask would (same ConnectError code and message; ALREADY_EXISTS and
  * FAILED_PRECONDITION carry the same ErrorInfo and Task details), and calls
  * for one namespace and id are applied in call order. A call given its own
  * CallOptions is sent alone, in its place. A batch of one is a plain
- * UpsertTask.
+ * UpsertTask (RemoveTask).
  */
 export declare class Publisher {
   constructor(tasks: Client<typeof TaskService>, settings?: PublisherSettings);
   upsertTask(req: MessageInitShape<typeof UpsertTaskRequestSchema>, options?: CallOptions): Promise<UpsertTaskResponse>;
-  /** Never coalesced (RemoveTasks answers a count), but ordered with the upserts of its id. */
+  /**
+   * Unconditional removes coalesce into RemoveTasks (each resolves with its
+   * own id's removed and previousState, as a lone RemoveTask); one with
+   * ifGeneration goes alone. Ordered with the other calls of its id.
+   */
   removeTask(req: MessageInitShape<typeof RemoveTaskRequestSchema>, options?: CallOptions): Promise<RemoveTaskResponse>;
   /** Sends what lingers now; resolves when every call made before it is answered. */
   flush(): Promise<void>;

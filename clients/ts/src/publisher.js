@@ -1,13 +1,17 @@
 // Publisher batching for delayd's TaskService, as Pub/Sub's client
 // libraries batch Publish: concurrent upsertTask calls coalesce into
-// BatchUpsertTasks calls, and every call still resolves or rejects exactly
-// as a lone UpsertTask would (ConnectError with the same code and message;
-// for ALREADY_EXISTS and FAILED_PRECONDITION the same google.rpc.ErrorInfo
-// and delayd.v1.Task details). See publisher.d.ts for the API.
+// BatchUpsertTasks calls and concurrent unconditional removeTask calls into
+// RemoveTasks calls, and every call still resolves or rejects exactly as a
+// lone UpsertTask or RemoveTask would (ConnectError with the same code and
+// message; for ALREADY_EXISTS and FAILED_PRECONDITION the same
+// google.rpc.ErrorInfo and delayd.v1.Task details; removed and
+// previous_state). See publisher.d.ts for the API.
 import { create, toBinary } from "@bufbuild/protobuf";
 import { BinaryWriter } from "@bufbuild/protobuf/wire";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { TaskSchema, UpsertTaskRequestSchema, UpsertTaskResponseSchema } from "./gen/delayd/v1/task_pb.js";
+import {
+  RemoveTaskResponseSchema, TaskSchema, UpsertTaskRequestSchema, UpsertTaskResponseSchema,
+} from "./gen/delayd/v1/task_pb.js";
 
 const MAX_BATCH = 1000;
 
@@ -39,13 +43,16 @@ export class Publisher {
   }
 
   /**
-   * Removes one task. Removes are never coalesced (RemoveTasks answers a
-   * count, not each id's previous state) but keep their place after the
-   * upserts of their id.
+   * Removes one task (req as for TaskService.removeTask). Unconditional
+   * removes coalesce into RemoveTasks calls, which answer each id; one with
+   * ifGeneration goes alone. Either keeps its place after the calls of its id.
    */
   removeTask(req, options) {
     if (this.disabled) return this.tasks.removeTask(req, options);
-    return this.#submit(req.namespace ?? "", { kind: "remove", id: req.id ?? "", req, options });
+    const id = req.id ?? "";
+    const cond = BigInt(req.ifGeneration ?? 0) !== 0n;
+    // size: the id as one element of RemoveTasksRequest.ids
+    return this.#submit(req.namespace ?? "", { kind: "remove", id, req, size: id.length + 3, options, cond });
   }
 
   /** Sends what waits for the linger now and resolves once every call made before it is answered. */
@@ -72,8 +79,9 @@ export class Publisher {
       op.resolve = resolve;
       op.reject = reject;
     });
-    // Calls with their own options (headers, signal, timeout) travel alone.
-    op.solo = op.options !== undefined;
+    // Calls with their own options (headers, signal, timeout) travel alone,
+    // as do conditional removes (RemoveTasks takes no condition).
+    op.solo = op.options !== undefined || op.cond === true;
     let q = this.queues.get(ns);
     if (!q) {
       q = { ns, ops: [], inflight: 0, busy: new Map(), timer: undefined, ripe: false };
@@ -89,17 +97,14 @@ export class Publisher {
     while (q.ops.length > 0) {
       const head = q.ops[0];
       if (q.busy.get(head.id) > 0) return; // the same id is in flight: wait
-      if (head.kind === "remove" || head.solo) {
-        if (head.kind === "upsert") {
-          if (q.inflight >= this.maxOutstanding) return;
-          q.inflight++;
-        }
+      if (q.inflight >= this.maxOutstanding) return;
+      if (head.solo) {
+        q.inflight++;
         q.ops.shift();
         this.#hold(q, [head]);
         this.#sendOne(q, head);
         continue;
       }
-      if (q.inflight >= this.maxOutstanding) return;
       const [n, full] = this.#cut(q);
       if (n === 0) return;
       if (!full && this.linger > 0 && !q.ripe && this.flushing === 0 && !this.closed) {
@@ -117,19 +122,22 @@ export class Publisher {
       this.#hold(q, batch);
       q.inflight++;
       if (n === 1) this.#sendOne(q, batch[0]);
+      else if (batch[0].kind === "remove") this.#sendRemoveBatch(q, batch);
       else this.#sendBatch(q, batch);
     }
     if (q.inflight === 0 && q.busy.size === 0 && q.timer === undefined) this.queues.delete(q.ns);
   }
 
-  // How many ops from q's head form the next batch, and whether it is full.
+  // How many ops from q's head form the next batch (of the head's kind),
+  // and whether it is full.
   #cut(q) {
     let n = 0;
     let bytes = 0;
     const seen = new Set();
+    const kind = q.ops[0].kind;
     for (const op of q.ops) {
       if (n === this.maxCount) return [n, true];
-      if (op.kind !== "upsert" || op.solo || q.busy.get(op.id) > 0 || seen.has(op.id)) return [n, n > 0];
+      if (op.kind !== kind || op.solo || q.busy.get(op.id) > 0 || seen.has(op.id)) return [n, n > 0];
       if (n > 0 && bytes + op.size > this.maxBytes) return [n, true];
       seen.add(op.id);
       bytes += op.size;
@@ -142,13 +150,13 @@ export class Publisher {
     for (const op of ops) q.busy.set(op.id, (q.busy.get(op.id) ?? 0) + 1);
   }
 
-  #finish(q, ops, batch) {
+  #finish(q, ops) {
     for (const op of ops) {
       const n = q.busy.get(op.id) - 1;
       if (n > 0) q.busy.set(op.id, n);
       else q.busy.delete(op.id);
     }
-    if (batch) q.inflight--;
+    q.inflight--;
     this.#dispatch(q);
   }
 
@@ -168,8 +176,44 @@ export class Publisher {
     } catch (e) {
       err = e;
     }
-    this.#finish(q, [op], op.kind === "upsert");
+    this.#finish(q, [op]);
     this.#answer(op, err, value);
+  }
+
+  // One RemoveTasks for ops, each answered with its id's result.
+  // RemoveTasks checks every id before it removes anything, so when it
+  // refuses the whole call with INVALID_ARGUMENT (one id is malformed) each
+  // op is sent again alone and gets RemoveTask's own answer.
+  async #sendRemoveBatch(q, ops) {
+    let resp;
+    let err;
+    try {
+      resp = await this.tasks.removeTasks({ namespace: q.ns, ids: ops.map((op) => op.id) });
+    } catch (e) {
+      err = e;
+    }
+    if (err && ConnectError.from(err).code === Code.InvalidArgument) {
+      await Promise.all(ops.map(async (op) => {
+        try {
+          this.#answer(op, undefined, await this.tasks.removeTask(op.req));
+        } catch (e) {
+          this.#answer(op, e);
+        }
+      }));
+      this.#finish(q, ops);
+      return;
+    }
+    if (!err && resp.results.length !== ops.length) {
+      // A delayd from before RemoveTasks answered each id.
+      err = new ConnectError(`server answered ${resp.results.length} results for ${ops.length} ids `
+        + `(RemoveTasks results need a newer delayd; ${resp.removed} of the ids were removed)`, Code.Unimplemented);
+    }
+    this.#finish(q, ops);
+    ops.forEach((op, i) => {
+      if (err) return this.#answer(op, err);
+      const r = resp.results[i];
+      this.#answer(op, undefined, create(RemoveTaskResponseSchema, { removed: r.removed, previousState: r.previousState }));
+    });
   }
 
   async #sendBatch(q, ops) {
@@ -183,7 +227,7 @@ export class Publisher {
     } catch (e) {
       err = e;
     }
-    this.#finish(q, ops, true);
+    this.#finish(q, ops);
     ops.forEach((op, i) => {
       if (err) return this.#answer(op, err);
       const r = resp.results[i];

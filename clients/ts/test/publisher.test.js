@@ -1,5 +1,5 @@
-// The Publisher against a real delayd: every answer an upsert can get is
-// the same batched as alone, and calls for one id keep their order.
+// The Publisher against a real delayd: every answer an upsert or a remove
+// can get is the same batched as alone, and calls for one id keep their order.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { ConnectError, createClient } from "@connectrpc/connect";
@@ -11,12 +11,16 @@ import { startDelayd } from "./delayd.js";
 let delayd;
 let tasks;
 let batchSizes;
+let removeCalls;
 
 before(async () => {
   delayd = await startDelayd();
   batchSizes = [];
+  removeCalls = [];
   const count = (next) => async (req) => {
     if (req.method.name === "BatchUpsertTasks") batchSizes.push(req.message.tasks.length);
+    if (req.method.name === "RemoveTasks") removeCalls.push(req.message.ids.length);
+    if (req.method.name === "RemoveTask") removeCalls.push("one");
     return next(req);
   };
   tasks = createClient(TaskService, createConnectTransport({ baseUrl: delayd.baseUrl, httpVersion: "1.1", interceptors: [count] }));
@@ -103,4 +107,34 @@ test("calls for one id keep their order; a lone call waits for nothing; close fl
   const r = await lone.upsertTask({ namespace: ns, id: "lone", when: hour });
   assert.equal(r.created, true);
   assert.deepEqual(batchSizes, [], "a lone call went as a batch");
+});
+
+test("a batched remove answers as a lone RemoveTask", async () => {
+  const nsU = `ts-pub-ru-${process.pid}`;
+  const nsB = `ts-pub-rb-${process.pid}`;
+  const valid = ["seed-replace", "missing-1", "seed-dup", "missing-2"];
+  const invalid = ["seed-cas", "bad/id", "missing-3"];
+  const answer = (p) => p.then(
+    (r) => ({ removed: r.removed, previousState: r.previousState }),
+    (e) => ({ code: e.code, message: e.rawMessage }),
+  );
+  await seed(nsU);
+  await seed(nsB);
+  const want = [];
+  for (const id of [...valid, ...invalid]) want.push(await answer(tasks.removeTask({ namespace: nsU, id })));
+
+  const pub = new Publisher(tasks, { lingerMs: 3_600_000, maxCount: 4 });
+  removeCalls.length = 0;
+  const got = await Promise.all(valid.map((id) => answer(pub.removeTask({ namespace: nsB, id }))));
+  assert.deepEqual(removeCalls, [valid.length], "the removes did not go as one RemoveTasks");
+  removeCalls.length = 0;
+  const p = invalid.map((id) => answer(pub.removeTask({ namespace: nsB, id })));
+  await pub.flush();
+  got.push(...await Promise.all(p));
+  // refused as a whole for the malformed id, then each sent alone
+  assert.deepEqual(removeCalls, [invalid.length, "one", "one", "one"]);
+  assert.deepEqual(got, want);
+  assert.equal(want[0].removed, true);
+  assert.equal(want[1].removed, false);
+  assert.ok(want[5].code !== undefined, "the malformed id was not refused");
 });

@@ -1142,7 +1142,8 @@ func (x *TaskFilter) GetState() TaskState {
 	return TaskState_TASK_STATE_UNSPECIFIED
 }
 
-// RemoveTasksResponse says how many tasks one call removed.
+// RemoveTasksResponse says how many tasks one call removed and, for ids,
+// what happened to each.
 type RemoveTasksResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Tasks removed by this call.
@@ -1150,6 +1151,10 @@ type RemoveTasksResponse struct {
 	// Token for the next page of a filter; empty when the walk is done (and
 	// always for ids).
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// With ids: one result per requested id, in request order, each as
+	// RemoveTask would answer it (an id given twice is removed once; its
+	// repeat answers removed false). Empty for a filter.
+	Results       []*RemoveTaskResult `protobuf:"bytes,3,rep,name=results,proto3" json:"results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1198,6 +1203,77 @@ func (x *RemoveTasksResponse) GetNextPageToken() string {
 	return ""
 }
 
+func (x *RemoveTasksResponse) GetResults() []*RemoveTaskResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// RemoveTaskResult is the outcome of one id of RemoveTasks.
+type RemoveTaskResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task id, as requested.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// False when there was no such task.
+	Removed bool `protobuf:"varint,2,opt,name=removed,proto3" json:"removed,omitempty"`
+	// The state the task was in; UNSPECIFIED when removed is false.
+	PreviousState TaskState `protobuf:"varint,3,opt,name=previous_state,json=previousState,proto3,enum=delayd.v1.TaskState" json:"previous_state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTaskResult) Reset() {
+	*x = RemoveTaskResult{}
+	mi := &file_delayd_v1_task_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTaskResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTaskResult) ProtoMessage() {}
+
+func (x *RemoveTaskResult) ProtoReflect() protoreflect.Message {
+	mi := &file_delayd_v1_task_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTaskResult.ProtoReflect.Descriptor instead.
+func (*RemoveTaskResult) Descriptor() ([]byte, []int) {
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RemoveTaskResult) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RemoveTaskResult) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
+	}
+	return false
+}
+
+func (x *RemoveTaskResult) GetPreviousState() TaskState {
+	if x != nil {
+		return x.PreviousState
+	}
+	return TaskState_TASK_STATE_UNSPECIFIED
+}
+
 // GetTaskRequest looks up one task.
 type GetTaskRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1211,7 +1287,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_delayd_v1_task_proto_msgTypes[12]
+	mi := &file_delayd_v1_task_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1299,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[12]
+	mi := &file_delayd_v1_task_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1312,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{12}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetTaskRequest) GetNamespace() string {
@@ -1264,7 +1340,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_delayd_v1_task_proto_msgTypes[13]
+	mi := &file_delayd_v1_task_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1352,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[13]
+	mi := &file_delayd_v1_task_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1365,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{13}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -1319,7 +1395,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_delayd_v1_task_proto_msgTypes[14]
+	mi := &file_delayd_v1_task_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1407,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[14]
+	mi := &file_delayd_v1_task_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1420,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{14}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListTasksRequest) GetNamespace() string {
@@ -1397,7 +1473,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_delayd_v1_task_proto_msgTypes[15]
+	mi := &file_delayd_v1_task_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1485,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[15]
+	mi := &file_delayd_v1_task_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1498,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{15}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -1473,7 +1549,7 @@ type TaskEvent struct {
 
 func (x *TaskEvent) Reset() {
 	*x = TaskEvent{}
-	mi := &file_delayd_v1_task_proto_msgTypes[16]
+	mi := &file_delayd_v1_task_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1561,7 @@ func (x *TaskEvent) String() string {
 func (*TaskEvent) ProtoMessage() {}
 
 func (x *TaskEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[16]
+	mi := &file_delayd_v1_task_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1574,7 @@ func (x *TaskEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskEvent.ProtoReflect.Descriptor instead.
 func (*TaskEvent) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{16}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TaskEvent) GetKind() TaskEventKind {
@@ -1589,7 +1665,7 @@ type GetTaskHistoryRequest struct {
 
 func (x *GetTaskHistoryRequest) Reset() {
 	*x = GetTaskHistoryRequest{}
-	mi := &file_delayd_v1_task_proto_msgTypes[17]
+	mi := &file_delayd_v1_task_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1677,7 @@ func (x *GetTaskHistoryRequest) String() string {
 func (*GetTaskHistoryRequest) ProtoMessage() {}
 
 func (x *GetTaskHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[17]
+	mi := &file_delayd_v1_task_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1690,7 @@ func (x *GetTaskHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{17}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetTaskHistoryRequest) GetNamespace() string {
@@ -1665,7 +1741,7 @@ type GetTaskHistoryResponse struct {
 
 func (x *GetTaskHistoryResponse) Reset() {
 	*x = GetTaskHistoryResponse{}
-	mi := &file_delayd_v1_task_proto_msgTypes[18]
+	mi := &file_delayd_v1_task_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1753,7 @@ func (x *GetTaskHistoryResponse) String() string {
 func (*GetTaskHistoryResponse) ProtoMessage() {}
 
 func (x *GetTaskHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_delayd_v1_task_proto_msgTypes[18]
+	mi := &file_delayd_v1_task_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1766,7 @@ func (x *GetTaskHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_delayd_v1_task_proto_rawDescGZIP(), []int{18}
+	return file_delayd_v1_task_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetTaskHistoryResponse) GetEvents() []*TaskEvent {
@@ -1786,10 +1862,15 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"TaskFilter\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1b\n" +
 	"\tid_prefix\x18\x02 \x01(\tR\bidPrefix\x12*\n" +
-	"\x05state\x18\x03 \x01(\x0e2\x14.delayd.v1.TaskStateR\x05state\"W\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x14.delayd.v1.TaskStateR\x05state\"\x8e\x01\n" +
 	"\x13RemoveTasksResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x03R\aremoved\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\">\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x125\n" +
+	"\aresults\x18\x03 \x03(\v2\x1b.delayd.v1.RemoveTaskResultR\aresults\"y\n" +
+	"\x10RemoveTaskResult\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aremoved\x18\x02 \x01(\bR\aremoved\x12;\n" +
+	"\x0eprevious_state\x18\x03 \x01(\x0e2\x14.delayd.v1.TaskStateR\rpreviousState\">\n" +
 	"\x0eGetTaskRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"6\n" +
@@ -1876,7 +1957,7 @@ func file_delayd_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_delayd_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_delayd_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_delayd_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_delayd_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                   // 0: delayd.v1.TaskState
 	(TaskView)(0),                    // 1: delayd.v1.TaskView
@@ -1893,25 +1974,26 @@ var file_delayd_v1_task_proto_goTypes = []any{
 	(*RemoveTasksRequest)(nil),       // 12: delayd.v1.RemoveTasksRequest
 	(*TaskFilter)(nil),               // 13: delayd.v1.TaskFilter
 	(*RemoveTasksResponse)(nil),      // 14: delayd.v1.RemoveTasksResponse
-	(*GetTaskRequest)(nil),           // 15: delayd.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),          // 16: delayd.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),         // 17: delayd.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),        // 18: delayd.v1.ListTasksResponse
-	(*TaskEvent)(nil),                // 19: delayd.v1.TaskEvent
-	(*GetTaskHistoryRequest)(nil),    // 20: delayd.v1.GetTaskHistoryRequest
-	(*GetTaskHistoryResponse)(nil),   // 21: delayd.v1.GetTaskHistoryResponse
-	(*timestamppb.Timestamp)(nil),    // 22: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 23: google.protobuf.Duration
+	(*RemoveTaskResult)(nil),         // 15: delayd.v1.RemoveTaskResult
+	(*GetTaskRequest)(nil),           // 16: delayd.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),          // 17: delayd.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),         // 18: delayd.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),        // 19: delayd.v1.ListTasksResponse
+	(*TaskEvent)(nil),                // 20: delayd.v1.TaskEvent
+	(*GetTaskHistoryRequest)(nil),    // 21: delayd.v1.GetTaskHistoryRequest
+	(*GetTaskHistoryResponse)(nil),   // 22: delayd.v1.GetTaskHistoryResponse
+	(*timestamppb.Timestamp)(nil),    // 23: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 24: google.protobuf.Duration
 }
 var file_delayd_v1_task_proto_depIdxs = []int32{
-	22, // 0: delayd.v1.Task.due_time:type_name -> google.protobuf.Timestamp
+	23, // 0: delayd.v1.Task.due_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: delayd.v1.Task.state:type_name -> delayd.v1.TaskState
-	22, // 2: delayd.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	22, // 3: delayd.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	22, // 4: delayd.v1.Task.lease_deadline:type_name -> google.protobuf.Timestamp
-	22, // 5: delayd.v1.Task.dead_time:type_name -> google.protobuf.Timestamp
-	22, // 6: delayd.v1.UpsertTaskRequest.due_time:type_name -> google.protobuf.Timestamp
-	23, // 7: delayd.v1.UpsertTaskRequest.delay:type_name -> google.protobuf.Duration
+	23, // 2: delayd.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	23, // 3: delayd.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	23, // 4: delayd.v1.Task.lease_deadline:type_name -> google.protobuf.Timestamp
+	23, // 5: delayd.v1.Task.dead_time:type_name -> google.protobuf.Timestamp
+	23, // 6: delayd.v1.UpsertTaskRequest.due_time:type_name -> google.protobuf.Timestamp
+	24, // 7: delayd.v1.UpsertTaskRequest.delay:type_name -> google.protobuf.Duration
 	3,  // 8: delayd.v1.UpsertTaskResponse.task:type_name -> delayd.v1.Task
 	4,  // 9: delayd.v1.BatchUpsertTasksRequest.tasks:type_name -> delayd.v1.UpsertTaskRequest
 	8,  // 10: delayd.v1.BatchUpsertTasksResponse.results:type_name -> delayd.v1.BatchUpsertTaskResult
@@ -1920,35 +2002,37 @@ var file_delayd_v1_task_proto_depIdxs = []int32{
 	0,  // 13: delayd.v1.RemoveTaskResponse.previous_state:type_name -> delayd.v1.TaskState
 	13, // 14: delayd.v1.RemoveTasksRequest.filter:type_name -> delayd.v1.TaskFilter
 	0,  // 15: delayd.v1.TaskFilter.state:type_name -> delayd.v1.TaskState
-	3,  // 16: delayd.v1.GetTaskResponse.task:type_name -> delayd.v1.Task
-	0,  // 17: delayd.v1.ListTasksRequest.state:type_name -> delayd.v1.TaskState
-	1,  // 18: delayd.v1.ListTasksRequest.view:type_name -> delayd.v1.TaskView
-	3,  // 19: delayd.v1.ListTasksResponse.tasks:type_name -> delayd.v1.Task
-	2,  // 20: delayd.v1.TaskEvent.kind:type_name -> delayd.v1.TaskEventKind
-	22, // 21: delayd.v1.TaskEvent.time:type_name -> google.protobuf.Timestamp
-	22, // 22: delayd.v1.TaskEvent.due_time:type_name -> google.protobuf.Timestamp
-	23, // 23: delayd.v1.TaskEvent.lateness:type_name -> google.protobuf.Duration
-	23, // 24: delayd.v1.TaskEvent.retry_after:type_name -> google.protobuf.Duration
-	19, // 25: delayd.v1.GetTaskHistoryResponse.events:type_name -> delayd.v1.TaskEvent
-	4,  // 26: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
-	6,  // 27: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
-	10, // 28: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
-	12, // 29: delayd.v1.TaskService.RemoveTasks:input_type -> delayd.v1.RemoveTasksRequest
-	15, // 30: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
-	17, // 31: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
-	20, // 32: delayd.v1.TaskService.GetTaskHistory:input_type -> delayd.v1.GetTaskHistoryRequest
-	5,  // 33: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
-	7,  // 34: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
-	11, // 35: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
-	14, // 36: delayd.v1.TaskService.RemoveTasks:output_type -> delayd.v1.RemoveTasksResponse
-	16, // 37: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
-	18, // 38: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
-	21, // 39: delayd.v1.TaskService.GetTaskHistory:output_type -> delayd.v1.GetTaskHistoryResponse
-	33, // [33:40] is the sub-list for method output_type
-	26, // [26:33] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	15, // 16: delayd.v1.RemoveTasksResponse.results:type_name -> delayd.v1.RemoveTaskResult
+	0,  // 17: delayd.v1.RemoveTaskResult.previous_state:type_name -> delayd.v1.TaskState
+	3,  // 18: delayd.v1.GetTaskResponse.task:type_name -> delayd.v1.Task
+	0,  // 19: delayd.v1.ListTasksRequest.state:type_name -> delayd.v1.TaskState
+	1,  // 20: delayd.v1.ListTasksRequest.view:type_name -> delayd.v1.TaskView
+	3,  // 21: delayd.v1.ListTasksResponse.tasks:type_name -> delayd.v1.Task
+	2,  // 22: delayd.v1.TaskEvent.kind:type_name -> delayd.v1.TaskEventKind
+	23, // 23: delayd.v1.TaskEvent.time:type_name -> google.protobuf.Timestamp
+	23, // 24: delayd.v1.TaskEvent.due_time:type_name -> google.protobuf.Timestamp
+	24, // 25: delayd.v1.TaskEvent.lateness:type_name -> google.protobuf.Duration
+	24, // 26: delayd.v1.TaskEvent.retry_after:type_name -> google.protobuf.Duration
+	20, // 27: delayd.v1.GetTaskHistoryResponse.events:type_name -> delayd.v1.TaskEvent
+	4,  // 28: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
+	6,  // 29: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
+	10, // 30: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
+	12, // 31: delayd.v1.TaskService.RemoveTasks:input_type -> delayd.v1.RemoveTasksRequest
+	16, // 32: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
+	18, // 33: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
+	21, // 34: delayd.v1.TaskService.GetTaskHistory:input_type -> delayd.v1.GetTaskHistoryRequest
+	5,  // 35: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
+	7,  // 36: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
+	11, // 37: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
+	14, // 38: delayd.v1.TaskService.RemoveTasks:output_type -> delayd.v1.RemoveTasksResponse
+	17, // 39: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
+	19, // 40: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
+	22, // 41: delayd.v1.TaskService.GetTaskHistory:output_type -> delayd.v1.GetTaskHistoryResponse
+	35, // [35:42] is the sub-list for method output_type
+	28, // [28:35] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_task_proto_init() }
@@ -1966,7 +2050,7 @@ func file_delayd_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_delayd_v1_task_proto_rawDesc), len(file_delayd_v1_task_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

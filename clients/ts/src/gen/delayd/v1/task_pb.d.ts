@@ -549,7 +549,8 @@ export declare type TaskFilter = Message<"delayd.v1.TaskFilter"> & {
 export declare const TaskFilterSchema: GenMessage<TaskFilter>;
 
 /**
- * RemoveTasksResponse says how many tasks one call removed.
+ * RemoveTasksResponse says how many tasks one call removed and, for ids,
+ * what happened to each.
  *
  * @generated from message delayd.v1.RemoveTasksResponse
  */
@@ -568,6 +569,15 @@ export declare type RemoveTasksResponse = Message<"delayd.v1.RemoveTasksResponse
    * @generated from field: string next_page_token = 2;
    */
   nextPageToken: string;
+
+  /**
+   * With ids: one result per requested id, in request order, each as
+   * RemoveTask would answer it (an id given twice is removed once; its
+   * repeat answers removed false). Empty for a filter.
+   *
+   * @generated from field: repeated delayd.v1.RemoveTaskResult results = 3;
+   */
+  results: RemoveTaskResult[];
 };
 
 /**
@@ -575,6 +585,40 @@ export declare type RemoveTasksResponse = Message<"delayd.v1.RemoveTasksResponse
  * Use `create(RemoveTasksResponseSchema)` to create a new message.
  */
 export declare const RemoveTasksResponseSchema: GenMessage<RemoveTasksResponse>;
+
+/**
+ * RemoveTaskResult is the outcome of one id of RemoveTasks.
+ *
+ * @generated from message delayd.v1.RemoveTaskResult
+ */
+export declare type RemoveTaskResult = Message<"delayd.v1.RemoveTaskResult"> & {
+  /**
+   * The task id, as requested.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * False when there was no such task.
+   *
+   * @generated from field: bool removed = 2;
+   */
+  removed: boolean;
+
+  /**
+   * The state the task was in; UNSPECIFIED when removed is false.
+   *
+   * @generated from field: delayd.v1.TaskState previous_state = 3;
+   */
+  previousState: TaskState;
+};
+
+/**
+ * Describes the message delayd.v1.RemoveTaskResult.
+ * Use `create(RemoveTaskResultSchema)` to create a new message.
+ */
+export declare const RemoveTaskResultSchema: GenMessage<RemoveTaskResult>;
 
 /**
  * GetTaskRequest looks up one task.
