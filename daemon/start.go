@@ -83,7 +83,7 @@ type parts struct {
 
 	// store
 	index  *redisstore.Store // the Redis store: the store itself, or durable mode's index
-	tasks  server.Store      // what the server and the dispatcher use (history-wrapped, measured)
+	tasks  storage.Store     // what the server and the dispatcher use (history-wrapped, measured)
 	hist   server.History
 	ten    *tenancyParts
 	recent *history.Recent

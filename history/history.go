@@ -31,17 +31,6 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// Store is the task store the server and the dispatcher share, as Wrap
-// decorates it (the same set as server.Store and metrics.Store).
-type Store interface {
-	storage.Tasks
-	storage.Deliveries
-	storage.DeadLetters
-	storage.Counter
-	// DropNamespace deletes every task of ns (see server.Store).
-	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
-}
-
 // Policies answers a namespace's effective policy without creating it
 // (*tenancy.Registry's LookupPolicy, a cache read).
 type Policies interface {
@@ -66,7 +55,7 @@ type Config struct {
 // Recorder is the decorated store; Failures counts history writes that
 // failed (logged, never failing the call).
 type Recorder struct {
-	next     Store
+	next     storage.Store
 	cfg      Config
 	failures atomic.Int64
 	order    sync.Map // namespace -> *sync.RWMutex (see Order above)
@@ -94,7 +83,7 @@ func (r *Recorder) makesDue(ns string, keep int64) func() {
 
 // Wrap returns next recording the events of every call that changed a
 // task of a namespace that keeps history.
-func Wrap(next Store, cfg Config) *Recorder {
+func Wrap(next storage.Store, cfg Config) *Recorder {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

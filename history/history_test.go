@@ -30,7 +30,7 @@ func (c *countingSink) RecordEvents(ctx context.Context, ns string, keep int64, 
 }
 
 // drive upserts, pops, nacks, pops again and acks one task.
-func drive(t *testing.T, s history.Store) {
+func drive(t *testing.T, s storage.Store) {
 	ctx := storage.WithKeyID(t.Context(), "k1")
 	if _, err := s.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}}); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 // fakeStore answers every call at once with results made up front, so the
 // allocations measured are the instrumentation's alone.
 type fakeStore struct {
-	Store
+	storage.Store
 	sts   []storage.TokenStatus
 	moved []storage.Moved
 	dels  []storage.Delivery

@@ -10,18 +10,6 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// Store is the task store the server and the dispatcher use, as
-// InstrumentStore wraps it.
-type Store interface {
-	storage.Tasks
-	storage.Deliveries
-	storage.DeadLetters
-	storage.Counter
-	// DropNamespace deletes every task of ns and ends the namespace
-	// incarnation given (NamespaceService's DeleteNamespace).
-	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
-}
-
 // Store operations, the values of the op label.
 const (
 	opUpsert = iota
@@ -47,7 +35,7 @@ var opNames = [numOps]string{"upsert", "remove", "get", "list", "pop", "ack", "n
 
 // instrumented times every call of a Store and counts what the calls did.
 type instrumented struct {
-	next Store
+	next storage.Store
 	m    *Metrics
 	dur  [numOps]prometheus.Observer
 	errs [numOps]prometheus.Counter
@@ -60,7 +48,7 @@ type instrumented struct {
 // store label: "redis", or "mysql" for the durable store (whose calls
 // include the Redis index write). Wrap the one store the server and the
 // dispatcher share, so each event is counted once.
-func (m *Metrics) InstrumentStore(name string, s Store) Store {
+func (m *Metrics) InstrumentStore(name string, s storage.Store) storage.Store {
 	in := &instrumented{next: s, m: m}
 	for op := range numOps {
 		in.dur[op] = m.storeDur.WithLabelValues(name, opNames[op])

@@ -12,25 +12,6 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// Store is everything the server asks of the task store: the task RPCs,
-// ack / nack / extend, the dead-letter RPCs, stats and quotas, and the bulk
-// drop of a forced DeleteNamespace. redisstore and the durable store
-// implement it; a store that lacks a method does not compile into the
-// daemon instead of silently losing a feature.
-type Store interface {
-	storage.Tasks
-	storage.Deliveries
-	storage.DeadLetters
-	storage.Counter
-	// DropNamespace deletes every task of ns in every state, in bulk, and
-	// returns how many it deleted. With an incarnation (the namespace's
-	// create time, Unix ms; 0 = none) it first ends it: from then on an
-	// Upsert whose specs name that incarnation (or an earlier one) fails
-	// with storage.ErrNamespaceEnded, so nothing written through a stale
-	// view survives into a namespace re-created under the same name.
-	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
-}
-
 // History is what the server asks of the store for task histories and
 // forecasts: GetTaskHistory reads the events (which the history package's
 // store decorator records), GetNamespaceStats the forecast.
@@ -123,7 +104,7 @@ type Options struct {
 	CallLog CallLog
 
 	// Store backs every task, delivery, dead-letter and stats RPC. Required.
-	Store Store
+	Store storage.Store
 	// Tenancy answers each namespace's policy (ack timeout, payload limit,
 	// horizon...), stores namespaces and API keys for NamespaceService, and
 	// looks keys up for authentication. Required; pass a *tenancy.Registry.

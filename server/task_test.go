@@ -31,7 +31,7 @@ import (
 // countingTasks is the real store with a count of Upsert calls (it
 // delegates every call; nothing is faked).
 type countingTasks struct {
-	server.Store
+	storage.Store
 	upserts atomic.Int32
 }
 

@@ -249,6 +249,27 @@ type PurgeParams struct {
 	Limit int
 }
 
+// Store is the task store contract, declared here once: the task RPCs,
+// ack / nack / extend, the dead-letter RPCs, stats and quotas, and the bulk
+// drop of a forced DeleteNamespace. redisstore, the durable store and
+// storagefake implement it; the metrics and history decorators wrap one and
+// are one; the server, the dispatcher and storetest's conformance suite take
+// one. A store that lacks a method does not compile into the daemon instead
+// of silently losing a feature.
+type Store interface {
+	Tasks
+	Deliveries
+	DeadLetters
+	Counter
+	// DropNamespace deletes every task of ns in every state, in bulk, and
+	// returns how many it deleted. With an incarnation (the namespace's
+	// create time, Unix ms; 0 = none) it first ends it: from then on an
+	// Upsert whose specs name that incarnation (or an earlier one) fails
+	// with ErrNamespaceEnded, so nothing written through a stale view
+	// survives into a namespace re-created under the same name.
+	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
+}
+
 // Counter is what stats and quotas need.
 type Counter interface {
 	// Stats counts the namespace's tasks per state.

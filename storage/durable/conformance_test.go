@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/storetest"
 )
 
@@ -11,7 +12,7 @@ import (
 // one database for the run, a store and a namespace per subtest.
 func TestConformance(t *testing.T) {
 	dsn := testkit.Database(t, "delayd_test")
-	storetest.Run(t, func(t *testing.T) storetest.Store {
+	storetest.Run(t, func(t *testing.T) storage.Store {
 		return newEnvOn(t, dsn, testkit.RedisURL(), nil).store
 	})
 }

@@ -67,10 +67,10 @@ import (
 // Index is the fast index durable mode writes through to; redisstore.Store
 // implements it.
 type Index interface {
-	storage.Tasks
-	storage.Deliveries
-	storage.DeadLetters
-	storage.Counter
+	// Store is the task store contract. Its DropNamespace, with an
+	// incarnation, also makes unchecked upserts and Restore write nothing
+	// into ns until a later incarnation claims it.
+	storage.Store
 	// Forecaster counts the due forecast from the index's due sets.
 	storage.Forecaster
 	// SharedLimits are the limits counted once for every replica; the
@@ -96,12 +96,6 @@ type Index interface {
 	TryLead(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
 	// Namespaces lists the namespaces the index holds keys for.
 	Namespaces(ctx context.Context) ([]string, error)
-	// DropNamespace deletes every task of ns in the index and, with an
-	// incarnation (the namespace's create time, ms; 0 = none), ends it:
-	// from then on upserts for it or an earlier one write nothing, and
-	// unchecked upserts and Restore neither until a later incarnation
-	// claims ns.
-	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
 	// ClaimIncarnation fails with storage.ErrNamespaceEnded when
 	// incarnation inc of ns (or a later one) has ended, and otherwise
 	// records it as the latest that writes.
@@ -1300,9 +1294,4 @@ func (s *Store) requestRepair(ns string, ids []string) {
 }
 
 // Interface checks.
-var (
-	_ storage.Tasks       = (*Store)(nil)
-	_ storage.Deliveries  = (*Store)(nil)
-	_ storage.DeadLetters = (*Store)(nil)
-	_ storage.Counter     = (*Store)(nil)
-)
+var _ storage.Store = (*Store)(nil)

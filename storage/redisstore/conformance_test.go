@@ -19,7 +19,7 @@ func runConformance(t *testing.T, c redis.UniversalClient) {
 }
 
 func runConformanceOpts(t *testing.T, c redis.UniversalClient, opts Options) {
-	storetest.Run(t, func(t *testing.T) storetest.Store { return New(c, opts) })
+	storetest.Run(t, func(t *testing.T) storage.Store { return New(c, opts) })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return New(c, opts) })
 	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return New(c, opts) })
 }
@@ -60,11 +60,11 @@ func sharedClusterClient(t *testing.T) *redis.ClusterClient {
 func TestConformanceSplitScripts(t *testing.T) {
 	t.Parallel()
 	c := testRedisClient(t)
-	storetest.Run(t, func(t *testing.T) storetest.Store { return New(c, Options{MaxScriptBytes: 1}) })
+	storetest.Run(t, func(t *testing.T) storage.Store { return New(c, Options{MaxScriptBytes: 1}) })
 }
 
 func runConformanceSharded(t *testing.T, c redis.UniversalClient, opts Options) {
-	storetest.RunSharded(t, func(t *testing.T) storetest.Store { return New(c, opts) })
+	storetest.RunSharded(t, func(t *testing.T) storage.Store { return New(c, opts) })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return New(c, opts) })
 	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return New(c, opts) })
 }

@@ -99,10 +99,7 @@ func New(clock storage.Clock) *Store {
 }
 
 var (
-	_ storage.Tasks        = (*Store)(nil)
-	_ storage.Deliveries   = (*Store)(nil)
-	_ storage.DeadLetters  = (*Store)(nil)
-	_ storage.Counter      = (*Store)(nil)
+	_ storage.Store        = (*Store)(nil)
 	_ storage.Wakeups      = (*Store)(nil)
 	_ storage.DeliveryFeed = (*Store)(nil)
 	_ storage.SharedLimits = (*Store)(nil)

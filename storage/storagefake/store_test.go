@@ -13,7 +13,7 @@ import (
 // conformance suite, so a layer tested on it is tested against that contract.
 func TestConformance(t *testing.T) {
 	s := storagefake.New(nil)
-	storetest.Run(t, func(t *testing.T) storetest.Store { return s })
+	storetest.Run(t, func(t *testing.T) storage.Store { return s })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return s })
 	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return s })
 }

@@ -30,7 +30,7 @@ func (e *env) wantConflict(what string, err, want error, gen int64) *storage.Con
 	return ce
 }
 
-func testCreateOnly(t *testing.T, newStore func(t *testing.T) Store) {
+func testCreateOnly(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	var cases []transition
 	cases = append(cases, transition{
 		name: "creates a missing task",
@@ -153,7 +153,7 @@ func race(t *testing.T, n int, write func(i int) bool) []int {
 	return won
 }
 
-func testIfGeneration(t *testing.T, newStore func(t *testing.T) Store) {
+func testIfGeneration(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	var cases []transition
 	cases = append(cases, transition{
 		name:  "upsert applies at the stored generation",
@@ -327,7 +327,7 @@ func testIfGeneration(t *testing.T, newStore func(t *testing.T) Store) {
 	})
 }
 
-func testRemoveTasks(t *testing.T, newStore func(t *testing.T) Store) {
+func testRemoveTasks(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name:  "ids in any state; missing ones skipped",
 		seeds: []Seed{{ID: "a"}, {ID: "b", State: deliv}, {ID: "c", State: dead}, {ID: "keep"}},

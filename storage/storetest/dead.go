@@ -9,7 +9,7 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-func testRequeue(t *testing.T, newStore func(t *testing.T) Store) {
+func testRequeue(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name:  "named dead tasks go back with attempts reset; others are skipped",
 		seeds: []Seed{{ID: "a", State: dead}, {ID: "s"}, {ID: "d", State: deliv}},
@@ -80,7 +80,7 @@ func testRequeue(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
-func testPurge(t *testing.T, newStore func(t *testing.T) Store) {
+func testPurge(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name:  "named dead tasks are deleted; others are skipped",
 		seeds: []Seed{{ID: "a", State: dead}, {ID: "b", State: dead}, {ID: "s"}, {ID: "d", State: deliv}},
@@ -112,7 +112,7 @@ func testPurge(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
-func testStats(t *testing.T, newStore func(t *testing.T) Store) {
+func testStats(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name: "empty",
 		run: func(e *env) {

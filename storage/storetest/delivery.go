@@ -14,7 +14,7 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-func testPop(t *testing.T, newStore func(t *testing.T) Store) {
+func testPop(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name:  "at most limit, in due order, not-yet-due tasks stay",
 		seeds: []Seed{{ID: "d3", Due: -1 * time.Minute}, {ID: "d1", Due: -3 * time.Minute}, {ID: "d2", Due: -2 * time.Minute}, {ID: "later", Due: time.Hour}},
@@ -82,7 +82,7 @@ func testPop(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
-func testAck(t *testing.T, newStore func(t *testing.T) Store) {
+func testAck(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name:  "OK deletes; a second ack is NOT_FOUND",
 		seeds: []Seed{{ID: "x", State: deliv}, {ID: "y", State: deliv}},
@@ -202,7 +202,7 @@ func testAck(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
-func testNack(t *testing.T, newStore func(t *testing.T) Store) {
+func testNack(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name:  "retry_after: back to scheduled at now + retry_after, reason kept",
 		seeds: []Seed{{ID: "x", State: deliv}},
@@ -322,7 +322,7 @@ func testNack(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
-func testExtend(t *testing.T, newStore func(t *testing.T) Store) {
+func testExtend(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name:  "OK sets the lease to now + by; stale and unknown tokens change nothing",
 		seeds: []Seed{{ID: "x", State: deliv}, {ID: "y", State: deliv}},
@@ -386,7 +386,7 @@ func (e *env) reapUntil(want int, limit int, opts storage.NackOptions) []storage
 	return got
 }
 
-func testReap(t *testing.T, newStore func(t *testing.T) Store) {
+func testReap(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name:  "expired leases go back with backoff; live leases stay",
 		seeds: []Seed{{ID: "live", State: deliv}},
@@ -440,7 +440,7 @@ func testReap(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
-func testNextWake(t *testing.T, newStore func(t *testing.T) Store) {
+func testNextWake(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name: "empty",
 		run: func(e *env) {
@@ -472,7 +472,7 @@ func testNextWake(t *testing.T, newStore func(t *testing.T) Store) {
 // testPopWake checks that PopWake pops as Pop does and answers, in the same
 // call, what NextWake would answer right after it: the dispatcher plans its
 // next wake from it and makes no second call.
-func testPopWake(t *testing.T, newStore func(t *testing.T) Store) {
+func testPopWake(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	popWake := func(e *env, limit int) storage.PopResult {
 		e.t.Helper()
 		before := e.now()
@@ -542,7 +542,7 @@ func testPopWake(t *testing.T, newStore func(t *testing.T) Store) {
 func testWakeups(t *testing.T, newStore func(t *testing.T) WakeupStore) {
 	t.Parallel()
 	var w storage.Wakeups
-	e := newEnv(t, func(t *testing.T) Store { s := newStore(t); w = s; return s })
+	e := newEnv(t, func(t *testing.T) storage.Store { s := newStore(t); w = s; return s })
 	ctx, cancel := context.WithCancel(context.Background())
 	got := make(chan string, 100)
 	policy := make(chan string, 100)
@@ -618,7 +618,7 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) WakeupStore) {
 	}
 }
 
-func testConcurrentPop(t *testing.T, newStore func(t *testing.T) Store) {
+func testConcurrentPop(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	t.Parallel()
 	e := newEnv(t, newStore)
 	const tasks, workers = 600, 8
@@ -695,7 +695,7 @@ func testConcurrentPop(t *testing.T, newStore func(t *testing.T) Store) {
 // of the namespace's bucket (Burst when it is new or idle), spends one per
 // task, refills at MaxRate per second, and a Pop without MaxRate neither
 // waits for nor spends tokens.
-func testPopRate(t *testing.T, newStore func(t *testing.T) Store) {
+func testPopRate(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	t.Parallel()
 	e := newEnv(t, newStore)
 	var specs []storage.UpsertSpec
@@ -742,7 +742,7 @@ func testPopRate(t *testing.T, newStore func(t *testing.T) Store) {
 // testPopKinds: a Pop with Kinds takes only tasks of those kinds, in due
 // order, and leaves the others scheduled in place; it looks at the first
 // KindScanWindow due tasks only.
-func testPopKinds(t *testing.T, newStore func(t *testing.T) Store) {
+func testPopKinds(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	t.Parallel()
 	e := newEnv(t, newStore)
 	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
@@ -806,7 +806,7 @@ func testPopKinds(t *testing.T, newStore func(t *testing.T) Store) {
 
 // testDueKinds: DueKinds counts only due, scheduled tasks, per kind, and
 // says when more were due than its window.
-func testDueKinds(t *testing.T, newStore func(t *testing.T) Store) {
+func testDueKinds(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	t.Parallel()
 	e := newEnv(t, newStore)
 	past := time.Now().Add(-time.Minute)
@@ -842,7 +842,7 @@ func testDueKinds(t *testing.T, newStore func(t *testing.T) Store) {
 	}
 }
 
-func testSharedLimits(t *testing.T, newStore func(t *testing.T) Store) {
+func testSharedLimits(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	t.Parallel()
 	e := newEnv(t, newStore)
 	l, ok := e.s.(storage.SharedLimits)

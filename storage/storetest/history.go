@@ -13,12 +13,11 @@ import (
 // HistoryStore is a store that keeps task histories and answers due
 // forecasts.
 type HistoryStore interface {
-	Store
+	storage.Store
 	storage.History
 	storage.Forecaster
-	// DropNamespace deletes every task of ns; with an incarnation (a
-	// namespace deleted) its history too.
-	DropNamespace(ctx context.Context, ns string, incarnation int64) (int64, error)
+	// storage.Store's DropNamespace, with an incarnation (a namespace
+	// deleted), drops the namespace's history too.
 }
 
 // cleanup drops ns, tasks and history, when t ends.

@@ -7,7 +7,7 @@
 // A store's own test calls Run with a constructor:
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T) storetest.Store { return newTestStore(t) })
+//		storetest.Run(t, func(t *testing.T) storage.Store { return newTestStore(t) })
 //	}
 //
 // Every test runs in parallel in its own random namespace and removes its
@@ -31,21 +31,11 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// Store is what the suite tests: the union of the storage interfaces the
-// server and the dispatcher consume. Wake-ups are a suite of their own
-// (RunWakeups), asked for by the stores that carry them.
-type Store interface {
-	storage.Tasks
-	storage.Deliveries
-	storage.DeadLetters
-	storage.Counter
-}
-
-// WakeupStore is a Store that also carries the wake-up channel between
+// WakeupStore is a store that also carries the wake-up channel between
 // replicas (storage.Wakeups): the Redis index and the fake. The durable
 // store does not; delayd wires the Redis index's channel beside it.
 type WakeupStore interface {
-	Store
+	storage.Store
 	storage.Wakeups
 }
 
@@ -60,7 +50,7 @@ func RunWakeups(t *testing.T, newStore func(t *testing.T) WakeupStore) {
 // Run runs the conformance suite as subtests of t. newStore is called once
 // per subtest (from that subtest's goroutine) and may register cleanups
 // with the subtest's t.
-func Run(t *testing.T, newStore func(t *testing.T) Store) {
+func Run(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	run(t, newStore)
 }
 
@@ -70,14 +60,14 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 // task that became the earliest of its shard only (a wake-up too many,
 // never one too few), and the kind scan window (storage.KindScanWindow of
 // Pop with Kinds and DueKinds) applies per shard.
-func RunSharded(t *testing.T, newStore func(t *testing.T) Store) {
-	run(t, func(t *testing.T) Store { return sharded{newStore(t)} })
+func RunSharded(t *testing.T, newStore func(t *testing.T) storage.Store) {
+	run(t, func(t *testing.T) storage.Store { return sharded{newStore(t)} })
 }
 
 // sharded marks the store of a RunSharded suite.
-type sharded struct{ Store }
+type sharded struct{ storage.Store }
 
-func run(t *testing.T, newStore func(t *testing.T) Store) {
+func run(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	t.Run("Upsert", func(t *testing.T) { testUpsert(t, newStore) })
 	t.Run("Remove", func(t *testing.T) { testRemove(t, newStore) })
 	t.Run("CreateOnly", func(t *testing.T) { testCreateOnly(t, newStore) })
@@ -137,7 +127,7 @@ type Row struct {
 // env is one test's store, namespace and seeded deliveries.
 type env struct {
 	t   *testing.T
-	s   Store
+	s   storage.Store
 	ns  string
 	ctx context.Context
 	// tok holds the token of every seeded delivery (for a dead seed the
@@ -147,7 +137,7 @@ type env struct {
 	sharded bool
 }
 
-func newEnv(t *testing.T, newStore func(t *testing.T) Store) *env {
+func newEnv(t *testing.T, newStore func(t *testing.T) storage.Store) *env {
 	t.Helper()
 	e := &env{t: t, s: newStore(t), ns: Namespace(t), ctx: context.Background(), tok: map[string]storage.Token{}}
 	if sh, ok := e.s.(sharded); ok {
@@ -356,7 +346,7 @@ type transition struct {
 	want  []Row
 }
 
-func runTable(t *testing.T, newStore func(t *testing.T) Store, cases []transition) {
+func runTable(t *testing.T, newStore func(t *testing.T) storage.Store, cases []transition) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

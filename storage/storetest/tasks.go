@@ -17,7 +17,7 @@ const (
 	dead  = storage.StateDead
 )
 
-func testUpsert(t *testing.T, newStore func(t *testing.T) Store) {
+func testUpsert(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name: "create",
 		run: func(e *env) {
@@ -236,7 +236,7 @@ func testUpsert(t *testing.T, newStore func(t *testing.T) Store) {
 	})
 }
 
-func testRemove(t *testing.T, newStore func(t *testing.T) Store) {
+func testRemove(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	var cases []transition
 	for _, st := range []storage.State{sched, deliv, dead} {
 		cases = append(cases, transition{
@@ -272,7 +272,7 @@ func testRemove(t *testing.T, newStore func(t *testing.T) Store) {
 	runTable(t, newStore, cases)
 }
 
-func testGet(t *testing.T, newStore func(t *testing.T) Store) {
+func testGet(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name: "fields round-trip, whatever bytes they hold",
 		run: func(e *env) {
@@ -308,7 +308,7 @@ func testGet(t *testing.T, newStore func(t *testing.T) Store) {
 	}})
 }
 
-func testList(t *testing.T, newStore func(t *testing.T) Store) {
+func testList(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	idsOf := func(tasks []storage.Task) []string {
 		var out []string
 		for _, task := range tasks {
