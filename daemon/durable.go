@@ -8,6 +8,7 @@ import (
 	"github.com/delayd/delayd/metrics"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage/durable"
+	"github.com/delayd/delayd/storage/mysqlstore"
 	"github.com/delayd/delayd/storage/redisstore"
 )
 
@@ -24,23 +25,28 @@ type durableMode struct {
 	done  chan struct{} // closed when serveWhenIndexed has returned
 }
 
-// openDurable connects to MySQL, applies the schema migrations and starts
-// the durable store over index (its committer and reconciler). It returns
+// openDurable connects to MySQL (mysqlstore, the authority), applies the
+// schema migrations and starts the durable store over it and index (its committer and reconciler). It returns
 // nil, nil when cfg.MySQLDSN is empty.
 func openDurable(ctx context.Context, cfg Config, index *redisstore.Store, shards *redisstore.RegistryShards, logger *slog.Logger, m *metrics.Metrics) (*durableMode, error) {
 	if cfg.MySQLDSN == "" {
 		return nil, nil
 	}
-	s, err := durable.New(ctx, durable.Config{
-		DSN:                   cfg.MySQLDSN,
+	logger = logger.With("component", "durable")
+	db, err := mysqlstore.Open(ctx, mysqlstore.Config{DSN: cfg.MySQLDSN, Logger: logger, OpTimeout: cfg.StoreTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("durable mode: %w", err)
+	}
+	s, err := durable.New(db, durable.Config{
 		Index:                 index,
-		Logger:                logger.With("component", "durable"),
+		Logger:                logger,
 		OpTimeout:             cfg.StoreTimeout,
 		ReconcileInterval:     cfg.ReconcileInterval,
 		FullReconcileInterval: cfg.FullReconcileInterval,
 		Metrics:               reconcileMetrics(m),
 	})
 	if err != nil {
+		_ = db.Close()
 		return nil, fmt.Errorf("durable mode: %w", err)
 	}
 	// Shard counts come from the namespaces' authority from now on, before

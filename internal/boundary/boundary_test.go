@@ -41,15 +41,20 @@ var rules = map[string]rule{
 		imports:     []string{"storage"},
 		testImports: []string{"storage/storetest", "storage/registrytest", "internal/testkit"},
 	},
+	// mysqlstore implements the authority seam.
 	"storage/mysqlstore": {
-		imports:     []string{"storage"},
+		imports:     []string{"storage", "storage/authority"},
 		testImports: []string{"storage/storetest", "storage/registrytest", "internal/testkit"},
 	},
-	// The durable composition owns its MySQL adapter (it speaks in
-	// mysqlstore's write types) and sees the Redis index only through its
-	// own Index interface; its tests compose the real ones.
+	// The seam between durable mode and its authority: the Authority
+	// interface and the write types it speaks, owned by neither side.
+	"storage/authority": {imports: []string{"storage"}},
+	// The durable composition sees its authority only through the seam
+	// (the daemon opens MySQL and hands it over; a test may hand a fake)
+	// and the Redis index only through its own Index interface; its tests
+	// compose the real ones.
 	"storage/durable": {
-		imports: []string{"storage", "storage/mysqlstore"},
+		imports: []string{"storage", "storage/authority"},
 		testImports: []string{"storage/redisstore", "storage/mysqlstore", "storage/storetest",
 			"storage/registrytest", "internal/testkit"},
 	},

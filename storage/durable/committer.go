@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/mysqlstore"
+	"github.com/delayd/delayd/storage/authority"
 )
 
 // The committer group-commits writes. One collector goroutine gathers the
@@ -33,17 +36,70 @@ import (
 // the order they were submitted, and within one transaction the ops keep
 // their order per task (see segments).
 
-// The kinds of op (mysqlstore.WriteKind).
+// The kinds of op (authority.WriteKind).
 const (
-	kindUpsert = mysqlstore.WriteUpsert // upsert with MySQL-assigned generations
-	kindRemove = mysqlstore.WriteRemove // delete a task in any state
-	kindAck    = mysqlstore.WriteAck    // delete acked generations
-	kindMoved  = mysqlstore.WriteMoved  // write index transitions (nack, reap, requeue)
-	kindEvents = mysqlstore.WriteEvents // append task events (no task row)
+	kindUpsert = authority.WriteUpsert // upsert with MySQL-assigned generations
+	kindRemove = authority.WriteRemove // delete a task in any state
+	kindAck    = authority.WriteAck    // delete acked generations
+	kindMoved  = authority.WriteMoved  // write index transitions (nack, reap, requeue)
+	kindEvents = authority.WriteEvents // append task events (no task row)
 )
 
+// committer is the group committer: its collector and workers, and the
+// index writers it hands committed writes to. Start it, submit ops, Stop it
+// once.
+type committer struct {
+	db interface {
+		Commit(segs []authority.Segment) error
+	}
+	writers *indexWriters // where committed upserts and removes go
+	log     *slog.Logger
+
+	committers    int           // Config.Committers
+	maxBatch      int           // Config.MaxBatch
+	maxBatchBytes int           // Config.MaxBatchBytes
+	linger        time.Duration // Config.Linger
+
+	in      chan *op      // submitted ops, to the collector
+	work    chan *batch   // formed batches, to the workers
+	doneQ   chan *batch   // committed batches, back to the collector
+	quit    chan struct{} // closed by Stop: refuse new ops
+	started atomic.Bool
+	wg      sync.WaitGroup // the collector and the workers
+
+	startOnce, stopOnce sync.Once
+}
+
+func newCommitter(db interface {
+	Commit([]authority.Segment) error
+}, writers *indexWriters, cfg Config) *committer {
+	return &committer{db: db, writers: writers, log: cfg.Logger,
+		committers: cfg.Committers, maxBatch: cfg.MaxBatch, maxBatchBytes: cfg.MaxBatchBytes, linger: cfg.Linger,
+		in: make(chan *op), work: make(chan *batch), doneQ: make(chan *batch), quit: make(chan struct{})}
+}
+
+// Start starts the collector and the workers.
+func (c *committer) Start(context.Context) error {
+	c.startOnce.Do(func() {
+		c.started.Store(true)
+		c.wg.Add(1 + c.committers)
+		go func() { defer c.wg.Done(); c.collect() }()
+		for range c.committers {
+			go func() { defer c.wg.Done(); c.worker() }()
+		}
+	})
+	return nil
+}
+
+// Stop refuses new ops (errStopped), commits every op already accepted and
+// waits for the collector and the workers, or for ctx.
+func (c *committer) Stop(ctx context.Context) error {
+	c.stopOnce.Do(func() { close(c.quit) })
+	return waitCtx(ctx, c.wg.Wait)
+}
+
 // indexSpec is the index write of row r, which MySQL committed as t.
-func indexSpec(r mysqlstore.UpsertRow, t storage.Task) storage.UpsertSpec {
+func indexSpec(r authority.UpsertRow, t storage.Task) storage.UpsertSpec {
 	sp := specOf(t)
 	sp.TraceParent = r.TraceParent
 	if r.Relative {
@@ -54,7 +110,7 @@ func indexSpec(r mysqlstore.UpsertRow, t storage.Task) storage.UpsertSpec {
 
 // op is one caller's write, waiting in the committer.
 type op struct {
-	mysqlstore.Write // what to write, and MySQL's results
+	authority.Write // what to write, and MySQL's results
 
 	// Results, set by the committer before done is closed.
 	err  error
@@ -129,8 +185,8 @@ func (o *op) finish(err error) {
 
 // submit hands o to the committer and waits for its answer (o.err), or
 // for ctx. A write whose caller gave up may still be committed.
-func (s *Store) submit(ctx context.Context, o *op) error {
-	if !s.started {
+func (s *committer) submit(ctx context.Context, o *op) error {
+	if !s.started.Load() {
 		return errors.New("durable: store not started")
 	}
 	o.done = make(chan struct{})
@@ -158,7 +214,7 @@ type batch struct {
 // collect forms batches and hands them to the workers. It returns when
 // Stop closed quit and every op it accepted has been answered; then it
 // closes work so the workers end.
-func (s *Store) collect() {
+func (s *committer) collect() {
 	defer close(s.work)
 	var (
 		pending   []*op // accepted, not yet dispatched, in order
@@ -173,7 +229,7 @@ func (s *Store) collect() {
 	)
 	timer.Stop()
 	for {
-		for busy < s.cfg.Committers && len(pending) > 0 && (ready || quitting || prows >= s.cfg.MaxBatch) {
+		for busy < s.committers && len(pending) > 0 && (ready || quitting || prows >= s.maxBatch) {
 			b, rest := s.form(pending, inflight)
 			if b == nil {
 				break // everything pending waits for a running batch
@@ -196,7 +252,7 @@ func (s *Store) collect() {
 			return
 		}
 		var in chan *op
-		if !quitting && prows < 2*s.cfg.MaxBatch {
+		if !quitting && prows < 2*s.maxBatch {
 			in = s.in
 		}
 		var lingerC <-chan time.Time
@@ -206,8 +262,8 @@ func (s *Store) collect() {
 		select {
 		case o := <-in:
 			if len(pending) == 0 && !ready {
-				if s.cfg.Linger > 0 {
-					timer.Reset(s.cfg.Linger)
+				if s.linger > 0 {
+					timer.Reset(s.linger)
 					lingering = true
 				} else {
 					ready = true
@@ -234,13 +290,13 @@ func (s *Store) collect() {
 // form takes from pending, in order, the ops that touch no task of a
 // running batch (nor of an earlier op that has to wait), up to the batch
 // bounds. It returns nil when every pending op waits.
-func (s *Store) form(pending []*op, inflight map[taskKey]int) (*batch, []*op) {
+func (s *committer) form(pending []*op, inflight map[taskKey]int) (*batch, []*op) {
 	b := &batch{}
 	var rest []*op
 	blocked := map[taskKey]bool{}
 	rows, bytes := 0, 0
 	for _, o := range pending {
-		if len(b.ops) > 0 && (rows >= s.cfg.MaxBatch || bytes >= s.cfg.MaxBatchBytes) {
+		if len(b.ops) > 0 && (rows >= s.maxBatch || bytes >= s.maxBatchBytes) {
 			rest = append(rest, o)
 			continue
 		}
@@ -268,18 +324,18 @@ func (s *Store) form(pending []*op, inflight map[taskKey]int) (*batch, []*op) {
 }
 
 // worker commits batches until collect closes work.
-func (s *Store) worker() {
+func (s *committer) worker() {
 	for b := range s.work {
-		s.run(b.ops)
+		s.runOnce(b.ops)
 		s.doneQ <- b
 	}
 }
 
-// run commits ops in one transaction, answers them, and queues the index
+// runOnce commits ops (one batch) in one transaction, answers them, and queues the index
 // side of the committed upserts and removes. If the transaction fails for
 // a reason that is not MySQL's health (a bad row), each op is retried alone
 // so one bad op does not fail the others.
-func (s *Store) run(ops []*op) {
+func (s *committer) runOnce(ops []*op) {
 	err := s.commitOps(ops)
 	if err != nil && len(ops) > 1 && !errors.Is(err, storage.ErrUnavailable) {
 		s.log.Warn("group commit failed; committing its writes one by one", "ops", len(ops), "err", err)
@@ -294,7 +350,7 @@ func (s *Store) run(ops []*op) {
 	for _, o := range ops {
 		if o.err == nil && o.Ended {
 			// MySQL found the namespace incarnation the write was made
-			// for ended (see mysqlstore.Write.NSInc): nothing written.
+			// for ended (see authority.Write.NSInc): nothing written.
 			o.err = fmt.Errorf("upsert: namespace %q incarnation %d: %w", o.NS, o.NSInc, storage.ErrNamespaceEnded)
 		}
 	}
@@ -309,7 +365,7 @@ func (s *Store) run(ops []*op) {
 	for _, o := range ops {
 		o.finish(nil)
 	}
-	s.enqueue(jobs)
+	s.writers.enqueue(jobs)
 }
 
 // jobOf is the index side of o, which MySQL committed at now: each upsert
@@ -330,19 +386,19 @@ func jobOf(o *op, now time.Time) *indexJob {
 	return j
 }
 
-// commitOps runs ops in one transaction (see mysqlstore.Store.Commit).
-func (s *Store) commitOps(ops []*op) error {
+// commitOps runs ops in one transaction (see authority.Authority.Commit).
+func (s *committer) commitOps(ops []*op) error {
 	segs := segments(ops)
-	out := make([]mysqlstore.Segment, len(segs))
-	writes := func(ops []*op) []*mysqlstore.Write {
-		ws := make([]*mysqlstore.Write, len(ops))
+	out := make([]authority.Segment, len(segs))
+	writes := func(ops []*op) []*authority.Write {
+		ws := make([]*authority.Write, len(ops))
 		for i, o := range ops {
 			ws[i] = &o.Write
 		}
 		return ws
 	}
 	for i, sg := range segs {
-		out[i] = mysqlstore.Segment{Upserts: writes(sg.upserts), Removes: writes(sg.removes), Acks: writes(sg.acks), Moved: writes(sg.moved),
+		out[i] = authority.Segment{Upserts: writes(sg.upserts), Removes: writes(sg.removes), Acks: writes(sg.acks), Moved: writes(sg.moved),
 			Events: writes(sg.events)}
 	}
 	return s.db.Commit(out)
@@ -361,7 +417,7 @@ type segment struct {
 func segments(ops []*op) []segment {
 	var out []segment
 	var cur segment
-	owner := map[taskKey]mysqlstore.WriteKind{}
+	owner := map[taskKey]authority.WriteKind{}
 	for _, o := range ops {
 		conflict := false
 		o.ids(func(id string) {
@@ -396,51 +452,4 @@ func segments(ops []*op) []segment {
 func specOf(t storage.Task) storage.UpsertSpec {
 	return storage.UpsertSpec{ID: t.ID, Kind: t.Kind, Payload: t.Payload, DueTime: t.DueTime,
 		Generation: t.Generation, Incarnation: t.Incarnation}
-}
-
-// indexWrite writes specs (committed in MySQL) to the index and completes
-// their results from its answers. On failure it logs, leaves the results
-// as MySQL committed them (Earliest false) and queues the tasks for
-// repair: the upserts are durable.
-func (s *Store) indexWrite(ctx context.Context, ns string, specs []storage.UpsertSpec, results []*storage.UpsertResult) {
-	res, err := s.idx.Upsert(ctx, ns, specs)
-	if err == nil && len(res) != len(specs) {
-		err = fmt.Errorf("index answered %d results for %d specs", len(res), len(specs))
-	}
-	if err != nil {
-		s.warn("index-write", "index write failed after the mysql commit; the tasks are durable and will be re-indexed",
-			"namespace", ns, "tasks", len(specs), "err", err)
-		ids := make([]string, len(specs))
-		for i, sp := range specs {
-			ids[i] = sp.ID
-		}
-		s.requestRepair(ns, ids)
-		return
-	}
-	var stale []string
-	for i, r := range results {
-		if res[i].Stale {
-			// The index holds a version MySQL did not just commit as the
-			// newest: a concurrent newer write (harmless), or a version
-			// MySQL never had or no longer has (a restored snapshot, a
-			// promoted lagging replica). Either way the task is repaired
-			// from MySQL, which wins, so it is never left hidden.
-			stale = append(stale, specs[i].ID)
-			continue
-		}
-		r.Earliest = res[i].Earliest
-		if !res[i].Task.DueTime.IsZero() {
-			r.Task.DueTime = res[i].Task.DueTime
-		}
-		if !res[i].Task.CreateTime.IsZero() {
-			r.Task.CreateTime = res[i].Task.CreateTime
-		}
-		if !res[i].Task.UpdateTime.IsZero() {
-			r.Task.UpdateTime = res[i].Task.UpdateTime
-		}
-	}
-	if len(stale) > 0 {
-		s.log.Info("the index held a newer version than mysql just committed; repairing from mysql", "namespace", ns, "tasks", len(stale))
-		s.requestRepair(ns, stale)
-	}
 }

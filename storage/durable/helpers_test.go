@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage/durable"
+	"github.com/delayd/delayd/storage/mysqlstore"
 	"github.com/delayd/delayd/storage/redisstore"
 )
 
@@ -52,16 +53,13 @@ func newEnvIndex(t testing.TB, dsn, url string, opts redisstore.Options, cfg fun
 	e := &env{t: t, dsn: dsn, rdb: testkit.RedisAt(t, url)}
 	opts.Logger = testkit.Logger(t)
 	e.idx = redisstore.New(e.rdb, opts)
-	c := durable.Config{DSN: dsn, Index: e.idx, Logger: testkit.Logger(t), IndexCheckInterval: 50 * time.Millisecond}
+	c := durable.Config{Index: e.idx, Logger: testkit.Logger(t), IndexCheckInterval: 50 * time.Millisecond}
 	if cfg != nil {
 		cfg(&c)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := durable.New(ctx, c)
-	if err != nil {
-		t.Fatalf("durable.New: %v", err)
-	}
+	s := openStore(t, dsn, c)
 	if err := s.Start(ctx); err != nil {
 		t.Fatalf("start: %v", err)
 	}
@@ -80,6 +78,25 @@ func newEnvIndex(t testing.TB, dsn, url string, opts redisstore.Options, cfg fun
 	t.Cleanup(func() { db.Close() })
 	e.db = db
 	return e
+}
+
+// openStore opens MySQL at dsn (as the daemon does: the settings both
+// sides share come from c) and returns a durable store over it, not
+// started.
+func openStore(t testing.TB, dsn string, c durable.Config) *durable.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := mysqlstore.Open(ctx, mysqlstore.Config{DSN: dsn, Logger: c.Logger, OpTimeout: c.OpTimeout,
+		MaxBatchBytes: c.MaxBatchBytes, HistoryRetention: c.HistoryRetention})
+	if err != nil {
+		t.Fatalf("mysqlstore.Open: %v", err)
+	}
+	s, err := durable.New(db, c)
+	if err != nil {
+		t.Fatalf("durable.New: %v", err)
+	}
+	return s
 }
 
 // mysqlRow is a task's row as MySQL holds it.

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/mysqlstore"
+	"github.com/delayd/delayd/storage/authority"
 )
 
 // Task history in durable mode (storage.History): events are rows of
@@ -29,8 +29,8 @@ func (s *Store) RecordEvents(ctx context.Context, ns string, keep int64, events 
 		}
 		evs[i] = e
 	}
-	o := &op{Write: mysqlstore.Write{Kind: kindEvents, NS: ns, NowMS: now.UnixMilli(), Events: evs}}
-	if err := s.submit(ctx, o); err != nil {
+	o := &op{Write: authority.Write{Kind: kindEvents, NS: ns, NowMS: now.UnixMilli(), Events: evs}}
+	if err := s.commit.submit(ctx, o); err != nil {
 		return fmt.Errorf("record events: %w", err)
 	}
 	v, _ := s.written.LoadOrStore(ns, new(atomic.Int64))

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/delayd/delayd/storage"
-	"github.com/delayd/delayd/storage/mysqlstore"
+	"github.com/delayd/delayd/storage/authority"
 )
 
 // The index side of committed writes runs apart from the committer, so a
@@ -56,7 +57,7 @@ const relativeFresh = 100 * time.Millisecond
 
 // indexJob is the index side of one committed op.
 type indexJob struct {
-	kind      mysqlstore.WriteKind
+	kind      authority.WriteKind
 	ns        string
 	committed time.Time
 	specs     []storage.UpsertSpec // kindUpsert, with the MySQL results
@@ -162,15 +163,71 @@ func (q *indexQueue) called(err error) {
 	q.mu.Unlock()
 }
 
+// indexWriters are the index queues, one per committer by namespace
+// hash, and their writers. Start them before the committer; Stop them
+// after it (no op may push then): the writers apply what their queues hold
+// and end.
+type indexWriters struct {
+	idx     Index
+	log     *slog.Logger
+	warn    *throttle
+	repairs *repairSet // tasks whose index write failed
+
+	maxBatch  int           // Config.MaxBatch: most specs of one index call
+	opTimeout time.Duration // Config.OpTimeout: bounds each index call
+	indexWait time.Duration // Config.IndexWait
+
+	iq []*indexQueue
+	wg sync.WaitGroup // the writers
+
+	startOnce, stopOnce sync.Once
+}
+
+func newIndexWriters(idx Index, repairs *repairSet, warn *throttle, cfg Config) *indexWriters {
+	w := &indexWriters{idx: idx, log: cfg.Logger, warn: warn, repairs: repairs,
+		maxBatch: cfg.MaxBatch, opTimeout: cfg.OpTimeout, indexWait: cfg.IndexWait}
+	for range cfg.Committers {
+		w.iq = append(w.iq, newIndexQueue())
+	}
+	return w
+}
+
+// Start starts one writer per queue.
+func (s *indexWriters) Start(context.Context) error {
+	s.startOnce.Do(func() {
+		s.wg.Add(len(s.iq))
+		for _, q := range s.iq {
+			go func() {
+				defer s.wg.Done()
+				for s.runOnce(q) {
+				}
+			}()
+		}
+	})
+	return nil
+}
+
+// Stop closes the queues and waits until the writers applied what they
+// hold, or for ctx. Call it once nothing pushes any more (the committer
+// stopped).
+func (s *indexWriters) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		for _, q := range s.iq {
+			q.close()
+		}
+	})
+	return waitCtx(ctx, s.wg.Wait)
+}
+
 // queueOf is the shard queue of ns.
-func (s *Store) queueOf(ns string) *indexQueue {
+func (s *indexWriters) queueOf(ns string) *indexQueue {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(ns))
 	return s.iq[int(h.Sum32()%uint32(len(s.iq)))]
 }
 
 // enqueue pushes jobs, in order, onto their namespaces' queues.
-func (s *Store) enqueue(jobs []*indexJob) {
+func (s *indexWriters) enqueue(jobs []*indexJob) {
 	if len(jobs) == 0 {
 		return
 	}
@@ -188,31 +245,31 @@ func (s *Store) enqueue(jobs []*indexJob) {
 	}
 }
 
-// indexWriter applies q's jobs in order until q is closed and empty: a run
-// of upserts of one namespace in one index call (at most MaxBatch specs),
-// each remove alone.
-func (s *Store) indexWriter(q *indexQueue) {
-	for {
-		jobs := q.take()
-		if jobs == nil {
-			return
-		}
-		for i := 0; i < len(jobs); {
-			j := jobs[i]
-			if j.kind == kindRemove {
-				s.applyRemove(q, j)
-				i++
-				continue
-			}
-			k, n := i+1, len(j.specs)
-			for k < len(jobs) && jobs[k].kind == kindUpsert && jobs[k].ns == j.ns && n+len(jobs[k].specs) <= s.cfg.MaxBatch {
-				n += len(jobs[k].specs)
-				k++
-			}
-			s.applyUpserts(q, jobs[i:k])
-			i = k
-		}
+// runOnce takes the jobs q holds (waiting for some) and applies them in
+// order: a run of upserts of one namespace in one index call (at most
+// MaxBatch specs), each remove alone. It reports false, having done
+// nothing, once q is closed and empty.
+func (s *indexWriters) runOnce(q *indexQueue) bool {
+	jobs := q.take()
+	if jobs == nil {
+		return false
 	}
+	for i := 0; i < len(jobs); {
+		j := jobs[i]
+		if j.kind == kindRemove {
+			s.applyRemove(q, j)
+			i++
+			continue
+		}
+		k, n := i+1, len(j.specs)
+		for k < len(jobs) && jobs[k].kind == kindUpsert && jobs[k].ns == j.ns && n+len(jobs[k].specs) <= s.maxBatch {
+			n += len(jobs[k].specs)
+			k++
+		}
+		s.applyUpserts(q, jobs[i:k])
+		i = k
+	}
+	return true
 }
 
 // applyUpserts writes the upsert jobs of one namespace in one index call
@@ -220,7 +277,7 @@ func (s *Store) indexWriter(q *indexQueue) {
 // that waited past relativeFresh has its relative delays made absolute (the
 // due time MySQL recorded). On failure, and for every spec the index
 // answers "stale", the tasks go to the repair set.
-func (s *Store) applyUpserts(q *indexQueue, jobs []*indexJob) {
+func (s *indexWriters) applyUpserts(q *indexQueue, jobs []*indexJob) {
 	ns := jobs[0].ns
 	now := time.Now()
 	var specs []storage.UpsertSpec
@@ -232,7 +289,7 @@ func (s *Store) applyUpserts(q *indexQueue, jobs []*indexJob) {
 			specs = append(specs, sp)
 		}
 	}
-	ctx, cancel := s.opCtx()
+	ctx, cancel := context.WithTimeout(context.Background(), s.opTimeout)
 	q.calling(now)
 	res, err := s.idx.Upsert(ctx, ns, specs)
 	cancel()
@@ -241,13 +298,13 @@ func (s *Store) applyUpserts(q *indexQueue, jobs []*indexJob) {
 	}
 	q.called(unavailableOnly(err))
 	if err != nil {
-		s.warn("index-write", "index write failed after the mysql commit; the tasks are durable and will be re-indexed",
+		s.warn.warn("index-write", "index write failed after the mysql commit; the tasks are durable and will be re-indexed",
 			"namespace", ns, "tasks", len(specs), "err", err)
 		ids := make([]string, len(specs))
 		for i, sp := range specs {
 			ids[i] = sp.ID
 		}
-		s.requestRepair(ns, ids)
+		s.repairs.add(ns, ids)
 		for _, j := range jobs {
 			j.err = err
 			close(j.done)
@@ -278,15 +335,15 @@ func (s *Store) applyUpserts(q *indexQueue, jobs []*indexJob) {
 	}
 	if len(stale) > 0 {
 		s.log.Info("the index held a newer version than mysql just committed; repairing from mysql", "namespace", ns, "tasks", len(stale))
-		s.requestRepair(ns, stale)
+		s.repairs.add(ns, stale)
 	}
 }
 
 // applyRemove removes one task from the index after its MySQL delete. A
 // failure puts the task in the repair set, which forgets the index's entry
 // once MySQL confirms the task is gone.
-func (s *Store) applyRemove(q *indexQueue, j *indexJob) {
-	ctx, cancel := s.opCtx()
+func (s *indexWriters) applyRemove(q *indexQueue, j *indexJob) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opTimeout)
 	q.calling(time.Now())
 	st, err := s.idx.Remove(ctx, j.ns, j.id, storage.Version{})
 	cancel()
@@ -300,9 +357,9 @@ func (s *Store) applyRemove(q *indexQueue, j *indexJob) {
 	default:
 		q.called(unavailableOnly(err))
 		j.err = err
-		s.warn("index-remove", "index remove failed after the mysql delete; the index entry will be forgotten",
+		s.warn.warn("index-remove", "index remove failed after the mysql delete; the index entry will be forgotten",
 			"namespace", j.ns, "err", err)
-		s.requestRepair(j.ns, []string{j.id})
+		s.repairs.add(j.ns, []string{j.id})
 	}
 	close(j.done)
 }
@@ -316,10 +373,10 @@ func unavailableOnly(err error) error {
 	return nil
 }
 
-// indexWait bounds a write's wait for the index: IndexWait and half of
+// waitBound bounds a write's wait for the index: IndexWait and half of
 // what is left of ctx's deadline at now (a hung index must not hold it).
-func (s *Store) indexWait(ctx context.Context, now time.Time) time.Duration {
-	wait := s.cfg.IndexWait
+func (s *indexWriters) waitBound(ctx context.Context, now time.Time) time.Duration {
+	wait := s.indexWait
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, dl.Sub(now)/2)
 	}
@@ -327,18 +384,18 @@ func (s *Store) indexWait(ctx context.Context, now time.Time) time.Duration {
 }
 
 // indexBudget is how long a write of ns may wait for the index now: its
-// indexWait while the namespace's index queue is healthy, else 0.
-func (s *Store) indexBudget(ctx context.Context, ns string) time.Duration {
+// waitBound while the namespace's index queue is healthy, else 0.
+func (s *indexWriters) indexBudget(ctx context.Context, ns string) time.Duration {
 	now := time.Now()
-	if !s.queueOf(ns).healthy(now, s.cfg.IndexWait) {
+	if !s.queueOf(ns).healthy(now, s.indexWait) {
 		return 0
 	}
-	return s.indexWait(ctx, now)
+	return s.waitBound(ctx, now)
 }
 
 // awaitIndex waits for j while its queue is healthy, up to IndexWait and
 // half of what is left of ctx's deadline; it reports whether j is done.
-func (s *Store) awaitIndex(ctx context.Context, j *indexJob) bool {
+func (s *indexWriters) awaitIndex(ctx context.Context, j *indexJob) bool {
 	select {
 	case <-j.done:
 		return true

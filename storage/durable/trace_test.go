@@ -22,11 +22,8 @@ func TestTraceContextSurvivesIndexRebuild(t *testing.T) {
 	rdb := testkit.RedisAt(t, testkit.StartRedis(t).URL)
 	idx := redisstore.New(rdb, redisstore.Options{Logger: testkit.Logger(t), Traces: true})
 	ctx := context.Background()
-	s, err := durable.New(ctx, durable.Config{DSN: testkit.Database(t, "delayd_test"), Index: idx, Logger: testkit.Logger(t),
+	s := openStore(t, testkit.Database(t, "delayd_test"), durable.Config{Index: idx, Logger: testkit.Logger(t),
 		IndexCheckInterval: 50 * time.Millisecond, OpTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatalf("durable.New: %v", err)
-	}
 	if err := s.Start(ctx); err != nil {
 		t.Fatalf("start: %v", err)
 	}

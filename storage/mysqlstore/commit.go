@@ -9,101 +9,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/authority"
 )
 
 // This file runs group commits: the durable store gathers writes into
 // segments and Commit runs them as multi-row statements in one transaction.
-
-// WriteKind is what a Write does.
-type WriteKind uint8
-
-// The kinds of Write.
-const (
-	WriteUpsert WriteKind = iota + 1 // upsert with MySQL-assigned generations
-	WriteRemove                      // delete a task in any state
-	WriteAck                         // delete acked generations
-	WriteMoved                       // write index transitions (nack, reap, requeue)
-	WriteEvents                      // append task events (delayd_task_events)
-)
-
-// UpsertRow is one resolved upsert spec.
-type UpsertRow struct {
-	ID      string
-	Kind    string
-	Payload []byte
-	DueMS   int64 // absolute due time; for a relative one, the estimate MySQL keeps
-	Gen     int64 // explicit generation; 0 = assigned by MySQL
-	// Inc is the incarnation a row this write creates gets; an existing
-	// row keeps its own unless ExactInc (the spec named its incarnation).
-	Inc      int64
-	ExactInc bool
-	// Relative: the spec gave a delay, which the index resolves exactly
-	// against its own clock when it is written.
-	Relative bool
-	Delay    time.Duration
-	// TraceParent is the W3C traceparent of the upsert, kept in the
-	// row's traceparent column (schema version 4), so a task re-indexed
-	// from MySQL delivers with it; '' for an untraced upsert.
-	TraceParent string
-	// CreateOnly and IfGen are the conditions of storage.UpsertSpec,
-	// decided in the transaction against the row as stored.
-	CreateOnly bool
-	IfGen      int64
-	IfInc      int64 // with IfGen; 0 = any incarnation
-}
-
-// AckRow is one acked delivery: the version it deletes.
-type AckRow struct {
-	ID       string
-	Inc, Gen int64
-	Attempt  int32
-}
-
-// Write is one caller's write to delayd_tasks.
-type Write struct {
-	Kind  WriteKind
-	NS    string
-	NowMS int64
-	// NSInc, for WriteUpsert, is the namespace incarnation the write was
-	// made for (storage.UpsertSpec.NamespaceIncarnation: the namespace's
-	// create time, ms); 0 = not checked. Commit refuses the write (Ended)
-	// unless delayd_namespaces holds ns with exactly that create time and
-	// DropTasks has not ended it.
-	NSInc int64
-
-	Rows  []UpsertRow     // WriteUpsert
-	ID    string          // WriteRemove
-	IfGen int64           // WriteRemove: delete only this generation (0 = any)
-	IfInc int64           // WriteRemove, with IfGen: and only this incarnation (0 = any)
-	Acks  []AckRow        // WriteAck
-	Moved []storage.Moved // WriteMoved
-	// Events, for WriteEvents: the task events to append to ns's history,
-	// each with its Time set.
-	Events []storage.Event
-
-	// Results, set by Commit.
-	Upserts []storage.UpsertResult // WriteUpsert: the rows as committed
-	// WriteUpsert with NSInc: the incarnation has ended (the namespace was
-	// deleted, is being deleted, or was re-created); nothing was written.
-	Ended      bool
-	MySQLState storage.State // WriteRemove: state MySQL held; 0 = no row
-	// WriteRemove with IfGen: true when the stored generation differed
-	// (nothing deleted); Current is then the row's version and state.
-	Mismatch bool
-	Current  storage.Task
-}
-
-// Segment is a run of writes that touch disjoint tasks per kind: within a
-// segment no task is written by two kinds, so the kinds' statements may run
-// in any order. Writes of one kind may repeat a task; their statements keep
-// the writes' order.
-type Segment struct {
-	Upserts, Removes, Acks, Moved []*Write
-	// Events touch no task row: they go with whichever segment they fall
-	// in, after its task statements.
-	Events []*Write
-}
 
 // taskKey names a task across namespaces.
 type taskKey struct{ ns, id string }
@@ -120,7 +30,7 @@ const maxTxAttempts = 8
 // before COMMIT was sent. A failure of COMMIT itself is not retried: its
 // outcome is unknown (for an upsert the reconciler then indexes whatever
 // MySQL kept).
-func (s *Store) Commit(segs []Segment) error {
+func (s *Store) Commit(segs []authority.Segment) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
 	var err error
@@ -167,7 +77,7 @@ func (s *Store) Commit(segs []Segment) error {
 // and a concurrent DropTasks: a commit that read the row first is done
 // before the drop starts deleting (and the drop takes its rows); one that
 // reads it after sees the incarnation ended.
-func (s *Store) checkIncarnations(ctx context.Context, tx *sql.Tx, segs []Segment) ([]Segment, error) {
+func (s *Store) checkIncarnations(ctx context.Context, tx *sql.Tx, segs []authority.Segment) ([]authority.Segment, error) {
 	want := map[string]bool{}
 	var names []string
 	for _, sg := range segs {
@@ -213,7 +123,7 @@ func (s *Store) checkIncarnations(ctx context.Context, tx *sql.Tx, segs []Segmen
 			return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
 		}
 	}
-	out := make([]Segment, len(segs))
+	out := make([]authority.Segment, len(segs))
 	for i, sg := range segs {
 		out[i] = sg
 		out[i].Upserts = nil
@@ -261,7 +171,7 @@ func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
 }
 
 // execSegment runs one segment's statements.
-func (s *Store) execSegment(ctx context.Context, tx *sql.Tx, sg Segment) error {
+func (s *Store) execSegment(ctx context.Context, tx *sql.Tx, sg authority.Segment) error {
 	if err := s.execUpserts(ctx, tx, sg.Upserts); err != nil {
 		return err
 	}

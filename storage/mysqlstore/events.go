@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/authority"
 )
 
 // Task events (delayd_task_events, migration 0005): appended by group
@@ -21,7 +22,7 @@ const eventRowsPerStatement = 500
 const maxReasonBytes = 1024
 
 // execEvents appends the events of ws in order, in multi-row INSERTs.
-func (s *Store) execEvents(ctx context.Context, tx *sql.Tx, ws []*Write) error {
+func (s *Store) execEvents(ctx context.Context, tx *sql.Tx, ws []*authority.Write) error {
 	var rows []any
 	n := 0
 	flush := func() error {

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/delayd/delayd/storage/authority"
 )
 
 // Config configures a Store.
@@ -131,6 +133,12 @@ func (s *Store) Database() string { return s.name }
 
 // Close closes the connection pool.
 func (s *Store) Close() error { return s.db.Close() }
+
+// UseClock sets the time registry rows are stamped with (durable mode
+// passes the index's clock); call it before any other method.
+func (s *Store) UseClock(now func(ctx context.Context, ns string) time.Time) { s.cfg.Now = now }
+
+var _ authority.Authority = (*Store)(nil)
 
 // now is the time registry rows are stamped with.
 func (s *Store) now(ctx context.Context, ns string) time.Time { return s.cfg.Now(ctx, ns) }

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/delayd/delayd/storage"
+	"github.com/delayd/delayd/storage/authority"
 )
 
 // This file holds the SQL on delayd_tasks. Every statement is built for
@@ -149,7 +150,7 @@ func placeholders(n int) string {
 // rows' locks. Rows are written sorted by (namespace, id), a stable sort,
 // so concurrent transactions lock rows in one order and the repeated writes
 // of one task keep their order.
-func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error {
+func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*authority.Write) error {
 	if len(ops) == 0 {
 		return nil
 	}
@@ -316,7 +317,7 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*Write) error
 
 // upsertRef is one row of one upsert write.
 type upsertRef struct {
-	o *Write
+	o *authority.Write
 	i int
 }
 
@@ -394,7 +395,7 @@ func decideConditions(ctx context.Context, tx *sql.Tx, refs []upsertRef) ([]upse
 // UPDATE per namespace chunk, each row guarded by its generation, so a
 // transition of an older generation never touches a newer upsert. Of
 // several transitions of one delivery in the batch, the last wins.
-func (s *Store) execMoved(ctx context.Context, tx *sql.Tx, ops []*Write) error {
+func (s *Store) execMoved(ctx context.Context, tx *sql.Tx, ops []*authority.Write) error {
 	type gk struct {
 		id       string
 		inc, gen int64
@@ -482,8 +483,8 @@ func movedStatement(ns string, ms []storage.Moved, nowMS int64) (string, []any) 
 // execAcks deletes acked generations (after copying them to the history
 // table when HistoryRetention is set). A row whose generation changed since
 // the delivery is left alone.
-func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*Write) error {
-	byNS := map[string][]AckRow{}
+func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*authority.Write) error {
+	byNS := map[string][]authority.AckRow{}
 	var nsOrder []string
 	nowMS := int64(0)
 	for _, o := range ops {
@@ -538,8 +539,8 @@ func (s *Store) execAcks(ctx context.Context, tx *sql.Tx, ops []*Write) error {
 // deletes only when the row's generation equals it (and its incarnation
 // IfInc, when set); otherwise it records the mismatch and the row's version
 // and leaves the row alone.
-func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error {
-	byNS := map[string][]*Write{}
+func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*authority.Write) error {
+	byNS := map[string][]*authority.Write{}
 	var nsOrder []string
 	for _, o := range ops {
 		o.MySQLState, o.Mismatch, o.Current = storage.StateUnspecified, false, storage.Task{}
@@ -609,7 +610,7 @@ func (s *Store) execRemoves(ctx context.Context, tx *sql.Tx, ops []*Write) error
 // nothing. It returns a result per row and the indexes of the rows it
 // applied, in order. Such rows come from tools and tests, never from the
 // server's hot path, so they bypass group commit.
-func (s *Store) UpsertExact(ctx context.Context, ns string, rows []UpsertRow, nowMS int64) ([]storage.UpsertResult, []int, error) {
+func (s *Store) UpsertExact(ctx context.Context, ns string, rows []authority.UpsertRow, nowMS int64) ([]storage.UpsertResult, []int, error) {
 	res := make([]storage.UpsertResult, len(rows))
 	var applied []int
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -1034,27 +1035,20 @@ func (s *Store) DeleteVersions(ctx context.Context, ns string, vs []storage.Vers
 	return nil
 }
 
-// Changed is a task version read by ReadChanged.
-type Changed struct {
-	NS       string
-	Version  storage.Version
-	UpdateMS int64
-}
-
 // ReadChanged reads up to limit task versions whose update time is at or
 // after sinceMS, in update time order, from the delayd_tasks_updated index
 // alone. Pages continue from the last row's update time (rows at that
 // millisecond are read again; callers tolerate repeats).
-func (s *Store) ReadChanged(ctx context.Context, sinceMS int64, limit int) ([]Changed, error) {
+func (s *Store) ReadChanged(ctx context.Context, sinceMS int64, limit int) ([]authority.Changed, error) {
 	rows, err := s.db.QueryContext(ctx,
 		"SELECT namespace, id, incarnation, generation, update_ms FROM delayd_tasks WHERE update_ms >= ? ORDER BY update_ms LIMIT ?", sinceMS, limit)
 	if err != nil {
 		return nil, classify("reconcile: read changed", err)
 	}
 	defer rows.Close()
-	out := make([]Changed, 0, limit)
+	out := make([]authority.Changed, 0, limit)
 	for rows.Next() {
-		var c Changed
+		var c authority.Changed
 		if err := rows.Scan(&c.NS, &c.Version.ID, &c.Version.Incarnation, &c.Version.Generation, &c.UpdateMS); err != nil {
 			return nil, classify("reconcile: read changed", err)
 		}
@@ -1068,16 +1062,16 @@ func (s *Store) ReadChanged(ctx context.Context, sinceMS int64, limit int) ([]Ch
 
 // ReadChangedAt reads every task version whose update time is exactly ms
 // (for a millisecond with more changes than one ReadChanged page).
-func (s *Store) ReadChangedAt(ctx context.Context, ms int64) ([]Changed, error) {
+func (s *Store) ReadChangedAt(ctx context.Context, ms int64) ([]authority.Changed, error) {
 	rows, err := s.db.QueryContext(ctx,
 		"SELECT namespace, id, incarnation, generation, update_ms FROM delayd_tasks WHERE update_ms = ?", ms)
 	if err != nil {
 		return nil, classify("reconcile: read changed", err)
 	}
 	defer rows.Close()
-	var out []Changed
+	var out []authority.Changed
 	for rows.Next() {
-		var c Changed
+		var c authority.Changed
 		if err := rows.Scan(&c.NS, &c.Version.ID, &c.Version.Incarnation, &c.Version.Generation, &c.UpdateMS); err != nil {
 			return nil, classify("reconcile: read changed", err)
 		}
@@ -1097,7 +1091,7 @@ func (s *Store) ReadChangedAt(ctx context.Context, ms int64) ([]Changed, error) 
 // set), and commits. While decide runs, no write of those tasks (an
 // upsert, an ack's delete, a remove) can commit, so what it writes to the
 // index is what MySQL holds until after the commit.
-func (s *Store) Repair(ctx context.Context, ns string, ids []string, decide func(ctx context.Context, held []storage.Task) ([]AckRow, error)) error {
+func (s *Store) Repair(ctx context.Context, ns string, ids []string, decide func(ctx context.Context, held []storage.Task) ([]authority.AckRow, error)) error {
 	ids = slices.Clone(ids)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
@@ -1118,7 +1112,7 @@ func (s *Store) Repair(ctx context.Context, ns string, ids []string, decide func
 		if err != nil || len(acked) == 0 {
 			return err
 		}
-		return s.execAcks(ctx, tx, []*Write{{Kind: WriteAck, NS: ns, NowMS: time.Now().UnixMilli(), Acks: acked}})
+		return s.execAcks(ctx, tx, []*authority.Write{{Kind: authority.WriteAck, NS: ns, NowMS: time.Now().UnixMilli(), Acks: acked}})
 	})
 	if err != nil {
 		return classify("repair", err)
