@@ -2,9 +2,7 @@ package server
 
 import (
 	"context"
-	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -21,8 +19,8 @@ import (
 // Admission: what a client must get right before the server spends memory
 // or a store call on it. In the order a call meets them:
 //
-//  1. the listener: at most Limits.MaxConnections connections; more are
-//     closed as soon as they are accepted (limitListener);
+//  1. the listener: at most Limits.MaxConnections connections, and a
+//     peer's idle ones beyond its share closed first (conns.go);
 //  2. the HTTP/2 header list: at most maxHeaderListBytes decoded bytes, so
 //     HPACK-compressed floods of metadata cannot pin memory;
 //  3. the tap handle (tapAuth): with auth on, a call to a delayd service is
@@ -180,39 +178,4 @@ func (s *decodeCheckedStream) RecvMsg(m any) error {
 		return err
 	}
 	return s.codec.take(m)
-}
-
-// limitListener closes connections accepted beyond max open ones at once,
-// so a client over the cap fails fast instead of waiting in the backlog.
-type limitListener struct {
-	net.Listener
-	max  int64
-	open atomic.Int64
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if l.open.Add(1) > l.max {
-			l.open.Add(-1)
-			_ = c.Close()
-			continue
-		}
-		return &limitConn{Conn: c, l: l}, nil
-	}
-}
-
-type limitConn struct {
-	net.Conn
-	l    *limitListener
-	once sync.Once
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(func() { c.l.open.Add(-1) })
-	return err
 }

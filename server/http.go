@@ -101,7 +101,7 @@ func encodeGRPCMessage(msg string) string {
 
 // ServeHTTPEdge serves h on lis until ShutdownHTTPEdge, with the Server's
 // limits: at most Limits.MaxConnections connections (more are closed at
-// once), header lists bounded as on the gRPC listener, connections idle for
+// once, unless a peer holds more than its share idle: see conns.go), header lists bounded as on the gRPC listener, connections idle for
 // Limits.MaxConnectionIdle closed, and TLS with Options.TLS when set (the
 // same certificate, and mTLS, as the gRPC listener). Plaintext connections
 // may speak HTTP/1.1 or HTTP/2 (h2c). It returns nil after a shutdown.
@@ -112,6 +112,7 @@ func (s *Server) ServeHTTPEdge(lis net.Listener, h http.Handler) error {
 		IdleTimeout:       s.limits.MaxConnectionIdle,
 		MaxHeaderBytes:    maxHeaderListBytes,
 		Protocols:         new(http.Protocols),
+		ConnState:         s.conns.httpConnState,
 	}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetHTTP2(true)
@@ -124,7 +125,7 @@ func (s *Server) ServeHTTPEdge(lis net.Listener, h http.Handler) error {
 	s.httpSrv = append(s.httpSrv, srv)
 	s.mu.Unlock()
 
-	lis = &limitListener{Listener: lis, max: int64(s.limits.MaxConnections)}
+	lis = newLimitListener(lis, s.limits, s.conns)
 	var err error
 	if s.tlsConfig != nil {
 		srv.TLSConfig = s.tlsConfig.Clone()

@@ -182,6 +182,15 @@ type Limits struct {
 	// stays open before the server sends it GOAWAY (clients reconnect
 	// transparently). If zero, 5 minutes.
 	MaxConnectionIdle time.Duration
+	// IdlePerPeer is how many idle connections (no call in progress) one
+	// peer — an IPv4 address or an IPv6 /64 — keeps for
+	// MaxConnectionIdle, on each listener: its idle connections beyond
+	// it are closed after CrowdedIdleTimeout, and go first when the
+	// listener is full. If zero, MaxConnections/16, at least 4.
+	IdlePerPeer int
+	// CrowdedIdleTimeout is how long the idle connections of a peer over
+	// IdlePerPeer stay open. If zero, 10 seconds.
+	CrowdedIdleTimeout time.Duration
 	// MaxConcurrentStreams per connection. If zero, 1,000.
 	MaxConcurrentStreams uint32
 	// MaxInFlight is the largest max_in_flight a subscriber may ask for. If

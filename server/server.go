@@ -44,6 +44,7 @@ const (
 	DefaultMaxBatchPayload      = 4 << 20
 	DefaultMaxConnections       = 10000
 	DefaultMaxConnectionIdle    = 5 * time.Minute
+	DefaultCrowdedIdleTimeout   = 10 * time.Second
 	DefaultMaxConcurrentStreams = 1000
 	DefaultMaxInFlight          = 10000
 	DefaultMaxStreamsPerKey     = 100
@@ -83,10 +84,10 @@ func ServiceNames() []string {
 
 // Server is delayd's gRPC server. Its methods are safe for concurrent use.
 type Server struct {
-	grpc     *grpc.Server
-	health   *health.Server
-	logger   *slog.Logger
-	maxConns int
+	grpc   *grpc.Server
+	health *health.Server
+	logger *slog.Logger
+	conns  *connRegistry // both listeners' connections (conns.go)
 
 	// The HTTP edge (http.go).
 	tap         tap.ServerInHandle // nil when auth is off
@@ -124,6 +125,7 @@ func New(opts Options) (*Server, error) {
 
 	codec := newAdmissionCodec(opts.Limits.MaxBatch)
 	unary, stream := interceptors(opts.Logger, opts.CallLog, codec)
+	conns := &connRegistry{}
 	serverOpts := append([]grpc.ServerOption{}, opts.Instrumentation...)
 	serverOpts = append(serverOpts,
 		grpc.ForceServerCodecV2(codec),
@@ -138,8 +140,8 @@ func New(opts Options) (*Server, error) {
 		// 6.0-7.0 s to 4.9-6.0 s with 32 per core (three alternating
 		// pairs; docs/BENCHMARKS.md, "Cost per task").
 		grpc.NumStreamWorkers(uint32(streamWorkersPerCore*runtime.GOMAXPROCS(0))),
-		grpc.ChainUnaryInterceptor(unary...),
-		grpc.ChainStreamInterceptor(stream...),
+		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{conns.unary}, unary...)...),
+		grpc.ChainStreamInterceptor(append([]grpc.StreamServerInterceptor{conns.stream}, stream...)...),
 		grpc.MaxRecvMsgSize(opts.Limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.Limits.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(opts.Limits.MaxConcurrentStreams),
@@ -176,7 +178,7 @@ func New(opts Options) (*Server, error) {
 		reflection.Register(gs)
 	}
 
-	s := &Server{grpc: gs, health: hs, logger: opts.Logger, maxConns: opts.Limits.MaxConnections,
+	s := &Server{grpc: gs, health: hs, logger: opts.Logger, conns: conns,
 		tap: tapHandle, tlsConfig: opts.TLS, refused: refused, limits: opts.Limits}
 	s.SetServing(false)
 	return s, nil
@@ -224,6 +226,12 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxConnectionIdle <= 0 {
 		l.MaxConnectionIdle = DefaultMaxConnectionIdle
 	}
+	if l.IdlePerPeer <= 0 {
+		l.IdlePerPeer = max(l.MaxConnections/16, 4)
+	}
+	if l.CrowdedIdleTimeout <= 0 {
+		l.CrowdedIdleTimeout = DefaultCrowdedIdleTimeout
+	}
 	if l.MaxConcurrentStreams == 0 {
 		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
@@ -269,10 +277,11 @@ func (s *Server) SetServing(serving bool) {
 }
 
 // Serve accepts connections on lis until GracefulStop, at most
-// Limits.MaxConnections at a time (more are closed as soon as accepted). It
-// returns nil after a stop and the listener's error otherwise.
+// Limits.MaxConnections at a time (more are closed as soon as accepted,
+// unless a peer holds more than its share idle: see conns.go). It returns
+// nil after a stop and the listener's error otherwise.
 func (s *Server) Serve(lis net.Listener) error {
-	if err := s.grpc.Serve(&limitListener{Listener: lis, max: int64(s.maxConns)}); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	if err := s.grpc.Serve(newLimitListener(lis, s.limits, s.conns)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve: %w", err)
 	}
 	return nil
