@@ -390,3 +390,34 @@ func TestLateDeliveryIsMeasuredFromDueTime(t *testing.T) {
 		t.Errorf("a task delivered %v late was not logged as late:\n%s", idle, s.log.String())
 	}
 }
+
+// TestPastDueTimeIsNotRecentLateness: GetNamespaceStats' recent lateness
+// follows the same rule as the lateness histogram (TestPastDueTimeIsNotLateness):
+// a task upserted with a due time in the past is not years late.
+func TestPastDueTimeIsNotRecentLateness(t *testing.T) {
+	t.Parallel()
+	url := testRedisURL()
+	ns := "pastrecent-" + suffix()
+	cleanNamespace(t, url, ns)
+	s := start(t, Config{RedisURL: url})
+	ctx := ctxFor(t)
+	past := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := s.tasks.UpsertTask(ctx, &delaydv1.UpsertTaskRequest{Namespace: ns, Id: "past", Payload: []byte("p"),
+		When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(past)}}); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := delaydv1.NewDeliveryServiceClient(s.conn).Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := delaydv1.NewNamespaceServiceClient(s.conn).GetNamespaceStats(ctx, &delaydv1.GetNamespaceStatsRequest{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p99 := st.GetRecentLatenessP99().AsDuration(); st.GetRecentLatenessP99() == nil || p99 > time.Minute {
+		t.Errorf("recent lateness p99 = %v (set %v); want under a minute: measured from the upsert, not from 2020", p99, st.GetRecentLatenessP99() != nil)
+	}
+}

@@ -178,8 +178,8 @@ func (r *Recorder) List(ctx context.Context, ns string, p storage.ListParams) ([
 }
 
 // Pop records a delivered event per delivery: its attempt, this replica,
-// and its lateness (the pop's store time, Task.UpdateTime, minus the due
-// time).
+// and its lateness (the pop's store time, Task.UpdateTime, minus
+// storage.LateFrom).
 func (r *Recorder) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	res, err := r.PopWake(ctx, ns, p)
 	return res.Deliveries, err
@@ -198,7 +198,7 @@ func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) 
 	if r.cfg.Recent != nil && len(ds) > 0 {
 		late := make([]time.Duration, len(ds))
 		for i, d := range ds {
-			late[i] = max(0, d.Task.UpdateTime.Sub(d.Task.DueTime))
+			late[i] = lateness(d.Task)
 		}
 		r.cfg.Recent.observe(ns, late)
 	}
@@ -207,11 +207,18 @@ func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) 
 		for i, d := range ds {
 			t := d.Task
 			events[i] = storage.Event{Kind: storage.EventDelivered, ID: t.ID, Time: t.UpdateTime, Generation: t.Generation,
-				Attempt: t.Attempt, Replica: r.cfg.Replica, Lateness: max(0, t.UpdateTime.Sub(t.DueTime)).Truncate(time.Millisecond)}
+				Attempt: t.Attempt, Replica: r.cfg.Replica, Lateness: lateness(t).Truncate(time.Millisecond)}
 		}
 		r.record(ctx, ns, keep, events)
 	}
 	return res, err
+}
+
+// lateness is how late a popped task t was delivered: from
+// storage.LateFrom (its due time, or its creation when it was created
+// already due) to the pop (its UpdateTime after the pop).
+func lateness(t storage.Task) time.Duration {
+	return max(0, t.UpdateTime.Sub(storage.LateFrom(t)))
 }
 
 // Ack records an acked event per settled token.

@@ -416,6 +416,22 @@ func (o PushOutcome) String() string {
 // MaxShards is the most shards a namespace may have.
 const MaxShards = 256
 
+// LateFrom is the instant the lateness of a delivery of t is measured
+// from: its due time, or, for a task created with a due time already past
+// (accepted as due now), its creation. A task upserted "due 2020-01-01" is
+// not years late when delivered at once. Not UpdateTime: a popped task's
+// update time is the pop itself. A retry's due time is set by the store
+// after the task was written, so it is never before CreateTime; a task
+// replaced with a past due time is measured from its creation (an upper
+// bound). The dispatcher's lateness metric and the history's recent
+// lateness and delivered events all use this rule.
+func LateFrom(t Task) time.Time {
+	if t.CreateTime.After(t.DueTime) {
+		return t.CreateTime
+	}
+	return t.DueTime
+}
+
 // DispatchBurst is the token-bucket size that goes with a dispatch rate
 // cap: a tenth of a second's deliveries, at least 1, so a drained bucket
 // lets only a small burst through before the rate holds.
