@@ -524,6 +524,11 @@ func TestDeadReplicaLeasesComeBackSoon(t *testing.T) {
 	// Outlive the first store lease: a live replica keeps its leases, by
 	// renewing them (the store's deadline moves past the pop's).
 	time.Sleep(liveness + time.Second)
+	// The earliest store lease of the namespace (nothing else is scheduled).
+	storeLease, _, ok, err := h.store.NextWake(context.Background(), h.ns)
+	if err != nil || !ok {
+		t.Fatalf("next wake = %v, %v, %v", storeLease, ok, err)
+	}
 	for id, d := range got {
 		task, err := h.get(id)
 		if err != nil {
@@ -532,9 +537,14 @@ func TestDeadReplicaLeasesComeBackSoon(t *testing.T) {
 		if task.State != storage.StateDelivered || task.Attempt != 1 {
 			t.Fatalf("%s while its replica lives: state %v attempt %d (%q), want still delivered, attempt 1", id, task.State, task.Attempt, task.LastError)
 		}
+		// Get shows the deadline the subscriber was told, not the short,
+		// renewed store lease.
+		if !task.LeaseDeadline.Equal(d.LeaseDeadline) {
+			t.Errorf("%s: Get shows lease deadline %s, want the one its subscriber was told, %s", id, task.LeaseDeadline, d.LeaseDeadline)
+		}
 		popLease := d.LeaseDeadline.Add(-time.Hour + liveness) // the pop leased it for liveness
-		if !task.LeaseDeadline.After(popLease) {
-			t.Errorf("%s store lease ends %s, not after the pop's %s: not renewed", id, task.LeaseDeadline, popLease)
+		if !storeLease.After(popLease) {
+			t.Errorf("%s store lease ends %s, not after the pop's %s: not renewed", id, storeLease, popLease)
 		}
 	}
 	b := h.subscribe(h.d, h.ns, 10)

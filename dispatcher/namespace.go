@@ -412,7 +412,7 @@ func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Pol
 	popOne := func(i int) {
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		defer cancel()
-		wakes[i], errs[i] = cfg.Store.PopWake(c, n.name, storage.PopParams{Limit: limits[i], LeaseFor: storeLease,
+		wakes[i], errs[i] = cfg.Store.PopWake(c, n.name, storage.PopParams{Limit: limits[i], LeaseFor: storeLease, TellFor: leaseFor,
 			MaxRate: pol.MaxDispatchRate, Burst: storage.DispatchBurst(pol.MaxDispatchRate), Kinds: g.kinds})
 		results[i] = wakes[i].Deliveries
 		wakes[i].Deliveries = nil
@@ -587,27 +587,11 @@ func (n *namespace) earliestLease() time.Time {
 	return n.nextPrune
 }
 
-// lateFrom is the instant a task's lateness is measured from: its due
-// time, or, for a task created with a due time already past (accepted as
-// due now), its creation (CreateTime, by the store's clock). A task
-// upserted "due 2020-01-01" is not years late when delivered at once, and
-// must not fill the lateness histogram or the late-delivery log. Not
-// UpdateTime: a popped task's update time is the pop itself, which would
-// make every delivery 0 late. A retry's due time is set by the store after
-// the task was written, so it is never before CreateTime; a task replaced
-// with a past due time is measured from its creation (an upper bound).
-func lateFrom(t storage.Task) time.Time {
-	if t.CreateTime.After(t.DueTime) {
-		return t.CreateTime
-	}
-	return t.DueTime
-}
-
 // distribute hands popped deliveries to the streams round robin, each to a
 // stream with room. Deliveries no stream
 // can take (their streams ended since the pop) are handed back unsent.
 // The store set each lease deadline to store-now + p.storeLease, so
-// store-now minus the task's start (lateFrom) is how late the task was
+// store-now minus the task's start (Task.LateFrom) is how late the task was
 // popped; the subscriber is told store-now + p.leaseFor.
 func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 	deadline := p.deadline
@@ -621,7 +605,7 @@ func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 			continue
 		}
 		storeDeadline := del.LeaseDeadline
-		late := storeDeadline.Add(-p.storeLease).Sub(lateFrom(del.Task))
+		late := storeDeadline.Add(-p.storeLease).Sub(del.Task.LateFrom())
 		del.LeaseDeadline = storeDeadline.Add(p.leaseFor - p.storeLease)
 		del.Task.LeaseDeadline = del.LeaseDeadline
 		st.held[del.Token] = &lease{deadline: deadline, storeDeadline: storeDeadline, popped: p.popped, late: late}

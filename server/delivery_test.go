@@ -288,6 +288,10 @@ func TestDeliveryAck(t *testing.T) {
 	}
 	if got := e.mustGet(r, "order-1"); got.GetState() != delaydv1.TaskState_TASK_STATE_DELIVERED {
 		t.Fatalf("GetTask while leased: %v, want DELIVERED", got.GetState())
+	} else if !got.GetLeaseDeadline().AsTime().Equal(d.GetLeaseDeadline().AsTime()) {
+		// not the replica's short store lease (Liveness, renewed)
+		t.Fatalf("GetTask while leased: lease deadline %v, want the one the subscriber was told, %v",
+			got.GetLeaseDeadline().AsTime(), d.GetLeaseDeadline().AsTime())
 	}
 	if st := e.ack(r, d.GetToken()); st[0] != delaydv1.TokenStatus_TOKEN_STATUS_OK {
 		t.Fatalf("ack: %v, want OK", st[0])

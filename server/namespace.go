@@ -40,8 +40,35 @@ func newNamespaceService(opts Options, guard *streamGuard) *namespaceService {
 	return &namespaceService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger, guard: guard}
 }
 
+// lateScan is how many of the earliest due tasks GetNamespaceStats reads to
+// find the one waiting longest.
+const lateScan = 256
+
+// oldestLateFrom is the earliest Task.LateFrom among the first lateScan
+// due tasks of ns: the later of due time and creation, as the delivery
+// lateness metric measures, so a task written with a due time long past
+// does not count as years late. Beyond the first lateScan due tasks (all
+// created after their due times) a task waiting longer is not seen.
+func (s *namespaceService) oldestLateFrom(ctx context.Context, ns string, now time.Time) (time.Time, error) {
+	page, _, err := s.opts.Store.List(ctx, ns, storage.ListParams{State: storage.StateScheduled, Limit: lateScan, NoPayload: true})
+	if err != nil {
+		return time.Time{}, err
+	}
+	oldest := now
+	for i := range page {
+		if page[i].DueTime.After(now) {
+			break // in due order: the rest are not due yet
+		}
+		if from := page[i].LateFrom(); from.Before(oldest) {
+			oldest = from
+		}
+	}
+	return oldest, nil
+}
+
 // GetNamespaceStats counts the namespace's tasks per state and says how late
-// the oldest due, undelivered task is (by the store's clock).
+// the oldest due, undelivered task is (by the store's clock), measured from
+// the later of its due time and its creation (Task.LateFrom).
 func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.GetNamespaceStatsRequest) (*delaydv1.GetNamespaceStatsResponse, error) {
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {
@@ -72,7 +99,13 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 		Push:              pol.Push.Enabled(),
 	}
 	if st.DueNow > 0 && !st.OldestDue.IsZero() && st.OldestDue.Before(st.Now) {
-		resp.OldestDueLateness = durationpb.New(st.Now.Sub(st.OldestDue))
+		from, err := s.oldestLateFrom(ctx, ns, st.Now)
+		if err != nil {
+			return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: oldest due: %w", err))
+		}
+		if from.Before(st.Now) {
+			resp.OldestDueLateness = durationpb.New(st.Now.Sub(from))
+		}
 	}
 	fc, err := s.opts.History.Forecast(ctx, ns)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
@@ -200,6 +201,26 @@ func TestNamespaceStats(t *testing.T) {
 	}
 	if l := resp.GetOldestDueLateness().AsDuration(); l < 50*time.Millisecond || l > time.Hour {
 		t.Fatalf("oldest due lateness %s, want at least the 50ms the due tasks waited", l)
+	}
+
+	// A task written with a due time long past is due now, not years late:
+	// lateness counts from the later of its due time and when it was written
+	// (as delayd_delivery_lateness_seconds does).
+	if _, err := r.tasks.UpsertTask(context.Background(), &delaydv1.UpsertTaskRequest{
+		Namespace: e.ns, Id: "past", Kind: "test.kind",
+		When: &delaydv1.UpsertTaskRequest_DueTime{DueTime: timestamppb.New(time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC))},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Namespace: e.ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetDueNow() != 3 {
+		t.Fatalf("due now %d, want 3", resp.GetDueNow())
+	}
+	if l := resp.GetOldestDueLateness().AsDuration(); l < 50*time.Millisecond || l > time.Hour {
+		t.Fatalf("oldest due lateness %s with a task due in 2020 written just now, want the 50ms+ due1 waited", l)
 	}
 
 	empty, err := r.admin.GetNamespaceStats(context.Background(), &delaydv1.GetNamespaceStatsRequest{Namespace: "st-empty-" + testkit.Suffix()})

@@ -162,10 +162,11 @@ type Task struct {
 	UpdateTime  time.Time
 	// LastError is the reason of the last nack or expiry; empty if none.
 	LastError string
-	// LeaseDeadline is set while State is StateDelivered: in a Delivery the
-	// deadline its subscriber is told; read from a store (Get, List) the
-	// end of the store's current lease, which the dispatcher keeps short
-	// and renews up to that deadline (see dispatcher.Config.Liveness).
+	// LeaseDeadline is set while State is StateDelivered: the deadline the
+	// subscriber was told (in a Delivery; from Get and List the one the
+	// pop kept, see PopParams.TellFor, moved by any later Extend past it).
+	// The store's own lease may end sooner: the dispatcher keeps it short
+	// and renews it up to this deadline (see dispatcher.Config.Liveness).
 	LeaseDeadline time.Time
 	// DeadTime is set while State is StateDead.
 	DeadTime time.Time
@@ -173,6 +174,23 @@ type Task struct {
 	// task, when the server traces; empty otherwise. Set on deliveries
 	// (Pop) by a store that keeps trace contexts; best effort.
 	TraceParent string
+}
+
+// LateFrom is the instant a task's lateness is measured from: its due
+// time, or, for a task created with a due time already past (accepted as
+// due now), its creation (CreateTime, by the store's clock). A task
+// upserted "due 2020-01-01" is not years late when it is delivered at
+// once: the lateness histogram, the late-delivery log and
+// GetNamespaceStats' oldest due lateness all measure from here. Not
+// UpdateTime: a popped task's update time is the pop itself, which would
+// make every delivery 0 late. A retry's due time is set by the store after
+// the task was written, so it is never before CreateTime; a task replaced
+// with a past due time is measured from its creation (an upper bound).
+func (t *Task) LateFrom() time.Time {
+	if t.CreateTime.After(t.DueTime) {
+		return t.CreateTime
+	}
+	return t.DueTime
 }
 
 // UpsertSpec is one task to create or replace.
@@ -264,7 +282,9 @@ type Delivery struct {
 	Task Task
 	// Token names this delivery.
 	Token Token
-	// LeaseDeadline is when the lease ends (by the store's clock).
+	// LeaseDeadline is when the lease ends (by the store's clock): from a
+	// Pop, the store lease (PopParams.LeaseFor), which Task.LeaseDeadline
+	// (the told deadline) may exceed.
 	LeaseDeadline time.Time
 }
 

@@ -137,6 +137,16 @@ type PopParams struct {
 	Limit int
 	// LeaseFor is the store lease of each delivery.
 	LeaseFor time.Duration
+	// TellFor is the ack timeout the subscriber is told, when longer than
+	// LeaseFor (a dispatcher keeps the store lease short and renews it):
+	// the store keeps its time of the pop + TellFor with the delivery as
+	// the deadline the subscriber was told, and Get and List show it as the
+	// task's LeaseDeadline while the delivery is in flight instead of the
+	// store lease, as does the Delivery's Task. An Extend that sets the
+	// store lease past it moves it there (the told deadline is the latest
+	// any party was given). 0 or at most LeaseFor: the store lease is what
+	// the subscriber is told.
+	TellFor time.Duration
 	// MaxRate, if > 0, caps the deliveries of the namespace per second,
 	// across every Pop of every replica: the namespace has one token bucket
 	// in the store, refilled at MaxRate tokens per second (by the store's

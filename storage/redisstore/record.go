@@ -41,8 +41,11 @@ import (
 // holds it then): in flight it is the due time the task was popped at, when
 // dead the due time of its last delivery. kindlen is the byte length of the
 // kind that follows the '|'; in the split form the last error is the rest,
-// in the inline form errlen is its length and the payload the rest. The
-// same layout is implemented in lua/lib.lua.
+// in the inline form errlen is its length and the payload the rest. In
+// flight, ';told' may follow the numbers (before the '|'): the deadline the
+// subscriber was told (Unix ms, storage.PopParams.TellFor), which only
+// lua/pop.lua writes and every other write drops. The same layout is
+// implemented in lua/lib.lua.
 type record struct {
 	inc     int64
 	gen     int64
@@ -51,6 +54,7 @@ type record struct {
 	created int64 // Unix ms
 	updated int64 // Unix ms
 	due     int64 // Unix ms; 0 = not stored
+	told    int64 // Unix ms; 0 = none (only read, never written: see above)
 	kind    string
 	lastErr string
 	payload []byte // inline in the header, or apart in the body HASH
@@ -131,6 +135,14 @@ func decodeRecord(h, payload string) (record, error) {
 	if !ok {
 		return record{}, errBadRecord
 	}
+	var told int64
+	if nums, toldHex, ok := strings.Cut(head, ";"); ok {
+		var f [1]int64
+		if err := parseHexFields(toldHex, f[:]); err != nil {
+			return record{}, err
+		}
+		head, told = nums, f[0]
+	}
 	var f [headerFields + 1]int64
 	inl := strings.Count(head, ",") == headerFields
 	nf := headerFields
@@ -164,6 +176,7 @@ func decodeRecord(h, payload string) (record, error) {
 		created: floorDiv(f[0], 1000) + f[4],
 		updated: floorDiv(f[0], 1000) + f[4] + f[5],
 		due:     f[6],
+		told:    told,
 		kind:    body[:kl],
 		lastErr: lastErr,
 		payload: p,
@@ -252,7 +265,7 @@ func (r *record) task(ns, id string, state storage.State, score int64) storage.T
 	case storage.StateScheduled:
 		t.DueTime = msTime(score)
 	case storage.StateDelivered:
-		t.LeaseDeadline = msTime(score)
+		t.LeaseDeadline = msTime(max(score, r.told))
 	case storage.StateDead:
 		t.DeadTime = msTime(score)
 	}

@@ -890,7 +890,8 @@ func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopPa
 	k := s.keysOf(ns, sh)
 	// ARGV as documented in lua/pop.lua.
 	rate := max(p.MaxRate, 0)
-	args := []any{min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0}
+	args := []any{min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0,
+		max(p.TellFor.Milliseconds(), 0)}
 	if len(p.Kinds) > 0 {
 		args[4] = storage.KindScanWindow
 		for _, kind := range p.Kinds {
@@ -937,12 +938,11 @@ func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopPa
 			s.log.Error("pop: undecodable task record", "namespace", ns, "id", id, "err", err)
 			continue
 		}
-		t := r.task(ns, id, storage.StateDelivered, deadline)
 		out = append(out, storage.Delivery{
-			Task: t,
+			Task: r.task(ns, id, storage.StateDelivered, deadline),
 			Token: storage.Token{Namespace: ns, ID: id, Incarnation: r.inc, Generation: r.gen,
 				Attempt: r.attempt, Delivery: r.dseq},
-			LeaseDeadline: t.LeaseDeadline,
+			LeaseDeadline: msTime(deadline),
 		})
 	}
 	if s.traces && len(out) > 0 {

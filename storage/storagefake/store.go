@@ -85,6 +85,7 @@ type record struct {
 	task  storage.Task // Namespace, ID, Kind, Payload, ... as Get shows it
 	dseq  int64        // delivery sequence of the last delivery
 	lease int64        // lease deadline ms while delivered
+	told  int64        // told deadline ms while delivered (PopParams.TellFor); 0 = the lease
 	died  int64        // death time ms while dead
 	due   int64        // due ms while scheduled; the due it was popped at otherwise
 }
@@ -172,7 +173,7 @@ func (r *record) view() storage.Task {
 	t.DueTime = time.UnixMilli(r.due)
 	switch t.State {
 	case storage.StateDelivered:
-		t.LeaseDeadline = time.UnixMilli(r.lease)
+		t.LeaseDeadline = time.UnixMilli(max(r.lease, r.told))
 	case storage.StateDead:
 		t.DeadTime = time.UnixMilli(r.died)
 	}
@@ -471,9 +472,13 @@ func (s *Store) pop(ns string, p storage.PopParams) []storage.Delivery {
 		r.task.Attempt++
 		r.dseq = max(r.dseq+1, nowUS)
 		r.lease = deadline
+		r.told = 0
+		if p.TellFor > p.LeaseFor {
+			r.told = now + p.TellFor.Milliseconds()
+		}
 		r.task.UpdateTime = time.UnixMilli(now)
 		t := r.view()
-		out = append(out, storage.Delivery{Task: t, LeaseDeadline: t.LeaseDeadline, Token: r.token(ns)})
+		out = append(out, storage.Delivery{Task: t, LeaseDeadline: time.UnixMilli(deadline), Token: r.token(ns)})
 	}
 	if p.MaxRate > 0 && len(out) > 0 {
 		s.buckets[ns] = bucket{tokens: tokens - float64(len(out)), atUS: nowUS}

@@ -351,6 +351,60 @@ func testExtend(t *testing.T, newStore func(t *testing.T) storage.Store) {
 		},
 		want: []Row{row("y", sched, 2, 0, "")},
 	}, {
+		name:  "the told deadline (TellFor) is kept with the delivery; an extend moves it only past it",
+		seeds: []Seed{{ID: "x", Due: -time.Minute}},
+		run: func(e *env) {
+			// big's payload is stored apart from its header, x's inline
+			e.upsert(storage.UpsertSpec{ID: "big", Kind: "k;|", Payload: make([]byte, 300), DueTime: e.now().Add(-time.Minute)})
+			before := e.now()
+			ds, err := e.s.Pop(e.ctx, e.ns, storage.PopParams{Limit: 5, LeaseFor: 10 * time.Minute, TellFor: time.Hour})
+			after := e.now()
+			if err != nil || len(ds) != 2 {
+				e.t.Fatalf("pop = %v, %v", ds, err)
+			}
+			told := map[string]time.Time{}
+			for _, d := range ds {
+				e.within("store lease", d.LeaseDeadline, before.Add(10*time.Minute), after.Add(10*time.Minute))
+				e.within("told deadline", d.Task.LeaseDeadline, before.Add(time.Hour), after.Add(time.Hour))
+				told[d.Task.ID] = d.Task.LeaseDeadline
+				e.tok[d.Task.ID] = d.Token
+				if g := e.get(d.Task.ID); !g.LeaseDeadline.Equal(d.Task.LeaseDeadline) || len(g.Payload) != len(d.Task.Payload) || g.Kind != d.Task.Kind {
+					e.t.Errorf("get %s = %+v, want the told deadline %v", d.Task.ID, g, d.Task.LeaseDeadline)
+				}
+			}
+			for _, l := range e.listAll(deliv, 10) {
+				if !l.LeaseDeadline.Equal(told[l.ID]) {
+					e.t.Errorf("list: %s lease %v, want the told %v", l.ID, l.LeaseDeadline, told[l.ID])
+				}
+			}
+			// a renewal short of the told deadline leaves it
+			res, err := e.s.Extend(e.ctx, e.ns, []storage.Token{e.tok["x"], e.tok["big"]}, 20*time.Minute)
+			if err != nil || len(res) != 2 || res[0].Status != storage.TokenOK || res[1].Status != storage.TokenOK {
+				e.t.Fatalf("extend = %+v, %v", res, err)
+			}
+			if g := e.get("x"); !g.LeaseDeadline.Equal(told["x"]) {
+				e.t.Errorf("after a shorter extend: lease %v, want the told %v", g.LeaseDeadline, told["x"])
+			}
+			// an extension past it is the new told deadline
+			res, err = e.s.Extend(e.ctx, e.ns, []storage.Token{e.tok["big"]}, 2*time.Hour)
+			if err != nil || len(res) != 1 || res[0].Status != storage.TokenOK {
+				e.t.Fatalf("extend = %+v, %v", res, err)
+			}
+			if g := e.get("big"); !g.LeaseDeadline.Equal(res[0].LeaseDeadline) || len(g.Payload) != 300 || g.Kind != "k;|" {
+				e.t.Errorf("after a longer extend: %+v, want lease %v", g, res[0].LeaseDeadline)
+			}
+			// taken back and popped again without TellFor: the store lease
+			e.nack(storage.NackOptions{RetryAfter: dur(0)}, e.tok["x"])
+			ds = e.pop(1, 10*time.Minute)
+			if len(ds) != 1 || ds[0].Task.ID != "x" {
+				e.t.Fatalf("second pop = %v", ds)
+			}
+			if g := e.get("x"); !g.LeaseDeadline.Equal(ds[0].LeaseDeadline) || !ds[0].Task.LeaseDeadline.Equal(ds[0].LeaseDeadline) {
+				e.t.Errorf("popped again: get %v, delivery %v / %v, want the store lease", g.LeaseDeadline, ds[0].Task.LeaseDeadline, ds[0].LeaseDeadline)
+			}
+			e.wantStatuses("ack", e.ack(ds[0].Token, e.tok["big"]), statuses(storage.TokenOK, storage.TokenOK))
+		},
+	}, {
 		name:  "a task not in flight is NOT_FOUND",
 		seeds: []Seed{{ID: "x", State: dead}, {ID: "d", State: deliv}},
 		run: func(e *env) {

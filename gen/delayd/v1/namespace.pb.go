@@ -987,7 +987,11 @@ type GetNamespaceStatsResponse struct {
 	Dead int64 `protobuf:"varint,3,opt,name=dead,proto3" json:"dead,omitempty"`
 	// Tasks already due but not delivered yet.
 	DueNow int64 `protobuf:"varint,4,opt,name=due_now,json=dueNow,proto3" json:"due_now,omitempty"`
-	// How late the oldest due, undelivered task is (0 if none is due).
+	// How late the oldest due, undelivered task is (0 if none is due),
+	// counted from the later of its due time and its creation: a task
+	// created with a due time in the past is due now, not late (as the
+	// delayd_delivery_lateness_seconds metric counts). Of the 256 earliest
+	// due tasks.
 	OldestDueLateness *durationpb.Duration `protobuf:"bytes,5,opt,name=oldest_due_lateness,json=oldestDueLateness,proto3" json:"oldest_due_lateness,omitempty"`
 	// The namespace's policy says paused: due tasks wait, nothing is
 	// delivered (see NamespacePolicy.paused).

@@ -253,14 +253,13 @@ type Task struct {
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// The reason given by the last nack, or "lease expired"; empty if none.
 	LastError string `protobuf:"bytes,11,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	// When DELIVERED. In a Delivery: the delivery's lease deadline, as
-	// Delivery.lease_deadline (an unacked delivery is retried after it).
-	// From GetTask and ListTasks: when the store's current lease of the
-	// delivery runs out, which is not that deadline: the replica holding the
-	// delivery keeps the store's lease short (6 s) and renews it every few
-	// seconds up to the deadline its subscriber was told, so this time moves
-	// forward while that replica lives; if the replica stops (a crash), the
-	// task is retried soon after this time.
+	// When DELIVERED: the deadline the subscriber was told, as
+	// Delivery.lease_deadline (an unacked delivery is retried after it), or
+	// the later one an ExtendLease answered. GetTask, ListTasks and
+	// WatchDeliveries show the same time the subscriber got. (The replica
+	// holding the delivery keeps the store's own lease short, 6 s, and
+	// renews it up to this deadline; if that replica stops, a crash, the task
+	// is retried within about 6 s, before this time.)
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
 	// When DEAD: the time the task became a dead letter.
 	DeadTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=dead_time,json=deadTime,proto3" json:"dead_time,omitempty"`

@@ -102,7 +102,8 @@ type TaskServiceClient interface {
 	// acked, removed, purged, or never created).
 	GetTask(ctx context.Context, in *GetTaskRequest, opts ...grpc.CallOption) (*GetTaskResponse, error)
 	// ListTasks pages through the tasks of one state: SCHEDULED in due-time
-	// order, DELIVERED in lease-deadline order, DEAD in time-of-death order.
+	// order, DELIVERED in the order of the store's leases (which end at or
+	// before Task.lease_deadline), DEAD in time-of-death order.
 	ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
 	// GetTaskHistory pages through what happened to one task, oldest first:
 	// upserts (with the API key id that made them, never its secret),
@@ -268,7 +269,8 @@ type TaskServiceServer interface {
 	// acked, removed, purged, or never created).
 	GetTask(context.Context, *GetTaskRequest) (*GetTaskResponse, error)
 	// ListTasks pages through the tasks of one state: SCHEDULED in due-time
-	// order, DELIVERED in lease-deadline order, DEAD in time-of-death order.
+	// order, DELIVERED in the order of the store's leases (which end at or
+	// before Task.lease_deadline), DEAD in time-of-death order.
 	ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error)
 	// GetTaskHistory pages through what happened to one task, oldest first:
 	// upserts (with the API key id that made them, never its secret),

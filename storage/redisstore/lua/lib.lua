@@ -8,6 +8,11 @@
 --           and the payload, if any, in the body HASH under the same id
 --   inline: inc,gen,attempt,dseq,created,updated,due,kindlen,errlen|<kind><last error><payload>
 --           and no body entry
+-- and, in flight, optionally ';told' before the '|': the deadline the
+-- subscriber was told (Unix ms, pop.lua's ARGV[6]), when later than the
+-- store lease the pop set. Only repop writes it; every other rewrite of a
+-- header drops it (the task leaves flight), and a reader ignores it unless
+-- the task is in flight.
 -- A payload of 1..INLINE_MAX bytes is written inline (one HASH entry per
 -- task: the memory of a small task is close to a bare ZSET + HASH), a
 -- larger one apart, so a script that needs only counters never copies a
@@ -92,27 +97,32 @@ end
 
 -- A header's fields, in order, as one pattern: inc, gen, attempt, dseq,
 -- created, updated (minus created), due, kind length; then ',' and the
--- last error's length in the inline form ('' in the split form); then '|'
--- and the position where kind and last error start.
-local HDR = '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,|]*)(,?)([^|]*)|()'
+-- last error's length in the inline form ('' in the split form); then the
+-- told deadline after a ';' ('' when none); then '|' and the position where
+-- kind and last error start.
+local HDR = '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,;|]*)(,?)([^;|]*);?([^|]*)|()'
 
 -- parse reads a header into a table, or returns nil when it is malformed
 -- (a script then leaves the task where it is or moves it to dead; it never
 -- raises an error halfway through its writes). b is where kind starts, kl
 -- its length; el is the last error's length in the inline form (where the
 -- payload follows it), nil in the split form (where the last error runs to
--- the end).
+-- the end). told is the told deadline (0 when none).
 local function parse(h)
   if not h then
     return nil
   end
-  local i, g, a, d, c, u, du, kl, comma, el, b = string.match(h, HDR)
+  local i, g, a, d, c, u, du, kl, comma, el, told, b = string.match(h, HDR)
   if not b then
+    return nil
+  end
+  told = dec(told)
+  if not told then
     return nil
   end
   local r = {
     inc = dec(i), gen = dec(g), attempt = dec(a), dseq = dec(d), created = dec(c),
-    updated = dec(u), due = dec(du), kl = dec(kl), b = b,
+    updated = dec(u), due = dec(du), kl = dec(kl), b = b, told = told,
   }
   if not (r.inc and r.gen and r.attempt and r.dseq and r.created and r.updated and r.due and r.kl)
     or r.kl < 0 or b + r.kl - 1 > #h then
@@ -158,10 +168,13 @@ end
 -- stored sequence back but not the clock), updated = now, due = due. It
 -- rewrites only those fields with one match and one concat; kind, last
 -- error and an inline payload are copied once. The third value is true
--- when the header is inline (the task has no body entry).
-local function repop(h, now, now_us, due)
-  local i, g, a, d, c, p, comma = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),[^,]*,[^,]*,()[^,|]*(,?)')
-  if not p then
+-- when the header is inline (the task has no body entry). told > 0 is the
+-- told deadline kept with the delivery (see the header's ';told'); 0 keeps
+-- none (a told deadline of an earlier delivery is dropped).
+local function repop(h, now, now_us, due, told)
+  -- p..e-1: kind length (and ',' error length); e..q-1: ';told' or ''
+  local i, g, a, d, c, p, comma, e, q = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),[^,]*,[^,]*,()[^,;|]*(,?)[^;|]*()[^|]*()|')
+  if not q then
     return nil
   end
   local ni, na, nd, nc = dec(i), dec(a), dec(d), dec(c)
@@ -172,8 +185,16 @@ local function repop(h, now, now_us, due)
   if seq < now_us then
     seq = now_us
   end
+  local rest
+  if told > 0 then
+    rest = string.sub(h, p, e - 1) .. ';' .. enc(told) .. string.sub(h, q)
+  elseif e == q then
+    rest = string.sub(h, p)
+  else
+    rest = string.sub(h, p, e - 1) .. string.sub(h, q)
+  end
   return i .. ',' .. g .. ',' .. enc(na + 1) .. ',' .. enc(seq) .. ',' .. c .. ',' ..
-    enc(now - math.floor(ni / 1000) - nc) .. ',' .. enc(due) .. ',' .. string.sub(h, p), seq, comma == ','
+    enc(now - math.floor(ni / 1000) - nc) .. ',' .. enc(due) .. ',' .. rest, seq, comma == ','
 end
 
 -- header formats a header from fields (the parse table shape), kind, last

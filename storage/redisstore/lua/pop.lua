@@ -8,8 +8,10 @@
 -- ARGV[3] dispatch rate cap, tasks per second ("0": no cap, KEYS[6] untouched)
 -- ARGV[4] bucket size (burst), at least 1
 -- ARGV[5] kind scan window: 0 = tasks of any kind; n > 0 = take only tasks
---         whose kind is one of ARGV[6..], looking at the first n due tasks
--- ARGV[6..] kinds (with a window)
+--         whose kind is one of ARGV[7..], looking at the first n due tasks
+-- ARGV[6] told ms: the ack timeout the subscriber is told; when longer than
+--         the lease, now + it is kept in each header (';told', lib.lua)
+-- ARGV[7..] kinds (with a window)
 --
 -- With a cap, the namespace's token bucket (KEYS[6]: t = tokens, at = Redis
 -- time of t in microseconds) is refilled at ARGV[3] per second up to
@@ -38,6 +40,10 @@ local now, now_us = clock()
 local deadline = now + tonumber(ARGV[2])
 local limit = tonumber(ARGV[1])
 local rate = tonumber(ARGV[3])
+local told = now + tonumber(ARGV[6])
+if told <= deadline then
+  told = 0
+end
 local out = {now, deadline, '', ''}
 -- heads fills in out[3] and out[4] (called once the writes are done).
 local function heads()
@@ -60,7 +66,7 @@ end
 -- in due order; the others (and members without a readable header) stay
 -- where they are.
 local want = {}
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   want[ARGV[i]] = true
 end
 local window = tonumber(ARGV[5])
@@ -84,7 +90,7 @@ local good = 0
 for k = 1, #ids do
   local id, h = ids[k], hs[k]
   if h then
-    local nh, seq, inl = repop(h, now, stamp, tonumber(items[2 * k]))
+    local nh, seq, inl = repop(h, now, stamp, tonumber(items[2 * k]), told)
     if nh then
       top = math.max(top, seq)
       push(zargs, d, id)

@@ -530,7 +530,11 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
   dueNow: bigint;
 
   /**
-   * How late the oldest due, undelivered task is (0 if none is due).
+   * How late the oldest due, undelivered task is (0 if none is due),
+   * counted from the later of its due time and its creation: a task
+   * created with a due time in the past is due now, not late (as the
+   * delayd_delivery_lateness_seconds metric counts). Of the 256 earliest
+   * due tasks.
    *
    * @generated from field: google.protobuf.Duration oldest_due_lateness = 5;
    */

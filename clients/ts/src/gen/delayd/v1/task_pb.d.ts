@@ -99,14 +99,13 @@ export declare type Task = Message<"delayd.v1.Task"> & {
   lastError: string;
 
   /**
-   * When DELIVERED. In a Delivery: the delivery's lease deadline, as
-   * Delivery.lease_deadline (an unacked delivery is retried after it).
-   * From GetTask and ListTasks: when the store's current lease of the
-   * delivery runs out, which is not that deadline: the replica holding the
-   * delivery keeps the store's lease short (6 s) and renews it every few
-   * seconds up to the deadline its subscriber was told, so this time moves
-   * forward while that replica lives; if the replica stops (a crash), the
-   * task is retried soon after this time.
+   * When DELIVERED: the deadline the subscriber was told, as
+   * Delivery.lease_deadline (an unacked delivery is retried after it), or
+   * the later one an ExtendLease answered. GetTask, ListTasks and
+   * WatchDeliveries show the same time the subscriber got. (The replica
+   * holding the delivery keeps the store's own lease short, 6 s, and
+   * renews it up to this deadline; if that replica stops, a crash, the task
+   * is retried within about 6 s, before this time.)
    *
    * @generated from field: google.protobuf.Timestamp lease_deadline = 12;
    */
@@ -1193,7 +1192,8 @@ export declare const TaskService: GenService<{
   },
   /**
    * ListTasks pages through the tasks of one state: SCHEDULED in due-time
-   * order, DELIVERED in lease-deadline order, DEAD in time-of-death order.
+   * order, DELIVERED in the order of the store's leases (which end at or
+   * before Task.lease_deadline), DEAD in time-of-death order.
    *
    * @generated from rpc delayd.v1.TaskService.ListTasks
    */
