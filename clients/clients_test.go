@@ -18,7 +18,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/delayd/delayd/daemon"
 	"github.com/delayd/delayd/internal/testkit"
+	"github.com/delayd/delayd/internal/testkit/delaydtest"
 )
 
 // TestMain removes the delayd binary the tests built. (No testkit.Main:
@@ -71,7 +73,8 @@ func need(t *testing.T, cmds ...string) {
 }
 
 const ensurePackages = "protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf " +
-	"protobuf-compiler-grpc-java-plugin libgrpc-java libprotobuf-java default-jdk-headless"
+	"protobuf-compiler-grpc-java-plugin libgrpc-java libprotobuf-java libnetty-java libperfmark-java " +
+	"libgeronimo-annotation-1.3-spec-java default-jdk-headless"
 
 // protoc runs protoc on every file of proto/ with the given output flags,
 // from the repository root.
@@ -180,4 +183,74 @@ func TestPythonClient(t *testing.T) {
 		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// javaJars are the Debian jars the Java client compiles (compile) and runs
+// (also run) against, in /usr/share/java.
+var javaJars = struct{ compile, run []string }{
+	compile: []string{"grpc-api", "grpc-stub", "grpc-protobuf", "grpc-protobuf-lite", "grpc-core", "grpc-context", "protobuf", "guava", "geronimo-annotation-1.3-spec"},
+	run: []string{"grpc-netty", "perfmark-api", "netty-buffer", "netty-codec", "netty-codec-http", "netty-codec-http2",
+		"netty-common", "netty-handler", "netty-resolver", "netty-transport", "netty-handler-proxy", "netty-codec-socks"},
+}
+
+func classpath(t *testing.T, dirs []string, jars ...[]string) string {
+	t.Helper()
+	cp := append([]string{}, dirs...)
+	for _, list := range jars {
+		for _, j := range list {
+			p := "/usr/share/java/" + j + ".jar"
+			if _, err := os.Stat(p); err != nil {
+				t.Fatalf("%s is missing: run scripts/ensure-clients.sh, or apt-get install -y %s", p, ensurePackages)
+			}
+			cp = append(cp, p)
+		}
+	}
+	return strings.Join(cp, string(os.PathListSeparator))
+}
+
+// TestJavaClient generates the Java stubs from proto/ (protoc and
+// grpc_java_plugin, as the pom's protobuf plugin does elsewhere), compiles
+// them with clients/java/src/main/java against Debian's grpc-java and
+// protobuf-java jars, and runs StreamDeliveriesExample against a delayd on
+// the test Redis with auth on: it upserts 10 tasks, receives them on one
+// StreamDeliveries stream, acks them on it (every ack answered OK) and
+// finds them gone.
+func TestJavaClient(t *testing.T) {
+	t.Parallel()
+	need(t, "protoc", "grpc_java_plugin", "javac", "java")
+	compileCP := classpath(t, nil, javaJars.compile)
+	tmp := t.TempDir()
+	src, classes := filepath.Join(tmp, "src"), filepath.Join(tmp, "classes")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	protoc(t, "--java_out="+src, "--grpc-java_out="+src, "--plugin=protoc-gen-grpc-java=/usr/bin/grpc_java_plugin")
+	var files []string
+	for _, root := range []string{src, "java/src/main/java"} {
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && strings.HasSuffix(p, ".java") {
+				files = append(files, p)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	javac := exec.CommandContext(t.Context(), "javac", append([]string{"-J-Xmx768m", "-nowarn", "-Xlint:none", "-d", classes, "-cp", compileCP}, files...)...)
+	if out, err := javac.CombinedOutput(); err != nil {
+		t.Fatalf("javac: %v\n%s", err, out)
+	}
+
+	const key = "java-client-test-admin-key-0123456789"
+	url := testkit.RedisURL()
+	ns := "java-client-" + testkit.Suffix()
+	t.Cleanup(func() { testkit.DeleteNamespaceKeys(t, url, ns) })
+	d := delaydtest.Start(t, daemon.Config{AdminKey: key, AutoCreateNamespaces: true})
+	runCP := classpath(t, []string{classes}, javaJars.compile, javaJars.run)
+	java := exec.CommandContext(t.Context(), "java", "-cp", runCP, "io.delayd.example.StreamDeliveriesExample", d.Addr(), ns, "10", key)
+	out, err := java.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("acked 10 of 10")) {
+		t.Fatalf("%s: %v\n%s", strings.Join(java.Args[:4], " "), err, out)
+	}
 }

@@ -8,13 +8,16 @@
 # bring it; otherwise says exactly what to do and fails.
 set -uo pipefail
 
-PACKAGES="protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf protobuf-compiler-grpc-java-plugin libgrpc-java libprotobuf-java default-jdk-headless"
+PACKAGES="protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf protobuf-compiler-grpc-java-plugin libgrpc-java libprotobuf-java libnetty-java libperfmark-java libgeronimo-annotation-1.3-spec-java default-jdk-headless"
 
 present() {
 	command -v protoc >/dev/null && [ -f /usr/include/google/protobuf/duration.proto ] &&
 		command -v grpc_python_plugin >/dev/null && command -v grpc_java_plugin >/dev/null &&
 		/usr/bin/python3 -c 'import grpc, google.protobuf' >/dev/null 2>&1 &&
-		command -v javac >/dev/null && [ -f /usr/share/java/grpc-stub.jar ] && [ -f /usr/share/java/protobuf.jar ]
+		command -v javac >/dev/null && command -v java >/dev/null &&
+		for j in grpc-stub grpc-netty protobuf guava netty-codec-http2 perfmark-api geronimo-annotation-1.3-spec; do
+			[ -f "/usr/share/java/$j.jar" ] || return 1
+		done
 }
 
 if present; then

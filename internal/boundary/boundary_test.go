@@ -135,7 +135,7 @@ var rules = map[string]rule{
 	"deploy": {testImports: []string{"daemon", "client", "internal/testkit"}},
 	// clients/ holds the other languages' clients; its Go tests only build
 	// delayd and run those clients' own tests against it.
-	"clients": {testImports: []string{"internal/testkit"}},
+	"clients": {testImports: []string{"daemon", "internal/testkit", "internal/testkit/delaydtest"}},
 
 	// Binaries.
 	"cmd/delayd":        {imports: []string{"daemon"}, testImports: []string{"gen/delayd/v1", "internal/testkit"}},
