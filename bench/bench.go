@@ -226,7 +226,7 @@ func selectRows(cfg Config) ([]row, error) {
 			p, ok = preset{Workload{Name: "custom"}, compared}, true
 		}
 		if !ok {
-			return nil, fmt.Errorf("--workload %q: allowed: %s, all, custom (scale-1m and scale-10m are not in --short)", n, strings.Join(Presets(), ", "))
+			return nil, fmt.Errorf("--workload %q: allowed: %s, all, custom (scale-1m, scale-10m and steady-500 are not in --short)", n, strings.Join(Presets(), ", "))
 		}
 		w := p.w
 		cfg.Override(&w)
@@ -281,7 +281,7 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 		ds, err := newDelaydSystem(delaydConfig{
 			Addr: d.addr, APIKey: key, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
 			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards, HistoryBytes: cfg.HistoryBytes,
-			SDK: sysName == SystemDelaydSDK, SDKMaxOutstanding: cfg.SDKBatch.MaxOutstanding,
+			SDK: sysName == SystemDelaydSDK, SDKMaxOutstanding: cfg.SDKBatch.MaxOutstanding, MySQL: d.mysql,
 		})
 		if err != nil {
 			return Result{Workload: w.Name, System: sysName, Params: w, Error: err.Error()}
@@ -334,13 +334,24 @@ func (d *deployments) start(ctx context.Context, dep string) (*delayd, error) {
 		return external(d.cfg.Target, d.cfg.TargetPID), nil
 	}
 	dsn := ""
+	var sizer *mysqlSizer
 	if dep == deployDurable {
 		var err error
-		dsn, err = d.createDatabase(ctx)
+		dsn, sizer, err = d.createDatabase(ctx)
 		if err != nil {
 			return nil, err
 		}
 	}
+	s, err := d.startProcess(ctx, dsn)
+	if s != nil {
+		s.mysql = sizer
+	}
+	return s, err
+}
+
+// startProcess starts a delayd (child or in this process) on dsn ("" =
+// Redis-only).
+func (d *deployments) startProcess(ctx context.Context, dsn string) (*delayd, error) {
 	if d.cfg.Server == "child" {
 		if d.bin == "" {
 			d.bin = d.cfg.DelaydBin
@@ -362,19 +373,19 @@ func (d *deployments) start(ctx context.Context, dep string) (*delayd, error) {
 
 // createDatabase creates a fresh MySQL database for a durable delayd and
 // returns its DSN; close drops it.
-func (d *deployments) createDatabase(ctx context.Context) (string, error) {
+func (d *deployments) createDatabase(ctx context.Context) (string, *mysqlSizer, error) {
 	base, params, _ := strings.Cut(d.cfg.MySQLDSN, "?")
 	base = strings.TrimSuffix(base, "/") + "/"
 	db, err := sql.Open("mysql", base+"?"+params)
 	if err != nil {
-		return "", fmt.Errorf("durable mode: mysql dsn: %w", err)
+		return "", nil, fmt.Errorf("durable mode: mysql dsn: %w", err)
 	}
 	name := "delaybench_" + randomSuffix(5)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := db.ExecContext(cctx, "CREATE DATABASE "+name); err != nil {
 		db.Close()
-		return "", fmt.Errorf("durable mode: create database: %w", err)
+		return "", nil, fmt.Errorf("durable mode: create database: %w", err)
 	}
 	d.dropDBs = append(d.dropDBs, func() {
 		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -386,7 +397,7 @@ func (d *deployments) createDatabase(ctx context.Context) (string, error) {
 	if params != "" {
 		dsn += "?" + params
 	}
-	return dsn, nil
+	return dsn, &mysqlSizer{db: db, name: name}, nil
 }
 
 // close stops every delayd started, then drops the durable databases and

@@ -55,6 +55,8 @@ type delaydConfig struct {
 	// SDKMaxOutstanding is the SDK's BatchSettings.MaxOutstanding; 0 =
 	// its default.
 	SDKMaxOutstanding int
+	// MySQL sizes the durable database (durable mode); nil otherwise.
+	MySQL *mysqlSizer
 	// Label names the system in reports. If empty, "delayd".
 	Label  string
 	Logger *slog.Logger
@@ -449,4 +451,21 @@ func (s *delaydSystem) cleanup(ctx context.Context, nss []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// mysqlSizesOrNil reads the durable database's table sizes; ok is false
+// in Redis-only mode, on a nil d (another system) or when the read failed
+// (logged as a warning).
+func (d *delaydSystem) mysqlSizesOrNil(ctx context.Context) (tableBytes, bool) {
+	if d == nil || d.cfg.MySQL == nil {
+		return nil, false
+	}
+	t, err := d.cfg.MySQL.sizes(ctx)
+	if err != nil {
+		if d.cfg.Logger != nil {
+			d.cfg.Logger.Warn("mysql bytes not measured", "err", err)
+		}
+		return nil, false
+	}
+	return t, true
 }

@@ -65,6 +65,20 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				fx(q.Upserts), fx(q.DeliveredAcked), fx(q.LatenessP99), fx(q.RedisCPU), fx(q.RedisBytes))
 		}
 	}
+	io.WriteString(bw, "\nCPU per task, µs (whole run: load + delivery; delivery phase alone: from the end of the load to the last ack; client = the delaybench process, which for a baseline or asynq runs the system too):\n\n")
+	io.WriteString(bw, "| # | workload | system | redis | svc | client | redis (deliver) | svc (deliver) | client (deliver) |\n|---|---|---|--:|--:|--:|--:|--:|--:|\n")
+	for i, x := range r.Results {
+		if x.Skipped != "" || x.Error != "" {
+			continue
+		}
+		c, d := x.Cost(), x.DeliverCost()
+		svc, svcD := "-", "-"
+		if x.ServerCPU.Scope != "" {
+			svc, svcD = fmt.Sprintf("%.1f", c.Service), fmt.Sprintf("%.1f", d.Service)
+		}
+		fmt.Fprintf(bw, "| %d | %s | %s | %.1f | %s | %.1f | %.1f | %s | %.1f |\n", i+1, x.Workload, x.System,
+			c.Redis, svc, c.Client, d.Redis, svcD, d.Client)
+	}
 	io.WriteString(bw, "\nCommands (row number: command):\n\n")
 	for i, x := range r.Results {
 		fmt.Fprintf(bw, "%d. `%s`\n", i+1, x.Command)
@@ -79,6 +93,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 		if x.FillerPerSec > 0 {
 			notes = append(notes, fmt.Sprintf("%s/%s: %d filler tasks loaded in batches at %.0f/s; memory per pending task measured on them.", x.Workload, x.System, x.Params.Filler, x.FillerPerSec))
+		}
+		if n := x.mysqlNote(); n != "" {
+			notes = append(notes, n)
 		}
 	}
 	notes = append(notes, r.Notes...)

@@ -209,17 +209,17 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintln(bw, "\ncost per task (µs of CPU per task over load + delivery; client = the delaybench process, which for a baseline or --server inproc runs the system too):")
 	tw = tabwriter.NewWriter(bw, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tsystem\tredis µs\tsvc µs\tclient µs\t")
+	fmt.Fprintln(tw, "workload\tsystem\tredis µs\tsvc µs\tclient µs\tdeliver: redis µs\tsvc µs\tclient µs\t")
 	for _, x := range r.Results {
 		if x.Skipped != "" || x.Error != "" {
 			continue
 		}
-		c := x.Cost()
-		svc := "-"
+		c, d := x.Cost(), x.DeliverCost()
+		svc, svcD := "-", "-"
 		if x.ServerCPU.Scope != "" {
-			svc = fmt.Sprintf("%.1f", c.Service)
+			svc, svcD = fmt.Sprintf("%.1f", c.Service), fmt.Sprintf("%.1f", d.Service)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.1f\t\n", x.Workload, x.System, c.Redis, svc, c.Client)
+		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.1f\t%.1f\t%s\t%.1f\t\n", x.Workload, x.System, c.Redis, svc, c.Client, d.Redis, svcD, d.Client)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -249,6 +249,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	fmt.Fprintln(bw)
+	for _, x := range r.Results {
+		if n := x.mysqlNote(); n != "" {
+			fmt.Fprintln(bw, "note: "+n)
+		}
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintln(bw, "note: "+n)
 	}

@@ -158,6 +158,13 @@ type Result struct {
 	// task, over MemTasks tasks; 0 if not measured.
 	RedisBytesPerTask float64 `json:"redis_bytes_per_pending_task"`
 	MemTasks          int     `json:"mem_tasks"`
+	// MySQLBytesPerTask (durable mode) is the growth of data_length +
+	// index_length of the run's MySQL database per pending task, after
+	// ANALYZE TABLE; 0 if not measured. MySQLHistoryBytesPerTask is the
+	// growth of the history tables (delayd_task_events,
+	// delayd_task_history) per task once every task was acked.
+	MySQLBytesPerTask        float64 `json:"mysql_bytes_per_pending_task,omitempty"`
+	MySQLHistoryBytesPerTask float64 `json:"mysql_history_bytes_per_task,omitempty"`
 
 	Clock Clock `json:"clock"`
 	// WallSeconds is the whole run, setup and cleanup included.
@@ -310,6 +317,8 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	}
 
 	// The measured load.
+	ds, _ := sys.(*delaydSystem)
+	sqlBefore, sqlOK := ds.mysqlSizesOrNil(ctx)
 	memBefore := e.memory(ctx)
 	cpu0, scope, cpuOK := sys.cpu()
 	rcpu0 := e.redisCPU(ctx)
@@ -369,6 +378,13 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	rcpu1 := e.redisCPU(ctx)
 	ccpu1 := SelfCPU()
 	loadEnd := time.Now()
+	// MySQL per pending task, read outside the CPU windows (ANALYZE TABLE
+	// runs first) and only while nothing was delivered, as for Redis.
+	if sqlOK && w.Tasks >= 1000 && sk.tracker.Delivered() == 0 {
+		if after, ok := ds.mysqlSizesOrNil(ctx); ok {
+			res.MySQLBytesPerTask = float64(after.total()-sqlBefore.total()) / float64(w.Tasks)
+		}
+	}
 
 	// Deliveries.
 	drainStart := e.clock.At(time.Now())
@@ -417,6 +433,13 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	}
 	stop()
 	stop = nil
+	// What MySQL keeps of the tasks once they are acked: the event log
+	// and the acked-task history.
+	if sqlOK && res.Error == "" {
+		if after, ok := ds.mysqlSizesOrNil(ctx); ok {
+			res.MySQLHistoryBytesPerTask = float64(after.total(historyTables...)-sqlBefore.total(historyTables...)) / float64(w.Tasks)
+		}
+	}
 
 	res.Tally = sk.tracker.Tally()
 	res.Early = int(sk.early.Load())
@@ -424,7 +447,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 		res.Violations = fmt.Sprintf("%d early, %d duplicate, %d lost, %d unknown deliveries", res.Early, res.Duplicates, res.Lost, res.Unknown)
 	}
 	res.AckFailed = int(sk.ackFailed.Load())
-	if ds, ok := sys.(*delaydSystem); ok {
+	if ds != nil {
 		res.StreamErrors = int(ds.streamErrs.Load())
 	}
 	var lat []time.Duration
@@ -537,4 +560,25 @@ func (r *Result) Cost() CostPerTask {
 	}
 	us := func(c CPU) float64 { return (c.Load + c.Deliver) * 1e6 / n }
 	return CostPerTask{Redis: us(r.RedisCPU), Service: us(r.ServerCPU), Client: us(r.ClientCPU)}
+}
+
+// DeliverCost is CostPerTask over the delivery phase alone (from the end
+// of the load to the last ack): what delivering and acking a task costs,
+// without its upsert.
+func (r *Result) DeliverCost() CostPerTask {
+	n := float64(r.Params.Tasks)
+	if n <= 0 {
+		return CostPerTask{}
+	}
+	us := func(c CPU) float64 { return c.Deliver * 1e6 / n }
+	return CostPerTask{Redis: us(r.RedisCPU), Service: us(r.ServerCPU), Client: us(r.ClientCPU)}
+}
+
+// mysqlNote says what a durable row measured in MySQL, or "".
+func (r *Result) mysqlNote() string {
+	if r.MySQLBytesPerTask == 0 && r.MySQLHistoryBytesPerTask == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s/%s: MySQL %.0f B per pending task (data_length + index_length of the run's database after ANALYZE TABLE, growth over the load); the history tables (delayd_task_events, delayd_task_history) grew %.0f B per task by the end of the run.",
+		r.Workload, r.System, r.MySQLBytesPerTask, r.MySQLHistoryBytesPerTask)
 }

@@ -35,8 +35,10 @@ type delayd struct {
 	// one (--ops-listen); "" otherwise.
 	opsAddr string
 	// cpu measures the process that runs delayd; nil if unknown.
-	cpu  func() (time.Duration, string, bool)
-	stop func(ctx context.Context) error
+	cpu func() (time.Duration, string, bool)
+	// mysql sizes a durable delayd's database; nil in Redis-only mode.
+	mysql *mysqlSizer
+	stop  func(ctx context.Context) error
 }
 
 // opsListen is the --ops-listen of the delayd under test: a free loopback

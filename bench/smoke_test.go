@@ -200,3 +200,37 @@ func TestSmokeFloor(t *testing.T) {
 		}
 	}
 }
+
+// A durable run with task history on reports what MySQL holds per pending
+// task and what its history tables keep per acked task (issue 28's cost
+// figures); the values depend on InnoDB's page allocation, so only their
+// presence is asserted.
+func TestSmokeDurableMySQLBytes(t *testing.T) {
+	t.Parallel()
+	cfg := Config{
+		Workloads: []string{"custom"}, Systems: []string{SystemDelaydDurable},
+		Server: "inproc", RedisURL: testkit.RedisURL(), MySQLDSN: "root@tcp(127.0.0.1:3306)/",
+		Conns: 2, AckBatch: 100, JSON: true, Quiet: true, HistoryBytes: 1 << 20,
+		Timeout: 2 * time.Minute,
+		Override: func(w *Workload) {
+			*w = Workload{Name: "custom", Tasks: 2000, Backlog: true, Batch: 500, PayloadBytes: 100,
+				Namespaces: 1, Producers: 2, Subscribers: 2, MaxInFlight: 200}
+		},
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out.String())
+	}
+	if len(rep.Results) != 1 || rep.Results[0].Error != "" || rep.Results[0].Skipped != "" {
+		t.Fatalf("results %+v", rep.Results)
+	}
+	r := rep.Results[0]
+	if r.MySQLBytesPerTask <= 0 || r.MySQLHistoryBytesPerTask <= 0 {
+		t.Fatalf("MySQL bytes per pending task %.0f, history bytes per task %.0f; want both measured", r.MySQLBytesPerTask, r.MySQLHistoryBytesPerTask)
+	}
+	t.Logf("MySQL %.0f B per pending task, history %.0f B per task", r.MySQLBytesPerTask, r.MySQLHistoryBytesPerTask)
+}
