@@ -35,7 +35,8 @@ type namespace struct {
 	// the store's time at the last pop minus the local time before it was
 	// called (an upper bound, so "the store's lease ran out" is decided
 	// early rather than late).
-	ahead time.Duration
+	ahead      time.Duration
+	aheadKnown bool // a pop measured ahead
 
 	// Loop-only state.
 	lastReap time.Time
@@ -228,7 +229,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		n.lastReap = cfg.Clock.Now()
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		moved, err := cfg.Store.Reap(c, n.name, cfg.ReapBatch,
-			storage.NackOptions{Reason: ReasonLeaseExpired, MaxAttempts: pol.MaxAttempts, Backoff: pol.Backoff})
+			storage.NackOptions{Reason: ReasonLeaseExpired, MaxAttempts: pol.MaxAttempts, Backoff: pol.Backoff, ExpiredBy: n.expiredBy()})
 		cancel()
 		if err != nil {
 			return n.failed("reap", err), false, true
@@ -597,7 +598,7 @@ func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 	deadline := p.deadline
 	var orphans []storage.Token
 	n.mu.Lock()
-	n.ahead = p.ahead
+	n.ahead, n.aheadKnown = p.ahead, true
 	for _, del := range dels {
 		st := n.pick(p.kindKey)
 		if st == nil {

@@ -36,6 +36,25 @@ import (
 // in the store's queue when it stalled still runs when it resumes; that
 // window is what remains.
 
+// expiredBy is the store's time now, as far as this replica knows it (the
+// local clock plus ahead, an upper bound), for a reap sent now to take
+// back only what has expired by then (storage.NackOptions.ExpiredBy): a
+// reap that waits out a stall in the store's socket (sent before any call
+// failed, so before any hold) runs when the store resumes, and without the
+// bound took back every lease that ran out during the stall, before the
+// holders' renewals landed (TestFaultRedisStallKeepsLiveStreams, durable,
+// under load: 68 redeliveries of live streams). Zero (no bound) until a
+// pop has measured ahead.
+func (n *namespace) expiredBy() time.Time {
+	n.mu.Lock()
+	ahead, known := n.ahead, n.aheadKnown
+	n.mu.Unlock()
+	if !known {
+		return time.Time{}
+	}
+	return n.d.cfg.Clock.Now().Add(ahead)
+}
+
 // renewRetry is how soon a failed renewal is tried again.
 const renewRetry = 100 * time.Millisecond
 

@@ -115,3 +115,64 @@ func TestRenewalAfterOutageBeatsTheReaper(t *testing.T) {
 	sb.none(t)
 	sa.none(t)
 }
+
+// A reap that waited out a store stall in the store's queue: replica B
+// sent it just as the store stopped (before any of its calls had failed,
+// so before any hold on reaping), and the store ran it when it resumed,
+// twice the liveness lease later, before replica A's renewals, which
+// failed all along the stall, got in. It takes back only what had expired
+// when it was sent (storage.NackOptions.ExpiredBy): A's leases stay, and
+// nothing is delivered twice (issue 30 item 2). Without the bound the
+// reap took both leases back (TestFaultRedisStallKeepsLiveStreams, durable,
+// under load: 68 redeliveries).
+func TestReapQueuedDuringStallTakesOnlyWhatExpiredBefore(t *testing.T) {
+	t.Parallel()
+	live := func(c *dispatcher.Config) { c.Liveness = renewLiveness }
+	h := newHarness(t, testPolicy(), live)
+	var downA atomic.Bool
+	var stallFrom, stallEnd atomic.Int64 // unix nanos: B's reaps started in [from, from+200 ms] run at end
+	var queued atomic.Int32              // B's reaps that waited out the stall
+	fa, fb := storagefake.NewFaulty(h.store), storagefake.NewFaulty(h.store)
+	fa.SetFault(func(storagefake.Op, string) storagefake.Fault {
+		if downA.Load() {
+			return storagefake.Fault{Err: storage.ErrUnavailable}
+		}
+		return storagefake.Fault{}
+	})
+	fb.SetFault(func(op storagefake.Op, _ string) storagefake.Fault {
+		from := time.Unix(0, stallFrom.Load())
+		if now := time.Now(); op == storagefake.OpReap && stallFrom.Load() != 0 && !now.Before(from) && now.Before(from.Add(200*time.Millisecond)) {
+			queued.Add(1)
+			return storagefake.Fault{Delay: time.Until(time.Unix(0, stallEnd.Load()))}
+		}
+		return storagefake.Fault{}
+	})
+	a := h.startDispatcher(testPolicy(), func(c *dispatcher.Config) { live(c); c.Store = fa })
+	b := h.startDispatcher(testPolicy(), func(c *dispatcher.Config) {
+		live(c)
+		c.Store, c.SafetyPoll, c.StoreTimeout = fb, 100*time.Millisecond, 4*renewLiveness
+	})
+	sb := h.subscribe(b, h.ns, 1) // B pops one task, holds it: it measures the store's clock, then has no credit
+	h.upsert(b, 0, "b0")
+	held := sb.next(t)
+	sa := h.subscribe(a, h.ns, 10)
+	h.upsert(a, 0, "o1", "o2")
+	ids := map[string]bool{}
+	for range 2 {
+		ids[sa.next(t).Task.ID] = true
+	}
+	time.Sleep(renewLiveness / 2) // A's leases renewed at least once
+	now := time.Now()
+	stallEnd.Store(now.Add(2 * renewLiveness).UnixNano())
+	stallFrom.Store(now.UnixNano())
+	downA.Store(true)
+	time.Sleep(2 * renewLiveness)
+	downA.Store(false)
+	time.Sleep(renewLiveness / 2)
+	if queued.Load() == 0 {
+		t.Fatal("no reap of replica B waited out the stall: the test tested nothing")
+	}
+	h.leasedOnce(ids, "after a reap that waited out the stall ran")
+	sa.none(t)
+	h.ack(b, held.Token)
+}

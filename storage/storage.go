@@ -519,6 +519,15 @@ type NackOptions struct {
 	// Unsent says the deliveries were popped but never sent to a
 	// subscriber: each gives back the attempt its pop counted (Nack only).
 	Unsent bool
+	// ExpiredBy, if not zero, limits a Reap to leases whose deadline is at
+	// or before it, by the store's clock, even when the store runs the reap
+	// later (Reap only). The caller sets it to the store's time when it
+	// decided to reap: a reap that waited in a stalled store (SIGSTOP, a
+	// long pause) and ran when it resumed then takes back only the leases
+	// that had run out when it was sent, not those that ran out during the
+	// stall, whose holders' renewals were held up by the same stall. Zero:
+	// every lease expired at the store's now.
+	ExpiredBy time.Time
 }
 
 // Stats counts one namespace's tasks.

@@ -85,6 +85,21 @@ func TestFaultRedisStallKeepsLiveStreams(t *testing.T) {
 				}
 			}
 			resub := ty.resubscribed
+			// Where the time after SIGCONT went: the backlog (tasks due by
+			// SIGCONT and not delivered before it), and the deliveries in
+			// each quarter second after it.
+			backlog := 0
+			for id, due := range ty.due {
+				if !due.After(resumed) && firstArrival(ty.arrivals, id).Compare(resumed) >= 0 {
+					backlog++
+				}
+			}
+			var slots [24]int
+			for _, ar := range ty.arrivals {
+				if i := int(ar.at.Sub(resumed) / (250 * time.Millisecond)); ar.at.Compare(resumed) >= 0 && i < len(slots) {
+					slots[i]++
+				}
+			}
 			// The five latest past the later of due time and SIGCONT, to
 			// show where the delay after a stall comes from.
 			late := slices.Clone(ty.arrivals)
@@ -95,6 +110,7 @@ func TestFaultRedisStallKeepsLiveStreams(t *testing.T) {
 				t.Logf("late: %s attempt %d due %v after SIGCONT, delivered %v after it", ar.id, ar.attempt,
 					ar.due.Sub(resumed).Round(time.Millisecond), ar.at.Sub(resumed).Round(time.Millisecond))
 			}
+			t.Logf("%s: %d tasks due by SIGCONT waited for it; deliveries per 250 ms after SIGCONT: %v", mode, backlog, slots)
 			t.Logf("%s: accepted %d, lost %d, redeliveries %d, early %d, streams resubscribed %d; Redis stopped %v; first delivery %v after SIGCONT; worst lateness %v (past the later of due time and SIGCONT: %v); %d tasks first reached a subscriber on attempt 2 or later (popped, never sent), the worst %v past the later of due time and SIGCONT",
 				mode, accepted, lost, dups, early, resub, stall, firstAfter.Round(time.Millisecond), worst.Round(time.Millisecond), worstAfter.Round(time.Millisecond), unsent, worstUnsent.Round(time.Millisecond))
 			if lost != 0 || early != 0 || dups != 0 {
@@ -109,4 +125,14 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// firstArrival is when id first reached a subscriber (zero: never).
+func firstArrival(arrivals []arrival, id string) time.Time {
+	for _, ar := range arrivals {
+		if ar.id == id {
+			return ar.at
+		}
+	}
+	return time.Time{}
 }

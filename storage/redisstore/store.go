@@ -1301,10 +1301,14 @@ func (s *Store) Reap(ctx context.Context, ns string, limit int, opts storage.Nac
 // reapShard is Reap of shard sh.
 func (s *Store) reapShard(ctx context.Context, ns string, sh int, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
 	k := s.keysOf(ns, sh)
-	args := make([]any, 0, 11)
+	args := make([]any, 0, 12)
 	args = append(args, s.wake, ns)
 	args = append(args, retryArgs(opts.RetryAfter, opts)...)
-	args = append(args, min(limit, MaxBatch))
+	by := ""
+	if !opts.ExpiredBy.IsZero() {
+		by = strconv.FormatInt(opts.ExpiredBy.UnixMilli(), 10)
+	}
+	args = append(args, min(limit, MaxBatch), by)
 	rep, err := s.runSlice(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.meta}, args...)
 	if err != nil {
 		return nil, err

@@ -616,12 +616,16 @@ func (s *Store) Reap(_ context.Context, ns string, limit int, o storage.NackOpti
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, _ := s.now()
+	upto := now
+	if !o.ExpiredBy.IsZero() {
+		upto = min(upto, o.ExpiredBy.UnixMilli())
+	}
 	first, hasFirst := head(s.nss[ns])
 	seed := rand.Float64()
 	var moved []storage.Moved
 	wake := false
 	for k, r := range sorted(s.nss[ns], storage.StateDelivered) {
-		if len(moved) == limit || r.lease > now {
+		if len(moved) == limit || r.lease > upto {
 			break
 		}
 		mv := settle(r, now, o, k, seed)

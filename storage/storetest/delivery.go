@@ -464,6 +464,29 @@ func testReap(t *testing.T, newStore func(t *testing.T) storage.Store) {
 		},
 		want: []Row{row("x", sched, 1, 1, "lease expired"), row("live", deliv, 1, 1, "")},
 	}, {
+		// A reap that waited out a stall in the store (sent before, run
+		// after) takes back only what had expired when it was sent.
+		name:  "expired by: leases that ran out after it stay",
+		seeds: []Seed{{ID: "live", State: deliv}},
+		run: func(e *env) {
+			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x")})
+			ds := e.pop(1, leaseShort)
+			if len(ds) != 1 {
+				e.t.Fatalf("pop = %v", ds)
+			}
+			lease := ds[0].LeaseDeadline
+			poll(e.t, "the lease to run out", func() bool { return e.now().After(lease) })
+			opts := storage.NackOptions{MaxAttempts: 5, RetryAfter: dur(time.Hour), ExpiredBy: lease.Add(-time.Millisecond)}
+			if mv, err := e.s.Reap(e.ctx, e.ns, 10, opts); err != nil || len(mv) != 0 {
+				e.t.Fatalf("reap expired by a millisecond before the lease's end = %+v, %v; want nothing moved", mv, err)
+			}
+			opts.ExpiredBy = lease
+			if mv, err := e.s.Reap(e.ctx, e.ns, 10, opts); err != nil || len(mv) != 1 || mv[0].ID != "x" {
+				e.t.Fatalf("reap expired by the lease's end = %+v, %v; want x moved", mv, err)
+			}
+		},
+		want: []Row{row("x", sched, 1, 1, ""), row("live", deliv, 1, 1, "")},
+	}, {
 		name: "at max attempts: dead",
 		run: func(e *env) {
 			e.upsert(storage.UpsertSpec{ID: "x", Payload: payloadOf("x")})

@@ -8,6 +8,10 @@
 -- ARGV[5] backoff initial ms, ARGV[6] backoff max ms, ARGV[7] multiplier,
 -- ARGV[8] jitter fraction, ARGV[9] jitter seed in [0, 1), ARGV[10] reason
 -- ARGV[11] limit (at most 1,000)
+-- ARGV[12] expired-by ms ('' = now): take only leases whose deadline is at
+--          or before the earlier of it and now (storage.NackOptions.
+--          ExpiredBy: a reap that waited out a stall in the socket takes
+--          back only what had expired when it was sent)
 --
 -- Every header is read and checked before anything is written: a member
 -- without a header is only taken out of inflight, and a task whose header is
@@ -20,7 +24,11 @@
 -- ms)}; then, after a '' marker, the ids moved to dead as malformed.
 local now = now_ms()
 local p = retry_policy(3)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(now), 'LIMIT', 0,
+local upto = now
+if ARGV[12] and ARGV[12] ~= '' then
+  upto = math.min(now, tonumber(ARGV[12]))
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(upto), 'LIMIT', 0,
   tonumber(ARGV[11]))
 local out = {now}
 if #ids == 0 then
