@@ -48,7 +48,7 @@ func newDeliveryService(opts Options) *deliveryService {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &deliveryService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger}
+	return &deliveryService{opts: opts, limits: opts.Limits, logger: logger}
 }
 
 // Subscribe streams due tasks of one namespace until the client goes away or

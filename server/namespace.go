@@ -37,7 +37,7 @@ func newNamespaceService(opts Options, guard *streamGuard) *namespaceService {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &namespaceService{opts: opts, limits: opts.Limits.withDefaults(), logger: logger, guard: guard}
+	return &namespaceService{opts: opts, limits: opts.Limits, logger: logger, guard: guard}
 }
 
 // lateScan is how many of the earliest due tasks GetNamespaceStats reads to

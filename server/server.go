@@ -118,6 +118,8 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	// The one place Limits' defaults are applied: every part built from
+	// opts below reads opts.Limits as it is.
 	opts.Limits = opts.Limits.withDefaults()
 	if opts.Clock == nil {
 		opts.Clock = storage.SystemClock{}

@@ -53,7 +53,7 @@ type streamGuard struct {
 
 func newStreamGuard(opts Options) *streamGuard {
 	g := &streamGuard{interval: guardInterval, namespaces: opts.Tenancy, open: make(map[*guardedStream]struct{}),
-		limits: newSubscriberLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger, opts.Limits.withDefaults().MaxStreamsPerKey)}
+		limits: newSubscriberLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger, opts.Limits.MaxStreamsPerKey)}
 	if authEnabled(opts) {
 		g.keys = opts.Tenancy.Key
 	}

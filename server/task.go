@@ -45,7 +45,7 @@ func newTaskService(opts Options) *taskService {
 		logger:     opts.Logger,
 		maxBatch:   opts.Limits.MaxBatch,
 		maxPayload: opts.Limits.MaxBatchPayloadBytes,
-		maxList:    opts.Limits.withDefaults().MaxListBytes,
+		maxList:    opts.Limits.MaxListBytes,
 		now:        opts.Clock.Now,
 	}
 }
