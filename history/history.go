@@ -31,10 +31,11 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// Policies answers a namespace's effective policy without creating it
-// (*tenancy.Registry's LookupPolicy, a cache read).
+// Policies answers a namespace with its effective policy
+// (*tenancy.Registry's Namespace, a cache read); history asks without
+// create, so it never creates a namespace.
 type Policies interface {
-	LookupPolicy(ctx context.Context, ns string) (storage.Policy, error)
+	Namespace(ctx context.Context, ns string, create bool) (storage.Namespace, error)
 }
 
 // Config is what Wrap needs.
@@ -95,11 +96,11 @@ func (r *Recorder) Failures() int64 { return r.failures.Load() }
 
 // keep is how many events ns keeps; 0 = none (or its policy is unknown).
 func (r *Recorder) keep(ctx context.Context, ns string) int64 {
-	p, err := r.cfg.Policies.LookupPolicy(ctx, ns)
+	n, err := r.cfg.Policies.Namespace(ctx, ns, false)
 	if err != nil {
 		return 0
 	}
-	return storage.HistoryKeep(p.HistoryRetentionBytes)
+	return storage.HistoryKeep(n.Policy.HistoryRetentionBytes)
 }
 
 // record writes events of ns when there are any.

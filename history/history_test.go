@@ -14,8 +14,8 @@ import (
 // policies gives every namespace the same history retention.
 type policies struct{ bytes int64 }
 
-func (p policies) LookupPolicy(context.Context, string) (storage.Policy, error) {
-	return storage.Policy{HistoryRetentionBytes: p.bytes}, nil
+func (p policies) Namespace(_ context.Context, ns string, _ bool) (storage.Namespace, error) {
+	return storage.Namespace{Name: ns, Policy: storage.Policy{HistoryRetentionBytes: p.bytes}}, nil
 }
 
 // countingSink counts RecordEvents calls before passing them on.

@@ -397,15 +397,15 @@ func subscribeKinds(in []string) ([]string, error) {
 // admin call naming a typo must not leave a namespace behind. Only calls that
 // put a namespace to use create it (policyOrCreate).
 func lookupPolicy(ctx context.Context, policies policyLookup, logger *slog.Logger, ns string) (storage.Policy, error) {
-	pol, err := policies.LookupPolicy(ctx, ns)
-	return policyStatus(ctx, logger, ns, pol, err)
+	n, err := policies.Namespace(ctx, ns, false)
+	return policyStatus(ctx, logger, ns, n.Policy, err)
 }
 
 // policyOrCreate is lookupPolicy for UpsertTask, BatchUpsertTasks and
 // Subscribe: with auto-create on, an unknown namespace is created.
-func policyOrCreate(ctx context.Context, policies storage.Policies, logger *slog.Logger, ns string) (storage.Policy, error) {
-	pol, err := policies.Policy(ctx, ns)
-	return policyStatus(ctx, logger, ns, pol, err)
+func policyOrCreate(ctx context.Context, policies policyLookup, logger *slog.Logger, ns string) (storage.Policy, error) {
+	n, err := policies.Namespace(ctx, ns, true)
+	return policyStatus(ctx, logger, ns, n.Policy, err)
 }
 
 // policyStatus turns a policy lookup's error into the status to answer.

@@ -491,7 +491,7 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 func (s *namespaceService) namespaceExists(ctx context.Context, reg storage.Registry, ns string) error {
 	_, err := reg.GetNamespace(ctx, ns)
 	if errors.Is(err, storage.ErrNotFound) {
-		_, err = s.opts.Tenancy.Policy(ctx, ns) // auto-creates when configured
+		_, err = s.opts.Tenancy.Namespace(ctx, ns, true) // auto-creates when configured
 	}
 	if errors.Is(err, storage.ErrNotFound) {
 		return status.Errorf(codes.NotFound, "namespace %q not found: create it first", ns)

@@ -32,23 +32,15 @@ type Recent interface {
 // *tenancy.Registry implements it.
 type Tenancy interface {
 	storage.Registry
-	// Policy returns ns's effective policy (defaults filled in), creating
-	// the namespace when the registry auto-creates; storage.ErrNotFound
-	// otherwise for an unknown namespace.
-	Policy(ctx context.Context, ns string) (storage.Policy, error)
-	// LookupPolicy is Policy without ever creating the namespace. Checks
-	// that run before the handler (rate limit, subscriber limit, quota) use
-	// it, so a request refused for another reason creates nothing.
-	LookupPolicy(ctx context.Context, ns string) (storage.Policy, error)
-	// Lookup returns ns with its effective policy and create time, from a
-	// short-lived cache, never creating it: storage.ErrNotFound for an
-	// unknown namespace. Subscribe streams re-check their namespace's
-	// incarnation (create time) with it.
-	Lookup(ctx context.Context, ns string) (storage.Namespace, error)
-	// Namespace is Lookup that creates the namespace when the registry
-	// auto-creates. Upserts take the namespace's incarnation (create time)
-	// from it.
-	Namespace(ctx context.Context, ns string) (storage.Namespace, error)
+	// Namespace is the one lookup: ns with its effective policy (defaults
+	// filled in) and create time (its incarnation), from a short-lived
+	// cache; storage.ErrNotFound for an unknown namespace, unless create is
+	// set and the registry auto-creates. Calls that put a namespace to use
+	// (upserts, Subscribe) pass create; checks that run before the handler
+	// (rate limit, subscriber limit, quota), reads, verdicts and a stream's
+	// re-check do not, so a request refused for another reason creates
+	// nothing.
+	Namespace(ctx context.Context, ns string, create bool) (storage.Namespace, error)
 	// ForgetNamespace drops ns and the cached API keys of ns, so the next
 	// lookups read the store (an upsert learnt that the cached incarnation
 	// has ended). The registry also drops a namespace's keys by itself when

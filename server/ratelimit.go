@@ -22,11 +22,11 @@ import (
 )
 
 // policyLookup answers a namespace's policy without creating the namespace
-// (Tenancy.LookupPolicy). Checks that run before the handler use it so that,
-// with auto-create on, a request refused for another reason does not create
-// a namespace as a side effect.
+// (Tenancy.Namespace without create). Checks that run before the handler
+// use it so that, with auto-create on, a request refused for another reason
+// does not create a namespace as a side effect.
 type policyLookup interface {
-	LookupPolicy(ctx context.Context, ns string) (storage.Policy, error)
+	Namespace(ctx context.Context, ns string, create bool) (storage.Namespace, error)
 }
 
 // limitPolicy returns ns's policy for a limit check: ok is false when there
@@ -35,14 +35,14 @@ func limitPolicy(ctx context.Context, p policyLookup, ns string) (storage.Policy
 	if ns == "" || storage.ValidateNamespace(ns) != nil {
 		return storage.Policy{}, false, nil
 	}
-	pol, err := p.LookupPolicy(ctx, ns)
+	n, err := p.Namespace(ctx, ns, false)
 	if errors.Is(err, storage.ErrNotFound) {
 		return storage.Policy{}, false, nil
 	}
 	if err != nil {
 		return storage.Policy{}, false, err
 	}
-	return pol, true, nil
+	return n.Policy, true, nil
 }
 
 // adminServicePrefix starts the full method names of NamespaceService.

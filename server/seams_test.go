@@ -18,23 +18,13 @@ type staticTenancy struct {
 
 var _ server.Tenancy = staticTenancy{}
 
-func (s staticTenancy) Policy(context.Context, string) (storage.Policy, error) { return s.policy, nil }
-
-func (s staticTenancy) LookupPolicy(context.Context, string) (storage.Policy, error) {
-	return s.policy, nil
-}
-
 func (s staticTenancy) Key(context.Context, string) (storage.Key, error) {
 	return storage.Key{}, storage.ErrNotFound
 }
 
 func (s staticTenancy) Defaults() storage.Policy { return s.policy }
 
-func (s staticTenancy) Lookup(_ context.Context, ns string) (storage.Namespace, error) {
-	return storage.Namespace{Name: ns, Policy: s.policy}, nil
-}
-
-func (s staticTenancy) Namespace(_ context.Context, ns string) (storage.Namespace, error) {
+func (s staticTenancy) Namespace(_ context.Context, ns string, _ bool) (storage.Namespace, error) {
 	return storage.Namespace{Name: ns, Policy: s.policy}, nil
 }
 

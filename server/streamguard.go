@@ -183,7 +183,7 @@ func (s *guardedStream) open(m any) error {
 		return err
 	}
 	s.ns, s.slot, s.held = ns, slot, true
-	if n, err := g.namespaces.Lookup(ctx, ns); err == nil {
+	if n, err := g.namespaces.Namespace(ctx, ns, false); err == nil {
 		s.created = n.CreateTime
 	}
 	s.ctx, s.cancel = context.WithCancelCause(ctx)
@@ -231,7 +231,7 @@ func (s *guardedStream) check(ctx context.Context) error {
 			return revokedStatus(s.keyID)
 		}
 	}
-	n, err := s.g.namespaces.Lookup(ctx, s.ns)
+	n, err := s.g.namespaces.Namespace(ctx, s.ns, false)
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		if !s.created.IsZero() {

@@ -267,7 +267,7 @@ func (s *taskService) ListTasks(ctx context.Context, req *delaydv1.ListTasksRequ
 // time, the incarnation upserts are written for), creating it when the
 // registry auto-creates, or a status error to return as is.
 func (s *taskService) namespace(ctx context.Context, ns string) (storage.Namespace, error) {
-	n, err := s.tenancy.Namespace(ctx, ns)
+	n, err := s.tenancy.Namespace(ctx, ns, true)
 	if _, err := policyStatus(ctx, s.logger, ns, n.Policy, err); err != nil {
 		return storage.Namespace{}, err
 	}
@@ -315,7 +315,7 @@ func (s *taskService) upsertFailed(ctx context.Context, ns string, err error) er
 		return toStatus(ctx, s.logger, err)
 	}
 	s.tenancy.ForgetNamespace(ns)
-	if _, lerr := s.tenancy.Lookup(ctx, ns); lerr == nil {
+	if _, lerr := s.tenancy.Namespace(ctx, ns, false); lerr == nil {
 		return status.Errorf(codes.Aborted, "namespace %q was deleted and re-created while this request was in flight; nothing was written: retry", ns)
 	}
 	return status.Errorf(codes.NotFound, "namespace %q was deleted; nothing was written", ns)

@@ -168,23 +168,33 @@ func (r *Registry) Defaults() storage.Policy { return r.defaults }
 // storage.Policy.WithDefaults.
 func Effective(p, defaults storage.Policy) storage.Policy { return p.WithDefaults(defaults) }
 
-// Policy returns the effective policy of ns (defaults filled in), from the
-// cache when it is fresh. storage.ErrNotFound if ns does not exist and
-// auto-create is off (or ns is not a valid name).
+// Policy is the effective policy of Namespace(ctx, ns, true): the
+// dispatcher's storage.Policies.
 func (r *Registry) Policy(ctx context.Context, ns string) (storage.Policy, error) {
-	n, err := r.Namespace(ctx, ns)
+	n, err := r.Namespace(ctx, ns, true)
 	if err != nil {
 		return storage.Policy{}, err
 	}
 	return n.Policy, nil
 }
 
-// Namespace returns ns with its effective policy, from the cache when it is
-// fresh, auto-creating it when configured. storage.ErrNotFound if it does
-// not exist and auto-create is off.
-func (r *Registry) Namespace(ctx context.Context, ns string) (storage.Namespace, error) {
-	n, err := r.Lookup(ctx, ns)
-	if !errors.Is(err, storage.ErrNotFound) || !r.autoCreate || storage.ValidateNamespace(ns) != nil {
+// Namespace is the registry's one lookup: ns with its effective policy
+// (defaults filled in) and create time, from the cache when it is fresh.
+// An unknown namespace is storage.ErrNotFound, unless create is set and the
+// registry auto-creates (Config.AutoCreate; ns a valid name): then it is
+// created. Calls that put a namespace to use (upserts, Subscribe) pass
+// create; checks that must not create one as a side effect (rate limits,
+// quotas, reads, verdicts, a stream's re-check) do not.
+func (r *Registry) Namespace(ctx context.Context, ns string, create bool) (storage.Namespace, error) {
+	n, err := r.namespaces.get(ctx, r, ns, func(ctx context.Context) (storage.Namespace, error) {
+		n, err := r.store.GetNamespace(ctx, ns)
+		if err != nil {
+			return storage.Namespace{}, err
+		}
+		n.Policy = Effective(n.Policy, r.defaults)
+		return n, nil
+	})
+	if !create || !errors.Is(err, storage.ErrNotFound) || !r.autoCreate || storage.ValidateNamespace(ns) != nil {
 		return n, err
 	}
 	n, err = r.store.CreateNamespace(ctx, storage.Namespace{Name: ns})
@@ -201,23 +211,8 @@ func (r *Registry) Namespace(ctx context.Context, ns string) (storage.Namespace,
 	return n, nil
 }
 
-// Lookup returns ns with its effective policy, from the cache when it is
-// fresh, never creating it: storage.ErrNotFound if it does not exist, even
-// with auto-create on. Rate limiting and other checks that must not create
-// a namespace as a side effect use it.
-func (r *Registry) Lookup(ctx context.Context, ns string) (storage.Namespace, error) {
-	return r.namespaces.get(ctx, r, ns, func(ctx context.Context) (storage.Namespace, error) {
-		n, err := r.store.GetNamespace(ctx, ns)
-		if err != nil {
-			return storage.Namespace{}, err
-		}
-		n.Policy = Effective(n.Policy, r.defaults)
-		return n, nil
-	})
-}
-
-// Invalidate drops this replica's cached answer for ns, so the next Policy
-// or Lookup reads the registry: a dispatcher calls it when another replica
+// Invalidate drops this replica's cached answer for ns, so the next
+// Namespace reads the registry: a dispatcher calls it when another replica
 // announces that ns's policy changed, and the server when an upsert was
 // refused because the cached namespace incarnation has ended.
 func (r *Registry) Invalidate(ns string) { r.namespaces.forget(ns) }
@@ -230,16 +225,6 @@ func (r *Registry) Invalidate(ns string) { r.namespaces.forget(ns) }
 func (r *Registry) ForgetNamespace(ns string) {
 	r.namespaces.forget(ns)
 	r.keys.forgetIf(func(k storage.Key) bool { return k.Namespace == ns })
-}
-
-// LookupPolicy is Lookup's policy: storage.ErrNotFound for an unknown
-// namespace, whatever auto-create says.
-func (r *Registry) LookupPolicy(ctx context.Context, ns string) (storage.Policy, error) {
-	n, err := r.Lookup(ctx, ns)
-	if err != nil {
-		return storage.Policy{}, err
-	}
-	return n.Policy, nil
 }
 
 // Key returns the API key with id, from the cache when it is fresh.

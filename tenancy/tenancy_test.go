@@ -109,8 +109,8 @@ func TestPolicyDefaultsAndTTL(t *testing.T) {
 
 // TestUnknownNamespace: without auto-create an unknown namespace is
 // ErrNotFound (and the answer is cached, but a local create clears it); with
-// auto-create, Policy creates it with the default policy while Lookup never
-// does.
+// auto-create, Policy creates it with the default policy while Namespace
+// without create never does.
 func TestUnknownNamespace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -134,8 +134,8 @@ func TestUnknownNamespace(t *testing.T) {
 
 	auto := newRegistry(t, store, clk, true)
 	fresh := newName(t, store)
-	if _, err := auto.LookupPolicy(ctx, fresh); !errors.Is(err, storage.ErrNotFound) {
-		t.Fatalf("LookupPolicy(unknown) err = %v, want ErrNotFound", err)
+	if _, err := auto.Namespace(ctx, fresh, false); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("Namespace(unknown, create false) err = %v, want ErrNotFound", err)
 	}
 	p, err := auto.Policy(ctx, fresh)
 	if err != nil {
@@ -148,8 +148,8 @@ func TestUnknownNamespace(t *testing.T) {
 	if err != nil || n.Policy != (storage.Policy{}) {
 		t.Errorf("stored auto-created namespace = %+v, %v; want a zero (all-default) policy", n, err)
 	}
-	if _, err := auto.LookupPolicy(ctx, fresh); err != nil {
-		t.Errorf("LookupPolicy after auto-create: %v", err)
+	if _, err := auto.Namespace(ctx, fresh, false); err != nil {
+		t.Errorf("Namespace(create false) after auto-create: %v", err)
 	}
 	if _, err := auto.Policy(ctx, "Not_Valid"); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("Policy(invalid name) err = %v, want ErrNotFound (never created)", err)
@@ -387,7 +387,7 @@ func TestRecreatedNamespaceDropsItsCachedKeys(t *testing.T) {
 	if err := store.CreateKey(ctx, k); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Lookup(ctx, name); err != nil {
+	if _, err := r.Namespace(ctx, name, false); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(600 * time.Millisecond)
@@ -405,7 +405,7 @@ func TestRecreatedNamespaceDropsItsCachedKeys(t *testing.T) {
 	if _, err := r.Key(ctx, k.ID); err != nil {
 		t.Fatalf("Key within its TTL: %v, want the cached key (nothing told this replica yet)", err)
 	}
-	if _, err := r.Lookup(ctx, name); err != nil {
+	if _, err := r.Namespace(ctx, name, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Key(ctx, k.ID); !errors.Is(err, storage.ErrNotFound) {
