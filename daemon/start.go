@@ -85,7 +85,7 @@ type parts struct {
 	index  *redisstore.Store // the Redis store: the store itself, or durable mode's index
 	tasks  storage.Store     // what the server and the dispatcher use (history-wrapped, measured)
 	hist   server.History
-	ten    *tenancyParts
+	access *accessParts
 	recent *history.Recent
 
 	// dispatcher
@@ -197,9 +197,9 @@ func (p *parts) openStore(ctx context.Context) (err error) {
 		}
 	}
 
-	// Tenancy (tenancy.go): namespaces with their policies and API keys;
+	// Access (access.go): namespaces with their policies and API keys;
 	// auth; TLS.
-	if p.ten, err = openTenancy(cfg, d.redis.embedded != nil, registry, logger); err != nil {
+	if p.access, err = openAccess(cfg, d.redis.embedded != nil, registry, logger); err != nil {
 		return err
 	}
 	// Task history (package history): the events of the namespaces whose
@@ -209,7 +209,7 @@ func (p *parts) openStore(ctx context.Context) (err error) {
 	// lateness percentiles), in memory.
 	replica, _ := os.Hostname()
 	p.recent = history.NewRecent()
-	p.tasks = history.Wrap(p.tasks, history.Config{Policies: p.ten.registry, Sink: p.hist, Replica: replica,
+	p.tasks = history.Wrap(p.tasks, history.Config{Policies: p.access.registry, Sink: p.hist, Replica: replica,
 		Logger: logger.With("component", "history"), Recent: p.recent})
 
 	if m := p.metrics; m != nil {
@@ -261,7 +261,7 @@ func (p *parts) openDispatcher(context.Context) (err error) {
 		Store:           p.tasks,
 		Wakeups:         p.index,
 		Feed:            p.index,
-		Policies:        p.ten.registry,
+		Policies:        p.access.registry,
 		Namespaces:      p.index, // leases live in the Redis index in both modes
 		Logger:          p.logger.With("component", "dispatcher"),
 		Metrics:         dispMetrics,
@@ -289,12 +289,12 @@ func (p *parts) openEdges(ctx context.Context) (err error) {
 		Logger:            p.logger.With("component", "server"),
 		CallLog:           server.CallLog{SlowCall: cfg.SlowCall},
 		Store:             p.tasks,
-		Tenancy:           p.ten.registry,
+		Tenancy:           p.access.registry,
 		Subscriptions:     d.dispatcher,
 		History:           p.hist,
 		Recent:            p.recent,
-		Auth:              p.ten.auth,
-		TLS:               p.ten.tls,
+		Auth:              p.access.auth,
+		TLS:               p.access.tls,
 		Limits:            cfg.Limits,
 		SharedLimits:      p.index, // the Redis store in both modes: limits hold across replicas
 		DisableReflection: cfg.DisableReflection,
@@ -376,7 +376,7 @@ func (p *parts) serve() {
 		go d.durable.serveWhenIndexed(d.server, p.logger) // SERVING once the index is complete
 	}
 	p.logger.Info("delayd serving", "addr", d.Addr(), "http_addr", d.HTTPAddr(), "store", d.redis.mode, "redis", d.redis.where,
-		"durable", d.durable != nil, "auth", !p.ten.auth.Disabled, "tls", p.ten.tls != nil,
-		"auto_create_namespaces", p.ten.registry.AutoCreate(), "reflection", !p.cfg.DisableReflection,
+		"durable", d.durable != nil, "auth", !p.access.auth.Disabled, "tls", p.access.tls != nil,
+		"auto_create_namespaces", p.access.registry.AutoCreate(), "reflection", !p.cfg.DisableReflection,
 		"ops", d.OpsAddr(), "pprof", p.cfg.Pprof && d.ops != nil)
 }

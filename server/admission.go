@@ -51,8 +51,7 @@ const tapLookupTimeout = 500 * time.Millisecond
 // tapAuth returns the InTapHandle that refuses, before the stream is
 // accepted, calls to delayd services whose bearer key is missing,
 // malformed, unknown, revoked or wrong (authenticator.lookup).
-func tapAuth(opts Options) tap.ServerInHandle {
-	a := newAuthenticator(opts)
+func tapAuth(a *authenticator) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		if openMethod(info.FullMethodName) {
 			return ctx, nil

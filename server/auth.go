@@ -528,13 +528,8 @@ func (s *firstMessageStream) RecvMsg(m any) error {
 
 // authInterceptors returns the authentication interceptors (go-grpc-middleware
 // auth, behind a selector that leaves health and reflection open) followed
-// by authorization. Empty when auth is off (see authEnabled).
-func authInterceptors(opts Options) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
-	if !authEnabled(opts) {
-		return nil, nil
-	}
-	authn := newAuthenticator(opts)
-	authz := &authorizer{registry: opts.Tenancy, logger: opts.Logger}
+// by authorization.
+func authInterceptors(authn *authenticator, authz *authorizer) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
 	needsKey := selector.MatchFunc(func(_ context.Context, c callmeta.CallMeta) bool {
 		return !openMethod(c.FullMethod())
 	})
@@ -549,21 +544,3 @@ func authInterceptors(opts Options) ([]grpc.UnaryServerInterceptor, []grpc.Strea
 	return unary, stream
 }
 
-// tenancyServerOptions are the gRPC server options of tenancy and security,
-// appended after the server's own (recovery, logging): the interceptors in
-// the order they run — authentication, authorization, per-namespace rate
-// limit, the stream guard (stream caps, revocation, namespace deletion),
-// pending-task quota. It logs a warning when auth is off. (The TLS
-// credentials are added by New, with the refused-handshake log.)
-func tenancyServerOptions(opts Options, guard *streamGuard) []grpc.ServerOption {
-	if !authEnabled(opts) && opts.Logger != nil {
-		opts.Logger.Warn("authentication is off: every client may do everything in every namespace; " +
-			"set --admin-key (DELAYD_ADMIN_KEY) to turn it on")
-	}
-	unary, stream := authInterceptors(opts)
-	rl := newRateLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger)
-	q := newPendingQuota(opts)
-	unary = append(unary, rl.unary, q.unary)
-	stream = append(stream, rl.stream, guard.stream)
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
-}

@@ -155,24 +155,15 @@ func New(opts Options) (*Server, error) {
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinClientPing, PermitWithoutStream: true}),
 	)
-	var tapHandle tap.ServerInHandle
-	if authEnabled(opts) {
-		tapHandle = tapAuth(opts)
-		serverOpts = append(serverOpts, grpc.InTapHandle(tapHandle))
-	}
-	// Tenancy and security run inside recovery and logging (chained
-	// interceptors accumulate in order): authentication, authorization,
-	// rate limit, subscriber limit, pending-task quota; and TLS credentials,
-	// which log refused handshakes (both listeners share one rate limit).
-	guard := newStreamGuard(opts)
-	serverOpts = append(serverOpts, tenancyServerOptions(opts, guard)...)
-	refused := newHandshakeLog(opts.Logger, opts.Clock)
-	serverOpts = append(serverOpts, tlsServerOptions(opts, refused)...)
+	// The guard (guard.go) runs inside recovery and logging (chained
+	// interceptors accumulate in order).
+	g := newGuard(opts)
+	serverOpts = append(serverOpts, g.serverOptions()...)
 	gs := grpc.NewServer(serverOpts...)
 
 	delaydv1.RegisterTaskServiceServer(gs, newTaskService(opts))
 	delaydv1.RegisterDeliveryServiceServer(gs, newDeliveryService(opts))
-	delaydv1.RegisterNamespaceServiceServer(gs, newNamespaceService(opts, guard))
+	delaydv1.RegisterNamespaceServiceServer(gs, newNamespaceService(opts, g.streams))
 
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -181,7 +172,7 @@ func New(opts Options) (*Server, error) {
 	}
 
 	s := &Server{grpc: gs, health: hs, logger: opts.Logger, conns: conns,
-		tap: tapHandle, tlsConfig: opts.TLS, refused: refused, limits: opts.Limits}
+		tap: g.tap, tlsConfig: g.tls, refused: g.refused, limits: opts.Limits}
 	s.SetServing(false)
 	return s, nil
 }

@@ -111,13 +111,13 @@ func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return r.cert, nil
 }
 
-// tlsServerOptions is the grpc.Creds option for opts.TLS (none when nil);
-// the credentials report every refused handshake to refused.
-func tlsServerOptions(opts Options, refused *handshakeLog) []grpc.ServerOption {
-	if opts.TLS == nil {
+// tlsServerOptions is the grpc.Creds option for cfg (none when nil); the
+// credentials report every refused handshake to refused.
+func tlsServerOptions(cfg *tls.Config, refused *handshakeLog) []grpc.ServerOption {
+	if cfg == nil {
 		return nil
 	}
-	return []grpc.ServerOption{grpc.Creds(loggedCreds{TransportCredentials: credentials.NewTLS(opts.TLS), refused: refused})}
+	return []grpc.ServerOption{grpc.Creds(loggedCreds{TransportCredentials: credentials.NewTLS(cfg), refused: refused})}
 }
 
 // refusedLogEvery is the least time between two "TLS handshake refused"

@@ -10,24 +10,25 @@ import (
 	"github.com/delayd/delayd/tenancy"
 )
 
-// This file is the wiring of tenancy and security: the namespace registry
-// (per-namespace policies and API keys, cached by package tenancy), the
-// API-key authentication options, and the listener's TLS configuration.
+// This file is the wiring of access: who may do what, where. The namespace
+// registry (per-namespace policies and API keys, cached by package
+// tenancy), the API-key authentication options, and the listener's TLS
+// configuration; the server builds its guard (server/guard.go) from them.
 
-// tenancyParts are what the server and the dispatcher get from tenancy.
-type tenancyParts struct {
+// accessParts are what the server and the dispatcher get from openAccess.
+type accessParts struct {
 	registry *tenancy.Registry // serves as storage.Policies too
 	auth     server.AuthOptions
 	tls      *tls.Config // nil: plaintext
 }
 
-// openTenancy builds the registry over regStore (MySQL in durable mode,
+// openAccess builds the registry over regStore (MySQL in durable mode,
 // Redis otherwise), the auth options and the TLS configuration from cfg.
 //
 // Authentication is on exactly when cfg.AdminKey is set. Namespaces are
 // auto-created on first use in embedded mode, whenever authentication is
 // off, and when cfg.AutoCreateNamespaces says so.
-func openTenancy(cfg Config, embedded bool, regStore storage.Registry, logger *slog.Logger) (*tenancyParts, error) {
+func openAccess(cfg Config, embedded bool, regStore storage.Registry, logger *slog.Logger) (*accessParts, error) {
 	// An empty admin key means "no auth" here: the delayd binary has already
 	// refused that against a real Redis unless --no-auth was given (see
 	// server.ResolveAuth); in-process users (tests, tools) may run open.
@@ -45,7 +46,7 @@ func openTenancy(cfg Config, embedded bool, regStore storage.Registry, logger *s
 	if err != nil {
 		return nil, fmt.Errorf("namespace registry: %w", err)
 	}
-	p := &tenancyParts{registry: reg, auth: auth}
+	p := &accessParts{registry: reg, auth: auth}
 	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" || cfg.TLSClientCAFile != "" {
 		p.tls, err = server.LoadTLSConfig(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSClientCAFile, logger.With("component", "tls"))
 		if err != nil {
