@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -469,19 +470,16 @@ func (cs *consumer) receive(ctx context.Context, r *streamRun) error {
 	// unanswered goes again by the unary calls.
 	cs.line.attach(stream)
 	defer cs.line.detach(stream)
-	// The receiver never waits for a worker: answers to verdicts arrive
-	// behind deliveries, and a worker may be waiting for one (through the
-	// acker). pipe holds what the workers have not taken yet; the server
-	// sends at most MaxInFlight unacked deliveries, so it never fills while
-	// this stream runs.
-	pipe := make(chan job, cs.opts.MaxInFlight)
+	// The receiver never waits for a worker (see inbox): box holds what
+	// the workers have not taken yet.
+	box := newInbox()
 	forwarded := make(chan struct{})
 	defer func() { <-forwarded }()
 	go func() {
 		defer close(forwarded)
-		cs.forward(ctx, r, pipe)
+		cs.forward(ctx, r, box)
 	}()
-	defer close(pipe)
+	defer box.close()
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -493,37 +491,108 @@ func (cs *consumer) receive(ctx context.Context, r *streamRun) error {
 		for _, pd := range resp.GetDeliveries() {
 			r.received = true
 			d := &Delivery{Task: taskFromProto(pd.GetTask()), Token: pd.GetToken(), LeaseDeadline: timeFromProto(pd.GetLeaseDeadline())}
-			select {
-			case pipe <- job{d: d, recv: time.Now()}:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			box.put(job{d: d, recv: time.Now()})
 		}
 	}
+}
+
+// inbox holds what a stream received and the workers have not taken yet,
+// in order. The receiver never waits on it: answers to verdicts arrive on
+// the stream behind deliveries, and the acker and the leaser wait for them
+// — a lease extension held up behind a full buffer let its slow handler's
+// lease run out, and the task ran twice
+// (TestConsumeSlowHandlerKeepsItsLeaseWhileOthersQueue). The server's
+// credit keeps it about MaxInFlight long, but not below: a delivery that
+// waited here past its lease frees its credit and delayd sends another.
+// So put drops what has run out of its lease (delayd takes it back and
+// delivers it again; a handler for this copy could only be told STALE),
+// which bounds the inbox by the live deliveries.
+type inbox struct {
+	mu     sync.Mutex
+	q      []job
+	closed bool
+	more   chan struct{} // a value after put or close (1-buffered)
+}
+
+func newInbox() *inbox { return &inbox{more: make(chan struct{}, 1)} }
+
+// put appends j, dropping the deliveries whose lease ran out meanwhile.
+func (b *inbox) put(j job) {
+	b.mu.Lock()
+	b.q = slices.DeleteFunc(b.q, func(o job) bool { return leaseRanOut(o, j.recv) })
+	b.q = append(b.q, j)
+	b.mu.Unlock()
+	b.signal()
+}
+
+// close says nothing more comes; what the inbox holds can still be taken.
+func (b *inbox) close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.signal()
+}
+
+func (b *inbox) signal() {
+	select {
+	case b.more <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the oldest job (ok), or whether the inbox is closed and
+// empty (done).
+func (b *inbox) take() (j job, ok, done bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.q) == 0 {
+		return job{}, false, b.closed
+	}
+	j = b.q[0]
+	b.q[0] = job{}
+	b.q = b.q[1:]
+	return j, true, false
+}
+
+// leaseRanOut reports whether j's lease had run out at now, by delayd's
+// clock (leaseLength) counted from its arrival; never for a delivery
+// without a lease deadline.
+func leaseRanOut(j job, now time.Time) bool {
+	return !j.d.LeaseDeadline.IsZero() && !now.Before(j.recv.Add(leaseLength(j.d, j.recv)))
 }
 
 // maxStreamBatch is the most deliveries the consumer asks per stream
 // message (the server's limit).
 const maxStreamBatch = 1000
 
-// forward hands what the stream received to the workers, until pipe is
-// closed or the stream stops handing out. Stopping: no handler takes the
-// deliveries left; they stay leased until their deadline and are then
-// delivered again.
-func (cs *consumer) forward(ctx context.Context, r *streamRun, pipe <-chan job) {
-	for j := range pipe {
+// forward hands what the stream received to the workers, until box is
+// closed and empty or the stream stops handing out. Stopping: no handler
+// takes the deliveries left; they stay leased until their deadline and are
+// then delivered again.
+func (cs *consumer) forward(ctx context.Context, r *streamRun, box *inbox) {
+	for {
+		j, ok, done := box.take()
+		if done {
+			return
+		}
+		if !ok {
+			select {
+			case <-box.more:
+			case <-r.stop:
+				return
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
 		select {
 		case <-r.stop:
-			for range pipe { // left leased; keep the receiver reading answers
-			}
 			return
 		default:
 		}
 		select {
 		case cs.jobs <- j:
 		case <-r.stop:
-			for range pipe {
-			}
 			return
 		case <-ctx.Done():
 			return
