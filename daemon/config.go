@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/delayd/delayd/dispatcher"
+	"github.com/delayd/delayd/push"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/durable"
@@ -120,6 +121,11 @@ type Config struct {
 	// each admits; every connection is checked on the address dialed). If
 	// empty, push is disabled: a policy that sets push is refused.
 	PushAllow string
+	// PushAllowPorts lists the ports push URLs may name, comma-separated
+	// ports and ranges ("443", "8000-8999"); a URL without a port names 80
+	// (http) or 443 (https). If empty, "80,443" (push.DefaultPorts).
+	// Checked when a URL is set and on every connection, like PushAllow.
+	PushAllowPorts string
 	// PushCAFile, if set, is a PEM file of certificate authorities https
 	// push targets are verified against, besides the system's (endpoints
 	// with certificates of a private CA). If empty, the system's only.
@@ -235,6 +241,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PushConcurrency <= 0 {
 		c.PushConcurrency = DefaultPushConcurrency
+	}
+	if c.PushAllowPorts == "" {
+		c.PushAllowPorts = push.DefaultPorts
 	}
 	return c
 }

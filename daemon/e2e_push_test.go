@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -32,7 +33,8 @@ import (
 
 // End-to-end tests of HTTP push targets (issue 16, item 4): real Redis,
 // delayd in-process, a local receiver (httptest) admitted by
-// --push-allow 127.0.0.1/32.
+// --push-allow 127.0.0.1/32 --push-allow-ports 1024-65535 (the receivers
+// listen on random loopback ports; by default only 80 and 443 are allowed).
 //
 // The tests that start replicas allowing push do not run in parallel:
 // every such replica pushes every push namespace of the Redis database (as
@@ -41,6 +43,9 @@ import (
 // requests would not be this test's alone.
 
 const pushSecret = "push-secret-0123456789abcdef"
+
+// e2ePushPorts is --push-allow-ports for the receivers' random ports.
+const e2ePushPorts = "1024-65535"
 
 // pushReq is one request the receiver got.
 type pushReq struct {
@@ -89,10 +94,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // env's namespace with pol (push target included).
 func newPushEnv(t *testing.T, allow string, pol *delaydv1.NamespacePolicy) (*e2eEnv, *started) {
 	t.Helper()
+	return newPushEnvPorts(t, allow, e2ePushPorts, pol)
+}
+
+// newPushEnvPorts is newPushEnv with --push-allow-ports ports.
+func newPushEnvPorts(t *testing.T, allow, ports string, pol *delaydv1.NamespacePolicy) (*e2eEnv, *started) {
+	t.Helper()
 	url := testRedisURL()
 	e := &e2eEnv{t: t, url: url, rdb: testkit.RedisAt(t, url), ns: "e2e-push-" + suffix()}
 	t.Cleanup(func() { cleanNamespace(t, url, e.ns) })
-	r := e.pushReplica(allow)
+	r := start(t, Config{RedisURL: e.url, LogLevel: "warn", PushAllow: allow, PushAllowPorts: ports})
 	_, err := delaydv1.NewNamespaceServiceClient(r.conn).CreateNamespace(ctxFor(t), &delaydv1.CreateNamespaceRequest{
 		Namespace: &delaydv1.Namespace{Name: e.ns, Policy: pol},
 	})
@@ -103,7 +114,7 @@ func newPushEnv(t *testing.T, allow string, pol *delaydv1.NamespacePolicy) (*e2e
 }
 
 func (e *e2eEnv) pushReplica(allow string) *started {
-	return start(e.t, Config{RedisURL: e.url, LogLevel: "warn", PushAllow: allow})
+	return start(e.t, Config{RedisURL: e.url, LogLevel: "warn", PushAllow: allow, PushAllowPorts: e2ePushPorts})
 }
 
 // pushPolicy is a policy pushing to url with fast retries.
@@ -229,7 +240,7 @@ func TestE2EPushRetriesThenDeadLetters(t *testing.T) {
 	url := testRedisURL()
 	e := &e2eEnv{t: t, url: url, rdb: testkit.RedisAt(t, url), ns: "e2e-push-" + suffix()}
 	t.Cleanup(func() { cleanNamespace(t, url, e.ns) })
-	a := start(t, Config{RedisURL: url, LogLevel: "warn", PushAllow: "127.0.0.1/32", OpsListen: "127.0.0.1:0"})
+	a := start(t, Config{RedisURL: url, LogLevel: "warn", PushAllow: "127.0.0.1/32", PushAllowPorts: e2ePushPorts, OpsListen: "127.0.0.1:0"})
 	if _, err := delaydv1.NewNamespaceServiceClient(a.conn).CreateNamespace(ctxFor(t), &delaydv1.CreateNamespaceRequest{
 		Namespace: &delaydv1.Namespace{Name: e.ns, Policy: pushPolicy(rc.srv.URL, 3, 30*time.Second)},
 	}); err != nil {
@@ -318,12 +329,13 @@ func TestE2EPushTimeoutNacks(t *testing.T) {
 	}
 }
 
-// TestE2EPushURLRefused: URLs the allow list does not admit, bad schemes,
-// missing secrets and short secrets are refused at create and update
-// time, naming the field; nothing is stored.
+// TestE2EPushURLRefused: URLs the allow list does not admit (hosts and
+// ports), bad schemes, missing secrets and short secrets are refused at
+// create and update time, naming the field; nothing is stored.
 func TestE2EPushURLRefused(t *testing.T) {
 	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ push.Body) { w.WriteHeader(http.StatusOK) })
-	e, a := newPushEnv(t, "hooks.example.com,127.0.0.1/32", &delaydv1.NamespacePolicy{})
+	_, port, _ := net.SplitHostPort(rc.srv.Listener.Addr().String())
+	e, a := newPushEnvPorts(t, "hooks.example.com,127.0.0.1/32", "80,443,"+port, &delaydv1.NamespacePolicy{})
 	nsc := delaydv1.NewNamespaceServiceClient(a.conn)
 	for _, c := range []struct {
 		url, secret, field, why string
@@ -332,6 +344,9 @@ func TestE2EPushURLRefused(t *testing.T) {
 		{"http://169.254.169.254/latest/meta-data", pushSecret, "namespace.policy.push.url", "does not allow"},
 		{"http://evil.example.org/", pushSecret, "namespace.policy.push.url", "does not allow"},
 		{"ftp://hooks.example.com/x", pushSecret, "namespace.policy.push.url", "http, https"},
+		// An allowed address, a port not allowed: delayd's own Redis.
+		{"http://127.0.0.1:6379/", pushSecret, "namespace.policy.push.url", "port 6379, which the operator does not allow push to; allowed: ports 80,443," + port + " (--push-allow-ports)"},
+		{"https://hooks.example.com:8443/x", pushSecret, "namespace.policy.push.url", "--push-allow-ports"},
 		{"https://hooks.example.com/x", "", "namespace.policy.push.secret", "required"},
 		{"https://hooks.example.com/x", "short", "namespace.policy.push.secret", "16-1024"},
 	} {
@@ -392,7 +407,7 @@ func TestE2EPushSecretNeverReturned(t *testing.T) {
 	url := testRedisURL()
 	e := &e2eEnv{t: t, url: url, rdb: testkit.RedisAt(t, url), ns: "e2e-push-" + suffix()}
 	t.Cleanup(func() { cleanNamespace(t, url, e.ns) })
-	a := start(t, Config{RedisURL: url, LogLevel: "warn", PushAllow: "127.0.0.1/32", HTTPListen: "127.0.0.1:0"})
+	a := start(t, Config{RedisURL: url, LogLevel: "warn", PushAllow: "127.0.0.1/32", PushAllowPorts: e2ePushPorts, HTTPListen: "127.0.0.1:0"})
 	nsc := delaydv1.NewNamespaceServiceClient(a.conn)
 	created, err := nsc.CreateNamespace(ctxFor(t), &delaydv1.CreateNamespaceRequest{
 		Namespace: &delaydv1.Namespace{Name: e.ns, Policy: pushPolicy(rc.srv.URL+"/v1", 5, 30*time.Second)},
@@ -497,7 +512,7 @@ func TestE2EPushDurable(t *testing.T) {
 	url := testRedisURL()
 	e := &e2eEnv{t: t, url: url, rdb: testkit.RedisAt(t, url), ns: "e2e-push-" + suffix()}
 	t.Cleanup(func() { cleanNamespace(t, url, e.ns) })
-	a := start(t, Config{RedisURL: url, MySQLDSN: dsn, LogLevel: "warn", PushAllow: "127.0.0.1/32"})
+	a := start(t, Config{RedisURL: url, MySQLDSN: dsn, LogLevel: "warn", PushAllow: "127.0.0.1/32", PushAllowPorts: e2ePushPorts})
 	if _, err := delaydv1.NewNamespaceServiceClient(a.conn).CreateNamespace(ctxFor(t), &delaydv1.CreateNamespaceRequest{
 		Namespace: &delaydv1.Namespace{Name: e.ns, Policy: pushPolicy(rc.srv.URL, 2, 30*time.Second)},
 	}); err != nil {

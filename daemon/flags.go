@@ -19,6 +19,7 @@ import (
 
 	"github.com/delayd/delayd/buildinfo"
 	"github.com/delayd/delayd/internal/duration"
+	"github.com/delayd/delayd/push"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -88,6 +89,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	durationVar(fs, &c.WakePrecision, "wake-precision", DefaultWakePrecision, "dispatcher wake precision: wakes and wake signals within it join one store call (tasks never pop early, at most this much later); negative = no joining")
 	durationVar(fs, &c.LateWarn, "log-late-deliveries", DefaultLateWarn, "log deliveries at least this late past their due time at WARN (once per namespace per 10 s, with count and worst); negative = never")
 	fs.StringVar(&c.PushAllow, "push-allow", "", "hosts and CIDRs namespaces may push tasks to over HTTP (policy.push), comma-separated, e.g. hooks.example.com,*.example.com,203.0.113.0/24; empty = push disabled")
+	fs.StringVar(&c.PushAllowPorts, "push-allow-ports", push.DefaultPorts, "ports push URLs may name (a URL without one names 80 for http, 443 for https), comma-separated ports and ranges, e.g. 443,8443,9000-9099")
 	fs.StringVar(&c.PushCAFile, "push-ca", "", "PEM certificate authorities https push targets are verified against, besides the system's; empty = the system's only")
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", DefaultPushConcurrency, "most HTTP push requests in flight per namespace on one replica")
 	durationVar(fs, &c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")

@@ -138,7 +138,12 @@ func TestEnvironment(t *testing.T) {
 		t.Errorf("DELAYD_MAX_DELAY=400d DELAYD_VERSION=1.4.2: max delay %s, version %v, late %s, %v; want 9600h, false, 2s, nil",
 			f.Config.MaxDelay, f.Version, f.Config.LateWarn, err)
 	}
+	// The push port list (issue 32 item 5) is a known variable.
+	if f, err := parse("DELAYD_PUSH_ALLOW_PORTS=443,8443"); err != nil || f.Config.PushAllowPorts != "443,8443" {
+		t.Errorf("DELAYD_PUSH_ALLOW_PORTS=443,8443: %q, %v", f.Config.PushAllowPorts, err)
+	}
 	for _, tc := range []struct{ env, want string }{
+		{"DELAYD_PUSH_ALLOW_PROTS=443", "did you mean DELAYD_PUSH_ALLOW_PORTS?"},
 		{"DELAYD_MAX_DELAY=400x", `DELAYD_MAX_DELAY="400x" (--max-delay): "400x" is not a duration; want a number with a unit`},
 		{"DELAYD_REDIS_ULR=redis://db:6379/0", "DELAYD_REDIS_ULR is set, but neither delayd nor delayctl reads it; did you mean DELAYD_REDIS_URL?"},
 		{"DELAYD_APIKEY=x", "did you mean DELAYD_API_KEY?"},
@@ -171,7 +176,7 @@ func TestEveryDelaydVariableIsKnown(t *testing.T) {
 		known[v] = true
 	}
 	// Names the tests use on purpose as unknown or as a placeholder.
-	deliberate := map[string]bool{"DELAYD_REDIS_ULR": true, "DELAYD_APIKEY": true, "DELAYD_X": true}
+	deliberate := map[string]bool{"DELAYD_REDIS_ULR": true, "DELAYD_APIKEY": true, "DELAYD_X": true, "DELAYD_PUSH_ALLOW_PROTS": true}
 	name := regexp.MustCompile(`DELAYD_[A-Z0-9_]*[A-Z0-9]`)
 	seen := 0
 	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {

@@ -34,7 +34,7 @@ func BenchmarkPushDrain(b *testing.B) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
-	d, err := Start(b.Context(), Config{Listen: "127.0.0.1:0", RedisURL: testRedisURL(), LogLevel: "warn", PushAllow: "127.0.0.1/32"},
+	d, err := Start(b.Context(), Config{Listen: "127.0.0.1:0", RedisURL: testRedisURL(), LogLevel: "warn", PushAllow: "127.0.0.1/32", PushAllowPorts: "1024-65535"},
 		slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)

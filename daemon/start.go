@@ -239,6 +239,9 @@ func (p *parts) openDispatcher(context.Context) (err error) {
 	if p.pushAllow, err = push.ParseAllow(cfg.PushAllow); err != nil {
 		return fmt.Errorf("--push-allow: %w", err)
 	}
+	if p.pushAllow, err = p.pushAllow.WithPorts(cfg.PushAllowPorts); err != nil {
+		return fmt.Errorf("--push-allow-ports: %w", err)
+	}
 	var pusher dispatcher.Pusher
 	if p.pushAllow.Enabled() {
 		roots, err := pushRoots(cfg.PushCAFile)
@@ -246,10 +249,10 @@ func (p *parts) openDispatcher(context.Context) (err error) {
 			return err
 		}
 		client := push.NewClient(push.ClientOptions{Allow: p.pushAllow, UserAgent: "delayd/" + p.build.Version,
-			MaxConnsPerHost: cfg.PushConcurrency, RootCAs: roots})
+			MaxConnsPerHost: cfg.PushConcurrency, RootCAs: roots, Logger: p.logger.With("component", "push")})
 		p.undo.push(client.Close)
 		pusher, d.pushClient = client, client
-		p.logger.Info("HTTP push enabled", "allow", p.pushAllow.String(), "concurrency", cfg.PushConcurrency)
+		p.logger.Info("HTTP push enabled", "allow", p.pushAllow.String(), "ports", p.pushAllow.Ports(), "concurrency", cfg.PushConcurrency)
 	}
 	// A nil *metrics.Metrics must not become a non-nil interface.
 	var dispMetrics dispatcher.Metrics

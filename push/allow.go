@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -32,30 +33,89 @@ import (
 //     the prefixes (checked when the URL is set, and again at every
 //     connection).
 //
-// Every connection is checked after resolution, on the address actually
-// dialed (net.Dialer's Control hook), so what was allowed when the URL was
-// set is allowed again only if it still resolves to allowed addresses.
+// And on any host, only the allowed ports (--push-allow-ports): 80 and 443
+// unless the operator widens them (WithPorts), so a tenant allowed an
+// address cannot reach another service listening on it (a Redis, a
+// database, an admin port). A URL without a port names its scheme's: 80
+// for http, 443 for https.
+//
+// Every connection is checked after resolution, on the address and port
+// actually dialed (net.Dialer's Control hook), so what was allowed when
+// the URL was set is allowed again only if it still resolves to allowed
+// addresses.
 type Allow struct {
-	hosts    []string       // exact names, lower case, no trailing dot
-	suffixes []string       // ".example.com" for "*.example.com"
-	prefixes []netip.Prefix // CIDRs (a bare address is a /32 or /128)
-	entries  []string       // as given, for messages
-	resolver *net.Resolver
+	hosts     []string       // exact names, lower case, no trailing dot
+	suffixes  []string       // ".example.com" for "*.example.com"
+	prefixes  []netip.Prefix // CIDRs (a bare address is a /32 or /128)
+	entries   []string       // as given, for messages
+	ports     []portRange
+	portsText string // as given (normalized), for messages
+	resolver  *net.Resolver
 }
+
+// DefaultPorts are the ports push URLs may name unless the operator
+// widens them (--push-allow-ports).
+const DefaultPorts = "80,443"
+
+// portRange is lo through hi, inclusive.
+type portRange struct{ lo, hi uint16 }
 
 // ParseAllow parses a comma- or space-separated list of host names
 // ("hooks.example.com", "*.example.com"), CIDR prefixes ("203.0.113.0/24",
 // "2001:db8::/32") and addresses ("203.0.113.7"). An empty list returns an
-// Allow that allows nothing.
+// Allow that allows nothing. The ports allowed are DefaultPorts; WithPorts
+// changes them.
 func ParseAllow(list string) (*Allow, error) {
 	a := &Allow{resolver: net.DefaultResolver}
-	for _, e := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' }) {
+	for _, e := range splitList(list) {
 		if err := a.add(e); err != nil {
 			return nil, err
 		}
 		a.entries = append(a.entries, e)
 	}
-	return a, nil
+	return a.WithPorts(DefaultPorts)
+}
+
+func splitList(list string) []string {
+	return strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' })
+}
+
+// WithPorts returns a copy of a that allows the ports listed instead:
+// comma- or space-separated ports ("443") and ranges ("8000-8999"), 1 to
+// 65535. An empty list means DefaultPorts.
+func (a *Allow) WithPorts(list string) (*Allow, error) {
+	if strings.TrimSpace(list) == "" {
+		list = DefaultPorts
+	}
+	b := *a
+	b.ports = nil
+	entries := splitList(list)
+	for _, e := range entries {
+		lo, hi, isRange := strings.Cut(e, "-")
+		if !isRange {
+			hi = lo
+		}
+		l, err1 := strconv.ParseUint(lo, 10, 16)
+		h, err2 := strconv.ParseUint(hi, 10, 16)
+		if err1 != nil || err2 != nil || l == 0 || h < l {
+			return nil, fmt.Errorf("push allowed ports: %q is neither a port (1-65535) nor a range of them (8000-8999)", e)
+		}
+		b.ports = append(b.ports, portRange{uint16(l), uint16(h)})
+	}
+	b.portsText = strings.Join(entries, ",")
+	return &b, nil
+}
+
+// Ports is the list of allowed ports, comma-separated ("80,443").
+func (a *Allow) Ports() string { return a.portsText }
+
+func (a *Allow) portAllowed(p uint16) bool {
+	for _, r := range a.ports {
+		if p >= r.lo && p <= r.hi {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *Allow) add(e string) error {
@@ -151,10 +211,19 @@ func (a *Allow) CheckURL(ctx context.Context, raw string) error {
 	if host == "" {
 		return errors.New("has no host")
 	}
+	port := uint16(80)
+	if u.Scheme == "https" {
+		port = 443
+	}
 	if p := u.Port(); p != "" {
-		if n, err := net.LookupPort("tcp", p); err != nil || n == 0 {
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
 			return fmt.Errorf("has port %q; allowed: 1-65535", p)
 		}
+		port = uint16(n)
+	}
+	if !a.portAllowed(port) {
+		return fmt.Errorf("has port %d, which the operator does not allow push to; allowed: ports %s (--push-allow-ports)", port, a.portsText)
 	}
 	if a.nameListed(host) {
 		return nil
@@ -212,10 +281,14 @@ func (a *Allow) inPrefixes(ip netip.Addr) bool {
 	return false
 }
 
-// dialAllowed reports whether a connection to ip may be made for a URL
-// whose host was named host: in a prefix, or public when host is listed by
-// name.
-func (a *Allow) dialAllowed(host string, ip netip.Addr) bool {
+// dialAllowed reports whether a connection to ap may be made for a URL
+// whose host was named host: an allowed port, and an address in a prefix,
+// or public when host is listed by name.
+func (a *Allow) dialAllowed(host string, ap netip.AddrPort) bool {
+	if !a.portAllowed(ap.Port()) {
+		return false
+	}
+	ip := ap.Addr()
 	if a.inPrefixes(ip) {
 		return true
 	}

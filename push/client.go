@@ -17,10 +17,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -102,6 +106,11 @@ type ClientOptions struct {
 	// RootCAs are the certificate authorities https targets are verified
 	// against. If nil, the system's.
 	RootCAs *x509.CertPool
+	// Logger gets the whole error of a push that could not connect (the
+	// addresses dialed, the resolver's and the network's own words), which
+	// the task's last error, seen by the tenant, does not carry. If nil,
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Client POSTs deliveries (dispatcher.Pusher). No proxy from the
@@ -112,6 +121,7 @@ type Client struct {
 	ua    string
 	now   func() time.Time
 	http  *http.Client
+	log   *failLog
 }
 
 // NewClient returns a Client.
@@ -125,7 +135,10 @@ func NewClient(opts ClientOptions) *Client {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	c := &Client{allow: opts.Allow, ua: opts.UserAgent, now: opts.Now}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	c := &Client{allow: opts.Allow, ua: opts.UserAgent, now: opts.Now, log: newFailLog(opts.Logger, opts.Now)}
 	tr := &http.Transport{
 		Proxy:                 nil, // never a proxy from the environment: it would be dialed instead of the target
 		DialContext:           c.dial,
@@ -147,11 +160,12 @@ func NewClient(opts ClientOptions) *Client {
 // Close closes idle connections.
 func (c *Client) Close() { c.http.CloseIdleConnections() }
 
-// refusedError is a dial the allow list refused.
+// refusedError is a dial the allow list refused. Its text is for the
+// operator's log: it names the address dialed.
 type refusedError struct{ host, addr string }
 
 func (e *refusedError) Error() string {
-	return fmt.Sprintf("%s resolved to %s, an address the operator does not allow (--push-allow)", e.host, e.addr)
+	return fmt.Sprintf("%s resolved to %s, an address or port the operator does not allow (--push-allow, --push-allow-ports)", e.host, e.addr)
 }
 
 // dial connects to addr ("host:port" from the URL), checking every
@@ -169,8 +183,8 @@ func (c *Client) dial(ctx context.Context, network, addr string) (net.Conn, erro
 			if err != nil {
 				return &refusedError{host: host, addr: address}
 			}
-			if !c.allow.Enabled() || !c.allow.dialAllowed(host, ap.Addr()) {
-				return &refusedError{host: host, addr: ap.Addr().Unmap().String()}
+			if !c.allow.Enabled() || !c.allow.dialAllowed(host, ap) {
+				return &refusedError{host: host, addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()}
 			}
 			return nil
 		},
@@ -207,13 +221,15 @@ func (c *Client) Push(ctx context.Context, target storage.PushTarget, del storag
 		var refused *refusedError
 		switch {
 		case errors.As(err, &refused):
-			return storage.PushRefused, fmt.Errorf("push: %s", refused.Error())
+			c.log.failed(del.Task.Namespace, req.URL.Host, err)
+			return storage.PushRefused, errors.New("push: address not allowed (the operator's --push-allow and --push-allow-ports)")
 		case ctx.Err() == context.DeadlineExceeded:
 			return storage.PushTimeout, fmt.Errorf("push: no answer within %s (the ack timeout)", timeout)
 		case ctx.Err() != nil:
 			return storage.PushConnectError, fmt.Errorf("push: canceled: %w", context.Cause(ctx))
 		}
-		return storage.PushConnectError, fmt.Errorf("push: %s", connError(err))
+		c.log.failed(del.Task.Namespace, req.URL.Host, err)
+		return storage.PushConnectError, errors.New("push: " + connError(err))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxResponseRead))
 	_ = resp.Body.Close()
@@ -226,14 +242,98 @@ func (c *Client) Push(ctx context.Context, target storage.PushTarget, del storag
 	return storage.PushHTTPError, fmt.Errorf("push: HTTP %s", resp.Status)
 }
 
-// connError is the text of a failed request without the method and URL
-// net/http prefixes (the URL is the tenant's own, and long).
+// connError says why a request could not be made, in a few stable words
+// that name no address, port or resolver answer and quote no error text of
+// Go's network stack: the task's last error is the tenant's to read, and
+// the words it gets must not map the operator's network (which addresses
+// answer, which ports are open behind an allowed host). The whole error
+// goes to the operator's log (failLog).
 func connError(err error) string {
-	var ue interface{ Unwrap() error }
-	if errors.As(err, &ue) {
-		if inner := ue.Unwrap(); inner != nil {
-			return "connection failed: " + inner.Error()
+	var (
+		dnsErr    *net.DNSError
+		unknownCA x509.UnknownAuthorityError
+		badHost   x509.HostnameError
+		invalid   x509.CertificateInvalidError
+		verify    *tls.CertificateVerificationError
+		recErr    tls.RecordHeaderError
+		alert     tls.AlertError
+	)
+	switch {
+	case errors.As(err, &dnsErr):
+		return "the target's host name could not be resolved"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused by target"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.EPIPE),
+		// net/http's unexported errServerClosedIdle, for a connection
+		// closed before the answer (on a new connection too).
+		strings.Contains(err.Error(), "server closed idle connection"):
+		return "target closed the connection"
+	case errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH):
+		return "target unreachable"
+	case errors.As(err, &unknownCA):
+		return "TLS: the target's certificate is not signed by a trusted authority (the operator may add one with --push-ca)"
+	case errors.As(err, &badHost):
+		return "TLS: the target's certificate does not name its host"
+	case errors.As(err, &invalid), errors.As(err, &verify):
+		return "TLS: the target's certificate is not valid"
+	case errors.As(err, &recErr):
+		return "TLS: the target does not speak TLS (an http:// URL may be meant)"
+	case errors.As(err, &alert):
+		return "TLS: the target refused the handshake"
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "connection to target timed out"
+	}
+	return "connection to target failed"
+}
+
+// failLogEvery is the shortest time between two log lines about one
+// namespace's failed pushes.
+const failLogEvery = 10 * time.Second
+
+// failLog writes the whole error of failed connections to the operator's
+// log at WARN, at most one line per namespace every failLogEvery, with the
+// count of failures since its last line.
+type failLog struct {
+	logger *slog.Logger
+	now    func() time.Time
+	mu     sync.Mutex
+	last   map[string]failSeen
+}
+
+type failSeen struct {
+	at     time.Time
+	missed int
+}
+
+func newFailLog(logger *slog.Logger, now func() time.Time) *failLog {
+	return &failLog{logger: logger, now: now, last: make(map[string]failSeen)}
+}
+
+func (l *failLog) failed(ns, host string, err error) {
+	now := l.now()
+	l.mu.Lock()
+	seen := l.last[ns]
+	if !seen.at.IsZero() && now.Sub(seen.at) < failLogEvery {
+		seen.missed++
+		l.last[ns] = seen
+		l.mu.Unlock()
+		return
+	}
+	l.last[ns] = failSeen{at: now}
+	if len(l.last) > 10_000 { // forget old namespaces rather than grow
+		for k, v := range l.last {
+			if now.Sub(v.at) >= failLogEvery {
+				delete(l.last, k)
+			}
 		}
 	}
-	return "connection failed: " + err.Error()
+	l.mu.Unlock()
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // without the method and the whole URL
+	}
+	l.logger.Warn("push: connection failed", "namespace", ns, "host", host, "error", err.Error(),
+		"failures_not_logged", seen.missed)
 }

@@ -1,6 +1,7 @@
 package push_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -8,12 +9,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,6 +39,20 @@ func mustAllow(t *testing.T, list string) *push.Allow {
 	return a
 }
 
+// loopbackPorts are the ports the tests' receivers (httptest, on random
+// loopback ports) listen on: --push-allow-ports must name them.
+const loopbackPorts = "1024-65535"
+
+// mustAllowPorts is mustAllow with the ports allowed (--push-allow-ports).
+func mustAllowPorts(t *testing.T, list, ports string) *push.Allow {
+	t.Helper()
+	a, err := mustAllow(t, list).WithPorts(ports)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 // TestParseAllow: hosts, wildcards, addresses and prefixes parse; anything
 // else is refused with the entry named.
 func TestParseAllow(t *testing.T) {
@@ -50,15 +68,29 @@ func TestParseAllow(t *testing.T) {
 			t.Errorf("ParseAllow(%q) accepted", bad)
 		}
 	}
+	if got := a.Ports(); got != "80,443" {
+		t.Errorf("ports allowed by default = %q, want 80,443", got)
+	}
+	if w, err := a.WithPorts(" 443, 8000-8999 "); err != nil || w.Ports() != "443,8000-8999" || a.Ports() != "80,443" {
+		t.Errorf("WithPorts = %v, %v (the original then allows %q)", w, err, a.Ports())
+	}
+	for _, bad := range []string{"0", "65536", "http", "9000-8000", "80-", "-80", "1-2-3"} {
+		if _, err := a.WithPorts(bad); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", bad)) {
+			t.Errorf("WithPorts(%q) = %v, want an error naming it", bad, err)
+		}
+	}
 }
 
 // TestCheckURL: what a tenant may set as push URL under an allow list.
 func TestCheckURL(t *testing.T) {
 	ctx := context.Background()
-	a := mustAllow(t, "hooks.example.com,*.svc.example.com,203.0.113.0/24,127.0.0.1")
+	a := mustAllowPorts(t, "hooks.example.com,*.svc.example.com,203.0.113.0/24,127.0.0.1", "80,443,8080,9")
 	for url, wantErr := range map[string]string{
 		"https://hooks.example.com/delayd":    "",
 		"http://HOOKS.example.com:8080/x?y=1": "",
+		"https://hooks.example.com:443/":      "",
+		"https://hooks.example.com:6379/":     "port 6379, which the operator does not allow push to; allowed: ports 80,443,8080,9 (--push-allow-ports)",
+		"http://127.0.0.1:3306/":              "port 3306",
 		"https://a.svc.example.com/":          "",
 		"https://b.a.svc.example.com/":        "",
 		"https://svc.example.com/":            "does not allow",
@@ -93,6 +125,119 @@ func TestCheckURL(t *testing.T) {
 	// The error says what is allowed.
 	if err := a.CheckURL(ctx, "https://evil.example.net/"); err == nil || !strings.Contains(err.Error(), "hooks.example.com, *.svc.example.com") {
 		t.Errorf("refusal %v does not list what is allowed", err)
+	}
+}
+
+// TestDefaultPorts (issue 32 item 5): by default a push URL may name 80 or
+// 443 only, a URL without a port names its scheme's, and any other port is
+// refused naming it and the flag that widens the list.
+func TestDefaultPorts(t *testing.T) {
+	ctx := context.Background()
+	a := mustAllow(t, "hooks.example.com,127.0.0.1/32")
+	for url, wantErr := range map[string]string{
+		"https://hooks.example.com/":      "",
+		"https://hooks.example.com:443/":  "",
+		"http://hooks.example.com/":       "",
+		"http://hooks.example.com:80/":    "",
+		"https://hooks.example.com:80/":   "",
+		"http://127.0.0.1/":               "",
+		"https://hooks.example.com:8443/": "port 8443, which the operator does not allow push to; allowed: ports 80,443 (--push-allow-ports)",
+		"http://127.0.0.1:6379/":          "port 6379",
+		"http://127.0.0.1:22/":            "port 22",
+	} {
+		err := a.CheckURL(ctx, url)
+		if wantErr == "" && err != nil || wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)) {
+			t.Errorf("CheckURL(%q) = %v, want %q", url, err, wantErr)
+		}
+	}
+}
+
+// TestDialRefusesPortsNotAllowed (issue 32 item 5): the port is checked
+// again on the connection, so a URL set under wider ports (or a redirect
+// of the connection's address) reaches nothing on a port not allowed
+// now; the tenant's last error says only that the address is not allowed.
+func TestDialRefusesPortsNotAllowed(t *testing.T) {
+	srv, port, hits := countingReceiver(t)
+	target := storage.PushTarget{URL: srv.URL + "/", Secret: "0123456789abcdef"}
+	ctx := context.Background()
+
+	// Allowed when the port is listed: the request arrives.
+	wide := push.NewClient(push.ClientOptions{Allow: mustAllowPorts(t, "127.0.0.1/32", "443,"+port)})
+	defer wide.Close()
+	if o, err := wide.Push(ctx, target, delivery("t1", 1), 10, 5*time.Second); o != storage.PushOK || err != nil {
+		t.Fatalf("port %s allowed: %v %v", port, o, err)
+	}
+	// The default list: refused at dial, nothing sent.
+	var logs bytes.Buffer
+	narrow := push.NewClient(push.ClientOptions{Allow: mustAllow(t, "127.0.0.1/32"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer narrow.Close()
+	o, err := narrow.Push(ctx, target, delivery("t1", 1), 10, 5*time.Second)
+	if o != storage.PushRefused || err == nil || err.Error() != "push: address not allowed (the operator's --push-allow and --push-allow-ports)" {
+		t.Errorf("port %s not allowed: %v %v, want refused with the stable wording", port, o, err)
+	}
+	// The operator's log names what was dialed.
+	if !strings.Contains(logs.String(), "127.0.0.1:"+port) {
+		t.Errorf("the operator's log does not name the address refused: %s", logs.String())
+	}
+	if hits.Load() != 1 {
+		t.Errorf("receiver reached %d times, want once (by the client allowing its port)", hits.Load())
+	}
+}
+
+// TestLastErrorRevealsNoConnectionDetails (issue 32 item 5): a push that
+// cannot connect — a closed port, a target that closes the connection, an
+// unresolvable name, a refused address — leaves a last error in a few
+// stable words, without the address, the port or the network stack's
+// text; the whole error goes to the operator's log.
+func TestLastErrorRevealsNoConnectionDetails(t *testing.T) {
+	ctx := context.Background()
+	closedLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := closedLis.Addr().String()
+	_ = closedLis.Close()
+	// A target that accepts and closes at once.
+	hangup, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hangup.Close()
+	go func() {
+		for {
+			c, err := hangup.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	var logs bytes.Buffer
+	c := push.NewClient(push.ClientOptions{Allow: mustAllowPorts(t, "127.0.0.1/32,hooks.invalid", loopbackPorts),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer c.Close()
+	for _, tc := range []struct {
+		url     string
+		outcome storage.PushOutcome
+		want    string
+	}{
+		{"http://" + closedAddr + "/", storage.PushConnectError, "push: connection refused by target"},
+		{"http://" + hangup.Addr().String() + "/", storage.PushConnectError, "push: target closed the connection"},
+		{"http://hooks.invalid:8080/", storage.PushConnectError, "push: the target's host name could not be resolved"},
+		{"http://127.0.0.2:8080/", storage.PushRefused, "push: address not allowed (the operator's --push-allow and --push-allow-ports)"},
+	} {
+		// A different namespace each, so each failure is logged.
+		del := delivery("t1", 1)
+		del.Task.Namespace = tc.url
+		o, err := c.Push(ctx, storage.PushTarget{URL: tc.url, Secret: "0123456789abcdef"}, del, 10, 5*time.Second)
+		if o != tc.outcome || err == nil || err.Error() != tc.want {
+			t.Errorf("%s: %v %v, want %v %q", tc.url, o, err, tc.outcome, tc.want)
+		}
+	}
+	for _, detail := range []string{closedAddr, "connect: connection refused", "127.0.0.2:8080", "hooks.invalid"} {
+		if !strings.Contains(logs.String(), detail) {
+			t.Errorf("the operator's log does not carry %q: %s", detail, logs.String())
+		}
 	}
 }
 
@@ -161,7 +306,7 @@ func TestPushOutcomes(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	c := push.NewClient(push.ClientOptions{Allow: mustAllow(t, "127.0.0.1/32"), UserAgent: "delayd-test"})
+	c := push.NewClient(push.ClientOptions{Allow: mustAllowPorts(t, "127.0.0.1/32", loopbackPorts), UserAgent: "delayd-test"})
 	defer c.Close()
 	ctx := context.Background()
 	secret := "0123456789abcdef"
@@ -236,14 +381,14 @@ func TestPushTLSRootCAs(t *testing.T) {
 	defer srv.Close()
 	target := storage.PushTarget{URL: srv.URL, Secret: "0123456789abcdef"}
 	ctx := context.Background()
-	plain := push.NewClient(push.ClientOptions{Allow: mustAllow(t, "127.0.0.1")})
+	plain := push.NewClient(push.ClientOptions{Allow: mustAllowPorts(t, "127.0.0.1", loopbackPorts)})
 	defer plain.Close()
 	if o, err := plain.Push(ctx, target, delivery("t1", 1), 10, 5*time.Second); o != storage.PushConnectError || err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("without the CA: %v %v, want a certificate error", o, err)
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(srv.Certificate())
-	trusting := push.NewClient(push.ClientOptions{Allow: mustAllow(t, "127.0.0.1"), RootCAs: pool})
+	trusting := push.NewClient(push.ClientOptions{Allow: mustAllowPorts(t, "127.0.0.1", loopbackPorts), RootCAs: pool})
 	defer trusting.Close()
 	if o, err := trusting.Push(ctx, target, delivery("t1", 1), 10, 5*time.Second); o != storage.PushOK || err != nil {
 		t.Errorf("with the CA: %v %v, want ok", o, err)
@@ -254,17 +399,9 @@ func TestPushTLSRootCAs(t *testing.T) {
 // a loopback address (DNS rebinding) is refused at dial time, and so is an
 // address outside the prefixes; nothing reaches the receiver.
 func TestDialRefusesInternalAddresses(t *testing.T) {
-	hits := 0
-	var mu sync.Mutex
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		mu.Lock()
-		hits++
-		mu.Unlock()
-	}))
-	defer srv.Close()
-	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	srv, port, hits := countingReceiver(t)
 	ctx := context.Background()
-	allow := mustAllow(t, "localhost,203.0.113.0/24")
+	allow := mustAllowPorts(t, "localhost,203.0.113.0/24", port)
 	if err := allow.CheckURL(ctx, "http://localhost:"+port+"/"); err != nil {
 		t.Fatalf("localhost is listed by name, CheckURL = %v", err)
 	}
@@ -272,15 +409,24 @@ func TestDialRefusesInternalAddresses(t *testing.T) {
 	defer c.Close()
 	for _, url := range []string{"http://localhost:" + port + "/", srv.URL + "/"} {
 		o, err := c.Push(ctx, storage.PushTarget{URL: url, Secret: "0123456789abcdef"}, delivery("t1", 1), 10, 5*time.Second)
-		if o != storage.PushRefused || err == nil || !strings.Contains(err.Error(), "does not allow") {
+		if o != storage.PushRefused || err == nil || !strings.Contains(err.Error(), "address not allowed") {
 			t.Errorf("%s: %v %v, want refused", url, o, err)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if hits != 0 {
-		t.Errorf("receiver was reached %d times", hits)
+	if hits.Load() != 0 {
+		t.Errorf("receiver was reached %d times", hits.Load())
 	}
+}
+
+// countingReceiver is a local receiver answering 200; it returns its
+// port and the count of requests it got.
+func countingReceiver(t *testing.T) (*httptest.Server, string, *atomic.Int64) {
+	t.Helper()
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	t.Cleanup(srv.Close)
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	return srv, port, &hits
 }
 
 func hmacHex(secret []byte, msg string) string {
