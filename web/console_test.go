@@ -281,6 +281,40 @@ func ackAll(t *testing.T, addr, ns string) {
 	t.Cleanup(func() { cancel(); <-done; conn.Close() })
 }
 
+// TestConsoleAuthOff: with authentication off the console opens without
+// asking for a key (any text would do, so it asks none) and says that
+// authentication is off; there is nothing to sign out of.
+func TestConsoleAuthOff(t *testing.T) {
+	t.Parallel()
+	b := newBrowser(t)
+	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0"})
+	ctx := b.tab()
+	var who string
+	var state struct {
+		KeyForm bool `json:"keyForm"`
+		SignOut bool `json:"signOut"`
+		Table   bool `json:"table"`
+	}
+	b.run(t, ctx, "open the console", chromedp.Navigate("http://"+d.HTTPAddr()+"/ui/"),
+		chromedp.WaitVisible(chromedp.ID("whoami-ns")),
+		chromedp.WaitVisible(chromedp.ID("namespaces")),
+		into(&who, chromedp.Text(chromedp.ID("whoami"))),
+		into(&state, chromedp.Evaluate[struct {
+			KeyForm bool `json:"keyForm"`
+			SignOut bool `json:"signOut"`
+			Table   bool `json:"table"`
+		}](`({keyForm: !!document.getElementById('key'), signOut: !document.getElementById('signout').hidden,
+			table: !!document.getElementById('namespaces')})`)),
+		b.shot("auth-off"))
+	if !strings.Contains(who, "authentication off") || !strings.Contains(who, "all namespaces") {
+		t.Errorf("header says %q, want it to say authentication is off, on all namespaces", who)
+	}
+	if state.KeyForm || state.SignOut || !state.Table {
+		t.Errorf("page = %+v, want the namespaces, no key form and no sign-out button", state)
+	}
+	b.noError(t, ctx, "auth off")
+}
+
 // TestConsole signs in with the admin key and with a read-only key of one
 // namespace, finds a task by id, requeues dead letters and sees them leave
 // the list, purges one, and checks that the namespace key sees neither

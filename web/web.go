@@ -83,14 +83,20 @@ func Handler(opts Options) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("web: console: %w", err)
 	}
+	paths, err := rpcMethods(opts.Services)
+	if err != nil {
+		return nil, fmt.Errorf("web: %w", err)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/ui/", console)
 	mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
-	var rpc http.Handler = tc
+	// In order: the Content-Type (no body read), the key (no body read),
+	// then the body's size, then the call.
+	rpc := limitBody(opts.MaxMessageBytes, tc)
 	if opts.Admit != nil {
 		rpc = admit(opts.Admit, rpc)
 	}
-	mux.Handle("/", connectByDefault(rpc))
+	mux.Handle("/", checkContentType(paths, connectByDefault(rpc)))
 	return mux, nil
 }
 

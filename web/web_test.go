@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -311,5 +312,70 @@ func TestGRPCWebAndNativeGRPC(t *testing.T) {
 	g, err := delaydv1.NewTaskServiceClient(conn).GetTask(ctx, &delaydv1.GetTaskRequest{Namespace: ns, Id: "t1"})
 	if err != nil || g.GetTask().GetId() != "t1" {
 		t.Fatalf("gRPC over the HTTP port: %v, %v", g, err)
+	}
+}
+
+// TestContentTypeAndSizeAnswers: a call on an existing RPC path without a
+// Content-Type, or with one the edge does not speak, is answered 415 with
+// a JSON error naming Content-Type and what is allowed (not a bare 404); a
+// body over the message limit is answered 413 naming the limit and the
+// flag that sets it (not "429 max buffer size").
+func TestContentTypeAndSizeAnswers(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	ns := e.namespace("web-ct-", nil)
+	chunked := false // send the body without a Content-Length
+	post := func(contentType string, body []byte) (int, string, map[string]any) {
+		t.Helper()
+		var rd io.Reader = bytes.NewReader(body)
+		if chunked {
+			rd = io.MultiReader(rd) // length unknown to net/http
+		}
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.base+"/delayd.v1.TaskService/UpsertTask", rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		req.Header.Set("Authorization", "Bearer "+adminKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		out := map[string]any{}
+		if err := json.Unmarshal(raw, &out); err != nil {
+			t.Errorf("Content-Type %q: answer %q (HTTP %d) is not JSON", contentType, raw, resp.StatusCode)
+		}
+		return resp.StatusCode, resp.Header.Get("Content-Type"), out
+	}
+	ok, _ := json.Marshal(map[string]any{"namespace": ns, "id": "ct-1", "delay": "60s"})
+	for _, ct := range []string{"", "text/plain", "application/x-www-form-urlencoded", "application/xml"} {
+		code, rct, out := post(ct, ok)
+		msg := fmt.Sprint(out["message"])
+		if code != http.StatusUnsupportedMediaType || rct != "application/json" || out["code"] != "invalid_argument" ||
+			!strings.Contains(msg, "Content-Type") || !strings.Contains(msg, "application/json") {
+			t.Errorf("Content-Type %q: HTTP %d (%s) %v; want 415 JSON naming Content-Type and application/json", ct, code, rct, out)
+		}
+	}
+	// what is allowed still works
+	if code, _, out := post("application/json", ok); code != http.StatusOK {
+		t.Errorf("application/json: HTTP %d %v", code, out)
+	}
+	big, _ := json.Marshal(map[string]any{"namespace": ns, "id": "ct-big", "delay": "60s", "payload": make([]byte, 6<<20)})
+	for _, chunked = range []bool{false, true} {
+		code, _, out := post("application/json", big)
+		msg := fmt.Sprint(out["message"])
+		if code != http.StatusRequestEntityTooLarge || out["code"] != "resource_exhausted" ||
+			!strings.Contains(msg, strconv.Itoa(server.DefaultMaxMessageBytes)) || !strings.Contains(msg, "--max-message-bytes") {
+			t.Errorf("6 MiB body (chunked %v): HTTP %d %v; want 413 naming the limit (%d bytes) and --max-message-bytes",
+				chunked, code, out, server.DefaultMaxMessageBytes)
+		}
+	}
+	// a body of unknown length within the limit goes through
+	if code, _, out := post("application/json", ok); code != http.StatusOK {
+		t.Errorf("chunked, small: HTTP %d %v", code, out)
 	}
 }

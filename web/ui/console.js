@@ -221,7 +221,7 @@
   signout.addEventListener('click', () => signOut());
 
   function renderHeader() {
-    signout.hidden = !me;
+    signout.hidden = !me || !me.authEnabled; // nothing to sign out of with authentication off
     if (!me) { whoami.replaceChildren(); return; }
     const k = me.key || {};
     whoami.replaceChildren(
@@ -235,7 +235,8 @@
     const input = h('input', { id: 'key', type: 'password', autocomplete: 'off', placeholder: 'API key', required: true });
     const form = h('form', { id: 'signin', class: 'card signin' },
       h('h1', {}, 'Sign in'),
-      h('p', { class: 'muted' }, 'Paste a delayd API key. It stays in this tab only (session storage) and is sent as an Authorization header.'),
+      h('p', { class: 'muted' }, 'Paste a delayd API key. It stays in this tab only (session storage) and is sent as an Authorization header. ' +
+        '(When delayd runs with authentication off, the console opens without one.)'),
       h('div', { class: 'row' }, input, h('button', { id: 'signin-btn', type: 'submit' }, 'Sign in')));
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
@@ -749,7 +750,11 @@
   }
   window.addEventListener('hashchange', render);
 
-  // A key already in this tab's session: check it is still valid.
+  // A key already in this tab's session: check it is still valid. Without
+  // one, ask whether this delayd wants one at all: with authentication off
+  // WhoAmI answers a keyless call (authEnabled false) and the console opens
+  // without asking for a key; with it on, the call is refused and the
+  // sign-in form asks.
   (async () => {
     if (sessionStorage.getItem(KEY)) {
       try {
@@ -760,6 +765,13 @@
         render();
         showError(e);
         return;
+      }
+    } else {
+      try {
+        const who = await call('NamespaceService/WhoAmI', {});
+        if (!who.authEnabled) me = who;
+      } catch (_) {
+        me = null; // authentication is on (or delayd is down): the form asks
       }
     }
     render();
