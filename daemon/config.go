@@ -110,6 +110,11 @@ type Config struct {
 	// popped early, at most this much later). If zero, 1 ms
 	// (dispatcher.DefaultWakePrecision); negative: no joining.
 	WakePrecision time.Duration
+	// AckLinger is how long an ack that finds no ack of its namespace
+	// shard in flight waits for others to share its Redis script call
+	// (redisstore.Options.AckLinger). It delays ack answers, never
+	// deliveries. If zero, DefaultAckLinger (2 ms); negative: no wait.
+	AckLinger time.Duration
 	// LateWarn is the lateness past a task's due time from which its
 	// delivery is logged at WARN (at most once per namespace every 10 s,
 	// with the count and the worst), so a stall is never silent. If zero,
@@ -200,8 +205,11 @@ const (
 	DefaultFullReconcileInterval = durable.DefaultFullReconcileInterval
 	DefaultSafetyPoll            = dispatcher.DefaultSafetyPoll
 	DefaultWakePrecision         = dispatcher.DefaultWakePrecision
-	DefaultLateWarn              = dispatcher.DefaultLateWarn
-	DefaultPushConcurrency       = dispatcher.DefaultPushConcurrency
+	// DefaultAckLinger is AckLinger's default: at a trickle, the acks of
+	// a couple of milliseconds share one script call.
+	DefaultAckLinger       = 2 * time.Millisecond
+	DefaultLateWarn        = dispatcher.DefaultLateWarn
+	DefaultPushConcurrency = dispatcher.DefaultPushConcurrency
 )
 
 // defaultPolicy is the namespace policy a zero Config gives every
@@ -235,6 +243,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WakePrecision == 0 {
 		c.WakePrecision = DefaultWakePrecision
+	}
+	if c.AckLinger == 0 {
+		c.AckLinger = DefaultAckLinger
 	}
 	if c.LateWarn == 0 {
 		c.LateWarn = DefaultLateWarn

@@ -172,6 +172,7 @@ func (p *parts) openStore(ctx context.Context) (err error) {
 		Traces:         p.tp != nil,
 		MaxScriptBytes: cfg.MaxScriptBytes,
 		Shards:         shards,
+		AckLinger:      max(cfg.AckLinger, 0),
 	})
 	shards.Use(p.index)
 	// Tasks stored by a delayd from before the header/payload split are

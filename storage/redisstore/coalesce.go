@@ -47,6 +47,10 @@ type coalescer[T, R any] struct {
 	// joins reports whether a call's items may share a script call with
 	// the batch's first call's (nil: always).
 	joins func(first, next []T) bool
+	// linger is how long a call that finds nothing of its key in flight
+	// waits, as the leader, for other calls to join its script call; 0:
+	// it goes out at once.
+	linger time.Duration
 
 	mu     sync.Mutex
 	queues map[coKey]*coQueue[T, R] // keys with a script call in flight
@@ -92,7 +96,7 @@ func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T) ([]R, e
 	c := &coCall[T, R]{ctx: ctx, items: items}
 	co.mu.Lock()
 	q, busy := co.queues[key]
-	if !busy {
+	if !busy && co.linger <= 0 {
 		// Nothing in flight: go out at once, alone.
 		q = &coQueue[T, R]{}
 		co.queues[key] = q
@@ -103,6 +107,15 @@ func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T) ([]R, e
 	}
 	c.lead = make(chan struct{}, 1)
 	c.done = make(chan struct{})
+	if !busy {
+		// Nothing in flight: lead, after the linger, the calls that
+		// arrive meanwhile.
+		q = &coQueue[T, R]{}
+		co.queues[key] = q
+		c.leader = true
+		t := time.AfterFunc(co.linger, func() { c.lead <- struct{}{} })
+		defer t.Stop()
+	}
 	q.waiting = append(q.waiting, c)
 	co.mu.Unlock()
 
@@ -257,10 +270,13 @@ func (s *Store) newUpsertCoalescer() *coalescer[storage.UpsertSpec, storage.Upse
 		func(first, next []storage.UpsertSpec) bool { return nsIncarnation(first) == nsIncarnation(next) })
 }
 
-// newAckCoalescer coalesces Ack (and AckMarked) calls by shard and mode.
-func (s *Store) newAckCoalescer() *coalescer[storage.Token, storage.TokenStatus] {
-	return newCoalescer("ack",
+// newAckCoalescer coalesces Ack (and AckMarked) calls by shard and mode,
+// each script call lingering for linger (Options.AckLinger).
+func (s *Store) newAckCoalescer(linger time.Duration) *coalescer[storage.Token, storage.TokenStatus] {
+	co := newCoalescer("ack",
 		func(ctx context.Context, k coKey, tokens []storage.Token) ([]storage.TokenStatus, error) {
 			return s.ackScript(ctx, k.ns, k.sh, tokens, k.marks)
 		}, nil)
+	co.linger = linger
+	return co
 }

@@ -477,3 +477,79 @@ func TestAckCoalesces(t *testing.T) {
 		t.Errorf("after the acks: %+v, %v; want nothing left", stats, err)
 	}
 }
+
+// With Options.AckLinger, an ack that finds nothing in flight waits for
+// the acks that arrive meanwhile and they share its script call (at a
+// trickle acks would otherwise make one script call each); a lingering
+// call whose context ends leaves unapplied and the others still go out.
+func TestAckLingerJoins(t *testing.T) {
+	t.Parallel()
+	setup := New(testRedisClient(t), Options{})
+	loadScripts(t, setup)
+	ns := testkit.Namespace(t, "coackl")
+	dropNS(t, setup, ns)
+	const n = 4
+	specs := make([]storage.UpsertSpec, n)
+	for i := range specs {
+		specs[i] = storage.UpsertSpec{ID: fmt.Sprintf("t%d", i), Delay: -time.Minute}
+	}
+	ctx := context.Background()
+	if _, err := setup.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	dels, err := setup.Pop(ctx, ns, storage.PopParams{Limit: n, LeaseFor: time.Hour})
+	if err != nil || len(dels) != n {
+		t.Fatalf("pop: %d, %v", len(dels), err)
+	}
+
+	c := testRedisClient(t)
+	g := newScriptGate(false)
+	c.AddHook(g)
+	// Long enough that the test queues every call before it ends (the
+	// wait is a bound on a loaded machine, not a measured time).
+	s := New(c, Options{AckLinger: 2 * time.Second})
+	key := coKey{ns: ns}
+	cctx, cancel := context.WithCancel(ctx)
+	out := make([][]storage.TokenStatus, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		callCtx := ctx
+		if i == 0 {
+			callCtx = cctx // the leader gives up while it lingers
+		}
+		wg.Go(func() { out[i], errs[i] = s.Ack(callCtx, ns, []storage.Token{dels[i].Token}) })
+		deadline := time.Now().Add(20 * time.Second)
+		for s.acks.queued(key) != i+1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d acks queued, want %d", s.acks.queued(key), i+1)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if g.calls.Load() != 0 {
+		t.Fatalf("a lingering ack made a script call before the linger ended")
+	}
+	cancel()
+	wg.Wait()
+	if !errors.Is(errs[0], context.Canceled) {
+		t.Errorf("the cancelled leader: %v, want context.Canceled", errs[0])
+	}
+	for i := 1; i < n; i++ {
+		if errs[i] != nil || len(out[i]) != 1 || out[i][0] != storage.TokenOK {
+			t.Errorf("ack %d = %v, %v; want OK", i, out[i], errs[i])
+		}
+	}
+	if got := g.calls.Load(); got != 1 {
+		t.Errorf("%d lingering acks made %d script calls, want 1", n-1, got)
+	}
+	// The cancelled call was not applied: its delivery is still leased.
+	// A lone ack goes out when its linger ends.
+	st, err := s.Ack(ctx, ns, []storage.Token{dels[0].Token})
+	if err != nil || st[0] != storage.TokenOK {
+		t.Errorf("ack of the cancelled call's delivery afterwards = %v, %v; want OK (not applied before)", st, err)
+	}
+	if got := g.calls.Load(); got != 2 {
+		t.Errorf("%d script calls after a lone ack, want 2", got)
+	}
+}

@@ -75,6 +75,13 @@ type Options struct {
 	// concurrent Ack calls, of one namespace into one script call (see
 	// Upsert, Ack). If false (the default), they are joined.
 	NoCoalesce bool
+	// AckLinger is how long an Ack call that finds no ack of its shard in
+	// flight waits for others to join its script call: at a trickle (a few
+	// acks per millisecond, from several streams) acks then share script
+	// calls instead of making one each. It delays the answer of an ack,
+	// never a delivery. If zero, no wait (acks still join while one is in
+	// flight).
+	AckLinger time.Duration
 	// Traces keeps the trace context of traced upserts (UpsertSpec.
 	// TraceParent) and returns it with their deliveries and from Get (see
 	// trace.go): one more pipelined write per traced upsert call, one MGET
@@ -124,7 +131,7 @@ var (
 func New(client redis.UniversalClient, opts Options) *Store {
 	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
 		noCo: opts.NoCoalesce, traces: opts.Traces, maxArgs: opts.MaxScriptBytes, shards: opts.Shards}
-	s.co, s.acks = s.newUpsertCoalescer(), s.newAckCoalescer()
+	s.co, s.acks = s.newUpsertCoalescer(), s.newAckCoalescer(opts.AckLinger)
 	if s.maxArgs <= 0 {
 		s.maxArgs = DefaultMaxScriptBytes
 	}
