@@ -91,8 +91,27 @@ func planNext(r round, safetyPoll, precision time.Duration) plan {
 	}
 	if r.heldFor > 0 {
 		// It may be a lease that ran out while the store was away: look
-		// again when reaping may resume (or on a wake).
-		return plan{wait: r.heldFor, blocked: r.free == 0, reap: true, idleWait: keep, healthy: true}
+		// again when reaping may resume (or on a wake). The hold is about
+		// expired leases only: with credit free, a task that falls due
+		// meanwhile is popped on time, not when the hold ends (after a
+		// Redis stall the tasks due in the next seconds waited for the
+		// whole hold, Liveness/2, while a lease of a stream whose renewal
+		// had not landed yet headed the store's answer).
+		p := plan{wait: r.heldFor, blocked: r.free == 0, reap: true, idleWait: keep, healthy: true}
+		if r.free > 0 {
+			switch w := r.wake; {
+			case w.DueKnown && w.NextDue.IsZero():
+				// nothing scheduled: the hold it is
+			case w.DueKnown && w.NextDue.After(w.Now):
+				p.wait = min(p.wait, roundUp(w.NextDue.Sub(w.Now), precision))
+			default:
+				// due tasks the pop did not take (kinds nobody here takes),
+				// or a store that does not tell: poll with the idle backoff
+				p.idleWait = r.nextIdle()
+				p.wait = min(p.wait, p.idleWait)
+			}
+		}
+		return p
 	}
 	if !r.reaped {
 		// Nothing moved: it may be an expired lease. Reap and look again.
@@ -101,14 +120,7 @@ func planNext(r round, safetyPoll, precision time.Duration) plan {
 	if r.free > 0 {
 		// The store says "due" but neither pop nor reap moved anything:
 		// retry soon, but never spin.
-		longest := maxIdleWait
-		if r.onlyKinds {
-			// Every stream takes given kinds: what is due may be of kinds
-			// nobody takes, and stays so; look again less often. An
-			// earlier task of any kind still wakes the loop at once.
-			longest = kindIdleWait
-		}
-		idle := min(max(2*r.idleWait, time.Millisecond), longest, safetyPoll)
+		idle := min(r.nextIdle(), safetyPoll)
 		return plan{wait: idle, reap: true, idleWait: idle, healthy: true}
 	}
 	// Blocked on credit: wake when credit comes back, when a local lease
@@ -119,6 +131,19 @@ func planNext(r round, safetyPoll, precision time.Duration) plan {
 		wait = min(wait, max(r.earliestLease.Sub(r.now), time.Millisecond))
 	}
 	return plan{wait: wait, blocked: true, idleWait: keep, healthy: true}
+}
+
+// nextIdle is the idle backoff after one more round in which the store
+// said "due" and nothing moved: doubling from 1 ms up to maxIdleWait, or
+// kindIdleWait when every stream takes given kinds (what is due may be of
+// kinds nobody takes, and stays so: look again less often; an earlier task
+// of any kind still wakes the loop at once).
+func (r round) nextIdle() time.Duration {
+	longest := maxIdleWait
+	if r.onlyKinds {
+		longest = kindIdleWait
+	}
+	return min(max(2*r.idleWait, time.Millisecond), longest)
 }
 
 // reapDue reports whether the loop reaps on its next round because the

@@ -20,6 +20,15 @@ func TestPlanNext(t *testing.T) {
 	later := func(d time.Duration) storage.PopResult {
 		return storage.PopResult{Now: t0, Next: t0.Add(d), HasNext: true}
 	}
+	// heldLease: an expired lease heads the answer (Next is now); the first
+	// scheduled task is due in d (0: nothing is scheduled).
+	heldLease := func(d time.Duration) storage.PopResult {
+		r := storage.PopResult{Now: t0, Next: t0, HasNext: true, DueKnown: true}
+		if d != 0 {
+			r.NextDue = t0.Add(d)
+		}
+		return r
+	}
 	tests := []struct {
 		name string
 		r    round
@@ -61,9 +70,21 @@ func TestPlanNext(t *testing.T) {
 		{"a steady flow: more fell due since the pop, pop again without a reap",
 			round{popped: true, free: 5, progress: true, wake: due, idleWait: 2 * time.Millisecond},
 			plan{healthy: true}},
-		{"reaping held after store trouble, credit free: look again when the hold ends",
-			round{popped: true, free: 5, heldFor: 300 * time.Millisecond, wake: due, idleWait: 2 * time.Millisecond},
+		{"reaping held after store trouble, credit free, nothing scheduled: look again when the hold ends",
+			round{popped: true, free: 5, heldFor: 300 * time.Millisecond, wake: heldLease(0), idleWait: 2 * time.Millisecond},
 			plan{wait: 300 * time.Millisecond, reap: true, idleWait: 2 * time.Millisecond, healthy: true}},
+		{"reaping held, credit free, a task due in 123 ms behind an expired lease: wake for the task, not the hold",
+			round{popped: true, free: 5, heldFor: 3 * time.Second, wake: heldLease(123 * time.Millisecond)},
+			plan{wait: 130 * time.Millisecond, reap: true, healthy: true}},
+		{"reaping held, credit free, the task due after the hold: wake when the hold ends",
+			round{popped: true, free: 5, heldFor: 300 * time.Millisecond, wake: heldLease(time.Second)},
+			plan{wait: 300 * time.Millisecond, reap: true, healthy: true}},
+		{"reaping held, credit free, due tasks the pop did not take (kinds): poll with the idle backoff",
+			round{popped: true, free: 5, heldFor: 3 * time.Second, wake: heldLease(-time.Second), idleWait: 2 * time.Millisecond, onlyKinds: true},
+			plan{wait: 4 * time.Millisecond, reap: true, idleWait: 4 * time.Millisecond, healthy: true}},
+		{"reaping held, credit free, a store that does not tell the due head: poll with the idle backoff",
+			round{popped: true, free: 5, heldFor: 3 * time.Second, wake: due, idleWait: 16 * time.Millisecond},
+			plan{wait: maxIdleWait, reap: true, idleWait: maxIdleWait, healthy: true}},
 		{"reaping held, no credit free: blocked until the hold ends",
 			round{heldFor: 300 * time.Millisecond, wake: due},
 			plan{wait: 300 * time.Millisecond, blocked: true, reap: true, healthy: true}},

@@ -128,6 +128,15 @@ type PopResult struct {
 	// HasNext is false when the namespace has no scheduled task and no
 	// delivery in flight.
 	HasNext bool
+	// NextDue is the namespace's first due time after the pop, apart from
+	// lease deadlines; zero when no task is scheduled. Set only with
+	// DueKnown.
+	NextDue time.Time
+	// DueKnown says the store told NextDue apart from Next (an unsharded
+	// Redis namespace, the in-memory store). A dispatcher holding back
+	// reaping after store trouble sleeps until NextDue instead of the whole
+	// hold when Next is an expired lease; without it, it polls.
+	DueKnown bool
 }
 
 // PopParams says what one Pop may take.

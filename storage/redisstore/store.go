@@ -918,8 +918,8 @@ func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopPa
 		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
 	}
 	nowMS, _ := replyInt(rep[0])
-	res := storage.PopResult{Now: time.UnixMilli(nowMS)}
-	for _, v := range rep[2:popHead] {
+	res := storage.PopResult{Now: time.UnixMilli(nowMS), DueKnown: true}
+	for i, v := range rep[2:popHead] {
 		if sv, _ := replyString(v); sv == "" {
 			continue
 		}
@@ -927,7 +927,11 @@ func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopPa
 		if err != nil {
 			return storage.PopResult{}, fmt.Errorf("pop: %w", err)
 		}
-		if t := time.UnixMilli(at); !res.HasNext || t.Before(res.Next) {
+		t := time.UnixMilli(at)
+		if i == 0 { // rep[2], the head of due; rep[3] is the first lease deadline
+			res.NextDue = t
+		}
+		if !res.HasNext || t.Before(res.Next) {
 			res.Next, res.HasNext = t, true
 		}
 	}

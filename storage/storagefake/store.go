@@ -443,7 +443,11 @@ func (s *Store) PopWake(_ context.Context, ns string, p storage.PopParams) (stor
 	dels := s.pop(ns, p)
 	ms, _ := s.now()
 	next, ok := s.nextWake(ns)
-	return storage.PopResult{Deliveries: dels, Now: time.UnixMilli(ms), Next: next, HasNext: ok}, nil
+	r := storage.PopResult{Deliveries: dels, Now: time.UnixMilli(ms), Next: next, HasNext: ok, DueKnown: true}
+	if due, ok := head(s.nss[ns]); ok {
+		r.NextDue = time.UnixMilli(due)
+	}
+	return r, nil
 }
 
 // pop is Pop with s.mu held.

@@ -563,8 +563,8 @@ func testPopWake(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	runTable(t, newStore, []transition{{
 		name: "empty",
 		run: func(e *env) {
-			if r := popWake(e, 5); r.HasNext || len(r.Deliveries) != 0 {
-				e.t.Errorf("pop wake = %d deliveries, has next %v; want none, no next", len(r.Deliveries), r.HasNext)
+			if r := popWake(e, 5); r.HasNext || len(r.Deliveries) != 0 || !r.NextDue.IsZero() {
+				e.t.Errorf("pop wake = %d deliveries, has next %v, next due %v; want none, no next", len(r.Deliveries), r.HasNext, r.NextDue)
 			}
 		},
 	}, {
@@ -596,9 +596,15 @@ func testPopWake(t *testing.T, newStore func(t *testing.T) storage.Store) {
 		seeds: []Seed{{ID: "d", State: deliv}, {ID: "s", Due: 3 * time.Hour}},
 		run: func(e *env) {
 			lease := e.get("d").LeaseDeadline // 1 h
+			due := e.get("s").DueTime
 			r := popWake(e, 5)
 			if len(r.Deliveries) != 0 || !r.HasNext || !r.Next.Equal(lease) {
 				e.t.Errorf("pop wake = %d deliveries, next %v (has %v); want none, lease deadline %v", len(r.Deliveries), r.Next, r.HasNext, lease)
+			}
+			// A store that tells the due head apart says when s is due
+			// (the dispatcher wakes for it while reaping is held).
+			if r.DueKnown && !r.NextDue.Equal(due) {
+				e.t.Errorf("next due = %v; want s's due time %v", r.NextDue, due)
 			}
 		},
 		want: []Row{row("s", sched, 1, 0, ""), row("d", deliv, 1, 1, "")},
