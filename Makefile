@@ -50,16 +50,17 @@ $(BIN)/staticcheck:
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(TS_DEPS) ## Install the pinned code generators into ./bin (and clients/ts/node_modules).
 
 .PHONY: generate
-generate: tools ## Regenerate gen/ and clients/ts/src/gen/ from proto/.
+generate: tools ## Regenerate gen/, clients/ts/src/gen/ and the Python client's stubs from proto/.
 	rm -rf gen clients/ts/src/gen
 	buf generate
 	buf generate --template clients/ts/buf.gen.yaml
+	$(MAKE) --no-print-directory generate-clients
 
 .PHONY: check-generate
 check-generate: generate ## Fail when gen/ differs from what proto/ generates.
-	@if [ -n "$$(git status --porcelain -- gen proto clients/ts/src/gen)" ]; then \
-		echo "gen/ or clients/ts/src/gen/ is stale: run 'make generate' and commit the result"; \
-		git status --porcelain -- gen proto clients/ts/src/gen; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- gen proto clients/ts/src/gen clients/python/delayd/v1)" ]; then \
+		echo "gen/, clients/ts/src/gen/ or clients/python/delayd/v1/ is stale: run 'make generate' and commit the result"; \
+		git status --porcelain -- gen proto clients/ts/src/gen clients/python/delayd/v1; exit 1; fi
 
 # buf breaking compares proto/ with this ref (the main branch by default):
 # a change that breaks the wire or JSON contract fails lint (docs/VERSIONING.md).

@@ -167,7 +167,8 @@ func pythonWithGRPC(t *testing.T) string {
 // TestPythonClient runs clients/python's tests (python3 -m unittest): the
 // Consumer against a delayd on the test Redis with auth on, through acks,
 // a Retry nack, a handler's exception, a handler slower than its lease
-// (extended, so delivered once) and a delayd restart (reconnected).
+// (extended, so delivered once), a delayd restart (reconnected) and a stop
+// while a handler runs (drained: its ack answered before the stream closes).
 func TestPythonClient(t *testing.T) {
 	t.Parallel()
 	py := pythonWithGRPC(t)

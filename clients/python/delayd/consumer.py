@@ -10,7 +10,7 @@
 
     channel = grpc.insecure_channel("localhost:7070")
     consumer = Consumer(channel, "orders", handle, api_key=KEY)
-    consumer.run()          # until consumer.stop() from another thread
+    consumer.run()          # until consumer.stop(), e.g. from a SIGTERM handler
 
 One bidirectional stream brings deliveries (several per message, at most
 max_in_flight unacked at once) and takes the verdicts back: a handler that
@@ -156,11 +156,27 @@ class Consumer:
         # delivery was already taken back); reconnects counts new streams
         # after a broken one.
         self.stats = {"delivered": 0, "acked": 0, "nacked": 0, "extended": 0, "rejected": 0, "reconnects": 0}
+        self._sent = 0  # ack and nack tokens sent on the open stream
+        self._answered = 0  # and answered on it
 
-    def stop(self) -> None:
-        """Ends run(): the stream is closed (what it holds goes back to the
-        queue at once) and run returns once running handlers have finished."""
+    def stop(self, drain: float = 10.0) -> None:
+        """Ends run() gracefully, without blocking (a signal handler may call
+        it): deliveries that arrive from now on are handed back at once,
+        running handlers get up to `drain` seconds to finish and have their
+        verdicts answered, then the stream is closed (what it still holds
+        goes back to delayd's queue) and run() returns."""
+        if self._stop.is_set():
+            return
         self._stop.set()
+        threading.Thread(target=self._drain_then_close, args=(drain,), name="delayd-drain", daemon=True).start()
+
+    def _drain_then_close(self, drain: float) -> None:
+        deadline = time.monotonic() + drain
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._call is None or (not self._held and self._answered >= self._sent):
+                    break
+            time.sleep(0.02)
         with self._lock:
             if self._call is not None:
                 self._call.cancel()
@@ -206,12 +222,16 @@ class Consumer:
             if self._stop.is_set():
                 call.cancel()
             self._out, self._call = out, call
+            self._sent = self._answered = 0
         delivered = False
         try:
             for resp in call:
                 for d in resp.deliveries:
                     delivered = True
                     self._bump("delivered")
+                    if self._stop.is_set():  # stopping: give it back at once
+                        self._send(nacks=[(d.token, 0, "consumer stopping")])
+                        continue
                     msg = Message(d, self)
                     with self._lock:
                         self._held[d.token] = msg
@@ -290,6 +310,8 @@ class Consumer:
             req.extends.add(tokens=[token], extend_by=_duration(seconds))
         with self._lock:
             out = self._out
+            if out is not None:
+                self._sent += len(req.ack_tokens) + len(req.nacks)
         if out is None:
             # No stream: delayd took the delivery back when the last one
             # broke and delivers it again; this verdict has nothing to name.
@@ -299,6 +321,8 @@ class Consumer:
 
     def _results(self, resp: delivery_pb2.StreamDeliveriesResponse) -> None:
         ok = delivery_pb2.TOKEN_STATUS_OK
+        with self._lock:
+            self._answered += len(resp.ack_results) + len(resp.nack_results)
         for name, results in (("acked", resp.ack_results), ("nacked", resp.nack_results), ("extended", resp.extend_results)):
             for r in results:
                 self._bump(name if r.status == ok else "rejected")

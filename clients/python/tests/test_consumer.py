@@ -134,6 +134,8 @@ class ConsumerTest(unittest.TestCase):
                 raise ValueError("boom")
             if msg.id == "slow":
                 time.sleep(7)  # over twice the 3 s lease: only extension keeps it
+            if msg.id == "last":
+                time.sleep(1)  # still running when stop() is called
 
         # extend_by 3 s: the consumer extends whenever under 1.5 s is left.
         consumer = Consumer(self.channel, self.ns, handle, api_key=ADMIN_KEY, extend_by=3.0, backoff=(0.05, 0.5))
@@ -165,10 +167,18 @@ class ConsumerTest(unittest.TestCase):
             self.assertGreaterEqual(consumer.stats["reconnects"], 1)
             with lock:
                 self.assertEqual(seen["after-restart"], [1])
+
+            # stop() while a handler runs: it finishes, its ack is answered,
+            # and only then does the stream close.
+            self.upsert("last")
+            self.wait_for("the last task's handler to start", lambda: "last" in seen)
+            consumer.stop()
+            runner.join(timeout=30)
+            self.assertFalse(runner.is_alive(), "run() did not return after stop()")
+            self.assertTrue(self.gone("last"), "the task handled while stopping was not acked before the stream closed")
         finally:
             consumer.stop()
             runner.join(timeout=30)
-        self.assertFalse(runner.is_alive(), "run() did not return after stop()")
 
     def test_bad_key_is_raised_not_retried(self):
         consumer = Consumer(self.channel, self.ns, lambda m: None, api_key="not-a-key-of-this-delayd-0000")

@@ -135,6 +135,16 @@ class RemoveTaskResponse(_message.Message):
     removed: bool
     def __init__(self, removed: bool = ..., previous_state: _Optional[_Union[TaskState, str]] = ...) -> None: ...
 
+class RemoveTaskResult(_message.Message):
+    __slots__ = ["id", "previous_state", "removed"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_STATE_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    previous_state: TaskState
+    removed: bool
+    def __init__(self, id: _Optional[str] = ..., removed: bool = ..., previous_state: _Optional[_Union[TaskState, str]] = ...) -> None: ...
+
 class RemoveTasksRequest(_message.Message):
     __slots__ = ["filter", "ids", "namespace", "page_token"]
     FILTER_FIELD_NUMBER: _ClassVar[int]
@@ -148,12 +158,14 @@ class RemoveTasksRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[TaskFilter, _Mapping]] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class RemoveTasksResponse(_message.Message):
-    __slots__ = ["next_page_token", "removed"]
+    __slots__ = ["next_page_token", "removed", "results"]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     next_page_token: str
     removed: int
-    def __init__(self, removed: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[RemoveTaskResult]
+    def __init__(self, removed: _Optional[int] = ..., next_page_token: _Optional[str] = ..., results: _Optional[_Iterable[_Union[RemoveTaskResult, _Mapping]]] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ["attempt", "create_time", "dead_time", "due_time", "generation", "id", "incarnation", "kind", "last_error", "lease_deadline", "namespace", "payload", "state", "traceparent", "update_time"]

@@ -189,7 +189,8 @@ class TaskServiceServicer(object):
 
     def ListTasks(self, request, context):
         """ListTasks pages through the tasks of one state: SCHEDULED in due-time
-        order, DELIVERED in lease-deadline order, DEAD in time-of-death order.
+        order, DELIVERED in the order of the store's leases (which end at or
+        before Task.lease_deadline), DEAD in time-of-death order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
