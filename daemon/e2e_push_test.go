@@ -296,6 +296,30 @@ func TestE2EPushRetriesThenDeadLetters(t *testing.T) {
 	}
 }
 
+// TestE2EPushLastErrorNamesNoAddress (issue 32 item 5): a push to a
+// port where nothing listens leaves a last error, read by the tenant
+// through GetTask, in fixed words that name neither the address nor the
+// port nor Go's network text.
+func TestE2EPushLastErrorNamesNoAddress(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	e, a := newPushEnv(t, "127.0.0.1/32", pushPolicy("http://"+addr+"/hook", 1, 5*time.Second))
+	e.upsert(a, "closed", 0)
+	waitFor(t, "task dead after its one attempt", func() bool {
+		task, err := e.getTask(a, "closed")
+		return err == nil && task.GetState() == delaydv1.TaskState_TASK_STATE_DEAD
+	})
+	task, _ := e.getTask(a, "closed")
+	if got := task.GetLastError(); got != "push: connection refused by target" || strings.Contains(got, port) {
+		t.Errorf("last error %q, want %q (no address, no port)", got, "push: connection refused by target")
+	}
+}
+
 // TestE2EPushTimeoutNacks: an endpoint that does not answer within the ack
 // timeout (1 s) has the request cut and the task nacked; after
 // max_attempts it is a dead letter saying why.
