@@ -203,10 +203,10 @@ var CtlEnv = []string{"DELAYD_ADDR", "DELAYD_API_KEY", "DELAYD_API_KEY_FILE", "D
 
 // harnessEnv are the variables of this repository's build, tests and
 // deployment files (Makefile, internal/testkit, the web console's and
-// TypeScript client's tests, deploy/compose's image choice, make
+// TypeScript and Python clients' tests, deploy/compose's image choice, make
 // test-image), which may sit in the environment delayd starts in: no typo
 // either.
-var harnessEnv = []string{"DELAYD_BIN", "DELAYD_CHROMIUM", "DELAYD_IMAGE", "DELAYD_TEST_ARTIFACTS", "DELAYD_TEST_IMAGE", "DELAYD_TEST_LOG"}
+var harnessEnv = []string{"DELAYD_BIN", "DELAYD_CHROMIUM", "DELAYD_IMAGE", "DELAYD_TEST_ARTIFACTS", "DELAYD_TEST_IMAGE", "DELAYD_TEST_LOG", "DELAYD_TEST_NAMESPACE"}
 
 // ParseFlags parses args into fs, then sets every flag the command line
 // left unset from its DELAYD_* variable in environ ("KEY=value" pairs, as
