@@ -6,9 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/delayd/delayd/client"
 )
 
 // goFence matches a ```go block of a Markdown file.
@@ -57,5 +60,67 @@ func TestDocSnippetsBuild(t *testing.T) {
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("a Go snippet of the docs does not build (go build %s): %v\n%s", strings.Join(pkgs, " "), err, out)
+	}
+}
+
+// TestClientGuideFieldReference: the client guide's "Task and Delivery
+// fields" table names every exported field of client.Task, and the text
+// under it every field Delivery adds, so a field added to the SDK is not
+// left out of the one page a team reads.
+func TestClientGuideFieldReference(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join("..", "docs", "client-guide.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "### Task and Delivery fields\n")
+	if !ok {
+		t.Fatal(`docs/client-guide.md has no "### Task and Delivery fields" section`)
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	named := map[string]bool{}
+	for _, line := range strings.Split(sec, "\n") {
+		if first, _, ok := strings.Cut(strings.TrimPrefix(line, "| "), " |"); ok && strings.HasPrefix(line, "| `") {
+			for _, m := range regexp.MustCompile("`([A-Za-z]+)`").FindAllStringSubmatch(first, -1) {
+				named[m[1]] = true
+			}
+		}
+	}
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[client.Task]()) {
+		if f.IsExported() && !named[f.Name] {
+			t.Errorf("client.Task.%s is not in the client guide's field table", f.Name)
+		}
+	}
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[client.Delivery]()) {
+		if f.IsExported() && !f.Anonymous && f.Index[0] != 0 && !strings.Contains(sec, "`"+f.Name+"`") {
+			t.Errorf("client.Delivery.%s is not described under the client guide's field table", f.Name)
+		}
+	}
+}
+
+// TestDocsGoGetNamesARealVersion: a `go get …@vX.Y.Z` line in the docs
+// names a tag that exists (the guide once said @v0.1.0, which was never
+// tagged); until delayd is tagged, the docs pin a commit.
+func TestDocsGoGetNamesARealVersion(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("git", "-C", "..", "tag", "--list").Output()
+	if err != nil {
+		t.Fatalf("git tag --list: %v", err)
+	}
+	tags := map[string]bool{}
+	for _, tag := range strings.Fields(string(out)) {
+		tags[tag] = true
+	}
+	re := regexp.MustCompile(`go get \S*delayd\S*@(v[0-9][^\s` + "`" + `]*)`)
+	for _, doc := range []string{"README.md", "docs/client-guide.md", "clients/ts/README.md"} {
+		b, err := os.ReadFile(filepath.Join("..", doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			if !tags[m[1]] {
+				t.Errorf("%s: %q names %s, which is not a tag of this repository (pin a commit until there is one)", doc, m[0], m[1])
+			}
+		}
 	}
 }

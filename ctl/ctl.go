@@ -114,7 +114,10 @@ func (g *globals) connectionHint(err error) string {
 	}
 	msg := st.Message()
 	connErr := false
-	for _, s := range []string{"connection error", "broken pipe", "server preface", "handshake", "tls:", "connection reset", "EOF"} {
+	// gRPC reports a name that does not resolve as "name resolver error:
+	// produced zero addresses", not as a connection error.
+	for _, s := range []string{"connection error", "broken pipe", "server preface", "handshake", "tls:", "connection reset", "EOF",
+		"name resolver error", "produced zero addresses"} {
 		connErr = connErr || strings.Contains(msg, s)
 	}
 	if !connErr {
