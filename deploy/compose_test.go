@@ -36,8 +36,8 @@ var reComposeVar = regexp.MustCompile(`\$\{([A-Z0-9_]+)`)
 // durable mode with auth on, every DELAYD_* variable one delayd knows,
 // every service health-checked (delayd's by delayctl ready), delayd given
 // longer to stop than its shutdown bound, the stores on volumes, and every
-// variable it reads from .env described in .env.example. (make test-ship
-// also runs docker-compose config on it.)
+// variable it reads from .env described in .env.example. (Nothing here
+// runs docker compose config on it: the machines have no compose plugin.)
 func TestCompose(t *testing.T) {
 	raw, err := os.ReadFile("compose/compose.yaml")
 	if err != nil {
