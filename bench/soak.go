@@ -15,6 +15,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Soak is a steady-flow run (delaybench --soak): Rate tasks per second for
@@ -116,6 +119,9 @@ type SoakReport struct {
 	P999 float64 `json:"p999_ms"`
 	// Behind is the furthest the producers fell behind their schedule.
 	BehindMS float64 `json:"producers_behind_max_ms"`
+	// UpsertRetries counts UpsertTask calls answered UNAVAILABLE and
+	// retried, as delayd tells clients to ("safe to retry").
+	UpsertRetries int64 `json:"upsert_retries"`
 	// Bursts lists the due-time seconds with a task later than LateMark.
 	Bursts  []LateBurst  `json:"late_bursts"`
 	Samples []SoakSample `json:"samples"`
@@ -262,6 +268,7 @@ func runSoak(ctx context.Context, cfg Config, e env, redisURL string, stdout, st
 	var behind atomic.Int64
 	var prodErr error
 	var errOnce sync.Once
+	var retries atomic.Int64
 	pctx, cancelProd := context.WithCancel(ctx)
 	payload := make([]byte, w.PayloadBytes)
 	var prod sync.WaitGroup
@@ -280,7 +287,9 @@ func runSoak(ctx context.Context, cfg Config, e env, redisURL string, stdout, st
 				}
 				due := e.clock.Now().Add(sc.DueAfter).UnixMilli()
 				sk.dues[i] = due
-				if err := ds.upsert(pctx, nss[0], []item{{id: TaskID(i), due: time.UnixMilli(due)}}, payload, true); err != nil {
+				if err := upsertRetrying(pctx, func() error {
+					return ds.upsert(pctx, nss[0], []item{{id: TaskID(i), due: time.UnixMilli(due)}}, payload, true)
+				}, &retries); err != nil {
 					errOnce.Do(func() { prodErr = err; cancelProd() })
 					return
 				}
@@ -294,6 +303,7 @@ func runSoak(ctx context.Context, cfg Config, e env, redisURL string, stdout, st
 		rep.Error = "upsert: " + prodErr.Error()
 	}
 	rep.BehindMS = ms(time.Duration(behind.Load()))
+	rep.UpsertRetries = retries.Load()
 
 	// Wait for the last deliveries and acks.
 	lastDue := time.UnixMilli(slices.Max(sk.dues))
@@ -388,7 +398,7 @@ func (r *SoakReport) WriteText(w io.Writer) error {
 	fmt.Fprintf(bw, "machine: %d CPUs %s, load average %s -> %s; started %s\n", r.Machine.CPUs, r.Machine.Model, r.Machine.LoadAvgStart, r.Machine.LoadAvgEnd, r.Started)
 	fmt.Fprintf(bw, "tasks: %d delivered, %d lost, %d duplicate, %d early, %d unknown\n", r.Delivered, r.Lost, r.Duplicates, r.Early, r.Unknown)
 	l := r.Lateness
-	fmt.Fprintf(bw, "lateness ms: p50 %.1f / p99 %.1f / p99.9 %.1f / max %.1f (min %.1f); producers at most %.0f ms behind schedule\n", l.P50, l.P99, r.P999, l.Max, l.Min, r.BehindMS)
+	fmt.Fprintf(bw, "lateness ms: p50 %.1f / p99 %.1f / p99.9 %.1f / max %.1f (min %.1f); producers at most %.0f ms behind schedule; %d upserts retried after UNAVAILABLE\n", l.P50, l.P99, r.P999, l.Max, l.Min, r.BehindMS, r.UpsertRetries)
 	fmt.Fprintf(bw, "server log: %.2f MB (%.0f bytes per task)\n", float64(r.LogBytes)/(1<<20), float64(r.LogBytes)/float64(max(r.Expected, 1)))
 	if len(r.Bursts) == 0 {
 		fmt.Fprintf(bw, "late bursts: none over %s\n", p.LateMark)
@@ -482,4 +492,25 @@ func startNoise() (stop func(), err error) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	}, nil
+}
+
+// upsertRetrying calls upsert until it succeeds, retrying an UNAVAILABLE
+// answer every 100 ms for up to a minute, as delayd tells clients to
+// ("store unavailable, safe to retry": an upsert is idempotent); each retry
+// is counted in retries. A soak on a loaded machine used to end at the
+// first such answer (a 20-minute NOISE=1 run stopped at 901 s).
+func upsertRetrying(ctx context.Context, upsert func() error, retries *atomic.Int64) error {
+	giveUp := time.Now().Add(time.Minute)
+	for {
+		err := upsert()
+		if err == nil || status.Code(err) != codes.Unavailable || time.Now().After(giveUp) || ctx.Err() != nil {
+			return err
+		}
+		retries.Add(1)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
