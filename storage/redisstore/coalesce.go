@@ -41,9 +41,6 @@ const CoalesceMax = 256
 // its callers (none if one of them has none).
 type coalescer[T, R any] struct {
 	op string
-	// run makes the script call for items (of one key) and answers one
-	// result per item, in order.
-	run func(ctx context.Context, key coKey, items []T) ([]R, error)
 	// joins reports whether a call's items may share a script call with
 	// the batch's first call's (nil: always).
 	joins func(first, next []T) bool
@@ -64,8 +61,8 @@ type coKey struct {
 	marks bool
 }
 
-func newCoalescer[T, R any](op string, run func(context.Context, coKey, []T) ([]R, error), joins func(first, next []T) bool) *coalescer[T, R] {
-	return &coalescer[T, R]{op: op, run: run, joins: joins, queues: make(map[coKey]*coQueue[T, R])}
+func newCoalescer[T, R any](op string, joins func(first, next []T) bool) *coalescer[T, R] {
+	return &coalescer[T, R]{op: op, joins: joins, queues: make(map[coKey]*coQueue[T, R])}
 }
 
 // coQueue holds one key's calls waiting for the script call in flight to
@@ -89,7 +86,10 @@ type coCall[T, R any] struct {
 }
 
 // do runs items through the coalescer of key; 0 < len(items) < CoalesceMax.
-func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T) ([]R, error) {
+// run is the shard call that takes them (and the items of the calls it
+// goes out with) and answers one result per item, in order: every call of
+// one key passes the same one (the key names the shard).
+func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T, run func(context.Context, []T) ([]R, error)) ([]R, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, wrapErr(co.op, err)
 	}
@@ -102,7 +102,7 @@ func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T) ([]R, e
 		co.queues[key] = q
 		c.leader, c.taken = true, true
 		co.mu.Unlock()
-		co.send(ctx, key, q, []*coCall[T, R]{c})
+		co.send(ctx, key, q, []*coCall[T, R]{c}, run)
 		return c.res, c.err
 	}
 	c.lead = make(chan struct{}, 1)
@@ -144,17 +144,17 @@ func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T) ([]R, e
 		case c.leader:
 			batch := co.take(q)
 			co.mu.Unlock()
-			co.send(ctx, key, q, batch)
+			co.send(ctx, key, q, batch, run)
 			return c.res, c.err
 		}
 		co.mu.Unlock()
 	}
 }
 
-// send runs one script call for batch (its calls taken, out of the queue),
-// passes the lead to the first queued call (or marks the key idle), and
-// hands out the results.
-func (co *coalescer[T, R]) send(ctx context.Context, key coKey, q *coQueue[T, R], batch []*coCall[T, R]) {
+// send runs one shard call (run) for batch (its calls taken, out of the
+// queue), passes the lead to the first queued call (or marks the key
+// idle), and hands out the results.
+func (co *coalescer[T, R]) send(ctx context.Context, key coKey, q *coQueue[T, R], batch []*coCall[T, R], run func(context.Context, []T) ([]R, error)) {
 	all := batch[0].items
 	if len(batch) > 1 {
 		n := 0
@@ -183,7 +183,7 @@ func (co *coalescer[T, R]) send(ctx context.Context, key coKey, q *coQueue[T, R]
 		sctx, cancel = context.WithDeadline(sctx, latest)
 		defer cancel()
 	}
-	res, err := co.run(sctx, key, all)
+	res, err := run(sctx, all)
 
 	co.mu.Lock()
 	co.promote(key, q)
@@ -262,21 +262,15 @@ func (co *coalescer[T, R]) queued(key coKey) int {
 // newUpsertCoalescer coalesces Upsert calls by shard. A call for another
 // namespace incarnation goes in a script call of its own (the script checks
 // one per call).
-func (s *Store) newUpsertCoalescer() *coalescer[storage.UpsertSpec, storage.UpsertResult] {
-	return newCoalescer("upsert",
-		func(ctx context.Context, k coKey, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
-			return s.upsertScript(ctx, k.ns, k.sh, specs)
-		},
+func newUpsertCoalescer() *coalescer[storage.UpsertSpec, storage.UpsertResult] {
+	return newCoalescer[storage.UpsertSpec, storage.UpsertResult]("upsert",
 		func(first, next []storage.UpsertSpec) bool { return nsIncarnation(first) == nsIncarnation(next) })
 }
 
 // newAckCoalescer coalesces Ack (and AckMarked) calls by shard and mode,
 // each script call lingering for linger (Options.AckLinger).
-func (s *Store) newAckCoalescer(linger time.Duration) *coalescer[storage.Token, storage.TokenStatus] {
-	co := newCoalescer("ack",
-		func(ctx context.Context, k coKey, tokens []storage.Token) ([]storage.TokenStatus, error) {
-			return s.ackScript(ctx, k.ns, k.sh, tokens, k.marks)
-		}, nil)
+func newAckCoalescer(linger time.Duration) *coalescer[storage.Token, storage.TokenStatus] {
+	co := newCoalescer[storage.Token, storage.TokenStatus]("ack", nil)
 	co.linger = linger
 	return co
 }

@@ -103,7 +103,7 @@ func (s *Store) restoreShard(ctx context.Context, ns string, sh int, tasks []sto
 		return nil
 	})
 	if err == nil && s.traces {
-		s.restoreTraces(ctx, ns, sh, tasks)
+		s.cachedShard(ns, sh).restoreTraces(ctx, tasks)
 	}
 	return written, err
 }

@@ -203,15 +203,6 @@ func (s *Store) forgetShards(ns string) {
 	}
 }
 
-// taskKeys are the keys of the shard task id of ns lives in.
-func (s *Store) taskKeys(ctx context.Context, ns, id string) (nsKeys, error) {
-	n, err := s.shardCount(ctx, ns)
-	if err != nil {
-		return nsKeys{}, err
-	}
-	return keysForN(ns, shardOf(id, n), n), nil
-}
-
 // shardRetry is how soon a sharded NextWake asks again when a shard did
 // not answer (its master failing over).
 const shardRetry = 100 * time.Millisecond
@@ -361,32 +352,6 @@ func eachShardOf(n int, all bool, limit int, ids []string, fn func(sh int, ids [
 	return nil
 }
 
-// upsertSharded writes specs split per shard (concurrently), answering in
-// spec order. A failed shard fails the call; the other shards' specs may
-// have been written (as when one call is split into several script calls).
-func (s *Store) upsertSharded(ctx context.Context, ns string, n int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
-	g := groupIndexes(n, len(specs), func(i int) string { return specs[i].ID })
-	out := make([]storage.UpsertResult, len(specs))
-	err := fanOut(groupShards(g), func(sh int) error {
-		part := make([]storage.UpsertSpec, len(g[sh]))
-		for j, i := range g[sh] {
-			part[j] = specs[i]
-		}
-		res, err := s.upsertShard(ctx, ns, sh, part)
-		if err != nil {
-			return err
-		}
-		for j, r := range res {
-			out[g[sh][j]] = r
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 // listSharded merges the shards' pages: each shard lists from the same
 // cursor; merged tasks are kept only up to the earliest last task of a
 // shard that has more (past it, that shard's next tasks are unknown), then
@@ -417,7 +382,7 @@ func (s *Store) listSharded(ctx context.Context, ns string, n int, p storage.Lis
 		// the cursor: a page of only those is empty but not the end, so
 		// read on from where it stopped, still skipping up to the cursor.
 		for {
-			ts, scores, next, err := s.listShard(ctx, ns, sh, q)
+			ts, scores, next, err := s.shardOfN(ns, sh, n).list(ctx, q)
 			if err != nil {
 				return err
 			}
@@ -485,7 +450,7 @@ func (s *Store) walk(ctx context.Context, ns string, p storage.RemoveTasksParams
 		return nil, "", fmt.Errorf("remove tasks: %w", err)
 	}
 	if n == 1 {
-		return s.walkShard(ctx, ns, 0, p, dry)
+		return s.shardOfN(ns, 0, 1).walk(ctx, p, dry)
 	}
 	sh, inner := 0, ""
 	if p.Cursor != "" {
@@ -499,7 +464,7 @@ func (s *Store) walk(ctx context.Context, ns string, p storage.RemoveTasksParams
 	}
 	q := p
 	q.Cursor = inner
-	vs, next, err := s.walkShard(ctx, ns, sh, q, dry)
+	vs, next, err := s.shardOfN(ns, sh, n).walk(ctx, q, dry)
 	if err != nil {
 		return vs, "", err
 	}
@@ -765,4 +730,50 @@ func (s *Store) hscanShards(ctx context.Context, op, ns string, key func(nsKeys)
 		return kv, uint64(sh+1) << shardCursorBits, nil
 	}
 	return kv, 0, nil
+}
+
+// taskShard is the shard task id of ns lives in.
+func (s *Store) taskShard(ctx context.Context, ns, id string) (shard, error) {
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
+		return shard{}, err
+	}
+	return s.shardOfN(ns, shardOf(id, n), n), nil
+}
+
+// splitByShard splits count items by the shard of id(i), runs fn once per
+// shard that has items (concurrently; directly when there is one shard)
+// with that shard's items in order, and answers the results in item order.
+// A failed shard fails the call; the other shards' items may have been
+// applied (as when one call is split into several script calls).
+func splitByShard[T, R any](n int, items []T, id func(i int) string, fn func(i int, part []T) ([]R, error)) ([]R, error) {
+	if n == 1 {
+		return fn(0, items)
+	}
+	g := groupIndexes(n, len(items), id)
+	out := make([]R, len(items))
+	err := fanOut(groupShards(g), func(sh int) error {
+		part := make([]T, len(g[sh]))
+		for j, i := range g[sh] {
+			part[j] = items[i]
+		}
+		res, err := fn(sh, part)
+		if err != nil {
+			return err
+		}
+		for j, r := range res {
+			out[g[sh][j]] = r
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// cachedShard is shard i of ns for the shard count the call that got here
+// read (through shardCount); see keysOf.
+func (s *Store) cachedShard(ns string, i int) shard {
+	return shard{conn: s.conn, ns: ns, i: i, k: s.keysOf(ns, i)}
 }

@@ -104,13 +104,8 @@ type Options struct {
 // Store is the Redis task index. It is safe for concurrent use; it does not
 // own the client (closing the client is the caller's business).
 type Store struct {
-	rdb      redis.UniversalClient
-	log      *slog.Logger
-	timeout  time.Duration
-	wake     string
+	*conn    // the client and the limits every shard shares (shard.go)
 	noCo     bool
-	traces   bool
-	maxArgs  int // Options.MaxScriptBytes
 	co       *coalescer[storage.UpsertSpec, storage.UpsertResult]
 	acks     *coalescer[storage.Token, storage.TokenStatus]
 	shards   ShardCounter  // Options.Shards
@@ -129,9 +124,9 @@ var (
 
 // New returns a Store over client. It does not contact Redis.
 func New(client redis.UniversalClient, opts Options) *Store {
-	s := &Store{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
-		noCo: opts.NoCoalesce, traces: opts.Traces, maxArgs: opts.MaxScriptBytes, shards: opts.Shards}
-	s.co, s.acks = s.newUpsertCoalescer(), s.newAckCoalescer(opts.AckLinger)
+	s := &Store{conn: &conn{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
+		traces: opts.Traces, maxArgs: opts.MaxScriptBytes}, noCo: opts.NoCoalesce, shards: opts.Shards}
+	s.co, s.acks = newUpsertCoalescer(), newAckCoalescer(opts.AckLinger)
 	if s.maxArgs <= 0 {
 		s.maxArgs = DefaultMaxScriptBytes
 	}
@@ -159,43 +154,6 @@ func New(client redis.UniversalClient, opts Options) *Store {
 		client.AddHook(breakerHook{&breaker{openFor: openFor, tripAfter: tripAfter}})
 	}
 	return s
-}
-
-// run runs a script with the per-call timeout and classifies its error.
-func (s *Store) run(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	v, err := sc.Run(ctx, s.rdb, keys, args...).Result()
-	if err != nil {
-		s.reloadOnFailure(err)
-		return nil, wrapErr(op, err)
-	}
-	return v, nil
-}
-
-// reloadOnFailure asks a ClusterClient to reload the slot map when a call
-// could not reach a node: go-redis reloads it on its own only on a MOVED
-// reply (which a dead master never sends) or every minute, so without this
-// the calls of a failed-over slot keep going to the dead master long after
-// its replica was promoted. Reloads are throttled by go-redis (one at a
-// time, 200 ms apart).
-func (s *Store) reloadOnFailure(err error) {
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok && unavailable(err) {
-		cc.ReloadState(context.Background())
-	}
-}
-
-// runSlice runs a script that answers an array.
-func (s *Store) runSlice(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) ([]any, error) {
-	v, err := s.run(ctx, op, sc, keys, args...)
-	if err != nil {
-		return nil, err
-	}
-	a, err := replySlice(v)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
-	}
-	return a, nil
 }
 
 // wrapErr wraps err with op, and with storage.ErrUnavailable when Redis
@@ -313,25 +271,26 @@ func (s *Store) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpe
 	if err != nil {
 		return nil, fmt.Errorf("upsert: %w", err)
 	}
-	var res []storage.UpsertResult
-	if n == 1 {
-		res, err = s.upsertShard(ctx, ns, 0, specs)
-	} else {
-		res, err = s.upsertSharded(ctx, ns, n, specs)
-	}
-	if err == nil && s.traces {
-		s.writeTraces(ctx, ns, n, specs, res)
-	}
-	return res, err
+	return splitByShard(n, specs, func(i int) string { return specs[i].ID }, func(i int, part []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+		return s.upsertOn(ctx, s.shardOfN(ns, i, n), part)
+	})
 }
 
-// upsertShard writes specs, all of shard sh, coalesced with concurrent calls
-// of the same shard unless Options.NoCoalesce says otherwise.
-func (s *Store) upsertShard(ctx context.Context, ns string, sh int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+// upsertOn writes specs, all of shard sh: coalesced with concurrent calls
+// of the same shard unless Options.NoCoalesce says otherwise, then their
+// trace contexts kept (Options.Traces).
+func (s *Store) upsertOn(ctx context.Context, sh shard, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
+	var res []storage.UpsertResult
+	var err error
 	if s.noCo || len(specs) == 0 || len(specs) >= CoalesceMax {
-		return s.upsertScript(ctx, ns, sh, specs)
+		res, err = sh.upsert(ctx, specs)
+	} else {
+		res, err = s.co.do(ctx, coKey{ns: sh.ns, sh: sh.i}, specs, sh.upsert)
 	}
-	return s.co.do(ctx, coKey{ns: ns, sh: sh}, specs)
+	if err == nil && s.traces {
+		sh.writeTraces(ctx, specs, res)
+	}
+	return res, err
 }
 
 // ClaimIncarnation checks, as an upsert for incarnation inc of ns (the
@@ -346,23 +305,7 @@ func (s *Store) ClaimIncarnation(ctx context.Context, ns string, inc int64) erro
 	if err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
-	return fanOut(allShards(n), func(sh int) error { return s.claimShard(ctx, ns, sh, inc) })
-}
-
-// claimShard is ClaimIncarnation for shard sh (whose life key it checks).
-func (s *Store) claimShard(ctx context.Context, ns string, sh int, inc int64) error {
-	k := s.keysOf(ns, sh)
-	rep, err := s.runSlice(ctx, "claim incarnation", scripts.upsert,
-		[]string{k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm}, s.wake, ns, 0, inc)
-	if err != nil {
-		return err
-	}
-	if len(rep) == 2 {
-		if code, _ := replyInt(rep[1]); code == -1 {
-			return fmt.Errorf("claim: namespace %q incarnation %d: %w", ns, inc, storage.ErrNamespaceEnded)
-		}
-	}
-	return nil
+	return fanOut(allShards(n), func(i int) error { return s.shardOfN(ns, i, n).claim(ctx, inc) })
 }
 
 // nsIncarnation is the namespace incarnation specs are written for (they
@@ -374,136 +317,6 @@ func nsIncarnation(specs []storage.UpsertSpec) int64 {
 	return specs[0].NamespaceIncarnation
 }
 
-// upsertScript runs the upsert script for specs, in calls of at most
-// MaxBatch specs and Options.MaxScriptBytes. When the namespace
-// incarnation the specs name has ended it fails with
-// storage.ErrNamespaceEnded (a call split in several stops at the first
-// refused one).
-func (s *Store) upsertScript(ctx context.Context, ns string, sh int, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
-	k := s.keysOf(ns, sh)
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm}
-	nsInc := nsIncarnation(specs)
-	out := make([]storage.UpsertResult, 0, len(specs))
-	size := func(i int) int { return len(specs[i].ID) + len(specs[i].Kind) + len(specs[i].Payload) }
-	err := byteChunks(len(specs), s.maxArgs, size, func(lo, hi int) error {
-		part := specs[lo:hi]
-		args := make([]any, 0, 3+10*len(part))
-		args = append(args, s.wake, ns, len(part))
-		for i := range part {
-			sp := &part[i]
-			due := ""
-			if !sp.DueTime.IsZero() {
-				due = strconv.FormatInt(storage.DueMilli(sp.DueTime), 10)
-			}
-			inc := sp.Incarnation
-			if sp.Generation == 0 {
-				inc = 0
-			}
-			want := sp.IfVersion()
-			args = append(args, sp.ID, due, storage.DelayMicros(sp.Delay), inc, sp.Generation, sp.Kind, sp.Payload,
-				luaBool(sp.CreateOnly), max(want.Generation, 0), max(want.Incarnation, 0))
-		}
-		args = append(args, nsInc)
-		rep, err := s.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
-		if err != nil {
-			return err
-		}
-		if len(rep) == 2 {
-			if code, _ := replyInt(rep[1]); code == -1 {
-				return fmt.Errorf("upsert: namespace %q incarnation %d: %w", ns, nsInc, storage.ErrNamespaceEnded)
-			}
-		}
-		if len(rep) != 1+5*len(part) {
-			return fmt.Errorf("upsert: reply has %d values for %d tasks", len(rep), len(part))
-		}
-		now, _ := replyInt(rep[0])
-		for i := range part {
-			sp := &part[i]
-			v := rep[1+5*i : 6+5*i]
-			code, err := replyInt(v[0])
-			if err != nil {
-				return fmt.Errorf("upsert: %w", err)
-			}
-			if code == 5 || code == 6 {
-				r := storage.UpsertResult{Refused: storage.RefusedExists}
-				if code == 6 {
-					r.Refused = storage.RefusedGeneration
-				}
-				if h, _ := replyString(v[1]); h != "" {
-					if r.Task, err = decodeTask(ns, sp.ID, v[1], v[2], v[3], v[4]); err != nil {
-						return fmt.Errorf("upsert: %w", err)
-					}
-				}
-				out = append(out, r)
-				continue
-			}
-			if code == 4 {
-				t, err := decodeTask(ns, sp.ID, v[1], v[2], v[3], v[4])
-				if err != nil {
-					return fmt.Errorf("upsert: %w", err)
-				}
-				stale := t.Generation > sp.Generation
-				if sp.Incarnation != 0 {
-					stale = t.Incarnation > sp.Incarnation || (t.Incarnation == sp.Incarnation && t.Generation > sp.Generation)
-				}
-				out = append(out, storage.UpsertResult{Task: t, Stale: stale})
-				continue
-			}
-			gen, _ := replyInt(v[1])
-			created, _ := replyInt(v[2])
-			due, _ := replyInt(v[3])
-			inc, _ := replyInt(v[4])
-			out = append(out, storage.UpsertResult{
-				Task: storage.Task{
-					Namespace:   ns,
-					ID:          sp.ID,
-					Kind:        sp.Kind,
-					Payload:     sp.Payload,
-					DueTime:     msTime(due),
-					State:       storage.StateScheduled,
-					Generation:  gen,
-					Incarnation: inc,
-					CreateTime:  msTime(created),
-					UpdateTime:  msTime(now),
-				},
-				Created:  code&1 != 0,
-				Earliest: code&2 != 0,
-			})
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// decodeTask builds a task from a script's (header, state, score, payload)
-// reply.
-func decodeTask(ns, id string, hdrV, stateV, scoreV, payloadV any) (storage.Task, error) {
-	h, err := replyString(hdrV)
-	if err != nil {
-		return storage.Task{}, err
-	}
-	st, err := replyInt(stateV)
-	if err != nil {
-		return storage.Task{}, err
-	}
-	score, err := replyInt(scoreV)
-	if err != nil {
-		return storage.Task{}, err
-	}
-	payload, err := replyString(payloadV)
-	if err != nil {
-		return storage.Task{}, err
-	}
-	r, err := decodeRecord(h, payload)
-	if err != nil {
-		return storage.Task{}, fmt.Errorf("task %q: %w", id, err)
-	}
-	return r.task(ns, id, stateOf(st), score), nil
-}
-
 // Remove deletes the task in any state and returns the state it was in;
 // storage.ErrNotFound if there was no such task. With ifVersion.Generation
 // set, the task is deleted only when its stored version matches (the
@@ -511,36 +324,11 @@ func decodeTask(ns, id string, hdrV, stateV, scoreV, payloadV any) (storage.Task
 // checked in the same script; otherwise a *storage.ConflictError carries
 // the stored task.
 func (s *Store) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
-	k, err := s.taskKeys(ctx, ns, id)
+	sh, err := s.taskShard(ctx, ns, id)
 	if err != nil {
 		return 0, fmt.Errorf("remove: %w", err)
 	}
-	ifGen, ifInc := max(ifVersion.Generation, 0), max(ifVersion.Incarnation, 0)
-	if ifGen == 0 {
-		ifInc = 0
-	}
-	rep, err := s.runSlice(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id, ifGen, ifInc)
-	if err != nil {
-		return 0, err
-	}
-	if len(rep) < 1 {
-		return 0, fmt.Errorf("remove: empty reply")
-	}
-	n, err := replyInt(rep[0])
-	if err != nil {
-		return 0, fmt.Errorf("remove: %w", err)
-	}
-	switch {
-	case n == 4 && len(rep) == 5:
-		t, err := decodeTask(ns, id, rep[1], rep[2], rep[3], rep[4])
-		if err != nil {
-			return 0, fmt.Errorf("remove: %w", err)
-		}
-		return 0, &storage.ConflictError{Err: storage.ErrGenerationMismatch, Task: t, Expected: storage.Version{ID: id, Generation: ifGen, Incarnation: ifInc}}
-	case n == 0:
-		return 0, fmt.Errorf("remove %q: %w", id, storage.ErrNotFound)
-	}
-	return stateOf(n), nil
+	return sh.remove(ctx, id, ifVersion)
 }
 
 // RemoveTasks deletes p.IDs (at most MaxBatch; those that do not exist are
@@ -562,8 +350,8 @@ func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTask
 		}
 		groups := groupIndexes(n, len(p.IDs), func(i int) string { return p.IDs[i] })
 		states := make([]storage.State, len(p.IDs))
-		err = fanOut(groupShards(groups), func(sh int) error {
-			return s.removeIDsShard(ctx, ns, sh, p.IDs, groups[sh], states)
+		err = fanOut(groupShards(groups), func(i int) error {
+			return s.shardOfN(ns, i, n).removeIDs(ctx, p.IDs, groups[i], states)
 		})
 		res := storage.RemoveTasksResult{States: states}
 		for _, st := range states {
@@ -577,35 +365,6 @@ func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTask
 	return storage.RemoveTasksResult{Removed: int64(len(vs)), Next: next}, err
 }
 
-// removeIDsShard deletes ids[i] for each i of idx (all of shard sh) and
-// sets states[i] to the state each was in (StateUnspecified: none).
-func (s *Store) removeIDsShard(ctx context.Context, ns string, sh int, ids []string, idx []int, states []storage.State) error {
-	k := s.keysOf(ns, sh)
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
-	args := make([]any, 0, 1+len(idx))
-	args = append(args, "ids")
-	for _, i := range idx {
-		args = append(args, ids[i])
-	}
-	rep, err := s.runSlice(ctx, "remove tasks", scripts.removeTasks, keys, args...)
-	if err != nil {
-		return err
-	}
-	if len(rep) != 1+len(idx) {
-		return fmt.Errorf("remove tasks: reply has %d values, want %d", len(rep), 1+len(idx))
-	}
-	for j, i := range idx {
-		c, err := replyInt(rep[1+j])
-		if err != nil {
-			return fmt.Errorf("remove tasks: %w", err)
-		}
-		if c != 0 {
-			states[i] = stateOf(c)
-		}
-	}
-	return nil
-}
-
 // MatchTasks is the walk of RemoveTasks (p.Filter from p.Cursor, at most
 // p.Limit tasks examined) without deleting anything: it returns the
 // version of each task that matches and the cursor of the next page.
@@ -615,115 +374,13 @@ func (s *Store) MatchTasks(ctx context.Context, ns string, p storage.RemoveTasks
 	return s.walk(ctx, ns, p, true)
 }
 
-// walkStates is the order a filter walk goes through the states.
-var walkStates = []storage.State{storage.StateScheduled, storage.StateDelivered, storage.StateDead}
-
-// walk runs removetasks.lua's walk from p.Cursor until p.Limit tasks were
-// examined or the walk is done.
-func (s *Store) walkShard(ctx context.Context, ns string, sh int, p storage.RemoveTasksParams, dry bool) ([]storage.Version, string, error) {
-	k := s.keysOf(ns, sh)
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
-	state, score, id, err := parseWalkCursor(p.Cursor, p.Filter.State)
-	if err != nil {
-		return nil, "", err
-	}
-	budget := p.Limit
-	if budget <= 0 || budget > MaxBatch {
-		budget = MaxBatch
-	}
-	var out []storage.Version
-	for {
-		rep, err := s.runSlice(ctx, "remove tasks", scripts.removeTasks, keys,
-			"walk", luaBool(dry), int(state), score, id, budget, p.Filter.Kind, p.Filter.IDPrefix)
-		if err != nil {
-			return out, "", err
-		}
-		if len(rep) < 4 || (len(rep)-4)%3 != 0 {
-			return out, "", fmt.Errorf("remove tasks: reply has %d values", len(rep))
-		}
-		examined, _ := replyInt(rep[3])
-		for i := 4; i < len(rep); i += 3 {
-			vid, _ := replyString(rep[i])
-			inc, _ := replyInt(rep[i+1])
-			gen, _ := replyInt(rep[i+2])
-			out = append(out, storage.Version{ID: vid, Incarnation: inc, Generation: gen})
-		}
-		if more, _ := replyInt(rep[0]); more == 1 {
-			sc, _ := replyString(rep[1])
-			last, _ := replyString(rep[2])
-			return out, walkCursor(state, sc, last), nil
-		}
-		// This state is done; the next one, if the filter allows, goes on
-		// in the same call with the budget left (at most one script call
-		// per state).
-		if p.Filter.State != storage.StateUnspecified || int(state) >= len(walkStates) {
-			return out, "", nil
-		}
-		state, score, id = walkStates[state], "", ""
-		budget -= int(examined)
-		if budget <= 0 {
-			return out, walkCursor(state, "", ""), nil
-		}
-	}
-}
-
-// A walk cursor is "w<state>:<score>:<id>" (the last member examined) or
-// "w<state>:" (the start of that state).
-func walkCursor(state storage.State, score, id string) string {
-	if score == "" {
-		return "w" + strconv.Itoa(int(state)) + ":"
-	}
-	return "w" + strconv.Itoa(int(state)) + ":" + score + ":" + id
-}
-
-func parseWalkCursor(c string, filter storage.State) (state storage.State, score, id string, err error) {
-	if c == "" {
-		if filter != storage.StateUnspecified {
-			return filter, "", "", nil
-		}
-		return storage.StateScheduled, "", "", nil
-	}
-	bad := fmt.Errorf("remove tasks: %w", storage.ErrInvalidCursor)
-	st, rest, ok := strings.Cut(strings.TrimPrefix(c, "w"), ":")
-	n, perr := strconv.Atoi(st)
-	if !strings.HasPrefix(c, "w") || !ok || perr != nil || n < 1 || n > len(walkStates) {
-		return 0, "", "", bad
-	}
-	state = storage.State(n)
-	if filter != storage.StateUnspecified && filter != state {
-		return 0, "", "", bad
-	}
-	if rest == "" {
-		return state, "", "", nil
-	}
-	score, id, ok = strings.Cut(rest, ":")
-	if _, perr := strconv.ParseInt(score, 10, 64); !ok || perr != nil || storage.ValidateTaskID(id) != nil {
-		return 0, "", "", bad
-	}
-	return state, score, id, nil
-}
-
 // Get returns one task; storage.ErrNotFound if there is none.
 func (s *Store) Get(ctx context.Context, ns, id string) (storage.Task, error) {
-	k, err := s.taskKeys(ctx, ns, id)
+	sh, err := s.taskShard(ctx, ns, id)
 	if err != nil {
 		return storage.Task{}, fmt.Errorf("get: %w", err)
 	}
-	rep, err := s.runSlice(ctx, "get", scripts.get, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id)
-	if err != nil {
-		return storage.Task{}, err
-	}
-	if len(rep) < 4 {
-		return storage.Task{}, fmt.Errorf("get %q: %w", id, storage.ErrNotFound)
-	}
-	t, err := decodeTask(ns, id, rep[0], rep[1], rep[2], rep[3])
-	if err != nil {
-		return storage.Task{}, fmt.Errorf("get: %w", err)
-	}
-	if s.traces {
-		t.TraceParent = s.readTrace(ctx, k, id)
-	}
-	return t, nil
+	return sh.get(ctx, id)
 }
 
 // List returns one page of the tasks of one state (see
@@ -740,103 +397,10 @@ func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]st
 		return nil, "", fmt.Errorf("list: %w", err)
 	}
 	if n == 1 {
-		ts, _, next, err := s.listShard(ctx, ns, 0, p)
+		ts, _, next, err := s.shardOfN(ns, 0, 1).list(ctx, p)
 		return ts, next, err
 	}
 	return s.listSharded(ctx, ns, n, p)
-}
-
-// listShard is List of shard sh; it also returns each task's score (its
-// ZSET's order).
-func (s *Store) listShard(ctx context.Context, ns string, sh int, p storage.ListParams) ([]storage.Task, []int64, string, error) {
-	state := p.State
-	if state == storage.StateUnspecified {
-		state = storage.StateScheduled
-	}
-	k := s.keysOf(ns, sh)
-	var set string
-	switch state {
-	case storage.StateScheduled:
-		set = k.due
-	case storage.StateDelivered:
-		set = k.inflight
-	case storage.StateDead:
-		set = k.dead
-	default:
-		return nil, nil, "", fmt.Errorf("list: unknown state %d", state)
-	}
-	limit := min(max(p.Limit, 1), MaxBatch)
-	cs, cid, err := parseCursor(state, p.Cursor)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	payloads := "1"
-	if p.NoPayload {
-		payloads = ""
-	}
-	// A trace context (kept apart from the header) is at most 64 bytes.
-	fixed := storage.TaskWireOverhead + len(ns) + 64
-	rep, err := s.runSlice(ctx, "list", scripts.list, []string{set, k.meta, k.body}, limit, cs, cid, max(p.MaxBytes, 0), payloads, fixed)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	if len(rep) < 3 || (len(rep)-3)%4 != 0 {
-		return nil, nil, "", fmt.Errorf("list: reply has %d values", len(rep))
-	}
-	tasks := make([]storage.Task, 0, (len(rep)-3)/4)
-	scores := make([]int64, 0, cap(tasks))
-	for i := 3; i < len(rep); i += 4 {
-		id, err := replyString(rep[i])
-		if err != nil {
-			return nil, nil, "", fmt.Errorf("list: %w", err)
-		}
-		t, err := decodeTask(ns, id, rep[i+2], int64(state), rep[i+1], rep[i+3])
-		if err != nil {
-			return nil, nil, "", fmt.Errorf("list: %w", err)
-		}
-		if p.NoPayload {
-			t.Payload = nil // an inline one came with the header
-		}
-		score, err := replyInt(rep[i+1])
-		if err != nil {
-			return nil, nil, "", fmt.Errorf("list: %w", err)
-		}
-		tasks = append(tasks, t)
-		scores = append(scores, score)
-	}
-	if kept, cut := storage.CutPage(tasks, p.MaxBytes); cut {
-		last := len(kept) - 1
-		return kept, scores[:len(kept)], makeCursor(state, scores[last], kept[last].ID), nil
-	}
-	next := ""
-	if more, _ := replyInt(rep[0]); more == 1 {
-		score, err := replyInt(rep[1])
-		if err != nil {
-			return nil, nil, "", fmt.Errorf("list: %w", err)
-		}
-		id, _ := replyString(rep[2])
-		next = makeCursor(state, score, id)
-	}
-	return tasks, scores, next, nil
-}
-
-// A list cursor is "<state>:<score>:<id>": the last member of the previous
-// page.
-func makeCursor(state storage.State, score int64, id string) string {
-	return strconv.Itoa(int(state)) + ":" + strconv.FormatInt(score, 10) + ":" + id
-}
-
-func parseCursor(state storage.State, c string) (score, id string, err error) {
-	if c == "" {
-		return "", "", nil
-	}
-	st, rest, ok1 := strings.Cut(c, ":")
-	score, id, ok2 := strings.Cut(rest, ":")
-	_, perr := strconv.ParseInt(score, 10, 64)
-	if !ok1 || !ok2 || st != strconv.Itoa(int(state)) || perr != nil || storage.ValidateTaskID(id) != nil {
-		return "", "", fmt.Errorf("list: %w", ErrInvalidCursor)
-	}
-	return score, id, nil
 }
 
 // Pop leases at most p.Limit (and at most MaxBatch) due tasks of ns for
@@ -957,7 +521,7 @@ func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopPa
 		})
 	}
 	if s.traces && len(out) > 0 {
-		s.readTraces(ctx, ns, sh, out)
+		s.cachedShard(ns, sh).readTraces(ctx, out)
 	}
 	res.Deliveries = out
 	return res, nil
@@ -1084,7 +648,9 @@ func (s *Store) ackShard(ctx context.Context, ns string, sh int, tokens []storag
 	if s.noCo || len(tokens) == 0 || len(tokens) >= CoalesceMax {
 		return s.ackScript(ctx, ns, sh, tokens, marks)
 	}
-	return s.acks.do(ctx, coKey{ns: ns, sh: sh, marks: marks}, tokens)
+	return s.acks.do(ctx, coKey{ns: ns, sh: sh, marks: marks}, tokens, func(ctx context.Context, tokens []storage.Token) ([]storage.TokenStatus, error) {
+		return s.ackScript(ctx, ns, sh, tokens, marks)
+	})
 }
 
 // ackScript runs ack.lua for tokens of shard sh (split by byteChunks).

@@ -22,10 +22,11 @@ import (
 // kept (retries after nacks and expired leases still find it).
 const traceRetention = 24 * time.Hour
 
-// writeTraces stores the trace context of every applied spec that has one,
-// and deletes it for those that have none (an untraced upsert replaces the
-// task, so its delivery must not link to the previous producer).
-func (s *Store) writeTraces(ctx context.Context, ns string, n int, specs []storage.UpsertSpec, res []storage.UpsertResult) {
+// writeTraces stores the trace context of every applied spec (of this
+// shard) that has one, and deletes it for those that have none (an
+// untraced upsert replaces the task, so its delivery must not link to the
+// previous producer).
+func (s shard) writeTraces(ctx context.Context, specs []storage.UpsertSpec, res []storage.UpsertResult) {
 	traced := false
 	for i := range specs {
 		if specs[i].TraceParent != "" {
@@ -46,7 +47,7 @@ func (s *Store) writeTraces(ctx context.Context, ns string, n int, specs []stora
 			if i >= len(res) || res[i].Stale || res[i].Refused != storage.NotRefused {
 				continue
 			}
-			key := keysForN(ns, shardOf(specs[i].ID, n), n).traceOf(specs[i].ID)
+			key := s.k.traceOf(specs[i].ID)
 			if tp := specs[i].TraceParent; tp != "" {
 				p.SetArgs(ctx, key, tp, redis.SetArgs{ExpireAt: res[i].Task.DueTime.Add(traceRetention)})
 				res[i].Task.TraceParent = tp
@@ -57,7 +58,7 @@ func (s *Store) writeTraces(ctx context.Context, ns string, n int, specs []stora
 		return nil
 	})
 	if err != nil {
-		s.log.Warn("keeping trace contexts failed; their deliveries will not link to the producer", "namespace", ns, "err", err)
+		s.log.Warn("keeping trace contexts failed; their deliveries will not link to the producer", "namespace", s.ns, "err", err)
 	}
 }
 
@@ -66,7 +67,7 @@ func (s *Store) writeTraces(ctx context.Context, ns string, n int, specs []stora
 // Redis lost it still delivers linked to its producer. A trace key that
 // exists is left as it is (SET NX): the index's own is as new as the
 // authority's or newer.
-func (s *Store) restoreTraces(ctx context.Context, ns string, sh int, tasks []storage.Task) {
+func (s shard) restoreTraces(ctx context.Context, tasks []storage.Task) {
 	n := 0
 	for i := range tasks {
 		if tasks[i].TraceParent != "" {
@@ -84,38 +85,38 @@ func (s *Store) restoreTraces(ctx context.Context, ns string, sh int, tasks []st
 			if t.TraceParent == "" || t.State == storage.StateDead {
 				continue
 			}
-			p.SetArgs(ctx, s.keysOf(ns, sh).traceOf(t.ID), t.TraceParent, redis.SetArgs{Mode: "NX", ExpireAt: t.DueTime.Add(traceRetention)})
+			p.SetArgs(ctx, s.k.traceOf(t.ID), t.TraceParent, redis.SetArgs{Mode: "NX", ExpireAt: t.DueTime.Add(traceRetention)})
 		}
 		return nil
 	})
 	if err != nil {
-		s.log.Warn("restoring trace contexts failed; their deliveries will not link to the producer", "namespace", ns, "err", err)
+		s.log.Warn("restoring trace contexts failed; their deliveries will not link to the producer", "namespace", s.ns, "err", err)
 	}
 }
 
 // readTrace returns the trace context kept for task id ("" if none, or
 // when it cannot be read: best effort, never an error).
-func (s *Store) readTrace(ctx context.Context, k nsKeys, id string) string {
+func (s shard) readTrace(ctx context.Context, id string) string {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	tp, err := s.rdb.Get(ctx, k.traceOf(id)).Result()
+	tp, err := s.rdb.Get(ctx, s.k.traceOf(id)).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		s.log.Warn("reading a trace context failed; answering without it", "key", k.meta, "err", err)
+		s.log.Warn("reading a trace context failed; answering without it", "key", s.k.meta, "err", err)
 	}
 	return tp
 }
 
 // readTraces sets the trace context of each delivery that has one.
-func (s *Store) readTraces(ctx context.Context, ns string, sh int, dels []storage.Delivery) {
+func (s shard) readTraces(ctx context.Context, dels []storage.Delivery) {
 	keys := make([]string, len(dels))
 	for i := range dels {
-		keys[i] = s.keysOf(ns, sh).traceOf(dels[i].Task.ID)
+		keys[i] = s.k.traceOf(dels[i].Task.ID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	vals, err := s.rdb.MGet(ctx, keys...).Result()
 	if err != nil {
-		s.log.Warn("reading trace contexts failed; delivering without them", "namespace", ns, "err", err)
+		s.log.Warn("reading trace contexts failed; delivering without them", "namespace", s.ns, "err", err)
 		return
 	}
 	for i, v := range vals {

@@ -1,0 +1,107 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// The store is two layers. A shard (this file, and shard_*.go by concern)
+// owns one hash-tag slot of a namespace: its keys (keys.go), the script
+// calls made on them and the decoding of their replies. The Store above
+// (store.go, shards.go) only counts a namespace's shards, splits a call's
+// items by shard, fans the call out and merges the answers; coalescing
+// (coalesce.go) and trace contexts (trace.go) wrap a shard call.
+
+// conn is what every shard shares: the client, the per-call timeout, the
+// wake channel and the size bound of one script call.
+type conn struct {
+	rdb     redis.UniversalClient
+	log     *slog.Logger
+	timeout time.Duration
+	wake    string
+	maxArgs int  // Options.MaxScriptBytes
+	traces  bool // Options.Traces
+}
+
+// shard is shard i of namespace ns (of n; keysForN): its keys, and the
+// script calls on them.
+type shard struct {
+	*conn
+	ns string
+	i  int
+	k  nsKeys
+}
+
+// shardOfN is shard i of the n shards of ns.
+func (c *conn) shardOfN(ns string, i, n int) shard {
+	return shard{conn: c, ns: ns, i: i, k: keysForN(ns, i, n)}
+}
+
+// run runs a script with the per-call timeout and classifies its error.
+func (s *conn) run(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	v, err := sc.Run(ctx, s.rdb, keys, args...).Result()
+	if err != nil {
+		s.reloadOnFailure(err)
+		return nil, wrapErr(op, err)
+	}
+	return v, nil
+}
+
+// reloadOnFailure asks a ClusterClient to reload the slot map when a call
+// could not reach a node: go-redis reloads it on its own only on a MOVED
+// reply (which a dead master never sends) or every minute, so without this
+// the calls of a failed-over slot keep going to the dead master long after
+// its replica was promoted. Reloads are throttled by go-redis (one at a
+// time, 200 ms apart).
+func (s *conn) reloadOnFailure(err error) {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok && unavailable(err) {
+		cc.ReloadState(context.Background())
+	}
+}
+
+// runSlice runs a script that answers an array.
+func (s *conn) runSlice(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) ([]any, error) {
+	v, err := s.run(ctx, op, sc, keys, args...)
+	if err != nil {
+		return nil, err
+	}
+	a, err := replySlice(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return a, nil
+}
+
+// decodeTask builds a task from a script's (header, state, score, payload)
+// reply.
+func decodeTask(ns, id string, hdrV, stateV, scoreV, payloadV any) (storage.Task, error) {
+	h, err := replyString(hdrV)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	st, err := replyInt(stateV)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	score, err := replyInt(scoreV)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	payload, err := replyString(payloadV)
+	if err != nil {
+		return storage.Task{}, err
+	}
+	r, err := decodeRecord(h, payload)
+	if err != nil {
+		return storage.Task{}, fmt.Errorf("task %q: %w", id, err)
+	}
+	return r.task(ns, id, stateOf(st), score), nil
+}
