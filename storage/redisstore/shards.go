@@ -560,7 +560,7 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	err := fanOut(shards, func(sh int) error {
 		qq := q
 		qq.Limit = counts[sh]
-		r, err := s.popShard(ctx, ns, sh, qq)
+		r, err := s.shardOfN(ns, sh, n).pop(ctx, qq)
 		got[sh] = r.Deliveries
 		return err
 	})
@@ -605,7 +605,7 @@ func (s *Store) reapSharded(ctx context.Context, ns string, n, limit int, opts s
 	got := make([][]storage.Moved, n)
 	err := fanOut(shards, func(sh int) error {
 		var err error
-		got[sh], err = s.reapShard(ctx, ns, sh, counts[sh], opts)
+		got[sh], err = s.shardOfN(ns, sh, n).reap(ctx, counts[sh], opts)
 		return err
 	})
 	out := slices.Concat(got...)
@@ -624,7 +624,7 @@ func (s *Store) nextWakeSharded(ctx context.Context, ns string, n int) (next, no
 	}
 	as := make([]ans, n)
 	errs := fanOutEach(allShards(n), func(sh int) error {
-		a, b, c, err := s.nextWakeShard(ctx, ns, sh)
+		a, b, c, err := s.shardOfN(ns, sh, n).nextWake(ctx)
 		as[sh] = ans{a, b, c}
 		return err
 	})
@@ -656,7 +656,7 @@ func (s *Store) statsSharded(ctx context.Context, ns string, n int) (storage.Sta
 	sts := make([]storage.Stats, n)
 	err := fanOut(allShards(n), func(sh int) error {
 		var err error
-		sts[sh], err = s.statsShard(ctx, ns, sh)
+		sts[sh], err = s.shardOfN(ns, sh, n).stats(ctx)
 		return err
 	})
 	if err != nil {
@@ -683,7 +683,7 @@ func (s *Store) dueKindsSharded(ctx context.Context, ns string, n int) (storage.
 	dks := make([]storage.DueKinds, n)
 	err := fanOut(allShards(n), func(sh int) error {
 		var err error
-		dks[sh], err = s.dueKindsShard(ctx, ns, sh)
+		dks[sh], err = s.shardOfN(ns, sh, n).dueKinds(ctx)
 		return err
 	})
 	if err != nil {

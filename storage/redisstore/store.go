@@ -418,7 +418,7 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 		return nil, fmt.Errorf("pop: %w", err)
 	}
 	if n == 1 {
-		r, err := s.popShard(ctx, ns, 0, p)
+		r, err := s.shardOfN(ns, 0, n).pop(ctx, p)
 		return r.Deliveries, err
 	}
 	return s.popSharded(ctx, ns, n, p)
@@ -439,7 +439,7 @@ func (s *Store) PopWake(ctx context.Context, ns string, p storage.PopParams) (st
 			// the script pops nothing and answers the heads
 			p.Limit, p.Kinds, p.MaxRate = 0, nil, 0
 		}
-		return s.popShard(ctx, ns, 0, p)
+		return s.shardOfN(ns, 0, n).pop(ctx, p)
 	}
 	var r storage.PopResult
 	if p.Limit > 0 {
@@ -454,108 +454,6 @@ func (s *Store) PopWake(ctx context.Context, ns string, p storage.PopParams) (st
 		r.Next, r.HasNext, err = r.Now.Add(shardRetry), true, nil
 	}
 	return r, err
-}
-
-// popShard is PopWake of shard sh.
-func (s *Store) popShard(ctx context.Context, ns string, sh int, p storage.PopParams) (storage.PopResult, error) {
-	k := s.keysOf(ns, sh)
-	// ARGV as documented in lua/pop.lua.
-	rate := max(p.MaxRate, 0)
-	args := []any{min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0,
-		max(p.TellFor.Milliseconds(), 0)}
-	if len(p.Kinds) > 0 {
-		args[4] = storage.KindScanWindow
-		for _, kind := range p.Kinds {
-			args = append(args, kind)
-		}
-	}
-	rep, err := s.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm}, args...)
-	if err != nil {
-		return storage.PopResult{}, err
-	}
-	if len(rep) < popHead {
-		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
-	}
-	rep, bad := splitBad(rep, popHead, 3)
-	s.logBad("pop", ns, bad)
-	if len(rep)%3 != popHead%3 {
-		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
-	}
-	nowMS, _ := replyInt(rep[0])
-	res := storage.PopResult{Now: time.UnixMilli(nowMS), DueKnown: true}
-	for i, v := range rep[2:popHead] {
-		if sv, _ := replyString(v); sv == "" {
-			continue
-		}
-		at, err := replyInt(v)
-		if err != nil {
-			return storage.PopResult{}, fmt.Errorf("pop: %w", err)
-		}
-		t := time.UnixMilli(at)
-		if i == 0 { // rep[2], the head of due; rep[3] is the first lease deadline
-			res.NextDue = t
-		}
-		if !res.HasNext || t.Before(res.Next) {
-			res.Next, res.HasNext = t, true
-		}
-	}
-	deadline, _ := replyInt(rep[1])
-	out := make([]storage.Delivery, 0, (len(rep)-popHead)/3)
-	for i := popHead; i < len(rep); i += 3 {
-		id, _ := replyString(rep[i])
-		h, _ := replyString(rep[i+1])
-		payload, _ := replyString(rep[i+2])
-		r, err := decodeRecord(h, payload)
-		if err != nil {
-			// The script checked the header; this cannot happen unless the
-			// two layouts disagree. The task is leased; its lease will
-			// expire and the reaper will put it back. Report the rest.
-			s.log.Error("pop: undecodable task record", "namespace", ns, "id", id, "err", err)
-			continue
-		}
-		out = append(out, storage.Delivery{
-			Task: r.task(ns, id, storage.StateDelivered, deadline),
-			Token: storage.Token{Namespace: ns, ID: id, Incarnation: r.inc, Generation: r.gen,
-				Attempt: r.attempt, Delivery: r.dseq},
-			LeaseDeadline: msTime(deadline),
-		})
-	}
-	if s.traces && len(out) > 0 {
-		s.cachedShard(ns, sh).readTraces(ctx, out)
-	}
-	res.Deliveries = out
-	return res, nil
-}
-
-// popHead is how many values precede the tasks in pop.lua's reply: now,
-// lease deadline, next due, next lease deadline.
-const popHead = 4
-
-// splitBad splits a pop or reap reply at its ” marker, found where the id
-// of a task would be (from start, every stride values; no id is empty):
-// what precedes it, and the ids after it (tasks moved to dead because their
-// header was malformed).
-func splitBad(rep []any, start, stride int) ([]any, []string) {
-	for i := start; i < len(rep); i += stride {
-		if sv, ok := rep[i].(string); ok && sv == "" {
-			bad := make([]string, 0, len(rep)-i-1)
-			for _, v := range rep[i+1:] {
-				id, _ := replyString(v)
-				bad = append(bad, id)
-			}
-			return rep[:i], bad
-		}
-	}
-	return rep, nil
-}
-
-// logBad logs tasks a script moved to dead because their header was
-// malformed.
-func (s *Store) logBad(op, ns string, ids []string) {
-	if len(ids) > 0 {
-		s.log.Error(op+": malformed task headers; the tasks were moved to dead letters (inspect, then purge or re-upsert them)",
-			"namespace", ns, "ids", ids)
-	}
 }
 
 // tokenArgs appends id, incarnation, generation, delivery per token
@@ -628,7 +526,7 @@ func (s *Store) ack(ctx context.Context, ns string, tokens []storage.Token, mark
 	}
 	out := make([]storage.TokenStatus, len(tokens))
 	err = byTokenShard(n, tokens, func(sh int, idx []int, part []storage.Token) error {
-		st, err := s.ackShard(ctx, ns, sh, part, marks)
+		st, err := s.ackOn(ctx, s.shardOfN(ns, sh, n), part, marks)
 		for i, v := range st {
 			out[idx[i]] = v
 		}
@@ -640,47 +538,17 @@ func (s *Store) ack(ctx context.Context, ns string, tokens []storage.Token, mark
 	return out, nil
 }
 
-// ackShard is ack for tokens of shard sh, coalesced with concurrent acks
-// of the same shard and mode (from every stream and AckTasks call of this
-// replica) unless Options.NoCoalesce says otherwise: one script call per
+// ackOn acks tokens of shard sh: coalesced with concurrent acks of the
+// same shard and mode (from every stream and AckTasks call of this
+// replica) unless Options.NoCoalesce says otherwise, one script call per
 // batch, as for upserts.
-func (s *Store) ackShard(ctx context.Context, ns string, sh int, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
+func (s *Store) ackOn(ctx context.Context, sh shard, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
 	if s.noCo || len(tokens) == 0 || len(tokens) >= CoalesceMax {
-		return s.ackScript(ctx, ns, sh, tokens, marks)
+		return sh.ack(ctx, tokens, marks)
 	}
-	return s.acks.do(ctx, coKey{ns: ns, sh: sh, marks: marks}, tokens, func(ctx context.Context, tokens []storage.Token) ([]storage.TokenStatus, error) {
-		return s.ackScript(ctx, ns, sh, tokens, marks)
+	return s.acks.do(ctx, coKey{ns: sh.ns, sh: sh.i, marks: marks}, tokens, func(ctx context.Context, tokens []storage.Token) ([]storage.TokenStatus, error) {
+		return sh.ack(ctx, tokens, marks)
 	})
-}
-
-// ackScript runs ack.lua for tokens of shard sh (split by byteChunks).
-func (s *Store) ackScript(ctx context.Context, ns string, sh int, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
-	k := s.keysOf(ns, sh)
-	flag := "0"
-	if marks {
-		flag = "1"
-	}
-	out := make([]storage.TokenStatus, 0, len(tokens))
-	err := byteChunks(len(tokens), s.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
-		args := make([]any, 0, 2+tokenArity*(hi-lo))
-		args = append(args, flag, hi-lo)
-		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := s.runSlice(ctx, "ack", scripts.ack, []string{k.inflight, k.meta, k.body, k.acked}, args...)
-		if err != nil {
-			return err
-		}
-		if len(rep) != hi-lo {
-			return fmt.Errorf("ack: reply has %d values for %d tokens", len(rep), hi-lo)
-		}
-		for _, v := range rep {
-			out = append(out, tokenStatus(v))
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // retryArgs are ARGV[3..10] of nack.lua and reap.lua.
@@ -729,12 +597,12 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 		return nil, nil, fmt.Errorf("nack: %w", err)
 	}
 	if n == 1 {
-		return s.nackShard(ctx, ns, 0, tokens, opts)
+		return s.shardOfN(ns, 0, n).nack(ctx, tokens, opts)
 	}
 	statuses := make([]storage.TokenStatus, len(tokens))
 	movedOf := make([]*storage.Moved, len(tokens))
 	err = byTokenShard(n, tokens, func(sh int, idx []int, part []storage.Token) error {
-		st, mv, err := s.nackShard(ctx, ns, sh, part, opts)
+		st, mv, err := s.shardOfN(ns, sh, n).nack(ctx, part, opts)
 		m := 0
 		for i, v := range st {
 			statuses[idx[i]] = v
@@ -757,51 +625,6 @@ func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opt
 	return statuses, movedTasks, nil
 }
 
-// nackShard is Nack for tokens of shard sh.
-func (s *Store) nackShard(ctx context.Context, ns string, sh int, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	k := s.keysOf(ns, sh)
-	keys := []string{k.due, k.inflight, k.dead, k.meta}
-	statuses := make([]storage.TokenStatus, 0, len(tokens))
-	var movedTasks []storage.Moved
-	err := byteChunks(len(tokens), s.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
-		part := tokens[lo:hi]
-		args := make([]any, 0, 12+tokenArity*len(part))
-		args = append(args, s.wake, ns)
-		args = append(args, retryArgs(opts.RetryAfter, opts)...)
-		uncount := "0"
-		if opts.Unsent {
-			uncount = "1"
-		}
-		args = append(args, uncount, len(part))
-		args = tokenArgs(args, ns, part)
-		rep, err := s.runSlice(ctx, "nack", scripts.nack, keys, args...)
-		if err != nil {
-			return err
-		}
-		if len(rep) != 1+3*len(part) {
-			return fmt.Errorf("nack: reply has %d values for %d tokens", len(rep), len(part))
-		}
-		for i, t := range part {
-			st := tokenStatus(rep[1+3*i])
-			statuses = append(statuses, st)
-			if st == storage.TokenOK {
-				state, _ := replyInt(rep[2+3*i])
-				at, _ := replyInt(rep[3+3*i])
-				attempt := t.Attempt
-				if opts.Unsent && attempt > 0 {
-					attempt-- // the pop's count was given back
-				}
-				movedTasks = append(movedTasks, moved(t.ID, t.Incarnation, t.Generation, attempt, state, at, opts.Reason))
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return statuses, movedTasks, nil
-}
-
 // Extend sets the lease of each delivery its token still names to the
 // Redis clock's now + by. Statuses are as for Ack; LeaseDeadline is set for
 // OK. One round trip per MaxBatch tokens (or Options.MaxScriptBytes of
@@ -813,42 +636,11 @@ func (s *Store) Extend(ctx context.Context, ns string, tokens []storage.Token, b
 	}
 	out := make([]storage.ExtendResult, len(tokens))
 	err = byTokenShard(n, tokens, func(sh int, idx []int, part []storage.Token) error {
-		rs, err := s.extendShard(ctx, ns, sh, part, by)
+		rs, err := s.shardOfN(ns, sh, n).extend(ctx, part, by)
 		for i, r := range rs {
 			out[idx[i]] = r
 		}
 		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// extendShard is Extend for tokens of shard sh.
-func (s *Store) extendShard(ctx context.Context, ns string, sh int, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
-	k := s.keysOf(ns, sh)
-	out := make([]storage.ExtendResult, 0, len(tokens))
-	err := byteChunks(len(tokens), s.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
-		args := make([]any, 0, 2+tokenArity*(hi-lo))
-		args = append(args, max(by.Milliseconds(), 0), hi-lo)
-		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := s.runSlice(ctx, "extend", scripts.extend, []string{k.inflight, k.meta}, args...)
-		if err != nil {
-			return err
-		}
-		if len(rep) != 1+hi-lo {
-			return fmt.Errorf("extend: reply has %d values for %d tokens", len(rep), hi-lo)
-		}
-		deadline, _ := replyInt(rep[0])
-		for _, v := range rep[1:] {
-			r := storage.ExtendResult{Status: tokenStatus(v)}
-			if r.Status == storage.TokenOK {
-				r.LeaseDeadline = msTime(deadline)
-			}
-			out = append(out, r)
-		}
-		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -870,45 +662,9 @@ func (s *Store) Reap(ctx context.Context, ns string, limit int, opts storage.Nac
 		return nil, fmt.Errorf("reap: %w", err)
 	}
 	if n == 1 {
-		return s.reapShard(ctx, ns, 0, limit, opts)
+		return s.shardOfN(ns, 0, n).reap(ctx, limit, opts)
 	}
 	return s.reapSharded(ctx, ns, n, limit, opts)
-}
-
-// reapShard is Reap of shard sh.
-func (s *Store) reapShard(ctx context.Context, ns string, sh int, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
-	k := s.keysOf(ns, sh)
-	args := make([]any, 0, 12)
-	args = append(args, s.wake, ns)
-	args = append(args, retryArgs(opts.RetryAfter, opts)...)
-	by := ""
-	if !opts.ExpiredBy.IsZero() {
-		by = strconv.FormatInt(opts.ExpiredBy.UnixMilli(), 10)
-	}
-	args = append(args, min(limit, MaxBatch), by)
-	rep, err := s.runSlice(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.meta}, args...)
-	if err != nil {
-		return nil, err
-	}
-	if len(rep) < 1 {
-		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
-	}
-	rep, bad := splitBad(rep, 1, 6)
-	s.logBad("reap", ns, bad)
-	if (len(rep)-1)%6 != 0 {
-		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
-	}
-	var out []storage.Moved
-	for i := 1; i < len(rep); i += 6 {
-		id, _ := replyString(rep[i])
-		inc, _ := replyInt(rep[i+1])
-		gen, _ := replyInt(rep[i+2])
-		attempt, _ := replyInt(rep[i+3])
-		state, _ := replyInt(rep[i+4])
-		at, _ := replyInt(rep[i+5])
-		out = append(out, moved(id, inc, gen, int32(attempt), state, at, opts.Reason))
-	}
-	return out, nil
 }
 
 // NextWake returns the earlier of ns's first due time and first lease
@@ -919,39 +675,9 @@ func (s *Store) NextWake(ctx context.Context, ns string) (next, now time.Time, o
 		return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: %w", err)
 	}
 	if n == 1 {
-		return s.nextWakeShard(ctx, ns, 0)
+		return s.shardOfN(ns, 0, n).nextWake(ctx)
 	}
 	return s.nextWakeSharded(ctx, ns, n)
-}
-
-// nextWakeShard is NextWake of shard sh.
-func (s *Store) nextWakeShard(ctx context.Context, ns string, sh int) (next, now time.Time, ok bool, err error) {
-	k := s.keysOf(ns, sh)
-	rep, err := s.runSlice(ctx, "next wake", scripts.nextWake, []string{k.due, k.inflight})
-	if err != nil {
-		return time.Time{}, time.Time{}, false, err
-	}
-	if len(rep) != 3 {
-		return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: reply has %d values", len(rep))
-	}
-	nowMS, _ := replyInt(rep[0])
-	var best int64
-	for _, v := range rep[1:] {
-		if sv, _ := replyString(v); sv == "" {
-			continue
-		}
-		at, err := replyInt(v)
-		if err != nil {
-			return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: %w", err)
-		}
-		if !ok || at < best {
-			best, ok = at, true
-		}
-	}
-	if !ok {
-		return time.Time{}, time.UnixMilli(nowMS), false, nil
-	}
-	return time.UnixMilli(best), time.UnixMilli(nowMS), true, nil
 }
 
 // Requeue moves dead tasks back to scheduled, due after p.Delay by the
@@ -967,45 +693,11 @@ func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams)
 	err = eachShardOf(n, p.All, p.Limit, p.IDs, func(sh int, ids []string, limit int) (int, error) {
 		q := p
 		q.IDs, q.Limit = ids, limit
-		ms, err := s.requeueShard(ctx, ns, sh, q)
+		ms, err := s.shardOfN(ns, sh, n).requeue(ctx, q)
 		out = append(out, ms...)
 		return len(ms), err
 	})
 	return out, err
-}
-
-// requeueShard is Requeue of shard sh.
-func (s *Store) requeueShard(ctx context.Context, ns string, sh int, p storage.RequeueParams) ([]storage.Moved, error) {
-	k := s.keysOf(ns, sh)
-	keys := []string{k.due, k.dead, k.meta}
-	var out []storage.Moved
-	call := func(ids []string) error {
-		// ARGV as documented in lua/requeue.lua.
-		args := make([]any, 0, 5+len(ids))
-		args = append(args, s.wake, ns, max(p.Delay.Milliseconds(), 0), luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
-		for _, id := range ids {
-			args = append(args, id)
-		}
-		rep, err := s.runSlice(ctx, "requeue", scripts.requeue, keys, args...)
-		if err != nil {
-			return err
-		}
-		if len(rep) < 1 || (len(rep)-1)%4 != 0 {
-			return fmt.Errorf("requeue: reply has %d values", len(rep))
-		}
-		for i := 1; i < len(rep); i += 4 {
-			id, _ := replyString(rep[i])
-			inc, _ := replyInt(rep[i+1])
-			gen, _ := replyInt(rep[i+2])
-			due, _ := replyInt(rep[i+3])
-			out = append(out, storage.Moved{ID: id, Incarnation: inc, Generation: gen, State: storage.StateScheduled, DueTime: msTime(due)})
-		}
-		return nil
-	}
-	if err := eachChunk(p.All, p.IDs, call); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // Purge deletes dead tasks: p.IDs (those not dead are skipped), or with
@@ -1034,44 +726,11 @@ func (s *Store) PurgeVersions(ctx context.Context, ns string, p storage.PurgePar
 	err = eachShardOf(n, p.All, p.Limit, p.IDs, func(sh int, ids []string, limit int) (int, error) {
 		q := p
 		q.IDs, q.Limit = ids, limit
-		vs, err := s.purgeShard(ctx, ns, sh, q)
+		vs, err := s.shardOfN(ns, sh, n).purge(ctx, q)
 		out = append(out, vs...)
 		return len(vs), err
 	})
 	return out, err
-}
-
-// purgeShard is PurgeVersions of shard sh.
-func (s *Store) purgeShard(ctx context.Context, ns string, sh int, p storage.PurgeParams) ([]storage.Version, error) {
-	k := s.keysOf(ns, sh)
-	keys := []string{k.dead, k.meta, k.body}
-	var out []storage.Version
-	call := func(ids []string) error {
-		// ARGV as documented in lua/purge.lua.
-		args := make([]any, 0, 2+len(ids))
-		args = append(args, luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
-		for _, id := range ids {
-			args = append(args, id)
-		}
-		rep, err := s.runSlice(ctx, "purge", scripts.purge, keys, args...)
-		if err != nil {
-			return err
-		}
-		if len(rep)%3 != 0 {
-			return fmt.Errorf("purge: reply has %d values", len(rep))
-		}
-		for i := 0; i < len(rep); i += 3 {
-			id, _ := replyString(rep[i])
-			inc, _ := replyInt(rep[i+1])
-			gen, _ := replyInt(rep[i+2])
-			out = append(out, storage.Version{ID: id, Incarnation: inc, Generation: gen})
-		}
-		return nil
-	}
-	if err := eachChunk(p.All, p.IDs, call); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // eachChunk runs call once with no ids when all is set, else once per
@@ -1100,35 +759,9 @@ func (s *Store) Stats(ctx context.Context, ns string) (storage.Stats, error) {
 		return storage.Stats{}, fmt.Errorf("stats: %w", err)
 	}
 	if n == 1 {
-		return s.statsShard(ctx, ns, 0)
+		return s.shardOfN(ns, 0, n).stats(ctx)
 	}
 	return s.statsSharded(ctx, ns, n)
-}
-
-// statsShard is Stats of shard sh.
-func (s *Store) statsShard(ctx context.Context, ns string, sh int) (storage.Stats, error) {
-	k := s.keysOf(ns, sh)
-	rep, err := s.runSlice(ctx, "stats", scripts.stats, []string{k.due, k.inflight, k.dead})
-	if err != nil {
-		return storage.Stats{}, err
-	}
-	if len(rep) != 6 {
-		return storage.Stats{}, fmt.Errorf("stats: reply has %d values", len(rep))
-	}
-	var n [6]int64
-	for i, v := range rep {
-		if n[i], err = replyInt(v); err != nil {
-			return storage.Stats{}, fmt.Errorf("stats: %w", err)
-		}
-	}
-	return storage.Stats{
-		Now:       time.UnixMilli(n[0]),
-		Scheduled: n[1],
-		Delivered: n[2],
-		Dead:      n[3],
-		DueNow:    n[4],
-		OldestDue: msTime(n[5]),
-	}, nil
 }
 
 // DueKinds counts ns's due tasks per kind among the first
@@ -1139,29 +772,9 @@ func (s *Store) DueKinds(ctx context.Context, ns string) (storage.DueKinds, erro
 		return storage.DueKinds{}, fmt.Errorf("due kinds: %w", err)
 	}
 	if n == 1 {
-		return s.dueKindsShard(ctx, ns, 0)
+		return s.shardOfN(ns, 0, n).dueKinds(ctx)
 	}
 	return s.dueKindsSharded(ctx, ns, n)
-}
-
-// dueKindsShard is DueKinds of shard sh.
-func (s *Store) dueKindsShard(ctx context.Context, ns string, sh int) (storage.DueKinds, error) {
-	k := s.keysOf(ns, sh)
-	rep, err := s.runSlice(ctx, "due kinds", scripts.dueKinds, []string{k.due, k.meta}, storage.KindScanWindow)
-	if err != nil {
-		return storage.DueKinds{}, err
-	}
-	if len(rep)%2 != 1 {
-		return storage.DueKinds{}, fmt.Errorf("due kinds: reply has %d values", len(rep))
-	}
-	more, _ := replyInt(rep[0])
-	out := storage.DueKinds{Counts: make(map[string]int64, len(rep)/2), Partial: more == 1}
-	for i := 1; i < len(rep); i += 2 {
-		kind, _ := replyString(rep[i])
-		n, _ := replyInt(rep[i+1])
-		out.Counts[kind] = n
-	}
-	return out, nil
 }
 
 // SubscribeWakeups calls fn with every wake-up published by any replica

@@ -1,0 +1,79 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// A shard's dead-letter calls: requeue and purge (Store.Requeue, Purge and
+// PurgeVersions run them over the shards in turn).
+
+// requeue is Requeue of this shard.
+func (sh shard) requeue(ctx context.Context, p storage.RequeueParams) ([]storage.Moved, error) {
+	ns := sh.ns
+	k := sh.k
+	keys := []string{k.due, k.dead, k.meta}
+	var out []storage.Moved
+	call := func(ids []string) error {
+		// ARGV as documented in lua/requeue.lua.
+		args := make([]any, 0, 5+len(ids))
+		args = append(args, sh.wake, ns, max(p.Delay.Milliseconds(), 0), luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		rep, err := sh.runSlice(ctx, "requeue", scripts.requeue, keys, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) < 1 || (len(rep)-1)%4 != 0 {
+			return fmt.Errorf("requeue: reply has %d values", len(rep))
+		}
+		for i := 1; i < len(rep); i += 4 {
+			id, _ := replyString(rep[i])
+			inc, _ := replyInt(rep[i+1])
+			gen, _ := replyInt(rep[i+2])
+			due, _ := replyInt(rep[i+3])
+			out = append(out, storage.Moved{ID: id, Incarnation: inc, Generation: gen, State: storage.StateScheduled, DueTime: msTime(due)})
+		}
+		return nil
+	}
+	if err := eachChunk(p.All, p.IDs, call); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// purge is PurgeVersions of this shard.
+func (sh shard) purge(ctx context.Context, p storage.PurgeParams) ([]storage.Version, error) {
+	k := sh.k
+	keys := []string{k.dead, k.meta, k.body}
+	var out []storage.Version
+	call := func(ids []string) error {
+		// ARGV as documented in lua/purge.lua.
+		args := make([]any, 0, 2+len(ids))
+		args = append(args, luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		rep, err := sh.runSlice(ctx, "purge", scripts.purge, keys, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep)%3 != 0 {
+			return fmt.Errorf("purge: reply has %d values", len(rep))
+		}
+		for i := 0; i < len(rep); i += 3 {
+			id, _ := replyString(rep[i])
+			inc, _ := replyInt(rep[i+1])
+			gen, _ := replyInt(rep[i+2])
+			out = append(out, storage.Version{ID: id, Incarnation: inc, Generation: gen})
+		}
+		return nil
+	}
+	if err := eachChunk(p.All, p.IDs, call); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -1,0 +1,285 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// A shard's delivery calls: pop, ack, nack, extend, reap and the next wake
+// (Store.Pop, PopWake, Ack, AckMarked, Nack, Extend, Reap and NextWake fan
+// them out).
+
+// pop is PopWake of this shard.
+func (sh shard) pop(ctx context.Context, p storage.PopParams) (storage.PopResult, error) {
+	ns := sh.ns
+	k := sh.k
+	// ARGV as documented in lua/pop.lua.
+	rate := max(p.MaxRate, 0)
+	args := []any{min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0,
+		max(p.TellFor.Milliseconds(), 0)}
+	if len(p.Kinds) > 0 {
+		args[4] = storage.KindScanWindow
+		for _, kind := range p.Kinds {
+			args = append(args, kind)
+		}
+	}
+	rep, err := sh.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm}, args...)
+	if err != nil {
+		return storage.PopResult{}, err
+	}
+	if len(rep) < popHead {
+		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
+	}
+	rep, bad := splitBad(rep, popHead, 3)
+	sh.logBad("pop", bad)
+	if len(rep)%3 != popHead%3 {
+		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
+	}
+	nowMS, _ := replyInt(rep[0])
+	res := storage.PopResult{Now: time.UnixMilli(nowMS), DueKnown: true}
+	for i, v := range rep[2:popHead] {
+		if sv, _ := replyString(v); sv == "" {
+			continue
+		}
+		at, err := replyInt(v)
+		if err != nil {
+			return storage.PopResult{}, fmt.Errorf("pop: %w", err)
+		}
+		t := time.UnixMilli(at)
+		if i == 0 { // rep[2], the head of due; rep[3] is the first lease deadline
+			res.NextDue = t
+		}
+		if !res.HasNext || t.Before(res.Next) {
+			res.Next, res.HasNext = t, true
+		}
+	}
+	deadline, _ := replyInt(rep[1])
+	out := make([]storage.Delivery, 0, (len(rep)-popHead)/3)
+	for i := popHead; i < len(rep); i += 3 {
+		id, _ := replyString(rep[i])
+		h, _ := replyString(rep[i+1])
+		payload, _ := replyString(rep[i+2])
+		r, err := decodeRecord(h, payload)
+		if err != nil {
+			// The script checked the header; this cannot happen unless the
+			// two layouts disagree. The task is leased; its lease will
+			// expire and the reaper will put it back. Report the rest.
+			sh.log.Error("pop: undecodable task record", "namespace", ns, "id", id, "err", err)
+			continue
+		}
+		out = append(out, storage.Delivery{
+			Task: r.task(ns, id, storage.StateDelivered, deadline),
+			Token: storage.Token{Namespace: ns, ID: id, Incarnation: r.inc, Generation: r.gen,
+				Attempt: r.attempt, Delivery: r.dseq},
+			LeaseDeadline: msTime(deadline),
+		})
+	}
+	if sh.traces && len(out) > 0 {
+		sh.readTraces(ctx, out)
+	}
+	res.Deliveries = out
+	return res, nil
+}
+
+// popHead is how many values precede the tasks in pop.lua's reply: now,
+// lease deadline, next due, next lease deadline.
+const popHead = 4
+
+// splitBad splits a pop or reap reply at its ” marker, found where the id
+// of a task would be (from start, every stride values; no id is empty):
+// what precedes it, and the ids after it (tasks moved to dead because their
+// header was malformed).
+func splitBad(rep []any, start, stride int) ([]any, []string) {
+	for i := start; i < len(rep); i += stride {
+		if sv, ok := rep[i].(string); ok && sv == "" {
+			bad := make([]string, 0, len(rep)-i-1)
+			for _, v := range rep[i+1:] {
+				id, _ := replyString(v)
+				bad = append(bad, id)
+			}
+			return rep[:i], bad
+		}
+	}
+	return rep, nil
+}
+
+// logBad logs tasks a script moved to dead because their header was
+// malformed.
+func (s shard) logBad(op string, ids []string) {
+	if len(ids) > 0 {
+		s.log.Error(op+": malformed task headers; the tasks were moved to dead letters (inspect, then purge or re-upsert them)",
+			"namespace", s.ns, "ids", ids)
+	}
+}
+
+// ack runs ack.lua for tokens of this shard (split by byteChunks).
+func (sh shard) ack(ctx context.Context, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
+	ns := sh.ns
+	k := sh.k
+	out := make([]storage.TokenStatus, 0, len(tokens))
+	err := byteChunks(len(tokens), sh.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
+		args := make([]any, 0, 2+tokenArity*(hi-lo))
+		args = append(args, luaBool(marks), hi-lo)
+		args = tokenArgs(args, ns, tokens[lo:hi])
+		rep, err := sh.runSlice(ctx, "ack", scripts.ack, []string{k.inflight, k.meta, k.body, k.acked}, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) != hi-lo {
+			return fmt.Errorf("ack: reply has %d values for %d tokens", len(rep), hi-lo)
+		}
+		for _, v := range rep {
+			out = append(out, tokenStatus(v))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// nack is Nack for tokens of this shard.
+func (sh shard) nack(ctx context.Context, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	ns := sh.ns
+	k := sh.k
+	keys := []string{k.due, k.inflight, k.dead, k.meta}
+	statuses := make([]storage.TokenStatus, 0, len(tokens))
+	var movedTasks []storage.Moved
+	err := byteChunks(len(tokens), sh.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
+		part := tokens[lo:hi]
+		args := make([]any, 0, 12+tokenArity*len(part))
+		args = append(args, sh.wake, ns)
+		args = append(args, retryArgs(opts.RetryAfter, opts)...)
+		args = append(args, luaBool(opts.Unsent), len(part))
+		args = tokenArgs(args, ns, part)
+		rep, err := sh.runSlice(ctx, "nack", scripts.nack, keys, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) != 1+3*len(part) {
+			return fmt.Errorf("nack: reply has %d values for %d tokens", len(rep), len(part))
+		}
+		for i, t := range part {
+			st := tokenStatus(rep[1+3*i])
+			statuses = append(statuses, st)
+			if st == storage.TokenOK {
+				state, _ := replyInt(rep[2+3*i])
+				at, _ := replyInt(rep[3+3*i])
+				attempt := t.Attempt
+				if opts.Unsent && attempt > 0 {
+					attempt-- // the pop's count was given back
+				}
+				movedTasks = append(movedTasks, moved(t.ID, t.Incarnation, t.Generation, attempt, state, at, opts.Reason))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return statuses, movedTasks, nil
+}
+
+// extend is Extend for tokens of this shard.
+func (sh shard) extend(ctx context.Context, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
+	ns := sh.ns
+	k := sh.k
+	out := make([]storage.ExtendResult, 0, len(tokens))
+	err := byteChunks(len(tokens), sh.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
+		args := make([]any, 0, 2+tokenArity*(hi-lo))
+		args = append(args, max(by.Milliseconds(), 0), hi-lo)
+		args = tokenArgs(args, ns, tokens[lo:hi])
+		rep, err := sh.runSlice(ctx, "extend", scripts.extend, []string{k.inflight, k.meta}, args...)
+		if err != nil {
+			return err
+		}
+		if len(rep) != 1+hi-lo {
+			return fmt.Errorf("extend: reply has %d values for %d tokens", len(rep), hi-lo)
+		}
+		deadline, _ := replyInt(rep[0])
+		for _, v := range rep[1:] {
+			r := storage.ExtendResult{Status: tokenStatus(v)}
+			if r.Status == storage.TokenOK {
+				r.LeaseDeadline = msTime(deadline)
+			}
+			out = append(out, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// reap is Reap of this shard.
+func (sh shard) reap(ctx context.Context, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
+	ns := sh.ns
+	k := sh.k
+	args := make([]any, 0, 12)
+	args = append(args, sh.wake, ns)
+	args = append(args, retryArgs(opts.RetryAfter, opts)...)
+	by := ""
+	if !opts.ExpiredBy.IsZero() {
+		by = strconv.FormatInt(opts.ExpiredBy.UnixMilli(), 10)
+	}
+	args = append(args, min(limit, MaxBatch), by)
+	rep, err := sh.runSlice(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.meta}, args...)
+	if err != nil {
+		return nil, err
+	}
+	if len(rep) < 1 {
+		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
+	}
+	rep, bad := splitBad(rep, 1, 6)
+	sh.logBad("reap", bad)
+	if (len(rep)-1)%6 != 0 {
+		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
+	}
+	var out []storage.Moved
+	for i := 1; i < len(rep); i += 6 {
+		id, _ := replyString(rep[i])
+		inc, _ := replyInt(rep[i+1])
+		gen, _ := replyInt(rep[i+2])
+		attempt, _ := replyInt(rep[i+3])
+		state, _ := replyInt(rep[i+4])
+		at, _ := replyInt(rep[i+5])
+		out = append(out, moved(id, inc, gen, int32(attempt), state, at, opts.Reason))
+	}
+	return out, nil
+}
+
+// nextWake is NextWake of this shard.
+func (sh shard) nextWake(ctx context.Context) (next, now time.Time, ok bool, err error) {
+	k := sh.k
+	rep, err := sh.runSlice(ctx, "next wake", scripts.nextWake, []string{k.due, k.inflight})
+	if err != nil {
+		return time.Time{}, time.Time{}, false, err
+	}
+	if len(rep) != 3 {
+		return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: reply has %d values", len(rep))
+	}
+	nowMS, _ := replyInt(rep[0])
+	var best int64
+	for _, v := range rep[1:] {
+		if sv, _ := replyString(v); sv == "" {
+			continue
+		}
+		at, err := replyInt(v)
+		if err != nil {
+			return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: %w", err)
+		}
+		if !ok || at < best {
+			best, ok = at, true
+		}
+	}
+	if !ok {
+		return time.Time{}, time.UnixMilli(nowMS), false, nil
+	}
+	return time.UnixMilli(best), time.UnixMilli(nowMS), true, nil
+}
