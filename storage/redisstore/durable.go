@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -39,7 +38,7 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, p 
 		return 0, fmt.Errorf("restore: %w", err)
 	}
 	if n == 1 {
-		return s.restoreShard(ctx, ns, 0, tasks, p)
+		return s.shardOfN(ns, 0, n).restore(ctx, tasks, p)
 	}
 	groups := make([][]storage.Task, n)
 	for _, t := range tasks {
@@ -55,7 +54,7 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, p 
 	written := make([]int, n)
 	err = fanOut(shards, func(sh int) error {
 		var err error
-		written[sh], err = s.restoreShard(ctx, ns, sh, groups[sh], p)
+		written[sh], err = s.shardOfN(ns, sh, n).restore(ctx, groups[sh], p)
 		return err
 	})
 	total := 0
@@ -63,49 +62,6 @@ func (s *Store) Restore(ctx context.Context, ns string, tasks []storage.Task, p 
 		total += w
 	}
 	return total, err
-}
-
-// restoreShard is Restore of tasks of shard sh.
-func (s *Store) restoreShard(ctx context.Context, ns string, sh int, tasks []storage.Task, p storage.RestoreParams) (int, error) {
-	k := s.keysOf(ns, sh)
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.life}
-	written := 0
-	size := func(i int) int {
-		return len(tasks[i].ID) + len(tasks[i].Kind) + len(tasks[i].Payload) + len(tasks[i].LastError)
-	}
-	err := byteChunks(len(tasks), s.maxArgs, size, func(lo, hi int) error {
-		part := tasks[lo:hi]
-		args := make([]any, 0, 4+7*len(part))
-		args = append(args, s.wake, ns, luaBool(p.Repair), len(part))
-		for i := range part {
-			t := &part[i]
-			dead := t.State == storage.StateDead
-			r := recordOf(t, dead)
-			state, score := 1, toMS(t.DueTime)
-			if dead {
-				at := t.DeadTime
-				if at.IsZero() {
-					at = t.UpdateTime
-				}
-				state, score = 3, toMS(at)
-			}
-			args = append(args, t.ID, t.Incarnation, t.Generation, state, score, r.header(), r.bodyValue())
-		}
-		v, err := s.run(ctx, "restore", scripts.restore, keys, args...)
-		if err != nil {
-			return err
-		}
-		n, err := replyInt(v)
-		if err != nil {
-			return fmt.Errorf("restore: %w", err)
-		}
-		written += int(n)
-		return nil
-	})
-	if err == nil && s.traces {
-		s.cachedShard(ns, sh).restoreTraces(ctx, tasks)
-	}
-	return written, err
 }
 
 // Versions returns, for each id of ns, the version the index holds (zero
@@ -118,7 +74,7 @@ func (s *Store) Versions(ctx context.Context, ns string, ids []string) ([]storag
 		return nil, nil, fmt.Errorf("versions: %w", err)
 	}
 	if n == 1 {
-		return s.versionsShard(ctx, ns, 0, ids)
+		return s.shardOfN(ns, 0, n).versions(ctx, ids)
 	}
 	vs := make([]storage.Version, len(ids))
 	marks := make([]storage.Token, len(ids))
@@ -128,52 +84,11 @@ func (s *Store) Versions(ctx context.Context, ns string, ids []string) ([]storag
 		for j, i := range idx[sh] {
 			part[j] = ids[i]
 		}
-		v, m, err := s.versionsShard(ctx, ns, sh, part)
+		v, m, err := s.shardOfN(ns, sh, n).versions(ctx, part)
 		for j := range v {
 			vs[idx[sh][j]], marks[idx[sh][j]] = v[j], m[j]
 		}
 		return err
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return vs, marks, nil
-}
-
-// versionsShard is Versions for ids of shard sh.
-func (s *Store) versionsShard(ctx context.Context, ns string, sh int, ids []string) ([]storage.Version, []storage.Token, error) {
-	k := s.keysOf(ns, sh)
-	vs := make([]storage.Version, 0, len(ids))
-	marks := make([]storage.Token, 0, len(ids))
-	err := chunks(len(ids), func(lo, hi int) error {
-		args := make([]any, 0, hi-lo)
-		for _, id := range ids[lo:hi] {
-			args = append(args, id)
-		}
-		rep, err := s.runSlice(ctx, "versions", scripts.generations, []string{k.meta, k.acked}, args...)
-		if err != nil {
-			return err
-		}
-		if len(rep) != 3*(hi-lo) {
-			return fmt.Errorf("versions: reply has %d values for %d ids", len(rep), hi-lo)
-		}
-		for i, id := range ids[lo:hi] {
-			inc, err1 := replyInt(rep[3*i])
-			gen, err2 := replyInt(rep[3*i+1])
-			mark, err3 := replyString(rep[3*i+2])
-			if err := errors.Join(err1, err2, err3); err != nil {
-				return fmt.Errorf("versions: %w", err)
-			}
-			vs = append(vs, storage.Version{ID: id, Incarnation: inc, Generation: gen})
-			m := storage.Token{Namespace: ns, ID: id}
-			if mark != "" {
-				if m, err = parseMark(ns, id, mark); err != nil {
-					return fmt.Errorf("versions: %w", err)
-				}
-			}
-			marks = append(marks, m)
-		}
-		return nil
 	})
 	if err != nil {
 		return nil, nil, err
@@ -217,7 +132,7 @@ func (s *Store) ClearAcked(ctx context.Context, ns string, marks []storage.Token
 	dropped := make([]int, n)
 	err = byTokenShard(n, marks, func(sh int, _ []int, part []storage.Token) error {
 		var err error
-		dropped[sh], err = s.clearAckedShard(ctx, ns, sh, part)
+		dropped[sh], err = s.shardOfN(ns, sh, n).clearAcked(ctx, part)
 		return err
 	})
 	total := 0
@@ -225,26 +140,6 @@ func (s *Store) ClearAcked(ctx context.Context, ns string, marks []storage.Token
 		total += d
 	}
 	return total, err
-}
-
-// clearAckedShard is ClearAcked for markers of shard sh.
-func (s *Store) clearAckedShard(ctx context.Context, ns string, sh int, marks []storage.Token) (int, error) {
-	k := s.keysOf(ns, sh)
-	dropped := 0
-	err := chunks(len(marks), func(lo, hi int) error {
-		args := make([]any, 0, 2*(hi-lo))
-		for _, m := range marks[lo:hi] {
-			args = append(args, m.ID, markOf(m))
-		}
-		v, err := s.run(ctx, "clear acked", scripts.clearAcked, []string{k.acked}, args...)
-		if err != nil {
-			return err
-		}
-		n, err := replyInt(v)
-		dropped += int(n)
-		return err
-	})
-	return dropped, err
 }
 
 // ScanAcked returns one page (about count entries) of ns's ack markers from
@@ -312,7 +207,7 @@ func (s *Store) Forget(ctx context.Context, ns string, vs []storage.Version) (in
 			part[j] = vs[i]
 		}
 		var err error
-		removed[sh], err = s.forgetShard(ctx, ns, sh, part)
+		removed[sh], err = s.shardOfN(ns, sh, n).forget(ctx, part)
 		return err
 	})
 	total := 0
@@ -320,27 +215,6 @@ func (s *Store) Forget(ctx context.Context, ns string, vs []storage.Version) (in
 		total += r
 	}
 	return total, err
-}
-
-// forgetShard is Forget for versions of shard sh.
-func (s *Store) forgetShard(ctx context.Context, ns string, sh int, vs []storage.Version) (int, error) {
-	k := s.keysOf(ns, sh)
-	removed := 0
-	err := chunks(len(vs), func(lo, hi int) error {
-		args := make([]any, 0, 1+3*(hi-lo))
-		args = append(args, hi-lo)
-		for _, v := range vs[lo:hi] {
-			args = append(args, v.ID, v.Incarnation, v.Generation)
-		}
-		v, err := s.run(ctx, "forget", scripts.forget, []string{k.due, k.inflight, k.dead, k.meta, k.body}, args...)
-		if err != nil {
-			return err
-		}
-		n, err := replyInt(v)
-		removed += int(n)
-		return err
-	})
-	return removed, err
 }
 
 // Indexed reports whether MarkIndexed was called for ns since the index was
@@ -355,14 +229,9 @@ func (s *Store) Indexed(ctx context.Context, ns string) (bool, error) {
 	}
 	have := make([]bool, n)
 	err = fanOut(allShards(n), func(sh int) error {
-		ctx, cancel := context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-		c, err := s.rdb.Exists(ctx, s.keysOf(ns, sh).indexed).Result()
-		if err != nil {
-			return wrapErr("indexed", err)
-		}
-		have[sh] = c == 1
-		return nil
+		var err error
+		have[sh], err = s.shardOfN(ns, sh, n).indexed(ctx)
+		return err
 	})
 	if err != nil {
 		return false, err
@@ -376,14 +245,7 @@ func (s *Store) MarkIndexed(ctx context.Context, ns string) error {
 	if err != nil {
 		return fmt.Errorf("mark indexed: %w", err)
 	}
-	return fanOut(allShards(n), func(sh int) error {
-		ctx, cancel := context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-		if err := s.rdb.Set(ctx, s.keysOf(ns, sh).indexed, "1", 0).Err(); err != nil {
-			return wrapErr("mark indexed", err)
-		}
-		return nil
-	})
+	return fanOut(allShards(n), func(sh int) error { return s.shardOfN(ns, sh, n).markIndexed(ctx) })
 }
 
 // TryLead acquires the leader lease called name for holder, or renews it
