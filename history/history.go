@@ -11,14 +11,24 @@
 // is logged and counted, never turned into a failed call: the history is
 // an account of what happened, not part of it.
 //
-// Order. A task's events are kept in the order they were written, so a
-// call that makes a task due (upsert, nack, lease expiry, requeue) must
-// write its events before a pop of that task writes "delivered". Within a
-// replica a per-namespace lock guarantees it: those calls hold it shared
-// from their store call to their history write, a pop holds it alone. A
-// pop on another replica in the instant between a call's store write and
-// its history write (a task due at once) can still be written first; the
-// events' times, from the store's clock, show the true order then.
+// Order. A history's order is the store's (the Redis stream's ids, the
+// MySQL rows' seq): the order the events were written, which readers keep.
+// A call that changes a task takes its place in its namespace's order
+// before its store call, and its events are written in that order (see
+// sequencer): so any call that saw another's change — a GetTask showing
+// the task dead, a delivery of a task an upsert made due — is written
+// after it, though the store calls themselves overlap freely. Within a
+// replica that is the order things happened. Calls on different replicas
+// are not ordered: a pop on another replica in the instant between a
+// call's store write and its history write (a task due at once) can still
+// be written first.
+//
+// Time. The recorder leaves events' times to the store, which stamps them
+// when it writes them with its clock (the one due times use), so a
+// history's times follow its order for the events one replica wrote. In
+// durable mode each replica stamps with its estimate of the index's
+// clock, and estimates of two replicas can differ by a few ms: the order,
+// not the times, says which came first.
 package history
 
 import (
@@ -59,27 +69,7 @@ type Recorder struct {
 	next     storage.Store
 	cfg      Config
 	failures atomic.Int64
-	order    sync.Map // namespace -> *sync.RWMutex (see Order above)
-}
-
-// orderOf is ns's ordering lock.
-func (r *Recorder) orderOf(ns string) *sync.RWMutex {
-	if m, ok := r.order.Load(ns); ok {
-		return m.(*sync.RWMutex)
-	}
-	m, _ := r.order.LoadOrStore(ns, &sync.RWMutex{})
-	return m.(*sync.RWMutex)
-}
-
-// makesDue holds ns's ordering lock shared for a call that may make tasks
-// due, when ns keeps history; the returned func releases it.
-func (r *Recorder) makesDue(ns string, keep int64) func() {
-	if keep <= 0 {
-		return func() {}
-	}
-	m := r.orderOf(ns)
-	m.RLock()
-	return m.RUnlock
+	order    sync.Map // namespace -> *sequencer (see Order above)
 }
 
 // Wrap returns next recording the events of every call that changed a
@@ -103,11 +93,8 @@ func (r *Recorder) keep(ctx context.Context, ns string) int64 {
 	return storage.HistoryKeep(n.Policy.HistoryRetentionBytes)
 }
 
-// record writes events of ns when there are any.
-func (r *Recorder) record(ctx context.Context, ns string, keep int64, events []storage.Event) {
-	if keep <= 0 || len(events) == 0 {
-		return
-	}
+// write keeps events of ns (recordInOrder calls it in order).
+func (r *Recorder) write(ctx context.Context, ns string, keep int64, events []storage.Event) {
 	if err := r.cfg.Sink.RecordEvents(context.WithoutCancel(ctx), ns, keep, events); err != nil {
 		r.failures.Add(1)
 		r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "recording task history failed", slog.String("namespace", ns),
@@ -119,11 +106,12 @@ func (r *Recorder) record(ctx context.Context, ns string, keep int64, events []s
 // applied spec.
 func (r *Recorder) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	keep := r.keep(ctx, ns)
-	defer r.makesDue(ns, keep)()
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	res, err := r.next.Upsert(ctx, ns, specs)
 	if keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
-		events := make([]storage.Event, 0, len(res))
+		events = make([]storage.Event, 0, len(res))
 		for _, x := range res {
 			if x.Stale || x.Refused != storage.NotRefused {
 				continue
@@ -134,7 +122,6 @@ func (r *Recorder) Upsert(ctx context.Context, ns string, specs []storage.Upsert
 			}
 			events = append(events, storage.Event{Kind: kind, ID: x.Task.ID, KeyID: key, Generation: x.Task.Generation, Due: x.Task.DueTime})
 		}
-		r.record(ctx, ns, keep, events)
 	}
 	return res, err
 }
@@ -142,9 +129,11 @@ func (r *Recorder) Upsert(ctx context.Context, ns string, specs []storage.Upsert
 // Remove records a removed event when it removed the task.
 func (r *Recorder) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
 	keep := r.keep(ctx, ns)
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	st, err := r.next.Remove(ctx, ns, id, ifVersion)
 	if keep > 0 && err == nil {
-		r.record(ctx, ns, keep, []storage.Event{{Kind: storage.EventRemoved, ID: id, KeyID: storage.KeyIDOf(ctx)}})
+		events = []storage.Event{{Kind: storage.EventRemoved, ID: id, KeyID: storage.KeyIDOf(ctx)}}
 	}
 	return st, err
 }
@@ -154,16 +143,17 @@ func (r *Recorder) Remove(ctx context.Context, ns, id string, ifVersion storage.
 // are not recorded).
 func (r *Recorder) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
 	keep := r.keep(ctx, ns)
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	res, err := r.next.RemoveTasks(ctx, ns, p)
 	if keep > 0 && res.Removed > 0 && len(res.States) == len(p.IDs) {
 		key := storage.KeyIDOf(ctx)
-		events := make([]storage.Event, 0, res.Removed)
+		events = make([]storage.Event, 0, res.Removed)
 		for i, id := range p.IDs {
 			if res.States[i] != storage.StateUnspecified {
 				events = append(events, storage.Event{Kind: storage.EventRemoved, ID: id, KeyID: key})
 			}
 		}
-		r.record(ctx, ns, keep, events)
 	}
 	return res, err
 }
@@ -180,7 +170,9 @@ func (r *Recorder) List(ctx context.Context, ns string, p storage.ListParams) ([
 
 // Pop records a delivered event per delivery: its attempt, this replica,
 // and its lateness (the pop's store time, Task.UpdateTime, minus
-// storage.LateFrom).
+// storage.LateFrom). Its time, like every event's, is the store's when it
+// writes the event (before the delivery is handed out), so all of a
+// history's times come from one clock.
 func (r *Recorder) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
 	res, err := r.PopWake(ctx, ns, p)
 	return res.Deliveries, err
@@ -189,11 +181,8 @@ func (r *Recorder) Pop(ctx context.Context, ns string, p storage.PopParams) ([]s
 // PopWake is Pop that also answers the next wake (the dispatcher's call).
 func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	keep := r.keep(ctx, ns)
-	if keep > 0 {
-		m := r.orderOf(ns)
-		m.Lock()
-		defer m.Unlock()
-	}
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	res, err := r.next.PopWake(ctx, ns, p)
 	ds := res.Deliveries
 	if r.cfg.Recent != nil && len(ds) > 0 {
@@ -204,13 +193,12 @@ func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) 
 		r.cfg.Recent.observe(ns, late)
 	}
 	if keep > 0 && len(ds) > 0 {
-		events := make([]storage.Event, len(ds))
+		events = make([]storage.Event, len(ds))
 		for i, d := range ds {
 			t := d.Task
-			events[i] = storage.Event{Kind: storage.EventDelivered, ID: t.ID, Time: t.UpdateTime, Generation: t.Generation,
+			events[i] = storage.Event{Kind: storage.EventDelivered, ID: t.ID, Generation: t.Generation,
 				Attempt: t.Attempt, Replica: r.cfg.Replica, Lateness: lateness(t).Truncate(time.Millisecond)}
 		}
-		r.record(ctx, ns, keep, events)
 	}
 	return res, err
 }
@@ -225,17 +213,17 @@ func lateness(t storage.Task) time.Duration {
 // Ack records an acked event per settled token.
 func (r *Recorder) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
 	keep := r.keep(ctx, ns)
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	sts, err := r.next.Ack(ctx, ns, tokens)
 	if keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
-		var events []storage.Event
 		for i, st := range sts {
 			if st == storage.TokenOK && i < len(tokens) {
 				t := tokens[i]
 				events = append(events, storage.Event{Kind: storage.EventAcked, ID: t.ID, KeyID: key, Generation: t.Generation, Attempt: t.Attempt})
 			}
 		}
-		r.record(ctx, ns, keep, events)
 	}
 	return sts, err
 }
@@ -245,7 +233,8 @@ func (r *Recorder) Ack(ctx context.Context, ns string, tokens []storage.Token) (
 // (opts.Unsent) is not an event: the pop's attempt is given back.
 func (r *Recorder) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
 	keep := r.keep(ctx, ns)
-	defer r.makesDue(ns, keep)()
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	sts, moved, err := r.next.Nack(ctx, ns, tokens, opts)
 	if keep > 0 && err == nil && !opts.Unsent {
 		key := storage.KeyIDOf(ctx)
@@ -253,7 +242,7 @@ func (r *Recorder) Nack(ctx context.Context, ns string, tokens []storage.Token, 
 		if opts.RetryAfter != nil {
 			after = *opts.RetryAfter
 		}
-		events := make([]storage.Event, 0, len(moved))
+		events = make([]storage.Event, 0, len(moved))
 		for _, m := range moved {
 			events = append(events, storage.Event{Kind: storage.EventNacked, ID: m.ID, KeyID: key, Generation: m.Generation,
 				Attempt: m.Attempt, Reason: opts.Reason, RetryAfter: after, Due: scheduledDue(m)})
@@ -261,7 +250,6 @@ func (r *Recorder) Nack(ctx context.Context, ns string, tokens []storage.Token, 
 				events = append(events, storage.Event{Kind: storage.EventDeadLettered, ID: m.ID, Generation: m.Generation, Attempt: m.Attempt, Reason: opts.Reason})
 			}
 		}
-		r.record(ctx, ns, keep, events)
 	}
 	return sts, moved, err
 }
@@ -284,17 +272,17 @@ func (r *Recorder) Extend(ctx context.Context, ns string, tokens []storage.Token
 // dead-lettered for those that used up their attempts).
 func (r *Recorder) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
 	keep := r.keep(ctx, ns)
-	defer r.makesDue(ns, keep)()
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	moved, err := r.next.Reap(ctx, ns, limit, opts)
 	if keep > 0 && len(moved) > 0 {
-		events := make([]storage.Event, 0, len(moved))
+		events = make([]storage.Event, 0, len(moved))
 		for _, m := range moved {
 			events = append(events, storage.Event{Kind: storage.EventLeaseExpired, ID: m.ID, Generation: m.Generation, Attempt: m.Attempt, Due: scheduledDue(m)})
 			if m.State == storage.StateDead {
 				events = append(events, storage.Event{Kind: storage.EventDeadLettered, ID: m.ID, Generation: m.Generation, Attempt: m.Attempt, Reason: "lease expired"})
 			}
 		}
-		r.record(ctx, ns, keep, events)
 	}
 	return moved, err
 }
@@ -307,15 +295,15 @@ func (r *Recorder) NextWake(ctx context.Context, ns string) (time.Time, time.Tim
 // Requeue records a requeued event per task it moved back.
 func (r *Recorder) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
 	keep := r.keep(ctx, ns)
-	defer r.makesDue(ns, keep)()
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	moved, err := r.next.Requeue(ctx, ns, p)
 	if keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
-		events := make([]storage.Event, len(moved))
+		events = make([]storage.Event, len(moved))
 		for i, m := range moved {
 			events[i] = storage.Event{Kind: storage.EventRequeued, ID: m.ID, KeyID: key, Generation: m.Generation, Due: m.DueTime}
 		}
-		r.record(ctx, ns, keep, events)
 	}
 	return moved, err
 }
@@ -323,14 +311,15 @@ func (r *Recorder) Requeue(ctx context.Context, ns string, p storage.RequeuePara
 // Purge records a removed event (reason "purged") per dead task deleted.
 func (r *Recorder) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]string, error) {
 	keep := r.keep(ctx, ns)
+	var events []storage.Event
+	defer r.recordInOrder(ctx, ns, keep)(&events)
 	ids, err := r.next.Purge(ctx, ns, p)
 	if keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
-		events := make([]storage.Event, len(ids))
+		events = make([]storage.Event, len(ids))
 		for i, id := range ids {
 			events[i] = storage.Event{Kind: storage.EventRemoved, ID: id, KeyID: key, Reason: "purged"}
 		}
-		r.record(ctx, ns, keep, events)
 	}
 	return ids, err
 }

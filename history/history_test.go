@@ -2,6 +2,8 @@ package history_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,5 +88,95 @@ func TestHistoryOnRecordsEachCall(t *testing.T) {
 	}
 	if evs[0].KeyID != "k1" || evs[1].Replica != "r1" || evs[2].Reason != "no" || evs[3].Attempt != 2 {
 		t.Errorf("event details: %+v", evs)
+	}
+}
+
+// clock is a storage.Clock the test moves.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
+
+// heldSink holds the history write of lease-expired events until release
+// is closed, and says when one has arrived.
+type heldSink struct {
+	storage.History
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (h *heldSink) RecordEvents(ctx context.Context, ns string, keep int64, events []storage.Event) error {
+	for _, e := range events {
+		if e.Kind == storage.EventLeaseExpired {
+			close(h.arrived)
+			<-h.release
+			break
+		}
+	}
+	return h.History.RecordEvents(ctx, ns, keep, events)
+}
+
+// TestHistoryKeepsOrderOfCallsThatSawEachOther: a requeue made after a
+// GetTask showed the task dead — while the reap that killed it is still
+// writing its events — has its events written after the reap's. The
+// history is written after each store call; before the fix both calls
+// held the namespace's ordering lock shared, and the requeue's REQUEUED
+// landed before the reap's LEASE_EXPIRED and DEAD_LETTERED (the durable
+// lifecycle test failed that way about once in six runs under load).
+func TestHistoryKeepsOrderOfCallsThatSawEachOther(t *testing.T) {
+	clk := &clock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	fake := storagefake.New(clk)
+	sink := &heldSink{History: fake, arrived: make(chan struct{}), release: make(chan struct{})}
+	rec := history.Wrap(fake, history.Config{Policies: policies{1 << 20}, Sink: sink, Replica: "r1"})
+	ctx := storage.WithKeyID(t.Context(), "k1")
+	if _, err := rec.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Second}); err != nil || len(ds) != 1 {
+		t.Fatalf("pop: %v, %v", ds, err)
+	}
+	clk.ns.Add(int64(2 * time.Second)) // the lease runs out
+	reaped := make(chan error, 1)
+	go func() {
+		moved, err := rec.Reap(ctx, "ns", 10, storage.NackOptions{MaxAttempts: 1})
+		if err == nil && len(moved) != 1 {
+			err = fmt.Errorf("reap moved %v, want a", moved)
+		}
+		reaped <- err
+	}()
+	<-sink.arrived // the reap's store call is done; its history write is held
+	if got, err := rec.Get(ctx, "ns", "a"); err != nil || got.State != storage.StateDead {
+		t.Fatalf("the reaped task: %v, %v; want dead", got.State, err)
+	}
+	requeued := make(chan error, 1)
+	go func() {
+		_, err := rec.Requeue(ctx, "ns", storage.RequeueParams{IDs: []string{"a"}})
+		requeued <- err
+	}()
+	// Whether or not the requeue waits for the reap's write, let the reap
+	// go on once the requeue had its chance to be written first.
+	select {
+	case err := <-requeued:
+		requeued <- err
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(sink.release)
+	if err := <-reaped; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-requeued; err != nil {
+		t.Fatal(err)
+	}
+	evs, _, err := fake.TaskHistory(t.Context(), "ns", storage.HistoryParams{ID: "a", Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []storage.EventKind{storage.EventUpserted, storage.EventDelivered, storage.EventLeaseExpired, storage.EventDeadLettered, storage.EventRequeued}
+	got := make([]storage.EventKind, len(evs))
+	for i, e := range evs {
+		got[i] = e.Kind
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("history kinds %v, want %v", got, want)
 	}
 }

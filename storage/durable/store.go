@@ -307,9 +307,9 @@ type Store struct {
 		mu   sync.Mutex
 		last int64
 	}
-	// written counts, per namespace, the events this replica recorded
-	// since it last trimmed the namespace's history (history.go).
-	written  sync.Map // namespace -> *atomic.Int64
+	// written is, per namespace, what this replica's event writes need
+	// to know (history.go).
+	written  sync.Map // namespace -> *eventLog
 	stopOnce sync.Once
 }
 

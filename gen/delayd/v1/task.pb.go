@@ -1520,8 +1520,9 @@ type TaskEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// What happened.
 	Kind TaskEventKind `protobuf:"varint,1,opt,name=kind,proto3,enum=delayd.v1.TaskEventKind" json:"kind,omitempty"`
-	// When, by the store's clock (the one due times use), millisecond
-	// precision.
+	// When the store recorded it, by its clock (the one due times use),
+	// millisecond precision. Events are ordered by the store's sequence, not
+	// by this time (see GetTaskHistory).
 	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
 	// The id of the API key that made the call ("admin-key" for the
 	// bootstrap key; empty without auth or for the server's own moves).
@@ -1723,7 +1724,8 @@ func (x *GetTaskHistoryRequest) GetPageToken() string {
 // GetTaskHistoryResponse is one page of a task's events, oldest first.
 type GetTaskHistoryResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The task's events in the order they happened. A page is cut by
+	// The task's events in the order the store recorded them (see
+	// GetTaskHistory). A page is cut by
 	// page_size and by bytes (the server's --list-max-bytes), and a page may
 	// be empty with next_page_token set while older events of other tasks are
 	// skipped: follow the token until it is empty.

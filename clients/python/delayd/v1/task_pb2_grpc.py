@@ -197,11 +197,15 @@ class TaskServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def GetTaskHistory(self, request, context):
-        """GetTaskHistory pages through what happened to one task, oldest first:
-        upserts (with the API key id that made them, never its secret),
-        reschedules, deliveries, nacks, expired leases, dead-lettering,
-        requeues, acks and removes, each timed by the store's clock (the clock
-        due times use). It works after the task is gone. Events are kept only
+        """GetTaskHistory pages through what happened to one task, in the order
+        the store recorded it (its sequence, oldest first): upserts (with the
+        API key id that made them, never its secret), reschedules, deliveries,
+        nacks, expired leases, dead-lettering, requeues, acks and removes, each
+        timed by the store's clock (the clock due times use) when it was
+        recorded. The order, not the times, says which came first: the times of
+        events recorded by different replicas can disagree by a few ms (each
+        stamps with its estimate of the store's clock), while those one replica
+        recorded never go back. It works after the task is gone. Events are kept only
         while the namespace's policy keeps history
         (NamespacePolicy.history_retention_bytes); a namespace that keeps none
         answers an empty page with history_enabled false. It needs the produce

@@ -759,8 +759,9 @@ export declare type TaskEvent = Message<"delayd.v1.TaskEvent"> & {
   kind: TaskEventKind;
 
   /**
-   * When, by the store's clock (the one due times use), millisecond
-   * precision.
+   * When the store recorded it, by its clock (the one due times use),
+   * millisecond precision. Events are ordered by the store's sequence, not
+   * by this time (see GetTaskHistory).
    *
    * @generated from field: google.protobuf.Timestamp time = 2;
    */
@@ -881,7 +882,8 @@ export declare const GetTaskHistoryRequestSchema: GenMessage<GetTaskHistoryReque
  */
 export declare type GetTaskHistoryResponse = Message<"delayd.v1.GetTaskHistoryResponse"> & {
   /**
-   * The task's events in the order they happened. A page is cut by
+   * The task's events in the order the store recorded them (see
+   * GetTaskHistory). A page is cut by
    * page_size and by bytes (the server's --list-max-bytes), and a page may
    * be empty with next_page_token set while older events of other tasks are
    * skipped: follow the token until it is empty.
@@ -1203,11 +1205,15 @@ export declare const TaskService: GenService<{
     output: typeof ListTasksResponseSchema;
   },
   /**
-   * GetTaskHistory pages through what happened to one task, oldest first:
-   * upserts (with the API key id that made them, never its secret),
-   * reschedules, deliveries, nacks, expired leases, dead-lettering,
-   * requeues, acks and removes, each timed by the store's clock (the clock
-   * due times use). It works after the task is gone. Events are kept only
+   * GetTaskHistory pages through what happened to one task, in the order
+   * the store recorded it (its sequence, oldest first): upserts (with the
+   * API key id that made them, never its secret), reschedules, deliveries,
+   * nacks, expired leases, dead-lettering, requeues, acks and removes, each
+   * timed by the store's clock (the clock due times use) when it was
+   * recorded. The order, not the times, says which came first: the times of
+   * events recorded by different replicas can disagree by a few ms (each
+   * stamps with its estimate of the store's clock), while those one replica
+   * recorded never go back. It works after the task is gone. Events are kept only
    * while the namespace's policy keeps history
    * (NamespacePolicy.history_retention_bytes); a namespace that keeps none
    * answers an empty page with history_enabled false. It needs the produce

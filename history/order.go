@@ -1,0 +1,132 @@
+package history
+
+import (
+	"context"
+	"sync"
+
+	"github.com/delayd/delayd/storage"
+)
+
+// sequencer orders the history writes of one namespace on this replica.
+// A call takes a slot before its store call (begin) and hands its events
+// in after it (finish); the events are written in slot order, the filled
+// slots at the head of the queue in one write. So a call that began after
+// another's store call had changed a task — any call that saw that change,
+// through a read, a delivery or a wake — has its events written after
+// that call's, though the two store calls overlap freely. finish returns
+// once the slot's events are written (a call's events are in the history
+// when it returns), which is also when every earlier slot's are.
+//
+// A slot's owner waits in finish until its slot is written, so the queue
+// always has a live owner to hand the writing on to: the owner of a filled
+// head slot writes the filled prefix; while an earlier call is still in
+// its store call, later ones wait for it (bounded by the store's own
+// timeouts).
+type sequencer struct {
+	mu      sync.Mutex
+	queue   []*slot // begun, not yet written, in begin order
+	writing bool    // an owner is writing a prefix of queue
+}
+
+// slot is one call's place in a sequencer.
+type slot struct {
+	events  []storage.Event
+	keep    int64
+	filled  bool          // finish handed the events in
+	written bool          // the events are written (or failed: err)
+	err     error         // the write's error
+	wake    chan struct{} // one pending signal: written, or the head is filled
+}
+
+// begin takes the next slot.
+func (q *sequencer) begin() *slot {
+	s := &slot{wake: make(chan struct{}, 1)}
+	q.mu.Lock()
+	q.queue = append(q.queue, s)
+	q.mu.Unlock()
+	return s
+}
+
+// signal wakes s's owner (once; a pending signal is enough).
+func (s *slot) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// finish hands in s's events (none is fine: the slot still keeps its
+// place) and returns once they and every earlier slot's are written, with
+// the error of the write that carried them. write keeps a batch of events
+// of the namespace, keep being the largest of the batch's slots.
+func (q *sequencer) finish(s *slot, keep int64, events []storage.Event, write func(keep int64, events []storage.Event) error) error {
+	q.mu.Lock()
+	s.events, s.keep, s.filled = events, keep, true
+	for !s.written {
+		if q.writing || !q.queue[0].filled {
+			// Another owner writes, or an earlier call is still in its
+			// store call: it hands the writing on when it is done.
+			q.mu.Unlock()
+			<-s.wake
+			q.mu.Lock()
+			continue
+		}
+		n := 0
+		for n < len(q.queue) && q.queue[n].filled {
+			n++
+		}
+		batch := q.queue[:n:n]
+		q.queue = q.queue[n:]
+		q.writing = true
+		q.mu.Unlock()
+
+		var all []storage.Event
+		k := int64(0)
+		for _, b := range batch {
+			all = append(all, b.events...)
+			k = max(k, b.keep)
+		}
+		var err error
+		if len(all) > 0 {
+			err = write(k, all)
+		}
+
+		q.mu.Lock()
+		q.writing = false
+		for _, b := range batch {
+			b.written, b.err, b.events = true, err, nil
+			if b != s {
+				b.signal()
+			}
+		}
+		if len(q.queue) == 0 {
+			q.queue = nil // let the array go
+		} else if q.queue[0].filled && !q.queue[0].written {
+			q.queue[0].signal() // hand the writing on
+		}
+	}
+	err := s.err
+	q.mu.Unlock()
+	return err
+}
+
+// recordInOrder takes a slot of ns's sequencer (when ns keeps history);
+// call the returned func after the store call with the call's events
+// (defer it: a slot must always be finished, or ns's history writes stop).
+func (r *Recorder) recordInOrder(ctx context.Context, ns string, keep int64) func(*[]storage.Event) {
+	if keep <= 0 {
+		return func(*[]storage.Event) {}
+	}
+	v, ok := r.order.Load(ns)
+	if !ok {
+		v, _ = r.order.LoadOrStore(ns, &sequencer{})
+	}
+	q := v.(*sequencer)
+	s := q.begin()
+	return func(events *[]storage.Event) {
+		_ = q.finish(s, keep, *events, func(keep int64, all []storage.Event) error {
+			r.write(ctx, ns, keep, all)
+			return nil
+		})
+	}
+}
