@@ -592,7 +592,7 @@ func (n *namespace) earliestLease() time.Time {
 // stream with room. Deliveries no stream
 // can take (their streams ended since the pop) are handed back unsent.
 // The store set each lease deadline to store-now + p.storeLease, so
-// store-now minus the task's start (Task.LateFrom) is how late the task was
+// store-now minus the task's start (storage.LateFrom) is how late the task was
 // popped; the subscriber is told store-now + p.leaseFor.
 func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 	deadline := p.deadline
@@ -606,7 +606,7 @@ func (n *namespace) distribute(dels []storage.Delivery, p distribution) {
 			continue
 		}
 		storeDeadline := del.LeaseDeadline
-		late := storeDeadline.Add(-p.storeLease).Sub(del.Task.LateFrom())
+		late := storeDeadline.Add(-p.storeLease).Sub(storage.LateFrom(del.Task))
 		del.LeaseDeadline = storeDeadline.Add(p.leaseFor - p.storeLease)
 		del.Task.LeaseDeadline = del.LeaseDeadline
 		st.held[del.Token] = &lease{deadline: deadline, storeDeadline: storeDeadline, popped: p.popped, late: late}

@@ -44,7 +44,7 @@ func newNamespaceService(opts Options, guard *streamGuard) *namespaceService {
 // find the one waiting longest.
 const lateScan = 256
 
-// oldestLateFrom is the earliest Task.LateFrom among the first lateScan
+// oldestLateFrom is the earliest storage.LateFrom among the first lateScan
 // due tasks of ns: the later of due time and creation, as the delivery
 // lateness metric measures, so a task written with a due time long past
 // does not count as years late. Beyond the first lateScan due tasks (all
@@ -59,7 +59,7 @@ func (s *namespaceService) oldestLateFrom(ctx context.Context, ns string, now ti
 		if page[i].DueTime.After(now) {
 			break // in due order: the rest are not due yet
 		}
-		if from := page[i].LateFrom(); from.Before(oldest) {
+		if from := storage.LateFrom(page[i]); from.Before(oldest) {
 			oldest = from
 		}
 	}
@@ -68,7 +68,7 @@ func (s *namespaceService) oldestLateFrom(ctx context.Context, ns string, now ti
 
 // GetNamespaceStats counts the namespace's tasks per state and says how late
 // the oldest due, undelivered task is (by the store's clock), measured from
-// the later of its due time and its creation (Task.LateFrom).
+// the later of its due time and its creation (storage.LateFrom).
 func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.GetNamespaceStatsRequest) (*delaydv1.GetNamespaceStatsResponse, error) {
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {

@@ -176,23 +176,6 @@ type Task struct {
 	TraceParent string
 }
 
-// LateFrom is the instant a task's lateness is measured from: its due
-// time, or, for a task created with a due time already past (accepted as
-// due now), its creation (CreateTime, by the store's clock). A task
-// upserted "due 2020-01-01" is not years late when it is delivered at
-// once: the lateness histogram, the late-delivery log and
-// GetNamespaceStats' oldest due lateness all measure from here. Not
-// UpdateTime: a popped task's update time is the pop itself, which would
-// make every delivery 0 late. A retry's due time is set by the store after
-// the task was written, so it is never before CreateTime; a task replaced
-// with a past due time is measured from its creation (an upper bound).
-func (t *Task) LateFrom() time.Time {
-	if t.CreateTime.After(t.DueTime) {
-		return t.CreateTime
-	}
-	return t.DueTime
-}
-
 // UpsertSpec is one task to create or replace.
 type UpsertSpec struct {
 	ID      string
@@ -443,8 +426,9 @@ const MaxShards = 256
 // update time is the pop itself. A retry's due time is set by the store
 // after the task was written, so it is never before CreateTime; a task
 // replaced with a past due time is measured from its creation (an upper
-// bound). The dispatcher's lateness metric and the history's recent
-// lateness and delivered events all use this rule.
+// bound). The dispatcher's lateness metric and late-delivery log, the
+// history's recent lateness and delivered events, and GetNamespaceStats'
+// oldest due lateness all use this rule.
 func LateFrom(t Task) time.Time {
 	if t.CreateTime.After(t.DueTime) {
 		return t.CreateTime
