@@ -198,7 +198,7 @@ func TestBatchedRemoveAnswersAsUnary(t *testing.T) {
 		}
 	}
 	type call struct {
-		id string
+		id   string
 		cond bool // RemoveIf at generation 1
 	}
 	run := func(c *client.Client, ns string, calls []call, concurrent bool) []answer {

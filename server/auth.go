@@ -543,4 +543,3 @@ func authInterceptors(authn *authenticator, authz *authorizer) ([]grpc.UnaryServ
 	}
 	return unary, stream
 }
-
