@@ -134,8 +134,8 @@ type NamespacePolicy struct {
 	// HTTP push target: when set (url not empty), delayd POSTs the
 	// namespace's due tasks to the URL instead of waiting for Subscribe
 	// streams (which the namespace then refuses). Allowed only when the
-	// operator enabled push (--push-allow) and the URL's host is one it
-	// allows. See docs/push.md for the request, its signature and how it is
+	// operator enabled push (--push-allow) and the URL's host and port are
+	// ones it allows. See docs/push.md for the request, its signature and how it is
 	// acknowledged. Default: none.
 	Push *PushTarget `protobuf:"bytes,15,opt,name=push,proto3" json:"push,omitempty"`
 	// Task history (GetTaskHistory): the most bytes of events the namespace
@@ -296,8 +296,9 @@ func (x *NamespacePolicy) GetHistoryRetentionBytes() int64 {
 type PushTarget struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The URL every task is POSTed to: http or https, whose host the
-	// operator allows (--push-allow, host names or CIDRs). At most 2,048
-	// bytes. Empty in an update: push is turned off.
+	// operator allows (--push-allow, host names or CIDRs) on a port it allows
+	// (--push-allow-ports, default 80 and 443). At most 2,048 bytes. Empty in
+	// an update: push is turned off.
 	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
 	// The HMAC-SHA256 key of the Delayd-Signature header, 16 to 1,024 bytes.
 	// Write-only: never returned (see secret_set). Required when push is

@@ -139,8 +139,8 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
    * HTTP push target: when set (url not empty), delayd POSTs the
    * namespace's due tasks to the URL instead of waiting for Subscribe
    * streams (which the namespace then refuses). Allowed only when the
-   * operator enabled push (--push-allow) and the URL's host is one it
-   * allows. See docs/push.md for the request, its signature and how it is
+   * operator enabled push (--push-allow) and the URL's host and port are
+   * ones it allows. See docs/push.md for the request, its signature and how it is
    * acknowledged. Default: none.
    *
    * @generated from field: delayd.v1.PushTarget push = 15;
@@ -175,8 +175,9 @@ export declare const NamespacePolicySchema: GenMessage<NamespacePolicy>;
 export declare type PushTarget = Message<"delayd.v1.PushTarget"> & {
   /**
    * The URL every task is POSTed to: http or https, whose host the
-   * operator allows (--push-allow, host names or CIDRs). At most 2,048
-   * bytes. Empty in an update: push is turned off.
+   * operator allows (--push-allow, host names or CIDRs) on a port it allows
+   * (--push-allow-ports, default 80 and 443). At most 2,048 bytes. Empty in
+   * an update: push is turned off.
    *
    * @generated from field: string url = 1;
    */
