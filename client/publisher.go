@@ -392,13 +392,33 @@ func (p *publisher) sendRemoveBatch(q *pubQueue, ops []*op) {
 
 // sendBatch sends ops in one BatchUpsertTasks call and answers each with its
 // item. A call that fails as a whole fails every op with its error, as each
-// unary call would have failed (the namespace, the key, a store that is down).
+// unary call would have failed (the namespace, the key, a store that is down)
+// — except InvalidArgument: BatchUpsertTasks checks each item on its own and
+// answers it in its result, so a refusal of the whole call is about the
+// batch (more items or payload bytes than the server's --max-batch or
+// --max-batch-payload-bytes, which may be lower than BatchSettings assume),
+// and each op is sent again alone to get the answer UpsertTask gives it.
 func (p *publisher) sendBatch(q *pubQueue, ops []*op) {
 	req := &delaydv1.BatchUpsertTasksRequest{Namespace: q.ns, Tasks: make([]*delaydv1.UpsertTaskRequest, len(ops))}
 	for i, o := range ops {
 		req.Tasks[i] = o.req
 	}
 	resp, err := p.tasks.BatchUpsertTasks(rpcContext(ops[0]), req)
+	if status.Code(err) == codes.InvalidArgument {
+		for _, o := range ops {
+			ureq := proto.Clone(o.req).(*delaydv1.UpsertTaskRequest)
+			ureq.Namespace = q.ns
+			r, err := p.tasks.UpsertTask(rpcContext(o), ureq)
+			if err != nil {
+				p.answer(o, err)
+				continue
+			}
+			o.upserted = &UpsertResult{Task: taskFromProto(r.GetTask()), Created: r.GetCreated()}
+			p.answer(o, nil)
+		}
+		p.finish(q, ops) // after: the ids stay busy, so later calls for them wait their turn
+		return
+	}
 	p.finish(q, ops)
 	if err == nil && len(resp.GetResults()) != len(ops) {
 		err = status.Errorf(codes.Internal, "server answered %d results for %d items", len(resp.GetResults()), len(ops))

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/daemon"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 )
 
@@ -333,5 +334,43 @@ func TestBatchedCallsKeepOrderPerID(t *testing.T) {
 		if err != nil || string(got.Payload) != "last" || got.Generation != 1 {
 			t.Errorf("w-%d = %+v, %v; want the last upsert, at generation 1 of a new life", w, got, err)
 		}
+	}
+}
+
+// A server run with a lower --max-batch than the publisher's MaxCount
+// refuses a coalesced batch as a whole (InvalidArgument naming tasks).
+// None of its calls was wrong: each is sent again alone and gets the
+// answer a lone UpsertTask gives it, so every valid Upsert succeeds (the
+// BatchSettings promise). Before, all 40 callers got the batch's error.
+func TestBatchRefusedWholeIsSentOneByOne(t *testing.T) {
+	t.Parallel()
+	var cfg daemon.Config
+	cfg.Limits.MaxBatch = 5 // --max-batch 5
+	srv := startDelaydWith(t, cfg)
+	var count batchCounter
+	c := newClient(t, srv.addr(),
+		client.WithBatching(client.BatchSettings{Linger: time.Hour, MaxCount: 40}),
+		client.WithDialOptions(grpc.WithChainUnaryInterceptor(count.intercept)))
+	ns := namespace(t, c)
+	const n = 40
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = c.Upsert(t.Context(), ns, client.TaskSpec{ID: fmt.Sprintf("t%d", i), When: client.After(time.Hour)})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("upsert t%d: %v; want it accepted (only the batch was too large)", i, err)
+		}
+	}
+	count.mu.Lock()
+	defer count.mu.Unlock()
+	if !cmp.Equal(count.batches, []int{n}) || count.unary != n {
+		t.Errorf("sent batches of %v items and %d UpsertTask calls; want the batch of %d refused, then %d calls alone", count.batches, count.unary, n, n)
 	}
 }

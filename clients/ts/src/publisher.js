@@ -216,6 +216,12 @@ export class Publisher {
     });
   }
 
+  // One BatchUpsertTasks for ops, each answered with its item's result.
+  // BatchUpsertTasks answers each item's own error in its result, so an
+  // INVALID_ARGUMENT for the whole call is about the batch (more items or
+  // payload bytes than the server's --max-batch or
+  // --max-batch-payload-bytes): each op is sent again alone and gets
+  // UpsertTask's own answer.
   async #sendBatch(q, ops) {
     let resp;
     let err;
@@ -226,6 +232,17 @@ export class Publisher {
       }
     } catch (e) {
       err = e;
+    }
+    if (err && ConnectError.from(err).code === Code.InvalidArgument) {
+      await Promise.all(ops.map(async (op) => {
+        try {
+          this.#answer(op, undefined, await this.tasks.upsertTask({ ...op.item, namespace: q.ns }));
+        } catch (e) {
+          this.#answer(op, e);
+        }
+      }));
+      this.#finish(q, ops);
+      return;
     }
     this.#finish(q, ops);
     ops.forEach((op, i) => {

@@ -138,3 +138,25 @@ test("a batched remove answers as a lone RemoveTask", async () => {
   assert.equal(want[1].removed, false);
   assert.ok(want[5].code !== undefined, "the malformed id was not refused");
 });
+
+test("a batch the server refuses as a whole (lower --max-batch) is sent one call each", async () => {
+  const small = await startDelayd(["--max-batch", "5"]);
+  try {
+    const sizes = [];
+    let unary = 0;
+    const count = (next) => async (req) => {
+      if (req.method.name === "BatchUpsertTasks") sizes.push(req.message.tasks.length);
+      if (req.method.name === "UpsertTask") unary++;
+      return next(req);
+    };
+    const client = createClient(TaskService, createConnectTransport({ baseUrl: small.baseUrl, httpVersion: "1.1", interceptors: [count] }));
+    const ns = `ts-pub-small-${process.pid}`;
+    const pub = new Publisher(client, { lingerMs: 3_600_000, maxCount: 20 });
+    const got = await Promise.allSettled(Array.from({ length: 20 }, (_, i) => pub.upsertTask({ namespace: ns, id: `t${i}`, when: hour })));
+    assert.deepEqual(got.filter((r) => r.status !== "fulfilled").map((r) => String(r.reason)), []);
+    assert.deepEqual(sizes, [20]);
+    assert.equal(unary, 20);
+  } finally {
+    small.stop();
+  }
+});
