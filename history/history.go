@@ -17,7 +17,10 @@
 // before its store call, and its events are written in that order (see
 // sequencer): so any call that saw another's change — a GetTask showing
 // the task dead, a delivery of a task an upsert made due — is written
-// after it, though the store calls themselves overlap freely. Within a
+// after it. Store calls overlap freely, except that a pop and a call that
+// makes tasks due (upsert, nack, reap, requeue) never overlap theirs: a
+// pop that took its place first could otherwise deliver a task the other
+// made due and be written before it. Within a
 // replica that is the order things happened. Calls on different replicas
 // are not ordered: a pop on another replica in the instant between a
 // call's store write and its history write (a task due at once) can still
@@ -107,7 +110,7 @@ func (r *Recorder) write(ctx context.Context, ns string, keep int64, events []st
 func (r *Recorder) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderMakesDue)(&events)
 	res, err := r.next.Upsert(ctx, ns, specs)
 	if keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
@@ -130,7 +133,7 @@ func (r *Recorder) Upsert(ctx context.Context, ns string, specs []storage.Upsert
 func (r *Recorder) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderOther)(&events)
 	st, err := r.next.Remove(ctx, ns, id, ifVersion)
 	if keep > 0 && err == nil {
 		events = []storage.Event{{Kind: storage.EventRemoved, ID: id, KeyID: storage.KeyIDOf(ctx)}}
@@ -144,7 +147,7 @@ func (r *Recorder) Remove(ctx context.Context, ns, id string, ifVersion storage.
 func (r *Recorder) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderOther)(&events)
 	res, err := r.next.RemoveTasks(ctx, ns, p)
 	if keep > 0 && res.Removed > 0 && len(res.States) == len(p.IDs) {
 		key := storage.KeyIDOf(ctx)
@@ -182,7 +185,7 @@ func (r *Recorder) Pop(ctx context.Context, ns string, p storage.PopParams) ([]s
 func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderPop)(&events)
 	res, err := r.next.PopWake(ctx, ns, p)
 	ds := res.Deliveries
 	if r.cfg.Recent != nil && len(ds) > 0 {
@@ -214,7 +217,7 @@ func lateness(t storage.Task) time.Duration {
 func (r *Recorder) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderOther)(&events)
 	sts, err := r.next.Ack(ctx, ns, tokens)
 	if keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
@@ -234,7 +237,7 @@ func (r *Recorder) Ack(ctx context.Context, ns string, tokens []storage.Token) (
 func (r *Recorder) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderMakesDue)(&events)
 	sts, moved, err := r.next.Nack(ctx, ns, tokens, opts)
 	if keep > 0 && err == nil && !opts.Unsent {
 		key := storage.KeyIDOf(ctx)
@@ -273,7 +276,7 @@ func (r *Recorder) Extend(ctx context.Context, ns string, tokens []storage.Token
 func (r *Recorder) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderMakesDue)(&events)
 	moved, err := r.next.Reap(ctx, ns, limit, opts)
 	if keep > 0 && len(moved) > 0 {
 		events = make([]storage.Event, 0, len(moved))
@@ -296,7 +299,7 @@ func (r *Recorder) NextWake(ctx context.Context, ns string) (time.Time, time.Tim
 func (r *Recorder) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderMakesDue)(&events)
 	moved, err := r.next.Requeue(ctx, ns, p)
 	if keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
@@ -312,7 +315,7 @@ func (r *Recorder) Requeue(ctx context.Context, ns string, p storage.RequeuePara
 func (r *Recorder) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]string, error) {
 	keep := r.keep(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep)(&events)
+	defer r.recordInOrder(ctx, ns, keep, orderOther)(&events)
 	ids, err := r.next.Purge(ctx, ns, p)
 	if keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)

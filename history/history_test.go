@@ -180,3 +180,91 @@ func TestHistoryKeepsOrderOfCallsThatSawEachOther(t *testing.T) {
 		t.Fatalf("history kinds %v, want %v", got, want)
 	}
 }
+
+// heldPop is a store whose PopWake, once armed, signals entered and waits
+// for release before it runs.
+type heldPop struct {
+	storage.Store
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldPop) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.entered)
+		<-h.release
+	}
+	return h.Store.PopWake(ctx, ns, p)
+}
+
+// TestPopAfterRequeueIsWrittenAfterIt: a pop takes its place in the
+// order, then waits before its store call; meanwhile a requeue makes a dead
+// task due. If the requeue's store call could run first, the pop would
+// deliver the task and its delivered event — holding the earlier place —
+// would be written before the requeued one (seen in a fresh-clone CI run of
+// TestHistoryLifecycleRedisOnly: ... DEAD_LETTERED DELIVERED REQUEUED ...).
+// A pop and a call that makes tasks due never overlap their store calls,
+// so the history reads requeued, then delivered.
+func TestPopAfterRequeueIsWrittenAfterIt(t *testing.T) {
+	clk := &clock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	fake := storagefake.New(clk)
+	held := &heldPop{Store: fake, entered: make(chan struct{}), release: make(chan struct{})}
+	rec := history.Wrap(held, history.Config{Policies: policies{1 << 20}, Sink: fake, Replica: "r1"})
+	ctx := storage.WithKeyID(t.Context(), "k1")
+	if _, err := rec.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Second}); err != nil || len(ds) != 1 {
+		t.Fatalf("pop: %v, %v", ds, err)
+	}
+	clk.ns.Add(int64(2 * time.Second)) // the lease runs out
+	if moved, err := rec.Reap(ctx, "ns", 10, storage.NackOptions{MaxAttempts: 1}); err != nil || len(moved) != 1 {
+		t.Fatalf("reap: %v, %v", moved, err)
+	}
+	held.armed.Store(true)
+	popped := make(chan []storage.Delivery, 1)
+	go func() {
+		ds, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		popped <- ds
+	}()
+	<-held.entered // the pop has its place and waits before its store call
+	requeued := make(chan error, 1)
+	go func() {
+		_, err := rec.Requeue(ctx, "ns", storage.RequeueParams{IDs: []string{"a"}})
+		requeued <- err
+	}()
+	// Give the requeue the chance to run its store call before the pop's.
+	select {
+	case err := <-requeued:
+		requeued <- err
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(held.release)
+	first := <-popped
+	if err := <-requeued; err != nil {
+		t.Fatal(err)
+	}
+	if len(first) == 0 { // the requeue ran after the pop: deliver it now
+		if ds, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Second}); err != nil || len(ds) != 1 {
+			t.Fatalf("pop after the requeue: %v, %v", ds, err)
+		}
+	}
+	evs, _, err := fake.TaskHistory(t.Context(), "ns", storage.HistoryParams{ID: "a", Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []storage.EventKind{storage.EventUpserted, storage.EventDelivered, storage.EventLeaseExpired,
+		storage.EventDeadLettered, storage.EventRequeued, storage.EventDelivered}
+	got := make([]storage.EventKind, len(evs))
+	for i, e := range evs {
+		got[i] = e.Kind
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("history kinds %v, want %v", got, want)
+	}
+}

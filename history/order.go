@@ -23,6 +23,15 @@ import (
 // its store call, later ones wait for it (bounded by the store's own
 // timeouts).
 type sequencer struct {
+	// due orders pops against the calls that make tasks due (upsert, nack,
+	// reap, requeue): a pop holds it exclusively, they share it, each from
+	// before it takes its slot until its store call returned (not across
+	// the history write). Slots alone do not order those: a pop that took
+	// its slot, then waited, could pop a task a requeue with a later slot
+	// had just made due, and its delivered event would be written before
+	// the requeued one (TestHistoryLifecycleRedisOnly, fresh-clone CI).
+	// With it, the one whose store call ran first took the earlier slot.
+	due     sync.RWMutex
 	mu      sync.Mutex
 	queue   []*slot // begun, not yet written, in begin order
 	writing bool    // an owner is writing a prefix of queue
@@ -110,10 +119,19 @@ func (q *sequencer) finish(s *slot, keep int64, events []storage.Event, write fu
 	return err
 }
 
+// orderKind says how a call is ordered against pops (sequencer.due).
+type orderKind int
+
+const (
+	orderOther    orderKind = iota // ack, remove, purge: slots alone
+	orderMakesDue                  // upsert, nack, reap, requeue: share due
+	orderPop                       // pop: holds due alone
+)
+
 // recordInOrder takes a slot of ns's sequencer (when ns keeps history);
 // call the returned func after the store call with the call's events
 // (defer it: a slot must always be finished, or ns's history writes stop).
-func (r *Recorder) recordInOrder(ctx context.Context, ns string, keep int64) func(*[]storage.Event) {
+func (r *Recorder) recordInOrder(ctx context.Context, ns string, keep int64, kind orderKind) func(*[]storage.Event) {
 	if keep <= 0 {
 		return func(*[]storage.Event) {}
 	}
@@ -122,8 +140,18 @@ func (r *Recorder) recordInOrder(ctx context.Context, ns string, keep int64) fun
 		v, _ = r.order.LoadOrStore(ns, &sequencer{})
 	}
 	q := v.(*sequencer)
+	unlock := func() {}
+	switch kind {
+	case orderPop:
+		q.due.Lock()
+		unlock = q.due.Unlock
+	case orderMakesDue:
+		q.due.RLock()
+		unlock = q.due.RUnlock
+	}
 	s := q.begin()
 	return func(events *[]storage.Event) {
+		unlock()
 		_ = q.finish(s, keep, *events, func(keep int64, all []storage.Event) error {
 			r.write(ctx, ns, keep, all)
 			return nil
