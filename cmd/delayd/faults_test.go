@@ -365,6 +365,24 @@ func upsertAll(t *testing.T, conn *grpc.ClientConn, ns string, n int, ty *tally)
 	}
 }
 
+// twoReplicas starts replicas A and B of delayd (Redis-only, no auth) on
+// a private redis-server, with a tally for ns that, when the test fails,
+// logs where each task it never saw acked is in Redis.
+func twoReplicas(t *testing.T, ns string) (a, b *replica, ty *tally) {
+	t.Helper()
+	bin := buildBinary(t)
+	rs := testkit.StartRedis(t)
+	args := []string{"--redis-url", rs.URL, "--no-auth"}
+	a, b = startReplica(t, bin, args...), startReplica(t, bin, args...)
+	ty = newTally(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			logStoreState(t, rs, ns, ty)
+		}
+	})
+	return a, b, ty
+}
+
 // TestFaultReplicaSIGKILLMidStream: two replicas serve one namespace; the
 // subscriber of replica A works 2 s per task. A is SIGKILLed while it holds
 // deliveries its subscriber has not acked. Every task is still delivered
@@ -377,17 +395,8 @@ func TestFaultReplicaSIGKILLMidStream(t *testing.T) {
 		t.Skip("fault suite: real processes; not in -short")
 	}
 	t.Parallel()
-	bin := buildBinary(t)
-	rs := testkit.StartRedis(t)
-	args := []string{"--redis-url", rs.URL, "--no-auth"}
-	a, b := startReplica(t, bin, args...), startReplica(t, bin, args...)
 	ns := "fault-kill"
-	ty := newTally(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			logStoreState(t, rs, ns, ty)
-		}
-	})
+	a, b, ty := twoReplicas(t, ns)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	held := consume(ctx, t, a.conn, ns, 2*time.Second, ty, b.conn) // slow: holds what it gets; acks move to B when A dies
@@ -429,17 +438,8 @@ func TestFaultReplicaSIGKILLWhileAcking(t *testing.T) {
 		t.Skip("fault suite: real processes; not in -short")
 	}
 	t.Parallel()
-	bin := buildBinary(t)
-	rs := testkit.StartRedis(t)
-	args := []string{"--redis-url", rs.URL, "--no-auth"}
-	a, b := startReplica(t, bin, args...), startReplica(t, bin, args...)
 	ns := "fault-kill-acking"
-	ty := newTally(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			logStoreState(t, rs, ns, ty)
-		}
-	})
+	a, b, ty := twoReplicas(t, ns)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	consume(ctx, t, a.conn, ns, 300*time.Millisecond, ty, b.conn)
