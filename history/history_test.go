@@ -129,13 +129,7 @@ func TestHistoryKeepsOrderOfCallsThatSawEachOther(t *testing.T) {
 	sink := &heldSink{History: fake, arrived: make(chan struct{}), release: make(chan struct{})}
 	rec := history.Wrap(fake, history.Config{Policies: policies{1 << 20}, Sink: sink, Replica: "r1"})
 	ctx := storage.WithKeyID(t.Context(), "k1")
-	if _, err := rec.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}}); err != nil {
-		t.Fatal(err)
-	}
-	if ds, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Second}); err != nil || len(ds) != 1 {
-		t.Fatalf("pop: %v, %v", ds, err)
-	}
-	clk.ns.Add(int64(2 * time.Second)) // the lease runs out
+	deliverAndExpire(t, rec, clk, ctx)
 	reaped := make(chan error, 1)
 	go func() {
 		moved, err := rec.Reap(ctx, "ns", 10, storage.NackOptions{MaxAttempts: 1})
@@ -167,15 +161,8 @@ func TestHistoryKeepsOrderOfCallsThatSawEachOther(t *testing.T) {
 	if err := <-requeued; err != nil {
 		t.Fatal(err)
 	}
-	evs, _, err := fake.TaskHistory(t.Context(), "ns", storage.HistoryParams{ID: "a", Limit: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := []storage.EventKind{storage.EventUpserted, storage.EventDelivered, storage.EventLeaseExpired, storage.EventDeadLettered, storage.EventRequeued}
-	got := make([]storage.EventKind, len(evs))
-	for i, e := range evs {
-		got[i] = e.Kind
-	}
+	got := kindsOf(t, fake, "ns", "a")
 	if !slices.Equal(got, want) {
 		t.Fatalf("history kinds %v, want %v", got, want)
 	}
@@ -213,13 +200,7 @@ func TestPopAfterRequeueIsWrittenAfterIt(t *testing.T) {
 	held := &heldPop{Store: fake, entered: make(chan struct{}), release: make(chan struct{})}
 	rec := history.Wrap(held, history.Config{Policies: policies{1 << 20}, Sink: fake, Replica: "r1"})
 	ctx := storage.WithKeyID(t.Context(), "k1")
-	if _, err := rec.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}}); err != nil {
-		t.Fatal(err)
-	}
-	if ds, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Second}); err != nil || len(ds) != 1 {
-		t.Fatalf("pop: %v, %v", ds, err)
-	}
-	clk.ns.Add(int64(2 * time.Second)) // the lease runs out
+	deliverAndExpire(t, rec, clk, ctx)
 	if moved, err := rec.Reap(ctx, "ns", 10, storage.NackOptions{MaxAttempts: 1}); err != nil || len(moved) != 1 {
 		t.Fatalf("reap: %v, %v", moved, err)
 	}
@@ -254,17 +235,37 @@ func TestPopAfterRequeueIsWrittenAfterIt(t *testing.T) {
 			t.Fatalf("pop after the requeue: %v, %v", ds, err)
 		}
 	}
-	evs, _, err := fake.TaskHistory(t.Context(), "ns", storage.HistoryParams{ID: "a", Limit: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := []storage.EventKind{storage.EventUpserted, storage.EventDelivered, storage.EventLeaseExpired,
 		storage.EventDeadLettered, storage.EventRequeued, storage.EventDelivered}
-	got := make([]storage.EventKind, len(evs))
-	for i, e := range evs {
-		got[i] = e.Kind
-	}
+	got := kindsOf(t, fake, "ns", "a")
 	if !slices.Equal(got, want) {
 		t.Fatalf("history kinds %v, want %v", got, want)
 	}
+}
+
+// deliverAndExpire upserts task a of namespace ns, delivers it once, and
+// moves clk past its one-second lease.
+func deliverAndExpire(t *testing.T, rec *history.Recorder, clk *clock, ctx context.Context) {
+	t.Helper()
+	if _, err := rec.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Second}); err != nil || len(ds) != 1 {
+		t.Fatalf("pop: %v, %v", ds, err)
+	}
+	clk.ns.Add(int64(2 * time.Second)) // the lease runs out
+}
+
+// kindsOf is the kinds of task id's history in ns, in order.
+func kindsOf(t *testing.T, h storage.History, ns, id string) []storage.EventKind {
+	t.Helper()
+	evs, _, err := h.TaskHistory(t.Context(), ns, storage.HistoryParams{ID: id, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := make([]storage.EventKind, len(evs))
+	for i, e := range evs {
+		kinds[i] = e.Kind
+	}
+	return kinds
 }
