@@ -225,13 +225,19 @@ func TestTryLead(t *testing.T) {
 			if try("b", time.Hour) {
 				t.Fatal("b took a lease a holds")
 			}
-			if !try("a", 100*time.Millisecond) {
+			if !try("a", time.Hour) {
 				t.Fatal("a could not renew its lease")
 			}
 			if try("b", time.Hour) {
 				t.Fatal("b took a renewed lease")
 			}
-			// once a stops renewing, the lease runs out and b gets it
+			// A renewal sets the lease's length: once a renews it short
+			// and stops, it runs out and b gets it. (The renewal that b is
+			// refused after is an hour long, so a starved test cannot see
+			// it run out between the two calls.)
+			if !try("a", 100*time.Millisecond) {
+				t.Fatal("a could not renew its lease")
+			}
 			deadline := time.Now().Add(20 * time.Second)
 			for !try("b", time.Hour) {
 				if time.Now().After(deadline) {

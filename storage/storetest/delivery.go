@@ -969,13 +969,17 @@ func testSharedLimits(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	}
 	// A stream whose lease is renewed keeps its place; one whose lease
 	// lapsed (its replica died) loses it.
+	// The lease is 2 s and renewed every 100 ms, held over several
+	// renewals: a test starved of CPU for most of the lease (a busy
+	// machine) still renews in time, while a renewal that did not extend
+	// the lease would lose it within the loop.
 	other := e.ns + "-lease"
-	short := 300 * time.Millisecond
+	short := 2 * time.Second
 	if ok, _, err := l.AcquireSubscriber(e.ctx, other, "kept", 1, short); err != nil || !ok {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
-	for range 6 {
-		time.Sleep(short / 3)
+	for range 25 {
+		time.Sleep(100 * time.Millisecond)
 		if err := l.RenewSubscribers(e.ctx, other, []string{"kept"}, short); err != nil {
 			t.Fatal(err)
 		}
