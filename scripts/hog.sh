@@ -2,9 +2,12 @@
 # hog.sh start [N] | stop | status: busy neighbours for testing under load.
 #
 # start runs N (default 2) processes that each spin one core
-# (`while :; do :; done`), the way a neighbour on a shared machine takes
-# CPU from delayd and its tests; stop ends exactly those processes (their
-# ids are kept in $HOG_PIDS, default ${TMPDIR:-/tmp}/delayd-hog.pids).
+# (`while :; do :; done`), each in a session of its own, the way a
+# neighbour on a shared machine takes CPU from delayd and its tests; stop
+# ends exactly those processes (their ids are kept in $HOG_PIDS, default
+# ${TMPDIR:-/tmp}/delayd-hog.pids). `make test` runs its tests in a session
+# of their own too (scripts/own-session.sh), so the loops, the tests and the
+# Redis and MySQL they use share the cores on equal terms.
 # Run the tests you suspect of timing flakes between the two:
 #
 #   scripts/hog.sh start
@@ -23,7 +26,15 @@ start)
 	fi
 	i=0
 	while [ "$i" -lt "$n" ]; do
-		sh -c 'while :; do :; done' &
+		# Each loop in a session of its own, as a neighbour's process is:
+		# with autogroup scheduling on, a loop started in this shell's
+		# session would share (and with a raised autogroup priority,
+		# dominate) the CPU share of whatever else this session runs.
+		if command -v setsid >/dev/null 2>&1; then
+			setsid sh -c 'while :; do :; done' &
+		else
+			sh -c 'while :; do :; done' &
+		fi
 		echo $! >>"$pids"
 		i=$((i + 1))
 	done
