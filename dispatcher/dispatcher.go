@@ -902,7 +902,9 @@ func (d *Dispatcher) runWakeups(ctx context.Context) {
 	backoff := 50 * time.Millisecond
 	for {
 		start := time.Now()
-		err := d.cfg.Wakeups.SubscribeWakeups(ctx, d.wakeup)
+		// Each time the subscription is made, look again at every
+		// namespace: a wake-up published before it was lost.
+		err := d.cfg.Wakeups.SubscribeWakeups(ctx, func() { d.wakeAll("") }, d.wakeup)
 		if ctx.Err() != nil {
 			return
 		}

@@ -302,7 +302,7 @@ func TestAckOnOtherReplicaFreesCredit(t *testing.T) {
 	settled := make(chan []storage.Token, 10)
 	subscribed := make(chan error, 1)
 	go func() {
-		subscribed <- h.store.SubscribeWakeups(ctx, func(w storage.Wakeup) {
+		subscribed <- h.store.SubscribeWakeups(ctx, func() {}, func(w storage.Wakeup) {
 			if len(w.Settled) > 0 {
 				settled <- w.Settled
 			}
@@ -648,6 +648,49 @@ func TestWakeupFromAnotherReplica(t *testing.T) {
 	if d := s.next(t); d.Task.ID != "remote" {
 		t.Fatalf("got %s, want remote", d.Task.ID)
 	}
+}
+
+// TestWakeupBeforeSubscribedIsNotMissed: a wake-up published while this
+// replica's subscription is not yet made (a slow first subscribe, or the
+// gap before a lost connection is re-made) never reaches it — pub/sub
+// keeps nothing — so the dispatcher looks again once the subscription is
+// made, instead of sleeping until the safety poll. (Before, the task
+// waited for the one-minute poll; TestWakeupFromAnotherReplica failed that
+// way under load when the upsert beat the background subscribe.)
+func TestWakeupBeforeSubscribedIsNotMissed(t *testing.T) {
+	t.Parallel()
+	slowPoll := func(c *dispatcher.Config) { c.SafetyPoll = time.Minute }
+	var sig *dispatcher.Signals
+	gate := make(chan struct{})
+	h := newHarness(t, testPolicy(), func(c *dispatcher.Config) {
+		slowPoll(c)
+		sig = dispatcher.Watch(c)
+		c.Wakeups = gatedWakeups{Wakeups: c.Wakeups, gate: gate}
+	})
+	other := h.startDispatcher(testPolicy(), slowPoll)
+	idle := sig.Next(planned(h.ns, func(e dispatcher.Event) bool { return e.Wait == time.Minute }))
+	s := h.subscribe(h.d, h.ns, 10)
+	await(t, idle, "h.d plans a one-minute sleep on the empty namespace")
+	h.upsert(other, 0, "remote") // its wake-up reaches no subscription of h.d
+	close(gate)
+	if d := s.next(t); d.Task.ID != "remote" {
+		t.Fatalf("got %s, want remote", d.Task.ID)
+	}
+}
+
+// gatedWakeups makes its subscription only once gate is closed.
+type gatedWakeups struct {
+	storage.Wakeups
+	gate <-chan struct{}
+}
+
+func (g gatedWakeups) SubscribeWakeups(ctx context.Context, ready func(), fn func(storage.Wakeup)) error {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.Wakeups.SubscribeWakeups(ctx, ready, fn)
 }
 
 // mutablePolicies serves one policy that a test may change.

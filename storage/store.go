@@ -361,8 +361,14 @@ type Wakeup struct {
 // at the head of a namespace, or a policy changed.
 type Wakeups interface {
 	// SubscribeWakeups calls fn with every wake-up until ctx is done. It
-	// returns when ctx is done or the subscription fails.
-	SubscribeWakeups(ctx context.Context, fn func(Wakeup)) error
+	// returns when ctx is done or the subscription fails. It calls ready
+	// each time the subscription is made (first, and again after a lost
+	// connection was re-made): every wake-up published after ready reaches
+	// fn, and ones published before it may not have — so the caller looks
+	// again at whatever it was waiting on (pub/sub keeps nothing for a
+	// subscriber that is not there yet). ready and fn run on the
+	// subscribing goroutine, one call at a time, and should not block.
+	SubscribeWakeups(ctx context.Context, ready func(), fn func(Wakeup)) error
 	// PublishPolicyChanged tells the dispatchers of every replica
 	// (subscribed at the time) that ns's policy changed. Best effort: a
 	// replica that misses it reads the policy at its next refresh.

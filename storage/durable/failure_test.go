@@ -159,6 +159,26 @@ func poll(t testing.TB, what string, f func() bool) {
 	}
 }
 
+// pollProgress calls f every 20 ms until it reports done, and fails t when
+// its progress figure has not changed for a minute: a bound on "stuck",
+// not on how fast a loaded machine gets through a large amount of work.
+func pollProgress(t testing.TB, what string, f func() (done bool, progress int)) {
+	t.Helper()
+	last, since := 0, time.Now()
+	for {
+		done, p := f()
+		if done {
+			return
+		}
+		if p != last {
+			last, since = p, time.Now()
+		} else if time.Since(since) > time.Minute {
+			t.Fatalf("gave up waiting for %s: no progress for a minute (at %d)", what, p)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // killer KILLs every connection to database db (except its own) every
 // period until stop is called; it returns how many it killed.
 func killer(t *testing.T, db string, period time.Duration) (stop func() int) {

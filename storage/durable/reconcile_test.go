@@ -179,20 +179,23 @@ func (s slowVersions) Versions(ctx context.Context, ns string, ids []string) ([]
 // TestAckSettlingProgressesUnderShortTransactions: 800 acks left their rows
 // in MySQL (their deletes failed in a connection cut), and every MySQL
 // connection is then KILLed every 200 ms while the index answers slowly
-// (1 ms per task). A repair transaction holds its rows' locks while it
+// (2 ms per task). A repair transaction holds its rows' locks while it
 // reads the index, so settling 800 markers in one transaction takes longer
 // than any connection lives: it never committed, and the rows stayed
 // forever (seen: TestConnectionsKilledMidBatch left 800 rows for 2
 // minutes on a loaded machine). Repairs run in bounded steps, each its own
-// transaction, and a failed step loses only itself, so the reconciler gets
-// through.
+// transaction, and a failed step loses only itself; and a step of 100
+// tasks (200 ms here) still outlives every connection, so a failed step
+// halves the next until steps fit (with fixed steps of 100 this test never
+// settled a row; it had passed at 1 ms per task only while the machine
+// was idle).
 func TestAckSettlingProgressesUnderShortTransactions(t *testing.T) {
 	t.Parallel()
 	direct := testkit.Database(t, "delayd_test")
 	dsn, proxy := viaProxy(t, direct)
 	var slow atomic.Bool
 	e := newEnvOn(t, dsn, testkit.RedisURL(), func(c *durable.Config) {
-		c.Index = slowVersions{Index: c.Index, on: &slow, perID: time.Millisecond}
+		c.Index = slowVersions{Index: c.Index, on: &slow, perID: 2 * time.Millisecond}
 		c.OpTimeout = 3 * time.Second
 		c.ReconcileInterval = 50 * time.Millisecond
 		c.FullReconcileInterval = time.Hour
@@ -241,7 +244,10 @@ func TestAckSettlingProgressesUnderShortTransactions(t *testing.T) {
 	slow.Store(true)
 	stopKill := killer(t, cfg.DBName, 200*time.Millisecond)
 	defer stopKill()
-	testkit.Eventually(t, 60*time.Second, "the reconciler to settle every ack marker", func() bool { return rows() == 0 })
+	pollProgress(t, "the reconciler to settle every ack marker", func() (bool, int) {
+		left := rows()
+		return left == 0, -left
+	})
 	if got, err := e.store.Pop(ctx, ns, storage.PopParams{Limit: 1000, LeaseFor: time.Minute}); err != nil || len(got) != 0 {
 		t.Fatalf("after settling, pop = %d deliveries, %v; want none", len(got), err)
 	}

@@ -191,9 +191,9 @@ func TestColdStart100k(t *testing.T) {
 	}
 
 	c := startConsumers(t, e.store, ns, 2)
-	poll(t, "every task to be delivered", func() bool {
+	pollProgress(t, "every task to be delivered and acked", func() (bool, int) {
 		_, a, _ := c.counts()
-		return a == total && e.count(ns) == 0
+		return a == total && e.count(ns) == 0, a
 	})
 	c.halt()
 	d, a, dups := c.counts()

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/delayd/delayd/storage"
@@ -70,6 +71,11 @@ type repairer struct {
 	set       *repairSet
 	batch     int           // Config.ReconcileBatch
 	opTimeout time.Duration // Config.OpTimeout
+
+	// step is how many tasks the next repair transaction takes (0:
+	// repairStep): halved after a step that failed, down to one task,
+	// and doubled after one that committed, up to repairStep.
+	step atomic.Int64
 }
 
 // repairIDs makes the index hold, for each named task of ns, exactly the
@@ -88,23 +94,41 @@ type repairer struct {
 // what the steps before it did stays done, and the next pass goes on from
 // there. One transaction for a whole page (up to ReconcileBatch tasks)
 // could outlast every connection of a troubled MySQL and never commit.
+// For the same reason a step that failed halves the next one (down to one
+// task) and one that committed doubles it again: when connections live
+// shorter than a step takes — killed by an operator's watchdog, cut by a
+// proxy, or a step slowed by a starved machine — the steps shrink until
+// they fit, so the passes still get through instead of failing the same
+// step for ever.
 func (s *repairer) repairIDs(ctx context.Context, ns string, ids []string) (int, error) {
 	ids = slices.Clone(ids)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	done := 0
-	for start := 0; start < len(ids); start += repairStep {
-		n, err := s.repairStepIDs(ctx, ns, ids[start:min(start+repairStep, len(ids))])
+	for start := 0; start < len(ids); {
+		end := min(start+s.stepSize(), len(ids))
+		n, err := s.repairStepIDs(ctx, ns, ids[start:end])
 		done += n
 		if err != nil {
+			s.step.Store(int64(max(1, (end-start)/2)))
 			return done, err
 		}
+		s.step.Store(int64(min(repairStep, max(s.stepSize(), 2*(end-start)))))
+		start = end
 	}
 	return done, nil
 }
 
 // repairStep is the most tasks one repair transaction takes.
 const repairStep = 100
+
+// stepSize is how many tasks the next repair step takes.
+func (s *repairer) stepSize() int {
+	if n := s.step.Load(); n > 0 {
+		return int(n)
+	}
+	return repairStep
+}
 
 // repairStepIDs is one step of repairIDs: ids (sorted, distinct) in one
 // transaction.

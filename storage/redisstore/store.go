@@ -784,9 +784,9 @@ func (s *Store) DueKinds(ctx context.Context, ns string) (storage.DueKinds, erro
 // storage.ErrUnavailable when the subscription cannot be made. fn runs on
 // the subscribing goroutine, one call at a time, and should not block.
 // After a connection loss the subscription is re-made in the background;
-// wake-ups published meanwhile are lost (the dispatcher's safety-net poll
-// and policy refresh cover them).
-func (s *Store) SubscribeWakeups(ctx context.Context, fn func(storage.Wakeup)) error {
+// wake-ups published meanwhile are lost, and ready is called again once
+// Redis confirms the new subscription (see storage.Wakeups).
+func (s *Store) SubscribeWakeups(ctx context.Context, ready func(), fn func(storage.Wakeup)) error {
 	// The context of Subscribe only bounds the first connection; later
 	// reconnections are go-redis's own.
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -800,7 +800,10 @@ func (s *Store) SubscribeWakeups(ctx context.Context, fn func(storage.Wakeup)) e
 		}
 		return wrapErr("subscribe wakeups", err)
 	}
-	ch := sub.Channel()
+	ready()
+	// With subscriptions: go-redis re-subscribes after a lost connection
+	// and Redis confirms it, which is when wake-ups reach us again.
+	ch := sub.ChannelWithSubscriptions()
 	for {
 		select {
 		case <-ctx.Done():
@@ -809,7 +812,14 @@ func (s *Store) SubscribeWakeups(ctx context.Context, fn func(storage.Wakeup)) e
 			if !ok {
 				return fmt.Errorf("subscribe wakeups: %w: subscription closed", storage.ErrUnavailable)
 			}
-			fn(parseWakeMessage(m.Payload))
+			switch m := m.(type) {
+			case *redis.Subscription:
+				if m.Kind == "subscribe" {
+					ready()
+				}
+			case *redis.Message:
+				fn(parseWakeMessage(m.Payload))
+			}
 		}
 	}
 }

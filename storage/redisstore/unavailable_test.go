@@ -39,7 +39,7 @@ func everyOp(ctx context.Context, s *Store, ns string) map[string]error {
 	errs["markindexed"] = s.MarkIndexed(ctx, ns)
 	_, errs["trylead"] = s.TryLead(ctx, "t-"+ns, "me", time.Second)
 	_, errs["namespaces"] = s.Namespaces(ctx)
-	errs["subscribe"] = s.SubscribeWakeups(ctx, func(storage.Wakeup) {})
+	errs["subscribe"] = s.SubscribeWakeups(ctx, func() {}, func(storage.Wakeup) {})
 	errs["publishpolicy"] = s.PublishPolicyChanged(ctx, ns)
 	return errs
 }

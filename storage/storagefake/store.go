@@ -797,8 +797,9 @@ func (s *Store) PublishPolicyChanged(_ context.Context, ns string) error {
 	return nil
 }
 
-// SubscribeWakeups calls fn with every wake-up until ctx is done.
-func (s *Store) SubscribeWakeups(ctx context.Context, fn func(storage.Wakeup)) error {
+// SubscribeWakeups calls fn with every wake-up until ctx is done; ready
+// once, when the subscription is made.
+func (s *Store) SubscribeWakeups(ctx context.Context, ready func(), fn func(storage.Wakeup)) error {
 	ch := make(chan storage.Wakeup, 1024)
 	s.mu.Lock()
 	id := s.nextSb
@@ -810,6 +811,7 @@ func (s *Store) SubscribeWakeups(ctx context.Context, fn func(storage.Wakeup)) e
 		delete(s.subs, id)
 		s.mu.Unlock()
 	}()
+	ready()
 	for {
 		select {
 		case <-ctx.Done():

@@ -631,8 +631,9 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) WakeupStore) {
 	policy := make(chan string, 100)
 	settled := make(chan []storage.Token, 100)
 	done := make(chan error, 1)
+	ready := make(chan struct{}, 10)
 	go func() {
-		done <- w.SubscribeWakeups(ctx, func(wu storage.Wakeup) {
+		done <- w.SubscribeWakeups(ctx, func() { ready <- struct{}{} }, func(wu storage.Wakeup) {
 			if wu.Namespace != e.ns {
 				return
 			}
@@ -653,22 +654,21 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) WakeupStore) {
 			}
 		})
 	}()
-	// The subscription is made in the background: keep making the task the
-	// earliest until a wake-up arrives.
-	poll(t, "a wake-up", func() bool {
-		if _, err := e.s.Remove(e.ctx, e.ns, "x", storage.Version{}); err != nil && !errors.Is(err, storage.ErrNotFound) {
-			t.Fatal(err)
-		}
-		if r := e.upsert(storage.UpsertSpec{ID: "x", Delay: time.Hour}); !r[0].Earliest {
-			t.Fatalf("upsert into an empty namespace: Earliest = false")
-		}
-		select {
-		case <-got:
-			return true
-		case <-time.After(50 * time.Millisecond):
-			return false
-		}
-	})
+	// Once the subscription says it is made, a wake-up published reaches
+	// it: one upsert that makes a task the earliest is enough.
+	select {
+	case <-ready:
+	case <-time.After(20 * time.Second):
+		t.Fatal("SubscribeWakeups never called ready")
+	}
+	if r := e.upsert(storage.UpsertSpec{ID: "x", Delay: time.Hour}); !r[0].Earliest {
+		t.Fatalf("upsert into an empty namespace: Earliest = false")
+	}
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Errorf("no wake-up for %s within 10 s of an upsert made after the subscription was ready", e.ns)
+	}
 	// A policy change reaches the subscription as such, never as an
 	// earliest-task wake-up.
 	if err := w.PublishPolicyChanged(e.ctx, e.ns); err != nil {
