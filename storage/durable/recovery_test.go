@@ -125,9 +125,7 @@ func flushAllMidway(t *testing.T, total int, opts redisstore.Options) {
 			specs = append(specs, storage.UpsertSpec{ID: fmt.Sprintf("t%05d", j), Payload: []byte("payload"),
 				DueTime: now.Add(time.Duration(j%2000) * time.Millisecond)})
 		}
-		if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
-			t.Fatal(err)
-		}
+		e.upsertRetrying(t, ns, specs)
 	}
 	c := startConsumers(t, e.store, ns, 4)
 	poll(t, "half of the tasks to be acked", func() bool { _, a, _ := c.counts(); return a >= total/2 })
