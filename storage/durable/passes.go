@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/delayd/delayd/storage"
 )
@@ -12,7 +11,6 @@ import (
 // incrementalPass repairs every task changed in MySQL at or after sinceMS
 // whose index version differs.
 func (s *reconciler) incrementalPass(ctx context.Context, sinceMS int64) (scanned, repaired int, err error) {
-	lastLease := time.Now()
 	cursor := sinceMS
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.opTimeout)
@@ -49,7 +47,7 @@ func (s *reconciler) incrementalPass(ctx context.Context, sinceMS int64) (scanne
 			if err != nil {
 				return scanned, repaired, err
 			}
-			if err := s.lease.keep(ctx, &lastLease); err != nil {
+			if err := s.lease.keep(ctx); err != nil {
 				return scanned, repaired, err
 			}
 		}
@@ -64,7 +62,6 @@ func (s *reconciler) incrementalPass(ctx context.Context, sinceMS int64) (scanne
 // each marked version MySQL still has is deleted, and every marker whose
 // version MySQL no longer has is dropped (see repairIDs).
 func (s *reconciler) settleAcked(ctx context.Context, nss []string) (int, error) {
-	lastLease := time.Now()
 	settled := 0
 	for _, ns := range nss {
 		var cursor uint64
@@ -84,7 +81,7 @@ func (s *reconciler) settleAcked(ctx context.Context, nss []string) (int, error)
 			if err != nil {
 				return settled, err
 			}
-			if err := s.lease.keep(ctx, &lastLease); err != nil {
+			if err := s.lease.keep(ctx); err != nil {
 				return settled, err
 			}
 			if next == 0 {
@@ -99,7 +96,6 @@ func (s *reconciler) settleAcked(ctx context.Context, nss []string) (int, error)
 // fullPass compares every task of MySQL with the index (forward), every
 // task of the index with MySQL (reverse), and settles every ack marker.
 func (s *reconciler) fullPass(ctx context.Context, nss []string) (scanned, repaired int, err error) {
-	lastLease := time.Now()
 	for _, ns := range nss {
 		after := ""
 		for {
@@ -115,7 +111,7 @@ func (s *reconciler) fullPass(ctx context.Context, nss []string) (scanned, repai
 			if err != nil {
 				return scanned, repaired, err
 			}
-			if err := s.lease.keep(ctx, &lastLease); err != nil {
+			if err := s.lease.keep(ctx); err != nil {
 				return scanned, repaired, err
 			}
 			if len(vs) < s.batch {
@@ -129,7 +125,7 @@ func (s *reconciler) fullPass(ctx context.Context, nss []string) (scanned, repai
 		return scanned, repaired, err
 	}
 	for _, ns := range idxNS {
-		n, err := s.reversePass(ctx, ns, &lastLease)
+		n, err := s.reversePass(ctx, ns)
 		repaired += n
 		if err != nil {
 			return scanned, repaired, err
@@ -141,7 +137,7 @@ func (s *reconciler) fullPass(ctx context.Context, nss []string) (scanned, repai
 // reversePass walks the index's entries of ns (headers only) and forgets
 // those whose task MySQL does not have, repairs those MySQL holds at
 // another version, and settles the ack markers of ns.
-func (s *reconciler) reversePass(ctx context.Context, ns string, lastLease *time.Time) (repaired int, err error) {
+func (s *reconciler) reversePass(ctx context.Context, ns string) (repaired int, err error) {
 	var cursor uint64
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.opTimeout)
@@ -155,7 +151,7 @@ func (s *reconciler) reversePass(ctx context.Context, ns string, lastLease *time
 		if err != nil {
 			return repaired, err
 		}
-		if err := s.lease.keep(ctx, lastLease); err != nil {
+		if err := s.lease.keep(ctx); err != nil {
 			return repaired, err
 		}
 		if next == 0 {

@@ -30,7 +30,7 @@ func (s *reconciler) rebuild(ctx context.Context, ns string) error {
 // older version, in bounded batches, logging progress every few seconds.
 func (s *reconciler) walkLogged(ctx context.Context, ns string) (scanned, restored int, err error) {
 	after := ""
-	lastLog, lastLease := time.Now(), time.Now()
+	lastLog := time.Now()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 		vs, err := s.db.ReadVersions(cctx, ns, after, s.batch)
@@ -54,7 +54,7 @@ func (s *reconciler) walkLogged(ctx context.Context, ns string) (scanned, restor
 			lastLog = time.Now()
 			s.log.Info("rebuilding index", "namespace", ns, "scanned", scanned, "restored", restored)
 		}
-		if err := s.lease.keep(ctx, &lastLease); err != nil {
+		if err := s.lease.keep(ctx); err != nil {
 			return scanned, restored, err
 		}
 	}

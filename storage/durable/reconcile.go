@@ -151,6 +151,8 @@ func (s *reconciler) tick(ctx context.Context, st *passState) {
 		st.lastFull = time.Time{} // a new term as leader starts with a full pass
 		return
 	}
+	ctx, stop := s.lease.hold(ctx)
+	defer stop()
 	nss, err := s.taskNamespaces(ctx)
 	if err != nil {
 		if ctx.Err() == nil {

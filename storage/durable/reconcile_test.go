@@ -67,13 +67,16 @@ func TestIncrementalPassReadsOnlyChangedRows(t *testing.T) {
 }
 
 // leadRecorder is an index that counts which holders were granted the
-// leader lease, and makes every Versions call (each step of a pass) slow.
+// leader lease, and makes every Versions call (each step of a pass) slow:
+// delay each, and every slowEvery-th call slow instead.
 type leadRecorder struct {
 	durable.Index
-	delay time.Duration
-	mu    *sync.Mutex
-	led   map[string]int // holder -> leases granted or renewed
-
+	delay     time.Duration
+	slowEvery int64
+	slow      time.Duration
+	calls     *atomic.Int64
+	mu        *sync.Mutex
+	led       map[string]int // holder -> leases granted or renewed
 }
 
 func (l leadRecorder) TryLead(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
@@ -87,7 +90,11 @@ func (l leadRecorder) TryLead(ctx context.Context, name, holder string, ttl time
 }
 
 func (l leadRecorder) Versions(ctx context.Context, ns string, ids []string) ([]storage.Version, []storage.Token, error) {
-	time.Sleep(l.delay)
+	if l.slowEvery > 0 && l.calls.Add(1)%l.slowEvery == 0 {
+		time.Sleep(l.slow)
+	} else {
+		time.Sleep(l.delay)
+	}
 	return l.Index.Versions(ctx, ns, ids)
 }
 
@@ -117,8 +124,11 @@ func (p *passTimes) longest() time.Duration {
 
 // TestLeaderLeaseRenewedDuringLongPass (issue 10 item 3): a pass that takes
 // several times the leader lease's TTL (20 steps of 300 ms against a 2 s
-// lease) renews the lease while it works, so the other replica never takes
-// over in the middle of it and two leaders never repair at once.
+// lease, and every tenth step 3 s: longer than the lease) renews the lease
+// while it works, so the other replica never takes over in the middle of it
+// and two leaders never repair at once. Renewals made between steps let the
+// lease run out inside a step longer than it (seen under scripts/hog.sh:
+// "leader lease lost", both replicas led); they run on their own goroutine.
 func TestLeaderLeaseRenewedDuringLongPass(t *testing.T) {
 	t.Parallel()
 	const ttl = 2 * time.Second
@@ -130,7 +140,8 @@ func TestLeaderLeaseRenewedDuringLongPass(t *testing.T) {
 	var envs []*env
 	for i, h := range []string{"replica-a", "replica-b"} {
 		envs = append(envs, newEnvOn(t, dsn, url, func(c *durable.Config) {
-			c.Index = leadRecorder{Index: c.Index, delay: 300 * time.Millisecond, mu: &mu, led: led}
+			c.Index = leadRecorder{Index: c.Index, delay: 300 * time.Millisecond, slowEvery: 10, slow: 3 * time.Second,
+				calls: new(atomic.Int64), mu: &mu, led: led}
 			c.Holder = h
 			c.LeaderTTL = ttl
 			c.ReconcileBatch = 10
