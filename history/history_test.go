@@ -142,18 +142,9 @@ func TestHistoryKeepsOrderOfCallsThatSawEachOther(t *testing.T) {
 	if got, err := rec.Get(ctx, "ns", "a"); err != nil || got.State != storage.StateDead {
 		t.Fatalf("the reaped task: %v, %v; want dead", got.State, err)
 	}
-	requeued := make(chan error, 1)
-	go func() {
-		_, err := rec.Requeue(ctx, "ns", storage.RequeueParams{IDs: []string{"a"}})
-		requeued <- err
-	}()
 	// Whether or not the requeue waits for the reap's write, let the reap
 	// go on once the requeue had its chance to be written first.
-	select {
-	case err := <-requeued:
-		requeued <- err
-	case <-time.After(100 * time.Millisecond):
-	}
+	requeued := requeueAside(ctx, rec)
 	close(sink.release)
 	if err := <-reaped; err != nil {
 		t.Fatal(err)
@@ -214,17 +205,8 @@ func TestPopAfterRequeueIsWrittenAfterIt(t *testing.T) {
 		popped <- ds
 	}()
 	<-held.entered // the pop has its place and waits before its store call
-	requeued := make(chan error, 1)
-	go func() {
-		_, err := rec.Requeue(ctx, "ns", storage.RequeueParams{IDs: []string{"a"}})
-		requeued <- err
-	}()
 	// Give the requeue the chance to run its store call before the pop's.
-	select {
-	case err := <-requeued:
-		requeued <- err
-	case <-time.After(100 * time.Millisecond):
-	}
+	requeued := requeueAside(ctx, rec)
 	close(held.release)
 	first := <-popped
 	if err := <-requeued; err != nil {
@@ -268,4 +250,20 @@ func kindsOf(t *testing.T, h storage.History, ns, id string) []storage.EventKind
 		kinds[i] = e.Kind
 	}
 	return kinds
+}
+
+// requeueAside requeues task "a" of "ns" on its own goroutine and returns
+// once it answered or had 100 ms to; its answer is in the channel.
+func requeueAside(ctx context.Context, rec *history.Recorder) chan error {
+	requeued := make(chan error, 1)
+	go func() {
+		_, err := rec.Requeue(ctx, "ns", storage.RequeueParams{IDs: []string{"a"}})
+		requeued <- err
+	}()
+	select {
+	case err := <-requeued:
+		requeued <- err
+	case <-time.After(100 * time.Millisecond):
+	}
+	return requeued
 }
