@@ -34,13 +34,14 @@ func (s *Store) RecordEvents(ctx context.Context, ns string, keep int64, events 
 	if keep <= 0 || len(events) == 0 {
 		return nil
 	}
-	if _, err := s.shardCount(ctx, ns); err != nil {
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
 		return fmt.Errorf("record events: %w", err)
 	}
-	key := s.keysOf(ns, 0).history
+	key := keysForN(ns, 0, n).history
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, e := range events {
 			p.XAdd(ctx, &redis.XAddArgs{Stream: key, MaxLen: keep, Approx: true, ID: "*", Values: eventFields(e)})
 		}
@@ -122,7 +123,8 @@ func eventOf(m redis.XMessage) storage.Event {
 // exclusive) and returns the events of task p.ID, looking at no more than
 // storage.HistoryScanWindow entries per call.
 func (s *Store) TaskHistory(ctx context.Context, ns string, p storage.HistoryParams) ([]storage.Event, string, error) {
-	if _, err := s.shardCount(ctx, ns); err != nil {
+	n, err := s.shardCount(ctx, ns)
+	if err != nil {
 		return nil, "", fmt.Errorf("task history: %w", err)
 	}
 	limit := min(max(p.Limit, 1), MaxBatch)
@@ -133,7 +135,7 @@ func (s *Store) TaskHistory(ctx context.Context, ns string, p storage.HistoryPar
 		}
 		start = "(" + p.Cursor
 	}
-	key := s.keysOf(ns, 0).history
+	key := keysForN(ns, 0, n).history
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	var out []storage.Event
@@ -205,14 +207,12 @@ func (s *Store) Forecast(ctx context.Context, ns string) (storage.Forecast, erro
 	}
 	reps := make([][]any, n)
 	err = fanOut(allShards(n), func(sh int) error {
-		rep, err := s.runSlice(ctx, "forecast", scripts.forecast, []string{s.keysOf(ns, sh).due}, storage.ForecastMinutes, storage.ForecastHours)
+		rep, err := s.runRows(ctx, "forecast", scripts.forecast, []string{keysForN(ns, sh, n).due},
+			fixed(1+storage.ForecastMinutes+storage.ForecastHours), storage.ForecastMinutes, storage.ForecastHours)
 		if err != nil {
 			return err
 		}
-		if len(rep) != 1+storage.ForecastMinutes+storage.ForecastHours {
-			return fmt.Errorf("forecast: reply has %d values", len(rep))
-		}
-		reps[sh] = rep
+		reps[sh] = rep.head
 		return nil
 	})
 	if err != nil {

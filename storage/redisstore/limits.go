@@ -74,15 +74,12 @@ func (s *Store) subscribers(ctx context.Context, ns, op string, lease time.Durat
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	rep, err := s.runSlice(ctx, "subscribers "+op, subscribersScript, []string{subscribersKey(ns)}, args...)
+	rep, err := s.runRows(ctx, "subscribers "+op, subscribersScript, []string{subscribersKey(ns)}, fixed(2), args...)
 	if err != nil {
 		return false, 0, err
 	}
-	if len(rep) != 2 {
-		return false, 0, fmt.Errorf("subscribers %s: reply has %d values", op, len(rep))
-	}
-	ok, err1 := replyInt(rep[0])
-	held, err2 := replyInt(rep[1])
+	ok, err1 := replyInt(rep.head[0])
+	held, err2 := replyInt(rep.head[1])
 	if err1 != nil || err2 != nil {
 		return false, 0, fmt.Errorf("subscribers %s: bad reply %v", op, rep)
 	}

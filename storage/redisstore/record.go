@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -308,50 +307,4 @@ func toMS(t time.Time) int64 {
 		return 0
 	}
 	return t.UnixMilli()
-}
-
-// Reply decoding helpers. Scripts answer arrays of integers and strings.
-
-func replyInt(v any) (int64, error) {
-	switch x := v.(type) {
-	case int64:
-		return x, nil
-	case string:
-		if x == "" {
-			return 0, nil
-		}
-		if n, err := strconv.ParseInt(x, 10, 64); err == nil {
-			return n, nil
-		}
-		f, err := strconv.ParseFloat(x, 64)
-		if err != nil {
-			return 0, fmt.Errorf("unexpected reply %q", x)
-		}
-		return int64(f), nil
-	case nil:
-		return 0, nil
-	default:
-		return 0, fmt.Errorf("unexpected reply type %T", v)
-	}
-}
-
-func replyString(v any) (string, error) {
-	switch x := v.(type) {
-	case string:
-		return x, nil
-	case int64:
-		return strconv.FormatInt(x, 10), nil
-	case nil:
-		return "", nil
-	default:
-		return "", fmt.Errorf("unexpected reply type %T", v)
-	}
-}
-
-func replySlice(v any) ([]any, error) {
-	s, ok := v.([]any)
-	if !ok {
-		return nil, fmt.Errorf("unexpected reply type %T", v)
-	}
-	return s, nil
 }

@@ -474,7 +474,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 	}
 	counts := make([]int64, n)
 	err = fanOut(allShards(n), func(sh int) error {
-		k := s.keysOf(ns, sh)
+		k := keysForN(ns, sh, n)
 		v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace,
 			[]string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy, k.life}, max(incarnation, 0))
 		if err != nil {
@@ -486,7 +486,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 	if err == nil && incarnation > 0 {
 		// A deleted namespace's task history goes with it: a namespace
 		// re-created under the name must not read it.
-		err = s.unlink(ctx, "drop namespace", s.keysOf(ns, 0).history)
+		err = s.unlink(ctx, "drop namespace", keysForN(ns, 0, n).history)
 	}
 	s.forgetShards(ns)
 	var total int64

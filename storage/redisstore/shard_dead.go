@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/delayd/delayd/storage"
 )
@@ -23,18 +22,16 @@ func (sh shard) requeue(ctx context.Context, p storage.RequeueParams) ([]storage
 		for _, id := range ids {
 			args = append(args, id)
 		}
-		rep, err := sh.runSlice(ctx, "requeue", scripts.requeue, keys, args...)
+		rep, err := sh.runRows(ctx, "requeue", scripts.requeue, keys, rowsOf(1, 4, anyRows), args...)
 		if err != nil {
 			return err
 		}
-		if len(rep) < 1 || (len(rep)-1)%4 != 0 {
-			return fmt.Errorf("requeue: reply has %d values", len(rep))
-		}
-		for i := 1; i < len(rep); i += 4 {
-			id, _ := replyString(rep[i])
-			inc, _ := replyInt(rep[i+1])
-			gen, _ := replyInt(rep[i+2])
-			due, _ := replyInt(rep[i+3])
+		for i := range rep.n() {
+			row := rep.row(i)
+			id, _ := replyString(row[0])
+			inc, _ := replyInt(row[1])
+			gen, _ := replyInt(row[2])
+			due, _ := replyInt(row[3])
 			out = append(out, storage.Moved{ID: id, Incarnation: inc, Generation: gen, State: storage.StateScheduled, DueTime: msTime(due)})
 		}
 		return nil
@@ -57,17 +54,15 @@ func (sh shard) purge(ctx context.Context, p storage.PurgeParams) ([]storage.Ver
 		for _, id := range ids {
 			args = append(args, id)
 		}
-		rep, err := sh.runSlice(ctx, "purge", scripts.purge, keys, args...)
+		rep, err := sh.runRows(ctx, "purge", scripts.purge, keys, rowsOf(0, 3, anyRows), args...)
 		if err != nil {
 			return err
 		}
-		if len(rep)%3 != 0 {
-			return fmt.Errorf("purge: reply has %d values", len(rep))
-		}
-		for i := 0; i < len(rep); i += 3 {
-			id, _ := replyString(rep[i])
-			inc, _ := replyInt(rep[i+1])
-			gen, _ := replyInt(rep[i+2])
+		for i := range rep.n() {
+			row := rep.row(i)
+			id, _ := replyString(row[0])
+			inc, _ := replyInt(row[1])
+			gen, _ := replyInt(row[2])
 			out = append(out, storage.Version{ID: id, Incarnation: inc, Generation: gen})
 		}
 		return nil

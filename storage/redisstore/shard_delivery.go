@@ -27,21 +27,15 @@ func (sh shard) pop(ctx context.Context, p storage.PopParams) (storage.PopResult
 			args = append(args, kind)
 		}
 	}
-	rep, err := sh.runSlice(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm}, args...)
+	rep, err := sh.runRows(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm},
+		shape{head: popHead, width: 3, rows: anyRows, badTail: true}, args...)
 	if err != nil {
 		return storage.PopResult{}, err
 	}
-	if len(rep) < popHead {
-		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
-	}
-	rep, bad := splitBad(rep, popHead, 3)
-	sh.logBad("pop", bad)
-	if len(rep)%3 != popHead%3 {
-		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values", len(rep))
-	}
-	nowMS, _ := replyInt(rep[0])
+	sh.logBad("pop", rep.bad)
+	nowMS, _ := replyInt(rep.head[0])
 	res := storage.PopResult{Now: time.UnixMilli(nowMS), DueKnown: true}
-	for i, v := range rep[2:popHead] {
+	for i, v := range rep.head[2:] {
 		if sv, _ := replyString(v); sv == "" {
 			continue
 		}
@@ -57,12 +51,13 @@ func (sh shard) pop(ctx context.Context, p storage.PopParams) (storage.PopResult
 			res.Next, res.HasNext = t, true
 		}
 	}
-	deadline, _ := replyInt(rep[1])
-	out := make([]storage.Delivery, 0, (len(rep)-popHead)/3)
-	for i := popHead; i < len(rep); i += 3 {
-		id, _ := replyString(rep[i])
-		h, _ := replyString(rep[i+1])
-		payload, _ := replyString(rep[i+2])
+	deadline, _ := replyInt(rep.head[1])
+	out := make([]storage.Delivery, 0, rep.n())
+	for i := range rep.n() {
+		row := rep.row(i)
+		id, _ := replyString(row[0])
+		h, _ := replyString(row[1])
+		payload, _ := replyString(row[2])
 		r, err := decodeRecord(h, payload)
 		if err != nil {
 			// The script checked the header; this cannot happen unless the
@@ -89,24 +84,6 @@ func (sh shard) pop(ctx context.Context, p storage.PopParams) (storage.PopResult
 // lease deadline, next due, next lease deadline.
 const popHead = 4
 
-// splitBad splits a pop or reap reply at its ” marker, found where the id
-// of a task would be (from start, every stride values; no id is empty):
-// what precedes it, and the ids after it (tasks moved to dead because their
-// header was malformed).
-func splitBad(rep []any, start, stride int) ([]any, []string) {
-	for i := start; i < len(rep); i += stride {
-		if sv, ok := rep[i].(string); ok && sv == "" {
-			bad := make([]string, 0, len(rep)-i-1)
-			for _, v := range rep[i+1:] {
-				id, _ := replyString(v)
-				bad = append(bad, id)
-			}
-			return rep[:i], bad
-		}
-	}
-	return rep, nil
-}
-
 // logBad logs tasks a script moved to dead because their header was
 // malformed.
 func (s shard) logBad(op string, ids []string) {
@@ -125,14 +102,11 @@ func (sh shard) ack(ctx context.Context, tokens []storage.Token, marks bool) ([]
 		args := make([]any, 0, 2+tokenArity*(hi-lo))
 		args = append(args, luaBool(marks), hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := sh.runSlice(ctx, "ack", scripts.ack, []string{k.inflight, k.meta, k.body, k.acked}, args...)
+		rep, err := sh.runRows(ctx, "ack", scripts.ack, []string{k.inflight, k.meta, k.body, k.acked}, rowsOf(0, 1, hi-lo), args...)
 		if err != nil {
 			return err
 		}
-		if len(rep) != hi-lo {
-			return fmt.Errorf("ack: reply has %d values for %d tokens", len(rep), hi-lo)
-		}
-		for _, v := range rep {
+		for _, v := range rep.body {
 			out = append(out, tokenStatus(v))
 		}
 		return nil
@@ -157,19 +131,17 @@ func (sh shard) nack(ctx context.Context, tokens []storage.Token, opts storage.N
 		args = append(args, retryArgs(opts.RetryAfter, opts)...)
 		args = append(args, luaBool(opts.Unsent), len(part))
 		args = tokenArgs(args, ns, part)
-		rep, err := sh.runSlice(ctx, "nack", scripts.nack, keys, args...)
+		rep, err := sh.runRows(ctx, "nack", scripts.nack, keys, rowsOf(1, 3, len(part)), args...)
 		if err != nil {
 			return err
 		}
-		if len(rep) != 1+3*len(part) {
-			return fmt.Errorf("nack: reply has %d values for %d tokens", len(rep), len(part))
-		}
 		for i, t := range part {
-			st := tokenStatus(rep[1+3*i])
+			row := rep.row(i)
+			st := tokenStatus(row[0])
 			statuses = append(statuses, st)
 			if st == storage.TokenOK {
-				state, _ := replyInt(rep[2+3*i])
-				at, _ := replyInt(rep[3+3*i])
+				state, _ := replyInt(row[1])
+				at, _ := replyInt(row[2])
 				attempt := t.Attempt
 				if opts.Unsent && attempt > 0 {
 					attempt-- // the pop's count was given back
@@ -194,15 +166,12 @@ func (sh shard) extend(ctx context.Context, tokens []storage.Token, by time.Dura
 		args := make([]any, 0, 2+tokenArity*(hi-lo))
 		args = append(args, max(by.Milliseconds(), 0), hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := sh.runSlice(ctx, "extend", scripts.extend, []string{k.inflight, k.meta}, args...)
+		rep, err := sh.runRows(ctx, "extend", scripts.extend, []string{k.inflight, k.meta}, rowsOf(1, 1, hi-lo), args...)
 		if err != nil {
 			return err
 		}
-		if len(rep) != 1+hi-lo {
-			return fmt.Errorf("extend: reply has %d values for %d tokens", len(rep), hi-lo)
-		}
-		deadline, _ := replyInt(rep[0])
-		for _, v := range rep[1:] {
+		deadline, _ := replyInt(rep.head[0])
+		for _, v := range rep.body {
 			r := storage.ExtendResult{Status: tokenStatus(v)}
 			if r.Status == storage.TokenOK {
 				r.LeaseDeadline = msTime(deadline)
@@ -229,26 +198,21 @@ func (sh shard) reap(ctx context.Context, limit int, opts storage.NackOptions) (
 		by = strconv.FormatInt(opts.ExpiredBy.UnixMilli(), 10)
 	}
 	args = append(args, min(limit, MaxBatch), by)
-	rep, err := sh.runSlice(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.meta}, args...)
+	rep, err := sh.runRows(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.meta},
+		shape{head: 1, width: 6, rows: anyRows, badTail: true}, args...)
 	if err != nil {
 		return nil, err
 	}
-	if len(rep) < 1 {
-		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
-	}
-	rep, bad := splitBad(rep, 1, 6)
-	sh.logBad("reap", bad)
-	if (len(rep)-1)%6 != 0 {
-		return nil, fmt.Errorf("reap: reply has %d values", len(rep))
-	}
+	sh.logBad("reap", rep.bad)
 	var out []storage.Moved
-	for i := 1; i < len(rep); i += 6 {
-		id, _ := replyString(rep[i])
-		inc, _ := replyInt(rep[i+1])
-		gen, _ := replyInt(rep[i+2])
-		attempt, _ := replyInt(rep[i+3])
-		state, _ := replyInt(rep[i+4])
-		at, _ := replyInt(rep[i+5])
+	for i := range rep.n() {
+		row := rep.row(i)
+		id, _ := replyString(row[0])
+		inc, _ := replyInt(row[1])
+		gen, _ := replyInt(row[2])
+		attempt, _ := replyInt(row[3])
+		state, _ := replyInt(row[4])
+		at, _ := replyInt(row[5])
 		out = append(out, moved(id, inc, gen, int32(attempt), state, at, opts.Reason))
 	}
 	return out, nil
@@ -257,16 +221,13 @@ func (sh shard) reap(ctx context.Context, limit int, opts storage.NackOptions) (
 // nextWake is NextWake of this shard.
 func (sh shard) nextWake(ctx context.Context) (next, now time.Time, ok bool, err error) {
 	k := sh.k
-	rep, err := sh.runSlice(ctx, "next wake", scripts.nextWake, []string{k.due, k.inflight})
+	rep, err := sh.runRows(ctx, "next wake", scripts.nextWake, []string{k.due, k.inflight}, fixed(3))
 	if err != nil {
 		return time.Time{}, time.Time{}, false, err
 	}
-	if len(rep) != 3 {
-		return time.Time{}, time.Time{}, false, fmt.Errorf("next wake: reply has %d values", len(rep))
-	}
-	nowMS, _ := replyInt(rep[0])
+	nowMS, _ := replyInt(rep.head[0])
 	var best int64
-	for _, v := range rep[1:] {
+	for _, v := range rep.head[1:] {
 		if sv, _ := replyString(v); sv == "" {
 			continue
 		}

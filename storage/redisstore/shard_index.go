@@ -67,17 +67,15 @@ func (sh shard) versions(ctx context.Context, ids []string) ([]storage.Version, 
 		for _, id := range ids[lo:hi] {
 			args = append(args, id)
 		}
-		rep, err := sh.runSlice(ctx, "versions", scripts.generations, []string{k.meta, k.acked}, args...)
+		rep, err := sh.runRows(ctx, "versions", scripts.generations, []string{k.meta, k.acked}, rowsOf(0, 3, hi-lo), args...)
 		if err != nil {
 			return err
 		}
-		if len(rep) != 3*(hi-lo) {
-			return fmt.Errorf("versions: reply has %d values for %d ids", len(rep), hi-lo)
-		}
 		for i, id := range ids[lo:hi] {
-			inc, err1 := replyInt(rep[3*i])
-			gen, err2 := replyInt(rep[3*i+1])
-			mark, err3 := replyString(rep[3*i+2])
+			row := rep.row(i)
+			inc, err1 := replyInt(row[0])
+			gen, err2 := replyInt(row[1])
+			mark, err3 := replyString(row[2])
 			if err := errors.Join(err1, err2, err3); err != nil {
 				return fmt.Errorf("versions: %w", err)
 			}

@@ -14,15 +14,12 @@ import (
 // stats is Stats of this shard.
 func (sh shard) stats(ctx context.Context) (storage.Stats, error) {
 	k := sh.k
-	rep, err := sh.runSlice(ctx, "stats", scripts.stats, []string{k.due, k.inflight, k.dead})
+	rep, err := sh.runRows(ctx, "stats", scripts.stats, []string{k.due, k.inflight, k.dead}, fixed(6))
 	if err != nil {
 		return storage.Stats{}, err
 	}
-	if len(rep) != 6 {
-		return storage.Stats{}, fmt.Errorf("stats: reply has %d values", len(rep))
-	}
 	var n [6]int64
-	for i, v := range rep {
+	for i, v := range rep.head {
 		if n[i], err = replyInt(v); err != nil {
 			return storage.Stats{}, fmt.Errorf("stats: %w", err)
 		}
@@ -40,18 +37,16 @@ func (sh shard) stats(ctx context.Context) (storage.Stats, error) {
 // dueKinds is DueKinds of this shard.
 func (sh shard) dueKinds(ctx context.Context) (storage.DueKinds, error) {
 	k := sh.k
-	rep, err := sh.runSlice(ctx, "due kinds", scripts.dueKinds, []string{k.due, k.meta}, storage.KindScanWindow)
+	rep, err := sh.runRows(ctx, "due kinds", scripts.dueKinds, []string{k.due, k.meta}, rowsOf(1, 2, anyRows), storage.KindScanWindow)
 	if err != nil {
 		return storage.DueKinds{}, err
 	}
-	if len(rep)%2 != 1 {
-		return storage.DueKinds{}, fmt.Errorf("due kinds: reply has %d values", len(rep))
-	}
-	more, _ := replyInt(rep[0])
-	out := storage.DueKinds{Counts: make(map[string]int64, len(rep)/2), Partial: more == 1}
-	for i := 1; i < len(rep); i += 2 {
-		kind, _ := replyString(rep[i])
-		n, _ := replyInt(rep[i+1])
+	more, _ := replyInt(rep.head[0])
+	out := storage.DueKinds{Counts: make(map[string]int64, rep.n()), Partial: more == 1}
+	for i := range rep.n() {
+		row := rep.row(i)
+		kind, _ := replyString(row[0])
+		n, _ := replyInt(row[1])
 		out.Counts[kind] = n
 	}
 	return out, nil

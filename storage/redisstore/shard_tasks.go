@@ -44,22 +44,21 @@ func (sh shard) upsert(ctx context.Context, specs []storage.UpsertSpec) ([]stora
 				luaBool(sp.CreateOnly), max(want.Generation, 0), max(want.Incarnation, 0))
 		}
 		args = append(args, nsInc)
-		rep, err := sh.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
+		raw, err := sh.runSlice(ctx, "upsert", scripts.upsert, keys, args...)
 		if err != nil {
 			return err
 		}
-		if len(rep) == 2 {
-			if code, _ := replyInt(rep[1]); code == -1 {
-				return fmt.Errorf("upsert: namespace %q incarnation %d: %w", ns, nsInc, storage.ErrNamespaceEnded)
-			}
+		if endedReply(raw) {
+			return fmt.Errorf("upsert: namespace %q incarnation %d: %w", ns, nsInc, storage.ErrNamespaceEnded)
 		}
-		if len(rep) != 1+5*len(part) {
-			return fmt.Errorf("upsert: reply has %d values for %d tasks", len(rep), len(part))
+		rep, err := decodeReply("upsert", raw, rowsOf(1, 5, len(part)))
+		if err != nil {
+			return err
 		}
-		now, _ := replyInt(rep[0])
+		now, _ := replyInt(rep.head[0])
 		for i := range part {
 			sp := &part[i]
-			v := rep[1+5*i : 6+5*i]
+			v := rep.row(i)
 			code, err := replyInt(v[0])
 			if err != nil {
 				return fmt.Errorf("upsert: %w", err)
@@ -122,17 +121,16 @@ func (sh shard) upsert(ctx context.Context, specs []storage.UpsertSpec) ([]stora
 func (sh shard) claim(ctx context.Context, inc int64) error {
 	ns := sh.ns
 	k := sh.k
-	rep, err := sh.runSlice(ctx, "claim incarnation", scripts.upsert,
+	raw, err := sh.runSlice(ctx, "claim incarnation", scripts.upsert,
 		[]string{k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm}, sh.wake, ns, 0, inc)
 	if err != nil {
 		return err
 	}
-	if len(rep) == 2 {
-		if code, _ := replyInt(rep[1]); code == -1 {
-			return fmt.Errorf("claim: namespace %q incarnation %d: %w", ns, inc, storage.ErrNamespaceEnded)
-		}
+	if endedReply(raw) {
+		return fmt.Errorf("claim: namespace %q incarnation %d: %w", ns, inc, storage.ErrNamespaceEnded)
 	}
-	return nil
+	_, err = decodeReply("claim incarnation", raw, rowsOf(1, 5, 0))
+	return err
 }
 
 // remove is Remove on this shard (the task's).
@@ -142,20 +140,20 @@ func (sh shard) remove(ctx context.Context, id string, ifVersion storage.Version
 	if ifGen == 0 {
 		ifInc = 0
 	}
-	rep, err := sh.runSlice(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id, ifGen, ifInc)
+	// {state} or, refused on its version, {4, header, state, score, payload}.
+	rep, err := sh.runRows(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body},
+		rowsOf(1, 4, anyRows), id, ifGen, ifInc)
 	if err != nil {
 		return 0, err
 	}
-	if len(rep) < 1 {
-		return 0, fmt.Errorf("remove: empty reply")
-	}
-	n, err := replyInt(rep[0])
+	n, err := replyInt(rep.head[0])
 	if err != nil {
 		return 0, fmt.Errorf("remove: %w", err)
 	}
 	switch {
-	case n == 4 && len(rep) == 5:
-		t, err := decodeTask(ns, id, rep[1], rep[2], rep[3], rep[4])
+	case n == 4 && rep.n() == 1:
+		v := rep.row(0)
+		t, err := decodeTask(ns, id, v[0], v[1], v[2], v[3])
 		if err != nil {
 			return 0, fmt.Errorf("remove: %w", err)
 		}
@@ -176,15 +174,12 @@ func (sh shard) removeIDs(ctx context.Context, ids []string, idx []int, states [
 	for _, i := range idx {
 		args = append(args, ids[i])
 	}
-	rep, err := sh.runSlice(ctx, "remove tasks", scripts.removeTasks, keys, args...)
+	rep, err := sh.runRows(ctx, "remove tasks", scripts.removeTasks, keys, rowsOf(1, 1, len(idx)), args...)
 	if err != nil {
 		return err
 	}
-	if len(rep) != 1+len(idx) {
-		return fmt.Errorf("remove tasks: reply has %d values, want %d", len(rep), 1+len(idx))
-	}
 	for j, i := range idx {
-		c, err := replyInt(rep[1+j])
+		c, err := replyInt(rep.body[j])
 		if err != nil {
 			return fmt.Errorf("remove tasks: %w", err)
 		}
@@ -213,24 +208,22 @@ func (sh shard) walk(ctx context.Context, p storage.RemoveTasksParams, dry bool)
 	}
 	var out []storage.Version
 	for {
-		rep, err := sh.runSlice(ctx, "remove tasks", scripts.removeTasks, keys,
+		rep, err := sh.runRows(ctx, "remove tasks", scripts.removeTasks, keys, rowsOf(4, 3, anyRows),
 			"walk", luaBool(dry), int(state), score, id, budget, p.Filter.Kind, p.Filter.IDPrefix)
 		if err != nil {
 			return out, "", err
 		}
-		if len(rep) < 4 || (len(rep)-4)%3 != 0 {
-			return out, "", fmt.Errorf("remove tasks: reply has %d values", len(rep))
-		}
-		examined, _ := replyInt(rep[3])
-		for i := 4; i < len(rep); i += 3 {
-			vid, _ := replyString(rep[i])
-			inc, _ := replyInt(rep[i+1])
-			gen, _ := replyInt(rep[i+2])
+		examined, _ := replyInt(rep.head[3])
+		for i := range rep.n() {
+			row := rep.row(i)
+			vid, _ := replyString(row[0])
+			inc, _ := replyInt(row[1])
+			gen, _ := replyInt(row[2])
 			out = append(out, storage.Version{ID: vid, Incarnation: inc, Generation: gen})
 		}
-		if more, _ := replyInt(rep[0]); more == 1 {
-			sc, _ := replyString(rep[1])
-			last, _ := replyString(rep[2])
+		if more, _ := replyInt(rep.head[0]); more == 1 {
+			sc, _ := replyString(rep.head[1])
+			last, _ := replyString(rep.head[2])
 			return out, walkCursor(state, sc, last), nil
 		}
 		// This state is done; the next one, if the filter allows, goes on
@@ -286,14 +279,18 @@ func parseWalkCursor(c string, filter storage.State) (state storage.State, score
 // get is Get on this shard (the task's).
 func (sh shard) get(ctx context.Context, id string) (storage.Task, error) {
 	ns, k := sh.ns, sh.k
-	rep, err := sh.runSlice(ctx, "get", scripts.get, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id)
+	raw, err := sh.runSlice(ctx, "get", scripts.get, []string{k.due, k.inflight, k.dead, k.meta, k.body}, id)
 	if err != nil {
 		return storage.Task{}, err
 	}
-	if len(rep) < 4 {
+	if len(raw) == 0 { // get.lua's "no such task"
 		return storage.Task{}, fmt.Errorf("get %q: %w", id, storage.ErrNotFound)
 	}
-	t, err := decodeTask(ns, id, rep[0], rep[1], rep[2], rep[3])
+	rep, err := decodeReply("get", raw, fixed(4))
+	if err != nil {
+		return storage.Task{}, err
+	}
+	t, err := decodeTask(ns, id, rep.head[0], rep.head[1], rep.head[2], rep.head[3])
 	if err != nil {
 		return storage.Task{}, fmt.Errorf("get: %w", err)
 	}
@@ -333,29 +330,28 @@ func (sh shard) list(ctx context.Context, p storage.ListParams) ([]storage.Task,
 		payloads = ""
 	}
 	// A trace context (kept apart from the header) is at most 64 bytes.
-	fixed := storage.TaskWireOverhead + len(ns) + 64
-	rep, err := sh.runSlice(ctx, "list", scripts.list, []string{set, k.meta, k.body}, limit, cs, cid, max(p.MaxBytes, 0), payloads, fixed)
+	fixedBytes := storage.TaskWireOverhead + len(ns) + 64
+	rep, err := sh.runRows(ctx, "list", scripts.list, []string{set, k.meta, k.body}, rowsOf(3, 4, anyRows),
+		limit, cs, cid, max(p.MaxBytes, 0), payloads, fixedBytes)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	if len(rep) < 3 || (len(rep)-3)%4 != 0 {
-		return nil, nil, "", fmt.Errorf("list: reply has %d values", len(rep))
-	}
-	tasks := make([]storage.Task, 0, (len(rep)-3)/4)
+	tasks := make([]storage.Task, 0, rep.n())
 	scores := make([]int64, 0, cap(tasks))
-	for i := 3; i < len(rep); i += 4 {
-		id, err := replyString(rep[i])
+	for i := range rep.n() {
+		row := rep.row(i)
+		id, err := replyString(row[0])
 		if err != nil {
 			return nil, nil, "", fmt.Errorf("list: %w", err)
 		}
-		t, err := decodeTask(ns, id, rep[i+2], int64(state), rep[i+1], rep[i+3])
+		t, err := decodeTask(ns, id, row[2], int64(state), row[1], row[3])
 		if err != nil {
 			return nil, nil, "", fmt.Errorf("list: %w", err)
 		}
 		if p.NoPayload {
 			t.Payload = nil // an inline one came with the header
 		}
-		score, err := replyInt(rep[i+1])
+		score, err := replyInt(row[1])
 		if err != nil {
 			return nil, nil, "", fmt.Errorf("list: %w", err)
 		}
@@ -367,12 +363,12 @@ func (sh shard) list(ctx context.Context, p storage.ListParams) ([]storage.Task,
 		return kept, scores[:len(kept)], makeCursor(state, scores[last], kept[last].ID), nil
 	}
 	next := ""
-	if more, _ := replyInt(rep[0]); more == 1 {
-		score, err := replyInt(rep[1])
+	if more, _ := replyInt(rep.head[0]); more == 1 {
+		score, err := replyInt(rep.head[1])
 		if err != nil {
 			return nil, nil, "", fmt.Errorf("list: %w", err)
 		}
-		id, _ := replyString(rep[2])
+		id, _ := replyString(rep.head[2])
 		next = makeCursor(state, score, id)
 	}
 	return tasks, scores, next, nil

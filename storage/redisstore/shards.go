@@ -168,8 +168,9 @@ func (r *RegistryShards) Shards(ctx context.Context, ns string) (int, error) {
 // Forget implements ShardCounter.
 func (r *RegistryShards) Forget(ns string) { r.cache.Delete(ns) }
 
-// shardCount is ns's shard count: 1 without Options.Shards. It remembers
-// the count for keysOf.
+// shardCount is ns's shard count: 1 without Options.Shards. A call reads
+// it once and builds every key it uses from that one count (keysForN), so
+// a count changed meanwhile cannot mix two layouts in one call.
 func (s *Store) shardCount(ctx context.Context, ns string) (int, error) {
 	if s.shards == nil {
 		return 1, nil
@@ -178,26 +179,11 @@ func (s *Store) shardCount(ctx context.Context, ns string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n = min(max(n, 1), MaxShards)
-	if v, ok := s.counts.Load(ns); !ok || v.(int) != n {
-		s.counts.Store(ns, n)
-	}
-	return n, nil
-}
-
-// keysOf are the keys of shard sh of ns, for the shard count the call that
-// got here read (every method reads it first, through shardCount).
-func (s *Store) keysOf(ns string, sh int) nsKeys {
-	n := 1
-	if v, ok := s.counts.Load(ns); ok {
-		n = v.(int)
-	}
-	return keysForN(ns, sh, n)
+	return min(max(n, 1), MaxShards), nil
 }
 
 // forgetShards drops the cached shard count of ns.
 func (s *Store) forgetShards(ns string) {
-	s.counts.Delete(ns)
 	if s.shards != nil {
 		s.shards.Forget(ns)
 	}
@@ -493,20 +479,21 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	// A shard that cannot be read (its master failing over) is left out of
 	// this pop: the shards on the other masters keep delivering.
 	errs := fanOutEach(allShards(n), func(sh int) error {
-		k := s.keysOf(ns, sh)
+		k := keysForN(ns, sh, n)
 		args := []any{limit, window}
 		if window > 0 {
 			for _, kind := range p.Kinds {
 				args = append(args, kind)
 			}
 		}
-		rep, err := s.runSlice(ctx, "pop", scripts.peekDue, []string{k.due, k.meta}, args...)
+		rep, err := s.runRows(ctx, "pop", scripts.peekDue, []string{k.due, k.meta}, rowsOf(1, 2, anyRows), args...)
 		if err != nil {
 			return err
 		}
-		for i := 1; i+1 < len(rep); i += 2 {
-			id, _ := replyString(rep[i])
-			score, err := replyInt(rep[i+1])
+		for i := range rep.n() {
+			row := rep.row(i)
+			id, _ := replyString(row[0])
+			score, err := replyInt(row[1])
 			if err != nil {
 				return fmt.Errorf("pop: %w", err)
 			}
@@ -528,7 +515,7 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	// A rate cap: the namespace's one bucket (in shard 0) grants the
 	// tokens first; what the shards do not use is given back.
 	granted := want
-	rateKey := s.keysOf(ns, 0).rate
+	rateKey := keysForN(ns, 0, n).rate
 	burst := max(p.Burst, 1)
 	if p.MaxRate > 0 {
 		v, err := s.run(ctx, "pop", scripts.rateTake, []string{rateKey}, strconv.FormatFloat(p.MaxRate, 'g', -1, 64), burst, want, 0)
@@ -717,7 +704,7 @@ func (s *Store) hscanShards(ctx context.Context, op, ns string, key func(nsKeys)
 	if sh >= n {
 		return nil, 0, fmt.Errorf("%s: %w", op, storage.ErrInvalidCursor)
 	}
-	kv, next, err := s.hscan(ctx, op, key(s.keysOf(ns, sh)), inner, count)
+	kv, next, err := s.hscan(ctx, op, key(keysForN(ns, sh, n)), inner, count)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -770,10 +757,4 @@ func splitByShard[T, R any](n int, items []T, id func(i int) string, fn func(i i
 		return nil, err
 	}
 	return out, nil
-}
-
-// cachedShard is shard i of ns for the shard count the call that got here
-// read (through shardCount); see keysOf.
-func (s *Store) cachedShard(ns string, i int) shard {
-	return shard{conn: s.conn, ns: ns, i: i, k: s.keysOf(ns, i)}
 }

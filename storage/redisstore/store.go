@@ -25,7 +25,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -110,7 +109,6 @@ type Store struct {
 	acks     *coalescer[storage.Token, storage.TokenStatus]
 	shards   ShardCounter  // Options.Shards
 	reapTurn atomic.Uint32 // rotates a sharded Reap's remainder
-	counts   sync.Map      // ns -> its shard count as last read (keysOf)
 	hub      *watchHub     // the one pub/sub connection of watch channels
 }
 
