@@ -13,9 +13,11 @@ import (
 
 // The store is two layers. A shard (this file, and shard_*.go by concern)
 // owns one hash-tag slot of a namespace: its keys (keys.go), the script
-// calls made on them and the decoding of their replies. The Store above
-// (store.go, shards.go) only counts a namespace's shards, splits a call's
-// items by shard, fans the call out and merges the answers; coalescing
+// calls made on them and the decoding of their replies (reply.go). The
+// Store above (store_*.go, by the same concerns: tasks, delivery, dead
+// letters, stats; shards.go holds the shard count and the fan-out
+// helpers) only counts a namespace's shards, splits a call's items by
+// shard, fans the call out and merges the answers; coalescing
 // (coalesce.go) and trace contexts (trace.go) wrap a shard call.
 
 // conn is what every shard shares: the client, the per-call timeout, the
