@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/tenancy"
 )
@@ -13,12 +13,12 @@ import (
 // This file is the wiring of access: who may do what, where. The namespace
 // registry (per-namespace policies and API keys, cached by package
 // tenancy), the API-key authentication options, and the listener's TLS
-// configuration; the server builds its guard (server/guard.go) from them.
+// configuration; the server builds its guard (package server/guard) from them.
 
 // accessParts are what the server and the dispatcher get from openAccess.
 type accessParts struct {
 	registry *tenancy.Registry // serves as storage.Policies too
-	auth     server.AuthOptions
+	auth     guard.AuthOptions
 	tls      *tls.Config // nil: plaintext
 }
 
@@ -31,8 +31,8 @@ type accessParts struct {
 func openAccess(cfg Config, embedded bool, regStore storage.Registry, logger *slog.Logger) (*accessParts, error) {
 	// An empty admin key means "no auth" here: the delayd binary has already
 	// refused that against a real Redis unless --no-auth was given (see
-	// server.ResolveAuth); in-process users (tests, tools) may run open.
-	auth, err := server.ResolveAuth(cfg.AdminKey, cfg.AdminKey == "", embedded)
+	// guard.ResolveAuth); in-process users (tests, tools) may run open.
+	auth, err := guard.ResolveAuth(cfg.AdminKey, cfg.AdminKey == "", embedded)
 	if err != nil {
 		return nil, err
 	}
@@ -48,7 +48,7 @@ func openAccess(cfg Config, embedded bool, regStore storage.Registry, logger *sl
 	}
 	p := &accessParts{registry: reg, auth: auth}
 	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" || cfg.TLSClientCAFile != "" {
-		p.tls, err = server.LoadTLSConfig(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSClientCAFile, logger.With("component", "tls"))
+		p.tls, err = guard.LoadTLSConfig(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSClientCAFile, logger.With("component", "tls"))
 		if err != nil {
 			return nil, err
 		}

@@ -153,7 +153,7 @@ type Config struct {
 	// authentication on (16-512 printable ASCII characters). If empty,
 	// authentication is off and every client may do everything: the delayd
 	// binary refuses that against a real Redis unless --no-auth is given
-	// (server.ResolveAuth); Start allows it for tests and tools that run
+	// (guard.ResolveAuth); Start allows it for tests and tools that run
 	// delayd in-process on loopback.
 	AdminKey string
 	// AutoCreateNamespaces creates an unknown namespace with the default

@@ -21,6 +21,7 @@ import (
 	"github.com/delayd/delayd/internal/duration"
 	"github.com/delayd/delayd/push"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage/durable"
 	"github.com/delayd/delayd/storage/redisstore"
 	"github.com/delayd/delayd/tenancy"
@@ -40,7 +41,7 @@ const EnvPrefix = "DELAYD"
 type Flags struct {
 	Config Config
 	// NoAuth is --no-auth: run without authentication against a real Redis
-	// (see server.ResolveAuth).
+	// (see guard.ResolveAuth).
 	NoAuth bool
 	// AdminKeyFile is --admin-key-file: read the bootstrap admin key from
 	// this file (surrounding whitespace ignored) instead of --admin-key,
@@ -143,7 +144,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	// A shared Redis is never open to everyone by accident: without an
 	// admin key, --no-auth must say so (embedded mode is open by default).
-	if _, err := server.ResolveAuth(cfg.AdminKey, f.NoAuth, cfg.RedisURL == ""); err != nil {
+	if _, err := guard.ResolveAuth(cfg.AdminKey, f.NoAuth, cfg.RedisURL == ""); err != nil {
 		fmt.Fprintf(stderr, "delayd: %v\n", err)
 		return 2
 	}

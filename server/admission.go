@@ -3,14 +3,12 @@ package server
 import (
 	"context"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -40,34 +38,6 @@ import (
 // one call) the server accepts. A well-formed call needs well under 1 KiB:
 // the bearer key is 63 bytes, tracing headers a few hundred.
 const maxHeaderListBytes = 8 << 10
-
-// tapLookupTimeout bounds the registry read the tap handle makes for a key
-// its cache does not hold. The tap runs on the connection's reader
-// goroutine, so the wait holds only that connection's frames; a read that
-// takes longer lets the call in, and authentication decides after the body
-// was read, as it would with the store down.
-const tapLookupTimeout = 500 * time.Millisecond
-
-// tapAuth returns the InTapHandle that refuses, before the stream is
-// accepted, calls to delayd services whose bearer key is missing,
-// malformed, unknown, revoked or wrong (authenticator.lookup).
-func tapAuth(a *authenticator) tap.ServerInHandle {
-	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		if openMethod(info.FullMethodName) {
-			return ctx, nil
-		}
-		lctx, cancel := context.WithTimeout(ctx, tapLookupTimeout)
-		defer cancel()
-		if _, err := a.lookup(lctx, info.Header.Get("authorization")); err != nil {
-			if _, ok := status.FromError(err); ok {
-				return nil, err
-			}
-			// The registry could not answer in time: authentication
-			// decides after.
-		}
-		return ctx, nil
-	}
-}
 
 // admissionCodec is the server's codec: grpc-go's protobuf codec for
 // replies, and for requests a decoder that refuses what must not be built.

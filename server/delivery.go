@@ -16,6 +16,8 @@ import (
 
 	"github.com/delayd/delayd/dispatcher"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
+	"github.com/delayd/delayd/server/wire"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -62,7 +64,7 @@ func (s *deliveryService) Subscribe(req *delaydv1.SubscribeRequest, stream delay
 	if err != nil {
 		return err
 	}
-	// The stream guard (streamguard.go) holds the stream's caps and cancels
+	// The stream guard (guard/streamguard.go) holds the stream's caps and cancels
 	// ctx when its key is revoked or its namespace deleted; it then answers
 	// the stream's status.
 	err = s.opts.Subscriptions.Serve(ctx, dispatcher.Subscriber{
@@ -84,7 +86,7 @@ func (s *deliveryService) inFlight(v int32) (int, error) {
 	case inFlight == 0:
 		return s.limits.DefaultInFlight, nil
 	case inFlight < 0 || inFlight > s.limits.MaxInFlight:
-		return 0, invalidf("max_in_flight", "is %d; allowed: 1-%d, or 0 for %d",
+		return 0, rpcerr.Invalidf("max_in_flight", "is %d; allowed: 1-%d, or 0 for %d",
 			inFlight, s.limits.MaxInFlight, s.limits.DefaultInFlight)
 	}
 	return inFlight, nil
@@ -95,15 +97,15 @@ func (s *deliveryService) inFlight(v int32) (int, error) {
 // stream's max_in_flight and kinds, or a status error to return as is.
 func (s *deliveryService) openStream(ctx context.Context, ns string, maxInFlight int32, rawKinds []string) (int, []string, error) {
 	if err := validateNamespace("namespace", ns); err != nil {
-		return 0, nil, toStatus(ctx, s.logger, err)
+		return 0, nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	inFlight, err := s.inFlight(maxInFlight)
 	if err != nil {
-		return 0, nil, toStatus(ctx, s.logger, err)
+		return 0, nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	kinds, err := subscribeKinds(rawKinds)
 	if err != nil {
-		return 0, nil, toStatus(ctx, s.logger, err)
+		return 0, nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	pol, err := policyOrCreate(ctx, s.opts.Tenancy, s.logger, ns)
 	if err != nil {
@@ -131,7 +133,7 @@ func (s *deliveryService) streamEnded(ctx context.Context, err error) error {
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	}
-	return toStatus(ctx, s.logger, err)
+	return rpcerr.ToStatus(ctx, s.logger, err)
 }
 
 // WatchDeliveries streams copies of the namespace's deliveries, made by
@@ -144,7 +146,7 @@ func (s *deliveryService) WatchDeliveries(req *delaydv1.WatchDeliveriesRequest, 
 	ctx := stream.Context()
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {
-		return toStatus(ctx, s.logger, err)
+		return rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return err
@@ -154,9 +156,9 @@ func (s *deliveryService) WatchDeliveries(req *delaydv1.WatchDeliveriesRequest, 
 		Ready:     func() error { return stream.SendHeader(metadata.MD{}) },
 		Send: func(w dispatcher.Watched) error {
 			return stream.Send(&delaydv1.WatchDeliveriesResponse{
-				Task:          taskToProto(w.Delivery.Task),
-				LeaseDeadline: timeToProto(w.Delivery.LeaseDeadline),
-				DeliveryTime:  timeToProto(w.SentAt),
+				Task:          wire.Task(w.Delivery.Task),
+				LeaseDeadline: wire.Time(w.Delivery.LeaseDeadline),
+				DeliveryTime:  wire.Time(w.SentAt),
 				Missed:        w.Missed,
 			})
 		},
@@ -167,7 +169,7 @@ func (s *deliveryService) WatchDeliveries(req *delaydv1.WatchDeliveriesRequest, 
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	}
-	return toStatus(ctx, s.logger, err)
+	return rpcerr.ToStatus(ctx, s.logger, err)
 }
 
 // AckTasks acks deliveries; the tasks are deleted. Answers per token.
@@ -184,7 +186,7 @@ func (s *deliveryService) AckTasks(ctx context.Context, req *delaydv1.AckTasksRe
 func (s *deliveryService) ack(ctx context.Context, ns string, raw []string) ([]*delaydv1.TokenResult, error) {
 	b, err := s.decodeBatch(ns, raw)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if len(b.tokens) > 0 {
 		statuses, err := s.opts.Store.Ack(ctx, ns, b.tokens)
@@ -192,11 +194,11 @@ func (s *deliveryService) ack(ctx context.Context, ns string, raw []string) ([]*
 			err = fmt.Errorf("ack: store answered %d statuses for %d tokens", len(statuses), len(b.tokens))
 		}
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 		s.settle(ctx, ns, b.tokens, statuses)
 		for i, st := range statuses {
-			b.results[b.index[i]].Status = tokenStatusToProto(st)
+			b.results[b.index[i]].Status = wire.TokenStatus(st)
 		}
 	}
 	return b.results, nil
@@ -217,7 +219,7 @@ func (s *deliveryService) NackTasks(ctx context.Context, req *delaydv1.NackTasks
 func (s *deliveryService) nack(ctx context.Context, ns string, raw []string, retryAfter *durationpb.Duration, reason string) ([]*delaydv1.TokenResult, error) {
 	b, err := s.decodeBatch(ns, raw)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
 	if err != nil {
@@ -231,7 +233,7 @@ func (s *deliveryService) nack(ctx context.Context, ns string, raw []string, ret
 	if retryAfter != nil {
 		d, err := durationField("retry_after", retryAfter, 0, pol.MaxDelay)
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 		opts.RetryAfter = &d
 	}
@@ -241,11 +243,11 @@ func (s *deliveryService) nack(ctx context.Context, ns string, raw []string, ret
 			err = fmt.Errorf("nack: store answered %d statuses for %d tokens", len(statuses), len(b.tokens))
 		}
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 		s.settle(ctx, ns, b.tokens, statuses)
 		for i, st := range statuses {
-			b.results[b.index[i]].Status = tokenStatusToProto(st)
+			b.results[b.index[i]].Status = wire.TokenStatus(st)
 		}
 		for _, m := range moved {
 			if m.State == storage.StateScheduled {
@@ -273,7 +275,7 @@ func (s *deliveryService) ExtendLease(ctx context.Context, req *delaydv1.ExtendL
 func (s *deliveryService) extend(ctx context.Context, ns string, raw []string, extendBy *durationpb.Duration) ([]*delaydv1.TokenResult, error) {
 	b, err := s.decodeBatch(ns, raw)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
 	if err != nil {
@@ -282,7 +284,7 @@ func (s *deliveryService) extend(ctx context.Context, ns string, raw []string, e
 	by := pol.AckTimeout
 	if extendBy != nil {
 		if by, err = durationField("extend_by", extendBy, time.Millisecond, maxExtendBy); err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 	}
 	if len(b.tokens) > 0 {
@@ -291,14 +293,14 @@ func (s *deliveryService) extend(ctx context.Context, ns string, raw []string, e
 			err = fmt.Errorf("extend: store answered %d results for %d tokens", len(res), len(b.tokens))
 		}
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 		extended := make([]storage.Token, 0, len(res))
 		for i, r := range res {
 			out := b.results[b.index[i]]
-			out.Status = tokenStatusToProto(r.Status)
+			out.Status = wire.TokenStatus(r.Status)
 			if r.Status == storage.TokenOK {
-				out.LeaseDeadline = timeToProto(r.LeaseDeadline)
+				out.LeaseDeadline = wire.Time(r.LeaseDeadline)
 				extended = append(extended, b.tokens[i])
 			}
 		}
@@ -363,9 +365,9 @@ func (s *deliveryService) settle(ctx context.Context, ns string, tokens []storag
 // deliveryToProto converts a delivery to its wire form.
 func deliveryToProto(d storage.Delivery) *delaydv1.Delivery {
 	return &delaydv1.Delivery{
-		Task:          taskToProto(d.Task),
+		Task:          wire.Task(d.Task),
 		Token:         encodeToken(d.Token),
-		LeaseDeadline: timeToProto(d.LeaseDeadline),
+		LeaseDeadline: wire.Time(d.LeaseDeadline),
 	}
 }
 
@@ -377,7 +379,7 @@ const maxSubscribeKinds = 32
 // nil means every kind.
 func subscribeKinds(in []string) ([]string, error) {
 	if len(in) > maxSubscribeKinds {
-		return nil, invalidf("kinds", "has %d kinds; allowed: at most %d (empty: every kind)", len(in), maxSubscribeKinds)
+		return nil, rpcerr.Invalidf("kinds", "has %d kinds; allowed: at most %d (empty: every kind)", len(in), maxSubscribeKinds)
 	}
 	var out []string
 	for i, k := range in {
@@ -396,14 +398,14 @@ func subscribeKinds(in []string) ([]string, error) {
 // namespace, even when the server auto-creates them: a read, a verdict or an
 // admin call naming a typo must not leave a namespace behind. Only calls that
 // put a namespace to use create it (policyOrCreate).
-func lookupPolicy(ctx context.Context, policies policyLookup, logger *slog.Logger, ns string) (storage.Policy, error) {
+func lookupPolicy(ctx context.Context, policies Tenancy, logger *slog.Logger, ns string) (storage.Policy, error) {
 	n, err := policies.Namespace(ctx, ns, false)
 	return policyStatus(ctx, logger, ns, n.Policy, err)
 }
 
 // policyOrCreate is lookupPolicy for UpsertTask, BatchUpsertTasks and
 // Subscribe: with auto-create on, an unknown namespace is created.
-func policyOrCreate(ctx context.Context, policies policyLookup, logger *slog.Logger, ns string) (storage.Policy, error) {
+func policyOrCreate(ctx context.Context, policies Tenancy, logger *slog.Logger, ns string) (storage.Policy, error) {
 	n, err := policies.Namespace(ctx, ns, true)
 	return policyStatus(ctx, logger, ns, n.Policy, err)
 }
@@ -414,7 +416,7 @@ func policyStatus(ctx context.Context, logger *slog.Logger, ns string, pol stora
 		return storage.Policy{}, status.Errorf(codes.NotFound, "namespace %q not found", ns)
 	}
 	if err != nil {
-		return storage.Policy{}, toStatus(ctx, logger, fmt.Errorf("policy: %w", err))
+		return storage.Policy{}, rpcerr.ToStatus(ctx, logger, fmt.Errorf("policy: %w", err))
 	}
 	return pol, nil
 }
@@ -423,14 +425,14 @@ func policyStatus(ctx context.Context, logger *slog.Logger, ns string, pol stora
 // [lo, hi] (hi 0 = no upper bound).
 func durationField(field string, d *durationpb.Duration, lo, hi time.Duration) (time.Duration, error) {
 	if err := d.CheckValid(); err != nil {
-		return 0, invalidf(field, "is not a valid duration")
+		return 0, rpcerr.Invalidf(field, "is not a valid duration")
 	}
 	v := d.AsDuration()
 	if v < lo || (hi > 0 && v > hi) {
 		if hi > 0 {
-			return 0, invalidf(field, "is %s; allowed: %s to %s", v, lo, humanDuration(hi))
+			return 0, rpcerr.Invalidf(field, "is %s; allowed: %s to %s", v, lo, humanDuration(hi))
 		}
-		return 0, invalidf(field, "is %s; allowed: at least %s", v, lo)
+		return 0, rpcerr.Invalidf(field, "is %s; allowed: at least %s", v, lo)
 	}
 	return v, nil
 }

@@ -17,6 +17,7 @@ import (
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/storagefake"
 )
@@ -88,7 +89,7 @@ func (e *dlvEnv) replica() *dlvReplica {
 	}
 	srv, err := server.New(server.Options{
 		Store: e.store, Tenancy: staticTenancy{policy: e.pol}, Subscriptions: d, History: e.store,
-		Auth: server.AuthOptions{Disabled: true},
+		Auth: guard.AuthOptions{Disabled: true},
 	})
 	if err != nil {
 		e.t.Fatalf("server.New: %v", err)

@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/storagefake"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // TestFairDispatch: one namespace draining a backlog of 100,000 due tasks

@@ -12,11 +12,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
 	"github.com/delayd/delayd/storage"
 )
 
 // FuzzValidateAndKeys feeds arbitrary requests through the edge validation:
-// nothing panics, every rejection is a *fieldError naming a field, and
+// nothing panics, every rejection is a *rpcerr.FieldError naming a field, and
 // whatever is accepted is safe to become a Redis key (it passes the storage
 // name validators) and within the policy's limits. Page tokens round-trip
 // and never decode for another namespace or state. (The key builder's own
@@ -98,15 +99,15 @@ func FuzzValidateAndKeys(f *testing.F) {
 	})
 }
 
-// mustNameField fails t unless err is a *fieldError whose field starts with
+// mustNameField fails t unless err is a *rpcerr.FieldError whose field starts with
 // prefix.
 func mustNameField(t *testing.T, err error, prefix string) {
 	t.Helper()
-	var fe *fieldError
+	var fe *rpcerr.FieldError
 	if !errors.As(err, &fe) {
 		t.Fatalf("error %v (%T) is not a field error", err, err)
 	}
-	if fe.field == "" || !strings.HasPrefix(fe.field, prefix) || !strings.HasPrefix(fe.Error(), fe.field+" ") {
+	if fe.Field == "" || !strings.HasPrefix(fe.Field, prefix) || !strings.HasPrefix(fe.Error(), fe.Field+" ") {
 		t.Fatalf("error %q does not name a field under %q", fe.Error(), prefix)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/wire"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -20,11 +21,11 @@ func historyTokenScope(ns, id string) string { return ns + "/" + id }
 // eventToProto is a task event's wire form; zero fields are left unset.
 func eventToProto(e storage.Event) *delaydv1.TaskEvent {
 	return &delaydv1.TaskEvent{
-		Kind:       eventKindToProto(e.Kind),
-		Time:       timeToProto(e.Time),
+		Kind:       wire.EventKind(e.Kind),
+		Time:       wire.Time(e.Time),
 		KeyId:      e.KeyID,
 		Generation: e.Generation,
-		DueTime:    timeToProto(e.Due),
+		DueTime:    wire.Time(e.Due),
 		Attempt:    e.Attempt,
 		Replica:    e.Replica,
 		Lateness:   durationOrNil(e.Lateness, e.Kind == storage.EventDelivered),
@@ -45,7 +46,7 @@ func durationOrNil(d time.Duration, always bool) *durationpb.Duration {
 func forecastToProto(resp *delaydv1.GetNamespaceStatsResponse, f storage.Forecast) {
 	resp.DuePerMinute = f.PerMinute
 	resp.DuePerHour = f.PerHour
-	resp.ForecastTime = timeToProto(f.Now)
+	resp.ForecastTime = wire.Time(f.Now)
 }
 
 // recentToProto fills the recent-delivery fields of a stats response.

@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 )
 
 // The HTTP edge (Connect, gRPC-Web and JSON, transcoded by vanguard in the
@@ -39,15 +36,8 @@ const httpBodyReadTimeout = time.Minute
 // call without a well-formed key is refused with Unauthenticated before
 // the server reads its body, as on the gRPC listener.
 func (s *Server) HTTPHandler() http.Handler {
-	if s.tap == nil {
-		return s.grpc
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		md := metadata.MD{}
-		for k, v := range r.Header {
-			md[strings.ToLower(k)] = v
-		}
-		if _, err := s.tap(r.Context(), &tap.Info{FullMethodName: r.URL.Path, Header: md}); err != nil {
+		if err := s.guard.AdmitHTTP(r); err != nil {
 			writeGRPCError(w, err)
 			return
 		}
@@ -61,13 +51,7 @@ func (s *Server) HTTPHandler() http.Handler {
 // (Unauthenticated for a missing, malformed, unknown or revoked key). The
 // HTTP edge calls it before it reads or decodes the body, so a made-up key
 // costs no JSON decoding whatever the body's size.
-func (s *Server) AdmitHTTP(r *http.Request) error {
-	if s.tap == nil {
-		return nil
-	}
-	_, err := s.tap(r.Context(), &tap.Info{FullMethodName: r.URL.Path, Header: metadata.MD{"authorization": r.Header.Values("Authorization")}})
-	return err
-}
+func (s *Server) AdmitHTTP(r *http.Request) error { return s.guard.AdmitHTTP(r) }
 
 // MaxRepeatedItems is the most items one repeated field of a request may
 // hold (Limits.MaxBatch with its default filled in); the HTTP edge caps
@@ -127,11 +111,9 @@ func (s *Server) ServeHTTPEdge(lis net.Listener, h http.Handler) error {
 
 	lis = newLimitListener(lis, s.limits, s.conns)
 	var err error
-	if s.tlsConfig != nil {
-		srv.TLSConfig = s.tlsConfig.Clone()
-		// net/http reports a refused handshake on its ErrorLog; it goes to
-		// the same rate-limited WARN line as the gRPC listener's.
-		srv.ErrorLog = slog.NewLogLogger(httpErrorLog{refused: s.refused, logger: s.logger}, slog.LevelWarn)
+	if tlsConfig := s.guard.TLS(); tlsConfig != nil {
+		srv.TLSConfig = tlsConfig.Clone()
+		srv.ErrorLog = s.guard.HTTPErrorLog(s.logger)
 		err = srv.ServeTLS(lis, "", "")
 	} else {
 		err = srv.Serve(lis)

@@ -28,6 +28,7 @@ import (
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/tenancy"
 )
@@ -89,7 +90,7 @@ func (e *tenEnv) replica(o tenOpts) *tenReplica {
 	}
 	opts := server.Options{
 		Store: e.store, Tenancy: reg, Subscriptions: d, History: e.store,
-		Auth: server.AuthOptions{AdminKey: tenAdminKey},
+		Auth: guard.AuthOptions{AdminKey: tenAdminKey},
 	}
 	if o.server != nil {
 		o.server(&opts)
@@ -298,7 +299,7 @@ func TestReflectionCanBeDisabled(t *testing.T) {
 func TestNoAuth(t *testing.T) {
 	t.Parallel()
 	e := newTenEnv(t)
-	r := e.replica(tenOpts{server: func(o *server.Options) { o.Auth = server.AuthOptions{Disabled: true} }})
+	r := e.replica(tenOpts{server: func(o *server.Options) { o.Auth = guard.AuthOptions{Disabled: true} }})
 	ns := e.newNamespace(r, "noauth-", nil)
 	if err := upsertAs(context.Background(), r, ns, "a"); err != nil {
 		t.Errorf("UpsertTask without a key and auth off: %v", err)
@@ -670,7 +671,7 @@ func TestReadsNeverAutoCreate(t *testing.T) {
 	t.Parallel()
 	e := newTenEnv(t)
 	r := e.replica(tenOpts{
-		server:  func(o *server.Options) { o.Auth = server.AuthOptions{Disabled: true} },
+		server:  func(o *server.Options) { o.Auth = guard.AuthOptions{Disabled: true} },
 		tenancy: func(c *tenancy.Config) { c.AutoCreate = true },
 	})
 	ctx := context.Background()

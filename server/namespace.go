@@ -9,6 +9,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/guard"
+	"github.com/delayd/delayd/server/rpcerr"
+	"github.com/delayd/delayd/server/wire"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -29,15 +32,15 @@ type namespaceService struct {
 	opts   Options
 	limits Limits
 	logger *slog.Logger
-	guard  *streamGuard // ends this replica's streams of a revoked key or deleted namespace
+	guard  *guard.Guard // ends this replica's streams of a revoked key or deleted namespace
 }
 
-func newNamespaceService(opts Options, guard *streamGuard) *namespaceService {
+func newNamespaceService(opts Options, g *guard.Guard) *namespaceService {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &namespaceService{opts: opts, limits: opts.Limits, logger: logger, guard: guard}
+	return &namespaceService{opts: opts, limits: opts.Limits, logger: logger, guard: g}
 }
 
 // lateScan is how many of the earliest due tasks GetNamespaceStats reads to
@@ -72,7 +75,7 @@ func (s *namespaceService) oldestLateFrom(ctx context.Context, ns string, now ti
 func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.GetNamespaceStatsRequest) (*delaydv1.GetNamespaceStatsResponse, error) {
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
 	if err != nil {
@@ -80,11 +83,11 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	}
 	st, err := s.opts.Store.Stats(ctx, ns)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("stats: %w", err))
 	}
 	dk, err := s.opts.Store.DueKinds(ctx, ns)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: due kinds: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("stats: due kinds: %w", err))
 	}
 	resp := &delaydv1.GetNamespaceStatsResponse{
 		Scheduled:         st.Scheduled,
@@ -101,7 +104,7 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	if st.DueNow > 0 && !st.OldestDue.IsZero() && st.OldestDue.Before(st.Now) {
 		from, err := s.oldestLateFrom(ctx, ns, st.Now)
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: oldest due: %w", err))
+			return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("stats: oldest due: %w", err))
 		}
 		if from.Before(st.Now) {
 			resp.OldestDueLateness = durationpb.New(st.Now.Sub(from))
@@ -109,7 +112,7 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	}
 	fc, err := s.opts.History.Forecast(ctx, ns)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("stats: forecast: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("stats: forecast: %w", err))
 	}
 	forecastToProto(resp, fc)
 	if s.opts.Recent != nil {
@@ -122,19 +125,19 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 func (s *namespaceService) ListDeadLetters(ctx context.Context, req *delaydv1.ListDeadLettersRequest) (*delaydv1.ListDeadLettersResponse, error) {
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	size, err := pageSize(req.GetPageSize())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	cursor, err := decodePageToken(req.GetPageToken(), ns, storage.StateDead)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	noPayload, err := taskView(req.GetView())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return nil, err
@@ -143,14 +146,14 @@ func (s *namespaceService) ListDeadLetters(ctx context.Context, req *delaydv1.Li
 		State: storage.StateDead, Limit: size, Cursor: cursor, MaxBytes: s.limits.MaxListBytes, NoPayload: noPayload,
 	})
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("list dead letters: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("list dead letters: %w", err))
 	}
 	resp := &delaydv1.ListDeadLettersResponse{
 		Tasks:         make([]*delaydv1.Task, len(tasks)),
 		NextPageToken: encodePageToken(ns, storage.StateDead, next),
 	}
 	for i, t := range tasks {
-		resp.Tasks[i] = taskToProto(t)
+		resp.Tasks[i] = wire.Task(t)
 	}
 	return resp, nil
 }
@@ -162,7 +165,7 @@ func (s *namespaceService) ListDeadLetters(ctx context.Context, req *delaydv1.Li
 func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1.RequeueDeadLettersRequest) (*delaydv1.RequeueDeadLettersResponse, error) {
 	ns := req.GetNamespace()
 	if err := s.validateDeadLetterIDs(ns, req.GetIds(), req.GetAll()); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
 	if err != nil {
@@ -171,7 +174,7 @@ func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1
 	var delay time.Duration
 	if d := req.GetDelay(); d != nil {
 		if delay, err = durationField("delay", d, 0, pol.MaxDelay); err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 	}
 	var requeued int64
@@ -180,7 +183,7 @@ func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1
 			IDs: req.GetIds(), All: req.GetAll(), Limit: deadLetterBatch, Delay: delay,
 		})
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("requeue dead letters: %w", err))
+			return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("requeue dead letters: %w", err))
 		}
 		requeued += int64(len(moved))
 		if !req.GetAll() || len(moved) < deadLetterBatch {
@@ -198,7 +201,7 @@ func (s *namespaceService) RequeueDeadLetters(ctx context.Context, req *delaydv1
 func (s *namespaceService) PurgeDeadLetters(ctx context.Context, req *delaydv1.PurgeDeadLettersRequest) (*delaydv1.PurgeDeadLettersResponse, error) {
 	ns := req.GetNamespace()
 	if err := s.validateDeadLetterIDs(ns, req.GetIds(), req.GetAll()); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if _, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns); err != nil {
 		return nil, err
@@ -207,7 +210,7 @@ func (s *namespaceService) PurgeDeadLetters(ctx context.Context, req *delaydv1.P
 	for i := 0; i < maxDeadLetterBatches; i++ {
 		ids, err := s.opts.Store.Purge(ctx, ns, storage.PurgeParams{IDs: req.GetIds(), All: req.GetAll(), Limit: deadLetterBatch})
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("purge dead letters: %w", err))
+			return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("purge dead letters: %w", err))
 		}
 		purged += int64(len(ids))
 		if !req.GetAll() || len(ids) < deadLetterBatch {
@@ -225,12 +228,12 @@ func (s *namespaceService) validateDeadLetterIDs(ns string, ids []string, all bo
 	}
 	if all {
 		if len(ids) > 0 {
-			return invalidf("ids", "has %d items; it must be empty when all is set", len(ids))
+			return rpcerr.Invalidf("ids", "has %d items; it must be empty when all is set", len(ids))
 		}
 		return nil
 	}
 	if len(ids) == 0 {
-		return invalidf("ids", "is empty; name 1-%d task ids, or set all", s.limits.MaxBatch)
+		return rpcerr.Invalidf("ids", "is empty; name 1-%d task ids, or set all", s.limits.MaxBatch)
 	}
 	if err := validateBatchSize("ids", len(ids), s.limits.MaxBatch); err != nil {
 		return err

@@ -17,13 +17,16 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/guard"
+	"github.com/delayd/delayd/server/rpcerr"
+	"github.com/delayd/delayd/server/wire"
 	"github.com/delayd/delayd/storage"
 )
 
 // This file holds NamespaceService's namespace and API-key RPCs (the
 // dead-letter and stats RPCs are in namespace.go). Every one of them needs
 // Options.Registry; without it they answer Unimplemented. Authorization
-// (which key may call what) happens before them, in auth.go; the one rule
+// (which key may call what) happens before them, in the guard (guard/auth.go); the one rule
 // that needs the request's content is here: only a global admin may change
 // a namespace's limits (quota fields), a namespace's own admin may tune its
 // retry policy.
@@ -54,7 +57,7 @@ func (s *namespaceService) checkPushURL(ctx context.Context, field, url string) 
 			"%s: push is disabled on this server; the operator enables it by listing the allowed hosts or CIDRs in --push-allow (environment DELAYD_PUSH_ALLOW)", field)
 	}
 	if err := s.opts.PushAllow.CheckURL(ctx, url); err != nil {
-		return invalidf(field, "%s", err.Error())
+		return rpcerr.Invalidf(field, "%s", err.Error())
 	}
 	return nil
 }
@@ -63,7 +66,7 @@ func (s *namespaceService) checkPushURL(ctx context.Context, field, url string) 
 // nothing to sign its requests with.
 func checkPushSecret(prefix string, eff storage.Policy) error {
 	if eff.Push.Enabled() && eff.Push.Secret == "" {
-		return invalidf(prefix+"push.secret", "is required when push is set (%d-%d bytes); it signs every request (Delayd-Signature)", minPushSecretBytes, maxPushSecretBytes)
+		return rpcerr.Invalidf(prefix+"push.secret", "is required when push is set (%d-%d bytes); it signs every request (Delayd-Signature)", minPushSecretBytes, maxPushSecretBytes)
 	}
 	return nil
 }
@@ -77,7 +80,7 @@ func (s *namespaceService) defaults() storage.Policy {
 // other.
 func checkConsistent(prefix string, eff storage.Policy) error {
 	if eff.Backoff.Initial > eff.Backoff.Max {
-		return invalidf(prefix+"backoff_initial", "is %s, more than backoff_max %s; allowed: at most backoff_max",
+		return rpcerr.Invalidf(prefix+"backoff_initial", "is %s, more than backoff_max %s; allowed: at most backoff_max",
 			eff.Backoff.Initial, eff.Backoff.Max)
 	}
 	return nil
@@ -87,16 +90,16 @@ func (s *namespaceService) namespaceToProto(n storage.Namespace) *delaydv1.Names
 	return &delaydv1.Namespace{
 		Name:       n.Name,
 		Policy:     policyToProto(n.Policy.WithDefaults(s.defaults())),
-		CreateTime: timeToProto(n.CreateTime),
-		UpdateTime: timeToProto(n.UpdateTime),
+		CreateTime: wire.Time(n.CreateTime),
+		UpdateTime: wire.Time(n.UpdateTime),
 	}
 }
 
 // audit logs an admin action with the key that did it.
 func (s *namespaceService) audit(ctx context.Context, msg string, attrs ...slog.Attr) {
 	who := "no-auth"
-	if p := principalFrom(ctx); p != nil {
-		who = p.keyID
+	if p := guard.PrincipalFrom(ctx); p != nil {
+		who = p.KeyID
 	}
 	s.logger.LogAttrs(ctx, slog.LevelInfo, msg, append(attrs, slog.String("by_key", who))...)
 }
@@ -106,25 +109,25 @@ func (s *namespaceService) audit(ctx context.Context, msg string, attrs ...slog.
 func (s *namespaceService) CreateNamespace(ctx context.Context, req *delaydv1.CreateNamespaceRequest) (*delaydv1.CreateNamespaceResponse, error) {
 	reg := s.opts.Tenancy
 	if req.GetNamespace() == nil {
-		return nil, toStatus(ctx, s.logger, invalidf("namespace", "is required: {name, policy}"))
+		return nil, rpcerr.ToStatus(ctx, s.logger, rpcerr.Invalidf("namespace", "is required: {name, policy}"))
 	}
 	name := req.GetNamespace().GetName()
 	if err := validateNamespace("namespace.name", name); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	pol, err := policyFromProto("namespace.policy.", req.GetNamespace().GetPolicy())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if err := checkConsistent("namespace.policy.", pol.WithDefaults(s.defaults())); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if pol.Push.Enabled() {
 		if err := s.checkPushURL(ctx, "namespace.policy.push.url", pol.Push.URL); err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 		if err := checkPushSecret("namespace.policy.", pol); err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 	}
 	n, err := reg.CreateNamespace(ctx, storage.Namespace{Name: name, Policy: pol})
@@ -132,7 +135,7 @@ func (s *namespaceService) CreateNamespace(ctx context.Context, req *delaydv1.Cr
 		return nil, status.Errorf(codes.AlreadyExists, "namespace %q already exists", name)
 	}
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("create namespace: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("create namespace: %w", err))
 	}
 	if pol.Push.Enabled() {
 		// Every replica starts pushing the namespace now, not when its
@@ -147,14 +150,14 @@ func (s *namespaceService) CreateNamespace(ctx context.Context, req *delaydv1.Cr
 func (s *namespaceService) GetNamespace(ctx context.Context, req *delaydv1.GetNamespaceRequest) (*delaydv1.GetNamespaceResponse, error) {
 	reg := s.opts.Tenancy
 	if err := validateNamespace("namespace", req.GetNamespace()); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	n, err := reg.GetNamespace(ctx, req.GetNamespace())
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "namespace %q not found", req.GetNamespace())
 	}
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("get namespace: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("get namespace: %w", err))
 	}
 	return &delaydv1.GetNamespaceResponse{Namespace: s.namespaceToProto(n)}, nil
 }
@@ -164,18 +167,18 @@ func (s *namespaceService) ListNamespaces(ctx context.Context, req *delaydv1.Lis
 	reg := s.opts.Tenancy
 	size, err := adminPageSize(req.GetPageSize())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	after, err := decodePageToken(req.GetPageToken(), namespaceListToken, storage.StateUnspecified)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if after != "" && storage.ValidateNamespace(after) != nil {
-		return nil, toStatus(ctx, s.logger, invalidf("page_token", "is not a token this server issued; start again with an empty page_token"))
+		return nil, rpcerr.ToStatus(ctx, s.logger, rpcerr.Invalidf("page_token", "is not a token this server issued; start again with an empty page_token"))
 	}
 	nss, more, err := reg.ListNamespaces(ctx, after, size)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("list namespaces: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("list namespaces: %w", err))
 	}
 	resp := &delaydv1.ListNamespacesResponse{Namespaces: make([]*delaydv1.Namespace, 0, len(nss))}
 	used := 0
@@ -203,30 +206,30 @@ func (s *namespaceService) ListNamespaces(ctx context.Context, req *delaydv1.Lis
 func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.UpdateNamespaceRequest) (*delaydv1.UpdateNamespaceResponse, error) {
 	reg := s.opts.Tenancy
 	if req.GetNamespace() == nil {
-		return nil, toStatus(ctx, s.logger, invalidf("namespace", "is required: {name, policy}"))
+		return nil, rpcerr.ToStatus(ctx, s.logger, rpcerr.Invalidf("namespace", "is required: {name, policy}"))
 	}
 	name := req.GetNamespace().GetName()
 	if err := validateNamespace("namespace.name", name); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	fields, err := maskedPolicyFields(req.GetUpdateMask().GetPaths())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	src := req.GetNamespace().GetPolicy()
 	var scratch storage.Policy // validate every masked field before the store sees anything
 	for _, f := range fields {
 		if err := f.set(&scratch, src, "namespace.policy."+f.name); err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 	}
 	pushMasked := slices.ContainsFunc(fields, func(f policyField) bool { return f.name == "push" })
 	if pushMasked && scratch.Push.Enabled() {
 		if err := s.checkPushURL(ctx, "namespace.policy.push.url", scratch.Push.URL); err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 	}
-	p := principalFrom(ctx)
+	p := guard.PrincipalFrom(ctx)
 	defaults := s.defaults()
 	n, err := reg.UpdateNamespace(ctx, name, func(cur storage.Policy) (storage.Policy, error) {
 		out := cur
@@ -247,11 +250,11 @@ func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.Up
 		if err := checkPushSecret("namespace.policy.", newEff); err != nil {
 			return storage.Policy{}, err
 		}
-		if p != nil && !p.global() {
+		if p != nil && !p.Global() {
 			for _, f := range fields {
 				if f.quota && !f.same(oldEff, newEff) {
 					return storage.Policy{}, status.Errorf(codes.PermissionDenied,
-						"API key %s may not change namespace.policy.%s: quota fields need a global admin key", p.keyID, f.name)
+						"API key %s may not change namespace.policy.%s: quota fields need a global admin key", p.KeyID, f.name)
 				}
 			}
 		}
@@ -264,7 +267,7 @@ func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.Up
 	case errors.Is(err, storage.ErrNotFound):
 		return nil, status.Errorf(codes.NotFound, "namespace %q not found", name)
 	case err != nil:
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("update namespace: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("update namespace: %w", err))
 	}
 	// Every replica's dispatcher applies the new policy now (a pause stops
 	// deliveries, a resume restarts them), not at its next refresh.
@@ -299,7 +302,7 @@ func maskedPolicyFields(paths []string) ([]policyField, error) {
 			for k, f := range policyFields {
 				allowed[k] = "policy." + f.name
 			}
-			return nil, invalidf(fmt.Sprintf("update_mask.paths[%d]", i), "is %q; allowed: policy, %s (each also in lowerCamelCase, as JSON writes it: policy.maxDispatchRate)",
+			return nil, rpcerr.Invalidf(fmt.Sprintf("update_mask.paths[%d]", i), "is %q; allowed: policy, %s (each also in lowerCamelCase, as JSON writes it: policy.maxDispatchRate)",
 				path, strings.Join(allowed, ", "))
 		}
 		name = policyFields[j].name
@@ -337,17 +340,17 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	reg := s.opts.Tenancy
 	name := req.GetNamespace()
 	if err := validateNamespace("namespace", name); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	n, err := reg.GetNamespace(ctx, name)
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "namespace %q not found", name)
 	} else if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
 	}
 	st, err := s.opts.Store.Stats(ctx, name)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: count: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("delete namespace: count: %w", err))
 	}
 	total := st.Scheduled + st.Delivered + st.Dead
 	if total > 0 && !req.GetForce() {
@@ -362,12 +365,12 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	// task, including any written since the count above.
 	deleted, err := s.opts.Store.DropNamespace(ctx, name, incarnationOf(n))
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: drop tasks: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("delete namespace: drop tasks: %w", err))
 	}
 	if err := reg.DeleteNamespace(ctx, name); err != nil && !errors.Is(err, storage.ErrNotFound) {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
 	}
-	s.guard.namespaceEnded(name)
+	s.guard.NamespaceEnded(name)
 	s.audit(ctx, "namespace deleted", slog.String("namespace", name), slog.Int64("deleted_tasks", deleted))
 	return &delaydv1.DeleteNamespaceResponse{DeletedTasks: deleted}, nil
 }
@@ -375,13 +378,13 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 // keyScopesFromProto validates and de-duplicates requested scopes.
 func keyScopesFromProto(in []delaydv1.KeyScope) ([]storage.Scope, error) {
 	if len(in) == 0 {
-		return nil, invalidf("scopes", "is empty; allowed: one or more of KEY_SCOPE_PRODUCE, KEY_SCOPE_CONSUME, KEY_SCOPE_ADMIN")
+		return nil, rpcerr.Invalidf("scopes", "is empty; allowed: one or more of KEY_SCOPE_PRODUCE, KEY_SCOPE_CONSUME, KEY_SCOPE_ADMIN")
 	}
 	var out []storage.Scope
 	for i, sc := range in {
-		s, ok := scopeFromProto(sc)
+		s, ok := wire.ScopeFrom(sc)
 		if !ok {
-			return nil, invalidf(fmt.Sprintf("scopes[%d]", i), "is %d; allowed: KEY_SCOPE_PRODUCE, KEY_SCOPE_CONSUME, KEY_SCOPE_ADMIN", int32(sc))
+			return nil, rpcerr.Invalidf(fmt.Sprintf("scopes[%d]", i), "is %d; allowed: KEY_SCOPE_PRODUCE, KEY_SCOPE_CONSUME, KEY_SCOPE_ADMIN", int32(sc))
 		}
 		if !slices.Contains(out, s) {
 			out = append(out, s)
@@ -394,34 +397,15 @@ func keyScopesFromProto(in []delaydv1.KeyScope) ([]storage.Scope, error) {
 func keyToProto(k storage.Key) *delaydv1.Key {
 	scopes := make([]delaydv1.KeyScope, len(k.Scopes))
 	for i, s := range k.Scopes {
-		scopes[i] = scopeToProto(s)
+		scopes[i] = wire.Scope(s)
 	}
 	return &delaydv1.Key{
 		Id:          k.ID,
 		Namespace:   k.Namespace,
 		Scopes:      scopes,
 		Description: k.Description,
-		CreateTime:  timeToProto(k.CreateTime),
+		CreateTime:  wire.Time(k.CreateTime),
 	}
-}
-
-// validateKeyID accepts a key id as newAPIKey makes them.
-func validateKeyID(id string) error {
-	if !validKeyID(id) {
-		return invalidf("id", "is %q; allowed: the %d hex characters after dk_ in a key (as ListKeys shows)", id, apiKeyIDLen)
-	}
-	return nil
-}
-
-// validateKeyNamespace accepts "*" (global keys) or a valid namespace name.
-func validateKeyNamespace(ns string) error {
-	if ns == storage.GlobalNamespace {
-		return nil
-	}
-	if err := storage.ValidateNamespace(ns); err != nil {
-		return invalidf("namespace", "%s; or \"*\" for a global key", err.Error())
-	}
-	return nil
 }
 
 // CreateKey creates an API key and returns its secret, once. delayd keeps
@@ -429,16 +413,16 @@ func validateKeyNamespace(ns string) error {
 func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKeyRequest) (*delaydv1.CreateKeyResponse, error) {
 	reg := s.opts.Tenancy
 	ns := req.GetNamespace()
-	if err := validateKeyNamespace(ns); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+	if err := guard.ValidateKeyNamespace(ns); err != nil {
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	scopes, err := keyScopesFromProto(req.GetScopes())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	desc := req.GetDescription()
 	if err := validateDescription(desc); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if ns != storage.GlobalNamespace {
 		if err := s.namespaceExists(ctx, reg, ns); err != nil {
@@ -451,7 +435,7 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 	// together and overshoot by as many.
 	keys, _, err := reg.ListKeys(ctx, ns, storage.KeyCursor{}, s.limits.MaxKeys)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("create key: count: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("create key: count: %w", err))
 	}
 	if len(keys) >= s.limits.MaxKeys {
 		if ns == storage.GlobalNamespace {
@@ -462,9 +446,9 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 			"namespace %q already has %d API keys (at most %d, --max-keys); revoke keys it no longer uses", ns, len(keys), s.limits.MaxKeys)
 	}
 	for attempt := 0; ; attempt++ {
-		id, secret, err := newAPIKey()
+		id, secret, err := guard.NewAPIKey()
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, err)
+			return nil, rpcerr.ToStatus(ctx, s.logger, err)
 		}
 		k := storage.Key{
 			ID:          id,
@@ -472,14 +456,14 @@ func (s *namespaceService) CreateKey(ctx context.Context, req *delaydv1.CreateKe
 			Scopes:      scopes,
 			Description: desc,
 			CreateTime:  s.opts.Clock.Now().Truncate(time.Millisecond),
-			Hash:        hashSecret(secret),
+			Hash:        guard.HashSecret(secret),
 		}
 		err = reg.CreateKey(ctx, k)
 		if errors.Is(err, storage.ErrAlreadyExists) && attempt < 3 {
 			continue // a 64-bit id collided: draw again
 		}
 		if err != nil {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("create key: %w", err))
+			return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("create key: %w", err))
 		}
 		s.audit(ctx, "API key created", slog.String("key_id", id), slog.String("namespace", ns))
 		return &delaydv1.CreateKeyResponse{Key: keyToProto(k), Secret: secret}, nil
@@ -497,21 +481,21 @@ func (s *namespaceService) namespaceExists(ctx context.Context, reg storage.Regi
 		return status.Errorf(codes.NotFound, "namespace %q not found: create it first", ns)
 	}
 	if err != nil {
-		return toStatus(ctx, s.logger, fmt.Errorf("namespace: %w", err))
+		return rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("namespace: %w", err))
 	}
 	return nil
 }
 
 func validateDescription(d string) error {
 	if !utf8.ValidString(d) {
-		return invalidf("description", "is not valid UTF-8; allowed: at most %d printable characters", maxKeyDescription)
+		return rpcerr.Invalidf("description", "is not valid UTF-8; allowed: at most %d printable characters", maxKeyDescription)
 	}
 	if n := utf8.RuneCountInString(d); n > maxKeyDescription {
-		return invalidf("description", "is %d characters long; at most %d are allowed", n, maxKeyDescription)
+		return rpcerr.Invalidf("description", "is %d characters long; at most %d are allowed", n, maxKeyDescription)
 	}
 	for i, r := range d {
 		if !unicode.IsPrint(r) {
-			return invalidf("description", "has the non-printable character %U at byte %d; allowed: at most %d printable characters", r, i, maxKeyDescription)
+			return rpcerr.Invalidf("description", "has the non-printable character %U at byte %d; allowed: at most %d printable characters", r, i, maxKeyDescription)
 		}
 	}
 	return nil
@@ -523,24 +507,24 @@ func validateDescription(d string) error {
 func (s *namespaceService) ListKeys(ctx context.Context, req *delaydv1.ListKeysRequest) (*delaydv1.ListKeysResponse, error) {
 	reg := s.opts.Tenancy
 	ns := req.GetNamespace()
-	if err := validateKeyNamespace(ns); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+	if err := guard.ValidateKeyNamespace(ns); err != nil {
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	size, err := adminPageSize(req.GetPageSize())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	cursor, err := decodePageToken(req.GetPageToken(), keyListToken+ns, storage.StateUnspecified)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	after, err := parseKeyCursor(cursor)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	keys, more, err := reg.ListKeys(ctx, ns, after, size)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("list keys: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("list keys: %w", err))
 	}
 	resp := &delaydv1.ListKeysResponse{Keys: make([]*delaydv1.Key, 0, len(keys))}
 	used := 0
@@ -573,7 +557,7 @@ func parseKeyCursor(c string) (storage.KeyCursor, error) {
 	if !ok || err != nil || id == "" || len(id) > 64 || strings.ContainsFunc(id, func(r rune) bool {
 		return !(r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
 	}) {
-		return storage.KeyCursor{}, invalidf("page_token", "is not a token this server issued; start again with an empty page_token")
+		return storage.KeyCursor{}, rpcerr.Invalidf("page_token", "is not a token this server issued; start again with an empty page_token")
 	}
 	return storage.KeyCursor{CreateTime: time.UnixMilli(ms), ID: id}, nil
 }
@@ -584,7 +568,7 @@ func adminPageSize(n int32) (int, error) {
 	case n == 0:
 		return defaultNamespacePage, nil
 	case n < 0 || n > maxNamespacePage:
-		return 0, invalidf("page_size", "is %d; allowed: 1-%d, or 0 for %d", n, maxNamespacePage, defaultNamespacePage)
+		return 0, rpcerr.Invalidf("page_size", "is %d; allowed: 1-%d, or 0 for %d", n, maxNamespacePage, defaultNamespacePage)
 	}
 	return int(n), nil
 }
@@ -594,17 +578,17 @@ func adminPageSize(n int32) (int, error) {
 func (s *namespaceService) RevokeKey(ctx context.Context, req *delaydv1.RevokeKeyRequest) (*delaydv1.RevokeKeyResponse, error) {
 	reg := s.opts.Tenancy
 	id := req.GetId()
-	if err := validateKeyID(id); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+	if err := guard.ValidateKeyID(id); err != nil {
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	err := reg.RevokeKey(ctx, id)
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "API key %q not found", id)
 	}
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("revoke key: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("revoke key: %w", err))
 	}
-	s.guard.keyRevoked(id)
+	s.guard.KeyRevoked(id)
 	s.audit(ctx, "API key revoked", slog.String("key_id", id))
 	return &delaydv1.RevokeKeyResponse{}, nil
 }
@@ -612,7 +596,7 @@ func (s *namespaceService) RevokeKey(ctx context.Context, req *delaydv1.RevokeKe
 // WhoAmI describes the request's key: its id, namespace and scopes. With
 // authentication off every caller is a global key with every scope.
 func (s *namespaceService) WhoAmI(ctx context.Context, _ *delaydv1.WhoAmIRequest) (*delaydv1.WhoAmIResponse, error) {
-	p := principalFrom(ctx)
+	p := guard.PrincipalFrom(ctx)
 	if p == nil {
 		return &delaydv1.WhoAmIResponse{Key: keyToProto(storage.Key{
 			Namespace: storage.GlobalNamespace,
@@ -620,7 +604,7 @@ func (s *namespaceService) WhoAmI(ctx context.Context, _ *delaydv1.WhoAmIRequest
 		})}, nil
 	}
 	return &delaydv1.WhoAmIResponse{
-		Key:         keyToProto(storage.Key{ID: p.keyID, Namespace: p.namespace, Scopes: p.scopes}),
+		Key:         keyToProto(storage.Key{ID: p.KeyID, Namespace: p.Namespace, Scopes: p.Scopes}),
 		AuthEnabled: true,
 	}, nil
 }

@@ -18,6 +18,7 @@ import (
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/tenancy"
 )
@@ -472,7 +473,7 @@ func TestAutoCreate(t *testing.T) {
 	e := newTenEnv(t)
 	r := e.replica(tenOpts{
 		tenancy: func(c *tenancy.Config) { c.AutoCreate = true },
-		server:  func(o *server.Options) { o.Auth = server.AuthOptions{Disabled: true} },
+		server:  func(o *server.Options) { o.Auth = guard.AuthOptions{Disabled: true} },
 	})
 	ns := "auto-" + testkit.Suffix()
 	t.Cleanup(func() { e.drop(ns) })

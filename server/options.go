@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/delayd/delayd/dispatcher"
+	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -26,33 +27,9 @@ type Recent interface {
 	Deliveries(ns string) storage.RecentDeliveries
 }
 
-// Tenancy is what the server asks of the namespace registry: the stored
-// namespaces and keys (NamespaceService), effective policies on the hot
-// paths, cached key lookups for authentication, and the server defaults.
-// *tenancy.Registry implements it.
-type Tenancy interface {
-	storage.Registry
-	// Namespace is the one lookup: ns with its effective policy (defaults
-	// filled in) and create time (its incarnation), from a short-lived
-	// cache; storage.ErrNotFound for an unknown namespace, unless create is
-	// set and the registry auto-creates. Calls that put a namespace to use
-	// (upserts, Subscribe) pass create; checks that run before the handler
-	// (rate limit, subscriber limit, quota), reads, verdicts and a stream's
-	// re-check do not, so a request refused for another reason creates
-	// nothing.
-	Namespace(ctx context.Context, ns string, create bool) (storage.Namespace, error)
-	// ForgetNamespace drops ns and the cached API keys of ns, so the next
-	// lookups read the store (an upsert learnt that the cached incarnation
-	// has ended). The registry also drops a namespace's keys by itself when
-	// a refresh finds the namespace deleted or re-created.
-	ForgetNamespace(ns string)
-	// Key returns the API key with that id, from a short-lived cache.
-	// storage.ErrNotFound if there is none.
-	Key(ctx context.Context, id string) (storage.Key, error)
-	// Defaults returns the server default policy: what a zero policy field
-	// of a namespace means.
-	Defaults() storage.Policy
-}
+// Tenancy is namespaces and keys as the server and its guard read them
+// (guard.Tenancy: the registry, its cached lookups, the policy defaults).
+type Tenancy = guard.Tenancy
 
 // Subscriptions is what the server asks of the dispatcher: serve a Subscribe
 // stream, and hear about what the RPCs did to deliveries and due times.
@@ -140,7 +117,7 @@ type Options struct {
 
 	// Auth configures API-key authentication; see AuthOptions for when it
 	// is on. ResolveAuth builds it from the daemon's flags.
-	Auth AuthOptions
+	Auth guard.AuthOptions
 	// PushAllow, if set and enabled, is the operator's list of HTTP push
 	// destinations: a namespace policy may set push only to a URL it
 	// admits (*push.Allow implements it). If nil or empty, push is

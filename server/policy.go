@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -134,7 +135,7 @@ func intField[W ~int32 | ~int64, D ~int | ~int32 | ~int64](name string, quota bo
 		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
 			n := wire(src)
 			if n != 0 && (n < lo || n > hi) {
-				return invalidf(f, "is %d; allowed: %s", n, allowed)
+				return rpcerr.Invalidf(f, "is %d; allowed: %s", n, allowed)
 			}
 			*field(dst) = D(n)
 			return nil
@@ -151,7 +152,7 @@ func floatField(name string, quota bool, wire func(*delaydv1.NamespacePolicy) fl
 		set: func(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error {
 			r := wire(src)
 			if r != 0 && !(r >= lo && r <= hi) { // NaN fails too
-				return invalidf(f, "is %g; allowed: %s", r, allowed)
+				return rpcerr.Invalidf(f, "is %g; allowed: %s", r, allowed)
 			}
 			*field(dst) = r
 			return nil
@@ -198,16 +199,16 @@ func setPush(dst *storage.Policy, src *delaydv1.NamespacePolicy, f string) error
 	p := src.GetPush()
 	if p.GetUrl() == "" {
 		if p.GetSecret() != "" {
-			return invalidf(f+".url", "is empty while a secret is given; allowed: the URL to push to, or no push at all (no url, no secret) to turn push off")
+			return rpcerr.Invalidf(f+".url", "is empty while a secret is given; allowed: the URL to push to, or no push at all (no url, no secret) to turn push off")
 		}
 		dst.Push = storage.PushTarget{}
 		return nil
 	}
 	if n := len(p.GetUrl()); n > maxPushURLBytes {
-		return invalidf(f+".url", "is %d bytes; allowed: at most %d", n, maxPushURLBytes)
+		return rpcerr.Invalidf(f+".url", "is %d bytes; allowed: at most %d", n, maxPushURLBytes)
 	}
 	if n := len(p.GetSecret()); n > 0 && (n < minPushSecretBytes || n > maxPushSecretBytes) {
-		return invalidf(f+".secret", "is %d bytes; allowed: %d-%d bytes (a random string of at least 32 characters is best)", n, minPushSecretBytes, maxPushSecretBytes)
+		return rpcerr.Invalidf(f+".secret", "is %d bytes; allowed: %d-%d bytes (a random string of at least 32 characters is best)", n, minPushSecretBytes, maxPushSecretBytes)
 	}
 	dst.Push.URL = p.GetUrl()
 	if p.GetSecret() != "" {
@@ -223,14 +224,14 @@ func policyDuration(field string, d *durationpb.Duration, lo, hi time.Duration, 
 		return 0, nil
 	}
 	if err := d.CheckValid(); err != nil {
-		return 0, invalidf(field, "is not a valid duration; allowed: %s, or 0 for the server default", allowed)
+		return 0, rpcerr.Invalidf(field, "is not a valid duration; allowed: %s, or 0 for the server default", allowed)
 	}
 	v := d.AsDuration().Truncate(time.Millisecond)
 	if v == 0 && d.GetSeconds() == 0 && d.GetNanos() == 0 {
 		return 0, nil
 	}
 	if v < lo || v > hi {
-		return 0, invalidf(field, "is %s; allowed: %s, or 0 for the server default", d.AsDuration(), allowed)
+		return 0, rpcerr.Invalidf(field, "is %s; allowed: %s, or 0 for the server default", d.AsDuration(), allowed)
 	}
 	return v, nil
 }

@@ -1,6 +1,6 @@
 // Package server is delayd's gRPC edge: it validates requests, converts
 // between the delayd.v1 wire types and the storage domain types, maps errors
-// to status codes (one function, toStatus) and serves TaskService,
+// to status codes (one function, rpcerr.ToStatus) and serves TaskService,
 // DeliveryService and NamespaceService, plus the standard health service and
 // server reflection.
 //
@@ -10,7 +10,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -30,9 +29,10 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/guard"
+	"github.com/delayd/delayd/server/rpcerr"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -90,9 +90,7 @@ type Server struct {
 	conns  *connRegistry // both listeners' connections (conns.go)
 
 	// The HTTP edge (http.go).
-	tap         tap.ServerInHandle // nil when auth is off
-	tlsConfig   *tls.Config
-	refused     *handshakeLog
+	guard       *guard.Guard
 	limits      Limits
 	mu          sync.Mutex
 	httpSrv     []*http.Server
@@ -155,15 +153,19 @@ func New(opts Options) (*Server, error) {
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinClientPing, PermitWithoutStream: true}),
 	)
-	// The guard (guard.go) runs inside recovery and logging (chained
+	// The guard (package guard) runs inside recovery and logging (chained
 	// interceptors accumulate in order).
-	g := newGuard(opts)
-	serverOpts = append(serverOpts, g.serverOptions()...)
+	g := guard.New(guard.Config{
+		Logger: opts.Logger, Clock: opts.Clock, Store: opts.Store, Tenancy: opts.Tenancy,
+		SharedLimits: opts.SharedLimits, MaxStreamsPerKey: opts.Limits.MaxStreamsPerKey,
+		Auth: opts.Auth, TLS: opts.TLS,
+	})
+	serverOpts = append(serverOpts, g.ServerOptions()...)
 	gs := grpc.NewServer(serverOpts...)
 
 	delaydv1.RegisterTaskServiceServer(gs, newTaskService(opts))
 	delaydv1.RegisterDeliveryServiceServer(gs, newDeliveryService(opts))
-	delaydv1.RegisterNamespaceServiceServer(gs, newNamespaceService(opts, g.streams))
+	delaydv1.RegisterNamespaceServiceServer(gs, newNamespaceService(opts, g))
 
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -172,7 +174,7 @@ func New(opts Options) (*Server, error) {
 	}
 
 	s := &Server{grpc: gs, health: hs, logger: opts.Logger, conns: conns,
-		tap: g.tap, tlsConfig: g.tls, refused: g.refused, limits: opts.Limits}
+		guard: g, limits: opts.Limits}
 	s.SetServing(false)
 	return s, nil
 }
@@ -186,7 +188,7 @@ func interceptors(logger *slog.Logger, cl CallLog, codec *admissionCodec) ([]grp
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		method, _ := grpc.Method(ctx)
 		logger.ErrorContext(ctx, "panic in handler", "grpc.method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-		return status.Error(codes.Internal, msgInternal)
+		return status.Error(codes.Internal, rpcerr.MsgInternal)
 	})
 	calls := newCallLogger(logger, cl)
 	unary := []grpc.UnaryServerInterceptor{

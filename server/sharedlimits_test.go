@@ -12,6 +12,7 @@ import (
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -157,7 +158,7 @@ func TestLimitsIgnoreInvalidNamespaces(t *testing.T) {
 	// name before the limits run.
 	r := e.replica(tenOpts{server: func(o *server.Options) {
 		o.SharedLimits = lim
-		o.Auth = server.AuthOptions{Disabled: true}
+		o.Auth = guard.AuthOptions{Disabled: true}
 	}})
 	const bad = "Not A Namespace"
 	ctx, cancel := context.WithTimeout(admin(), 10*time.Second)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/delayd/delayd/dispatcher"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -30,7 +31,7 @@ const (
 // StreamDeliveries is Subscribe with batched deliveries and the verdicts on
 // the same stream (see the proto). The first request opens the stream; the
 // stream goes through the same interceptors as Subscribe: auth on the first
-// request, and the stream guard (streamguard.go), which holds the per-key
+// request, and the stream guard (guard/streamguard.go), which holds the per-key
 // and per-namespace stream caps and ends the stream when its key is revoked
 // or its namespace deleted. The
 // dispatcher's Serve sends the deliveries from this goroutine; a receiver
@@ -62,7 +63,7 @@ func (s *deliveryService) StreamDeliveries(stream delaydv1.DeliveryService_Strea
 	case maxBatch == 0:
 		maxBatch = DefaultStreamBatch
 	case maxBatch < 0 || maxBatch > MaxStreamBatch:
-		return toStatus(ctx, s.logger, invalidf("max_batch", "is %d; allowed: 1-%d, or 0 for %d", maxBatch, MaxStreamBatch, DefaultStreamBatch))
+		return rpcerr.ToStatus(ctx, s.logger, rpcerr.Invalidf("max_batch", "is %d; allowed: 1-%d, or 0 for %d", maxBatch, MaxStreamBatch, DefaultStreamBatch))
 	}
 	out := newStreamSender(stream)
 	defer out.close()
@@ -143,13 +144,13 @@ func (s *deliveryService) streamReceive(ctx context.Context, cancel context.Canc
 			return
 		}
 		if n := req.GetNamespace(); n != "" && n != ns {
-			cancel(receiverEnd{toStatus(ctx, s.logger, invalidf("namespace", "is %q on a stream opened for %q; allowed: empty or the stream's namespace", n, ns))})
+			cancel(receiverEnd{rpcerr.ToStatus(ctx, s.logger, rpcerr.Invalidf("namespace", "is %q on a stream opened for %q; allowed: empty or the stream's namespace", n, ns))})
 			return
 		}
 		if m := req.GetMaxInFlight(); m != 0 {
 			v, err := s.inFlight(m)
 			if err != nil {
-				cancel(receiverEnd{toStatus(ctx, s.logger, err)})
+				cancel(receiverEnd{rpcerr.ToStatus(ctx, s.logger, err)})
 				return
 			}
 			select { // the latest value wins
@@ -195,7 +196,7 @@ func (s *deliveryService) applyVerdicts(ctx context.Context, ns string, req *del
 		return nil, nil
 	}
 	if total > s.limits.MaxBatch {
-		return nil, toStatus(ctx, s.logger, invalidf("ack_tokens", "with nacks and extends has %d tokens; allowed: at most %d per request", total, s.limits.MaxBatch))
+		return nil, rpcerr.ToStatus(ctx, s.logger, rpcerr.Invalidf("ack_tokens", "with nacks and extends has %d tokens; allowed: at most %d per request", total, s.limits.MaxBatch))
 	}
 	resp := &delaydv1.StreamDeliveriesResponse{}
 	if toks := req.GetAckTokens(); len(toks) > 0 {

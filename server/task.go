@@ -11,9 +11,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/guard"
+	"github.com/delayd/delayd/server/rpcerr"
+	"github.com/delayd/delayd/server/wire"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/tenancy"
 )
@@ -54,7 +56,7 @@ func newTaskService(opts Options) *taskService {
 func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRequest) (*delaydv1.UpsertTaskResponse, error) {
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	n, err := s.namespace(ctx, ns)
 	if err != nil {
@@ -67,23 +69,23 @@ func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRe
 	spec.TraceParent = traceParent(ctx)
 	spec.NamespaceIncarnation = incarnationOf(n)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	results, err := s.tasks.Upsert(ctx, ns, []storage.UpsertSpec{spec})
 	if err != nil {
 		return nil, s.upsertFailed(ctx, ns, fmt.Errorf("upsert: %w", err))
 	}
 	if len(results) != 1 {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("upsert: store returned %d results for 1 spec", len(results)))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("upsert: store returned %d results for 1 spec", len(results)))
 	}
 	r := results[0]
 	if err := r.Conflict(spec); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if r.Earliest {
 		s.notify(ns)
 	}
-	return &delaydv1.UpsertTaskResponse{Task: taskToProto(r.Task), Created: r.Created}, nil
+	return &delaydv1.UpsertTaskResponse{Task: wire.Task(r.Task), Created: r.Created}, nil
 }
 
 // BatchUpsertTasks validates every item, upserts the valid ones in one store
@@ -93,14 +95,14 @@ func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRe
 func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchUpsertTasksRequest) (*delaydv1.BatchUpsertTasksResponse, error) {
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	items := req.GetTasks()
 	if err := validateBatchSize("tasks", len(items), s.maxBatch); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	if err := validateBatchPayload(items, s.maxPayload); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	n, err := s.namespace(ctx, ns)
 	if err != nil {
@@ -119,7 +121,7 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 	for i, item := range items {
 		spec, err := upsertSpec(fmt.Sprintf("tasks[%d].", i), item, ns, pol, now)
 		if err != nil {
-			st, _ := status.FromError(toStatus(ctx, s.logger, err))
+			st, _ := status.FromError(rpcerr.ToStatus(ctx, s.logger, err))
 			out[i] = &delaydv1.BatchUpsertTaskResult{Error: &delaydv1.ItemError{Code: int32(st.Code()), Message: st.Message()}}
 			continue
 		}
@@ -134,22 +136,22 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 			return nil, s.upsertFailed(ctx, ns, fmt.Errorf("batch upsert: %w", err))
 		}
 		if len(results) != len(specs) {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("batch upsert: store returned %d results for %d specs", len(results), len(specs)))
+			return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("batch upsert: store returned %d results for %d specs", len(results), len(specs)))
 		}
 		earliest := false
 		for k, r := range results {
 			if err := r.Conflict(specs[k]); err != nil {
 				// A failed condition: the item's error, with the task as
 				// stored (none when there is none).
-				st, _ := status.FromError(toStatus(ctx, s.logger, err))
+				st, _ := status.FromError(rpcerr.ToStatus(ctx, s.logger, err))
 				res := &delaydv1.BatchUpsertTaskResult{Error: &delaydv1.ItemError{Code: int32(st.Code()), Message: st.Message()}}
 				if r.Task.ID != "" {
-					res.Task = taskToProto(r.Task)
+					res.Task = wire.Task(r.Task)
 				}
 				out[index[k]] = res
 				continue
 			}
-			out[index[k]] = &delaydv1.BatchUpsertTaskResult{Task: taskToProto(r.Task), Created: r.Created}
+			out[index[k]] = &delaydv1.BatchUpsertTaskResult{Task: wire.Task(r.Task), Created: r.Created}
 			earliest = earliest || r.Earliest
 		}
 		if earliest {
@@ -164,20 +166,20 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 func (s *taskService) RemoveTask(ctx context.Context, req *delaydv1.RemoveTaskRequest) (*delaydv1.RemoveTaskResponse, error) {
 	ns, id := req.GetNamespace(), req.GetId()
 	if err := validateNamespaceAndID(ns, id); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	ifVersion, err := ifVersionOf("", req.GetIfGeneration(), req.GetIfIncarnation())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	prev, err := s.tasks.Remove(ctx, ns, id, ifVersion)
 	if errors.Is(err, storage.ErrNotFound) {
 		return &delaydv1.RemoveTaskResponse{}, nil
 	}
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("remove: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("remove: %w", err))
 	}
-	return &delaydv1.RemoveTaskResponse{Removed: true, PreviousState: stateToProto(prev)}, nil
+	return &delaydv1.RemoveTaskResponse{Removed: true, PreviousState: wire.State(prev)}, nil
 }
 
 // RemoveTasks deletes the named tasks, or one bounded page of the tasks a
@@ -185,25 +187,25 @@ func (s *taskService) RemoveTask(ctx context.Context, req *delaydv1.RemoveTaskRe
 func (s *taskService) RemoveTasks(ctx context.Context, req *delaydv1.RemoveTasksRequest) (*delaydv1.RemoveTasksResponse, error) {
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	p, err := removeTasksParams(req)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	res, err := s.tasks.RemoveTasks(ctx, ns, p)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("remove tasks: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("remove tasks: %w", err))
 	}
 	resp := &delaydv1.RemoveTasksResponse{Removed: res.Removed, NextPageToken: encodeRemoveToken(ns, p.Filter, res.Next)}
 	if len(p.IDs) > 0 {
 		if len(res.States) != len(p.IDs) {
-			return nil, toStatus(ctx, s.logger, fmt.Errorf("remove tasks: the store answered %d states for %d ids", len(res.States), len(p.IDs)))
+			return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("remove tasks: the store answered %d states for %d ids", len(res.States), len(p.IDs)))
 		}
 		resp.Results = make([]*delaydv1.RemoveTaskResult, len(p.IDs))
 		for i, id := range p.IDs {
 			st := res.States[i]
-			resp.Results[i] = &delaydv1.RemoveTaskResult{Id: id, Removed: st != storage.StateUnspecified, PreviousState: stateToProto(st)}
+			resp.Results[i] = &delaydv1.RemoveTaskResult{Id: id, Removed: st != storage.StateUnspecified, PreviousState: wire.State(st)}
 		}
 	}
 	return resp, nil
@@ -213,52 +215,52 @@ func (s *taskService) RemoveTasks(ctx context.Context, req *delaydv1.RemoveTasks
 func (s *taskService) GetTask(ctx context.Context, req *delaydv1.GetTaskRequest) (*delaydv1.GetTaskResponse, error) {
 	ns, id := req.GetNamespace(), req.GetId()
 	if err := validateNamespaceAndID(ns, id); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	t, err := s.tasks.Get(ctx, ns, id)
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "task %q not found in namespace %q", id, ns)
 	}
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("get: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("get: %w", err))
 	}
-	return &delaydv1.GetTaskResponse{Task: taskToProto(t)}, nil
+	return &delaydv1.GetTaskResponse{Task: wire.Task(t)}, nil
 }
 
 // ListTasks returns one page of the tasks of one state.
 func (s *taskService) ListTasks(ctx context.Context, req *delaydv1.ListTasksRequest) (*delaydv1.ListTasksResponse, error) {
 	ns := req.GetNamespace()
 	if err := validateNamespace("namespace", ns); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	state, err := listState(req.GetState())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	size, err := pageSize(req.GetPageSize())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	cursor, err := decodePageToken(req.GetPageToken(), ns, state)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	noPayload, err := taskView(req.GetView())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	tasks, next, err := s.tasks.List(ctx, ns, storage.ListParams{
 		State: state, Limit: size, Cursor: cursor, MaxBytes: s.maxList, NoPayload: noPayload,
 	})
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("list: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("list: %w", err))
 	}
 	resp := &delaydv1.ListTasksResponse{
 		Tasks:         make([]*delaydv1.Task, len(tasks)),
 		NextPageToken: encodePageToken(ns, state, next),
 	}
 	for i, t := range tasks {
-		resp.Tasks[i] = taskToProto(t)
+		resp.Tasks[i] = wire.Task(t)
 	}
 	return resp, nil
 }
@@ -280,20 +282,20 @@ func (s *taskService) namespace(ctx context.Context, ns string) (storage.Namespa
 // keys from the cache, and a key deleted with its namespace must not write
 // into a namespace re-created under the same name. A cache hit otherwise.
 func (s *taskService) keyStillValid(ctx context.Context) error {
-	p := principalFrom(ctx)
-	if p == nil || p.global() {
+	p := guard.PrincipalFrom(ctx)
+	if p == nil || p.Global() {
 		return nil
 	}
-	_, err := s.tenancy.Key(ctx, p.keyID)
+	_, err := s.tenancy.Key(ctx, p.KeyID)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, storage.ErrNotFound):
-		return status.Errorf(codes.Unauthenticated, "API key %s was revoked (or deleted with its namespace)", p.keyID)
+		return status.Errorf(codes.Unauthenticated, "API key %s was revoked (or deleted with its namespace)", p.KeyID)
 	case errors.Is(err, tenancy.ErrTooManyKeyMisses):
-		return errKeyFlood
+		return guard.ErrKeyFlood
 	}
-	return toStatus(ctx, s.logger, fmt.Errorf("key: %w", err))
+	return rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("key: %w", err))
 }
 
 // incarnationOf is the namespace incarnation upserts name: the create time
@@ -312,7 +314,7 @@ func incarnationOf(n storage.Namespace) int64 {
 // (Aborted: retrying writes into the new namespace, if the key may).
 func (s *taskService) upsertFailed(ctx context.Context, ns string, err error) error {
 	if !errors.Is(err, storage.ErrNamespaceEnded) {
-		return toStatus(ctx, s.logger, err)
+		return rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	s.tenancy.ForgetNamespace(ns)
 	if _, lerr := s.tenancy.Namespace(ctx, ns, false); lerr == nil {
@@ -332,28 +334,6 @@ func validateNamespaceAndID(ns, id string) error {
 	return validateTaskID("id", id)
 }
 
-// taskToProto converts a stored task to its wire form; zero times are left
-// unset.
-func taskToProto(t storage.Task) *delaydv1.Task {
-	return &delaydv1.Task{
-		Namespace:     t.Namespace,
-		Id:            t.ID,
-		Kind:          t.Kind,
-		Payload:       t.Payload,
-		DueTime:       timeToProto(t.DueTime),
-		State:         stateToProto(t.State),
-		Attempt:       t.Attempt,
-		Generation:    t.Generation,
-		CreateTime:    timeToProto(t.CreateTime),
-		UpdateTime:    timeToProto(t.UpdateTime),
-		LastError:     t.LastError,
-		LeaseDeadline: timeToProto(t.LeaseDeadline),
-		DeadTime:      timeToProto(t.DeadTime),
-		Traceparent:   t.TraceParent,
-		Incarnation:   t.Incarnation,
-	}
-}
-
 // traceParent returns the W3C traceparent of the span ctx carries (the
 // OpenTelemetry server span of this call, when the server traces), or ""
 // when there is none.
@@ -366,26 +346,19 @@ func traceParent(ctx context.Context) string {
 	return c["traceparent"]
 }
 
-func timeToProto(t time.Time) *timestamppb.Timestamp {
-	if t.IsZero() {
-		return nil
-	}
-	return timestamppb.New(t)
-}
-
 // GetTaskHistory pages through one task's events, oldest first.
 func (s *taskService) GetTaskHistory(ctx context.Context, req *delaydv1.GetTaskHistoryRequest) (*delaydv1.GetTaskHistoryResponse, error) {
 	ns, id := req.GetNamespace(), req.GetId()
 	if err := validateNamespaceAndID(ns, id); err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	size, err := pageSize(req.GetPageSize())
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	cursor, err := decodePageToken(req.GetPageToken(), historyTokenScope(ns, id), historyTokenState)
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, err)
+		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
 	pol, err := lookupPolicy(ctx, s.tenancy, s.logger, ns)
 	if err != nil {
@@ -393,10 +366,10 @@ func (s *taskService) GetTaskHistory(ctx context.Context, req *delaydv1.GetTaskH
 	}
 	events, next, err := s.history.TaskHistory(ctx, ns, storage.HistoryParams{ID: id, Limit: size, Cursor: cursor, MaxBytes: s.maxList})
 	if errors.Is(err, storage.ErrInvalidCursor) {
-		return nil, toStatus(ctx, s.logger, invalidf("page_token", "is not a token this server issued; start again with an empty page_token"))
+		return nil, rpcerr.ToStatus(ctx, s.logger, rpcerr.Invalidf("page_token", "is not a token this server issued; start again with an empty page_token"))
 	}
 	if err != nil {
-		return nil, toStatus(ctx, s.logger, fmt.Errorf("task history: %w", err))
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("task history: %w", err))
 	}
 	resp := &delaydv1.GetTaskHistoryResponse{
 		Events:         make([]*delaydv1.TaskEvent, len(events)),

@@ -21,6 +21,7 @@ import (
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/storagefake"
 )
@@ -71,7 +72,7 @@ func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	e := &tskEnv{ns: "tsk-" + testkit.Suffix(), clock: store, store: &countingTasks{Store: store}}
 	e.server, err = server.New(server.Options{
 		Store: e.store, Tenancy: staticTenancy{policy: pol}, Subscriptions: d, History: store,
-		Auth: server.AuthOptions{Disabled: true}, Limits: o.limits,
+		Auth: guard.AuthOptions{Disabled: true}, Limits: o.limits,
 	})
 	if err != nil {
 		t.Fatal(err)

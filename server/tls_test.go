@@ -27,6 +27,7 @@ import (
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
+	"github.com/delayd/delayd/server/guard"
 )
 
 // testCA is a certificate authority made inside the test.
@@ -153,7 +154,7 @@ func health(t *testing.T, addr string, creds credentials.TransportCredentials) e
 func TestTLS(t *testing.T) {
 	t.Parallel()
 	f := newTLSFixture(t)
-	cfg, err := server.LoadTLSConfig(f.certFile, f.keyFile, "", nil)
+	cfg, err := guard.LoadTLSConfig(f.certFile, f.keyFile, "", nil)
 	if err != nil {
 		t.Fatalf("LoadTLSConfig: %v", err)
 	}
@@ -179,7 +180,7 @@ func TestTLS(t *testing.T) {
 func TestMutualTLS(t *testing.T) {
 	t.Parallel()
 	f := newTLSFixture(t)
-	cfg, err := server.LoadTLSConfig(f.certFile, f.keyFile, f.caFile, nil)
+	cfg, err := guard.LoadTLSConfig(f.certFile, f.keyFile, f.caFile, nil)
 	if err != nil {
 		t.Fatalf("LoadTLSConfig: %v", err)
 	}
@@ -219,7 +220,7 @@ func TestLoadTLSConfigErrors(t *testing.T) {
 		"client CA junk":   {f.certFile, f.keyFile, junk},
 		"client CA absent": {f.certFile, f.keyFile, filepath.Join(dir, "nope.pem")},
 	} {
-		if _, err := server.LoadTLSConfig(args[0], args[1], args[2], nil); err == nil {
+		if _, err := guard.LoadTLSConfig(args[0], args[1], args[2], nil); err == nil {
 			t.Errorf("%s: LoadTLSConfig succeeded", name)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -30,19 +31,19 @@ const (
 var minDueTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Validation happens at the edge, before any store call. Every error is a
-// *fieldError naming the field (with its index inside a batch, e.g.
+// *rpcerr.FieldError naming the field (with its index inside a batch, e.g.
 // "tasks[3].id") and what is allowed.
 
 func validateNamespace(field, ns string) error {
 	if err := storage.ValidateNamespace(ns); err != nil {
-		return invalidWrap(field, err)
+		return rpcerr.InvalidWrap(field, err)
 	}
 	return nil
 }
 
 func validateTaskID(field, id string) error {
 	if err := storage.ValidateTaskID(id); err != nil {
-		return invalidWrap(field, err)
+		return rpcerr.InvalidWrap(field, err)
 	}
 	return nil
 }
@@ -51,14 +52,14 @@ func validateTaskID(field, id string) error {
 // UTF-8 (no control characters).
 func validateKind(field, kind string) error {
 	if !utf8.ValidString(kind) {
-		return invalidf(field, "is not valid UTF-8; allowed: at most %d printable characters", maxKindLen)
+		return rpcerr.Invalidf(field, "is not valid UTF-8; allowed: at most %d printable characters", maxKindLen)
 	}
 	if n := utf8.RuneCountInString(kind); n > maxKindLen {
-		return invalidf(field, "is %d characters long; at most %d printable characters are allowed", n, maxKindLen)
+		return rpcerr.Invalidf(field, "is %d characters long; at most %d printable characters are allowed", n, maxKindLen)
 	}
 	for i, r := range kind {
 		if !unicode.IsPrint(r) {
-			return invalidf(field, "has the non-printable character %U at byte %d; allowed: at most %d printable characters", r, i, maxKindLen)
+			return rpcerr.Invalidf(field, "has the non-printable character %U at byte %d; allowed: at most %d printable characters", r, i, maxKindLen)
 		}
 	}
 	return nil
@@ -66,7 +67,7 @@ func validateKind(field, kind string) error {
 
 func validatePayload(field string, payload []byte, limit int) error {
 	if limit > 0 && len(payload) > limit {
-		return invalidf(field, "is %d bytes; at most %d bytes are allowed in this namespace", len(payload), limit)
+		return rpcerr.Invalidf(field, "is %d bytes; at most %d bytes are allowed in this namespace", len(payload), limit)
 	}
 	return nil
 }
@@ -78,7 +79,7 @@ func validatePayload(field string, payload []byte, limit int) error {
 // store resolves delays with its own clock.
 func upsertSpec(prefix string, req *delaydv1.UpsertTaskRequest, batchNS string, pol storage.Policy, now time.Time) (storage.UpsertSpec, error) {
 	if batchNS != "" && req.GetNamespace() != "" && req.GetNamespace() != batchNS {
-		return storage.UpsertSpec{}, invalidf(prefix+"namespace", "is %q; it must be empty or equal the batch namespace %q", req.GetNamespace(), batchNS)
+		return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"namespace", "is %q; it must be empty or equal the batch namespace %q", req.GetNamespace(), batchNS)
 	}
 	if err := validateTaskID(prefix+"id", req.GetId()); err != nil {
 		return storage.UpsertSpec{}, err
@@ -94,43 +95,43 @@ func upsertSpec(prefix string, req *delaydv1.UpsertTaskRequest, batchNS string, 
 		return storage.UpsertSpec{}, err
 	}
 	if req.GetCreateOnly() && req.GetIfGeneration() != 0 {
-		return storage.UpsertSpec{}, invalidf(prefix+"if_generation", "is %d with create_only set; set at most one of them (create_only expects no task, if_generation an existing one)", req.GetIfGeneration())
+		return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"if_generation", "is %d with create_only set; set at most one of them (create_only expects no task, if_generation an existing one)", req.GetIfGeneration())
 	}
 	spec := storage.UpsertSpec{ID: req.GetId(), Kind: req.GetKind(), Payload: req.GetPayload(),
 		CreateOnly: req.GetCreateOnly(), IfGeneration: ifv.Generation, IfIncarnation: ifv.Incarnation}
 	switch w := req.GetWhen().(type) {
 	case *delaydv1.UpsertTaskRequest_DueTime:
 		if err := w.DueTime.CheckValid(); err != nil {
-			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is not a valid timestamp; allowed: 0001-01-01 to 9999-12-31 UTC")
+			return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"due_time", "is not a valid timestamp; allowed: 0001-01-01 to 9999-12-31 UTC")
 		}
 		due := w.DueTime.AsTime()
 		if due.Before(minDueTime) {
 			// The epoch and year 1 are what an unset time field turns into
 			// in many clients; a store could not read them back as sent.
-			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is %s; allowed: %s or later (a past time means due now), or use delay",
+			return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"due_time", "is %s; allowed: %s or later (a past time means due now), or use delay",
 				due.Format(time.RFC3339), minDueTime.Format(time.RFC3339))
 		}
 		if pol.MaxDelay > 0 && due.Sub(now) > pol.MaxDelay {
-			return storage.UpsertSpec{}, invalidf(prefix+"due_time", "is %s; at most %s ahead (the namespace's horizon, until %s) is allowed",
+			return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"due_time", "is %s; at most %s ahead (the namespace's horizon, until %s) is allowed",
 				due.UTC().Format(time.RFC3339), humanDuration(pol.MaxDelay), now.Add(pol.MaxDelay).UTC().Format(time.RFC3339))
 		}
 		// A time in the past means due now.
 		spec.DueTime = due
 	case *delaydv1.UpsertTaskRequest_Delay:
 		if err := w.Delay.CheckValid(); err != nil {
-			return storage.UpsertSpec{}, invalidf(prefix+"delay", "is not a valid duration; allowed: 0 to the namespace's horizon (%s)", humanDuration(pol.MaxDelay))
+			return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"delay", "is not a valid duration; allowed: 0 to the namespace's horizon (%s)", humanDuration(pol.MaxDelay))
 		}
 		d := w.Delay.AsDuration()
 		if d < 0 {
-			return storage.UpsertSpec{}, invalidf(prefix+"delay", "is %s; it must not be negative (use 0s for due now)", d)
+			return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"delay", "is %s; it must not be negative (use 0s for due now)", d)
 		}
 		if pol.MaxDelay > 0 && d > pol.MaxDelay {
-			return storage.UpsertSpec{}, invalidf(prefix+"delay", "is %s; at most %s (the namespace's horizon) is allowed",
+			return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"delay", "is %s; at most %s (the namespace's horizon) is allowed",
 				humanDuration(d), humanDuration(pol.MaxDelay))
 		}
 		spec.Delay = d
 	default:
-		return storage.UpsertSpec{}, invalidf(prefix+"due_time", "or %sdelay is required: set exactly one of them", prefix)
+		return storage.UpsertSpec{}, rpcerr.Invalidf(prefix+"due_time", "or %sdelay is required: set exactly one of them", prefix)
 	}
 	return spec, nil
 }
@@ -138,10 +139,10 @@ func upsertSpec(prefix string, req *delaydv1.UpsertTaskRequest, batchNS string, 
 // validateBatchSize checks the number of items of a batch call.
 func validateBatchSize(field string, n, limit int) error {
 	if n == 0 {
-		return invalidf(field, "is empty; 1-%d items are allowed", limit)
+		return rpcerr.Invalidf(field, "is empty; 1-%d items are allowed", limit)
 	}
 	if n > limit {
-		return invalidf(field, "has %d items; at most %d are allowed", n, limit)
+		return rpcerr.Invalidf(field, "has %d items; at most %d are allowed", n, limit)
 	}
 	return nil
 }
@@ -155,7 +156,7 @@ func validateBatchPayload(items []*delaydv1.UpsertTaskRequest, limit int) error 
 		total += len(it.GetPayload())
 	}
 	if limit > 0 && total > limit {
-		return invalidf("tasks", "carry %d payload bytes in total; at most %d are allowed in one call: split the batch", total, limit)
+		return rpcerr.Invalidf("tasks", "carry %d payload bytes in total; at most %d are allowed in one call: split the batch", total, limit)
 	}
 	return nil
 }
@@ -166,7 +167,7 @@ func pageSize(n int32) (int, error) {
 	case n == 0:
 		return defaultPageSize, nil
 	case n < 0 || n > maxPageSize:
-		return 0, invalidf("page_size", "is %d; allowed: 1-%d, or 0 for %d", n, maxPageSize, defaultPageSize)
+		return 0, rpcerr.Invalidf("page_size", "is %d; allowed: 1-%d, or 0 for %d", n, maxPageSize, defaultPageSize)
 	}
 	return int(n), nil
 }
@@ -180,7 +181,7 @@ func taskView(v delaydv1.TaskView) (noPayload bool, err error) {
 	case delaydv1.TaskView_TASK_VIEW_BASIC:
 		return true, nil
 	}
-	return false, invalidf("view", "is %d; allowed: TASK_VIEW_BASIC (no payloads), TASK_VIEW_FULL, or unset for FULL", int32(v))
+	return false, rpcerr.Invalidf("view", "is %d; allowed: TASK_VIEW_BASIC (no payloads), TASK_VIEW_FULL, or unset for FULL", int32(v))
 }
 
 // listState resolves ListTasks' state: UNSPECIFIED means SCHEDULED.
@@ -193,7 +194,7 @@ func listState(s delaydv1.TaskState) (storage.State, error) {
 	case delaydv1.TaskState_TASK_STATE_DEAD:
 		return storage.StateDead, nil
 	}
-	return 0, invalidf("state", "is %d; allowed: TASK_STATE_SCHEDULED, TASK_STATE_DELIVERED, TASK_STATE_DEAD (UNSPECIFIED means SCHEDULED)", int32(s))
+	return 0, rpcerr.Invalidf("state", "is %d; allowed: TASK_STATE_SCHEDULED, TASK_STATE_DELIVERED, TASK_STATE_DEAD (UNSPECIFIED means SCHEDULED)", int32(s))
 }
 
 // A ListTasks page token is opaque to clients. It carries the store's
@@ -222,7 +223,7 @@ func decodePageToken(token, ns string, state storage.State) (string, error) {
 		return "", nil
 	}
 	const again = "; start again with an empty page_token"
-	bad := invalidf("page_token", "is not a token this server issued"+again)
+	bad := rpcerr.Invalidf("page_token", "is not a token this server issued"+again)
 	if len(token) > maxPageTokenLen {
 		return "", bad
 	}
@@ -235,7 +236,7 @@ func decodePageToken(token, ns string, state storage.State) (string, error) {
 		return "", bad
 	}
 	if b[1] != byte(state) || string(b[3:3+n]) != ns {
-		return "", invalidf("page_token", "was issued for another namespace or state"+again)
+		return "", rpcerr.Invalidf("page_token", "was issued for another namespace or state"+again)
 	}
 	return string(b[3+n:]), nil
 }
@@ -258,13 +259,13 @@ func humanDuration(d time.Duration) string {
 // with if_generation). prefix is "" or "tasks[i]." inside a batch.
 func ifVersionOf(prefix string, gen, inc int64) (storage.Version, error) {
 	if gen < 0 {
-		return storage.Version{}, invalidf(prefix+"if_generation", "is %d; allowed: 0 (unconditional) or the generation last read (1 or more)", gen)
+		return storage.Version{}, rpcerr.Invalidf(prefix+"if_generation", "is %d; allowed: 0 (unconditional) or the generation last read (1 or more)", gen)
 	}
 	if inc < 0 {
-		return storage.Version{}, invalidf(prefix+"if_incarnation", "is %d; allowed: 0 (any) or the incarnation last read", inc)
+		return storage.Version{}, rpcerr.Invalidf(prefix+"if_incarnation", "is %d; allowed: 0 (any) or the incarnation last read", inc)
 	}
 	if inc != 0 && gen == 0 {
-		return storage.Version{}, invalidf(prefix+"if_incarnation", "is %d without if_generation; set if_generation too (the generation last read)", inc)
+		return storage.Version{}, rpcerr.Invalidf(prefix+"if_incarnation", "is %d without if_generation; set if_generation too (the generation last read)", inc)
 	}
 	return storage.Version{Generation: gen, Incarnation: inc}, nil
 }
@@ -279,15 +280,15 @@ func removeTasksParams(req *delaydv1.RemoveTasksRequest) (storage.RemoveTasksPar
 	ids, f := req.GetIds(), req.GetFilter()
 	switch {
 	case len(ids) > 0 && f != nil:
-		return storage.RemoveTasksParams{}, invalidf("filter", "is set together with ids; set exactly one of ids and filter")
+		return storage.RemoveTasksParams{}, rpcerr.Invalidf("filter", "is set together with ids; set exactly one of ids and filter")
 	case len(ids) == 0 && f == nil:
-		return storage.RemoveTasksParams{}, invalidf("ids", "or filter is required: set exactly one of them")
+		return storage.RemoveTasksParams{}, rpcerr.Invalidf("ids", "or filter is required: set exactly one of them")
 	case len(ids) > 0:
 		if len(ids) > maxRemoveIDs {
-			return storage.RemoveTasksParams{}, invalidf("ids", "has %d items; at most %d are allowed", len(ids), maxRemoveIDs)
+			return storage.RemoveTasksParams{}, rpcerr.Invalidf("ids", "has %d items; at most %d are allowed", len(ids), maxRemoveIDs)
 		}
 		if req.GetPageToken() != "" {
-			return storage.RemoveTasksParams{}, invalidf("page_token", "is set with ids; it only continues a filter")
+			return storage.RemoveTasksParams{}, rpcerr.Invalidf("page_token", "is set with ids; it only continues a filter")
 		}
 		for i, id := range ids {
 			if err := validateTaskID(fmt.Sprintf("ids[%d]", i), id); err != nil {
@@ -297,7 +298,7 @@ func removeTasksParams(req *delaydv1.RemoveTasksRequest) (storage.RemoveTasksPar
 		return storage.RemoveTasksParams{IDs: ids}, nil
 	}
 	if f.GetKind() == "" && f.GetIdPrefix() == "" && f.GetState() == delaydv1.TaskState_TASK_STATE_UNSPECIFIED {
-		return storage.RemoveTasksParams{}, invalidf("filter", "is empty; set at least one of kind, id_prefix and state (to drop every task of a namespace, delete the namespace with force)")
+		return storage.RemoveTasksParams{}, rpcerr.Invalidf("filter", "is empty; set at least one of kind, id_prefix and state (to drop every task of a namespace, delete the namespace with force)")
 	}
 	if err := validateKind("filter.kind", f.GetKind()); err != nil {
 		return storage.RemoveTasksParams{}, err
@@ -311,7 +312,7 @@ func removeTasksParams(req *delaydv1.RemoveTasksRequest) (storage.RemoveTasksPar
 	if f.GetState() != delaydv1.TaskState_TASK_STATE_UNSPECIFIED {
 		st, err := listState(f.GetState())
 		if err != nil {
-			return storage.RemoveTasksParams{}, invalidf("filter.state", "is %d; allowed: TASK_STATE_UNSPECIFIED (any), TASK_STATE_SCHEDULED, TASK_STATE_DELIVERED, TASK_STATE_DEAD", int32(f.GetState()))
+			return storage.RemoveTasksParams{}, rpcerr.Invalidf("filter.state", "is %d; allowed: TASK_STATE_UNSPECIFIED (any), TASK_STATE_SCHEDULED, TASK_STATE_DELIVERED, TASK_STATE_DEAD", int32(f.GetState()))
 		}
 		filter.State = st
 	}
@@ -351,10 +352,10 @@ func decodeRemoveToken(token, ns string, f storage.TaskFilter) (string, error) {
 	const again = "; start again with an empty page_token"
 	b, err := base64.RawURLEncoding.DecodeString(token)
 	if len(token) > maxPageTokenLen || err != nil || len(b) <= 9 || b[0] != removeTokenVersion {
-		return "", invalidf("page_token", "is not a token this server issued"+again)
+		return "", rpcerr.Invalidf("page_token", "is not a token this server issued"+again)
 	}
 	if !bytes.Equal(b[1:9], filterHash(ns, f)) {
-		return "", invalidf("page_token", "was issued for another namespace or filter"+again)
+		return "", rpcerr.Invalidf("page_token", "was issued for another namespace or filter"+again)
 	}
 	return string(b[9:]), nil
 }

@@ -3,12 +3,8 @@ package server
 import (
 	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
+	"github.com/delayd/delayd/server/wire"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -183,62 +181,6 @@ func TestPageTokenBoundToList(t *testing.T) {
 	}
 }
 
-func TestToStatus(t *testing.T) {
-	t.Parallel()
-	const secret = "dial tcp 10.1.2.3:6379: connect: connection refused"
-	rawStore := errors.New("ERR some redis text " + secret)
-	netErr := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-	tests := []struct {
-		name   string
-		err    error
-		code   codes.Code
-		msg    string
-		logged bool
-	}{
-		{"nil", nil, codes.OK, "", false},
-		{"field", invalidf("tasks[1].id", "is bad"), codes.InvalidArgument, "tasks[1].id is bad", false},
-		{"status passes", status.Error(codes.NotFound, "task \"x\" not found"), codes.NotFound, "task \"x\" not found", false},
-		{"not found", fmt.Errorf("get: %w", storage.ErrNotFound), codes.NotFound, msgNotFound, false},
-		{"unavailable", fmt.Errorf("upsert: %w: %s", storage.ErrUnavailable, secret), codes.Unavailable, msgUnavailable, true},
-		{"store deadline", fmt.Errorf("upsert: %w", context.DeadlineExceeded), codes.Unavailable, msgUnavailable, true},
-		{"net error", fmt.Errorf("get: %w", netErr), codes.Unavailable, msgUnavailable, true},
-		{"quota", fmt.Errorf("upsert: %w", storage.ErrQuotaExceeded), codes.ResourceExhausted, msgQuota, false},
-		{"exists", storage.ErrAlreadyExists, codes.AlreadyExists, msgExists, false},
-		{"not empty", storage.ErrNotEmpty, codes.FailedPrecondition, msgNotEmpty, false},
-		{"stale", storage.ErrStale, codes.Aborted, msgStale, false},
-		{"unknown", fmt.Errorf("list: %w", rawStore), codes.Internal, msgInternal, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var buf bytes.Buffer
-			logger := slog.New(slog.NewTextHandler(&buf, nil))
-			err := toStatus(context.Background(), logger, tt.err)
-			st := status.Convert(err)
-			if st.Code() != tt.code || st.Message() != tt.msg {
-				t.Fatalf("toStatus = %v %q, want %v %q", st.Code(), st.Message(), tt.code, tt.msg)
-			}
-			if strings.Contains(st.Message(), "10.1.2.3") || strings.Contains(st.Message(), "ERR") {
-				t.Fatalf("raw store text reached the client: %q", st.Message())
-			}
-			if logged := buf.Len() > 0; logged != tt.logged {
-				t.Fatalf("logged = %v (%q), want %v", logged, buf.String(), tt.logged)
-			}
-			if tt.logged && !strings.Contains(buf.String(), tt.err.Error()[:10]) {
-				t.Fatalf("the real error is not in the log: %q", buf.String())
-			}
-		})
-	}
-
-	t.Run("request deadline is the client's", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		err := toStatus(ctx, nil, fmt.Errorf("get: %w: %w", storage.ErrUnavailable, context.Canceled))
-		if status.Code(err) != codes.Canceled {
-			t.Fatalf("code = %v, want Canceled", status.Code(err))
-		}
-	})
-}
-
 // chainUnary runs req through the server's unary interceptors into handler.
 func chainUnary(ctx context.Context, logger *slog.Logger, method string, req any, handler grpc.UnaryHandler) (any, error) {
 	unary, _ := interceptors(logger, CallLog{}, newAdmissionCodec(DefaultMaxBatch))
@@ -258,8 +200,8 @@ func TestRecoveryAnswersGenericInternal(t *testing.T) {
 	_, err := chainUnary(context.Background(), logger, "/delayd.v1.TaskService/GetTask", &delaydv1.GetTaskRequest{Namespace: "ns"},
 		func(context.Context, any) (any, error) { panic("boom: secret internals") })
 	st := status.Convert(err)
-	if st.Code() != codes.Internal || st.Message() != msgInternal {
-		t.Fatalf("status = %v %q, want Internal %q", st.Code(), st.Message(), msgInternal)
+	if st.Code() != codes.Internal || st.Message() != rpcerr.MsgInternal {
+		t.Fatalf("status = %v %q, want Internal %q", st.Code(), st.Message(), rpcerr.MsgInternal)
 	}
 	if !strings.Contains(buf.String(), "panic in handler") || !strings.Contains(buf.String(), "boom: secret internals") {
 		t.Fatalf("panic not logged: %q", buf.String())
@@ -284,5 +226,14 @@ func TestRequestLogHasNamespaceNotPayload(t *testing.T) {
 	}
 	if strings.Contains(line, "card-4111") || strings.Contains(line, "o1") {
 		t.Errorf("request log contains request content: %q", line)
+	}
+}
+
+// TestListStateRoundTrip: every listable state goes to the wire and back.
+func TestListStateRoundTrip(t *testing.T) {
+	for s := storage.StateScheduled; s <= storage.StateDead; s++ {
+		if back, err := listState(wire.State(s)); err != nil || back != s {
+			t.Errorf("listState(wire.State(%s)) = %s, %v", s, back, err)
+		}
 	}
 }

@@ -16,7 +16,7 @@ const GlobalNamespace = "*"
 type Scope uint8
 
 // Key scopes. The edge converts them to and from delayd.v1.KeyScope by
-// name (server/enums.go).
+// name (server/wire).
 const (
 	ScopeUnspecified Scope = iota
 	// ScopeProduce: UpsertTask, BatchUpsertTasks, RemoveTask, GetTask, ListTasks.

@@ -117,7 +117,7 @@ func (want Version) Matches(inc, gen int64) bool {
 type State uint8
 
 // Task states. The edge converts them to delayd.v1.TaskState by name
-// (server/enums.go); nothing relies on the numbers matching.
+// (server/wire); nothing relies on the numbers matching.
 const (
 	StateUnspecified State = iota
 	StateScheduled
@@ -293,7 +293,7 @@ type Token struct {
 type TokenStatus uint8
 
 // Token statuses. The edge converts them to delayd.v1.TokenStatus by name
-// (server/enums.go).
+// (server/wire).
 const (
 	TokenUnspecified TokenStatus = iota
 	// TokenOK: applied.

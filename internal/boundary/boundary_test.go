@@ -110,11 +110,24 @@ var rules = map[string]rule{
 	"internal/duration": {},
 	// The OpenTelemetry tracer provider from the OTEL_* environment.
 	"tracing": {},
-	// The gRPC edge.
+	// The gRPC edge: the services, over three packages of its own.
 	"server": {
-		imports:     []string{"gen/delayd/v1", "storage", "dispatcher", "tenancy", "metrics"},
+		imports: []string{"gen/delayd/v1", "storage", "dispatcher", "tenancy", "metrics",
+			"server/guard", "server/rpcerr", "server/wire"},
 		testImports: []string{"storage/storagefake", "internal/testkit"},
 	},
+	// The edge's one guard (TLS, admission, authentication and
+	// authorization, rate and subscriber limits, quota, the stream guard):
+	// it knows requests by their wire types and answers through the one
+	// error mapping, never the services.
+	"server/guard": {
+		imports:     []string{"gen/delayd/v1", "storage", "tenancy", "server/rpcerr"},
+		testImports: []string{"storage/storagefake"},
+	},
+	// The one mapping from an error to the status a client sees.
+	"server/rpcerr": {imports: []string{"storage", "server/wire"}},
+	// Domain ↔ wire conversions both the services and the mapping use.
+	"server/wire": {imports: []string{"gen/delayd/v1", "storage"}},
 	// The HTTP edge: vanguard in front of the gRPC server's handler, and
 	// the console; it knows no service code. Its tests run over the wire
 	// against a real delayd.
@@ -125,7 +138,7 @@ var rules = map[string]rule{
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.
 	"daemon": {
-		imports: []string{"server", "web", "dispatcher", "push", "tenancy", "metrics", "history", "ops", "buildinfo", "tracing", "storage",
+		imports: []string{"server", "server/guard", "web", "dispatcher", "push", "tenancy", "metrics", "history", "ops", "buildinfo", "tracing", "storage",
 			"storage/redisstore", "storage/mysqlstore", "storage/durable", "internal/duration"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},

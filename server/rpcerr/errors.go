@@ -1,4 +1,8 @@
-package server
+// Package rpcerr is the one mapping from an error to the gRPC status a
+// client sees (ToStatus), shared by the services and the guard, and the
+// field errors validation returns (Invalidf, InvalidWrap). Only messages
+// written here reach a client; a store's own error text goes to the log.
+package rpcerr
 
 import (
 	"context"
@@ -15,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 
+	"github.com/delayd/delayd/server/wire"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -22,43 +27,44 @@ import (
 // own error text (addresses, commands, driver messages) never reaches a
 // client; it goes to the log.
 const (
-	msgUnavailable    = "store unavailable, safe to retry"
-	msgInternal       = "internal error; it has been logged"
-	msgNotFound       = "not found"
-	msgExists         = "already exists"
-	msgQuota          = "namespace quota exceeded: max_pending_tasks reached"
-	msgNotEmpty       = "namespace not empty: remove or purge its tasks first"
-	msgStale          = "stale generation: the task changed concurrently; retry"
-	msgBadPageToken   = "page_token is not a token this server issued; start again with an empty page_token"
-	msgNamespaceEnded = "the namespace was deleted (and perhaps re-created) while the request was in flight; nothing was written"
+	MsgUnavailable    = "store unavailable, safe to retry"
+	MsgInternal       = "internal error; it has been logged"
+	MsgNotFound       = "not found"
+	MsgExists         = "already exists"
+	MsgQuota          = "namespace quota exceeded: max_pending_tasks reached"
+	MsgNotEmpty       = "namespace not empty: remove or purge its tasks first"
+	MsgStale          = "stale generation: the task changed concurrently; retry"
+	MsgBadPageToken   = "page_token is not a token this server issued; start again with an empty page_token"
+	MsgNamespaceEnded = "the namespace was deleted (and perhaps re-created) while the request was in flight; nothing was written"
 )
 
-// fieldError is a client mistake in one request field. Its text names the
-// field and says what is allowed; toStatus turns it into InvalidArgument.
-type fieldError struct {
-	field string // e.g. "tasks[3].id"
-	msg   string // e.g. "is required: 1-128 characters of [A-Za-z0-9._-]"
+// FieldError is a client mistake in one request field. Its text names the
+// field and says what is allowed; ToStatus turns it into InvalidArgument.
+type FieldError struct {
+	Field string // e.g. "tasks[3].id"
+	Msg   string // e.g. "is required: 1-128 characters of [A-Za-z0-9._-]"
 }
 
-func (e *fieldError) Error() string { return e.field + " " + e.msg }
+func (e *FieldError) Error() string { return e.Field + " " + e.Msg }
 
-// invalidf returns a fieldError for field with a formatted message. The
-// message follows the field name: invalidf("page_size", "is %d; allowed: 0-1000", n)
+// Invalidf returns a FieldError for field with a formatted message. The
+// message follows the field name: Invalidf("page_size", "is %d; allowed: 0-1000", n)
 // reads "page_size is -1; allowed: 0-1000".
-func invalidf(field, format string, args ...any) error {
-	return &fieldError{field: field, msg: fmt.Sprintf(format, args...)}
+func Invalidf(field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
-// invalidWrap returns a fieldError for field whose message is err's text.
+// InvalidWrap returns a FieldError for field whose message is err's text.
 // Use it only with errors written for clients (the storage name validators).
-func invalidWrap(field string, err error) error {
-	return &fieldError{field: field, msg: err.Error()}
+func InvalidWrap(field string, err error) error {
+	return &FieldError{Field: field, Msg: err.Error()}
 }
 
-// toStatus is THE mapping from an error to the gRPC status a client sees.
-// Every handler in this package returns its errors through it.
+// ToStatus is THE mapping from an error to the gRPC status a client sees.
+// Every handler of the services and the guard returns its errors through
+// it.
 //
-//   - a *fieldError (validation)          → InvalidArgument, its text
+//   - a *FieldError (validation)          → InvalidArgument, its text
 //   - an error that already is a status   → unchanged
 //   - ctx (the request's) ended           → Canceled / DeadlineExceeded
 //   - storage.ErrNotFound                 → NotFound
@@ -75,12 +81,12 @@ func invalidWrap(field string, err error) error {
 //
 // Only messages written in this package reach the client; whenever the code
 // is Unavailable or Internal the real error is logged with the method name.
-// toStatus(ctx, logger, nil) is nil.
-func toStatus(ctx context.Context, logger *slog.Logger, err error) error {
+// ToStatus(ctx, logger, nil) is nil.
+func ToStatus(ctx context.Context, logger *slog.Logger, err error) error {
 	if err == nil {
 		return nil
 	}
-	var fe *fieldError
+	var fe *FieldError
 	if errors.As(err, &fe) {
 		return status.Error(codes.InvalidArgument, fe.Error())
 	}
@@ -107,23 +113,23 @@ func toStatus(ctx context.Context, logger *slog.Logger, err error) error {
 func classify(err error) (codes.Code, string) {
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		return codes.NotFound, msgNotFound
+		return codes.NotFound, MsgNotFound
 	case errors.Is(err, storage.ErrQuotaExceeded):
-		return codes.ResourceExhausted, msgQuota
+		return codes.ResourceExhausted, MsgQuota
 	case errors.Is(err, storage.ErrAlreadyExists):
-		return codes.AlreadyExists, msgExists
+		return codes.AlreadyExists, MsgExists
 	case errors.Is(err, storage.ErrNotEmpty):
-		return codes.FailedPrecondition, msgNotEmpty
+		return codes.FailedPrecondition, MsgNotEmpty
 	case errors.Is(err, storage.ErrStale):
-		return codes.Aborted, msgStale
+		return codes.Aborted, MsgStale
 	case errors.Is(err, storage.ErrInvalidCursor):
-		return codes.InvalidArgument, msgBadPageToken
+		return codes.InvalidArgument, MsgBadPageToken
 	case errors.Is(err, storage.ErrNamespaceEnded):
-		return codes.NotFound, msgNamespaceEnded
+		return codes.NotFound, MsgNamespaceEnded
 	case isUnavailable(err):
-		return codes.Unavailable, msgUnavailable
+		return codes.Unavailable, MsgUnavailable
 	default:
-		return codes.Internal, msgInternal
+		return codes.Internal, MsgInternal
 	}
 }
 
@@ -199,7 +205,7 @@ func conflictStatus(ce *storage.ConflictError) *status.Status {
 	}
 	details := []protoadapt.MessageV1{info}
 	if ce.Task.ID != "" {
-		details = append(details, taskToProto(ce.Task))
+		details = append(details, wire.Task(ce.Task))
 	}
 	if ds, err := st.WithDetails(details...); err == nil {
 		return ds

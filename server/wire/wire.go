@@ -1,6 +1,13 @@
-package server
+// Package wire converts between delayd's domain types (storage) and their
+// protobuf form (gen/delayd/v1) where both edges and the error mapping
+// need the same answer: tasks, times and the enumerations.
+package wire
 
 import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/storage"
 )
@@ -8,10 +15,10 @@ import (
 // The enumerations that cross the edge are converted here, by name, never by
 // a cast that relies on storage's numbers matching the proto's. A value
 // without a counterpart becomes UNSPECIFIED (to the wire) or is reported as
-// not ok (from the wire); enums_test.go checks every value both ways.
+// not ok (from the wire); wire_test.go checks every value both ways.
 
-// stateToProto is a task state's wire form.
-func stateToProto(s storage.State) delaydv1.TaskState {
+// State is a task state's wire form.
+func State(s storage.State) delaydv1.TaskState {
 	switch s {
 	case storage.StateScheduled:
 		return delaydv1.TaskState_TASK_STATE_SCHEDULED
@@ -23,8 +30,8 @@ func stateToProto(s storage.State) delaydv1.TaskState {
 	return delaydv1.TaskState_TASK_STATE_UNSPECIFIED
 }
 
-// scopeToProto is a key scope's wire form.
-func scopeToProto(s storage.Scope) delaydv1.KeyScope {
+// Scope is a key scope's wire form.
+func Scope(s storage.Scope) delaydv1.KeyScope {
 	switch s {
 	case storage.ScopeProduce:
 		return delaydv1.KeyScope_KEY_SCOPE_PRODUCE
@@ -36,9 +43,9 @@ func scopeToProto(s storage.Scope) delaydv1.KeyScope {
 	return delaydv1.KeyScope_KEY_SCOPE_UNSPECIFIED
 }
 
-// scopeFromProto is the key scope a wire scope names; ok is false for
+// ScopeFrom is the key scope a wire scope names; ok is false for
 // UNSPECIFIED and unknown values.
-func scopeFromProto(s delaydv1.KeyScope) (_ storage.Scope, ok bool) {
+func ScopeFrom(s delaydv1.KeyScope) (_ storage.Scope, ok bool) {
 	switch s {
 	case delaydv1.KeyScope_KEY_SCOPE_PRODUCE:
 		return storage.ScopeProduce, true
@@ -50,8 +57,8 @@ func scopeFromProto(s delaydv1.KeyScope) (_ storage.Scope, ok bool) {
 	return storage.ScopeUnspecified, false
 }
 
-// tokenStatusToProto is a per-token answer's wire form.
-func tokenStatusToProto(s storage.TokenStatus) delaydv1.TokenStatus {
+// TokenStatus is a per-token answer's wire form.
+func TokenStatus(s storage.TokenStatus) delaydv1.TokenStatus {
 	switch s {
 	case storage.TokenOK:
 		return delaydv1.TokenStatus_TOKEN_STATUS_OK
@@ -63,8 +70,8 @@ func tokenStatusToProto(s storage.TokenStatus) delaydv1.TokenStatus {
 	return delaydv1.TokenStatus_TOKEN_STATUS_UNSPECIFIED
 }
 
-// eventKindToProto is a task event kind's wire form.
-func eventKindToProto(k storage.EventKind) delaydv1.TaskEventKind {
+// EventKind is a task event kind's wire form.
+func EventKind(k storage.EventKind) delaydv1.TaskEventKind {
 	switch k {
 	case storage.EventUpserted:
 		return delaydv1.TaskEventKind_TASK_EVENT_KIND_UPSERTED
@@ -86,4 +93,33 @@ func eventKindToProto(k storage.EventKind) delaydv1.TaskEventKind {
 		return delaydv1.TaskEventKind_TASK_EVENT_KIND_ACKED
 	}
 	return delaydv1.TaskEventKind_TASK_EVENT_KIND_UNSPECIFIED
+}
+
+// Task converts a stored task to its wire form; zero times are left
+// unset.
+func Task(t storage.Task) *delaydv1.Task {
+	return &delaydv1.Task{
+		Namespace:     t.Namespace,
+		Id:            t.ID,
+		Kind:          t.Kind,
+		Payload:       t.Payload,
+		DueTime:       Time(t.DueTime),
+		State:         State(t.State),
+		Attempt:       t.Attempt,
+		Generation:    t.Generation,
+		CreateTime:    Time(t.CreateTime),
+		UpdateTime:    Time(t.UpdateTime),
+		LastError:     t.LastError,
+		LeaseDeadline: Time(t.LeaseDeadline),
+		DeadTime:      Time(t.DeadTime),
+		Traceparent:   t.TraceParent,
+		Incarnation:   t.Incarnation,
+	}
+}
+
+func Time(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
 }

@@ -1,4 +1,4 @@
-package server
+package guard
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/tenancy"
 )
@@ -86,7 +87,7 @@ func ResolveAuth(adminKey string, noAuth, embedded bool) (AuthOptions, error) {
 
 // authEnabled reports whether a Server built from opts authenticates
 // requests (see AuthOptions).
-func authEnabled(opts Options) bool {
+func authEnabled(opts Config) bool {
 	return !opts.Auth.Disabled
 }
 
@@ -104,8 +105,8 @@ const (
 	maxBearerLength = 1024 // longer authorization values are refused unread
 )
 
-// newAPIKey returns a fresh key id and the secret that embeds it.
-func newAPIKey() (id, secret string, err error) {
+// NewAPIKey returns a fresh key id and the secret that embeds it.
+func NewAPIKey() (id, secret string, err error) {
 	var b [apiKeyIDBytes + apiSecretBytes]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", "", fmt.Errorf("new api key: %w", err)
@@ -115,7 +116,7 @@ func newAPIKey() (id, secret string, err error) {
 	return id, secret, nil
 }
 
-// parseAPIKey returns the id of a well-formed API key (see newAPIKey).
+// parseAPIKey returns the id of a well-formed API key (see NewAPIKey).
 func parseAPIKey(key string) (id string, ok bool) {
 	if len(key) != apiKeyLen || !strings.HasPrefix(key, apiKeyPrefix) {
 		return "", false
@@ -135,7 +136,7 @@ func parseAPIKey(key string) (id string, ok bool) {
 	return id, true
 }
 
-// validKeyID reports whether id has the form newAPIKey produces.
+// validKeyID reports whether id has the form NewAPIKey produces.
 func validKeyID(id string) bool {
 	if len(id) != apiKeyIDLen {
 		return false
@@ -148,9 +149,9 @@ func validKeyID(id string) bool {
 	return true
 }
 
-// hashSecret is what the registry stores for a key: SHA-256 of the whole
+// HashSecret is what the registry stores for a key: SHA-256 of the whole
 // secret. The secret has 256 random bits, so a fast hash is enough.
-func hashSecret(secret string) []byte {
+func HashSecret(secret string) []byte {
 	h := sha256.Sum256([]byte(secret))
 	return h[:]
 }
@@ -163,9 +164,9 @@ var (
 	errBadScheme = status.Error(codes.Unauthenticated,
 		`malformed authorization metadata: expected exactly one "authorization: Bearer <api key>"`)
 	errBadKey = status.Error(codes.Unauthenticated, "invalid API key: unknown, revoked or malformed")
-	// errKeyFlood: too many unknown key ids are being tried on this
+	// ErrKeyFlood: too many unknown key ids are being tried on this
 	// replica to look this one up now.
-	errKeyFlood = status.Error(codes.Unavailable, "too many unknown API keys are being tried on this server; retry shortly")
+	ErrKeyFlood = status.Error(codes.Unavailable, "too many unknown API keys are being tried on this server; retry shortly")
 )
 
 // bearerToken extracts the API key from the values of the "authorization"
@@ -207,25 +208,25 @@ func bearerToken(values []string) (string, error) {
 // admin key.
 const adminKeyID = "admin-key"
 
-// principal is who a request authenticated as: the scopes it holds and in
+// Principal is who a request authenticated as: the scopes it holds and in
 // which namespace ("*" = every namespace).
-type principal struct {
-	keyID     string // "admin-key" for the bootstrap key
-	namespace string
-	scopes    []storage.Scope
+type Principal struct {
+	KeyID     string // "admin-key" for the bootstrap key
+	Namespace string // "*": a global key
+	Scopes    []storage.Scope
 }
 
-// global reports whether the principal's key is global.
-func (p *principal) global() bool { return p.namespace == storage.GlobalNamespace }
+// Global reports whether the principal's key is global.
+func (p *Principal) Global() bool { return p.Namespace == storage.GlobalNamespace }
 
-// allows reports whether p may use scope on namespace ns. Only a global key
+// Allows reports whether p may use scope on namespace ns. Only a global key
 // is allowed on ns "*" (global keys) or on a request that names no
 // namespace.
-func (p *principal) allows(scope storage.Scope, ns string) bool {
-	if !p.global() && (ns == "" || ns != p.namespace) {
+func (p *Principal) Allows(scope storage.Scope, ns string) bool {
+	if !p.Global() && (ns == "" || ns != p.Namespace) {
 		return false
 	}
-	for _, s := range p.scopes {
+	for _, s := range p.Scopes {
 		if s == scope {
 			return true
 		}
@@ -235,9 +236,9 @@ func (p *principal) allows(scope storage.Scope, ns string) bool {
 
 type principalKey struct{}
 
-// principalFrom returns the request's principal; nil when auth is off.
-func principalFrom(ctx context.Context) *principal {
-	p, _ := ctx.Value(principalKey{}).(*principal)
+// PrincipalFrom returns the request's principal; nil when auth is off.
+func PrincipalFrom(ctx context.Context) *Principal {
+	p, _ := ctx.Value(principalKey{}).(*Principal)
 	return p
 }
 
@@ -248,10 +249,10 @@ type authenticator struct {
 	logger    *slog.Logger
 }
 
-func newAuthenticator(opts Options) *authenticator {
+func newAuthenticator(opts Config) *authenticator {
 	a := &authenticator{logger: opts.Logger}
 	if opts.Auth.AdminKey != "" {
-		a.adminHash = hashSecret(opts.Auth.AdminKey)
+		a.adminHash = HashSecret(opts.Auth.AdminKey)
 	}
 	a.keys = opts.Tenancy.Key
 	return a
@@ -265,27 +266,27 @@ func (a *authenticator) authenticate(ctx context.Context) (context.Context, erro
 		if _, ok := status.FromError(err); ok {
 			return nil, err
 		}
-		return nil, toStatus(ctx, a.logger, fmt.Errorf("authenticate: %w", err))
+		return nil, rpcerr.ToStatus(ctx, a.logger, fmt.Errorf("authenticate: %w", err))
 	}
-	return context.WithValue(storage.WithKeyID(ctx, p.keyID), principalKey{}, p), nil
+	return context.WithValue(storage.WithKeyID(ctx, p.KeyID), principalKey{}, p), nil
 }
 
 // lookup reads the bearer token from the authorization values, matches it
 // against the bootstrap key and the registry (comparing hashes in constant
 // time; the registry's cache first) and returns its principal. A refusal is
-// an Unauthenticated status (errKeyFlood: Unavailable); an error that is
+// an Unauthenticated status (ErrKeyFlood: Unavailable); an error that is
 // not a status is the registry's (it could not answer).
-func (a *authenticator) lookup(ctx context.Context, values []string) (*principal, error) {
+func (a *authenticator) lookup(ctx context.Context, values []string) (*Principal, error) {
 	token, err := bearerToken(values)
 	if err != nil {
 		return nil, err
 	}
-	hash := hashSecret(token)
+	hash := HashSecret(token)
 	if a.adminHash != nil && subtle.ConstantTimeCompare(hash, a.adminHash) == 1 {
-		return &principal{
-			keyID:     adminKeyID,
-			namespace: storage.GlobalNamespace,
-			scopes:    []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
+		return &Principal{
+			KeyID:     adminKeyID,
+			Namespace: storage.GlobalNamespace,
+			Scopes:    []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
 		}, nil
 	}
 	id, ok := parseAPIKey(token)
@@ -297,7 +298,7 @@ func (a *authenticator) lookup(ctx context.Context, values []string) (*principal
 		return nil, errBadKey
 	}
 	if errors.Is(err, tenancy.ErrTooManyKeyMisses) {
-		return nil, errKeyFlood // not logged: it is what a flood looks like
+		return nil, ErrKeyFlood // not logged: it is what a flood looks like
 	}
 	if err != nil {
 		return nil, err
@@ -305,7 +306,7 @@ func (a *authenticator) lookup(ctx context.Context, values []string) (*principal
 	if subtle.ConstantTimeCompare(hash, k.Hash) != 1 {
 		return nil, errBadKey
 	}
-	return &principal{keyID: k.ID, namespace: k.Namespace, scopes: k.Scopes}, nil
+	return &Principal{KeyID: k.ID, Namespace: k.Namespace, Scopes: k.Scopes}, nil
 }
 
 // openMethod reports whether a method needs no API key: the health service
@@ -395,15 +396,18 @@ var rules = map[string]rule{
 // without auth, instead of PermissionDenied.
 func (r rule) validate(req any) error {
 	if rk, ok := req.(*delaydv1.RevokeKeyRequest); ok {
-		return validateKeyID(rk.GetId())
+		return ValidateKeyID(rk.GetId())
 	}
 	if r.ns == nil {
 		return nil
 	}
 	if r.star {
-		return validateKeyNamespace(r.ns(req))
+		return ValidateKeyNamespace(r.ns(req))
 	}
-	return validateNamespace(r.field, r.ns(req))
+	if err := storage.ValidateNamespace(r.ns(req)); err != nil {
+		return rpcerr.InvalidWrap(r.field, err)
+	}
+	return nil
 }
 
 // authorizer checks a principal against the rules.
@@ -417,7 +421,7 @@ type authorizer struct {
 // is missing. It runs only when auth is on, after authentication; a request
 // without a principal is refused.
 func (z *authorizer) authorize(ctx context.Context, method string, req any) error {
-	p := principalFrom(ctx)
+	p := PrincipalFrom(ctx)
 	if p == nil {
 		return status.Error(codes.Unauthenticated, errNoCredentials.Error())
 	}
@@ -429,11 +433,11 @@ func (z *authorizer) authorize(ctx context.Context, method string, req any) erro
 		return nil
 	}
 	if err := r.validate(req); err != nil {
-		return toStatus(ctx, z.logger, err)
+		return rpcerr.ToStatus(ctx, z.logger, err)
 	}
 	if r.global {
-		if !p.global() || !p.allows(r.scope, storage.GlobalNamespace) {
-			return status.Errorf(codes.PermissionDenied, "API key %s may not call %s: it needs a global key with the %s scope", p.keyID, shortMethod(method), r.scope)
+		if !p.Global() || !p.Allows(r.scope, storage.GlobalNamespace) {
+			return status.Errorf(codes.PermissionDenied, "API key %s may not call %s: it needs a global key with the %s scope", p.KeyID, shortMethod(method), r.scope)
 		}
 		return nil
 	}
@@ -446,34 +450,34 @@ func (z *authorizer) authorize(ctx context.Context, method string, req any) erro
 		if rk, ok := req.(*delaydv1.RevokeKeyRequest); ok {
 			id = rk.GetId()
 		}
-		if p.global() && p.allows(r.scope, storage.GlobalNamespace) {
+		if p.Global() && p.Allows(r.scope, storage.GlobalNamespace) {
 			return nil // a global admin may revoke any key
 		}
 		k, err := z.registry.GetKey(ctx, id)
 		switch {
 		case errors.Is(err, storage.ErrNotFound):
-			if p.allows(r.scope, p.namespace) {
+			if p.Allows(r.scope, p.Namespace) {
 				return nil // the handler answers NotFound; ids are public
 			}
-			return status.Errorf(codes.PermissionDenied, "API key %s may not revoke key %q", p.keyID, id)
+			return status.Errorf(codes.PermissionDenied, "API key %s may not revoke key %q", p.KeyID, id)
 		case err != nil:
-			return toStatus(ctx, z.logger, fmt.Errorf("authorize revoke: %w", err))
+			return rpcerr.ToStatus(ctx, z.logger, fmt.Errorf("authorize revoke: %w", err))
 		}
 		ns = k.Namespace
 	}
-	if r.orScope != storage.ScopeUnspecified && p.allows(r.orScope, ns) {
+	if r.orScope != storage.ScopeUnspecified && p.Allows(r.orScope, ns) {
 		return nil
 	}
-	if !p.allows(r.scope, ns) {
-		if !p.global() && ns != p.namespace {
+	if !p.Allows(r.scope, ns) {
+		if !p.Global() && ns != p.Namespace {
 			// Name only the caller's own scope: never confirm or echo
 			// another tenant's namespace.
-			return status.Errorf(codes.PermissionDenied, "API key %s belongs to namespace %q and may not call %s on another namespace", p.keyID, p.namespace, shortMethod(method))
+			return status.Errorf(codes.PermissionDenied, "API key %s belongs to namespace %q and may not call %s on another namespace", p.KeyID, p.Namespace, shortMethod(method))
 		}
 		if r.orScope != storage.ScopeUnspecified {
-			return status.Errorf(codes.PermissionDenied, "API key %s has neither the %s nor the %s scope on namespace %q", p.keyID, r.scope, r.orScope, ns)
+			return status.Errorf(codes.PermissionDenied, "API key %s has neither the %s nor the %s scope on namespace %q", p.KeyID, r.scope, r.orScope, ns)
 		}
-		return status.Errorf(codes.PermissionDenied, "API key %s has no %s scope on namespace %q", p.keyID, r.scope, ns)
+		return status.Errorf(codes.PermissionDenied, "API key %s has no %s scope on namespace %q", p.KeyID, r.scope, ns)
 	}
 	return nil
 }
@@ -542,4 +546,23 @@ func authInterceptors(authn *authenticator, authz *authorizer) ([]grpc.UnaryServ
 		selector.StreamServerInterceptor(authz.stream, needsKey),
 	}
 	return unary, stream
+}
+
+// ValidateKeyID accepts a key id as newAPIKey makes them.
+func ValidateKeyID(id string) error {
+	if !validKeyID(id) {
+		return rpcerr.Invalidf("id", "is %q; allowed: the %d hex characters after dk_ in a key (as ListKeys shows)", id, apiKeyIDLen)
+	}
+	return nil
+}
+
+// ValidateKeyNamespace accepts "*" (global keys) or a valid namespace name.
+func ValidateKeyNamespace(ns string) error {
+	if ns == storage.GlobalNamespace {
+		return nil
+	}
+	if err := storage.ValidateNamespace(ns); err != nil {
+		return rpcerr.Invalidf("namespace", "%s; or \"*\" for a global key", err.Error())
+	}
+	return nil
 }

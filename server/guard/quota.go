@@ -1,4 +1,4 @@
-package server
+package guard
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -62,7 +63,7 @@ type quotaCount struct {
 	loading chan struct{}
 }
 
-func newPendingQuota(opts Options) *pendingQuota {
+func newPendingQuota(opts Config) *pendingQuota {
 	return &pendingQuota{
 		policies: opts.Tenancy,
 		counter:  opts.Store,
@@ -181,14 +182,14 @@ func (q *pendingQuota) release(ns string, reserved, created int64) {
 func (q *pendingQuota) check(ctx context.Context, ns string, ids []string) (reserved int64, _ error) {
 	pol, ok, err := limitPolicy(ctx, q.policies, ns)
 	if err != nil {
-		return 0, toStatus(ctx, q.logger, fmt.Errorf("quota: %w", err))
+		return 0, rpcerr.ToStatus(ctx, q.logger, fmt.Errorf("quota: %w", err))
 	}
 	if !ok || pol.MaxPendingTasks <= 0 || len(ids) == 0 {
 		return 0, nil
 	}
 	fits, have, err := q.reserve(ctx, ns, int64(len(ids)), pol.MaxPendingTasks)
 	if err != nil {
-		return 0, toStatus(ctx, q.logger, fmt.Errorf("quota: count: %w", err))
+		return 0, rpcerr.ToStatus(ctx, q.logger, fmt.Errorf("quota: count: %w", err))
 	}
 	if fits {
 		return int64(len(ids)), nil
@@ -207,7 +208,7 @@ func (q *pendingQuota) check(ctx context.Context, ns string, ids []string) (rese
 		case errors.Is(err, storage.ErrNotFound):
 			fresh++
 		case err != nil:
-			return 0, toStatus(ctx, q.logger, fmt.Errorf("quota: get: %w", err))
+			return 0, rpcerr.ToStatus(ctx, q.logger, fmt.Errorf("quota: get: %w", err))
 		}
 		if have+fresh > pol.MaxPendingTasks {
 			return 0, errQuotaFull(ns, have, pol.MaxPendingTasks)
@@ -218,7 +219,7 @@ func (q *pendingQuota) check(ctx context.Context, ns string, ids []string) (rese
 	}
 	fits, have, err = q.reserve(ctx, ns, fresh, pol.MaxPendingTasks)
 	if err != nil {
-		return 0, toStatus(ctx, q.logger, fmt.Errorf("quota: count: %w", err))
+		return 0, rpcerr.ToStatus(ctx, q.logger, fmt.Errorf("quota: count: %w", err))
 	}
 	if !fits {
 		return 0, errQuotaFull(ns, have, pol.MaxPendingTasks)

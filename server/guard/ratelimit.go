@@ -1,4 +1,4 @@
-package server
+package guard
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/server/rpcerr"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -77,7 +78,7 @@ func newRateLimiter(policies policyLookup, shared storage.SharedLimits, logger *
 func (l *rateLimiter) allow(ctx context.Context, ns string) error {
 	pol, ok, err := limitPolicy(ctx, l.policies, ns)
 	if err != nil {
-		return toStatus(ctx, l.logger, fmt.Errorf("rate limit: %w", err))
+		return rpcerr.ToStatus(ctx, l.logger, fmt.Errorf("rate limit: %w", err))
 	}
 	if !ok || pol.RateLimit <= 0 || math.IsInf(pol.RateLimit, 1) {
 		l.mu.Lock()
@@ -142,11 +143,11 @@ func requestNamespace(ctx context.Context, method string, req any) string {
 	if strings.HasPrefix(method, adminServicePrefix) {
 		// An operator's global key is never limited, so it can always
 		// lift a limit; a namespace's own admin key is, like its others.
-		p := principalFrom(ctx)
-		if p == nil || p.global() {
+		p := PrincipalFrom(ctx)
+		if p == nil || p.Global() {
 			return ""
 		}
-		return p.namespace
+		return p.Namespace
 	}
 	r, ok := rules[method]
 	if !ok || r.ns == nil {
@@ -203,7 +204,7 @@ type subscriberLimiter struct {
 	active map[string]int // by namespace, on this replica
 	byKey  map[string]int // by API key id
 	seq    uint64
-	renew  map[string]*renewal // by namespace: this replica's shared slots
+	renew  map[string]*renewal // by Namespace: this replica's shared slots
 }
 
 // renewal is the shared slots of one namespace's streams on this replica,
@@ -226,7 +227,7 @@ func newSubscriberLimiter(policies policyLookup, shared storage.SharedLimits, lo
 func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string, error) {
 	pol, ok, err := limitPolicy(ctx, l.policies, ns)
 	if err != nil {
-		return "", toStatus(ctx, l.logger, fmt.Errorf("subscriber limit: %w", err))
+		return "", rpcerr.ToStatus(ctx, l.logger, fmt.Errorf("subscriber limit: %w", err))
 	}
 	most := 0
 	if ok && pol.MaxSubscribers > 0 {

@@ -1,4 +1,4 @@
-package server
+package wire
 
 import (
 	"strings"
@@ -14,28 +14,23 @@ import (
 func TestEnumConversions(t *testing.T) {
 	for s := storage.StateUnspecified; s <= storage.StateDead+1; s++ {
 		want := "TASK_STATE_" + strings.ToUpper(s.String())
-		if got := stateToProto(s).String(); got != want {
-			t.Errorf("stateToProto(%d %s) = %s, want %s", s, s, got, want)
-		}
-		if s >= storage.StateScheduled && s <= storage.StateDead {
-			if back, err := listState(stateToProto(s)); err != nil || back != s {
-				t.Errorf("listState(stateToProto(%s)) = %s, %v", s, back, err)
-			}
+		if got := State(s).String(); got != want {
+			t.Errorf("State(%d %s) = %s, want %s", s, s, got, want)
 		}
 	}
 	for s := storage.ScopeUnspecified; s <= storage.ScopeAdmin+1; s++ {
 		want := "KEY_SCOPE_" + strings.ToUpper(s.String())
-		got := scopeToProto(s)
+		got := Scope(s)
 		if got.String() != want {
-			t.Errorf("scopeToProto(%d %s) = %s, want %s", s, s, got, want)
+			t.Errorf("Scope(%d %s) = %s, want %s", s, s, got, want)
 		}
-		back, ok := scopeFromProto(got)
+		back, ok := ScopeFrom(got)
 		if wantOK := s >= storage.ScopeProduce && s <= storage.ScopeAdmin; ok != wantOK || (ok && back != s) {
-			t.Errorf("scopeFromProto(%s) = %s, %v", got, back, ok)
+			t.Errorf("ScopeFrom(%s) = %s, %v", got, back, ok)
 		}
 	}
-	if _, ok := scopeFromProto(delaydv1.KeyScope(42)); ok {
-		t.Error("scopeFromProto(42) is ok")
+	if _, ok := ScopeFrom(delaydv1.KeyScope(42)); ok {
+		t.Error("ScopeFrom(42) is ok")
 	}
 	names := map[storage.TokenStatus]string{
 		storage.TokenUnspecified: "TOKEN_STATUS_UNSPECIFIED", storage.TokenOK: "TOKEN_STATUS_OK",
@@ -43,14 +38,14 @@ func TestEnumConversions(t *testing.T) {
 		storage.TokenNotFound + 1: "TOKEN_STATUS_UNSPECIFIED",
 	}
 	for s, want := range names {
-		if got := tokenStatusToProto(s).String(); got != want {
-			t.Errorf("tokenStatusToProto(%d) = %s, want %s", s, got, want)
+		if got := TokenStatus(s).String(); got != want {
+			t.Errorf("TokenStatus(%d) = %s, want %s", s, got, want)
 		}
 	}
 	for k := storage.EventUnspecified; k <= storage.NumEventKinds; k++ {
 		want := "TASK_EVENT_KIND_" + strings.ToUpper(k.String())
-		if got := eventKindToProto(k).String(); got != want {
-			t.Errorf("eventKindToProto(%d %s) = %s, want %s", k, k, got, want)
+		if got := EventKind(k).String(); got != want {
+			t.Errorf("EventKind(%d %s) = %s, want %s", k, k, got, want)
 		}
 	}
 }

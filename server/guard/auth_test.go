@@ -1,4 +1,4 @@
-package server
+package guard
 
 import (
 	"context"
@@ -64,9 +64,9 @@ func TestEveryMethodHasARule(t *testing.T) {
 // a global admin.
 func TestUnknownMethodIsRefused(t *testing.T) {
 	z := &authorizer{}
-	ctx := context.WithValue(context.Background(), principalKey{}, &principal{
-		keyID: "admin-key", namespace: storage.GlobalNamespace,
-		scopes: []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
+	ctx := context.WithValue(context.Background(), principalKey{}, &Principal{
+		KeyID: "admin-key", Namespace: storage.GlobalNamespace,
+		Scopes: []storage.Scope{storage.ScopeProduce, storage.ScopeConsume, storage.ScopeAdmin},
 	})
 	if err := z.authorize(ctx, "/delayd.v1.TaskService/DropEverything", nil); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("unknown method: %v, want PermissionDenied", err)
@@ -77,10 +77,10 @@ func TestUnknownMethodIsRefused(t *testing.T) {
 }
 
 func TestPrincipalAllows(t *testing.T) {
-	ns := &principal{keyID: "k", namespace: "orders", scopes: []storage.Scope{storage.ScopeProduce}}
-	global := &principal{keyID: "g", namespace: storage.GlobalNamespace, scopes: []storage.Scope{storage.ScopeConsume}}
+	ns := &Principal{KeyID: "k", Namespace: "orders", Scopes: []storage.Scope{storage.ScopeProduce}}
+	global := &Principal{KeyID: "g", Namespace: storage.GlobalNamespace, Scopes: []storage.Scope{storage.ScopeConsume}}
 	for _, tc := range []struct {
-		p     *principal
+		p     *Principal
 		scope storage.Scope
 		ns    string
 		want  bool
@@ -95,8 +95,8 @@ func TestPrincipalAllows(t *testing.T) {
 		{global, storage.ScopeConsume, "*", true},
 		{global, storage.ScopeProduce, "orders", false},
 	} {
-		if got := tc.p.allows(tc.scope, tc.ns); got != tc.want {
-			t.Errorf("key of %q with %v: allows(%s, %q) = %v, want %v", tc.p.namespace, tc.p.scopes, tc.scope, tc.ns, got, tc.want)
+		if got := tc.p.Allows(tc.scope, tc.ns); got != tc.want {
+			t.Errorf("key of %q with %v: allows(%s, %q) = %v, want %v", tc.p.Namespace, tc.p.Scopes, tc.scope, tc.ns, got, tc.want)
 		}
 	}
 }
@@ -104,7 +104,7 @@ func TestPrincipalAllows(t *testing.T) {
 func TestAPIKeyFormat(t *testing.T) {
 	seen := map[string]bool{}
 	for range 100 {
-		id, secret, err := newAPIKey()
+		id, secret, err := NewAPIKey()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestAPIKeyFormat(t *testing.T) {
 			t.Fatalf("parseAPIKey(%q) = %q, %v; want %q", secret, got, ok, id)
 		}
 	}
-	_, secret, _ := newAPIKey()
+	_, secret, _ := NewAPIKey()
 	for _, bad := range []string{
 		"", "dk_", secret[:len(secret)-1], secret + "x",
 		"xk" + secret[2:],
@@ -197,7 +197,7 @@ func TestResolveAuth(t *testing.T) {
 // the documented shape; the authenticator answers every input with a
 // principal or Unauthenticated, never anything else.
 func FuzzAuthMetadata(f *testing.F) {
-	_, secret, _ := newAPIKey()
+	_, secret, _ := NewAPIKey()
 	for _, s := range []string{
 		"Bearer " + secret, "bearer " + secret, "Bearer", "Basic x", "", " ", "Bearer \x00",
 		"Bearer dk_0123456789abcdef_", "Bearer " + strings.Repeat("x", 2000), "Bearer dk__",
@@ -207,10 +207,10 @@ func FuzzAuthMetadata(f *testing.F) {
 	}
 	f.Add("Bearer "+secret, true)
 	a := &authenticator{
-		adminHash: hashSecret("fuzz-admin-key-0123456789"),
+		adminHash: HashSecret("fuzz-admin-key-0123456789"),
 		keys: func(_ context.Context, id string) (storage.Key, error) {
 			if id == "0123456789abcdef" {
-				return storage.Key{ID: id, Namespace: "ns", Scopes: []storage.Scope{storage.ScopeProduce}, Hash: hashSecret("never matches")}, nil
+				return storage.Key{ID: id, Namespace: "ns", Scopes: []storage.Scope{storage.ScopeProduce}, Hash: HashSecret("never matches")}, nil
 			}
 			return storage.Key{}, storage.ErrNotFound
 		},
@@ -257,8 +257,8 @@ func FuzzAuthMetadata(f *testing.F) {
 			}
 			return
 		}
-		p := principalFrom(ctx)
-		if p == nil || p.keyID != "admin-key" {
+		p := PrincipalFrom(ctx)
+		if p == nil || p.KeyID != "admin-key" {
 			t.Fatalf("authenticate(%q) let in %+v; only the admin key can match here", values, p)
 		}
 	})

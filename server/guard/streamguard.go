@@ -1,4 +1,4 @@
-package server
+package guard
 
 import (
 	"context"
@@ -51,9 +51,9 @@ type streamGuard struct {
 	open map[*guardedStream]struct{}
 }
 
-func newStreamGuard(opts Options) *streamGuard {
+func newStreamGuard(opts Config) *streamGuard {
 	g := &streamGuard{interval: guardInterval, namespaces: opts.Tenancy, open: make(map[*guardedStream]struct{}),
-		limits: newSubscriberLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger, opts.Limits.MaxStreamsPerKey)}
+		limits: newSubscriberLimiter(opts.Tenancy, opts.SharedLimits, opts.Logger, opts.MaxStreamsPerKey)}
 	if authEnabled(opts) {
 		g.keys = opts.Tenancy.Key
 	}
@@ -168,15 +168,15 @@ func (s *guardedStream) open(m any) error {
 	ctx := s.ServerStream.Context()
 	r, ok := rules[s.method]
 	if !ok || r.ns == nil {
-		return nil // no namespace: authorization refused it already
+		return nil // no Namespace: authorization refused it already
 	}
 	ns := r.ns(m)
 	if storage.ValidateNamespace(ns) != nil {
 		return nil // the handler answers InvalidArgument
 	}
-	if p := principalFrom(ctx); p != nil {
-		s.keyID = p.keyID
-		s.checkID = g.keys != nil && p.keyID != adminKeyID
+	if p := PrincipalFrom(ctx); p != nil {
+		s.keyID = p.KeyID
+		s.checkID = g.keys != nil && p.KeyID != adminKeyID
 	}
 	slot, err := g.limits.acquire(ctx, ns, s.keyID)
 	if err != nil {
