@@ -295,3 +295,67 @@ func (o observedStore) Nack(ctx context.Context, ns string, tokens []storage.Tok
 	o.h.observe(start, time.Now(), err)
 	return st, moved, err
 }
+
+// heldLease is a delivery this replica holds and the lease deadline its
+// subscriber was told.
+type heldLease struct {
+	tok      storage.Token
+	deadline time.Time
+}
+
+// renew sets the store lease of each held delivery to the earlier of now +
+// Liveness and the deadline its subscriber was told; with final, to that
+// deadline (the replica lets go of it). Tokens the store no longer leases
+// (acked, nacked or reaped anywhere) are returned.
+func (d *Dispatcher) renew(ctx context.Context, n *namespace, held []heldLease, final bool) (gone []storage.Token, err error) {
+	now := d.cfg.Clock.Now()
+	groups := map[time.Duration][]storage.Token{}
+	for _, h := range held {
+		left := h.deadline.Sub(now)
+		if left <= 0 {
+			continue
+		}
+		by := left
+		if !final && by > d.cfg.Liveness {
+			by = d.cfg.Liveness
+		}
+		by = by.Round(100 * time.Millisecond)
+		if by <= 0 {
+			continue
+		}
+		groups[by] = append(groups[by], h.tok)
+	}
+	for by, toks := range groups {
+		for start := 0; start < len(toks); start += d.cfg.PopBatch {
+			end := min(start+d.cfg.PopBatch, len(toks))
+			res, xerr := d.cfg.Store.Extend(ctx, n.name, toks[start:end], by)
+			if xerr != nil {
+				if final {
+					d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: leaving leases to their ack deadline failed; they are taken back when the short lease runs out",
+						slog.String("namespace", n.name), slog.Int("deliveries", end-start), slog.String("error", xerr.Error()))
+				}
+				if err == nil {
+					err = xerr // the renewer logs and retries
+				}
+				continue
+			}
+			var okToks []storage.Token
+			var deadlines []time.Time
+			for i, r := range res {
+				if start+i >= end {
+					break
+				}
+				if r.Status != storage.TokenOK {
+					gone = append(gone, toks[start+i])
+				} else if !final {
+					okToks = append(okToks, toks[start+i])
+					deadlines = append(deadlines, r.LeaseDeadline)
+				}
+			}
+			if len(okToks) > 0 {
+				n.renewed(okToks, deadlines)
+			}
+		}
+	}
+	return gone, err
+}
