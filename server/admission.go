@@ -21,7 +21,7 @@ import (
 //     peer's idle ones beyond its share closed first (conns.go);
 //  2. the HTTP/2 header list: at most maxHeaderListBytes decoded bytes, so
 //     HPACK-compressed floods of metadata cannot pin memory;
-//  3. the tap handle (tapAuth): with auth on, a call to a delayd service is
+//  3. the guard's tap handle (guard/tap.go): with auth on, a call to a delayd service is
 //     authenticated before its stream is accepted — the bearer key looked
 //     up (the registry's cache first) and its secret compared — so a call
 //     with no key, a malformed one or a made-up one is refused with

@@ -37,7 +37,8 @@ import (
 )
 
 // Config is what the guard is built from. server.New fills it from its
-// Options, with their defaults applied.
+// Options, with their defaults applied: Logger, Clock, Store and Tenancy
+// are required; SharedLimits and TLS may be nil.
 type Config struct {
 	Logger *slog.Logger
 	Clock  storage.Clock
