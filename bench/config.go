@@ -163,7 +163,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.StringVar(&c.JSONOut, "json-out", "", "also write the JSON report to this file")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no live progress line on stderr")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (with --server inproc: delayd and the load generator) to this file")
-	fs.DurationVar(&c.Timeout, "timeout", time.Hour, "bound on the whole run")
+	fs.DurationVar(&c.Timeout, "timeout", time.Hour, "bound on the whole run (a --soak gets its duration plus 15m unless this is set)")
 	fs.DurationVar(&c.Soak.Duration, "soak", 0, "run a steady flow for this long instead of the workloads (make soak); the workload flags --producers, --subscribers, --max-in-flight and --payload apply")
 	fs.IntVar(&c.Floor.Rounds, "floor", 0, "run this many rounds of the gRPC floor instead of the workloads: the source design's Lua upsert and pop-delete loop beside a no-op gRPC service and one that does the same Redis work, in one process (docs/BENCHMARKS.md)")
 	fs.IntVar(&c.Floor.Tasks, "floor-tasks", 50_000, "tasks per row and round of --floor")
@@ -209,7 +209,9 @@ var workloadFlags = map[string]func(dst *Workload, src Workload){
 // and c.OverrideArgs. Call it after fs.Parse.
 func (c *Config) Finish(fs *flag.FlagSet, w *Workload) error {
 	var set []func(*Workload)
+	timeoutSet := false
 	fs.Visit(func(f *flag.Flag) {
+		timeoutSet = timeoutSet || f.Name == "timeout"
 		if apply, ok := workloadFlags[f.Name]; ok {
 			src := *w
 			set = append(set, func(d *Workload) { apply(d, src) })
@@ -232,8 +234,23 @@ func (c *Config) Finish(fs *flag.FlagSet, w *Workload) error {
 	if c.Floor.Tasks < 1000 || c.Floor.Tasks > 10_000_000 {
 		return fmt.Errorf("--floor-tasks %d: allowed: 1000 to 10000000", c.Floor.Tasks)
 	}
+	// A soak runs for its duration plus set-up, the drain of the last
+	// tasks and the report: the whole-run bound must cover that, or the
+	// last upserts fail with DeadlineExceeded and the tasks not yet due are
+	// counted lost (a 60-minute soak under the 1-hour default did).
+	if need := c.Soak.Duration + soakTimeoutMargin; c.Soak.Duration > 0 && c.Timeout < need {
+		if timeoutSet {
+			return fmt.Errorf("--timeout %s is shorter than --soak %s needs: allowed: at least %s (the soak plus %s for set-up, drain and report), or leave --timeout unset",
+				c.Timeout, c.Soak.Duration, need, soakTimeoutMargin)
+		}
+		c.Timeout = need
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
 }
+
+// soakTimeoutMargin is what a soak's whole-run bound (--timeout) allows
+// beyond its duration.
+const soakTimeoutMargin = 15 * time.Minute
