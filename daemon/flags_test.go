@@ -417,3 +417,22 @@ func TestAdminKeyNeverInHelpAndFromFile(t *testing.T) {
 		t.Errorf("an empty --admin-key-file: %v; want an error", err)
 	}
 }
+
+// TestAckLingerIsOffByDefault: an ack waits for no others by default. A
+// StreamDeliveries stream's receiver applies its verdict requests one after
+// another, so a linger delays every one of them: at the old 2 ms default one
+// stream acked about 4,000 tasks/s, its credit ran out, and 100k tasks due
+// over 5 s on four streams arrived up to 0.6 s late (p99 5 ms without it;
+// docs/BENCHMARKS.md, "The ack linger"). A default that brings it back
+// fails here.
+func TestAckLingerIsOffByDefault(t *testing.T) {
+	if got := (Config{}).withDefaults().AckLinger; got > 0 {
+		t.Errorf("Config{}.withDefaults().AckLinger = %s, want no wait", got)
+	}
+	fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
+	var f Flags
+	BindFlags(fs, &f)
+	if d := fs.Lookup("ack-linger").DefValue; d != "0s" {
+		t.Errorf("--ack-linger default = %s, want 0s", d)
+	}
+}
