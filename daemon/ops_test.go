@@ -103,7 +103,15 @@ func TestOpsListenerServesMetricsHealthAndReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	code, body := httpGet(t, ops+"/metrics")
+	// The last delivery is observed after its send returned: wait for it
+	// (latenessObserved says why).
+	var code int
+	var body string
+	waitFor(t, "the lateness histogram to count every delivery", func() bool {
+		code, body = httpGet(t, ops+"/metrics")
+		n, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
+		return code != http.StatusOK || n >= due
+	})
 	if code != http.StatusOK {
 		t.Fatalf("/metrics = %d", code)
 	}
@@ -342,7 +350,7 @@ func TestPastDueTimeIsNotLateness(t *testing.T) {
 	if got := resp.GetDelivery().GetTask().GetDueTime().AsTime(); !got.Equal(past) {
 		t.Errorf("the delivery's due time is %v, want the %v asked for", got, past)
 	}
-	_, body := httpGet(t, "http://"+s.d.OpsAddr()+"/metrics")
+	body := latenessObserved(t, s, ns)
 	count, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
 	underMinute, _ := seriesValue(body, `delayd_delivery_lateness_seconds_bucket{namespace="`+ns+`",le="60"}`)
 	if count != 1 || underMinute != 1 {
@@ -351,6 +359,22 @@ func TestPastDueTimeIsNotLateness(t *testing.T) {
 	if strings.Contains(s.log.String(), "delivered late") {
 		t.Errorf("a task due before it was upserted was logged as late:\n%s", s.log.String())
 	}
+}
+
+// latenessObserved waits until ns's lateness histogram has counted a
+// delivery and returns the /metrics body that shows it. The dispatcher
+// observes a delivery after the stream's send returns, so a client that has
+// received it may read /metrics first (a whole-suite run under scripts/hog.sh
+// did: "0 deliveries").
+func latenessObserved(t *testing.T, s *started, ns string) string {
+	t.Helper()
+	var body string
+	waitFor(t, "the lateness histogram of "+ns+" to count the delivery", func() bool {
+		_, body = httpGet(t, "http://"+s.d.OpsAddr()+"/metrics")
+		n, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
+		return n >= 1
+	})
+	return body
 }
 
 // TestLateDeliveryIsMeasuredFromDueTime: a task that fell due while no
@@ -380,11 +404,15 @@ func TestLateDeliveryIsMeasuredFromDueTime(t *testing.T) {
 	if _, err := stream.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	_, body := httpGet(t, "http://"+s.d.OpsAddr()+"/metrics")
+	body := latenessObserved(t, s, ns)
 	count, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
 	underTwo, _ := seriesValue(body, `delayd_delivery_lateness_seconds_bucket{namespace="`+ns+`",le="1"}`)
 	if count != 1 || underTwo != 0 {
 		t.Errorf("lateness histogram: %v deliveries, %v of them at most 1 s late; want 1 and 0 (the task waited %v past its due time)", count, underTwo, idle)
+	}
+	// The warning follows the observation, on the sending goroutine.
+	for deadline := time.Now().Add(e2eWait); !strings.Contains(s.log.String(), "delivered late") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
 	}
 	if !strings.Contains(s.log.String(), "delivered late") {
 		t.Errorf("a task delivered %v late was not logged as late:\n%s", idle, s.log.String())
