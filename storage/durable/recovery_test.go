@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,6 +285,54 @@ func TestListFallsBackToMySQL(t *testing.T) {
 	}
 	if len(got) != 25 || got[0] != "l24" || got[24] != "l00" {
 		t.Fatalf("listed %v, want l24..l00 in due order", got)
+	}
+}
+
+// statsFailing is an index whose Stats answers ErrUnavailable while fail is
+// set, as a Redis too loaded to answer in time does.
+type statsFailing struct {
+	*redisstore.Store
+	fail atomic.Bool
+}
+
+func (s *statsFailing) Stats(ctx context.Context, ns string) (storage.Stats, error) {
+	if s.fail.Load() {
+		return storage.Stats{}, fmt.Errorf("stats: %w", storage.ErrUnavailable)
+	}
+	return s.Store.Stats(ctx, ns)
+}
+
+// TestListFallsBackWhenTheIndexCannotSay: with the namespace's index gone
+// and its counts unreadable, List still answers from MySQL; it used to
+// return the lost index's empty page, as if the namespace had no tasks (a
+// whole-suite run under scripts/hog.sh: "listed []").
+func TestListFallsBackWhenTheIndexCannotSay(t *testing.T) {
+	t.Parallel()
+	var idx *statsFailing
+	e := newEnv(t, func(c *durable.Config) {
+		c.IndexCheckInterval = time.Hour
+		idx = &statsFailing{Store: c.Index.(*redisstore.Store)}
+		c.Index = idx
+	})
+	ctx := context.Background()
+	ns := testkit.Namespace(t, "du")
+	var specs []storage.UpsertSpec
+	for i := range 5 {
+		specs = append(specs, storage.UpsertSpec{ID: fmt.Sprintf("l%02d", i), DueTime: time.Now().Add(time.Duration(5-i) * time.Minute)})
+	}
+	if _, err := e.store.Upsert(ctx, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.idx.DropNamespace(ctx, ns, 0); err != nil {
+		t.Fatal(err)
+	}
+	idx.fail.Store(true)
+	page, _, err := e.store.List(ctx, ns, storage.ListParams{State: storage.StateScheduled, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page) != 5 || page[0].ID != "l04" {
+		t.Fatalf("listed %d tasks %v, want the 5 MySQL holds, l04 first", len(page), page)
 	}
 }
 

@@ -300,7 +300,16 @@ func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTask
 	if len(p.IDs) > 0 {
 		return s.removeIDs(ctx, ns, p.IDs)
 	}
-	if after, ok := strings.CutPrefix(p.Cursor, mysqlCursor); ok || (p.Cursor == "" && s.indexLost(ctx, ns)) {
+	after, ok := strings.CutPrefix(p.Cursor, mysqlCursor)
+	if !ok && p.Cursor == "" {
+		// A filter matched in MySQL deletes there only: do it when the
+		// index has lost ns, never when it merely cannot be read (its
+		// entries would outlive the rows).
+		if lost, err := s.indexLost(ctx, ns); err == nil && lost {
+			ok = true
+		}
+	}
+	if ok {
 		return s.removeMatchingMySQL(ctx, ns, p, after)
 	}
 	vs, next, err := s.idx.MatchTasks(ctx, ns, p)
@@ -439,8 +448,14 @@ func (s *Store) List(ctx context.Context, ns string, p storage.ListParams) ([]st
 		}
 		return ts, next, err
 	}
-	if len(ts) == 0 && s.indexLost(ctx, ns) {
-		return s.listMySQL(ctx, ns, p)
+	if len(ts) == 0 {
+		// An empty page from an index that lost ns, or that cannot say
+		// whether it did, is not an answer: MySQL, the authority, gives it
+		// (an index error here used to return the empty page as if ns had
+		// no tasks: TestListFallsBackWhenTheIndexCannotSay).
+		if lost, err := s.indexLost(ctx, ns); lost || err != nil {
+			return s.listMySQL(ctx, ns, p)
+		}
 	}
 	return ts, next, nil
 }
@@ -456,11 +471,16 @@ func (s *Store) listMySQL(ctx context.Context, ns string, p storage.ListParams) 
 }
 
 // indexLost reports whether the index holds nothing of ns and no marker
-// says that is complete.
-func (s *Store) indexLost(ctx context.Context, ns string) bool {
-	if ok, err := s.idx.Indexed(ctx, ns); err != nil || ok {
-		return false
+// says that is complete; err when the index cannot say (its marker or its
+// counts unreadable).
+func (s *Store) indexLost(ctx context.Context, ns string) (bool, error) {
+	ok, err := s.idx.Indexed(ctx, ns)
+	if err != nil || ok {
+		return false, err
 	}
 	st, err := s.idx.Stats(ctx, ns)
-	return err == nil && st.Scheduled+st.Delivered+st.Dead == 0
+	if err != nil {
+		return false, err
+	}
+	return st.Scheduled+st.Delivered+st.Dead == 0, nil
 }
