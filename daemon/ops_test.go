@@ -103,18 +103,7 @@ func TestOpsListenerServesMetricsHealthAndReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The last delivery is observed after its send returned: wait for it
-	// (latenessObserved says why).
-	var code int
-	var body string
-	waitFor(t, "the lateness histogram to count every delivery", func() bool {
-		code, body = httpGet(t, ops+"/metrics")
-		n, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
-		return code != http.StatusOK || n >= due
-	})
-	if code != http.StatusOK {
-		t.Fatalf("/metrics = %d", code)
-	}
+	body := latenessObserved(t, s, ns, due)
 	nsl := `{namespace="` + ns + `"}`
 	want := map[string]float64{
 		"delayd_tasks_upserted_total" + nsl:                      due + 1,
@@ -350,7 +339,7 @@ func TestPastDueTimeIsNotLateness(t *testing.T) {
 	if got := resp.GetDelivery().GetTask().GetDueTime().AsTime(); !got.Equal(past) {
 		t.Errorf("the delivery's due time is %v, want the %v asked for", got, past)
 	}
-	body := latenessObserved(t, s, ns)
+	body := latenessObserved(t, s, ns, 1)
 	count, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
 	underMinute, _ := seriesValue(body, `delayd_delivery_lateness_seconds_bucket{namespace="`+ns+`",le="60"}`)
 	if count != 1 || underMinute != 1 {
@@ -361,19 +350,23 @@ func TestPastDueTimeIsNotLateness(t *testing.T) {
 	}
 }
 
-// latenessObserved waits until ns's lateness histogram has counted a
-// delivery and returns the /metrics body that shows it. The dispatcher
+// latenessObserved waits until ns's lateness histogram has counted n
+// deliveries and returns the /metrics body that shows it. The dispatcher
 // observes a delivery after the stream's send returns, so a client that has
 // received it may read /metrics first (a whole-suite run under scripts/hog.sh
 // did: "0 deliveries").
-func latenessObserved(t *testing.T, s *started, ns string) string {
+func latenessObserved(t *testing.T, s *started, ns string, n float64) string {
 	t.Helper()
+	var code int
 	var body string
-	waitFor(t, "the lateness histogram of "+ns+" to count the delivery", func() bool {
-		_, body = httpGet(t, "http://"+s.d.OpsAddr()+"/metrics")
-		n, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
-		return n >= 1
+	waitFor(t, "the lateness histogram of "+ns+" to count the deliveries", func() bool {
+		code, body = httpGet(t, "http://"+s.d.OpsAddr()+"/metrics")
+		got, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
+		return code != http.StatusOK || got >= n
 	})
+	if code != http.StatusOK {
+		t.Fatalf("/metrics = %d", code)
+	}
 	return body
 }
 
@@ -404,7 +397,7 @@ func TestLateDeliveryIsMeasuredFromDueTime(t *testing.T) {
 	if _, err := stream.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	body := latenessObserved(t, s, ns)
+	body := latenessObserved(t, s, ns, 1)
 	count, _ := seriesValue(body, `delayd_delivery_lateness_seconds_count{namespace="`+ns+`"}`)
 	underTwo, _ := seriesValue(body, `delayd_delivery_lateness_seconds_bucket{namespace="`+ns+`",le="1"}`)
 	if count != 1 || underTwo != 0 {
