@@ -305,9 +305,8 @@ func (s *Store) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTask
 		// A filter matched in MySQL deletes there only: do it when the
 		// index has lost ns, never when it merely cannot be read (its
 		// entries would outlive the rows).
-		if lost, err := s.indexLost(ctx, ns); err == nil && lost {
-			ok = true
-		}
+		lost, err := s.indexLost(ctx, ns)
+		ok = err == nil && lost
 	}
 	if ok {
 		return s.removeMatchingMySQL(ctx, ns, p, after)
