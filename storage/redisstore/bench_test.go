@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
@@ -141,4 +143,149 @@ func BenchmarkRedisCPUPerTask(b *testing.B) {
 	b.ReportMetric(per(pop), "pop-µs/task")
 	b.ReportMetric(per(ack), "ack-µs/task")
 	b.ReportMetric(per(up+pop+ack), "redis-µs/task")
+}
+
+// BenchmarkOneTaskCalls measures the fixed price of a store call on the
+// steady-traffic path, one task per call (issue 37): a one-task Upsert, a
+// one-task Pop and a one-token Ack against an idle private redis-server,
+// with 1,000 tasks scheduled an hour ahead so the sets are not empty. It
+// reports, per call, Redis's own time (INFO commandstats: the script
+// command's usec, which includes the commands the script calls) and the
+// redis.calls the script made (the commandstats calls of every other
+// command), so a change to the scripts or to how they are loaded is
+// compared in counts as well as in µs (go test -run X -bench OneTaskCalls
+// ./storage/redisstore/).
+func BenchmarkOneTaskCalls(b *testing.B) {
+	srv := testkit.StartRedis(b)
+	srv.Prioritize()
+	c := srv.Client()
+	s := New(c, Options{NoCoalesce: true})
+	ctx := context.Background()
+	ns := "onetask"
+	payload := make([]byte, 100)
+	var future []storage.UpsertSpec
+	for i := range MaxBatch {
+		future = append(future, storage.UpsertSpec{ID: "later-" + strconv.Itoa(i), Payload: payload, Delay: time.Hour})
+	}
+	if _, err := s.Upsert(ctx, ns, future); err != nil {
+		b.Fatal(err)
+	}
+	// Once through each call first: the scripts (or the library) are loaded
+	// before anything is counted.
+	if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "warm", Payload: payload}}); err != nil {
+		b.Fatal(err)
+	}
+	if ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute}); err != nil || len(ds) != 1 {
+		b.Fatalf("pop: %d, %v", len(ds), err)
+	} else if _, err := s.Ack(ctx, ns, []storage.Token{ds[0].Token}); err != nil {
+		b.Fatal(err)
+	}
+	const n = 1000 // calls of each kind per round
+	var up, pop, ack callCost
+	for r := 0; b.Loop(); r++ {
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("t%d-%d", r, i)
+		}
+		up.add(b, c, func() {
+			for _, id := range ids {
+				if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Payload: payload}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}, n)
+		toks := make([]storage.Token, 0, n)
+		pop.add(b, c, func() {
+			for range n {
+				ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
+				if err != nil || len(ds) != 1 {
+					b.Fatalf("pop: %d, %v", len(ds), err)
+				}
+				toks = append(toks, ds[0].Token)
+			}
+		}, n)
+		ack.add(b, c, func() {
+			for _, t := range toks {
+				st, err := s.Ack(ctx, ns, []storage.Token{t})
+				if err != nil || st[0] != storage.TokenOK {
+					b.Fatalf("ack: %v, %v", st, err)
+				}
+			}
+		}, n)
+	}
+	up.report(b, "upsert")
+	pop.report(b, "pop")
+	ack.report(b, "ack")
+}
+
+// callCost sums what calls of one kind cost Redis (commandStats deltas).
+type callCost struct {
+	calls, usec, inner int64
+}
+
+// add runs f, which makes n store calls of one kind and nothing else, and
+// adds what Redis counted meanwhile. Each store call must be exactly one
+// script call.
+func (cc *callCost) add(b *testing.B, c *redis.Client, f func(), n int) {
+	b.Helper()
+	before := commandStats(b, c)
+	f()
+	after := commandStats(b, c)
+	var scripts, usec, inner int64
+	for name, a := range after {
+		d := a.calls - before[name].calls
+		switch name {
+		case "evalsha", "eval", "fcall", "fcall_ro":
+			scripts += d
+			usec += a.usec - before[name].usec
+		case "info", "script|load", "function|load":
+		default:
+			inner += d
+		}
+	}
+	if scripts != int64(n) {
+		b.Fatalf("%d script calls for %d store calls; want one each", scripts, n)
+	}
+	cc.calls += scripts
+	cc.usec += usec
+	cc.inner += inner
+}
+
+// report reports µs and redis.calls per script call.
+func (cc *callCost) report(b *testing.B, name string) {
+	if cc.calls == 0 {
+		return
+	}
+	b.ReportMetric(float64(cc.usec)/float64(cc.calls), name+"-µs/call")
+	b.ReportMetric(float64(cc.inner)/float64(cc.calls), name+"-redis.calls/call")
+}
+
+type cmdStat struct{ calls, usec int64 }
+
+// commandStats reads INFO commandstats: per command, its calls and usec.
+func commandStats(b *testing.B, c *redis.Client) map[string]cmdStat {
+	b.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]cmdStat{}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+		if !ok || name == line {
+			continue
+		}
+		var st cmdStat
+		for _, f := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.usec, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		out[name] = st
+	}
+	return out
 }
