@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 	"time"
 
@@ -96,6 +97,8 @@ func (a *asynqSystem) consume(_ context.Context, nss []string, subscribers, _ in
 func (a *asynqSystem) cpu() (time.Duration, string, bool) {
 	return SelfCPU(), "delaybench process: asynq server + load generator", true
 }
+
+func (a *asynqSystem) pid() int { return os.Getpid() }
 
 // cleanup deletes every key of the run's queues; asynq's own server and
 // worker records expire by themselves.

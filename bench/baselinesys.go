@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -84,6 +85,8 @@ func (b *baselineSystem) consume(ctx context.Context, nss []string, _, _ int, s 
 func (b *baselineSystem) cpu() (time.Duration, string, bool) {
 	return SelfCPU(), "delaybench process: baseline poller + load generator", true
 }
+
+func (b *baselineSystem) pid() int { return os.Getpid() }
 
 func (b *baselineSystem) cleanup(ctx context.Context, _ []string) error {
 	_, err := b.q.Cleanup(ctx)

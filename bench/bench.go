@@ -123,6 +123,13 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 	if cfg.DelaydLog == nil {
 		cfg.DelaydLog = io.Discard
 	}
+	if cfg.Slowlog && (cfg.OwnRedis || cfg.OwnRedisCluster > 0) {
+		if err := probe.EnableSlowlog(ctx, scriptNames()); err != nil {
+			return err
+		}
+		defer probe.Close()
+		rep.Notes = append(rep.Notes, "Redis calls by script name and µs per script call: the private Redis logged every command of the measured phases (SLOWLOG, threshold 0), which adds about 0.5 µs of Redis CPU per command logged.")
+	}
 	deps := &deployments{cfg: cfg, redisURL: redisURL, log: cfg.DelaydLog, buildOut: stderr}
 	defer deps.close()
 
@@ -280,7 +287,7 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 		}
 		ds, err := newDelaydSystem(delaydConfig{
 			Addr: d.addr, APIKey: key, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
-			CPU: d.cpu, Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards, HistoryBytes: cfg.HistoryBytes,
+			CPU: d.cpu, PID: d.procID(), Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards, HistoryBytes: cfg.HistoryBytes,
 			SDK: sysName == SystemDelaydSDK, SDKMaxOutstanding: cfg.SDKBatch.MaxOutstanding, MySQL: d.mysql,
 		})
 		if err != nil {

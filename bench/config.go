@@ -61,6 +61,12 @@ type Config struct {
 	// HistoryBytes is the history_retention_bytes of the namespaces a run
 	// creates (task history on); 0 = off.
 	HistoryBytes int64
+	// Slowlog, with a private Redis (OwnRedis, OwnRedisCluster), logs
+	// every command Redis runs during the measured phases (SLOWLOG at
+	// threshold 0) so that script calls are split by script name and
+	// timed; it costs Redis about half a microsecond per command logged
+	// (docs/BENCHMARKS.md). A shared Redis's slowlog is never touched.
+	Slowlog bool
 	// MySQLDSN is the MySQL server for durable rows, without a database
 	// name: each run creates a database of its own and drops it afterwards.
 	MySQLDSN string
@@ -151,6 +157,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.BoolVar(&c.OwnRedis, "own-redis", false, "start a private redis-server on a free port instead of --redis-url (clean CPU and memory figures)")
 	fs.StringVar(&c.RedisServerBin, "redis-server", "redis-server", "redis-server binary for --own-redis")
 	fs.IntVar(&c.OwnRedisCluster, "own-redis-cluster", 0, "start a private Redis Cluster of this many masters (no replicas, no persistence; redis-cli joins them) instead of --redis-url; delayd uses redis-cluster://, the Redis figures sum every master; baseline rows are skipped")
+	fs.BoolVar(&c.Slowlog, "slowlog", true, "with --own-redis or --own-redis-cluster: log every Redis command of the measured phases (SLOWLOG at threshold 0) to split script calls by name and time them; costs Redis ~0.5 µs per command logged")
 	fs.Int64Var(&c.HistoryBytes, "history-bytes", 0, "history_retention_bytes of every namespace a delayd run creates (task history on, 65536-1073741824); 0 = off")
 	fs.IntVar(&c.Shards, "shards", 0, "shards of every namespace a delayd run creates (NamespacePolicy.shards, 1-256); 0 = the server default, 1")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", "root@tcp(127.0.0.1:3306)/", "MySQL for durable rows, without a database: each run creates and drops its own")

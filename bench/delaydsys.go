@@ -40,6 +40,9 @@ type delaydConfig struct {
 	AckConcurrency int
 	// CPU measures the delayd process; nil if it cannot be measured.
 	CPU func() (time.Duration, string, bool)
+	// PID is the delayd process (this one for an in-process delayd); 0 if
+	// unknown.
+	PID int
 	// Redis is the Redis delayd uses, for cleanup; nil skips key cleanup.
 	Redis redis.UniversalClient
 	// Shards is the shard count of the namespaces setup creates; 0 = the
@@ -431,6 +434,8 @@ func (s *delaydSystem) cpu() (time.Duration, string, bool) {
 	}
 	return s.cfg.CPU()
 }
+
+func (s *delaydSystem) pid() int { return s.cfg.PID }
 
 // cleanup deletes the namespaces (where the server has an admin API) and
 // then every Redis key that names one of them. Namespace names carry the

@@ -79,6 +79,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(bw, "| %d | %s | %s | %.1f | %s | %.1f | %.1f | %s | %.1f |\n", i+1, x.Workload, x.System,
 			c.Redis, svc, c.Client, d.Redis, svcD, d.Client)
 	}
+	for _, t := range append([]*table{deliverRatios(r.Results, r.Ratios)}, countTables(r.Results)...) {
+		t.writeMarkdown(bw)
+	}
 	io.WriteString(bw, "\nCommands (row number: command):\n\n")
 	for i, x := range r.Results {
 		fmt.Fprintf(bw, "%d. `%s`\n", i+1, x.Command)

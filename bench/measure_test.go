@@ -279,6 +279,7 @@ func (f *fakeSystem) consume(ctx context.Context, _ []string, _, _ int, s sink) 
 	return func() { <-done }, nil
 }
 func (f *fakeSystem) cpu() (time.Duration, string, bool)      { return 0, "", false }
+func (f *fakeSystem) pid() int                                { return 0 }
 func (f *fakeSystem) cleanup(context.Context, []string) error { return nil }
 
 func TestRunCountsDuplicatesAndLossesAsViolations(t *testing.T) {

@@ -25,6 +25,11 @@ type RedisProbe struct {
 	nodes []*RedisProbe
 	// Version is the server's redis_version.
 	Version string
+	// log reads the server's SLOWLOG once EnableSlowlog was called (a
+	// private server only); nil otherwise.
+	log *slowlog
+	// names maps script SHAs and function names to script names.
+	names map[string]string
 }
 
 // NewRedisProbe inspects the server behind rdb.
@@ -87,6 +92,52 @@ func (p *RedisProbe) CPU(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("redis cpu: INFO cpu lacks used_cpu_user/used_cpu_sys")
 	}
 	return time.Duration((us + sy) * float64(time.Second)), nil
+}
+
+// CommandStats returns INFO commandstats (summed over a cluster's masters):
+// every command's calls and microseconds so far, those scripts ran
+// included.
+func (p *RedisProbe) CommandStats(ctx context.Context) (map[string]CallStat, error) {
+	if p.nodes != nil {
+		sum := map[string]CallStat{}
+		for _, n := range p.nodes {
+			m, err := n.CommandStats(ctx)
+			if err != nil {
+				return nil, err
+			}
+			for k, v := range m {
+				s := sum[k]
+				sum[k] = CallStat{Calls: s.Calls + v.Calls, Usec: s.Usec + v.Usec}
+			}
+		}
+		return sum, nil
+	}
+	info, err := redisInfo(ctx, p.rdb, "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	return commandStats(info), nil
+}
+
+// ProcCounts returns the server's read/write syscalls and context switches
+// so far (summed over a cluster's masters); ok is false when its process
+// is not readable on this host.
+func (p *RedisProbe) ProcCounts() (c ProcCounts, ok bool) {
+	if p.nodes != nil {
+		for _, n := range p.nodes {
+			nc, nok := n.ProcCounts()
+			if !nok {
+				return ProcCounts{}, false
+			}
+			c = c.add(nc)
+		}
+		return c, true
+	}
+	if p.PID == 0 {
+		return c, false
+	}
+	c, err := ReadProcCounts(p.PID)
+	return c, err == nil
 }
 
 // UsedMemory returns INFO memory used_memory in bytes.

@@ -99,6 +99,18 @@ type Ratio struct {
 	// costs Redis less).
 	RedisCPU   float64 `json:"redis_cpu"`
 	RedisBytes float64 `json:"redis_bytes_per_task"`
+	// Per delivered task over the delivery phase (what delivering and
+	// acking costs, without the upserts): Redis's CPU and the service
+	// process's CPU divided by Against's (for a baseline or asynq, its
+	// process is delaybench's); and beside each other, the script calls
+	// (EVALSHA/EVAL/FCALL) and the service process's read+write syscalls
+	// per delivered task of System and of Against (-1: not measured).
+	DeliverRedisCPU    float64 `json:"deliver_redis_cpu"`
+	DeliverServiceCPU  float64 `json:"deliver_service_cpu"`
+	ScriptCalls        float64 `json:"script_calls_per_task"`
+	AgainstScriptCalls float64 `json:"against_script_calls_per_task"`
+	Syscalls           float64 `json:"service_syscalls_per_task"`
+	AgainstSyscalls    float64 `json:"against_service_syscalls_per_task"`
 }
 
 // ratios compares every delayd row with every baseline row of its
@@ -132,6 +144,13 @@ func ratios(rs []Result) []Ratio {
 				LatenessP99:    lat,
 				RedisCPU:       div(a.RedisCPU.Load+a.RedisCPU.Deliver, b.RedisCPU.Load+b.RedisCPU.Deliver),
 				RedisBytes:     div(a.RedisBytesPerTask, b.RedisBytesPerTask),
+
+				DeliverRedisCPU:    div(a.DeliverCost().Redis, b.DeliverCost().Redis),
+				DeliverServiceCPU:  div(a.DeliverCost().Service, b.DeliverCost().Service),
+				ScriptCalls:        a.Counts.Deliver.scriptCallsPerTask(a.Params.Tasks),
+				AgainstScriptCalls: b.Counts.Deliver.scriptCallsPerTask(b.Params.Tasks),
+				Syscalls:           a.Counts.Deliver.syscallsPerTask(a.Params.Tasks),
+				AgainstSyscalls:    b.Counts.Deliver.syscallsPerTask(b.Params.Tasks),
 			})
 		}
 	}
@@ -223,6 +242,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, t := range append([]*table{deliverRatios(r.Results, r.Ratios)}, countTables(r.Results)...) {
+		if err := t.writeText(bw); err != nil {
+			return err
+		}
 	}
 	var problems []string
 	for _, x := range r.Results {

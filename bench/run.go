@@ -154,6 +154,8 @@ type Result struct {
 	// subscribers; for a baseline or an in-process delayd, the system
 	// too) over the same phases.
 	ClientCPU CPU `json:"client_cpu"`
+	// Counts are the event counts over the same two phases (meter.go).
+	Counts PhaseCounts `json:"counts"`
 	// RedisBytesPerTask is the growth of Redis used_memory per pending
 	// task, over MemTasks tasks; 0 if not measured.
 	RedisBytesPerTask float64 `json:"redis_bytes_per_pending_task"`
@@ -320,9 +322,17 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	ds, _ := sys.(*delaydSystem)
 	sqlBefore, sqlOK := ds.mysqlSizesOrNil(ctx)
 	memBefore := e.memory(ctx)
-	cpu0, scope, cpuOK := sys.cpu()
-	rcpu0 := e.redisCPU(ctx)
-	ccpu0 := SelfCPU()
+	startLog, err := e.slowlogStart(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		if err := e.slowlogStop(context.WithoutCancel(ctx)); err != nil && res.Error == "" {
+			res.Error = err.Error()
+		}
+	}()
+	m := meter{e: e, sys: sys, svcPID: sys.pid()}
+	r0 := m.read(ctx)
 	loadStart := e.clock.Now()
 	firstDue := loadStart.Add(w.Lead)
 	for i := range sk.dues {
@@ -341,7 +351,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	batch := max(w.Batch, 1)
 	e.progress.phase("upsert", int64(w.Tasks))
 	t0 := time.Now()
-	err := produce(ctx, w.Tasks, batch, w.Producers, nss, func(ctx context.Context, ns string, lo, hi int) error {
+	err = produce(ctx, w.Tasks, batch, w.Producers, nss, func(ctx context.Context, ns string, lo, hi int) error {
 		items := make([]item, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			items = append(items, item{id: TaskID(i), due: time.UnixMilli(sk.dues[i])})
@@ -367,17 +377,21 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	res.UpsertSeconds = loadDur.Seconds()
 	res.UpsertsPerSec = float64(w.Tasks) / loadDur.Seconds()
 	res.UpsertedAfterDue = int(afterDue.Load())
+	r1 := m.read(ctx)
+	// Reading the slowlog also frees its memory before Redis's is read;
+	// neither falls in a measured window.
+	loadLog, err := e.slowlogDrain(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	res.Counts.Load = counts(r0, r1, startLog, loadLog)
 	// Below 1,000 tasks the namespace's fixed keys outweigh the tasks.
 	if w.Filler == 0 && w.Tasks >= 1000 && memBefore > 0 && sk.tracker.Delivered() == 0 {
-		if m := e.memory(ctx); m > 0 {
-			res.RedisBytesPerTask = float64(m-memBefore) / float64(w.Tasks)
+		if mem := e.memory(ctx); mem > 0 {
+			res.RedisBytesPerTask = float64(mem-memBefore) / float64(w.Tasks)
 			res.MemTasks = w.Tasks
 		}
 	}
-	cpu1, _, _ := sys.cpu()
-	rcpu1 := e.redisCPU(ctx)
-	ccpu1 := SelfCPU()
-	loadEnd := time.Now()
 	// MySQL per pending task, read outside the CPU windows (ANALYZE TABLE
 	// runs first) and only while nothing was delivered, as for Redis.
 	if sqlOK && w.Tasks >= 1000 && sk.tracker.Delivered() == 0 {
@@ -385,6 +399,8 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 			res.MySQLBytesPerTask = float64(after.total()-sqlBefore.total()) / float64(w.Tasks)
 		}
 	}
+	r2 := m.read(ctx)
+	loadEnd := time.Now()
 
 	// Deliveries.
 	drainStart := e.clock.At(time.Now())
@@ -424,9 +440,12 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	}
 	tick.Stop()
 	lastAck := time.Unix(0, sk.lastAck.Load())
-	cpu2, _, _ := sys.cpu()
-	rcpu2 := e.redisCPU(ctx)
-	ccpu2 := SelfCPU()
+	r3 := m.read(ctx)
+	deliverLog, err := e.slowlogDrain(ctx)
+	if err != nil && res.Error == "" {
+		res.Error = err.Error()
+	}
+	res.Counts.Deliver = counts(r2, r3, loadLog, deliverLog)
 	if res.Error == "" {
 		// Keep listening briefly: a duplicate would show up now.
 		time.Sleep(w.Grace)
@@ -467,16 +486,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	if sk.lastAck.Load() == 0 || deliverWall <= 0 {
 		deliverWall = time.Since(loadEnd)
 	}
-	if cpuOK {
-		res.ServerCPU = CPU{Scope: scope, Load: (cpu1 - cpu0).Seconds(), Deliver: (cpu2 - cpu1).Seconds()}
-		res.ServerCPU.DeliverPercent = 100 * res.ServerCPU.Deliver / deliverWall.Seconds()
-	}
-	res.ClientCPU = CPU{Scope: "delaybench process", Load: (ccpu1 - ccpu0).Seconds(), Deliver: (ccpu2 - ccpu1).Seconds()}
-	res.ClientCPU.DeliverPercent = 100 * res.ClientCPU.Deliver / deliverWall.Seconds()
-	if e.redis != nil && rcpu0 >= 0 && rcpu2 >= 0 {
-		res.RedisCPU = CPU{Scope: "redis-server process", Load: (rcpu1 - rcpu0).Seconds(), Deliver: (rcpu2 - rcpu1).Seconds()}
-		res.RedisCPU.DeliverPercent = 100 * res.RedisCPU.Deliver / deliverWall.Seconds()
-	}
+	fillCPU(&res, r0, r1, r2, r3, deliverWall)
 	return res
 }
 

@@ -36,9 +36,20 @@ type delayd struct {
 	opsAddr string
 	// cpu measures the process that runs delayd; nil if unknown.
 	cpu func() (time.Duration, string, bool)
+	// inProcess: delayd runs in this process (daemon.Start).
+	inProcess bool
 	// mysql sizes a durable delayd's database; nil in Redis-only mode.
 	mysql *mysqlSizer
 	stop  func(ctx context.Context) error
+}
+
+// procID is the process that runs this delayd: the child's (or the
+// --target-pid), this process's when it runs in-process, 0 if unknown.
+func (d *delayd) procID() int {
+	if d.pid == 0 && d.inProcess {
+		return os.Getpid()
+	}
+	return d.pid
 }
 
 // opsListen is the --ops-listen of the delayd under test: a free loopback
@@ -73,8 +84,9 @@ func startInProcess(ctx context.Context, redisURL, mysqlDSN, ops string, logger 
 		return nil, err
 	}
 	return &delayd{
-		addr:   d.Addr(),
-		apiKey: key,
+		addr:      d.Addr(),
+		apiKey:    key,
+		inProcess: true,
 		cpu: func() (time.Duration, string, bool) {
 			return SelfCPU(), "delaybench process: in-process delayd + load generator", true
 		},

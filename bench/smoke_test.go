@@ -14,6 +14,20 @@ import (
 
 func TestMain(m *testing.M) { testkit.Main(m) }
 
+// runReport runs cfg (which must ask for JSON) and returns its report.
+func runReport(t *testing.T, cfg Config) Report {
+	t.Helper()
+	var out bytes.Buffer
+	if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out.String())
+	}
+	return rep
+}
+
 // A tiny run through the whole tool — an in-process delayd on the test
 // Redis and the baseline poller beside it, a spread and a backlog workload —
 // delivers every task exactly once and never early, and leaves no key
@@ -42,14 +56,7 @@ func TestSmokeTinyRunLosesNothing(t *testing.T) {
 				BaselineBatch: 50, Conns: 2, AckBatch: 20, JSON: true, Quiet: true,
 				Timeout: 2 * time.Minute, Override: c.override,
 			}
-			var out bytes.Buffer
-			if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
-				t.Fatalf("Run: %v\n%s", err, out.String())
-			}
-			var rep Report
-			if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-				t.Fatalf("report is not JSON: %v\n%s", err, out.String())
-			}
+			rep := runReport(t, cfg)
 			if len(rep.Results) != 2 {
 				t.Fatalf("%d results, want 2 (delayd and baseline)", len(rep.Results))
 			}
@@ -99,14 +106,7 @@ func TestSparseRunWaitsForLateDueTask(t *testing.T) {
 			*w = Workload{Name: "custom", Tasks: 1, Lead: 2 * time.Second, Stall: 500 * time.Millisecond}
 		},
 	}
-	var out bytes.Buffer
-	if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
-		t.Fatalf("Run: %v\n%s", err, out.String())
-	}
-	var rep Report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := runReport(t, cfg)
 	for _, r := range rep.Results {
 		if r.Error != "" || r.Lost != 0 || r.Delivered != 1 {
 			t.Errorf("%s: error %q, delivered %d, lost %d", r.System, r.Error, r.Delivered, r.Lost)
@@ -122,21 +122,14 @@ func TestSmokeOwnClusterShards(t *testing.T) {
 	t.Parallel()
 	cfg := Config{
 		Workloads: []string{"custom"}, Systems: []string{SystemDelayd, SystemBaseline10ms},
-		Server: "inproc", OwnRedisCluster: 3, Shards: 6, RedisServerBin: "redis-server",
+		Server: "inproc", OwnRedisCluster: 3, Shards: 6, RedisServerBin: "redis-server", Slowlog: true,
 		MySQLDSN: "root@tcp(127.0.0.1:3306)/", BaselineBatch: 50, Conns: 2, AckBatch: 20, JSON: true, Quiet: true,
 		Timeout: 2 * time.Minute, Override: func(w *Workload) {
 			*w = Workload{Name: "custom", Tasks: 300, Backlog: true, Batch: 64, PayloadBytes: 100,
 				Namespaces: 2, Producers: 2, Subscribers: 2, MaxInFlight: 50}
 		},
 	}
-	var out bytes.Buffer
-	if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
-		t.Fatalf("Run: %v\n%s", err, out.String())
-	}
-	var rep Report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("report is not JSON: %v\n%s", err, out.String())
-	}
+	rep := runReport(t, cfg)
 	if len(rep.Results) != 2 {
 		t.Fatalf("%d results, want 2", len(rep.Results))
 	}
@@ -146,6 +139,12 @@ func TestSmokeOwnClusterShards(t *testing.T) {
 	}
 	if d.RedisCPU.Load+d.RedisCPU.Deliver <= 0 {
 		t.Errorf("Redis CPU over the masters = %+v, want > 0", d.RedisCPU)
+	}
+	// Counts are summed over the masters; their slowlogs cover every
+	// command their statistics count.
+	if c := d.Counts.Deliver; c.Redis == nil || c.RedisSent["evalsha pop"].Calls == 0 || c.RedisLogged != sumCalls(c.RedisCommands) {
+		t.Errorf("delayd on the cluster, delivery counts: redis %v, pops %d, %d logged of %d commands",
+			c.Redis, c.RedisSent["evalsha pop"].Calls, c.RedisLogged, sumCalls(c.RedisCommands))
 	}
 	if !strings.Contains(d.Command, "--own-redis-cluster=3") || !strings.Contains(d.Command, "--shards=6") {
 		t.Errorf("command %q does not name --own-redis-cluster=3 --shards=6", d.Command)
@@ -217,14 +216,7 @@ func TestSmokeDurableMySQLBytes(t *testing.T) {
 				Namespaces: 1, Producers: 2, Subscribers: 2, MaxInFlight: 200}
 		},
 	}
-	var out bytes.Buffer
-	if err := Run(context.Background(), cfg, &out, io.Discard); err != nil {
-		t.Fatalf("Run: %v\n%s", err, out.String())
-	}
-	var rep Report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("report is not JSON: %v\n%s", err, out.String())
-	}
+	rep := runReport(t, cfg)
 	if len(rep.Results) != 1 || rep.Results[0].Error != "" || rep.Results[0].Skipped != "" {
 		t.Fatalf("results %+v", rep.Results)
 	}

@@ -39,6 +39,9 @@ type system interface {
 	// cpu returns the CPU time of the process that does the system's work
 	// and what that figure covers; ok is false when it cannot be measured.
 	cpu() (d time.Duration, scope string, ok bool)
+	// pid is that process's id, for its syscall and context-switch counts
+	// (this process's for a system that runs in delaybench); 0 if unknown.
+	pid() int
 	// cleanup deletes everything the run left in the stores.
 	cleanup(ctx context.Context, nss []string) error
 }

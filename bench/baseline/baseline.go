@@ -35,6 +35,13 @@ var (
 	popScript = redis.NewScript(popSrc)
 )
 
+// ScriptNames returns the name of each of the design's scripts ("upsert",
+// "pop") keyed by the lower-case hex SHA1 an EVALSHA of it sends, for tools
+// that read Redis's SLOWLOG (cmd/delaybench splits script calls by name).
+func ScriptNames() map[string]string {
+	return map[string]string{upsertScript.Hash(): "upsert", popScript.Hash(): "pop"}
+}
+
 // MaxPopBatch is the largest limit Pop accepts: the script unpacks the ids
 // into one Redis command, and Lua's stack holds about 8,000 values.
 const MaxPopBatch = 7000
