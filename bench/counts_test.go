@@ -185,6 +185,8 @@ func TestScriptNameAndKeyShape(t *testing.T) {
 		{[]string{"evalsha", "ABC123", "2", "k"}, "pop"},
 		{[]string{"fcall", "delayd_v1_pop", "1", "k"}, "pop"},
 		{[]string{"fcall_ro", "other_fn", "0"}, "other_fn"},
+		{[]string{"fcall", "delayd_0123456789ab_ack", "1", "k"}, "ack"},
+		{[]string{"fcall", "delayd_0123456789a_ack", "1", "k"}, "delayd_0123456789a_ack"},
 		{[]string{"evalsha", "8ce6b38a00ff", "1", "asynq:{q-1}:t:t42"}, "sha 8ce6b38a asynq:{…}:t"},
 		{[]string{"evalsha", "3c8548ad00ff", "1", "asynq:servers:{h:1:x}"}, "sha 3c8548ad asynq:servers:{…}"},
 		{[]string{"evalsha", "deadbeef00", "0"}, "sha deadbeef"},

@@ -481,7 +481,7 @@ func scriptName(args []string, names map[string]string) string {
 		if n, ok := names[args[1]]; ok {
 			return n
 		}
-		return args[1]
+		return entryOfFunction(args[1])
 	}
 	sha := strings.ToLower(args[1])
 	if n, ok := names[sha]; ok {
@@ -492,6 +492,17 @@ func scriptName(args []string, names map[string]string) string {
 		name += " " + keyShape(args[3])
 	}
 	return name
+}
+
+// entryOfFunction returns the entry of one of delayd's library functions
+// of another build, delayd_<12 hex digits>_<entry> (docs/ARCHITECTURE.md,
+// "The Lua library"), or fn itself.
+func entryOfFunction(fn string) string {
+	v, entry, ok := strings.Cut(strings.TrimPrefix(fn, "delayd_"), "_")
+	if !ok || !strings.HasPrefix(fn, "delayd_") || len(v) != 12 || strings.Trim(v, "0123456789abcdef") != "" || entry == "" {
+		return fn
+	}
+	return entry
 }
 
 // keyShape elides a key's hash tag (a run's random queue name) and what
