@@ -216,6 +216,59 @@ func (s *runSink) acked(n, failed int, at time.Time) {
 	s.lastChange.Store(at.UnixNano())
 }
 
+// newRunSink returns the sink of a run of n tasks.
+func newRunSink(n int, clock Clock) *runSink {
+	return &runSink{
+		tracker:     NewTracker(n),
+		dues:        make([]int64, n),
+		lateness:    make([]time.Duration, n),
+		clock:       clock,
+		earlyWindow: clock.Uncertainty,
+	}
+}
+
+// assignDues sets every task's due time for a load that starts at
+// loadStart (Redis clock) and returns the first and the last.
+func (s *runSink) assignDues(loadStart time.Time, w Workload) (first, last time.Time) {
+	first = loadStart.Add(w.Lead)
+	for i := range s.dues {
+		if w.Backlog {
+			s.dues[i] = loadStart.Add(-time.Second).UnixMilli()
+		} else {
+			s.dues[i] = first.Add(time.Duration(int64(w.Spread) * int64(i) / int64(w.Tasks))).UnixMilli()
+		}
+	}
+	return first, time.UnixMilli(s.dues[len(s.dues)-1])
+}
+
+// tally sets res's delivery check, ack failures and lateness from what
+// the sink saw.
+func (s *runSink) tally(res *Result) {
+	res.Tally = s.tracker.Tally()
+	res.Early = int(s.early.Load())
+	if res.Early+res.Duplicates+res.Lost+res.Unknown > 0 {
+		res.Violations = fmt.Sprintf("%d early, %d duplicate, %d lost, %d unknown deliveries", res.Early, res.Duplicates, res.Lost, res.Unknown)
+	}
+	res.AckFailed = int(s.ackFailed.Load())
+	var lat []time.Duration
+	for i := range s.lateness {
+		if s.tracker.counts[i].Load() > 0 {
+			lat = append(lat, s.lateness[i])
+		}
+	}
+	res.Lateness = Summarize(lat)
+}
+
+// runNamespaces returns n fresh namespace names for one run.
+func runNamespaces(n int) []string {
+	run := randomSuffix(5)
+	nss := make([]string, n)
+	for i := range nss {
+		nss[i] = fmt.Sprintf("dbench-%s-%d", run, i)
+	}
+	return nss
+}
+
 // randomSuffix returns n random bytes in hex.
 func randomSuffix(n int) string {
 	b := make([]byte, n)
@@ -236,11 +289,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	case sys.name() == SystemDelaydSDK:
 		res.UpsertMode = "sdk" // unary Client.Upsert calls, batched by the SDK
 	}
-	run := randomSuffix(5)
-	nss := make([]string, w.Namespaces)
-	for i := range nss {
-		nss[i] = fmt.Sprintf("dbench-%s-%d", run, i)
-	}
+	nss := runNamespaces(w.Namespaces)
 	res.Namespaces = nss
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
@@ -265,42 +314,11 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 		}
 	}
 
-	memStart := e.memory(ctx)
-
-	// Filler: far-future tasks so the measured tasks run against a large
-	// pending set.
-	if w.Filler > 0 {
-		e.progress.phase("filler", int64(w.Filler))
-		fillerDue := time.UnixMilli(e.clock.Now().Add(2 * time.Hour).UnixMilli())
-		t0 := time.Now()
-		err := produce(ctx, w.Filler, 1000, max(w.Producers, 4), nss, func(ctx context.Context, ns string, lo, hi int) error {
-			items := make([]item, 0, hi-lo)
-			for i := lo; i < hi; i++ {
-				items = append(items, item{id: "f" + itoa(i), due: fillerDue})
-			}
-			err := sys.upsert(ctx, ns, items, make([]byte, w.FillerPayloadBytes), false)
-			e.progress.add(int64(hi - lo))
-			return err
-		})
-		if err != nil {
-			return fail(fmt.Errorf("filler load: %w", err))
-		}
-		res.FillerPerSec = float64(w.Filler) / time.Since(t0).Seconds()
-		if memStart > 0 {
-			if m := e.memory(ctx); m > 0 {
-				res.RedisBytesPerTask = float64(m-memStart) / float64(w.Filler)
-				res.MemTasks = w.Filler
-			}
-		}
+	if err := loadFiller(ctx, e, sys, w, nss, &res); err != nil {
+		return fail(err)
 	}
 
-	sk := &runSink{
-		tracker:     NewTracker(w.Tasks),
-		dues:        make([]int64, w.Tasks),
-		lateness:    make([]time.Duration, w.Tasks),
-		clock:       e.clock,
-		earlyWindow: e.clock.Uncertainty,
-	}
+	sk := newRunSink(w.Tasks, e.clock)
 	var stop func()
 	consume := func() error {
 		var err error
@@ -320,8 +338,7 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 
 	// The measured load.
 	ds, _ := sys.(*delaydSystem)
-	sqlBefore, sqlOK := ds.mysqlSizesOrNil(ctx)
-	memBefore := e.memory(ctx)
+	before := readSizes(ctx, e, ds)
 	startLog, err := e.slowlogStart(ctx)
 	if err != nil {
 		return fail(err)
@@ -333,25 +350,126 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	}()
 	m := meter{e: e, sys: sys, svcPID: sys.pid()}
 	r0 := m.read(ctx)
-	loadStart := e.clock.Now()
-	firstDue := loadStart.Add(w.Lead)
-	for i := range sk.dues {
-		if w.Backlog {
-			sk.dues[i] = loadStart.Add(-time.Second).UnixMilli()
-		} else {
-			sk.dues[i] = firstDue.Add(time.Duration(int64(w.Spread) * int64(i) / int64(w.Tasks))).UnixMilli()
+	firstDue, lastDue := sk.assignDues(e.clock.Now(), w)
+	if err := loadTasks(ctx, e, sys, w, nss, sk, &res); err != nil {
+		return fail(err)
+	}
+	r1 := m.read(ctx)
+	// Reading the slowlog also frees its memory before Redis's is read;
+	// neither falls in a measured window.
+	loadLog, err := e.slowlogDrain(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	res.Counts.Load = counts(r0, r1, startLog, loadLog)
+	if sk.tracker.Delivered() == 0 {
+		before.pendingGrowth(ctx, e, ds, w, &res)
+	}
+	r2 := m.read(ctx)
+	loadEnd := time.Now()
+
+	// Deliveries.
+	drainStart := e.clock.At(time.Now())
+	if w.Backlog {
+		if err := consume(); err != nil {
+			return fail(fmt.Errorf("subscribe: %w", err))
+		}
+	} else {
+		drainStart = firstDue
+	}
+	e.progress.phase("deliver", int64(w.Tasks))
+	e.progress.track(sk)
+	res.Error = waitDelivered(ctx, e, w, sk, lastDue)
+	r3 := m.read(ctx)
+	deliverLog, err := e.slowlogDrain(ctx)
+	if err != nil && res.Error == "" {
+		res.Error = err.Error()
+	}
+	res.Counts.Deliver = counts(r2, r3, loadLog, deliverLog)
+	if res.Error == "" {
+		// Keep listening briefly: a duplicate would show up now.
+		time.Sleep(w.Grace)
+	}
+	stop()
+	stop = nil
+	// What MySQL keeps of the tasks once they are acked: the event log
+	// and the acked-task history.
+	if before.sqlOK && res.Error == "" {
+		if after, ok := ds.mysqlSizesOrNil(ctx); ok {
+			res.MySQLHistoryBytesPerTask = float64(after.total(historyTables...)-before.sql.total(historyTables...)) / float64(w.Tasks)
 		}
 	}
-	lastDue := time.UnixMilli(sk.dues[len(sk.dues)-1])
+
+	sk.tally(&res)
+	if ds != nil {
+		res.StreamErrors = int(ds.streamErrs.Load())
+	}
+	fillCPU(&res, r0, r1, r2, r3, sk.deliveryRate(&res, e.clock, drainStart, loadEnd))
+	return res
+}
+
+// deliveryRate sets res's delivery time and rate, from drainStart (Redis
+// clock) to the last ack, and returns the delivery phase's length, from
+// loadEnd (local clock) to the last ack (or now, if nothing was acked).
+func (s *runSink) deliveryRate(res *Result, clock Clock, drainStart, loadEnd time.Time) time.Duration {
+	lastAck := time.Unix(0, s.lastAck.Load())
+	if s.lastAck.Load() != 0 {
+		res.DeliverSeconds = clock.At(lastAck).Sub(drainStart).Seconds()
+		if res.DeliverSeconds > 0 {
+			res.DeliveredAckedSec = float64(s.ackedOK.Load()) / res.DeliverSeconds
+		}
+	}
+	wall := lastAck.Sub(loadEnd)
+	if s.lastAck.Load() == 0 || wall <= 0 {
+		wall = time.Since(loadEnd)
+	}
+	return wall
+}
+
+// loadFiller upserts w.Filler far-future tasks (due in 2 h) so that the
+// measured tasks run against a large pending set, and measures Redis
+// memory per pending task on them.
+func loadFiller(ctx context.Context, e env, sys system, w Workload, nss []string, res *Result) error {
+	if w.Filler <= 0 {
+		return nil
+	}
+	memStart := e.memory(ctx)
+	e.progress.phase("filler", int64(w.Filler))
+	fillerDue := time.UnixMilli(e.clock.Now().Add(2 * time.Hour).UnixMilli())
+	t0 := time.Now()
+	err := produce(ctx, w.Filler, 1000, max(w.Producers, 4), nss, func(ctx context.Context, ns string, lo, hi int) error {
+		items := make([]item, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			items = append(items, item{id: "f" + itoa(i), due: fillerDue})
+		}
+		err := sys.upsert(ctx, ns, items, make([]byte, w.FillerPayloadBytes), false)
+		e.progress.add(int64(hi - lo))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("filler load: %w", err)
+	}
+	res.FillerPerSec = float64(w.Filler) / time.Since(t0).Seconds()
+	if memStart > 0 {
+		if m := e.memory(ctx); m > 0 {
+			res.RedisBytesPerTask = float64(m-memStart) / float64(w.Filler)
+			res.MemTasks = w.Filler
+		}
+	}
+	return nil
+}
+
+// loadTasks upserts the run's tasks (due as sk says) and sets the load
+// figures of res.
+func loadTasks(ctx context.Context, e env, sys system, w Workload, nss []string, sk *runSink, res *Result) error {
 	var afterDue atomic.Int64
 	payload := make([]byte, w.PayloadBytes)
 	for i := range payload {
 		payload[i] = byte('a' + i%26)
 	}
-	batch := max(w.Batch, 1)
 	e.progress.phase("upsert", int64(w.Tasks))
 	t0 := time.Now()
-	err = produce(ctx, w.Tasks, batch, w.Producers, nss, func(ctx context.Context, ns string, lo, hi int) error {
+	err := produce(ctx, w.Tasks, max(w.Batch, 1), w.Producers, nss, func(ctx context.Context, ns string, lo, hi int) error {
 		items := make([]item, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			items = append(items, item{id: TaskID(i), due: time.UnixMilli(sk.dues[i])})
@@ -372,122 +490,75 @@ func runWorkload(ctx context.Context, e env, sys system, w Workload) (res Result
 	})
 	loadDur := time.Since(t0)
 	if err != nil {
-		return fail(fmt.Errorf("upsert: %w", err))
+		return fmt.Errorf("upsert: %w", err)
 	}
 	res.UpsertSeconds = loadDur.Seconds()
 	res.UpsertsPerSec = float64(w.Tasks) / loadDur.Seconds()
 	res.UpsertedAfterDue = int(afterDue.Load())
-	r1 := m.read(ctx)
-	// Reading the slowlog also frees its memory before Redis's is read;
-	// neither falls in a measured window.
-	loadLog, err := e.slowlogDrain(ctx)
-	if err != nil {
-		return fail(err)
+	return nil
+}
+
+// waitDelivered waits until every task was delivered and acked, and
+// returns "" then; or why it stopped waiting: the context ended, or
+// nothing was delivered or acked for w.Stall, counted from the last
+// delivery or ack, or from the last due time if that is later.
+func waitDelivered(ctx context.Context, e env, w Workload, sk *runSink, lastDue time.Time) string {
+	sk.lastChange.Store(time.Now().UnixNano())
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return "interrupted: " + ctx.Err().Error()
+		case <-tick.C:
+		}
+		if sk.tracker.Delivered() >= int64(w.Tasks) && sk.ackedOK.Load() >= int64(w.Tasks) {
+			return ""
+		}
+		since := time.Unix(0, sk.lastChange.Load())
+		if due := lastDue.Add(-e.clock.Offset); due.After(since) {
+			since = due
+		}
+		if time.Since(since) > w.Stall {
+			return fmt.Sprintf("stalled: nothing delivered or acked for %s", w.Stall)
+		}
 	}
-	res.Counts.Load = counts(r0, r1, startLog, loadLog)
-	// Below 1,000 tasks the namespace's fixed keys outweigh the tasks.
-	if w.Filler == 0 && w.Tasks >= 1000 && memBefore > 0 && sk.tracker.Delivered() == 0 {
+}
+
+// sizes are Redis's memory and a durable delayd's MySQL table sizes at
+// one instant.
+type sizes struct {
+	mem   int64 // 0: not read
+	sql   tableBytes
+	sqlOK bool
+}
+
+// readSizes reads them (ds is nil for a system that is not delayd).
+func readSizes(ctx context.Context, e env, ds *delaydSystem) sizes {
+	sql, ok := ds.mysqlSizesOrNil(ctx)
+	return sizes{mem: e.memory(ctx), sql: sql, sqlOK: ok}
+}
+
+// pendingGrowth sets res's Redis and MySQL bytes per pending task from
+// the growth since b, over the run's tasks (call it while nothing was
+// delivered, outside the CPU windows: ANALYZE TABLE runs first). Below
+// 1,000 tasks the namespace's fixed keys outweigh the tasks; with filler
+// tasks, Redis's was measured on them.
+func (b sizes) pendingGrowth(ctx context.Context, e env, ds *delaydSystem, w Workload, res *Result) {
+	if w.Tasks < 1000 {
+		return
+	}
+	if w.Filler == 0 && b.mem > 0 {
 		if mem := e.memory(ctx); mem > 0 {
-			res.RedisBytesPerTask = float64(mem-memBefore) / float64(w.Tasks)
+			res.RedisBytesPerTask = float64(mem-b.mem) / float64(w.Tasks)
 			res.MemTasks = w.Tasks
 		}
 	}
-	// MySQL per pending task, read outside the CPU windows (ANALYZE TABLE
-	// runs first) and only while nothing was delivered, as for Redis.
-	if sqlOK && w.Tasks >= 1000 && sk.tracker.Delivered() == 0 {
+	if b.sqlOK {
 		if after, ok := ds.mysqlSizesOrNil(ctx); ok {
-			res.MySQLBytesPerTask = float64(after.total()-sqlBefore.total()) / float64(w.Tasks)
+			res.MySQLBytesPerTask = float64(after.total()-b.sql.total()) / float64(w.Tasks)
 		}
 	}
-	r2 := m.read(ctx)
-	loadEnd := time.Now()
-
-	// Deliveries.
-	drainStart := e.clock.At(time.Now())
-	if w.Backlog {
-		if err := consume(); err != nil {
-			return fail(fmt.Errorf("subscribe: %w", err))
-		}
-	} else {
-		drainStart = firstDue
-	}
-	e.progress.phase("deliver", int64(w.Tasks))
-	e.progress.track(sk)
-	sk.lastChange.Store(time.Now().UnixNano())
-	tick := time.NewTicker(10 * time.Millisecond)
-	for done := false; !done; {
-		select {
-		case <-ctx.Done():
-			res.Error = "interrupted: " + ctx.Err().Error()
-			done = true
-		case <-tick.C:
-			if sk.tracker.Delivered() >= int64(w.Tasks) && sk.ackedOK.Load() >= int64(w.Tasks) {
-				done = true
-				break
-			}
-			// Stalled: nothing happened for Stall, counted from the last
-			// delivery or ack, or from the last due time if that is later.
-			now := time.Now()
-			since := time.Unix(0, sk.lastChange.Load())
-			if due := lastDue.Add(-e.clock.Offset); due.After(since) {
-				since = due
-			}
-			if now.Sub(since) > w.Stall {
-				res.Error = fmt.Sprintf("stalled: nothing delivered or acked for %s", w.Stall)
-				done = true
-			}
-		}
-	}
-	tick.Stop()
-	lastAck := time.Unix(0, sk.lastAck.Load())
-	r3 := m.read(ctx)
-	deliverLog, err := e.slowlogDrain(ctx)
-	if err != nil && res.Error == "" {
-		res.Error = err.Error()
-	}
-	res.Counts.Deliver = counts(r2, r3, loadLog, deliverLog)
-	if res.Error == "" {
-		// Keep listening briefly: a duplicate would show up now.
-		time.Sleep(w.Grace)
-	}
-	stop()
-	stop = nil
-	// What MySQL keeps of the tasks once they are acked: the event log
-	// and the acked-task history.
-	if sqlOK && res.Error == "" {
-		if after, ok := ds.mysqlSizesOrNil(ctx); ok {
-			res.MySQLHistoryBytesPerTask = float64(after.total(historyTables...)-sqlBefore.total(historyTables...)) / float64(w.Tasks)
-		}
-	}
-
-	res.Tally = sk.tracker.Tally()
-	res.Early = int(sk.early.Load())
-	if res.Early+res.Duplicates+res.Lost+res.Unknown > 0 {
-		res.Violations = fmt.Sprintf("%d early, %d duplicate, %d lost, %d unknown deliveries", res.Early, res.Duplicates, res.Lost, res.Unknown)
-	}
-	res.AckFailed = int(sk.ackFailed.Load())
-	if ds != nil {
-		res.StreamErrors = int(ds.streamErrs.Load())
-	}
-	var lat []time.Duration
-	for i := range sk.lateness {
-		if sk.tracker.counts[i].Load() > 0 {
-			lat = append(lat, sk.lateness[i])
-		}
-	}
-	res.Lateness = Summarize(lat)
-	if sk.lastAck.Load() != 0 {
-		res.DeliverSeconds = e.clock.At(lastAck).Sub(drainStart).Seconds()
-		if res.DeliverSeconds > 0 {
-			res.DeliveredAckedSec = float64(sk.ackedOK.Load()) / res.DeliverSeconds
-		}
-	}
-	deliverWall := lastAck.Sub(loadEnd)
-	if sk.lastAck.Load() == 0 || deliverWall <= 0 {
-		deliverWall = time.Since(loadEnd)
-	}
-	fillCPU(&res, r0, r1, r2, r3, deliverWall)
-	return res
 }
 
 // memory returns Redis used_memory, or 0 when it cannot be read.
