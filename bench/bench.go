@@ -73,7 +73,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 		redisURL = r.url
 		rep.Notes = append(rep.Notes, "Redis: a private redis-server started for this run (no persistence), so no other client's load or keys are in the figures.")
 	} else {
-		rep.Notes = append(rep.Notes, "Redis: "+redactURL(redisURL)+", shared: other clients' load shows in its CPU and memory figures.")
+		rep.Notes = append(rep.Notes, "Redis: "+redactURL(redisURL)+", shared: other clients' load shows in its CPU, memory and count figures.")
 	}
 	if rdb == nil {
 		opt, err := redis.ParseURL(redisURL)
