@@ -86,6 +86,13 @@ type Registry struct {
 
 	namespaces *cache[storage.Namespace]
 	keys       *cache[storage.Key]
+
+	// seen is, per namespace name, the incarnation (create time) this
+	// replica last read from the registry (sawNamespace); bounded by
+	// maxEntries.
+	seenMu     sync.Mutex
+	seen       map[string]time.Time
+	maxEntries int
 }
 
 // DefaultTTL is Config.TTL's default: how long a registry answer is cached.
@@ -135,14 +142,7 @@ func New(cfg Config) (*Registry, error) {
 	}
 	r.namespaces = newCache[storage.Namespace](maxEntries)
 	r.keys = newCache[storage.Key](maxEntries)
-	// A namespace found deleted or re-created (another incarnation) on a
-	// refresh takes the cached keys of its name with it: they were the old
-	// incarnation's, and must not reach the new one.
-	r.namespaces.refreshed = func(ns string, old storage.Namespace, now storage.Namespace, err error) {
-		if err != nil || !now.CreateTime.Equal(old.CreateTime) {
-			r.keys.forgetIf(func(k storage.Key) bool { return k.Namespace == ns })
-		}
-	}
+	r.seen, r.maxEntries = make(map[string]time.Time), maxEntries
 	unknown := cfg.MaxUnknownKeys
 	if unknown <= 0 {
 		unknown = 10_000
@@ -188,6 +188,7 @@ func (r *Registry) Policy(ctx context.Context, ns string) (storage.Policy, error
 func (r *Registry) Namespace(ctx context.Context, ns string, create bool) (storage.Namespace, error) {
 	n, err := r.namespaces.get(ctx, r, ns, func(ctx context.Context) (storage.Namespace, error) {
 		n, err := r.store.GetNamespace(ctx, ns)
+		r.sawNamespace(ns, n, err)
 		if err != nil {
 			return storage.Namespace{}, err
 		}
@@ -203,12 +204,38 @@ func (r *Registry) Namespace(ctx context.Context, ns string, create bool) (stora
 	} else if errors.Is(err, storage.ErrAlreadyExists) {
 		n, err = r.store.GetNamespace(ctx, ns) // created concurrently elsewhere
 	}
+	r.sawNamespace(ns, n, err)
 	r.namespaces.forget(ns) // drop the cached "not found"
 	if err != nil {
 		return storage.Namespace{}, err
 	}
 	n.Policy = Effective(n.Policy, r.defaults)
 	return n, nil
+}
+
+// sawNamespace records what the registry answered for ns (a namespace, or
+// err storage.ErrNotFound; any other error teaches nothing). When it is
+// not the incarnation this replica read last — the name was deleted, or
+// deleted and re-created elsewhere — the cached keys of the name go: they
+// were the old incarnation's (deleted with it), and must not reach the
+// new one, however the namespace's own entry left the cache (expired,
+// refreshed, or dropped by Invalidate when a policy change was announced).
+func (r *Registry) sawNamespace(ns string, n storage.Namespace, err error) {
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return
+	}
+	r.seenMu.Lock()
+	last, had := r.seen[ns]
+	switch {
+	case err != nil:
+		delete(r.seen, ns)
+	case had || len(r.seen) < r.maxEntries:
+		r.seen[ns] = n.CreateTime
+	}
+	r.seenMu.Unlock()
+	if had && (err != nil || !n.CreateTime.Equal(last)) {
+		r.keys.forgetIf(func(k storage.Key) bool { return k.Namespace == ns })
+	}
 }
 
 // Invalidate drops this replica's cached answer for ns, so the next
@@ -308,10 +335,6 @@ type cache[V any] struct {
 	// entry for (a refresh of a held entry is not asked); false answers
 	// ErrTooManyKeyMisses without a load.
 	admit func(now time.Time) bool
-	// refreshed, if set, is called (without the lock) after a load that
-	// replaced a held value (err nil) with what the store answers now (a
-	// value, or storage.ErrNotFound).
-	refreshed func(k string, old, now V, err error)
 
 	mu      sync.Mutex
 	entries map[string]*entry[V]
@@ -393,7 +416,6 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 		c.mu.Lock()
 		close(e.done)
 		e.done = nil
-		held, heldOK := e.val, e.loaded && e.err == nil
 		switch {
 		case err == nil || errors.Is(err, storage.ErrNotFound):
 			if err != nil {
@@ -404,7 +426,10 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 			e.expires = now.Add(r.ttl)
 			e.stale = now.Add(r.ttl + r.maxStale)
 			if e.invalid {
-				e.expires = time.Time{}
+				// Read before a change: it answers this load's callers
+				// and is never served again, not even stale while the
+				// next load is in flight or the store is down.
+				e.expires, e.stale = time.Time{}, time.Time{}
 			}
 			if err != nil && c.misses != nil {
 				if !e.invalid {
@@ -430,9 +455,6 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 		}
 		e.invalid = false
 		c.mu.Unlock()
-		if c.refreshed != nil && heldOK && (err == nil || errors.Is(err, storage.ErrNotFound)) {
-			c.refreshed(k, held, v, err)
-		}
 		return v, err
 	}
 }
@@ -474,15 +496,19 @@ func (c *cache[V]) forget(k string) {
 	c.mu.Unlock()
 }
 
+// forgetIf drops the entries whose value matches, and keeps every load in
+// flight from being cached: what it will hold is not known yet, and it may
+// have read the store before the change (a key of a namespace being
+// deleted, read before the delete, would otherwise be served for a TTL
+// after it — and, the name re-created, into the new namespace).
 func (c *cache[V]) forgetIf(match func(V) bool) {
 	c.mu.Lock()
 	for k, e := range c.entries {
-		if e.loaded && match(e.val) {
-			if e.done == nil {
-				delete(c.entries, k)
-			} else {
-				e.invalid = true
-			}
+		switch {
+		case e.done != nil:
+			e.invalid = true
+		case e.loaded && match(e.val):
+			delete(c.entries, k)
 		}
 	}
 	c.mu.Unlock()

@@ -380,13 +380,7 @@ func TestRecreatedNamespaceDropsItsCachedKeys(t *testing.T) {
 	clk := &clock{now: time.Unix(1_000_000, 0)}
 	r := newRegistry(t, store, clk, false)
 	name := newName(t, store)
-	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
-		t.Fatal(err)
-	}
-	k := storage.Key{ID: "0123456789abcdef", Namespace: name, Scopes: []storage.Scope{storage.ScopeProduce}, CreateTime: time.Now(), Hash: []byte("h")}
-	if err := store.CreateKey(ctx, k); err != nil {
-		t.Fatal(err)
-	}
+	k := createWithKey(t, store, name)
 	if _, err := r.Namespace(ctx, name, false); err != nil {
 		t.Fatal(err)
 	}
@@ -427,4 +421,185 @@ func TestRecreatedNamespaceDropsItsCachedKeys(t *testing.T) {
 	if _, err := r.Key(ctx, k2.ID); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("Key after ForgetNamespace: err = %v, want ErrNotFound", err)
 	}
+}
+
+// heldKeys reads a key from the store, then, while armed, waits for the
+// test before answering: a key lookup that read the store before a change
+// and finishes after it.
+type heldKeys struct {
+	storage.Registry
+	armed   atomic.Bool
+	read    chan struct{} // closed once the armed read has read the store
+	release chan struct{}
+}
+
+func (h *heldKeys) GetKey(ctx context.Context, id string) (storage.Key, error) {
+	k, err := h.Registry.GetKey(ctx, id)
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.read)
+		<-h.release
+	}
+	return k, err
+}
+
+// TestKeyReadBeforeDeleteIsNotCached: a key lookup in flight when its
+// namespace is deleted through this replica (it read the key before the
+// delete) answers its own caller, but its answer is not cached: the next
+// lookup reads the store and finds the key gone. Before, the first load of
+// an entry was not touched by the delete's forgetIf (it held no value
+// yet), and the deleted key was served for a whole TTL after — through
+// which a write reached the namespace re-created under the name
+// (TestRecycledNamespaceServesNothingOfItsPredecessor, durable mode).
+func TestKeyReadBeforeDeleteIsNotCached(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	h := &heldKeys{Registry: store, read: make(chan struct{}), release: make(chan struct{})}
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r := newRegistry(t, h, clk, false)
+	name := newName(t, store)
+	k := createWithKey(t, store, name)
+	h.armed.Store(true)
+	first := make(chan error, 1)
+	go func() {
+		_, err := r.Key(ctx, k.ID)
+		first <- err
+	}()
+	<-h.read
+	if err := r.DeleteNamespace(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatalf("the lookup in flight: %v (it read the key before the delete)", err)
+	}
+	if _, err := r.Key(ctx, k.ID); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Key after its namespace was deleted here: err = %v, want ErrNotFound (the in-flight answer was cached)", err)
+	}
+}
+
+// TestInvalidatedNamespaceRecreatedDropsItsCachedKeys: a replica that
+// dropped its cached namespace on a policy-change notice (Invalidate, as
+// the dispatcher does when another replica announces one, e.g. a
+// re-created namespace with push) and then reads the name re-created
+// (another incarnation) drops the cached keys of the name: the old
+// incarnation's keys were deleted with it. Before, only a refresh of a
+// held entry compared incarnations, and the invalidated entry's next load
+// was not one.
+func TestInvalidatedNamespaceRecreatedDropsItsCachedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r := newRegistry(t, store, clk, false)
+	name := newName(t, store)
+	k := createWithKey(t, store, name)
+	if _, err := r.Namespace(ctx, name, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Key(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Deleted (with its keys) and re-created on another replica, which
+	// announces the new namespace's policy.
+	if err := store.DeleteNamespace(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	r.Invalidate(name)
+	if _, err := r.Namespace(ctx, name, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Key(ctx, k.ID); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Key after this replica read the name re-created: err = %v, want ErrNotFound", err)
+	}
+}
+
+// heldNamespaces reads a namespace from the store, then, while armed,
+// waits for the test before answering.
+type heldNamespaces struct {
+	storage.Registry
+	armed   atomic.Bool
+	read    chan struct{}
+	release chan struct{}
+}
+
+func (h *heldNamespaces) arm() {
+	h.read, h.release = make(chan struct{}), make(chan struct{})
+	h.armed.Store(true)
+}
+
+func (h *heldNamespaces) GetNamespace(ctx context.Context, name string) (storage.Namespace, error) {
+	n, err := h.Registry.GetNamespace(ctx, name)
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.read)
+		<-h.release
+	}
+	return n, err
+}
+
+// TestAnswerReadBeforeCreateIsNeverServedStale: a "not found" read before
+// the namespace was created through this replica (its load was in flight
+// then) answers its own caller, and is never served again — not while
+// the next load is in flight either (the cache serves a held answer to
+// callers who come while another refreshes it). Before, a re-created
+// namespace's own key was answered NotFound for its namespace
+// (TestRecycledNamespaceServesNothingOfItsPredecessor, durable mode).
+func TestAnswerReadBeforeCreateIsNeverServedStale(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := newStore(t)
+	h := &heldNamespaces{Registry: store}
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	r := newRegistry(t, h, clk, false)
+	name := newName(t, store)
+	h.arm()
+	first := make(chan error, 1)
+	go func() {
+		_, err := r.Namespace(ctx, name, false)
+		first <- err
+	}()
+	<-h.read
+	if _, err := r.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	close(h.release)
+	if err := <-first; !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("the lookup in flight: %v, want its own NotFound", err)
+	}
+	// The next load hangs; a caller meanwhile must wait for it, not be
+	// handed the NotFound read before the create.
+	h.arm()
+	second := make(chan error, 1)
+	go func() {
+		_, err := r.Namespace(ctx, name, false)
+		second <- err
+	}()
+	<-h.read
+	wait, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := r.Namespace(wait, name, false); errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("a lookup while the namespace's load is in flight: %v; the NotFound read before the create was served", err)
+	}
+	close(h.release)
+	if err := <-second; err != nil {
+		t.Errorf("the load after the create: %v", err)
+	}
+}
+
+// createWithKey creates namespace name in store with a produce key of its
+// own, and returns the key.
+func createWithKey(t *testing.T, store storage.Registry, name string) storage.Key {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := store.CreateNamespace(ctx, storage.Namespace{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	k := storage.Key{ID: "0123456789abcdef", Namespace: name, Scopes: []storage.Scope{storage.ScopeProduce}, CreateTime: time.Now(), Hash: []byte("h")}
+	if err := store.CreateKey(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
