@@ -171,20 +171,25 @@ func (s *Store) DeleteNamespace(ctx context.Context, name string) error {
 	defer cancel()
 	found := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		// Keep the incarnation's create time: a re-created namespace of
-		// this name must be born later (see CreateNamespace).
-		if _, err := tx.ExecContext(ctx, "REPLACE INTO delayd_namespace_born (name, create_ms) SELECT name, create_ms FROM delayd_namespaces WHERE name = ?", name); err != nil {
+		// The registry row first, then the born row: the order every
+		// transaction that locks both takes (endIncarnation; a group
+		// commit's checkIncarnations reads them in share mode), so a
+		// delete never deadlocks with the commits of late writes.
+		var create int64
+		err := tx.QueryRowContext(ctx, "SELECT create_ms FROM delayd_namespaces WHERE name = ? FOR UPDATE", name).Scan(&create)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, "DELETE FROM delayd_namespaces WHERE name = ?", name)
-		if err != nil {
-			return err
+		if found = err == nil; found {
+			// Keep the incarnation's create time: a re-created namespace
+			// of this name must be born later (see CreateNamespace).
+			if _, err := tx.ExecContext(ctx, "REPLACE INTO delayd_namespace_born (name, create_ms) VALUES (?, ?)", name, create); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, "DELETE FROM delayd_namespaces WHERE name = ?", name); err != nil {
+				return err
+			}
 		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return err
-		}
-		found = n > 0
 		_, err = tx.ExecContext(ctx, "DELETE FROM delayd_api_keys WHERE namespace = ?", name)
 		return err
 	})
