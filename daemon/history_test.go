@@ -226,7 +226,7 @@ func TestHistoryOffWritesNothing(t *testing.T) {
 		t.Fatalf("GetTaskHistory with history off = %v, %v; want an empty page, history_enabled false", r, err)
 	}
 	rdb := redisClient(t)
-	keys, err := rdb.Keys(context.Background(), "delayd:{"+e.ns+"#*}:history").Result()
+	keys, err := rdb.Keys(context.Background(), "delayd:{"+e.ns+"#*}:history*").Result()
 	if err != nil || len(keys) != 0 {
 		t.Errorf("history keys with history off: %v, %v; want none", keys, err)
 	}
@@ -258,7 +258,7 @@ func TestHistoryRetentionCapRedis(t *testing.T) {
 		}
 	}
 	rdb := redisClient(t)
-	keys, err := rdb.Keys(context.Background(), "delayd:{"+e.ns+"#*}:history").Result()
+	keys, err := rdb.Keys(context.Background(), "delayd:{"+e.ns+"#*}:history*").Result()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("history keys: %v, %v; want one stream", keys, err)
 	}

@@ -11,6 +11,14 @@
 // is logged and counted, never turned into a failed call: the history is
 // an account of what happened, not part of it.
 //
+// Incarnations. Each life of a namespace (its create time) has a history
+// of its own (storage.RecordParams.Incarnation): a call's events go to the
+// incarnation the recorder looked the namespace up in before the store
+// call, and the store drops them if a delete ended it meanwhile. So a
+// namespace re-created under a deleted one's name never reads the old
+// one's events, whenever the late ones are written; and Recent keeps the
+// figures of one incarnation at a time.
+//
 // Order. A history's order is the store's (the Redis stream's ids, the
 // MySQL rows' seq): the order the events were written, which readers keep.
 // A call that changes a task takes its place in its namespace's order
@@ -87,18 +95,29 @@ func Wrap(next storage.Store, cfg Config) *Recorder {
 // Failures is how many history writes failed since Wrap.
 func (r *Recorder) Failures() int64 { return r.failures.Load() }
 
-// keep is how many events ns keeps; 0 = none (or its policy is unknown).
-func (r *Recorder) keep(ctx context.Context, ns string) int64 {
+// life is what a call records for: how many events its namespace keeps
+// (0 = none, or its policy is unknown) and the namespace incarnation (its
+// create time, ms) the events belong to, both as the namespace was looked
+// up before the store call. A call that ran against an incarnation that a
+// delete ended meanwhile has its events dropped with it (storage.History),
+// never seen by a namespace re-created under the name.
+type life struct {
+	keep, inc int64
+}
+
+// lookup is ns's life for a call about to be made.
+func (r *Recorder) lookup(ctx context.Context, ns string) life {
 	n, err := r.cfg.Policies.Namespace(ctx, ns, false)
 	if err != nil {
-		return 0
+		return life{}
 	}
-	return storage.HistoryKeep(n.Policy.HistoryRetentionBytes)
+	return life{keep: storage.HistoryKeep(n.Policy.HistoryRetentionBytes), inc: n.Incarnation()}
 }
 
 // write keeps events of ns (recordInOrder calls it in order).
-func (r *Recorder) write(ctx context.Context, ns string, keep int64, events []storage.Event) {
-	if err := r.cfg.Sink.RecordEvents(context.WithoutCancel(ctx), ns, keep, events); err != nil {
+func (r *Recorder) write(ctx context.Context, ns string, l life, events []storage.Event) {
+	p := storage.RecordParams{Incarnation: l.inc, Keep: l.keep, Events: events}
+	if err := r.cfg.Sink.RecordEvents(context.WithoutCancel(ctx), ns, p); err != nil {
 		r.failures.Add(1)
 		r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "recording task history failed", slog.String("namespace", ns),
 			slog.Int("events", len(events)), slog.String("err", err.Error()))
@@ -108,11 +127,11 @@ func (r *Recorder) write(ctx context.Context, ns string, keep int64, events []st
 // Upsert records an upserted (created) or rescheduled (replaced) event per
 // applied spec.
 func (r *Recorder) Upsert(ctx context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderMakesDue)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderMakesDue)(&events)
 	res, err := r.next.Upsert(ctx, ns, specs)
-	if keep > 0 && err == nil {
+	if l.keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
 		events = make([]storage.Event, 0, len(res))
 		for _, x := range res {
@@ -131,11 +150,11 @@ func (r *Recorder) Upsert(ctx context.Context, ns string, specs []storage.Upsert
 
 // Remove records a removed event when it removed the task.
 func (r *Recorder) Remove(ctx context.Context, ns, id string, ifVersion storage.Version) (storage.State, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderOther)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderOther)(&events)
 	st, err := r.next.Remove(ctx, ns, id, ifVersion)
-	if keep > 0 && err == nil {
+	if l.keep > 0 && err == nil {
 		events = []storage.Event{{Kind: storage.EventRemoved, ID: id, KeyID: storage.KeyIDOf(ctx)}}
 	}
 	return st, err
@@ -145,11 +164,11 @@ func (r *Recorder) Remove(ctx context.Context, ns, id string, ifVersion storage.
 // (RemoveTasksResult.States; a filter walk's removals are not named and
 // are not recorded).
 func (r *Recorder) RemoveTasks(ctx context.Context, ns string, p storage.RemoveTasksParams) (storage.RemoveTasksResult, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderOther)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderOther)(&events)
 	res, err := r.next.RemoveTasks(ctx, ns, p)
-	if keep > 0 && res.Removed > 0 && len(res.States) == len(p.IDs) {
+	if l.keep > 0 && res.Removed > 0 && len(res.States) == len(p.IDs) {
 		key := storage.KeyIDOf(ctx)
 		events = make([]storage.Event, 0, res.Removed)
 		for i, id := range p.IDs {
@@ -183,9 +202,9 @@ func (r *Recorder) Pop(ctx context.Context, ns string, p storage.PopParams) ([]s
 
 // PopWake is Pop that also answers the next wake (the dispatcher's call).
 func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderPop)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderPop)(&events)
 	res, err := r.next.PopWake(ctx, ns, p)
 	ds := res.Deliveries
 	if r.cfg.Recent != nil && len(ds) > 0 {
@@ -193,9 +212,9 @@ func (r *Recorder) PopWake(ctx context.Context, ns string, p storage.PopParams) 
 		for i, d := range ds {
 			late[i] = lateness(d.Task)
 		}
-		r.cfg.Recent.observe(ns, late)
+		r.cfg.Recent.observe(ns, l.inc, late)
 	}
-	if keep > 0 && len(ds) > 0 {
+	if l.keep > 0 && len(ds) > 0 {
 		events = make([]storage.Event, len(ds))
 		for i, d := range ds {
 			t := d.Task
@@ -215,11 +234,11 @@ func lateness(t storage.Task) time.Duration {
 
 // Ack records an acked event per settled token.
 func (r *Recorder) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderOther)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderOther)(&events)
 	sts, err := r.next.Ack(ctx, ns, tokens)
-	if keep > 0 && err == nil {
+	if l.keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
 		for i, st := range sts {
 			if st == storage.TokenOK && i < len(tokens) {
@@ -235,11 +254,11 @@ func (r *Recorder) Ack(ctx context.Context, ns string, tokens []storage.Token) (
 // those that used up their attempts). A hand-back of deliveries never sent
 // (opts.Unsent) is not an event: the pop's attempt is given back.
 func (r *Recorder) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderMakesDue)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderMakesDue)(&events)
 	sts, moved, err := r.next.Nack(ctx, ns, tokens, opts)
-	if keep > 0 && err == nil && !opts.Unsent {
+	if l.keep > 0 && err == nil && !opts.Unsent {
 		key := storage.KeyIDOf(ctx)
 		var after time.Duration
 		if opts.RetryAfter != nil {
@@ -274,11 +293,11 @@ func (r *Recorder) Extend(ctx context.Context, ns string, tokens []storage.Token
 // Reap records a lease-expired event per task taken back (and
 // dead-lettered for those that used up their attempts).
 func (r *Recorder) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderMakesDue)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderMakesDue)(&events)
 	moved, err := r.next.Reap(ctx, ns, limit, opts)
-	if keep > 0 && len(moved) > 0 {
+	if l.keep > 0 && len(moved) > 0 {
 		events = make([]storage.Event, 0, len(moved))
 		for _, m := range moved {
 			events = append(events, storage.Event{Kind: storage.EventLeaseExpired, ID: m.ID, Generation: m.Generation, Attempt: m.Attempt, Due: scheduledDue(m)})
@@ -297,11 +316,11 @@ func (r *Recorder) NextWake(ctx context.Context, ns string) (time.Time, time.Tim
 
 // Requeue records a requeued event per task it moved back.
 func (r *Recorder) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderMakesDue)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderMakesDue)(&events)
 	moved, err := r.next.Requeue(ctx, ns, p)
-	if keep > 0 && err == nil {
+	if l.keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
 		events = make([]storage.Event, len(moved))
 		for i, m := range moved {
@@ -313,11 +332,11 @@ func (r *Recorder) Requeue(ctx context.Context, ns string, p storage.RequeuePara
 
 // Purge records a removed event (reason "purged") per dead task deleted.
 func (r *Recorder) Purge(ctx context.Context, ns string, p storage.PurgeParams) ([]string, error) {
-	keep := r.keep(ctx, ns)
+	l := r.lookup(ctx, ns)
 	var events []storage.Event
-	defer r.recordInOrder(ctx, ns, keep, orderOther)(&events)
+	defer r.recordInOrder(ctx, ns, l, orderOther)(&events)
 	ids, err := r.next.Purge(ctx, ns, p)
-	if keep > 0 && err == nil {
+	if l.keep > 0 && err == nil {
 		key := storage.KeyIDOf(ctx)
 		events = make([]storage.Event, len(ids))
 		for i, id := range ids {

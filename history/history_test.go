@@ -26,9 +26,9 @@ type countingSink struct {
 	calls atomic.Int64
 }
 
-func (c *countingSink) RecordEvents(ctx context.Context, ns string, keep int64, events []storage.Event) error {
+func (c *countingSink) RecordEvents(ctx context.Context, ns string, p storage.RecordParams) error {
 	c.calls.Add(1)
-	return c.History.RecordEvents(ctx, ns, keep, events)
+	return c.History.RecordEvents(ctx, ns, p)
 }
 
 // drive upserts, pops, nacks, pops again and acks one task.
@@ -104,15 +104,15 @@ type heldSink struct {
 	release chan struct{}
 }
 
-func (h *heldSink) RecordEvents(ctx context.Context, ns string, keep int64, events []storage.Event) error {
-	for _, e := range events {
+func (h *heldSink) RecordEvents(ctx context.Context, ns string, p storage.RecordParams) error {
+	for _, e := range p.Events {
 		if e.Kind == storage.EventLeaseExpired {
 			close(h.arrived)
 			<-h.release
 			break
 		}
 	}
-	return h.History.RecordEvents(ctx, ns, keep, events)
+	return h.History.RecordEvents(ctx, ns, p)
 }
 
 // TestHistoryKeepsOrderOfCallsThatSawEachOther: a requeue made after a
@@ -266,4 +266,62 @@ func requeueAside(ctx context.Context, rec *history.Recorder) chan error {
 	case <-time.After(100 * time.Millisecond):
 	}
 	return requeued
+}
+
+// recreatable answers one namespace whose create time (its incarnation)
+// the test moves, as a delete and re-create under the name would.
+type recreatable struct{ created atomic.Int64 }
+
+func (p *recreatable) Namespace(_ context.Context, ns string, _ bool) (storage.Namespace, error) {
+	return storage.Namespace{Name: ns, Policy: storage.Policy{HistoryRetentionBytes: 1 << 20},
+		CreateTime: time.UnixMilli(p.created.Load())}, nil
+}
+
+// TestRecreatedNamespaceStartsFresh: once the registry answers a later
+// create time (the namespace was deleted and re-created under its name),
+// the recorder writes the new incarnation's events to a history of their
+// own, and the recent-delivery figures of the old incarnation are not
+// the new one's.
+func TestRecreatedNamespaceStartsFresh(t *testing.T) {
+	fake := storagefake.New(nil)
+	pol := &recreatable{}
+	pol.created.Store(1_000)
+	recent := history.NewRecent()
+	rec := history.Wrap(fake, history.Config{Policies: pol, Sink: fake, Recent: recent})
+	ctx := t.Context()
+	if _, err := rec.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Minute}); err != nil || len(ds) != 1 {
+		t.Fatalf("pop: %v, %v", ds, err)
+	}
+	if n := recent.Deliveries("ns", 1_000).Count; n != 1 {
+		t.Fatalf("recent deliveries of the first incarnation: %d, want 1", n)
+	}
+	pol.created.Store(2_000)
+	if _, err := rec.Upsert(ctx, "ns", []storage.UpsertSpec{{ID: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := recent.Deliveries("ns", 2_000).Count; n != 0 {
+		t.Errorf("recent deliveries of the re-created namespace: %d, want 0 (they were the old one's)", n)
+	}
+	read := func(inc int64, id string) int {
+		evs, _, err := fake.TaskHistory(ctx, "ns", storage.HistoryParams{Incarnation: inc, ID: id, Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(evs)
+	}
+	if a1, a2, b2 := read(1_000, "a"), read(2_000, "a"), read(2_000, "b"); a1 != 2 || a2 != 0 || b2 != 1 {
+		t.Errorf("events: a in the first incarnation %d (want 2), a in the second %d (want 0), b in the second %d (want 1)", a1, a2, b2)
+	}
+	// A pop made for the old incarnation after the new one delivered is not
+	// counted for the new one.
+	pol.created.Store(1_000)
+	if _, err := rec.Pop(ctx, "ns", storage.PopParams{Limit: 1, LeaseFor: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if n := recent.Deliveries("ns", 2_000).Count; n != 0 {
+		t.Errorf("a delivery made for the old incarnation counts for the new one: %d", n)
+	}
 }

@@ -40,7 +40,7 @@ type sequencer struct {
 // slot is one call's place in a sequencer.
 type slot struct {
 	events  []storage.Event
-	keep    int64
+	life    life
 	filled  bool          // finish handed the events in
 	written bool          // the events are written (or failed: err)
 	err     error         // the write's error
@@ -67,10 +67,11 @@ func (s *slot) signal() {
 // finish hands in s's events (none is fine: the slot still keeps its
 // place) and returns once they and every earlier slot's are written, with
 // the error of the write that carried them. write keeps a batch of events
-// of the namespace, keep being the largest of the batch's slots.
-func (q *sequencer) finish(s *slot, keep int64, events []storage.Event, write func(keep int64, events []storage.Event) error) error {
+// of one incarnation of the namespace, keep being the largest of the
+// batch's slots (writeRuns).
+func (q *sequencer) finish(s *slot, l life, events []storage.Event, write func(l life, events []storage.Event) error) error {
 	q.mu.Lock()
-	s.events, s.keep, s.filled = events, keep, true
+	s.events, s.life, s.filled = events, l, true
 	for !s.written {
 		if q.writing || !q.queue[0].filled {
 			// Another owner writes, or an earlier call is still in its
@@ -89,16 +90,7 @@ func (q *sequencer) finish(s *slot, keep int64, events []storage.Event, write fu
 		q.writing = true
 		q.mu.Unlock()
 
-		var all []storage.Event
-		k := int64(0)
-		for _, b := range batch {
-			all = append(all, b.events...)
-			k = max(k, b.keep)
-		}
-		var err error
-		if len(all) > 0 {
-			err = write(k, all)
-		}
+		err := writeRuns(batch, write)
 
 		q.mu.Lock()
 		q.writing = false
@@ -119,6 +111,30 @@ func (q *sequencer) finish(s *slot, keep int64, events []storage.Event, write fu
 	return err
 }
 
+// writeRuns writes the events of batch, in order, one write per run of
+// slots of the same incarnation (a cached namespace refreshed between two
+// calls: the next incarnation's events must not join the previous one's
+// history), and returns the first error.
+func writeRuns(batch []*slot, write func(l life, events []storage.Event) error) error {
+	var first error
+	for i := 0; i < len(batch); {
+		run := life{inc: batch[i].life.inc}
+		var all []storage.Event
+		j := i
+		for ; j < len(batch) && batch[j].life.inc == run.inc; j++ {
+			all = append(all, batch[j].events...)
+			run.keep = max(run.keep, batch[j].life.keep)
+		}
+		if len(all) > 0 {
+			if err := write(run, all); err != nil && first == nil {
+				first = err
+			}
+		}
+		i = j
+	}
+	return first
+}
+
 // orderKind says how a call is ordered against pops (sequencer.due).
 type orderKind int
 
@@ -131,8 +147,8 @@ const (
 // recordInOrder takes a slot of ns's sequencer (when ns keeps history);
 // call the returned func after the store call with the call's events
 // (defer it: a slot must always be finished, or ns's history writes stop).
-func (r *Recorder) recordInOrder(ctx context.Context, ns string, keep int64, kind orderKind) func(*[]storage.Event) {
-	if keep <= 0 {
+func (r *Recorder) recordInOrder(ctx context.Context, ns string, l life, kind orderKind) func(*[]storage.Event) {
+	if l.keep <= 0 {
 		return func(*[]storage.Event) {}
 	}
 	v, ok := r.order.Load(ns)
@@ -152,8 +168,8 @@ func (r *Recorder) recordInOrder(ctx context.Context, ns string, keep int64, kin
 	s := q.begin()
 	return func(events *[]storage.Event) {
 		unlock()
-		_ = q.finish(s, keep, *events, func(keep int64, all []storage.Event) error {
-			r.write(ctx, ns, keep, all)
+		_ = q.finish(s, l, *events, func(l life, all []storage.Event) error {
+			r.write(ctx, ns, l, all)
 			return nil
 		})
 	}

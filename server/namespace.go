@@ -77,7 +77,8 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	if err := validateNamespace("namespace", ns); err != nil {
 		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
-	pol, err := lookupPolicy(ctx, s.opts.Tenancy, s.logger, ns)
+	n, err := s.opts.Tenancy.Namespace(ctx, ns, false)
+	pol, err := policyStatus(ctx, s.logger, ns, n.Policy, err)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +117,7 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	}
 	forecastToProto(resp, fc)
 	if s.opts.Recent != nil {
-		recentToProto(resp, s.opts.Recent.Deliveries(ns))
+		recentToProto(resp, s.opts.Recent.Deliveries(ns, n.Incarnation()))
 	}
 	return resp, nil
 }

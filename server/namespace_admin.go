@@ -363,7 +363,7 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	// it (cached for up to a second) is written, so none survives into a
 	// namespace re-created under the same name. The drop then takes every
 	// task, including any written since the count above.
-	deleted, err := s.opts.Store.DropNamespace(ctx, name, incarnationOf(n))
+	deleted, err := s.opts.Store.DropNamespace(ctx, name, n.Incarnation())
 	if err != nil {
 		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("delete namespace: drop tasks: %w", err))
 	}

@@ -24,7 +24,9 @@ type History interface {
 // Recent is what the server asks about a namespace's recent deliveries on
 // this replica. *history.Recent implements it.
 type Recent interface {
-	Deliveries(ns string) storage.RecentDeliveries
+	// Deliveries reports the recent deliveries of incarnation incarnation
+	// of ns (storage.Namespace.Incarnation): none of an earlier one.
+	Deliveries(ns string, incarnation int64) storage.RecentDeliveries
 }
 
 // Tenancy is namespaces and keys as the server and its guard read them

@@ -67,7 +67,7 @@ func (s *taskService) UpsertTask(ctx context.Context, req *delaydv1.UpsertTaskRe
 	}
 	spec, err := upsertSpec("", req, "", n.Policy, s.now())
 	spec.TraceParent = traceParent(ctx)
-	spec.NamespaceIncarnation = incarnationOf(n)
+	spec.NamespaceIncarnation = n.Incarnation()
 	if err != nil {
 		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
@@ -111,7 +111,7 @@ func (s *taskService) BatchUpsertTasks(ctx context.Context, req *delaydv1.BatchU
 	if err := s.keyStillValid(ctx); err != nil {
 		return nil, err
 	}
-	pol, inc := n.Policy, incarnationOf(n)
+	pol, inc := n.Policy, n.Incarnation()
 
 	out := make([]*delaydv1.BatchUpsertTaskResult, len(items))
 	specs := make([]storage.UpsertSpec, 0, len(items))
@@ -298,15 +298,6 @@ func (s *taskService) keyStillValid(ctx context.Context) error {
 	return rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("key: %w", err))
 }
 
-// incarnationOf is the namespace incarnation upserts name: the create time
-// in Unix milliseconds (0, unchecked, when the registry gave none).
-func incarnationOf(n storage.Namespace) int64 {
-	if n.CreateTime.IsZero() {
-		return 0
-	}
-	return n.CreateTime.UnixMilli()
-}
-
 // upsertFailed answers a failed upsert. When the store refused it because
 // the namespace incarnation the cache named has ended (the namespace was
 // deleted on some replica), the cached namespace is dropped and the answer
@@ -360,11 +351,14 @@ func (s *taskService) GetTaskHistory(ctx context.Context, req *delaydv1.GetTaskH
 	if err != nil {
 		return nil, rpcerr.ToStatus(ctx, s.logger, err)
 	}
-	pol, err := lookupPolicy(ctx, s.tenancy, s.logger, ns)
+	// The namespace's incarnation names the history read: a namespace
+	// re-created under a deleted one's name reads only its own.
+	n, err := s.tenancy.Namespace(ctx, ns, false)
+	pol, err := policyStatus(ctx, s.logger, ns, n.Policy, err)
 	if err != nil {
 		return nil, err
 	}
-	events, next, err := s.history.TaskHistory(ctx, ns, storage.HistoryParams{ID: id, Limit: size, Cursor: cursor, MaxBytes: s.maxList})
+	events, next, err := s.history.TaskHistory(ctx, ns, storage.HistoryParams{Incarnation: n.Incarnation(), ID: id, Limit: size, Cursor: cursor, MaxBytes: s.maxList})
 	if errors.Is(err, storage.ErrInvalidCursor) {
 		return nil, rpcerr.ToStatus(ctx, s.logger, rpcerr.Invalidf("page_token", "is not a token this server issued; start again with an empty page_token"))
 	}

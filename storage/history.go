@@ -101,8 +101,26 @@ func EventSize(e Event) int {
 	return EventWireSize + len(e.ID) + len(e.KeyID) + len(e.Replica) + len(e.Reason)
 }
 
+// RecordParams is one write of History.RecordEvents.
+type RecordParams struct {
+	// Incarnation is the namespace incarnation the events happened in: its
+	// create time, Unix ms (Namespace.CreateTime as the recorder looked it
+	// up before the call that made them). Each incarnation has a history of
+	// its own, so a namespace re-created under a deleted one's name never
+	// reads the old one's events, whenever they were written.
+	Incarnation int64
+	// Keep is about how many events the incarnation's history keeps (the
+	// oldest are dropped first); <= 0 records nothing.
+	Keep int64
+	// Events are the events to append, in order.
+	Events []Event
+}
+
 // HistoryParams selects one page of History.TaskHistory.
 type HistoryParams struct {
+	// Incarnation is the namespace incarnation whose history to read (its
+	// create time, Unix ms, as RecordParams.Incarnation).
+	Incarnation int64
 	// ID is the task whose events to read.
 	ID string
 	// Limit is the most events the page holds (stores cap it at 1,000).
@@ -122,16 +140,29 @@ type HistoryParams struct {
 const HistoryScanWindow = 5000
 
 // History keeps what happened to the tasks of the namespaces whose policy
-// asks for it (Policy.HistoryRetentionBytes), and reads it back.
+// asks for it (Policy.HistoryRetentionBytes), and reads it back, one
+// history per namespace incarnation.
+//
+// The tenant boundary: events of an incarnation that DropNamespace has
+// ended are never read back — not through that incarnation, not through a
+// later one — even when they are recorded after the drop (a call that
+// changed a task just before the delete records its events after it). A
+// store drops such events: MySQL in the write's transaction, the Redis
+// index right after writing them (it reads the namespace's life key in the
+// same pipeline and removes what it wrote).
 type History interface {
-	// RecordEvents appends events of ns's tasks in order, keeping about
-	// keep events of the namespace (the oldest are dropped first; a store
-	// may keep somewhat more, never unboundedly more). Events with a zero
-	// Time get the store's clock. keep <= 0 records nothing.
-	RecordEvents(ctx context.Context, ns string, keep int64, events []Event) error
-	// TaskHistory returns one page of the events of task p.ID of ns, oldest
-	// first, and the cursor of the next page ("" = every kept event was
-	// read). It works after the task is gone, while its events are kept.
+	// RecordEvents appends p.Events of ns's tasks, in order, to the history
+	// of incarnation p.Incarnation, keeping about p.Keep events (the oldest
+	// are dropped first; a store may keep somewhat more, never unboundedly
+	// more). Events with a zero Time get the store's clock. Keep <= 0
+	// records nothing; events of an ended incarnation are dropped, which is
+	// not an error.
+	RecordEvents(ctx context.Context, ns string, p RecordParams) error
+	// TaskHistory returns one page of the events of task p.ID in the
+	// history of incarnation p.Incarnation of ns, oldest first, and the
+	// cursor of the next page ("" = every kept event was read). It works
+	// after the task is gone, while its events are kept; it returns none
+	// once DropNamespace has ended the incarnation.
 	TaskHistory(ctx context.Context, ns string, p HistoryParams) ([]Event, string, error)
 }
 

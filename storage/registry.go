@@ -55,6 +55,18 @@ type Namespace struct {
 	UpdateTime time.Time
 }
 
+// Incarnation names this life of the namespace: its create time in Unix
+// milliseconds (0, unchecked, when the registry gave none). A namespace
+// re-created under a deleted one's name is a later incarnation: upserts,
+// task history and recent figures are tied to it, so nothing of the old
+// one reaches the new.
+func (n Namespace) Incarnation() int64 {
+	if n.CreateTime.IsZero() {
+		return 0
+	}
+	return n.CreateTime.UnixMilli()
+}
+
 // Key is an API key as the registry stores it: never the secret, only its
 // hash.
 type Key struct {

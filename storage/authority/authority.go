@@ -141,7 +141,10 @@ type Write struct {
 	// made for (storage.UpsertSpec.NamespaceIncarnation: the namespace's
 	// create time, ms); 0 = not checked. Commit refuses the write (Ended)
 	// unless delayd_namespaces holds ns with exactly that create time and
-	// DropTasks has not ended it.
+	// DropTasks has not ended it. For WriteEvents it is the incarnation
+	// whose history the events join (storage.RecordParams.Incarnation);
+	// Commit drops them when DropTasks has ended it or a later incarnation
+	// is registered (0: kept, unchecked).
 	NSInc int64
 
 	Rows  []UpsertRow     // WriteUpsert

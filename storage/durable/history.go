@@ -31,10 +31,12 @@ type eventLog struct {
 	lastMS atomic.Int64 // the latest event time stamped (Unix ms)
 }
 
-// RecordEvents appends events to ns's history in MySQL. An event's Time,
-// when set, is kept unless it is before the previous event this replica
-// stamped in ns.
-func (s *Store) RecordEvents(ctx context.Context, ns string, keep int64, events []storage.Event) error {
+// RecordEvents appends p.Events to the history of incarnation
+// p.Incarnation of ns in MySQL (the group commit drops them if the
+// incarnation has ended). An event's Time, when set, is kept unless it is
+// before the previous event this replica stamped in ns.
+func (s *Store) RecordEvents(ctx context.Context, ns string, p storage.RecordParams) error {
+	keep, events := p.Keep, p.Events
 	if keep <= 0 || len(events) == 0 {
 		return nil
 	}
@@ -49,7 +51,7 @@ func (s *Store) RecordEvents(ctx context.Context, ns string, keep int64, events 
 		e.Time = log.stamp(e.Time)
 		evs[i] = e
 	}
-	o := &op{Write: authority.Write{Kind: kindEvents, NS: ns, NowMS: now.UnixMilli(), Events: evs}}
+	o := &op{Write: authority.Write{Kind: kindEvents, NS: ns, NSInc: p.Incarnation, NowMS: now.UnixMilli(), Events: evs}}
 	if err := s.commit.submit(ctx, o); err != nil {
 		return fmt.Errorf("record events: %w", err)
 	}
@@ -76,7 +78,8 @@ func (l *eventLog) stamp(t time.Time) time.Time {
 	}
 }
 
-// TaskHistory pages through one task's events in MySQL.
+// TaskHistory pages through one task's events of one namespace
+// incarnation in MySQL.
 func (s *Store) TaskHistory(ctx context.Context, ns string, p storage.HistoryParams) ([]storage.Event, string, error) {
 	return s.db.TaskEvents(ctx, ns, p)
 }

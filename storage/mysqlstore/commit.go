@@ -67,75 +67,147 @@ func (s *Store) Commit(segs []authority.Segment) error {
 }
 
 // checkIncarnations reads, with a shared lock held to the commit, the
-// registry row of each namespace whose upserts in segs name an incarnation
-// (one statement for the batch, by primary key) and marks Ended the
-// upserts whose incarnation is not the namespace's live one: the name is
-// gone, re-created (another create time), or its tasks are being dropped
-// (DropTasks recorded the incarnation in delayd_namespace_born under the
-// row's exclusive lock). It returns segs without those writes, so one
-// namespace's stale write fails only itself. The lock orders the commit
-// and a concurrent DropTasks: a commit that read the row first is done
-// before the drop starts deleting (and the drop takes its rows); one that
-// reads it after sees the incarnation ended.
+// registry row of each namespace whose upserts or events in segs name an
+// incarnation (one statement for the batch, by primary key) and marks
+// Ended the upserts whose incarnation is not the namespace's live one: the
+// name is gone, re-created (another create time), or its tasks are being
+// dropped (DropTasks recorded the incarnation in delayd_namespace_born
+// under the row's exclusive lock). Events are dropped when their
+// incarnation has ended (nsIncarnations.ended): a call that changed a task
+// just before a forced delete records its events after the drop deleted
+// the namespace's history, and they must not become history a namespace
+// re-created under the name could read. It returns segs without those
+// writes, so one namespace's stale write fails only itself. The lock
+// orders the commit and a concurrent DropTasks: a commit that read the row
+// first is done before the drop starts deleting (and the drop takes its
+// rows); one that reads it after sees the incarnation ended.
 func (s *Store) checkIncarnations(ctx context.Context, tx *sql.Tx, segs []authority.Segment) ([]authority.Segment, error) {
 	want := map[string]bool{}
 	var names []string
-	for _, sg := range segs {
-		for _, w := range sg.Upserts {
-			w.Ended = false
+	add := func(ws []*authority.Write) {
+		for _, w := range ws {
 			if w.NSInc != 0 && !want[w.NS] {
 				want[w.NS] = true
 				names = append(names, w.NS)
 			}
 		}
 	}
+	events := false
+	for _, sg := range segs {
+		for _, w := range sg.Upserts {
+			w.Ended = false
+		}
+		add(sg.Upserts)
+		add(sg.Events)
+		events = events || len(sg.Events) > 0
+	}
 	if len(names) == 0 {
 		return segs, nil
 	}
-	slices.Sort(names)
-	live := map[string]int64{} // name -> create_ms of a namespace that is not ending
-	for start := 0; start < len(names); start += 1000 {
-		chunk := names[start:min(start+1000, len(names))]
-		args := make([]any, len(chunk))
-		for i, n := range chunk {
-			args[i] = n
-		}
-		rows, err := tx.QueryContext(ctx, "SELECT n.name, n.create_ms, COALESCE(b.create_ms, 0) FROM delayd_namespaces n"+
-			" LEFT JOIN delayd_namespace_born b ON b.name = n.name WHERE n.name IN ("+placeholders(len(chunk))+") LOCK IN SHARE MODE", args...)
-		if err != nil {
-			return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
-		}
-		for rows.Next() {
-			var name string
-			var create, ended int64
-			if err := rows.Scan(&name, &create, &ended); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
-			}
-			if ended < create {
-				live[name] = create
-			}
-		}
-		if err := rows.Close(); err != nil {
-			return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("upsert: read namespace incarnations: %w", err)
-		}
+	incs, err := readIncarnations(ctx, tx, names, events)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]authority.Segment, len(segs))
 	for i, sg := range segs {
 		out[i] = sg
-		out[i].Upserts = nil
+		out[i].Upserts, out[i].Events = nil, nil
 		for _, w := range sg.Upserts {
-			if w.NSInc != 0 && live[w.NS] != w.NSInc {
+			if w.NSInc != 0 && incs.live(w.NS) != w.NSInc {
 				w.Ended, w.Upserts = true, nil
 				continue
 			}
 			out[i].Upserts = append(out[i].Upserts, w)
 		}
+		for _, w := range sg.Events {
+			if w.NSInc == 0 || !incs.ended(w.NS, w.NSInc) {
+				out[i].Events = append(out[i].Events, w)
+			}
+		}
 	}
 	return out, nil
+}
+
+// nsIncarnations is what checkIncarnations read of some namespaces.
+type nsIncarnations struct {
+	create map[string]int64 // registry row's create_ms (the live incarnation, unless ended)
+	born   map[string]int64 // delayd_namespace_born: the latest incarnation DropTasks ended
+}
+
+// live is ns's live incarnation; 0 when it has none (no registry row, or
+// its incarnation was ended).
+func (n nsIncarnations) live(ns string) int64 {
+	if c, ok := n.create[ns]; ok && n.born[ns] < c {
+		return c
+	}
+	return 0
+}
+
+// ended reports whether incarnation inc of ns has ended: DropTasks ended
+// it (or a later one), or a later incarnation is registered.
+func (n nsIncarnations) ended(ns string, inc int64) bool {
+	return inc <= n.born[ns] || inc < n.create[ns]
+}
+
+// readIncarnations reads the registry rows of names with a shared lock
+// (see checkIncarnations), and with ended, the ended incarnations of the
+// names that have no registry row (deleted and not re-created: events of
+// theirs come late).
+func readIncarnations(ctx context.Context, tx *sql.Tx, names []string, ended bool) (nsIncarnations, error) {
+	slices.Sort(names)
+	out := nsIncarnations{create: map[string]int64{}, born: map[string]int64{}}
+	var missing []string
+	for start := 0; start < len(names); start += 1000 {
+		chunk := names[start:min(start+1000, len(names))]
+		err := queryPairs(ctx, tx, "SELECT n.name, n.create_ms, COALESCE(b.create_ms, 0) FROM delayd_namespaces n"+
+			" LEFT JOIN delayd_namespace_born b ON b.name = n.name WHERE n.name IN ("+placeholders(len(chunk))+") LOCK IN SHARE MODE",
+			chunk, func(name string, create, born int64) {
+				out.create[name], out.born[name] = create, born
+			})
+		if err != nil {
+			return nsIncarnations{}, fmt.Errorf("upsert: read namespace incarnations: %w", err)
+		}
+		for _, n := range chunk {
+			if _, ok := out.create[n]; !ok {
+				missing = append(missing, n)
+			}
+		}
+	}
+	if !ended {
+		return out, nil
+	}
+	for start := 0; start < len(missing); start += 1000 {
+		chunk := missing[start:min(start+1000, len(missing))]
+		err := queryPairs(ctx, tx, "SELECT name, create_ms, 0 FROM delayd_namespace_born WHERE name IN ("+placeholders(len(chunk))+")",
+			chunk, func(name string, born, _ int64) { out.born[name] = born })
+		if err != nil {
+			return nsIncarnations{}, fmt.Errorf("record events: read ended namespace incarnations: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// queryPairs runs q with names as its arguments and hands each row (a
+// name and two numbers) to row.
+func queryPairs(ctx context.Context, tx *sql.Tx, q string, names []string, row func(name string, a, b int64)) error {
+	args := make([]any, len(names))
+	for i, n := range names {
+		args[i] = n
+	}
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var a, b int64
+		if err := rows.Scan(&name, &a, &b); err != nil {
+			return err
+		}
+		row(name, a, b)
+	}
+	return rows.Err()
 }
 
 // retryPause is the pause before running a transaction again: a few

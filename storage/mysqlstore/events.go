@@ -29,8 +29,8 @@ func (s *Store) execEvents(ctx context.Context, tx *sql.Tx, ws []*authority.Writ
 		if n == 0 {
 			return nil
 		}
-		q := "INSERT INTO delayd_task_events (namespace, id, event_ms, kind, key_id, generation, due_ms, attempt, replica, lateness_ms, reason, retry_after_ms) VALUES " +
-			strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?),", n), ",")
+		q := "INSERT INTO delayd_task_events (namespace, incarnation, id, event_ms, kind, key_id, generation, due_ms, attempt, replica, lateness_ms, reason, retry_after_ms) VALUES " +
+			strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,?),", n), ",")
 		if _, err := tx.ExecContext(ctx, q, rows...); err != nil {
 			return fmt.Errorf("record events: %w", err)
 		}
@@ -47,7 +47,7 @@ func (s *Store) execEvents(ctx context.Context, tx *sql.Tx, ws []*authority.Writ
 			if len(reason) > maxReasonBytes {
 				reason = strings.ToValidUTF8(reason[:maxReasonBytes], "")
 			}
-			rows = append(rows, w.NS, e.ID, e.Time.UnixMilli(), uint8(e.Kind), e.KeyID, e.Generation, due, e.Attempt,
+			rows = append(rows, w.NS, w.NSInc, e.ID, e.Time.UnixMilli(), uint8(e.Kind), e.KeyID, e.Generation, due, e.Attempt,
 				e.Replica, e.Lateness.Milliseconds(), reason, e.RetryAfter.Milliseconds())
 			if n++; n == eventRowsPerStatement {
 				if err := flush(); err != nil {
@@ -59,10 +59,14 @@ func (s *Store) execEvents(ctx context.Context, tx *sql.Tx, ws []*authority.Writ
 	return flush()
 }
 
-// TaskEvents reads up to limit events of task id of ns after seq cursor
-// (a decimal seq; "" = from the first), in order, cut by maxBytes of
-// storage.EventSize (0 = no cut; the first event always goes), and the
-// cursor of the next page ("" = none left).
+// TaskEvents reads up to limit events of task id of incarnation
+// p.Incarnation of ns after seq cursor (a decimal seq; "" = from the
+// first), in order, cut by maxBytes of storage.EventSize (0 = no cut; the
+// first event always goes), and the cursor of the next page ("" = none
+// left). An incarnation that has ended (delayd_namespace_born holds it or
+// a later one; a later one is registered) has none: the events of a
+// deleted namespace are never read by its successor, not even through a
+// replica's stale view of the old one.
 func (s *Store) TaskEvents(ctx context.Context, ns string, p storage.HistoryParams) ([]storage.Event, string, error) {
 	var after int64
 	if p.Cursor != "" {
@@ -76,7 +80,10 @@ func (s *Store) TaskEvents(ctx context.Context, ns string, p storage.HistoryPara
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
 	rows, err := s.db.QueryContext(ctx, "SELECT seq, event_ms, kind, key_id, generation, due_ms, attempt, replica, lateness_ms, reason, retry_after_ms"+
-		" FROM delayd_task_events WHERE namespace = ? AND id = ? AND seq > ? ORDER BY seq LIMIT ?", ns, p.ID, after, limit+1)
+		" FROM delayd_task_events WHERE namespace = ? AND id = ? AND seq > ? AND incarnation = ?"+
+		" AND NOT EXISTS (SELECT 1 FROM delayd_namespace_born b WHERE b.name = ? AND b.create_ms >= ?)"+
+		" AND NOT EXISTS (SELECT 1 FROM delayd_namespaces n WHERE n.name = ? AND n.create_ms > ?)"+
+		" ORDER BY seq LIMIT ?", ns, p.ID, after, p.Incarnation, ns, p.Incarnation, ns, p.Incarnation, limit+1)
 	if err != nil {
 		return nil, "", classify("task history", err)
 	}

@@ -14,11 +14,25 @@ import (
 )
 
 // Task history (storage.History) in Redis: one stream per namespace
-// (nsKeys.history, on the namespace's first shard's slot), one entry per
-// event, appended with XADD MAXLEN ~ keep so the stream stays about as
-// long as the namespace's policy allows. The entry id's milliseconds are
-// the Redis server's clock when the event was written, the clock due times
-// use; an event that carries its own Time keeps it in field "ts".
+// incarnation (nsKeys.historyOf, on the namespace's first shard's slot),
+// one entry per event, appended with XADD MAXLEN ~ keep so the stream
+// stays about as long as the namespace's policy allows. The entry id's
+// milliseconds are the Redis server's clock when the event was written,
+// the clock due times use; an event that carries its own Time keeps it in
+// field "ts".
+//
+// The tenant boundary: an incarnation's events are written after the call
+// that made them, so a call that changed a task just before a forced
+// delete writes them after DropNamespace removed the stream. The stream
+// of an ended incarnation is read by nobody (a namespace re-created under
+// the name is another incarnation, another stream; TaskHistory of an ended
+// one reads nothing), and its writer removes it: RecordEvents reads the
+// life key (which DropNamespace marks before it removes the stream) in the
+// pipeline after its XADDs, and UNLINKs what it wrote when the incarnation
+// has ended. Either the XADDs ran before the drop marked life (and the
+// drop's UNLINK, after the mark, takes them) or the GET after them sees
+// the mark. Only a writer that dies between the two leaves a stream
+// behind: that one late batch, under a key nothing reads.
 //
 // Fields, each left out when zero: k kind (number), i task id, u key id,
 // g generation, d due ms, a attempt, r replica, l lateness ms, e reason,
@@ -28,30 +42,50 @@ import (
 // reads.
 const historyScanChunk = 500
 
-// RecordEvents appends events to ns's history stream in one pipeline,
-// trimming it to about keep entries.
-func (s *Store) RecordEvents(ctx context.Context, ns string, keep int64, events []storage.Event) error {
-	if keep <= 0 || len(events) == 0 {
+// RecordEvents appends p.Events to the stream of incarnation p.Incarnation
+// of ns in one pipeline, trimming it to about p.Keep entries; when life
+// (read in the same pipeline, after the XADDs) says the incarnation has
+// ended, the stream is removed again.
+func (s *Store) RecordEvents(ctx context.Context, ns string, p storage.RecordParams) error {
+	if p.Keep <= 0 || len(p.Events) == 0 {
 		return nil
 	}
 	n, err := s.shardCount(ctx, ns)
 	if err != nil {
 		return fmt.Errorf("record events: %w", err)
 	}
-	key := keysForN(ns, 0, n).history
+	k := keysForN(ns, 0, n)
+	key := k.historyOf(p.Incarnation)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, e := range events {
-			p.XAdd(ctx, &redis.XAddArgs{Stream: key, MaxLen: keep, Approx: true, ID: "*", Values: eventFields(e)})
+	var life *redis.StringCmd
+	_, err = s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for _, e := range p.Events {
+			pl.XAdd(ctx, &redis.XAddArgs{Stream: key, MaxLen: p.Keep, Approx: true, ID: "*", Values: eventFields(e)})
 		}
+		life = pl.Get(ctx, k.life)
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		s.reloadOnFailure(err)
 		return wrapErr("record events", err)
 	}
+	if historyEnded(life.Val(), p.Incarnation) {
+		return s.unlink(ctx, "record events", key)
+	}
 	return nil
+}
+
+// historyEnded reports whether life (the value of a namespace's life key,
+// "live,ended"; "" when there is none) says that DropNamespace ended
+// incarnation inc, so its history must not be read or kept.
+func historyEnded(life string, inc int64) bool {
+	_, e, ok := strings.Cut(life, ",")
+	if !ok {
+		return false
+	}
+	ended, err := strconv.ParseInt(e, 10, 64)
+	return err == nil && ended > 0 && inc <= ended
 }
 
 // eventFields is e's stream entry (see the package comment above).
@@ -119,9 +153,12 @@ func eventOf(m redis.XMessage) storage.Event {
 	return e
 }
 
-// TaskHistory walks ns's history stream from p.Cursor (an entry id,
-// exclusive) and returns the events of task p.ID, looking at no more than
-// storage.HistoryScanWindow entries per call.
+// TaskHistory walks the stream of incarnation p.Incarnation of ns from
+// p.Cursor (an entry id, exclusive) and returns the events of task p.ID,
+// looking at no more than storage.HistoryScanWindow entries per call.
+// Each XRANGE is followed, in its pipeline, by a read of the life key: an
+// incarnation found ended has no history to show (a stream written after
+// its drop may exist for an instant, until its writer removes it).
 func (s *Store) TaskHistory(ctx context.Context, ns string, p storage.HistoryParams) ([]storage.Event, string, error) {
 	n, err := s.shardCount(ctx, ns)
 	if err != nil {
@@ -135,17 +172,28 @@ func (s *Store) TaskHistory(ctx context.Context, ns string, p storage.HistoryPar
 		}
 		start = "(" + p.Cursor
 	}
-	key := keysForN(ns, 0, n).history
+	k := keysForN(ns, 0, n)
+	key := k.historyOf(p.Incarnation)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	var out []storage.Event
 	size, scanned := 0, 0
 	for scanned < storage.HistoryScanWindow {
-		msgs, err := s.rdb.XRangeN(ctx, key, start, "+", historyScanChunk).Result()
+		var rng *redis.XMessageSliceCmd
+		var life *redis.StringCmd
+		_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			rng = pl.XRangeN(ctx, key, start, "+", historyScanChunk)
+			life = pl.Get(ctx, k.life)
+			return nil
+		})
 		if err != nil && !errors.Is(err, redis.Nil) {
 			s.reloadOnFailure(err)
 			return nil, "", wrapErr("task history", err)
 		}
+		if historyEnded(life.Val(), p.Incarnation) {
+			return nil, "", nil
+		}
+		msgs := rng.Val()
 		for _, m := range msgs {
 			scanned++
 			start = "(" + m.ID

@@ -40,6 +40,15 @@ import (
 //	delayd:{ns#k}:trace:<id> STRING W3C traceparent of the task's last traced
 //	                        upsert (Options.Traces); expires a day after the
 //	                        task's due time, so it needs no cleanup
+//	delayd:{ns#0}:history:<inc>  STREAM the task events of namespace
+//	                        incarnation inc (its create time, Unix ms;
+//	                        history.go), XADD MAXLEN ~ keep; on the first
+//	                        shard's slot only. Written for an incarnation
+//	                        life says ended, it is removed by its writer;
+//	                        never read then (historyEnded)
+//	delayd:{ns#0}:history   STREAM the same, from before histories were
+//	                        kept per incarnation: no longer read or written,
+//	                        removed with the namespace
 //
 // Global:
 //
@@ -122,14 +131,22 @@ type nsKeys struct {
 	rate string
 	// trace prefixes the trace-context keys (traceKey).
 	trace string
-	// history is the namespace's task events (a stream, XADD with
-	// MAXLEN ~), only used on shard 0's keys: one stream per namespace, on
-	// its first shard's slot.
+	// history is the stream of task events of delayd before histories
+	// were kept per incarnation, and the prefix of historyOf's keys; only
+	// used on shard 0's keys.
 	history string
 }
 
 // traceOf is the trace-context key of task id (in this shard).
 func (k nsKeys) traceOf(id string) string { return k.trace + id }
+
+// historyOf is the task event stream of namespace incarnation inc (XADD
+// with MAXLEN ~), only used on shard 0's keys: one stream per incarnation
+// of a namespace, on its first shard's slot, beside the life key that says
+// whether the incarnation has ended.
+func (k nsKeys) historyOf(inc int64) string {
+	return k.history + ":" + strconv.FormatInt(inc, 10)
+}
 
 // hashTag returns "{ns#k}", the hash tag every key of shard k of a
 // one-shard namespace ns shares (see shardTag for several shards).

@@ -50,6 +50,12 @@ func TestKeys(t *testing.T) {
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)
 	}
+	if got := k.historyOf(1_700_000_000_123); got != "delayd:{orders#0}:history:1700000000123" {
+		t.Errorf("historyOf = %q", got)
+	}
+	if got := redisHashTag(keysFor("a-b_c", 0).historyOf(5)); got != "a-b_c#0" {
+		t.Errorf("hash tag of historyOf = %q", got)
+	}
 	if got := k.traceOf("t1"); got != traceKey("orders", 0, "t1") {
 		t.Errorf("traceOf = %q, want traceKey's %q", got, traceKey("orders", 0, "t1"))
 	}

@@ -484,9 +484,13 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 		return err
 	})
 	if err == nil && incarnation > 0 {
-		// A deleted namespace's task history goes with it: a namespace
-		// re-created under the name must not read it.
-		err = s.unlink(ctx, "drop namespace", keysForN(ns, 0, n).history)
+		// A deleted namespace's task history goes with it (after life
+		// marks the incarnation ended: a write racing the drop either
+		// ran before and is removed here, or sees the mark and removes
+		// what it wrote; history.go), and so does the stream of delayd
+		// before histories were kept per incarnation.
+		k := keysForN(ns, 0, n)
+		err = s.unlink(ctx, "drop namespace", k.historyOf(incarnation), k.history)
 	}
 	s.forgetShards(ns)
 	var total int64

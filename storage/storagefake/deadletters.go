@@ -122,7 +122,11 @@ func (s *Store) DropNamespace(_ context.Context, ns string, incarnation int64) (
 	delete(s.nss, ns)
 	if incarnation > 0 {
 		// A deleted namespace's history goes with it, as in the real stores.
-		delete(s.hist, ns)
+		for k := range s.hist {
+			if k.ns == ns && k.inc <= incarnation {
+				delete(s.hist, k)
+			}
+		}
 	}
 	return n, nil
 }

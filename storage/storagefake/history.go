@@ -14,33 +14,53 @@ type histEntry struct {
 	e   storage.Event
 }
 
-// RecordEvents appends events to ns's history, keeping the newest keep.
-func (s *Store) RecordEvents(_ context.Context, ns string, keep int64, events []storage.Event) error {
-	if keep <= 0 || len(events) == 0 {
+// histKey names the history of one namespace incarnation.
+type histKey struct {
+	ns  string
+	inc int64
+}
+
+// histEnded reports whether DropNamespace has ended incarnation inc of ns,
+// as the Redis index's life key tells; called with s.mu held.
+func (s *Store) histEnded(ns string, inc int64) bool {
+	l := s.lives[ns]
+	return l.ended > 0 && inc <= l.ended
+}
+
+// RecordEvents appends p.Events to the history of incarnation
+// p.Incarnation of ns, keeping the newest p.Keep; events of an ended
+// incarnation are dropped.
+func (s *Store) RecordEvents(_ context.Context, ns string, p storage.RecordParams) error {
+	if p.Keep <= 0 || len(p.Events) == 0 {
 		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.histEnded(ns, p.Incarnation) {
+		return nil
+	}
 	if s.hist == nil {
-		s.hist = map[string][]histEntry{}
+		s.hist = map[histKey][]histEntry{}
 	}
 	now, _ := s.now()
-	h := s.hist[ns]
-	for _, e := range events {
+	k := histKey{ns, p.Incarnation}
+	h := s.hist[k]
+	for _, e := range p.Events {
 		if e.Time.IsZero() {
 			e.Time = time.UnixMilli(now)
 		}
 		s.histSeq++
 		h = append(h, histEntry{seq: s.histSeq, e: e})
 	}
-	if int64(len(h)) > keep {
-		h = append([]histEntry(nil), h[int64(len(h))-keep:]...)
+	if int64(len(h)) > p.Keep {
+		h = append([]histEntry(nil), h[int64(len(h))-p.Keep:]...)
 	}
-	s.hist[ns] = h
+	s.hist[k] = h
 	return nil
 }
 
-// TaskHistory pages through the kept events of task p.ID of ns.
+// TaskHistory pages through the kept events of task p.ID in the history of
+// incarnation p.Incarnation of ns.
 func (s *Store) TaskHistory(_ context.Context, ns string, p storage.HistoryParams) ([]storage.Event, string, error) {
 	after := int64(0)
 	if p.Cursor != "" {
@@ -53,9 +73,12 @@ func (s *Store) TaskHistory(_ context.Context, ns string, p storage.HistoryParam
 	limit := min(max(p.Limit, 1), MaxBatch)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.histEnded(ns, p.Incarnation) {
+		return nil, "", nil
+	}
 	var out []storage.Event
 	size := 0
-	for _, h := range s.hist[ns] {
+	for _, h := range s.hist[histKey{ns, p.Incarnation}] {
 		if h.seq <= after || h.e.ID != p.ID {
 			continue
 		}

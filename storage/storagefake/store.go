@@ -46,8 +46,9 @@ type Store struct {
 	lives map[string]life
 	// lim is the state of storage.SharedLimits (limits.go).
 	lim limits
-	// hist is each namespace's task events (history.go), oldest first.
-	hist map[string][]histEntry
+	// hist is each namespace incarnation's task events (history.go),
+	// oldest first.
+	hist map[histKey][]histEntry
 	// histSeq numbers the events, the cursor of TaskHistory.
 	histSeq int64
 }

@@ -20,13 +20,46 @@ type HistoryStore interface {
 	// deleted), drops the namespace's history too.
 }
 
-// cleanup drops ns, tasks and history, when t ends.
-func cleanup(t *testing.T, s HistoryStore, ns string) {
+// historyInc is the namespace incarnation the suite records histories in
+// (a create time, Unix ms).
+const historyInc = 1_700_000_000_000
+
+// cleanup drops ns (its tasks, and the histories of incarnations up to
+// inc), when t ends.
+func cleanup(t *testing.T, s HistoryStore, ns string, inc int64) {
 	t.Cleanup(func() {
-		if _, err := s.DropNamespace(context.Background(), ns, time.Now().UnixMilli()); err != nil {
+		if _, err := s.DropNamespace(context.Background(), ns, inc); err != nil {
 			t.Errorf("cleanup: drop namespace %s: %v", ns, err)
 		}
 	})
+}
+
+// record records events of incarnation inc of ns, keeping keep.
+func record(t *testing.T, s HistoryStore, ns string, inc, keep int64, events ...storage.Event) {
+	t.Helper()
+	if err := s.RecordEvents(t.Context(), ns, storage.RecordParams{Incarnation: inc, Keep: keep, Events: events}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// historyOf reads every event of task id in incarnation inc of ns.
+func historyOf(t *testing.T, s HistoryStore, ns string, inc int64, id string) []storage.Event {
+	t.Helper()
+	var out []storage.Event
+	p := storage.HistoryParams{Incarnation: inc, ID: id, Limit: 1000}
+	for range 100 {
+		page, next, err := s.TaskHistory(t.Context(), ns, p)
+		if err != nil {
+			t.Fatalf("history of %s in incarnation %d of %s: %v", id, inc, ns, err)
+		}
+		out = append(out, page...)
+		if next == "" {
+			return out
+		}
+		p.Cursor = next
+	}
+	t.Fatalf("history of %s in incarnation %d of %s never ended its pages", id, inc, ns)
+	return nil
 }
 
 // RunHistory runs the history and forecast suite as subtests of t.
@@ -35,6 +68,7 @@ func RunHistory(t *testing.T, newStore func(t *testing.T) HistoryStore) {
 	t.Run("HistoryCap", func(t *testing.T) { testHistoryCap(t, newStore(t)) })
 	t.Run("Forecast", func(t *testing.T) { testForecast(t, newStore(t)) })
 	t.Run("HistoryGoesWithNamespace", func(t *testing.T) { testHistoryDropped(t, newStore(t)) })
+	t.Run("HistoryPerIncarnation", func(t *testing.T) { testHistoryIncarnations(t, newStore(t)) })
 }
 
 // testHistoryDropped: a deleted namespace's history goes with it (DropNamespace
@@ -43,16 +77,58 @@ func RunHistory(t *testing.T, newStore func(t *testing.T) HistoryStore) {
 func testHistoryDropped(t *testing.T, s HistoryStore) {
 	ctx := t.Context()
 	ns := Namespace(t)
-	cleanup(t, s, ns)
-	if err := s.RecordEvents(ctx, ns, 1000, []storage.Event{{Kind: storage.EventNacked, ID: "a", Reason: "card 4111 declined"}}); err != nil {
+	cleanup(t, s, ns, historyInc)
+	record(t, s, ns, historyInc, 1000, storage.Event{Kind: storage.EventNacked, ID: "a", Reason: "card 4111 declined"})
+	if _, err := s.DropNamespace(ctx, ns, historyInc); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.DropNamespace(ctx, ns, time.Now().UnixMilli()); err != nil {
+	if got := historyOf(t, s, ns, historyInc, "a"); len(got) != 0 {
+		t.Errorf("after DropNamespace the history of task a is %+v; want none", got)
+	}
+}
+
+// testHistoryIncarnations: each namespace incarnation has a history of its
+// own; events recorded for an incarnation after DropNamespace ended it (a
+// call that changed a task just before a forced delete records its events
+// after it) are never read, neither through it nor through the namespace
+// re-created under the name; and the new incarnation's own events are.
+func testHistoryIncarnations(t *testing.T, s HistoryStore) {
+	ctx := t.Context()
+	ns := Namespace(t)
+	old, next := int64(historyInc), int64(historyInc+5000)
+	cleanup(t, s, ns, old)
+	cleanup(t, s, ns, next)
+	record(t, s, ns, old, 1000, storage.Event{Kind: storage.EventUpserted, ID: "a", KeyID: "old-key"})
+	record(t, s, ns, next, 1000, storage.Event{Kind: storage.EventUpserted, ID: "b", KeyID: "new-key"})
+	if got := historyOf(t, s, ns, old, "a"); len(got) != 1 || got[0].KeyID != "old-key" {
+		t.Errorf("incarnation %d's history of a: %+v; want its one event", old, got)
+	}
+	if got := historyOf(t, s, ns, next, "a"); len(got) != 0 {
+		t.Errorf("incarnation %d reads the history of a recorded in incarnation %d: %+v", next, old, got)
+	}
+	if got := historyOf(t, s, ns, old, "b"); len(got) != 0 {
+		t.Errorf("incarnation %d reads the history of b recorded in incarnation %d: %+v", old, next, got)
+	}
+	// The old incarnation is deleted, then a call made for it records
+	// late; then the name is re-created.
+	if _, err := s.DropNamespace(ctx, ns, old); err != nil {
 		t.Fatal(err)
 	}
-	got, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{ID: "a", Limit: 10})
-	if err != nil || len(got) != 0 {
-		t.Errorf("after DropNamespace the history of task a is %+v, %v; want none", got, err)
+	record(t, s, ns, old, 1000, storage.Event{Kind: storage.EventDelivered, ID: "a", Attempt: 1},
+		storage.Event{Kind: storage.EventUpserted, ID: "c", KeyID: "old-key"})
+	newer := old + 10_000
+	cleanup(t, s, ns, newer)
+	record(t, s, ns, newer, 1000, storage.Event{Kind: storage.EventUpserted, ID: "c", KeyID: "newer-key"})
+	for _, id := range []string{"a", "c"} {
+		if got := historyOf(t, s, ns, old, id); len(got) != 0 {
+			t.Errorf("the ended incarnation's history of %s, recorded after the drop: %+v; want none", id, got)
+		}
+	}
+	if got := historyOf(t, s, ns, newer, "a"); len(got) != 0 {
+		t.Errorf("the re-created namespace reads the old one's late events of a: %+v", got)
+	}
+	if got := historyOf(t, s, ns, newer, "c"); len(got) != 1 || got[0].KeyID != "newer-key" {
+		t.Errorf("the re-created namespace's history of c: %+v; want its own one event", got)
 	}
 }
 
@@ -62,8 +138,8 @@ func testHistoryDropped(t *testing.T, s HistoryStore) {
 func testHistoryPages(t *testing.T, s HistoryStore) {
 	ctx := t.Context()
 	ns, other := Namespace(t), Namespace(t)
-	cleanup(t, s, ns)
-	cleanup(t, s, other)
+	cleanup(t, s, ns, historyInc)
+	cleanup(t, s, other, historyInc)
 	due := time.UnixMilli(time.Now().Add(time.Hour).UnixMilli())
 	var want []storage.Event
 	for i := range 7 {
@@ -72,17 +148,12 @@ func testHistoryPages(t *testing.T, s HistoryStore) {
 			RetryAfter: time.Duration(i) * time.Second}
 		want = append(want, e)
 		// Another task's event between each of a's.
-		if err := s.RecordEvents(ctx, ns, 1000, []storage.Event{e, {Kind: storage.EventUpserted, ID: "b"}}); err != nil {
-			t.Fatal(err)
-		}
+		record(t, s, ns, historyInc, 1000, e, storage.Event{Kind: storage.EventUpserted, ID: "b"})
 	}
-	if err := s.RecordEvents(ctx, other, 1000, []storage.Event{{Kind: storage.EventUpserted, ID: "a"}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RecordEvents(ctx, ns, 0, []storage.Event{{Kind: storage.EventAcked, ID: "a"}}); err != nil {
-		t.Fatal(err)
-	}
+	record(t, s, other, historyInc, 1000, storage.Event{Kind: storage.EventUpserted, ID: "a"})
+	record(t, s, ns, historyInc, 0, storage.Event{Kind: storage.EventAcked, ID: "a"})
 	for _, p := range []storage.HistoryParams{{Limit: 3}, {Limit: 100, MaxBytes: 2*storage.EventWireSize + 10}, {Limit: 1000}} {
+		p.Incarnation = historyInc
 		var got []storage.Event
 		p.ID = "a"
 		for range 100 {
@@ -113,10 +184,10 @@ func testHistoryPages(t *testing.T, s HistoryStore) {
 			}
 		}
 	}
-	if _, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{ID: "a", Limit: 10, Cursor: "not a cursor"}); err == nil {
+	if _, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{Incarnation: historyInc, ID: "a", Limit: 10, Cursor: "not a cursor"}); err == nil {
 		t.Error("a bad cursor was accepted")
 	}
-	evs, _, err := s.TaskHistory(ctx, other, storage.HistoryParams{ID: "a", Limit: 10})
+	evs, _, err := s.TaskHistory(ctx, other, storage.HistoryParams{Incarnation: historyInc, ID: "a", Limit: 10})
 	if err != nil || len(evs) != 1 {
 		t.Errorf("the other namespace's history of a: %v, %v; want its one event", evs, err)
 	}
@@ -126,23 +197,21 @@ func testHistoryPages(t *testing.T, s HistoryStore) {
 func testHistoryCap(t *testing.T, s HistoryStore) {
 	ctx := t.Context()
 	ns := Namespace(t)
-	cleanup(t, s, ns)
+	cleanup(t, s, ns, historyInc)
 	const keep = 300
 	for b := range 10 {
 		var batch []storage.Event
 		for i := range 100 {
 			batch = append(batch, storage.Event{Kind: storage.EventUpserted, ID: fmt.Sprintf("t%d-%d", b, i)})
 		}
-		if err := s.RecordEvents(ctx, ns, keep, batch); err != nil {
-			t.Fatal(err)
-		}
+		record(t, s, ns, historyInc, keep, batch...)
 	}
-	if evs, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{ID: "t9-99", Limit: 10}); err != nil || len(evs) != 1 {
+	if evs, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{Incarnation: historyInc, ID: "t9-99", Limit: 10}); err != nil || len(evs) != 1 {
 		t.Errorf("the newest event: %v, %v", evs, err)
 	}
 	// MAXLEN ~ trims whole stream nodes, and MySQL trims in steps: the
 	// oldest events must be gone, not necessarily exactly keep.
-	if evs, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{ID: "t0-0", Limit: 10}); err != nil || len(evs) != 0 {
+	if evs, _, err := s.TaskHistory(ctx, ns, storage.HistoryParams{Incarnation: historyInc, ID: "t0-0", Limit: 10}); err != nil || len(evs) != 0 {
 		t.Errorf("the oldest of 1,000 events with keep %d: %v, %v; want gone", keep, evs, err)
 	}
 }
@@ -152,7 +221,7 @@ func testHistoryCap(t *testing.T, s HistoryStore) {
 func testForecast(t *testing.T, s HistoryStore) {
 	ctx := t.Context()
 	ns := Namespace(t)
-	cleanup(t, s, ns)
+	cleanup(t, s, ns, historyInc)
 	var specs []storage.UpsertSpec
 	add := func(n int, d time.Duration) {
 		for range n {

@@ -1024,7 +1024,8 @@ type GetNamespaceStatsResponse struct {
 	ForecastTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=forecast_time,json=forecastTime,proto3" json:"forecast_time,omitempty"`
 	// Deliveries of the namespace per second over the last recent_window,
 	// as seen by the replica that answered (each replica counts the
-	// deliveries it made itself).
+	// deliveries it made itself). Only this life of the namespace counts: a
+	// namespace deleted and created again under its name starts from none.
 	RecentDeliveryRate float64 `protobuf:"fixed64,14,opt,name=recent_delivery_rate,json=recentDeliveryRate,proto3" json:"recent_delivery_rate,omitempty"`
 	// Lateness (delivery time minus due time) of the namespace's deliveries
 	// over the last recent_window on the replica that answered: the 50th,

@@ -116,7 +116,10 @@ type TaskServiceClient interface {
 	// recorded never go back. It works after the task is gone. Events are kept only
 	// while the namespace's policy keeps history
 	// (NamespacePolicy.history_retention_bytes); a namespace that keeps none
-	// answers an empty page with history_enabled false. It needs the produce
+	// answers an empty page with history_enabled false. Each life of a
+	// namespace has a history of its own: a namespace deleted and created
+	// again under its name shows none of the deleted one's events, not even
+	// those of calls that were in flight at the delete. It needs the produce
 	// scope on the namespace, as GetTask does.
 	GetTaskHistory(ctx context.Context, in *GetTaskHistoryRequest, opts ...grpc.CallOption) (*GetTaskHistoryResponse, error)
 }
@@ -287,7 +290,10 @@ type TaskServiceServer interface {
 	// recorded never go back. It works after the task is gone. Events are kept only
 	// while the namespace's policy keeps history
 	// (NamespacePolicy.history_retention_bytes); a namespace that keeps none
-	// answers an empty page with history_enabled false. It needs the produce
+	// answers an empty page with history_enabled false. Each life of a
+	// namespace has a history of its own: a namespace deleted and created
+	// again under its name shows none of the deleted one's events, not even
+	// those of calls that were in flight at the delete. It needs the produce
 	// scope on the namespace, as GetTask does.
 	GetTaskHistory(context.Context, *GetTaskHistoryRequest) (*GetTaskHistoryResponse, error)
 	mustEmbedUnimplementedTaskServiceServer()

@@ -208,7 +208,10 @@ class TaskServiceServicer(object):
         recorded never go back. It works after the task is gone. Events are kept only
         while the namespace's policy keeps history
         (NamespacePolicy.history_retention_bytes); a namespace that keeps none
-        answers an empty page with history_enabled false. It needs the produce
+        answers an empty page with history_enabled false. Each life of a
+        namespace has a history of its own: a namespace deleted and created
+        again under its name shows none of the deleted one's events, not even
+        those of calls that were in flight at the delete. It needs the produce
         scope on the namespace, as GetTask does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -612,7 +612,8 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
   /**
    * Deliveries of the namespace per second over the last recent_window,
    * as seen by the replica that answered (each replica counts the
-   * deliveries it made itself).
+   * deliveries it made itself). Only this life of the namespace counts: a
+   * namespace deleted and created again under its name starts from none.
    *
    * @generated from field: double recent_delivery_rate = 14;
    */
