@@ -3,6 +3,9 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -187,4 +190,82 @@ func recycleRound(t *testing.T, s *started, admin context.Context, ns string) st
 			st.GetRecentDeliveryRate(), st.GetRecentLatenessP50(), delivered.Load())
 	}
 	return out
+}
+
+// TestDeletedNamespaceSeriesLeaveMetrics: a namespace with upserts on two
+// replicas and deliveries to a subscriber of the second is force-deleted
+// through the first. The deleting replica's /metrics has none of its
+// per-namespace series at once; the other replica's has none within its
+// sweep interval (the stream it served ends, its gauge counts down, and
+// the scrape drops what the registry no longer has); the name re-created,
+// neither shows the old one's counts. Before, every series of a deleted
+// namespace stayed in /metrics for the life of the process, and a
+// namespace re-created under the name continued the old counters.
+func TestDeletedNamespaceSeriesLeaveMetrics(t *testing.T) {
+	t.Parallel()
+	cfg := Config{RedisURL: testRedisURL(), LogLevel: "warn", OpsListen: "127.0.0.1:0"}
+	ns := "gone-" + suffix()
+	cleanNamespace(t, testRedisURL(), ns)
+	a, b := start(t, cfg), start(t, cfg)
+	ctx := ctxFor(t)
+	admin := delaydv1.NewNamespaceServiceClient(a.conn)
+	if _, err := admin.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	sub, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := delaydv1.NewDeliveryServiceClient(b.conn).Subscribe(sub, &delaydv1.SubscribeRequest{Namespace: ns, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range []*started{a, b} {
+		now := upsert(ns, fmt.Sprint("t", i))
+		now.When = &delaydv1.UpsertTaskRequest_Delay{Delay: durationpb.New(0)}
+		if _, err := s.tasks.UpsertTask(ctx, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	series := func(s *started) []string {
+		code, body := httpGet(t, "http://"+s.d.OpsAddr()+"/metrics")
+		if code != http.StatusOK {
+			t.Fatalf("/metrics = %d", code)
+		}
+		var out []string
+		for _, l := range strings.Split(body, "\n") {
+			if strings.Contains(l, `namespace="`+ns+`"`) && !strings.HasPrefix(l, "#") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	latenessOf := `delayd_delivery_lateness_seconds_count{namespace="` + ns + `"} 2`
+	waitFor(t, "b's lateness series to count both deliveries", func() bool { return slices.Contains(series(b), latenessOf) })
+	if got := series(a); len(got) == 0 {
+		t.Fatal("a has no series of the namespace before the delete")
+	}
+
+	if _, err := admin.DeleteNamespace(ctx, &delaydv1.DeleteNamespaceRequest{Namespace: ns, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range series(a) {
+		if !strings.HasPrefix(l, "delayd_tasks") { // read from the index every 10 s (TaskCounts)
+			t.Errorf("right after the delete, the deleting replica still serves %s", l)
+		}
+	}
+	testkit.Eventually(t, 45*time.Second, "every series of the deleted namespace to leave both replicas' /metrics", func() bool {
+		return len(series(a)) == 0 && len(series(b)) == 0
+	})
+	if _, err := admin.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*started{a, b} {
+		for _, l := range series(s) {
+			t.Errorf("the re-created namespace shows %s", l)
+		}
+	}
 }

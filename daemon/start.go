@@ -225,6 +225,9 @@ func (p *parts) openStore(ctx context.Context) (err error) {
 		if err := m.Register(m.NewTaskCounts(p.index, 0)); err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}
+		// A deleted namespace's series go: at once on the replica that
+		// deletes it, within a scrape interval on the others.
+		m.ForgetDeleted(p.access.registry, 0)
 		if err := m.ObserveReadiness(d.ready); err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}

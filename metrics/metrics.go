@@ -29,6 +29,9 @@
 // Options.MaxNamespaces namespaces get their own series; reports for any
 // further namespace go to the series namespace="_other" (a name no real
 // namespace can have). Task ids, keys and payloads never become labels.
+// A deleted namespace's series are dropped (forget.go), so deleted
+// namespaces neither accumulate nor pass their counts to a namespace
+// re-created under the name.
 package metrics
 
 import (
@@ -102,10 +105,15 @@ type Metrics struct {
 
 	mu  sync.RWMutex
 	nss map[string]*nsChildren
+
+	// sweep, when set (ForgetDeleted), drops deleted namespaces' series
+	// at scrapes (forget.go).
+	sweep *sweeper
 }
 
 // nsChildren are one namespace's pre-resolved series.
 type nsChildren struct {
+	born        time.Time // when the first of them was made (forget.go)
 	lateness    prometheus.Observer
 	upserted    prometheus.Counter
 	removed     prometheus.Counter
@@ -194,7 +202,7 @@ func New(opts Options) *Metrics {
 // Handler serves the registry in the Prometheus text (or OpenMetrics)
 // format, for /metrics.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+	return m.sweeping(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
 }
 
 // Register adds a collector (TaskCounts) to the registry.
@@ -275,6 +283,7 @@ func (m *Metrics) ns(name string) *nsChildren {
 		name = OtherNamespace
 	}
 	c = &nsChildren{
+		born:        time.Now(),
 		lateness:    m.lateness.WithLabelValues(name),
 		upserted:    m.upserted.WithLabelValues(name),
 		removed:     m.removed.WithLabelValues(name),

@@ -21,6 +21,7 @@ type pushMetrics struct {
 
 // pushChildren are one namespace's pre-resolved push series.
 type pushChildren struct {
+	born     time.Time // when they were made (forget.go)
 	requests [storage.NumPushOutcomes]prometheus.Counter
 	duration prometheus.Observer
 }
@@ -64,7 +65,7 @@ func (p *pushMetrics) children(name string, maxNS int) *pushChildren {
 		}
 		name = OtherNamespace
 	}
-	c = &pushChildren{duration: p.duration.WithLabelValues(name)}
+	c = &pushChildren{born: time.Now(), duration: p.duration.WithLabelValues(name)}
 	for o := range storage.NumPushOutcomes {
 		c.requests[o] = p.requests.WithLabelValues(name, o.String())
 	}

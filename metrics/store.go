@@ -224,6 +224,9 @@ func (s *instrumented) DropNamespace(ctx context.Context, ns string, incarnation
 	start := time.Now()
 	n, err := s.next.DropNamespace(ctx, ns, incarnation)
 	s.done(opDropNamespace, start, err)
+	if err == nil && incarnation > 0 {
+		s.m.ForgetNamespace(ns) // deleted: its series go (forget.go)
+	}
 	return n, err
 }
 
