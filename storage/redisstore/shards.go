@@ -50,19 +50,10 @@ import (
 const MaxShards = storage.MaxShards
 
 // ShardOf is the shard of task id in a namespace of n shards: FNV-1a (32
-// bit) of the id's bytes, modulo n. It is part of the stored layout: a task
-// written under one function cannot be found under another.
-func ShardOf(id string, n int) int {
-	if n <= 1 {
-		return 0
-	}
-	h := uint32(2166136261)
-	for i := 0; i < len(id); i++ {
-		h ^= uint32(id[i])
-		h *= 16777619
-	}
-	return int(h % uint32(n))
-}
+// bit) of the id's bytes, modulo n (storage.ShardOf, which schedules'
+// firing ids use too). It is part of the stored layout: a task written
+// under one function cannot be found under another.
+func ShardOf(id string, n int) int { return storage.ShardOf(id, n) }
 
 func shardOf(id string, n int) int { return ShardOf(id, n) }
 
