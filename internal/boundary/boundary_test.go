@@ -89,6 +89,13 @@ var rules = map[string]rule{
 		imports:     []string{"storage"},
 		testImports: []string{"internal/testkit"},
 	},
+	// Schedules (recurring tasks): the rules as pure functions, the loop
+	// that fires the slots and the operations the ScheduleService runs; it
+	// sees only storage's interfaces (the stores apply a step atomically).
+	"schedule": {
+		imports:     []string{"storage"},
+		testImports: []string{"storage/storagefake", "internal/testkit"},
+	},
 	// Task history: the store decorator that records task events into a
 	// storage.History; it sees only storage's interfaces.
 	"history": {

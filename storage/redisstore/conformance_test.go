@@ -22,6 +22,7 @@ func runConformanceOpts(t *testing.T, c redis.UniversalClient, opts Options) {
 	storetest.Run(t, func(t *testing.T) storage.Store { return New(c, opts) })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return New(c, opts) })
 	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return New(c, opts) })
+	storetest.RunSchedules(t, 1, func(t *testing.T) storetest.ScheduleStore { return New(c, opts) })
 }
 
 // TestConformance runs the store suite against the real Redis.
@@ -67,6 +68,8 @@ func runConformanceSharded(t *testing.T, c redis.UniversalClient, opts Options) 
 	storetest.RunSharded(t, func(t *testing.T) storage.Store { return New(c, opts) })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return New(c, opts) })
 	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return New(c, opts) })
+	n, _ := opts.Shards.Shards(context.Background(), "")
+	storetest.RunSchedules(t, n, func(t *testing.T) storetest.ScheduleStore { return New(c, opts) })
 }
 
 // TestConformanceSharded runs the suite with every namespace in 4 shards

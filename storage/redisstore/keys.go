@@ -49,6 +49,16 @@ import (
 //	delayd:{ns#0}:history   STREAM the same, from before histories were
 //	                        kept per incarnation: no longer read or written,
 //	                        removed with the namespace
+//	delayd:{ns#k}:sched     HASH  schedule id -> "version,create ms,update ms|"
+//	                              + the schedule (storage.MarshalSchedule),
+//	                              in the shard of its id (storage.ShardOf),
+//	                              where its firings' tasks land too
+//	                              (storage.FiringID): one script moves a
+//	                              schedule and creates its firings
+//	delayd:{ns#k}:schedids  ZSET  schedule id, score 0 (id order, for lists)
+//	delayd:{ns#k}:schednext ZSET  schedule id -> when the schedule loop next
+//	                              looks at it (Unix ms); absent while paused
+//	                              or done
 //
 // Global:
 //
@@ -60,6 +70,10 @@ import (
 //	                        namespace ns (JSON, watch.go), published only
 //	                        while a watcher somewhere is subscribed
 //	delayd:lead:<name>      STRING leader lease, value = holder
+//	delayd:schedns          SET   namespaces that have schedules (added
+//	                        before a namespace's first schedule is written,
+//	                        removed when its schedules are dropped): where
+//	                        the schedule loop looks for due schedules
 //
 // The namespace registry (Redis-only and embedded modes; see registry.go)
 // shares the hash tag {registry}, which no namespace key can have (theirs
@@ -135,6 +149,9 @@ type nsKeys struct {
 	// were kept per incarnation, and the prefix of historyOf's keys; only
 	// used on shard 0's keys.
 	history string
+	// sched, schedIDs and schedNext are the schedules whose ids fall in
+	// this shard (schedules.go).
+	sched, schedIDs, schedNext string
 }
 
 // traceOf is the trace-context key of task id (in this shard).
@@ -176,8 +193,15 @@ func keysForN(ns string, shard, n int) nsKeys {
 		rate:     p + "rate",
 		trace:    p + "trace:",
 		history:  p + "history",
+
+		sched:     p + "sched",
+		schedIDs:  p + "schedids",
+		schedNext: p + "schednext",
 	}
 }
+
+// scheduleNamespacesKey is the SET of namespaces that have schedules.
+const scheduleNamespacesKey = keyPrefix + "schedns"
 
 // traceKey is the trace-context key of task id in shard k of ns.
 func traceKey(ns string, shard int, id string) string {

@@ -51,6 +51,8 @@ type Store struct {
 	hist map[histKey][]histEntry
 	// histSeq numbers the events, the cursor of TaskHistory.
 	histSeq int64
+	// scheds: namespace -> schedule id -> schedule (schedules.go).
+	scheds map[string]map[string]storage.Schedule
 }
 
 // life is the latest namespace incarnation that wrote and the latest one

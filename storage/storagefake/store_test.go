@@ -16,6 +16,7 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storage.Store { return s })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return s })
 	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return s })
+	storetest.RunSchedules(t, 1, func(t *testing.T) storetest.ScheduleStore { return s })
 }
 
 func TestRegistryConformance(t *testing.T) {

@@ -18,6 +18,11 @@ import (
 func (s *Store) Upsert(_ context.Context, ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.upsert(ns, specs)
+}
+
+// upsert is Upsert with s.mu held (UpdateSchedule creates firings with it).
+func (s *Store) upsert(ns string, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	if len(specs) > 0 {
 		if err := s.claim(ns, specs[0].NamespaceIncarnation); err != nil {
 			return nil, err
