@@ -45,7 +45,7 @@ func (s *Store) scheduleShard(ctx context.Context, ns, id string) (shard, error)
 	return s.shardOfN(ns, storage.ShardOf(id, n), n), nil
 }
 
-// advanceArg is a schedule's time in schednext as a script argument: ''
+// advanceArg is a schedule's time in schednext as a script argument: ”
 // when it has none (paused, done).
 func advanceArg(sc storage.Schedule) string {
 	if sc.Advance.IsZero() {
