@@ -75,6 +75,19 @@ type Authority interface {
 	// PruneEvents trims a namespace's events to the newest keep (0: all).
 	TaskEvents(ctx context.Context, ns string, p storage.HistoryParams) ([]storage.Event, string, error)
 	PruneEvents(ctx context.Context, ns string, keep int64) (int64, error)
+	// Schedules, MySQL being their authority in durable mode:
+	// storage.Schedules' calls, except that UpdateSchedule also inserts
+	// w's rows (a step's firings, create-only; nil: none) in its
+	// transaction and sets w's results, and DueSchedules reads at the time
+	// nowMS (the index's clock as durable mode knows it).
+	CreateSchedule(ctx context.Context, s storage.Schedule) (storage.Schedule, error)
+	GetSchedule(ctx context.Context, ns, id string) (storage.Schedule, error)
+	ListSchedules(ctx context.Context, ns, after string, limit int) ([]storage.Schedule, bool, error)
+	UpdateSchedule(ctx context.Context, s storage.Schedule, ifVersion int64, w *Write) (storage.Schedule, error)
+	DeleteSchedule(ctx context.Context, ns, id string, ifVersion int64) error
+	CountSchedules(ctx context.Context, ns string) (int64, error)
+	DueSchedules(ctx context.Context, nowMS int64, limit int) (storage.DueSchedules, error)
+	DropSchedules(ctx context.Context, ns string) (int64, error)
 	// UseClock sets the time registry rows are stamped with (durable mode
 	// passes the index's clock as it knows it). durable.New calls it once,
 	// before any other call.

@@ -25,3 +25,12 @@ func TestConformanceHistory(t *testing.T) {
 		return newEnvOn(t, dsn, testkit.RedisURL(), nil).store
 	})
 }
+
+// TestConformanceSchedules runs the schedule suite against the durable
+// store: schedules and their firings in MySQL, the firings in the index.
+func TestConformanceSchedules(t *testing.T) {
+	dsn := testkit.Database(t, "delayd_test")
+	storetest.RunSchedules(t, 1, func(t *testing.T) storetest.ScheduleStore {
+		return newEnvOn(t, dsn, testkit.RedisURL(), nil).store
+	})
+}
