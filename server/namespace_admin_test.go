@@ -36,6 +36,7 @@ func defaultPolicyProto() *delaydv1.NamespacePolicy {
 		MaxSubscribers:    int32(d.MaxSubscribers),
 		MaxDelay:          durationpb.New(d.MaxDelay),
 		Shards:            1,
+		MaxSchedules:      int32(d.MaxSchedules),
 	}
 }
 

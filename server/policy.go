@@ -43,6 +43,7 @@ const (
 	maxRateLimit    = 1_000_000
 	maxRateBurst    = 1_000_000
 	maxSubscribers  = 100_000
+	maxSchedules    = 100_000
 	maxDispatchRate = 1_000_000
 	minMaxDelay     = time.Second
 	maxMaxDelay     = 3660 * 24 * time.Hour
@@ -109,6 +110,11 @@ var policyFields = []policyField{
 	intField("history_retention_bytes", quota, (*delaydv1.NamespacePolicy).GetHistoryRetentionBytes,
 		func(p *storage.Policy) *int64 { return &p.HistoryRetentionBytes }, storage.MinHistoryRetentionBytes, storage.MaxHistoryRetentionBytes,
 		fmt.Sprintf("%d-%d bytes (64 KiB-1 GiB), or 0 for no history", storage.MinHistoryRetentionBytes, storage.MaxHistoryRetentionBytes)),
+	// A quota: each schedule is a stored definition and the firings of
+	// its next lookahead.
+	intField("max_schedules", quota, (*delaydv1.NamespacePolicy).GetMaxSchedules,
+		func(p *storage.Policy) *int { return &p.MaxSchedules }, 1, maxSchedules,
+		fmt.Sprintf("1-%d, or 0 for the server default", maxSchedules)),
 }
 
 // policyDurationField is a policy duration: unset or zero = 0 (the server
@@ -266,6 +272,7 @@ func policyToProto(p storage.Policy) *delaydv1.NamespacePolicy {
 		Shards:                int32(min(max(p.Shards, 1), storage.MaxShards)),
 		Push:                  pushToProto(p.Push),
 		HistoryRetentionBytes: p.HistoryRetentionBytes,
+		MaxSchedules:          int32(min(p.MaxSchedules, math.MaxInt32)),
 	}
 }
 

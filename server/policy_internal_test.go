@@ -41,6 +41,7 @@ func TestPolicyFromProtoRefuses(t *testing.T) {
 		{&delaydv1.NamespacePolicy{Push: &delaydv1.PushTarget{Secret: "0123456789abcdef"}}, "p.push.url is empty while a secret is given; allowed: the URL to push to, or no push at all (no url, no secret) to turn push off"},
 		{&delaydv1.NamespacePolicy{Push: &delaydv1.PushTarget{Url: "https://x", Secret: "short"}}, "p.push.secret is 5 bytes; allowed: 16-1024 bytes (a random string of at least 32 characters is best)"},
 		{&delaydv1.NamespacePolicy{HistoryRetentionBytes: 1}, "p.history_retention_bytes is 1; allowed: 65536-1073741824 bytes (64 KiB-1 GiB), or 0 for no history"},
+		{&delaydv1.NamespacePolicy{MaxSchedules: 100001}, "p.max_schedules is 100001; allowed: 1-100000, or 0 for the server default"},
 	}
 	for _, tc := range tests {
 		_, err := policyFromProto("p.", tc.p)
@@ -61,7 +62,7 @@ func TestPolicyFromProtoReads(t *testing.T) {
 		MaxPayloadBytes: 1000, MaxPendingTasks: 50, RateLimit: 2.5, RateBurst: 4, MaxSubscribers: 3,
 		MaxDelay: dur(time.Hour), Paused: true, MaxDispatchRate: 9.5, Shards: 6,
 		Push:                  &delaydv1.PushTarget{Url: "https://x", Secret: "0123456789abcdef"},
-		HistoryRetentionBytes: 1 << 20,
+		HistoryRetentionBytes: 1 << 20, MaxSchedules: 12,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestPolicyFromProtoReads(t *testing.T) {
 		MaxPayloadBytes: 1000, MaxPendingTasks: 50, RateLimit: 2.5, RateBurst: 4, MaxSubscribers: 3,
 		MaxDelay: time.Hour, Paused: true, MaxDispatchRate: 9.5, Shards: 6,
 		Push:                  storage.PushTarget{URL: "https://x", Secret: "0123456789abcdef"},
-		HistoryRetentionBytes: 1 << 20}
+		HistoryRetentionBytes: 1 << 20, MaxSchedules: 12}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("policyFromProto (-want +got):\n%s", diff)
 	}

@@ -195,6 +195,9 @@ func (p Policy) WithDefaults(defaults Policy) Policy {
 	if p.Shards <= 0 {
 		p.Shards = max(defaults.Shards, 1)
 	}
+	if p.MaxSchedules <= 0 {
+		p.MaxSchedules = defaults.MaxSchedules
+	}
 	return p
 }
 
@@ -219,6 +222,7 @@ type policyRecord struct {
 	PushURL           string  `json:"push_url,omitempty"`
 	PushSecret        string  `json:"push_secret,omitempty"`
 	HistoryBytes      int64   `json:"history_retention_bytes,omitempty"`
+	MaxSchedules      int     `json:"max_schedules,omitempty"`
 }
 
 // MarshalPolicy encodes p as the JSON document registries store: durations
@@ -244,6 +248,7 @@ func MarshalPolicy(p Policy) ([]byte, error) {
 		PushURL:           p.Push.URL,
 		PushSecret:        p.Push.Secret,
 		HistoryBytes:      p.HistoryRetentionBytes,
+		MaxSchedules:      p.MaxSchedules,
 	})
 }
 
@@ -274,5 +279,6 @@ func UnmarshalPolicy(b []byte) (Policy, error) {
 		Shards:                r.Shards,
 		Push:                  PushTarget{URL: r.PushURL, Secret: r.PushSecret},
 		HistoryRetentionBytes: r.HistoryBytes,
+		MaxSchedules:          r.MaxSchedules,
 	}, nil
 }

@@ -362,6 +362,9 @@ type Policy struct {
 	// task events (History), about this many bytes of them (HistoryKeep
 	// events). Zero: no history, and no call pays for it.
 	HistoryRetentionBytes int64
+	// MaxSchedules caps the namespace's schedules (recurring tasks).
+	// Default 1,000.
+	MaxSchedules int
 }
 
 // PushTarget is an HTTP endpoint due tasks are POSTed to, and the key they
@@ -459,6 +462,7 @@ func DefaultPolicy() Policy {
 		MaxSubscribers:  100,
 		MaxDelay:        366 * 24 * time.Hour,
 		Shards:          1,
+		MaxSchedules:    1000,
 	}
 }
 

@@ -146,8 +146,13 @@ type NamespacePolicy struct {
 	// = no history: nothing is recorded and no call pays for it. 0 to
 	// 1 GiB; at least 64 KiB when set.
 	HistoryRetentionBytes int64 `protobuf:"varint,16,opt,name=history_retention_bytes,json=historyRetentionBytes,proto3" json:"history_retention_bytes,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Most schedules the namespace may have (ScheduleService); a create past
+	// it is refused with RESOURCE_EXHAUSTED. Each schedule holds at most its
+	// firings of the next lookahead (10 s) as tasks. Default 1,000; 1 to
+	// 100,000.
+	MaxSchedules  int32 `protobuf:"varint,17,opt,name=max_schedules,json=maxSchedules,proto3" json:"max_schedules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NamespacePolicy) Reset() {
@@ -288,6 +293,13 @@ func (x *NamespacePolicy) GetPush() *PushTarget {
 func (x *NamespacePolicy) GetHistoryRetentionBytes() int64 {
 	if x != nil {
 		return x.HistoryRetentionBytes
+	}
+	return 0
+}
+
+func (x *NamespacePolicy) GetMaxSchedules() int32 {
+	if x != nil {
+		return x.MaxSchedules
 	}
 	return 0
 }
@@ -1036,9 +1048,20 @@ type GetNamespaceStatsResponse struct {
 	// See recent_lateness_p50.
 	RecentLatenessP99 *durationpb.Duration `protobuf:"bytes,17,opt,name=recent_lateness_p99,json=recentLatenessP99,proto3" json:"recent_lateness_p99,omitempty"`
 	// The window recent_delivery_rate and the lateness percentiles cover.
-	RecentWindow  *durationpb.Duration `protobuf:"bytes,18,opt,name=recent_window,json=recentWindow,proto3" json:"recent_window,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RecentWindow *durationpb.Duration `protobuf:"bytes,18,opt,name=recent_window,json=recentWindow,proto3" json:"recent_window,omitempty"`
+	// Forecast: of due_per_minute, the firings of the namespace's schedules
+	// that are not tasks yet (a firing is created shortly before its slot,
+	// and then counts as a scheduled task): their slots computed from the
+	// rules. Same buckets as due_per_minute.
+	FiringsPerMinute []int64 `protobuf:"varint,19,rep,packed,name=firings_per_minute,json=firingsPerMinute,proto3" json:"firings_per_minute,omitempty"`
+	// Forecast: of due_per_hour, the schedules' firings not created yet (see
+	// firings_per_minute).
+	FiringsPerHour []int64 `protobuf:"varint,20,rep,packed,name=firings_per_hour,json=firingsPerHour,proto3" json:"firings_per_hour,omitempty"`
+	// The namespace has more than 1,000 active schedules: the firings of the
+	// first 1,000 (in id order) are counted.
+	FiringsPartial bool `protobuf:"varint,21,opt,name=firings_partial,json=firingsPartial,proto3" json:"firings_partial,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GetNamespaceStatsResponse) Reset() {
@@ -1195,6 +1218,27 @@ func (x *GetNamespaceStatsResponse) GetRecentWindow() *durationpb.Duration {
 		return x.RecentWindow
 	}
 	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetFiringsPerMinute() []int64 {
+	if x != nil {
+		return x.FiringsPerMinute
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetFiringsPerHour() []int64 {
+	if x != nil {
+		return x.FiringsPerHour
+	}
+	return nil
+}
+
+func (x *GetNamespaceStatsResponse) GetFiringsPartial() bool {
+	if x != nil {
+		return x.FiringsPartial
+	}
+	return false
 }
 
 // ListDeadLettersRequest pages through dead tasks.
@@ -2056,7 +2100,7 @@ var File_delayd_v1_namespace_proto protoreflect.FileDescriptor
 
 const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\n" +
-	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd5\x05\n" +
+	"\x19delayd/v1/namespace.proto\x12\tdelayd.v1\x1a\x14delayd/v1/task.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfa\x05\n" +
 	"\x0fNamespacePolicy\x12:\n" +
 	"\vack_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"ackTimeout\x12!\n" +
@@ -2078,7 +2122,8 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x11max_dispatch_rate\x18\r \x01(\x01R\x0fmaxDispatchRate\x12\x16\n" +
 	"\x06shards\x18\x0e \x01(\x05R\x06shards\x12)\n" +
 	"\x04push\x18\x0f \x01(\v2\x15.delayd.v1.PushTargetR\x04push\x126\n" +
-	"\x17history_retention_bytes\x18\x10 \x01(\x03R\x15historyRetentionBytes\"U\n" +
+	"\x17history_retention_bytes\x18\x10 \x01(\x03R\x15historyRetentionBytes\x12#\n" +
+	"\rmax_schedules\x18\x11 \x01(\x05R\fmaxSchedules\"U\n" +
 	"\n" +
 	"PushTarget\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
@@ -2121,7 +2166,7 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x17DeleteNamespaceResponse\x12#\n" +
 	"\rdeleted_tasks\x18\x01 \x01(\x03R\fdeletedTasks\"8\n" +
 	"\x18GetNamespaceStatsRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xc5\a\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xc6\b\n" +
 	"\x19GetNamespaceStatsResponse\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\x03R\tscheduled\x12\x1c\n" +
 	"\tdelivered\x18\x02 \x01(\x03R\tdelivered\x12\x12\n" +
@@ -2142,7 +2187,10 @@ const file_delayd_v1_namespace_proto_rawDesc = "" +
 	"\x13recent_lateness_p50\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\x11recentLatenessP50\x12I\n" +
 	"\x13recent_lateness_p90\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\x11recentLatenessP90\x12I\n" +
 	"\x13recent_lateness_p99\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\x11recentLatenessP99\x12>\n" +
-	"\rrecent_window\x18\x12 \x01(\v2\x19.google.protobuf.DurationR\frecentWindow\x1a<\n" +
+	"\rrecent_window\x18\x12 \x01(\v2\x19.google.protobuf.DurationR\frecentWindow\x12,\n" +
+	"\x12firings_per_minute\x18\x13 \x03(\x03R\x10firingsPerMinute\x12(\n" +
+	"\x10firings_per_hour\x18\x14 \x03(\x03R\x0efiringsPerHour\x12'\n" +
+	"\x0ffirings_partial\x18\x15 \x01(\bR\x0efiringsPartial\x1a<\n" +
 	"\x0eDueByKindEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x9b\x01\n" +

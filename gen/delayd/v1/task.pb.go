@@ -1542,7 +1542,12 @@ type TaskEvent struct {
 	// Nacked or dead-lettered: the reason given, or "lease expired".
 	Reason string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Nacked: the retry_after the subscriber asked for (unset: the backoff).
-	RetryAfter    *durationpb.Duration `protobuf:"bytes,10,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	RetryAfter *durationpb.Duration `protobuf:"bytes,10,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// Upserted by a schedule (ScheduleService): the schedule whose firing
+	// the task is, and the slot it fires for.
+	ScheduleId string `protobuf:"bytes,11,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	// See schedule_id.
+	SlotTime      *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=slot_time,json=slotTime,proto3" json:"slot_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1643,6 +1648,20 @@ func (x *TaskEvent) GetReason() string {
 func (x *TaskEvent) GetRetryAfter() *durationpb.Duration {
 	if x != nil {
 		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *TaskEvent) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+func (x *TaskEvent) GetSlotTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SlotTime
 	}
 	return nil
 }
@@ -1886,7 +1905,7 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\x04view\x18\x05 \x01(\x0e2\x13.delayd.v1.TaskViewR\x04view\"b\n" +
 	"\x11ListTasksResponse\x12%\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x0f.delayd.v1.TaskR\x05tasks\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x96\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf0\x03\n" +
 	"\tTaskEvent\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.delayd.v1.TaskEventKindR\x04kind\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x15\n" +
@@ -1901,7 +1920,10 @@ const file_delayd_v1_task_proto_rawDesc = "" +
 	"\x06reason\x18\t \x01(\tR\x06reason\x12:\n" +
 	"\vretry_after\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"retryAfter\"\x81\x01\n" +
+	"retryAfter\x12\x1f\n" +
+	"\vschedule_id\x18\v \x01(\tR\n" +
+	"scheduleId\x127\n" +
+	"\tslot_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\bslotTime\"\x81\x01\n" +
 	"\x15GetTaskHistoryRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1b\n" +
@@ -2014,26 +2036,27 @@ var file_delayd_v1_task_proto_depIdxs = []int32{
 	23, // 24: delayd.v1.TaskEvent.due_time:type_name -> google.protobuf.Timestamp
 	24, // 25: delayd.v1.TaskEvent.lateness:type_name -> google.protobuf.Duration
 	24, // 26: delayd.v1.TaskEvent.retry_after:type_name -> google.protobuf.Duration
-	20, // 27: delayd.v1.GetTaskHistoryResponse.events:type_name -> delayd.v1.TaskEvent
-	4,  // 28: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
-	6,  // 29: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
-	10, // 30: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
-	12, // 31: delayd.v1.TaskService.RemoveTasks:input_type -> delayd.v1.RemoveTasksRequest
-	16, // 32: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
-	18, // 33: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
-	21, // 34: delayd.v1.TaskService.GetTaskHistory:input_type -> delayd.v1.GetTaskHistoryRequest
-	5,  // 35: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
-	7,  // 36: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
-	11, // 37: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
-	14, // 38: delayd.v1.TaskService.RemoveTasks:output_type -> delayd.v1.RemoveTasksResponse
-	17, // 39: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
-	19, // 40: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
-	22, // 41: delayd.v1.TaskService.GetTaskHistory:output_type -> delayd.v1.GetTaskHistoryResponse
-	35, // [35:42] is the sub-list for method output_type
-	28, // [28:35] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	23, // 27: delayd.v1.TaskEvent.slot_time:type_name -> google.protobuf.Timestamp
+	20, // 28: delayd.v1.GetTaskHistoryResponse.events:type_name -> delayd.v1.TaskEvent
+	4,  // 29: delayd.v1.TaskService.UpsertTask:input_type -> delayd.v1.UpsertTaskRequest
+	6,  // 30: delayd.v1.TaskService.BatchUpsertTasks:input_type -> delayd.v1.BatchUpsertTasksRequest
+	10, // 31: delayd.v1.TaskService.RemoveTask:input_type -> delayd.v1.RemoveTaskRequest
+	12, // 32: delayd.v1.TaskService.RemoveTasks:input_type -> delayd.v1.RemoveTasksRequest
+	16, // 33: delayd.v1.TaskService.GetTask:input_type -> delayd.v1.GetTaskRequest
+	18, // 34: delayd.v1.TaskService.ListTasks:input_type -> delayd.v1.ListTasksRequest
+	21, // 35: delayd.v1.TaskService.GetTaskHistory:input_type -> delayd.v1.GetTaskHistoryRequest
+	5,  // 36: delayd.v1.TaskService.UpsertTask:output_type -> delayd.v1.UpsertTaskResponse
+	7,  // 37: delayd.v1.TaskService.BatchUpsertTasks:output_type -> delayd.v1.BatchUpsertTasksResponse
+	11, // 38: delayd.v1.TaskService.RemoveTask:output_type -> delayd.v1.RemoveTaskResponse
+	14, // 39: delayd.v1.TaskService.RemoveTasks:output_type -> delayd.v1.RemoveTasksResponse
+	17, // 40: delayd.v1.TaskService.GetTask:output_type -> delayd.v1.GetTaskResponse
+	19, // 41: delayd.v1.TaskService.ListTasks:output_type -> delayd.v1.ListTasksResponse
+	22, // 42: delayd.v1.TaskService.GetTaskHistory:output_type -> delayd.v1.GetTaskHistoryResponse
+	36, // [36:43] is the sub-list for method output_type
+	29, // [29:36] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_delayd_v1_task_proto_init() }

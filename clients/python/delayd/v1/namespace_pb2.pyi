@@ -77,7 +77,7 @@ class GetNamespaceStatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class GetNamespaceStatsResponse(_message.Message):
-    __slots__ = ["dead", "delivered", "due_by_kind", "due_by_kind_partial", "due_now", "due_per_hour", "due_per_minute", "forecast_time", "max_dispatch_rate", "oldest_due_lateness", "paused", "push", "recent_delivery_rate", "recent_lateness_p50", "recent_lateness_p90", "recent_lateness_p99", "recent_window", "scheduled"]
+    __slots__ = ["dead", "delivered", "due_by_kind", "due_by_kind_partial", "due_now", "due_per_hour", "due_per_minute", "firings_partial", "firings_per_hour", "firings_per_minute", "forecast_time", "max_dispatch_rate", "oldest_due_lateness", "paused", "push", "recent_delivery_rate", "recent_lateness_p50", "recent_lateness_p90", "recent_lateness_p99", "recent_window", "scheduled"]
     class DueByKindEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,9 @@ class GetNamespaceStatsResponse(_message.Message):
     DUE_NOW_FIELD_NUMBER: _ClassVar[int]
     DUE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
     DUE_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    FIRINGS_PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    FIRINGS_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    FIRINGS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     FORECAST_TIME_FIELD_NUMBER: _ClassVar[int]
     MAX_DISPATCH_RATE_FIELD_NUMBER: _ClassVar[int]
     OLDEST_DUE_LATENESS_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +113,9 @@ class GetNamespaceStatsResponse(_message.Message):
     due_now: int
     due_per_hour: _containers.RepeatedScalarFieldContainer[int]
     due_per_minute: _containers.RepeatedScalarFieldContainer[int]
+    firings_partial: bool
+    firings_per_hour: _containers.RepeatedScalarFieldContainer[int]
+    firings_per_minute: _containers.RepeatedScalarFieldContainer[int]
     forecast_time: _timestamp_pb2.Timestamp
     max_dispatch_rate: float
     oldest_due_lateness: _duration_pb2.Duration
@@ -121,7 +127,7 @@ class GetNamespaceStatsResponse(_message.Message):
     recent_lateness_p99: _duration_pb2.Duration
     recent_window: _duration_pb2.Duration
     scheduled: int
-    def __init__(self, scheduled: _Optional[int] = ..., delivered: _Optional[int] = ..., dead: _Optional[int] = ..., due_now: _Optional[int] = ..., oldest_due_lateness: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., due_by_kind: _Optional[_Mapping[str, int]] = ..., due_by_kind_partial: bool = ..., max_dispatch_rate: _Optional[float] = ..., push: bool = ..., due_per_minute: _Optional[_Iterable[int]] = ..., due_per_hour: _Optional[_Iterable[int]] = ..., forecast_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., recent_delivery_rate: _Optional[float] = ..., recent_lateness_p50: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recent_lateness_p90: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recent_lateness_p99: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recent_window: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, scheduled: _Optional[int] = ..., delivered: _Optional[int] = ..., dead: _Optional[int] = ..., due_now: _Optional[int] = ..., oldest_due_lateness: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., due_by_kind: _Optional[_Mapping[str, int]] = ..., due_by_kind_partial: bool = ..., max_dispatch_rate: _Optional[float] = ..., push: bool = ..., due_per_minute: _Optional[_Iterable[int]] = ..., due_per_hour: _Optional[_Iterable[int]] = ..., forecast_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., recent_delivery_rate: _Optional[float] = ..., recent_lateness_p50: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recent_lateness_p90: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recent_lateness_p99: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., recent_window: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., firings_per_minute: _Optional[_Iterable[int]] = ..., firings_per_hour: _Optional[_Iterable[int]] = ..., firings_partial: bool = ...) -> None: ...
 
 class Key(_message.Message):
     __slots__ = ["create_time", "description", "id", "namespace", "scopes"]
@@ -204,7 +210,7 @@ class Namespace(_message.Message):
     def __init__(self, name: _Optional[str] = ..., policy: _Optional[_Union[NamespacePolicy, _Mapping]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class NamespacePolicy(_message.Message):
-    __slots__ = ["ack_timeout", "backoff_initial", "backoff_max", "backoff_multiplier", "history_retention_bytes", "max_attempts", "max_delay", "max_dispatch_rate", "max_payload_bytes", "max_pending_tasks", "max_subscribers", "paused", "push", "rate_burst", "rate_limit", "shards"]
+    __slots__ = ["ack_timeout", "backoff_initial", "backoff_max", "backoff_multiplier", "history_retention_bytes", "max_attempts", "max_delay", "max_dispatch_rate", "max_payload_bytes", "max_pending_tasks", "max_schedules", "max_subscribers", "paused", "push", "rate_burst", "rate_limit", "shards"]
     ACK_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_INITIAL_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_MAX_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +221,7 @@ class NamespacePolicy(_message.Message):
     MAX_DISPATCH_RATE_FIELD_NUMBER: _ClassVar[int]
     MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_PENDING_TASKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SCHEDULES_FIELD_NUMBER: _ClassVar[int]
     MAX_SUBSCRIBERS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     PUSH_FIELD_NUMBER: _ClassVar[int]
@@ -231,13 +238,14 @@ class NamespacePolicy(_message.Message):
     max_dispatch_rate: float
     max_payload_bytes: int
     max_pending_tasks: int
+    max_schedules: int
     max_subscribers: int
     paused: bool
     push: PushTarget
     rate_burst: int
     rate_limit: float
     shards: int
-    def __init__(self, ack_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_initial: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_multiplier: _Optional[float] = ..., max_payload_bytes: _Optional[int] = ..., max_pending_tasks: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., max_subscribers: _Optional[int] = ..., max_delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., max_dispatch_rate: _Optional[float] = ..., shards: _Optional[int] = ..., push: _Optional[_Union[PushTarget, _Mapping]] = ..., history_retention_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, ack_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_initial: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_multiplier: _Optional[float] = ..., max_payload_bytes: _Optional[int] = ..., max_pending_tasks: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., max_subscribers: _Optional[int] = ..., max_delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., max_dispatch_rate: _Optional[float] = ..., shards: _Optional[int] = ..., push: _Optional[_Union[PushTarget, _Mapping]] = ..., history_retention_bytes: _Optional[int] = ..., max_schedules: _Optional[int] = ...) -> None: ...
 
 class PurgeDeadLettersRequest(_message.Message):
     __slots__ = ["all", "ids", "namespace"]

@@ -202,7 +202,7 @@ class Task(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[bytes] = ..., due_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., attempt: _Optional[int] = ..., generation: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., lease_deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dead_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class TaskEvent(_message.Message):
-    __slots__ = ["attempt", "due_time", "generation", "key_id", "kind", "lateness", "reason", "replica", "retry_after", "time"]
+    __slots__ = ["attempt", "due_time", "generation", "key_id", "kind", "lateness", "reason", "replica", "retry_after", "schedule_id", "slot_time", "time"]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     DUE_TIME_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +212,8 @@ class TaskEvent(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_TIME_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     due_time: _timestamp_pb2.Timestamp
@@ -222,8 +224,10 @@ class TaskEvent(_message.Message):
     reason: str
     replica: str
     retry_after: _duration_pb2.Duration
+    schedule_id: str
+    slot_time: _timestamp_pb2.Timestamp
     time: _timestamp_pb2.Timestamp
-    def __init__(self, kind: _Optional[_Union[TaskEventKind, str]] = ..., time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ..., generation: _Optional[int] = ..., due_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., replica: _Optional[str] = ..., lateness: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[TaskEventKind, str]] = ..., time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ..., generation: _Optional[int] = ..., due_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., replica: _Optional[str] = ..., lateness: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., schedule_id: _Optional[str] = ..., slot_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class TaskFilter(_message.Message):
     __slots__ = ["id_prefix", "kind", "state"]

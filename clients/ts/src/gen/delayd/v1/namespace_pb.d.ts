@@ -159,6 +159,16 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
    * @generated from field: int64 history_retention_bytes = 16;
    */
   historyRetentionBytes: bigint;
+
+  /**
+   * Most schedules the namespace may have (ScheduleService); a create past
+   * it is refused with RESOURCE_EXHAUSTED. Each schedule holds at most its
+   * firings of the next lookahead (10 s) as tasks. Default 1,000; 1 to
+   * 100,000.
+   *
+   * @generated from field: int32 max_schedules = 17;
+   */
+  maxSchedules: number;
 };
 
 /**
@@ -648,6 +658,32 @@ export declare type GetNamespaceStatsResponse = Message<"delayd.v1.GetNamespaceS
    * @generated from field: google.protobuf.Duration recent_window = 18;
    */
   recentWindow?: Duration | undefined;
+
+  /**
+   * Forecast: of due_per_minute, the firings of the namespace's schedules
+   * that are not tasks yet (a firing is created shortly before its slot,
+   * and then counts as a scheduled task): their slots computed from the
+   * rules. Same buckets as due_per_minute.
+   *
+   * @generated from field: repeated int64 firings_per_minute = 19;
+   */
+  firingsPerMinute: bigint[];
+
+  /**
+   * Forecast: of due_per_hour, the schedules' firings not created yet (see
+   * firings_per_minute).
+   *
+   * @generated from field: repeated int64 firings_per_hour = 20;
+   */
+  firingsPerHour: bigint[];
+
+  /**
+   * The namespace has more than 1,000 active schedules: the firings of the
+   * first 1,000 (in id order) are counted.
+   *
+   * @generated from field: bool firings_partial = 21;
+   */
+  firingsPartial: boolean;
 };
 
 /**

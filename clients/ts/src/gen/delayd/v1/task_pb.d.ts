@@ -825,6 +825,21 @@ export declare type TaskEvent = Message<"delayd.v1.TaskEvent"> & {
    * @generated from field: google.protobuf.Duration retry_after = 10;
    */
   retryAfter?: Duration | undefined;
+
+  /**
+   * Upserted by a schedule (ScheduleService): the schedule whose firing
+   * the task is, and the slot it fires for.
+   *
+   * @generated from field: string schedule_id = 11;
+   */
+  scheduleId: string;
+
+  /**
+   * See schedule_id.
+   *
+   * @generated from field: google.protobuf.Timestamp slot_time = 12;
+   */
+  slotTime?: Timestamp | undefined;
 };
 
 /**
