@@ -72,6 +72,10 @@ type Event struct {
 	Reason string
 	// RetryAfter is the delay a nack asked for; zero means the backoff.
 	RetryAfter time.Duration
+	// Schedule, on the upserted event of a schedule's firing, is the
+	// schedule's id, and Slot the slot the task fires for.
+	Schedule string
+	Slot     time.Time
 }
 
 // EventWireSize is what one event typically costs where it is kept (a
@@ -98,7 +102,7 @@ func HistoryKeep(retentionBytes int64) int64 {
 
 // EventSize is an upper bound of the bytes e takes in a reply.
 func EventSize(e Event) int {
-	return EventWireSize + len(e.ID) + len(e.KeyID) + len(e.Replica) + len(e.Reason)
+	return EventWireSize + len(e.ID) + len(e.KeyID) + len(e.Replica) + len(e.Reason) + len(e.Schedule)
 }
 
 // RecordParams is one write of History.RecordEvents.

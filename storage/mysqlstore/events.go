@@ -29,8 +29,8 @@ func (s *Store) execEvents(ctx context.Context, tx *sql.Tx, ws []*authority.Writ
 		if n == 0 {
 			return nil
 		}
-		q := "INSERT INTO delayd_task_events (namespace, incarnation, id, event_ms, kind, key_id, generation, due_ms, attempt, replica, lateness_ms, reason, retry_after_ms) VALUES " +
-			strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,?),", n), ",")
+		q := "INSERT INTO delayd_task_events (namespace, incarnation, id, event_ms, kind, key_id, generation, due_ms, attempt, replica, lateness_ms, reason, retry_after_ms, schedule_id, slot_ms) VALUES " +
+			strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?),", n), ",")
 		if _, err := tx.ExecContext(ctx, q, rows...); err != nil {
 			return fmt.Errorf("record events: %w", err)
 		}
@@ -48,7 +48,7 @@ func (s *Store) execEvents(ctx context.Context, tx *sql.Tx, ws []*authority.Writ
 				reason = strings.ToValidUTF8(reason[:maxReasonBytes], "")
 			}
 			rows = append(rows, w.NS, w.NSInc, e.ID, e.Time.UnixMilli(), uint8(e.Kind), e.KeyID, e.Generation, due, e.Attempt,
-				e.Replica, e.Lateness.Milliseconds(), reason, e.RetryAfter.Milliseconds())
+				e.Replica, e.Lateness.Milliseconds(), reason, e.RetryAfter.Milliseconds(), e.Schedule, storage.UnixMS(e.Slot))
 			if n++; n == eventRowsPerStatement {
 				if err := flush(); err != nil {
 					return err
@@ -79,7 +79,7 @@ func (s *Store) TaskEvents(ctx context.Context, ns string, p storage.HistoryPara
 	limit := min(max(p.Limit, 1), 1000)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
-	rows, err := s.db.QueryContext(ctx, "SELECT seq, event_ms, kind, key_id, generation, due_ms, attempt, replica, lateness_ms, reason, retry_after_ms"+
+	rows, err := s.db.QueryContext(ctx, "SELECT seq, event_ms, kind, key_id, generation, due_ms, attempt, replica, lateness_ms, reason, retry_after_ms, schedule_id, slot_ms"+
 		" FROM delayd_task_events WHERE namespace = ? AND id = ? AND seq > ? AND incarnation = ?"+
 		" AND NOT EXISTS (SELECT 1 FROM delayd_namespace_born b WHERE b.name = ? AND b.create_ms >= ?)"+
 		" AND NOT EXISTS (SELECT 1 FROM delayd_namespaces n WHERE n.name = ? AND n.create_ms > ?)"+
@@ -91,17 +91,20 @@ func (s *Store) TaskEvents(ctx context.Context, ns string, p storage.HistoryPara
 	var out []storage.Event
 	size, last := 0, after
 	for rows.Next() {
-		var seq, at, gen, due, late, retry int64
+		var seq, at, gen, due, late, retry, slot int64
 		var kind uint8
 		var attempt int32
 		e := storage.Event{ID: p.ID}
-		if err := rows.Scan(&seq, &at, &kind, &e.KeyID, &gen, &due, &attempt, &e.Replica, &late, &e.Reason, &retry); err != nil {
+		if err := rows.Scan(&seq, &at, &kind, &e.KeyID, &gen, &due, &attempt, &e.Replica, &late, &e.Reason, &retry, &e.Schedule, &slot); err != nil {
 			return nil, "", classify("task history", err)
 		}
 		e.Kind, e.Time, e.Generation, e.Attempt = storage.EventKind(kind), time.UnixMilli(at), gen, attempt
 		e.Lateness, e.RetryAfter = time.Duration(late)*time.Millisecond, time.Duration(retry)*time.Millisecond
 		if due != 0 {
 			e.Due = time.UnixMilli(due)
+		}
+		if slot != 0 {
+			e.Slot = time.UnixMilli(slot)
 		}
 		size += storage.EventSize(e)
 		if len(out) == limit || (len(out) > 0 && p.MaxBytes > 0 && size > p.MaxBytes) {

@@ -36,7 +36,7 @@ import (
 //
 // Fields, each left out when zero: k kind (number), i task id, u key id,
 // g generation, d due ms, a attempt, r replica, l lateness ms, e reason,
-// t retry_after ms, ts event time ms.
+// t retry_after ms, ts event time ms, sc schedule id, sl slot ms.
 
 // historyScanChunk is how many stream entries one XRANGE of TaskHistory
 // reads.
@@ -116,6 +116,10 @@ func eventFields(e storage.Event) []any {
 	if !e.Time.IsZero() {
 		add("ts", e.Time.UnixMilli())
 	}
+	addS("sc", e.Schedule)
+	if !e.Slot.IsZero() {
+		add("sl", e.Slot.UnixMilli())
+	}
 	return f
 }
 
@@ -143,6 +147,10 @@ func eventOf(m redis.XMessage) storage.Event {
 	}
 	if d := num("d"); d != 0 {
 		e.Due = time.UnixMilli(d)
+	}
+	e.Schedule = str("sc")
+	if sl := num("sl"); sl != 0 {
+		e.Slot = time.UnixMilli(sl)
 	}
 	if ts := num("ts"); ts != 0 {
 		e.Time = time.UnixMilli(ts)

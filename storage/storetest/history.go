@@ -146,6 +146,10 @@ func testHistoryPages(t *testing.T, s HistoryStore) {
 		e := storage.Event{Kind: storage.EventKind(1 + i%int(storage.NumEventKinds-1)), ID: "a", KeyID: "k1", Generation: int64(i + 1),
 			Due: due, Attempt: int32(i), Replica: "r1", Lateness: time.Duration(i) * time.Millisecond, Reason: fmt.Sprint("why ", i),
 			RetryAfter: time.Duration(i) * time.Second}
+		if e.Kind == storage.EventUpserted {
+			// A schedule's firing: its first event names the schedule and the slot.
+			e.Schedule, e.Slot = "nightly", time.UnixMilli(due.Add(-time.Minute).UnixMilli())
+		}
 		want = append(want, e)
 		// Another task's event between each of a's.
 		record(t, s, ns, historyInc, 1000, e, storage.Event{Kind: storage.EventUpserted, ID: "b"})

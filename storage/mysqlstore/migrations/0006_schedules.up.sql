@@ -21,3 +21,14 @@ CREATE TABLE IF NOT EXISTS delayd_schedules (
   -- the schedule loop: the schedules due now, earliest first
   KEY delayd_schedules_advance (advance_ms)
 ) ENGINE=InnoDB;
+
+-- A firing's first event (upserted) names its schedule and slot: two
+-- columns of delayd_task_events, added only if missing (MySQL 8 has no ADD
+-- COLUMN IF NOT EXISTS), '' and 0 for every other event.
+SET @delayd_ddl = (SELECT IF(COUNT(*) = 0,
+  'ALTER TABLE delayd_task_events ADD COLUMN schedule_id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '''', ADD COLUMN slot_ms BIGINT NOT NULL DEFAULT 0',
+  'DO 0') FROM information_schema.columns
+  WHERE table_schema = DATABASE() AND table_name = 'delayd_task_events' AND column_name = 'schedule_id');
+PREPARE delayd_stmt FROM @delayd_ddl;
+EXECUTE delayd_stmt;
+DEALLOCATE PREPARE delayd_stmt;
