@@ -36,6 +36,10 @@ type TaskEvent struct {
 	Reason string `json:"reason,omitempty"`
 	// RetryAfter is the delay a nack asked for (0: the backoff).
 	RetryAfter time.Duration `json:"retry_after,omitempty"`
+	// Schedule and Slot, on the upserted event of a schedule's firing:
+	// the schedule's id and the slot the task fires for.
+	Schedule string    `json:"schedule_id,omitempty"`
+	Slot     time.Time `json:"slot_time,omitzero"`
 }
 
 // ErrNoHistory is returned by History when the namespace keeps no history
@@ -88,5 +92,9 @@ func eventFromProto(e *delaydv1.TaskEvent) TaskEvent {
 	if e.GetDueTime() != nil {
 		out.Due = e.GetDueTime().AsTime()
 	}
+	if e.GetSlotTime() != nil {
+		out.Slot = e.GetSlotTime().AsTime()
+	}
+	out.Schedule = e.GetScheduleId()
 	return out
 }

@@ -31,6 +31,8 @@ func eventToProto(e storage.Event) *delaydv1.TaskEvent {
 		Lateness:   durationOrNil(e.Lateness, e.Kind == storage.EventDelivered),
 		Reason:     e.Reason,
 		RetryAfter: durationOrNil(e.RetryAfter, false),
+		ScheduleId: e.Schedule,
+		SlotTime:   wire.Time(e.Slot),
 	}
 }
 
