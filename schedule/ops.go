@@ -67,6 +67,9 @@ func (s *Scheduler) Create(ctx context.Context, sc storage.Schedule, paused bool
 		return storage.Schedule{}, err
 	}
 	if most := n.Policy.MaxSchedules; most > 0 && count >= int64(most) {
+		if _, err := s.cfg.Schedules.GetSchedule(ctx, sc.Namespace, sc.ID); err == nil {
+			return storage.Schedule{}, fmt.Errorf("create schedule %q: %w", sc.ID, storage.ErrAlreadyExists)
+		}
 		return storage.Schedule{}, &QuotaError{Namespace: sc.Namespace, Max: most}
 	}
 	state := storage.Schedule{Namespace: sc.Namespace, ID: sc.ID, Description: sc.Description, Cron: sc.Cron, Every: sc.Every,

@@ -89,7 +89,8 @@ func (e *dlvEnv) replica() *dlvReplica {
 	}
 	srv, err := server.New(server.Options{
 		Store: e.store, Tenancy: staticTenancy{policy: e.pol}, Subscriptions: d, History: e.store,
-		Auth: guard.AuthOptions{Disabled: true},
+		Schedules: newScheduler(e.t, e.store, staticTenancy{policy: e.pol}),
+		Auth:      guard.AuthOptions{Disabled: true},
 	})
 	if err != nil {
 		e.t.Fatalf("server.New: %v", err)

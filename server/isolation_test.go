@@ -90,7 +90,8 @@ func (e *tenEnv) replica(o tenOpts) *tenReplica {
 	}
 	opts := server.Options{
 		Store: e.store, Tenancy: reg, Subscriptions: d, History: e.store,
-		Auth: guard.AuthOptions{AdminKey: tenAdminKey},
+		Schedules: newScheduler(e.t, e.store.Store, reg),
+		Auth:      guard.AuthOptions{AdminKey: tenAdminKey},
 	}
 	if o.server != nil {
 		o.server(&opts)
@@ -335,9 +336,14 @@ func TestIsolationMatrix(t *testing.T) {
 	nsB := e.newNamespace(r, "iso-b-", pol)
 
 	// Each namespace holds a due task (subscribers get it), a task to read,
-	// and a delivery token (for ack/nack/extend).
+	// a delivery token (for ack/nack/extend) and a schedule.
+	sched := delaydv1.NewScheduleServiceClient(r.conn)
 	tokens := map[string]string{}
 	for _, ns := range []string{nsA, nsB} {
+		if _, err := sched.CreateSchedule(admin(), &delaydv1.CreateScheduleRequest{Schedule: &delaydv1.Schedule{Namespace: ns, Id: "held",
+			Rule: &delaydv1.Schedule_Cron{Cron: "@daily"}}}); err != nil {
+			t.Fatal(err)
+		}
 		if err := upsertAs(admin(), r, ns, "held"); err != nil {
 			t.Fatal(err)
 		}
@@ -473,11 +479,39 @@ func TestIsolationMatrix(t *testing.T) {
 			victim, _ := e.newKey(r, ns, P) // a fresh key of ns each time
 			return r.admin.RevokeKey(ctx, &delaydv1.RevokeKeyRequest{Id: victim})
 		}},
+		// Schedules: the namespace's producers, or its admins.
+		{name: "CreateSchedule", scope: P, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			return sched.CreateSchedule(ctx, &delaydv1.CreateScheduleRequest{Schedule: &delaydv1.Schedule{Namespace: ns, Id: "s-" + testkit.Suffix(),
+				Rule: &delaydv1.Schedule_Cron{Cron: "@daily"}}})
+		}},
+		{name: "GetSchedule", scope: P, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			return sched.GetSchedule(ctx, &delaydv1.GetScheduleRequest{Namespace: ns, Id: "held"})
+		}},
+		{name: "ListSchedules", scope: P, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			return sched.ListSchedules(ctx, &delaydv1.ListSchedulesRequest{Namespace: ns})
+		}},
+		{name: "UpdateSchedule", scope: P, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			return sched.UpdateSchedule(ctx, &delaydv1.UpdateScheduleRequest{Schedule: &delaydv1.Schedule{Namespace: ns, Id: "held", Description: "x"},
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"description"}}})
+		}},
+		{name: "PauseSchedule", scope: P, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			return sched.PauseSchedule(ctx, &delaydv1.PauseScheduleRequest{Namespace: ns, Id: "held"})
+		}},
+		{name: "ResumeSchedule", scope: P, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			return sched.ResumeSchedule(ctx, &delaydv1.ResumeScheduleRequest{Namespace: ns, Id: "held"})
+		}},
+		{name: "DeleteSchedule", scope: P, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			return sched.DeleteSchedule(ctx, &delaydv1.DeleteScheduleRequest{Namespace: ns, Id: "absent"})
+		}},
+		{name: "PreviewSchedule", scope: P, orScope: A, do: func(ctx context.Context, ns string) (any, error) {
+			return sched.PreviewSchedule(ctx, &delaydv1.PreviewScheduleRequest{Namespace: ns, Id: "held"})
+		}},
 	}
-	// Every RPC of the three services has its row: a new one cannot be
+	// Every RPC of the four services has its row: a new one cannot be
 	// left out of the matrix.
 	var missing []string
-	for _, fd := range []protoreflect.FileDescriptor{delaydv1.File_delayd_v1_task_proto, delaydv1.File_delayd_v1_delivery_proto, delaydv1.File_delayd_v1_namespace_proto} {
+	for _, fd := range []protoreflect.FileDescriptor{delaydv1.File_delayd_v1_task_proto, delaydv1.File_delayd_v1_delivery_proto,
+		delaydv1.File_delayd_v1_namespace_proto, delaydv1.File_delayd_v1_schedule_proto} {
 		for i := range fd.Services().Len() {
 			ms := fd.Services().Get(i).Methods()
 			for j := range ms.Len() {

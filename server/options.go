@@ -88,6 +88,9 @@ type Options struct {
 	// of GetNamespaceStats. Required; pass the store that keeps the
 	// history (redisstore, or the durable store).
 	History History
+	// Schedules runs the ScheduleService operations (recurring tasks).
+	// Required; pass the *schedule.Scheduler.
+	Schedules Schedules
 	// Recent, if set, answers what this replica delivered lately per
 	// namespace (GetNamespaceStats' recent rate and lateness
 	// percentiles); nil leaves those fields unset. Pass the

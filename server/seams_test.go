@@ -1,7 +1,11 @@
 package server_test
 
 import (
+	"testing"
+
 	"context"
+	"github.com/delayd/delayd/schedule"
+	"github.com/delayd/delayd/storage/storagefake"
 
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
@@ -29,3 +33,14 @@ func (s staticTenancy) Namespace(_ context.Context, ns string, _ bool) (storage.
 }
 
 func (s staticTenancy) ForgetNamespace(string) {}
+
+// newScheduler is the scheduler a test server runs its ScheduleService
+// on: the fake store's schedules and tasks, and the test's tenancy.
+func newScheduler(t *testing.T, store *storagefake.Store, ns schedule.Namespaces) *schedule.Scheduler {
+	t.Helper()
+	s, err := schedule.New(schedule.Config{Schedules: store, Tasks: store, Namespaces: ns, History: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

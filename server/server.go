@@ -79,6 +79,7 @@ func ServiceNames() []string {
 		delaydv1.TaskService_ServiceDesc.ServiceName,
 		delaydv1.DeliveryService_ServiceDesc.ServiceName,
 		delaydv1.NamespaceService_ServiceDesc.ServiceName,
+		delaydv1.ScheduleService_ServiceDesc.ServiceName,
 	}
 }
 
@@ -112,6 +113,8 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("server: Options.Subscriptions is required")
 	case opts.History == nil:
 		return nil, errors.New("server: Options.History is required")
+	case opts.Schedules == nil:
+		return nil, errors.New("server: Options.Schedules is required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -166,6 +169,7 @@ func New(opts Options) (*Server, error) {
 	delaydv1.RegisterTaskServiceServer(gs, newTaskService(opts))
 	delaydv1.RegisterDeliveryServiceServer(gs, newDeliveryService(opts))
 	delaydv1.RegisterNamespaceServiceServer(gs, newNamespaceService(opts, g))
+	delaydv1.RegisterScheduleServiceServer(gs, newScheduleService(opts))
 
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)

@@ -56,8 +56,8 @@ func TestReflectionListsDelaydServices(t *testing.T) {
 			t.Errorf("reflection lists %v; %s missing", names, want)
 		}
 	}
-	if len(server.ServiceNames()) != 3 {
-		t.Errorf("ServiceNames = %v, want the three delayd services", server.ServiceNames())
+	if len(server.ServiceNames()) != 4 {
+		t.Errorf("ServiceNames = %v, want the four delayd services", server.ServiceNames())
 	}
 }
 

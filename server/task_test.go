@@ -72,7 +72,8 @@ func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	e := &tskEnv{ns: "tsk-" + testkit.Suffix(), clock: store, store: &countingTasks{Store: store}}
 	e.server, err = server.New(server.Options{
 		Store: e.store, Tenancy: staticTenancy{policy: pol}, Subscriptions: d, History: store,
-		Auth: guard.AuthOptions{Disabled: true}, Limits: o.limits,
+		Schedules: newScheduler(t, store, staticTenancy{policy: pol}),
+		Auth:      guard.AuthOptions{Disabled: true}, Limits: o.limits,
 	})
 	if err != nil {
 		t.Fatal(err)

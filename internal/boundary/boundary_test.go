@@ -119,7 +119,7 @@ var rules = map[string]rule{
 	"tracing": {},
 	// The gRPC edge: the services, over three packages of its own.
 	"server": {
-		imports: []string{"gen/delayd/v1", "storage", "dispatcher", "tenancy", "metrics",
+		imports: []string{"gen/delayd/v1", "storage", "dispatcher", "tenancy", "metrics", "schedule",
 			"server/guard", "server/rpcerr", "server/wire"},
 		testImports: []string{"storage/storagefake", "internal/testkit"},
 	},

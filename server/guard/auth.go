@@ -388,6 +388,26 @@ var rules = map[string]rule{
 	delaydv1.NamespaceService_ListKeys_FullMethodName:           {scope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace", star: true},
 	delaydv1.NamespaceService_RevokeKey_FullMethodName:          {scope: storage.ScopeAdmin}, // namespace of the key, looked up
 	delaydv1.NamespaceService_WhoAmI_FullMethodName:             {anyKey: true},
+
+	// Schedules: a namespace's producers manage its recurring tasks (each
+	// firing is a task they could have upserted); its admins may too.
+	delaydv1.ScheduleService_CreateSchedule_FullMethodName:  {scope: storage.ScopeProduce, orScope: storage.ScopeAdmin, ns: reqScheduleNamespace, field: "schedule.namespace"},
+	delaydv1.ScheduleService_UpdateSchedule_FullMethodName:  {scope: storage.ScopeProduce, orScope: storage.ScopeAdmin, ns: reqScheduleNamespace, field: "schedule.namespace"},
+	delaydv1.ScheduleService_GetSchedule_FullMethodName:     {scope: storage.ScopeProduce, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.ScheduleService_ListSchedules_FullMethodName:   {scope: storage.ScopeProduce, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.ScheduleService_PauseSchedule_FullMethodName:   {scope: storage.ScopeProduce, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.ScheduleService_ResumeSchedule_FullMethodName:  {scope: storage.ScopeProduce, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.ScheduleService_DeleteSchedule_FullMethodName:  {scope: storage.ScopeProduce, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+	delaydv1.ScheduleService_PreviewSchedule_FullMethodName: {scope: storage.ScopeProduce, orScope: storage.ScopeAdmin, ns: reqNamespace, field: "namespace"},
+}
+
+// reqScheduleNamespace is the namespace of a request carrying a Schedule.
+func reqScheduleNamespace(req any) string {
+	r, ok := req.(interface{ GetSchedule() *delaydv1.Schedule })
+	if !ok {
+		return ""
+	}
+	return r.GetSchedule().GetNamespace()
 }
 
 // validate checks the part of req that authorization reads — the

@@ -19,7 +19,8 @@ import (
 // does not exist.
 func TestEveryMethodHasARule(t *testing.T) {
 	registered := map[string]bool{}
-	for _, sd := range []grpc.ServiceDesc{delaydv1.TaskService_ServiceDesc, delaydv1.DeliveryService_ServiceDesc, delaydv1.NamespaceService_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{delaydv1.TaskService_ServiceDesc, delaydv1.DeliveryService_ServiceDesc, delaydv1.NamespaceService_ServiceDesc,
+		delaydv1.ScheduleService_ServiceDesc} {
 		for _, m := range sd.Methods {
 			registered["/"+sd.ServiceName+"/"+m.MethodName] = true
 		}
@@ -45,6 +46,12 @@ func TestEveryMethodHasARule(t *testing.T) {
 			want = storage.ScopeProduce
 		case strings.HasPrefix(m, "/delayd.v1.DeliveryService/"):
 			want = storage.ScopeConsume
+		case strings.HasPrefix(m, "/delayd.v1.ScheduleService/"):
+			// A namespace's producers manage its schedules; its admins too.
+			want = storage.ScopeProduce
+			if r.orScope != storage.ScopeAdmin {
+				t.Errorf("%s: a namespace admin may not manage schedules", m)
+			}
 		default:
 			want = storage.ScopeAdmin
 		}
