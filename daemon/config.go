@@ -11,6 +11,7 @@ import (
 
 	"github.com/delayd/delayd/dispatcher"
 	"github.com/delayd/delayd/push"
+	"github.com/delayd/delayd/schedule"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/durable"
@@ -116,6 +117,16 @@ type Config struct {
 	// deliveries. Zero or negative: no wait (DefaultAckLinger); acks still
 	// share a script call while one of their shard is in flight.
 	AckLinger time.Duration
+	// ScheduleLookahead is how long before its slot a schedule's firing is
+	// created as a task (overlap ALLOW), so it waits in the index and is
+	// delivered on time; pausing, updating or deleting a schedule removes
+	// the firings created within it that are not due yet. If zero, 10
+	// seconds (schedule.DefaultLookahead).
+	ScheduleLookahead time.Duration
+	// SchedulePoll is the longest the schedule loop sleeps between two
+	// looks at the due schedules (it wakes earlier for the next one it
+	// knows of). If zero, 1 second (schedule.DefaultPoll).
+	SchedulePoll time.Duration
 	// LateWarn is the lateness past a task's due time from which its
 	// delivery is logged at WARN (at most once per namespace every 10 s,
 	// with the count and the worst), so a stall is never silent. If zero,
@@ -212,9 +223,11 @@ const (
 	// about 4,000 tasks/s, and 100k tasks due over 5 s on four streams
 	// arrived up to 0.6 s late (p99 5 ms without it), while at 500 tasks/s
 	// it saved no CPU (docs/BENCHMARKS.md, "The ack linger").
-	DefaultAckLinger       time.Duration = 0
-	DefaultLateWarn                      = dispatcher.DefaultLateWarn
-	DefaultPushConcurrency               = dispatcher.DefaultPushConcurrency
+	DefaultAckLinger         time.Duration = 0
+	DefaultLateWarn                        = dispatcher.DefaultLateWarn
+	DefaultScheduleLookahead               = schedule.DefaultLookahead
+	DefaultSchedulePoll                    = schedule.DefaultPoll
+	DefaultPushConcurrency                 = dispatcher.DefaultPushConcurrency
 )
 
 // defaultPolicy is the namespace policy a zero Config gives every
@@ -251,6 +264,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LateWarn == 0 {
 		c.LateWarn = DefaultLateWarn
+	}
+	if c.ScheduleLookahead <= 0 {
+		c.ScheduleLookahead = DefaultScheduleLookahead
+	}
+	if c.SchedulePoll <= 0 {
+		c.SchedulePoll = DefaultSchedulePoll
 	}
 	if c.PushConcurrency <= 0 {
 		c.PushConcurrency = DefaultPushConcurrency

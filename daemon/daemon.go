@@ -22,6 +22,7 @@ import (
 	"github.com/delayd/delayd/dispatcher"
 	"github.com/delayd/delayd/ops"
 	"github.com/delayd/delayd/push"
+	"github.com/delayd/delayd/schedule"
 	"github.com/delayd/delayd/server"
 )
 
@@ -37,6 +38,9 @@ type Daemon struct {
 	redis      *redisConn
 	durable    *durableMode // durable mode (durable.go); nil when Redis-only
 	dispatcher *dispatcher.Dispatcher
+	// scheduler fires the schedules' slots (the schedule loop) and runs
+	// ScheduleService's operations.
+	scheduler *schedule.Scheduler
 	// pushClient sends HTTP pushes when --push-allow is set; else nil.
 	pushClient *push.Client
 	server     *server.Server
@@ -134,6 +138,8 @@ func (d *Daemon) HTTPAddr() string {
 //
 // The order, senders before receivers:
 //  1. health NOT_SERVING, so probes and load balancers send no new work;
+//     2a. the schedule loop stops: it creates no firing after this (a
+//     step in progress is one atomic store call, applied or not);
 //  2. dispatcher Stop: stop popping, hand back what streams still hold,
 //     end the Subscribe streams, cancel push requests in flight (handed
 //     back); then close the push client's idle connections;
@@ -156,7 +162,8 @@ func (d *Daemon) Stop(ctx context.Context) error {
 			d.durable.stopWaiting() // no SERVING after this point
 		}
 		d.server.SetServing(false)        // 1
-		dispErr := d.dispatcher.Stop(ctx) // 2
+		schedErr := d.scheduler.Stop(ctx) // 2a
+		dispErr := d.dispatcher.Stop(ctx) // 2b
 		if d.pushClient != nil {
 			d.pushClient.Close()
 		}
@@ -196,7 +203,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		if d.tracerShutdown != nil { // 6. flush the spans of the shutdown too
 			traceErr = d.tracerShutdown(ctx)
 		}
-		d.stopErr = errors.Join(wrap("dispatcher stop", dispErr), grpcErr, wrap("stop mysql store", durableErr), wrap("close redis", redisErr), wrap("stop ops listener", opsErr), wrap("flush traces", traceErr))
+		d.stopErr = errors.Join(wrap("schedule loop stop", schedErr), wrap("dispatcher stop", dispErr), grpcErr, wrap("stop mysql store", durableErr), wrap("close redis", redisErr), wrap("stop ops listener", opsErr), wrap("flush traces", traceErr))
 		if d.stopErr != nil {
 			d.logger.Warn("delayd stopped, not cleanly", "error", d.stopErr, "took", time.Since(start))
 		} else {

@@ -89,6 +89,8 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	durationVar(fs, &c.SafetyPoll, "safety-poll", DefaultSafetyPoll, "dispatcher safety-net poll interval")
 	durationVar(fs, &c.WakePrecision, "wake-precision", DefaultWakePrecision, "dispatcher wake precision: wakes and wake signals within it join one store call (tasks never pop early, at most this much later); negative = no joining")
 	durationVar(fs, &c.AckLinger, "ack-linger", DefaultAckLinger, "how long an ack waits for others to share its Redis script call when none is in flight (delays ack answers, never deliveries; every verdict of a StreamDeliveries stream waits it out); 0 or negative = no wait")
+	durationVar(fs, &c.ScheduleLookahead, "schedule-lookahead", DefaultScheduleLookahead, "how long before its slot a schedule's firing is created as a task (pause, update and delete remove the ones not due yet)")
+	durationVar(fs, &c.SchedulePoll, "schedule-poll", DefaultSchedulePoll, "longest sleep of the schedule loop between two looks at the due schedules")
 	durationVar(fs, &c.LateWarn, "log-late-deliveries", DefaultLateWarn, "log deliveries at least this late past their due time at WARN (once per namespace per 10 s, with count and worst); negative = never")
 	fs.StringVar(&c.PushAllow, "push-allow", "", "hosts and CIDRs namespaces may push tasks to over HTTP (policy.push), comma-separated, e.g. hooks.example.com,*.example.com,203.0.113.0/24; empty = push disabled")
 	fs.StringVar(&c.PushAllowPorts, "push-allow-ports", push.DefaultPorts, "ports push URLs may name (a URL without one names 80 for http, 443 for https), comma-separated ports and ranges, e.g. 443,8443,9000-9099")

@@ -18,6 +18,7 @@ import (
 	"github.com/delayd/delayd/metrics"
 	"github.com/delayd/delayd/ops"
 	"github.com/delayd/delayd/push"
+	"github.com/delayd/delayd/schedule"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage"
 	"github.com/delayd/delayd/storage/redisstore"
@@ -90,6 +91,7 @@ type parts struct {
 
 	// dispatcher
 	pushAllow *push.Allow
+	schedules storage.Schedules // the Redis index's, or MySQL's in durable mode
 
 	// edges
 	httpHandler http.Handler // the HTTP edge's; nil when Config.HTTPListen is empty
@@ -184,13 +186,13 @@ func (p *parts) openStore(ctx context.Context) (err error) {
 	}
 
 	var registry storage.Registry = p.index
-	p.tasks, p.hist = p.index, p.index
+	p.tasks, p.hist, p.schedules = p.index, p.index, p.index
 	if d.durable, err = openDurable(ctx, cfg, p.index, shards, logger, p.metrics); err != nil {
 		return err
 	}
 	if d.durable != nil {
 		p.undo.push(func() { _ = d.durable.close(context.Background()) })
-		p.tasks, registry, p.hist = d.durable.store, d.durable.store.Registry(), d.durable.store
+		p.tasks, registry, p.hist, p.schedules = d.durable.store, d.durable.store.Registry(), d.durable.store, d.durable.store
 		// A Redis-only deployment switching to durable mode keeps its
 		// namespaces and API keys (registryimport.go).
 		if err := importRedisRegistry(ctx, p.index, registry, logger); err != nil {
@@ -282,6 +284,26 @@ func (p *parts) openDispatcher(context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("dispatcher: %w", err)
 	}
+	// The schedule loop: schedules kept where the tasks' authority is;
+	// firings' tasks read and removed through the store the server uses
+	// (history-recording); firings' events into the same history.
+	var schedMetrics schedule.Metrics
+	if p.metrics != nil {
+		schedMetrics = p.metrics
+	}
+	d.scheduler, err = schedule.New(schedule.Config{
+		Schedules:  p.schedules,
+		Tasks:      p.tasks,
+		Namespaces: p.access.registry,
+		History:    p.hist,
+		Logger:     p.logger.With("component", "schedule"),
+		Metrics:    schedMetrics,
+		Lookahead:  cfg.ScheduleLookahead,
+		Poll:       cfg.SchedulePoll,
+	})
+	if err != nil {
+		return fmt.Errorf("schedules: %w", err)
+	}
 	return nil
 }
 
@@ -299,6 +321,7 @@ func (p *parts) openEdges(ctx context.Context) (err error) {
 		Tenancy:           p.access.registry,
 		Subscriptions:     d.dispatcher,
 		History:           p.hist,
+		Schedules:         d.scheduler,
 		Recent:            p.recent,
 		Auth:              p.access.auth,
 		TLS:               p.access.tls,
@@ -347,6 +370,14 @@ func (p *parts) openEdges(ctx context.Context) (err error) {
 		stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 		defer cancel()
 		_ = d.dispatcher.Stop(stopCtx)
+	})
+	if err = d.scheduler.Start(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("schedules: %w", err)
+	}
+	p.undo.push(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		_ = d.scheduler.Stop(stopCtx)
 	})
 
 	if cfg.OpsListen != "" {

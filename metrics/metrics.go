@@ -101,7 +101,8 @@ type Metrics struct {
 
 	grpc *grpcMetrics
 
-	push *pushMetrics
+	push  *pushMetrics
+	sched *scheduleMetrics
 
 	mu  sync.RWMutex
 	nss map[string]*nsChildren
@@ -180,8 +181,9 @@ func New(opts Options) *Metrics {
 		// No handling-time histogram: it costs a label lookup and an
 		// observation per call, and the latency that varies is the store's,
 		// which delayd_store_call_duration_seconds times per op.
-		grpc: newGRPCMetrics(),
-		push: newPushMetrics(),
+		grpc:  newGRPCMetrics(),
+		push:  newPushMetrics(),
+		sched: newScheduleMetrics(),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "delayd_build_info",
@@ -196,6 +198,7 @@ func New(opts Options) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	m.reg.MustRegister(m.sched.collectors()...)
 	return m
 }
 

@@ -338,6 +338,12 @@ func (s *Scheduler) unfire(ctx context.Context, sc storage.Schedule, shards int)
 	return removed, earliest, nil
 }
 
+// Drop deletes every schedule of ns (a namespace being deleted; its
+// firings' tasks are the namespace's to drop) and says how many.
+func (s *Scheduler) Drop(ctx context.Context, ns string) (int64, error) {
+	return s.cfg.Schedules.DropSchedules(ctx, ns)
+}
+
 // Preview returns the next count firings of sc (stored or only a
 // definition) after `after` (zero: the store's clock now), bounded by its
 // start, end and max firings.

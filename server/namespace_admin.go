@@ -367,6 +367,11 @@ func (s *namespaceService) DeleteNamespace(ctx context.Context, req *delaydv1.De
 	if err != nil {
 		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("delete namespace: drop tasks: %w", err))
 	}
+	// Its schedules go with it, as its keys do (a step racing the drop is
+	// refused: the incarnation has ended).
+	if _, err := s.opts.Schedules.Drop(ctx, name); err != nil {
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("delete namespace: drop schedules: %w", err))
+	}
 	if err := reg.DeleteNamespace(ctx, name); err != nil && !errors.Is(err, storage.ErrNotFound) {
 		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("delete namespace: %w", err))
 	}

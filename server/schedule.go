@@ -29,6 +29,8 @@ type Schedules interface {
 	Resume(ctx context.Context, ns, id string) (storage.Schedule, error)
 	Delete(ctx context.Context, ns, id string, ifVersion int64) (int64, error)
 	Preview(ctx context.Context, sc storage.Schedule, after time.Time, count int) ([]schedule.Firing, schedule.Rule, error)
+	// Drop deletes every schedule of a deleted namespace.
+	Drop(ctx context.Context, ns string) (int64, error)
 }
 
 var _ Schedules = (*schedule.Scheduler)(nil)

@@ -64,11 +64,13 @@ func (s *Store) CreateSchedule(ctx context.Context, sc storage.Schedule) (storag
 	if err != nil {
 		return storage.Schedule{}, err
 	}
-	// The namespace joins the loop's set before its first schedule exists,
-	// so no schedule is ever outside the set.
+	// The namespace joins the loop's set before its schedule is written,
+	// and again after (see dropIdleNamespace): no schedule is left outside
+	// the set.
 	if err := s.addScheduleNamespace(ctx, sc.Namespace); err != nil {
 		return storage.Schedule{}, err
 	}
+	defer func() { _ = s.addScheduleNamespace(context.WithoutCancel(ctx), sc.Namespace) }()
 	rep, err := sh.runSlice(ctx, "create schedule", scheduleScripts.create,
 		[]string{sh.k.sched, sh.k.schedIDs, sh.k.schedNext}, sc.ID, rec, advanceArg(sc))
 	if err != nil {
@@ -350,14 +352,18 @@ func (s *Store) DueSchedules(ctx context.Context, limit int) (storage.DueSchedul
 			return storage.DueSchedules{}, err
 		}
 		var due []storage.Schedule
+		held := 0 // shards holding schedules
 		for i := range n {
 			sh := s.shardOfN(ns, i, n)
-			rep, err := sh.runSlice(ctx, "due schedules", scheduleScripts.due, []string{sh.k.schedNext, sh.k.sched}, limit)
+			rep, err := sh.runSlice(ctx, "due schedules", scheduleScripts.due, []string{sh.k.schedNext, sh.k.sched, sh.k.schedIDs}, limit)
 			if err != nil {
 				return storage.DueSchedules{}, err
 			}
-			if len(rep) < 2 || len(rep)%2 != 0 {
+			if len(rep) < 3 || len(rep)%2 != 1 {
 				return storage.DueSchedules{}, fmt.Errorf("due schedules: reply of %d values", len(rep))
+			}
+			if c, _ := replyInt(rep[2]); c > 0 {
+				held++
 			}
 			now, err := replyInt(rep[0])
 			if err != nil {
@@ -375,7 +381,7 @@ func (s *Store) DueSchedules(ctx context.Context, limit int) (storage.DueSchedul
 					out.Next = t
 				}
 			}
-			for j := 2; j < len(rep); j += 2 {
+			for j := 3; j < len(rep); j += 2 {
 				id, _ := replyString(rep[j])
 				v, _ := replyString(rep[j+1])
 				sc, err := decodeSchedule(ns, id, v)
@@ -385,6 +391,9 @@ func (s *Store) DueSchedules(ctx context.Context, limit int) (storage.DueSchedul
 				}
 				due = append(due, sc)
 			}
+		}
+		if held == 0 {
+			s.dropIdleNamespace(ctx, ns, n)
 		}
 		// The limit is per namespace: the earliest of its shards' answers.
 		slices.SortFunc(due, func(a, b storage.Schedule) int {
@@ -399,6 +408,25 @@ func (s *Store) DueSchedules(ctx context.Context, limit int) (storage.DueSchedul
 		out.Schedules = append(out.Schedules, due...)
 	}
 	return out, nil
+}
+
+// dropIdleNamespace takes a namespace that has no schedule left out of the
+// loop's set, so the set does not grow with every namespace that ever had
+// one. A schedule created meanwhile is not lost: CreateSchedule adds the
+// namespace again after writing it, and this looks again after the
+// removal and puts the namespace back if it finds one.
+func (s *Store) dropIdleNamespace(ctx context.Context, ns string, n int) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.rdb.SRem(ctx, scheduleNamespacesKey, ns).Err(); err != nil {
+		return
+	}
+	for i := range n {
+		if c, err := s.rdb.ZCard(ctx, keysForN(ns, i, n).schedIDs).Result(); err != nil || c > 0 {
+			s.rdb.SAdd(ctx, scheduleNamespacesKey, ns)
+			return
+		}
+	}
 }
 
 // DropSchedules implements storage.Schedules: every shard's schedule keys,

@@ -55,8 +55,9 @@ type NamespaceServiceClient interface {
 	// took the update tells the others at once (paused takes effect on every
 	// replica within moments; see NamespacePolicy.paused).
 	UpdateNamespace(ctx context.Context, in *UpdateNamespaceRequest, opts ...grpc.CallOption) (*UpdateNamespaceResponse, error)
-	// DeleteNamespace deletes a namespace. FAILED_PRECONDITION if it still has
-	// tasks, unless force is set (then its tasks are deleted too).
+	// DeleteNamespace deletes a namespace, its API keys and its schedules.
+	// FAILED_PRECONDITION if it still has tasks, unless force is set (then
+	// its tasks are deleted too).
 	DeleteNamespace(ctx context.Context, in *DeleteNamespaceRequest, opts ...grpc.CallOption) (*DeleteNamespaceResponse, error)
 	// GetNamespaceStats counts the namespace's tasks per state.
 	GetNamespaceStats(ctx context.Context, in *GetNamespaceStatsRequest, opts ...grpc.CallOption) (*GetNamespaceStatsResponse, error)
@@ -239,8 +240,9 @@ type NamespaceServiceServer interface {
 	// took the update tells the others at once (paused takes effect on every
 	// replica within moments; see NamespacePolicy.paused).
 	UpdateNamespace(context.Context, *UpdateNamespaceRequest) (*UpdateNamespaceResponse, error)
-	// DeleteNamespace deletes a namespace. FAILED_PRECONDITION if it still has
-	// tasks, unless force is set (then its tasks are deleted too).
+	// DeleteNamespace deletes a namespace, its API keys and its schedules.
+	// FAILED_PRECONDITION if it still has tasks, unless force is set (then
+	// its tasks are deleted too).
 	DeleteNamespace(context.Context, *DeleteNamespaceRequest) (*DeleteNamespaceResponse, error)
 	// GetNamespaceStats counts the namespace's tasks per state.
 	GetNamespaceStats(context.Context, *GetNamespaceStatsRequest) (*GetNamespaceStatsResponse, error)

@@ -1,17 +1,18 @@
 -- schedule_due.lua: the schedules of one shard the schedule loop should
 -- look at now.
 --
--- KEYS[1] schednext ZSET, KEYS[2] sched HASH
+-- KEYS[1] schednext ZSET, KEYS[2] sched HASH, KEYS[3] schedids ZSET
 -- ARGV[1] limit (at most 1,000)
 --
--- Returns {now ms, next ms ('' = none), then id, stored schedule per due
--- schedule}: the schedules whose time in schednext is at or before now,
--- earliest first, at most limit; next is the time of the first one not
--- returned (at or before now when the limit cut the list).
+-- Returns {now ms, next ms ('' = none), the shard's schedule count, then
+-- id, stored schedule per due schedule}: the schedules whose time in
+-- schednext is at or before now, earliest first, at most limit; next is
+-- the time of the first one not returned (at or before now when the limit
+-- cut the list).
 local now = now_ms()
 local limit = tonumber(ARGV[1])
 local head = redis.call('ZRANGE', KEYS[1], 0, limit, 'WITHSCORES')
-local out = {now, ''}
+local out = {now, '', redis.call('ZCARD', KEYS[3])}
 local ids = {}
 for i = 1, #head, 2 do
   local at = tonumber(head[i + 1])

@@ -125,8 +125,9 @@ class NamespaceServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def DeleteNamespace(self, request, context):
-        """DeleteNamespace deletes a namespace. FAILED_PRECONDITION if it still has
-        tasks, unless force is set (then its tasks are deleted too).
+        """DeleteNamespace deletes a namespace, its API keys and its schedules.
+        FAILED_PRECONDITION if it still has tasks, unless force is set (then
+        its tasks are deleted too).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1217,8 +1217,9 @@ export declare const NamespaceService: GenService<{
     output: typeof UpdateNamespaceResponseSchema;
   },
   /**
-   * DeleteNamespace deletes a namespace. FAILED_PRECONDITION if it still has
-   * tasks, unless force is set (then its tasks are deleted too).
+   * DeleteNamespace deletes a namespace, its API keys and its schedules.
+   * FAILED_PRECONDITION if it still has tasks, unless force is set (then
+   * its tasks are deleted too).
    *
    * @generated from rpc delayd.v1.NamespaceService.DeleteNamespace
    */
