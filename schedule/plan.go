@@ -231,3 +231,35 @@ func Upcoming(s storage.Schedule, r Rule, after time.Time, n int) []time.Time {
 	}
 	return out
 }
+
+// countIn counts the slots of s in (a, b], after its cursor and within its
+// start and end; a cron rule stops counting at *budget slots (it walks them
+// one by one, taking each from the budget), a rate counts in O(1).
+func countIn(s storage.Schedule, r Rule, a, b time.Time, budget *int) int64 {
+	if a.Before(s.Cursor) {
+		a = s.Cursor
+	}
+	if !s.Start.IsZero() && a.Before(s.Start.Add(-time.Millisecond)) {
+		a = s.Start.Add(-time.Millisecond)
+	}
+	if !s.End.IsZero() && b.After(s.End) {
+		b = s.End
+	}
+	if !b.After(a) {
+		return 0
+	}
+	if r.IsRate() {
+		last, ok := r.Prev(b)
+		if !ok || !last.After(a) {
+			return 0
+		}
+		first, _ := r.Next(a)
+		return int64(last.Sub(first)/r.every) + 1
+	}
+	var n int64
+	for t, ok := r.Next(a); ok && !t.After(b) && *budget > 0; t, ok = r.Next(t) {
+		n++
+		*budget--
+	}
+	return n
+}

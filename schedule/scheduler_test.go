@@ -405,3 +405,40 @@ func TestLoopStartStop(t *testing.T) {
 		t.Fatalf("tasks: %v", got)
 	}
 }
+
+// TestForecast: the firings not created yet, per minute and per hour from
+// now; a firing already created (a task) is not counted again; max
+// firings and a cron rule bound the counts.
+func TestForecast(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "2026-05-01T10:00:30Z", storage.Policy{})
+	e.create(minutely("tick")) // its 10:01 firing is not created yet (lookahead 10 s)
+	hourly := storage.Schedule{ID: "hourly", Cron: "@hourly", MaxFirings: 5}
+	e.create(hourly)
+	e.create(storage.Schedule{ID: "paused", Every: time.Minute})
+	if _, _, err := e.s.Pause(t.Context(), e.ns, "paused"); err != nil {
+		t.Fatal(err)
+	}
+	f, partial, err := e.s.Forecast(t.Context(), e.ns, utc("2026-05-01T10:00:30Z"))
+	if err != nil || partial {
+		t.Fatalf("forecast: %v, partial %v", err, partial)
+	}
+	// tick: one per minute; hourly: 11:00 falls in minute 59 ((10:59:30, 11:00:30]).
+	wantMin := make([]int64, 60)
+	for i := range wantMin {
+		wantMin[i] = 1
+	}
+	wantMin[59] = 2
+	if !slices.Equal(f.PerMinute, wantMin) {
+		t.Fatalf("per minute: %v", f.PerMinute)
+	}
+	// Hours: 60 ticks each; hourly's 12:00..15:00 (4 more: max 5) in hours 1-4.
+	if f.PerHour[0] != 61 || f.PerHour[1] != 61 || f.PerHour[4] != 61 || f.PerHour[5] != 60 || f.PerHour[23] != 60 {
+		t.Fatalf("per hour: %v", f.PerHour)
+	}
+	e.at("2026-05-01T10:00:52Z") // creates tick's 10:01 firing
+	f, _, _ = e.s.Forecast(t.Context(), e.ns, utc("2026-05-01T10:00:52Z"))
+	if f.PerMinute[0] != 0 || f.PerMinute[1] != 1 {
+		t.Fatalf("a created firing counted again: %v", f.PerMinute[:3])
+	}
+}

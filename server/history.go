@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -49,6 +50,18 @@ func forecastToProto(resp *delaydv1.GetNamespaceStatsResponse, f storage.Forecas
 	resp.DuePerMinute = f.PerMinute
 	resp.DuePerHour = f.PerHour
 	resp.ForecastTime = wire.Time(f.Now)
+}
+
+// addForecast is a's counts plus b's, bucket by bucket (a's Now).
+func addForecast(a, b storage.Forecast) storage.Forecast {
+	out := storage.Forecast{Now: a.Now, PerMinute: slices.Clone(a.PerMinute), PerHour: slices.Clone(a.PerHour)}
+	for i := range min(len(out.PerMinute), len(b.PerMinute)) {
+		out.PerMinute[i] += b.PerMinute[i]
+	}
+	for i := range min(len(out.PerHour), len(b.PerHour)) {
+		out.PerHour[i] += b.PerHour[i]
+	}
+	return out
 }
 
 // recentToProto fills the recent-delivery fields of a stats response.

@@ -115,7 +115,14 @@ func (s *namespaceService) GetNamespaceStats(ctx context.Context, req *delaydv1.
 	if err != nil {
 		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("stats: forecast: %w", err))
 	}
-	forecastToProto(resp, fc)
+	// The schedules' firings not created yet fall due too: added to the
+	// tasks' counts, and shown apart.
+	ff, partial, err := s.opts.Schedules.Forecast(ctx, ns, fc.Now)
+	if err != nil {
+		return nil, rpcerr.ToStatus(ctx, s.logger, fmt.Errorf("stats: firings forecast: %w", err))
+	}
+	forecastToProto(resp, addForecast(fc, ff))
+	resp.FiringsPerMinute, resp.FiringsPerHour, resp.FiringsPartial = ff.PerMinute, ff.PerHour, partial
 	if s.opts.Recent != nil {
 		recentToProto(resp, s.opts.Recent.Deliveries(ns, n.Incarnation()))
 	}

@@ -31,6 +31,9 @@ type Schedules interface {
 	Preview(ctx context.Context, sc storage.Schedule, after time.Time, count int) ([]schedule.Firing, schedule.Rule, error)
 	// Drop deletes every schedule of a deleted namespace.
 	Drop(ctx context.Context, ns string) (int64, error)
+	// Forecast counts the firings ns's schedules have not created yet, in
+	// the buckets of storage.Forecast from now; partial: not all counted.
+	Forecast(ctx context.Context, ns string, now time.Time) (f storage.Forecast, partial bool, err error)
 }
 
 var _ Schedules = (*schedule.Scheduler)(nil)

@@ -152,6 +152,41 @@ func TestConnectJSONUpsertGetRemove(t *testing.T) {
 	}
 }
 
+// TestConnectJSONSchedules: ScheduleService over HTTP/JSON as curl calls
+// it: create with a cron in a zone, preview in UTC and local time, pause
+// with an update mask spelt in JSON, errors naming the field.
+func TestConnectJSONSchedules(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	ns := e.namespace("web-sched-", nil)
+	created := e.mustCall(adminKey, "ScheduleService/CreateSchedule", map[string]any{"schedule": map[string]any{
+		"namespace": ns, "id": "statement", "cron": "0 6 1 * *", "timeZone": "America/New_York",
+		"catchUp": "CATCH_UP_POLICY_LATEST", "task": map[string]any{"kind": "statement.monthly", "payload": "e30="},
+	}})
+	sc := created["schedule"].(map[string]any)
+	if sc["state"] != "SCHEDULE_STATE_ACTIVE" || sc["cron"] != "0 6 1 * *" || sc["nextSlotTime"] == nil {
+		t.Fatalf("CreateSchedule = %v", created)
+	}
+	prev := e.mustCall(adminKey, "ScheduleService/PreviewSchedule", map[string]any{"namespace": ns, "id": "statement", "count": 2,
+		"after": "2027-11-15T00:00:00Z"})
+	firings := prev["firings"].([]any)
+	first := firings[0].(map[string]any)
+	if first["slotTime"] != "2027-12-01T11:00:00Z" || first["localTime"] != "2027-12-01T06:00:00-05:00 EST" ||
+		first["taskId"] != "statement.20271201T110000Z" || prev["timeZone"] != "America/New_York" {
+		t.Fatalf("PreviewSchedule = %v", prev)
+	}
+	up := e.mustCall(adminKey, "ScheduleService/UpdateSchedule", map[string]any{
+		"schedule": map[string]any{"namespace": ns, "id": "statement", "catchUpWindow": "86400s"}, "updateMask": "catchUpWindow"})
+	if up["schedule"].(map[string]any)["catchUpWindow"] != "86400s" {
+		t.Fatalf("UpdateSchedule = %v", up)
+	}
+	code, out := e.call(adminKey, "ScheduleService/CreateSchedule", map[string]any{"schedule": map[string]any{
+		"namespace": ns, "id": "bad", "cron": "0 6 31 2 *"}})
+	if code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(out["message"]), "schedule.cron never fires") {
+		t.Fatalf("a cron that never fires: HTTP %d %v", code, out)
+	}
+}
+
 // TestSameAuthAsGRPC: no key, a bad key, and a key of another namespace
 // are refused over HTTP exactly as over gRPC.
 func TestSameAuthAsGRPC(t *testing.T) {

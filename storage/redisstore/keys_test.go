@@ -27,7 +27,7 @@ func redisHashTag(key string) string {
 }
 
 func allKeys(k nsKeys) []string {
-	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy, k.life, k.hwm, k.history}
+	return []string{k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.indexed, k.legacy, k.life, k.hwm, k.history, k.sched, k.schedIDs, k.schedNext}
 }
 
 func TestKeys(t *testing.T) {
@@ -46,6 +46,10 @@ func TestKeys(t *testing.T) {
 		rate:     "delayd:{orders#0}:rate",
 		trace:    "delayd:{orders#0}:trace:",
 		history:  "delayd:{orders#0}:history",
+
+		sched:     "delayd:{orders#0}:sched",
+		schedIDs:  "delayd:{orders#0}:schedids",
+		schedNext: "delayd:{orders#0}:schednext",
 	}
 	if k != want {
 		t.Errorf("keysFor = %+v, want %+v", k, want)
