@@ -270,7 +270,8 @@ func (s *Scheduler) recordFirings(ctx context.Context, n storage.Namespace, id s
 	if len(events) == 0 {
 		return
 	}
-	if err := s.cfg.History.RecordEvents(context.WithoutCancel(ctx), n.Name, keep, events); err != nil {
+	p := storage.RecordParams{Incarnation: n.CreateTime.UnixMilli(), Keep: keep, Events: events}
+	if err := s.cfg.History.RecordEvents(context.WithoutCancel(ctx), n.Name, p); err != nil {
 		s.log.Warn("recording firings' history failed", "namespace", n.Name, "schedule", id, "err", err)
 	}
 }

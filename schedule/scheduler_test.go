@@ -310,7 +310,11 @@ func TestFiringHistory(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "2026-05-01T10:00:55Z", storage.Policy{HistoryRetentionBytes: 1 << 20})
 	e.create(minutely("tick"))
-	evs, _, err := e.store.TaskHistory(t.Context(), e.ns, storage.HistoryParams{ID: "tick.20260501T100100Z", Limit: 10})
+	n, err := e.reg.GetNamespace(t.Context(), e.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, _, err := e.store.TaskHistory(t.Context(), e.ns, storage.HistoryParams{Incarnation: n.CreateTime.UnixMilli(), ID: "tick.20260501T100100Z", Limit: 10})
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("history: %+v, %v", evs, err)
 	}

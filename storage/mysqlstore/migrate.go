@@ -22,7 +22,7 @@ import (
 var migrationFS embed.FS
 
 // SchemaVersion is the schema version this binary migrates a database to.
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // migrationsTable is golang-migrate's bookkeeping table.
 const migrationsTable = "delayd_schema_migrations"

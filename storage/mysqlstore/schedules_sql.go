@@ -11,7 +11,7 @@ import (
 	"github.com/delayd/delayd/storage/authority"
 )
 
-// Schedules in MySQL (delayd_schedules, migration 0006), for durable mode:
+// Schedules in MySQL (delayd_schedules, migration 0007), for durable mode:
 // MySQL is the authority for schedules as for tasks. UpdateSchedule moves
 // a schedule and inserts its firings into delayd_tasks in one transaction
 // (the row lock on the schedule orders racing steps), so a slot becomes a

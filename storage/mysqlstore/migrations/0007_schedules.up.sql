@@ -1,4 +1,4 @@
--- delayd's durable schema, version 6: schedules (recurring tasks). Runs on
+-- delayd's durable schema, version 7: schedules (recurring tasks). Runs on
 -- MySQL 8 and MariaDB 10.11; idempotent.
 --
 -- One row per schedule. record is the schedule's definition and state as
