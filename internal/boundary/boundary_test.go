@@ -145,7 +145,7 @@ var rules = map[string]rule{
 	// Wiring of one process; its tests are the end-to-end tests, over the
 	// wire, against real stores.
 	"daemon": {
-		imports: []string{"server", "server/guard", "web", "dispatcher", "push", "tenancy", "metrics", "history", "ops", "buildinfo", "tracing", "storage",
+		imports: []string{"server", "server/guard", "web", "dispatcher", "push", "tenancy", "metrics", "history", "schedule", "ops", "buildinfo", "tracing", "storage",
 			"storage/redisstore", "storage/mysqlstore", "storage/durable", "internal/duration"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},
