@@ -210,12 +210,17 @@ func (a *Admin) Namespaces(ctx context.Context) iter.Seq2[Namespace, error] {
 }
 
 // UpdateNamespace sets the policy fields named in fields (names from
-// [PolicyFields]) to their values in p; fields nil replaces every policy
-// field. It returns the namespace as stored.
+// [PolicyFields]) to their values in p; fields nil or empty replaces every
+// policy field (zero values take the server defaults). It always sends an
+// update mask: the server refuses a request without one.
+// It returns the namespace as stored.
 func (a *Admin) UpdateNamespace(ctx context.Context, name string, p Policy, fields []string) (Namespace, error) {
-	req := &delaydv1.UpdateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: name, Policy: p.proto()}}
-	if fields != nil {
-		req.UpdateMask = &fieldmaskpb.FieldMask{}
+	req := &delaydv1.UpdateNamespaceRequest{
+		Namespace:  &delaydv1.Namespace{Name: name, Policy: p.proto()},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy"}},
+	}
+	if len(fields) > 0 {
+		req.UpdateMask.Paths = req.UpdateMask.Paths[:0]
 		for _, f := range fields {
 			req.UpdateMask.Paths = append(req.UpdateMask.Paths, "policy."+f)
 		}

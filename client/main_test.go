@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/daemon"
@@ -105,7 +106,8 @@ func setPolicy(t *testing.T, c *client.Client, ns string, p *delaydv1.NamespaceP
 	})
 	if status.Code(err) == codes.AlreadyExists {
 		_, err = admin.UpdateNamespace(t.Context(), &delaydv1.UpdateNamespaceRequest{
-			Namespace: &delaydv1.Namespace{Name: ns, Policy: p},
+			Namespace:  &delaydv1.Namespace{Name: ns, Policy: p},
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy"}},
 		})
 	}
 	if err != nil {

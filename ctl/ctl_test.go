@@ -519,3 +519,49 @@ func TestGoldenHistoryAndForecast(t *testing.T) {
 	})
 	golden(t, "history_forecast", got)
 }
+
+// TestNsUpdateKeepsUnnamedFields (issue 41): `ns update --paused` sends
+// only policy.paused as the update mask, so the namespace keeps its
+// dispatch-rate cap and attempts; `ns update` with no policy flag is a
+// usage error (exit 2) and sends nothing, so delayctl never makes the
+// maskless request the server refuses.
+func TestNsUpdateKeepsUnnamedFields(t *testing.T) {
+	addr := delayd(t)
+	ctx := t.Context()
+	policy := func() map[string]any {
+		t.Helper()
+		out, code := run(ctx, addr, adminKey, "ns", "get", "keep", "-o", "json")
+		if code != 0 {
+			t.Fatalf("ns get:\n%s", out)
+		}
+		js := out[strings.Index(out, "{"):strings.LastIndex(out, "}")+1]
+		var n struct {
+			Policy map[string]any `json:"policy"`
+		}
+		if err := json.Unmarshal([]byte(js), &n); err != nil {
+			t.Fatalf("ns get -o json: %v\n%s", err, out)
+		}
+		return n.Policy
+	}
+	for _, s := range []struct {
+		code int
+		args string
+	}{
+		{0, "ns create keep --max-dispatch-rate 50 --max-attempts 3"},
+		{0, "ns update keep --paused"},
+		{2, "ns update keep"},
+	} {
+		if out, code := run(ctx, addr, adminKey, args(s.args)...); code != s.code {
+			t.Fatalf("exit %d, want %d:\n%s", code, s.code, out)
+		}
+	}
+	if p := policy(); p["paused"] != true || p["max_dispatch_rate"] != 50.0 || p["max_attempts"] != 3.0 {
+		t.Errorf("after ns update --paused the policy is %v; want paused, max_dispatch_rate 50, max_attempts 3", p)
+	}
+	if out, code := run(ctx, addr, adminKey, "ns", "update", "keep", "--paused=false"); code != 0 {
+		t.Fatalf("resume: exit %d\n%s", code, out)
+	}
+	if p := policy(); p["paused"] != false || p["max_dispatch_rate"] != 50.0 {
+		t.Errorf("after ns update --paused=false the policy is %v; want not paused, max_dispatch_rate 50", p)
+	}
+}

@@ -111,6 +111,53 @@ func (e *e2eEnv) update(r *started, pol *delaydv1.NamespacePolicy, paths ...stri
 	}
 }
 
+// TestE2EUpdateNamespaceMask (issue 41): over gRPC, a pause with
+// update_mask policy.paused leaves the namespace's dispatch-rate cap as it
+// was; the same pause without a mask (or with a mask of no path) is refused
+// naming update_mask and changes nothing, where it used to reset every
+// other policy field (the cap of 50 became unlimited).
+func TestE2EUpdateNamespaceMask(t *testing.T) {
+	t.Parallel()
+	e, a := newE2E(t, testRedisURL())
+	nsc := delaydv1.NewNamespaceServiceClient(a.conn)
+	e.update(a, &delaydv1.NamespacePolicy{MaxDispatchRate: 50, MaxAttempts: 3}, "policy.max_dispatch_rate", "policy.max_attempts")
+	policy := func() *delaydv1.NamespacePolicy {
+		t.Helper()
+		got, err := nsc.GetNamespace(ctxFor(t), &delaydv1.GetNamespaceRequest{Namespace: e.ns})
+		if err != nil {
+			t.Fatalf("GetNamespace: %v", err)
+		}
+		return got.GetNamespace().GetPolicy()
+	}
+
+	pause := &delaydv1.NamespacePolicy{Paused: true}
+	for _, mask := range []*fieldmaskpb.FieldMask{nil, {}} {
+		_, err := nsc.UpdateNamespace(ctxFor(t), &delaydv1.UpdateNamespaceRequest{
+			Namespace: &delaydv1.Namespace{Name: e.ns, Policy: pause}, UpdateMask: mask,
+		})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "update_mask is required") ||
+			!strings.Contains(err.Error(), "policy.paused") {
+			t.Errorf("UpdateNamespace without a mask (%v): %v; want InvalidArgument naming update_mask and its paths", mask, err)
+		}
+	}
+	if p := policy(); p.GetPaused() || p.GetMaxDispatchRate() != 50 || p.GetMaxAttempts() != 3 {
+		t.Fatalf("after the refused updates: paused %v, max_dispatch_rate %v, max_attempts %d; want false, 50, 3",
+			p.GetPaused(), p.GetMaxDispatchRate(), p.GetMaxAttempts())
+	}
+
+	e.update(a, pause, "policy.paused")
+	if p := policy(); !p.GetPaused() || p.GetMaxDispatchRate() != 50 || p.GetMaxAttempts() != 3 {
+		t.Fatalf("after a pause with its mask: paused %v, max_dispatch_rate %v, max_attempts %d; want true, 50, 3",
+			p.GetPaused(), p.GetMaxDispatchRate(), p.GetMaxAttempts())
+	}
+	// The whole policy, on purpose: what it leaves unset takes the defaults.
+	e.update(a, &delaydv1.NamespacePolicy{MaxAttempts: 5}, "policy")
+	if p := policy(); p.GetPaused() || p.GetMaxDispatchRate() != 0 || p.GetMaxAttempts() != 5 {
+		t.Fatalf("after replacing the policy: paused %v, max_dispatch_rate %v, max_attempts %d; want false, 0, 5",
+			p.GetPaused(), p.GetMaxDispatchRate(), p.GetMaxAttempts())
+	}
+}
+
 // popRecord is one delivery as a subscriber saw it.
 type popRecord struct {
 	id      string

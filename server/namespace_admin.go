@@ -199,8 +199,12 @@ func (s *namespaceService) ListNamespaces(ctx context.Context, req *delaydv1.Lis
 }
 
 // UpdateNamespace changes the policy fields update_mask names ("policy.x";
-// "policy" or an empty mask: every field). Zero values reset a field to the
-// server default. Only a global admin key may change quota fields
+// "policy" or "*": every field). A request without a mask is refused
+// naming update_mask: proto3 cannot tell a field set to its zero value
+// (paused: false, max_dispatch_rate: 0) from one left out, so neither
+// "every field" (a pause that wipes the rate cap) nor AIP-134's "the fields
+// present" (a resume that changes nothing) would do what the caller meant.
+// Zero values reset a masked field to the server default. Only a global admin key may change quota fields
 // (max_payload_bytes, max_pending_tasks, rate_limit, rate_burst,
 // max_subscribers, max_delay); the namespace's own admin may change the rest.
 func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.UpdateNamespaceRequest) (*delaydv1.UpdateNamespaceResponse, error) {
@@ -280,15 +284,17 @@ func (s *namespaceService) UpdateNamespace(ctx context.Context, req *delaydv1.Up
 	return &delaydv1.UpdateNamespaceResponse{Namespace: s.namespaceToProto(n)}, nil
 }
 
-// maskedPolicyFields resolves update_mask paths to policy fields. Empty, or
-// "policy", means every field. A field's path may be spelt as the proto
+// maskedPolicyFields resolves update_mask paths to policy fields. "policy"
+// or "*" means every field; no path at all is refused (see UpdateNamespace). A field's path may be spelt as the proto
 // names it (policy.max_dispatch_rate) or in lowerCamelCase as JSON writes
 // it (policy.maxDispatchRate): protojson turns the JSON string form of a
 // FieldMask into snake_case, but a client that sends the paths as an
 // object (grpcurl's {"paths": [...]}) passes them through as written.
 func maskedPolicyFields(paths []string) ([]policyField, error) {
 	if len(paths) == 0 {
-		return policyFields, nil
+		return nil, rpcerr.Invalidf("update_mask", "is required: name the policy fields to change, e.g. "+
+			`{"paths": ["policy.paused"]}; "policy" replaces every field (those left unset go back to the server defaults); allowed: %s`+camelNote,
+			strings.Join(policyPaths(), ", "))
 	}
 	var out []policyField
 	for i, path := range paths {
@@ -298,12 +304,8 @@ func maskedPolicyFields(paths []string) ([]policyField, error) {
 		name, ok := strings.CutPrefix(path, "policy.")
 		j := slices.IndexFunc(policyFields, func(f policyField) bool { return f.name == name || lowerCamel(f.name) == name })
 		if !ok || j < 0 {
-			allowed := make([]string, len(policyFields))
-			for k, f := range policyFields {
-				allowed[k] = "policy." + f.name
-			}
-			return nil, rpcerr.Invalidf(fmt.Sprintf("update_mask.paths[%d]", i), "is %q; allowed: policy, %s (each also in lowerCamelCase, as JSON writes it: policy.maxDispatchRate)",
-				path, strings.Join(allowed, ", "))
+			return nil, rpcerr.Invalidf(fmt.Sprintf("update_mask.paths[%d]", i), "is %q; allowed: %s"+camelNote,
+				path, strings.Join(policyPaths(), ", "))
 		}
 		name = policyFields[j].name
 		if !slices.ContainsFunc(out, func(f policyField) bool { return f.name == name }) {
@@ -312,6 +314,19 @@ func maskedPolicyFields(paths []string) ([]policyField, error) {
 	}
 	return out, nil
 }
+
+// policyPaths are the update_mask paths UpdateNamespace accepts, as an
+// error message lists them.
+func policyPaths() []string {
+	out := []string{"policy"}
+	for _, f := range policyFields {
+		out = append(out, "policy."+f.name)
+	}
+	return out
+}
+
+// camelNote follows the list of allowed update_mask paths in an error.
+const camelNote = " (each also in lowerCamelCase, as JSON writes it: policy.maxDispatchRate)"
 
 // lowerCamel is a snake_case proto field name as JSON spells it:
 // max_dispatch_rate → maxDispatchRate.

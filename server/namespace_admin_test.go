@@ -59,17 +59,18 @@ func TestNamespaceShards(t *testing.T) {
 	if err != nil || created.GetNamespace().GetPolicy().GetShards() != 6 {
 		t.Fatalf("CreateNamespace(shards 6) = %v, %v", created.GetNamespace().GetPolicy(), err)
 	}
-	for _, paths := range [][]string{{"policy.shards"}, nil} {
+	for _, paths := range [][]string{{"policy.shards"}, {"policy"}} {
 		_, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
 			Namespace:  &delaydv1.Namespace{Name: name, Policy: &delaydv1.NamespacePolicy{Shards: 3}},
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: paths},
 		})
 		wantCode(t, err, codes.FailedPrecondition, "namespace.policy.shards")
 	}
-	// An empty mask with shards unset (0) keeps the count; so does the same count.
+	// The whole policy with shards unset (0) keeps the count; so does the same count.
 	for _, n := range []int32{0, 6} {
 		upd, err := r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
-			Namespace: &delaydv1.Namespace{Name: name, Policy: &delaydv1.NamespacePolicy{Shards: n, MaxAttempts: 4}}})
+			Namespace:  &delaydv1.Namespace{Name: name, Policy: &delaydv1.NamespacePolicy{Shards: n, MaxAttempts: 4}},
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy"}}})
 		if err != nil || upd.GetNamespace().GetPolicy().GetShards() != 6 || upd.GetNamespace().GetPolicy().GetMaxAttempts() != 4 {
 			t.Fatalf("UpdateNamespace(shards %d) = %v, %v; want shards kept at 6", n, upd.GetNamespace().GetPolicy(), err)
 		}
@@ -128,10 +129,29 @@ func TestNamespaceLifecycle(t *testing.T) {
 	if diff := cmp.Diff(want, upd.GetNamespace().GetPolicy(), protocmp.Transform()); diff != "" {
 		t.Errorf("updated policy (-want +got):\n%s", diff)
 	}
-	// An empty mask replaces every field: zero = back to the defaults.
-	upd, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: name}})
+	// No mask, or a mask of no path, is refused naming update_mask and
+	// changes nothing: proto3 cannot tell paused=false from paused left
+	// out, so "every field" would wipe what the caller did not mention
+	// (a pause resetting the rate cap) and "the fields present" would
+	// ignore a resume.
+	for _, mask := range []*fieldmaskpb.FieldMask{nil, {}} {
+		_, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+			Namespace: &delaydv1.Namespace{Name: name, Policy: &delaydv1.NamespacePolicy{Paused: true}}, UpdateMask: mask,
+		})
+		wantCode(t, err, codes.InvalidArgument, "update_mask is required")
+		wantCode(t, err, codes.InvalidArgument, `"policy" replaces every field`)
+		wantCode(t, err, codes.InvalidArgument, "policy.max_dispatch_rate")
+	}
+	if got, err := r.admin.GetNamespace(admin(), &delaydv1.GetNamespaceRequest{Namespace: name}); err != nil ||
+		!cmp.Equal(want, got.GetNamespace().GetPolicy(), protocmp.Transform()) {
+		t.Errorf("after refused updates the policy is %v, %v; want %v", got.GetNamespace().GetPolicy(), err, want)
+	}
+	// The mask "policy" replaces every field: zero = back to the defaults.
+	upd, err = r.admin.UpdateNamespace(admin(), &delaydv1.UpdateNamespaceRequest{
+		Namespace: &delaydv1.Namespace{Name: name}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy"}},
+	})
 	if err != nil || !cmp.Equal(defaultPolicyProto(), upd.GetNamespace().GetPolicy(), protocmp.Transform()) {
-		t.Errorf("UpdateNamespace(empty mask) = %v, %v; want the defaults", upd.GetNamespace().GetPolicy(), err)
+		t.Errorf("UpdateNamespace(mask policy) = %v, %v; want the defaults", upd.GetNamespace().GetPolicy(), err)
 	}
 
 	// The namespace has a task: delete is refused unless forced.
@@ -359,7 +379,9 @@ func TestNamespaceAdminCannotRaiseQuotas(t *testing.T) {
 		t.Fatal(err)
 	}
 	got.GetNamespace().GetPolicy().MaxAttempts = 6
-	if _, err := r.admin.UpdateNamespace(as(nsAdmin), &delaydv1.UpdateNamespaceRequest{Namespace: got.GetNamespace()}); err != nil {
+	if _, err := r.admin.UpdateNamespace(as(nsAdmin), &delaydv1.UpdateNamespaceRequest{
+		Namespace: got.GetNamespace(), UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy"}},
+	}); err != nil {
 		t.Errorf("namespace admin writing back its policy with unchanged limits: %v", err)
 	}
 }

@@ -105,7 +105,7 @@ func (e *env) namespace(prefix string, policy map[string]any) string {
 	e.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		b, _ := json.Marshal(map[string]any{"name": ns, "force": true})
+		b, _ := json.Marshal(map[string]any{"namespace": ns, "force": true})
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.base+"/delayd.v1.NamespaceService/DeleteNamespace", bytes.NewReader(b))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+adminKey)
@@ -184,6 +184,37 @@ func TestConnectJSONSchedules(t *testing.T) {
 		"namespace": ns, "id": "bad", "cron": "0 6 31 2 *"}})
 	if code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(out["message"]), "schedule.cron never fires") {
 		t.Fatalf("a cron that never fires: HTTP %d %v", code, out)
+	}
+}
+
+// TestUpdateNamespaceMaskOverHTTP (issue 41): over Connect JSON, as curl
+// sends it, a pause with "updateMask": "policy.paused" (protojson's string
+// form of a FieldMask) keeps the namespace's dispatch-rate cap; the same
+// pause without a mask is refused with 400 invalid_argument naming
+// update_mask, and changes nothing.
+func TestUpdateNamespaceMaskOverHTTP(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	ns := e.namespace("web-mask-", map[string]any{"maxDispatchRate": 50})
+	policy := func() map[string]any {
+		got := e.mustCall(adminKey, "NamespaceService/GetNamespace", map[string]any{"namespace": ns})
+		return got["namespace"].(map[string]any)["policy"].(map[string]any)
+	}
+	pause := map[string]any{"name": ns, "policy": map[string]any{"paused": true}}
+
+	for _, body := range []map[string]any{{"namespace": pause}, {"namespace": pause, "updateMask": ""}} {
+		code, out := e.call(adminKey, "NamespaceService/UpdateNamespace", body)
+		if msg := fmt.Sprint(out["message"]); code != http.StatusBadRequest || out["code"] != "invalid_argument" ||
+			!strings.Contains(msg, "update_mask is required") || !strings.Contains(msg, "policy.paused") {
+			t.Errorf("UpdateNamespace %v: HTTP %d %v; want 400 invalid_argument naming update_mask and its paths", body, code, out)
+		}
+	}
+	if p := policy(); p["paused"] == true || p["maxDispatchRate"] != 50.0 {
+		t.Fatalf("after the refused updates the policy is %v; want not paused, maxDispatchRate 50", p)
+	}
+	e.mustCall(adminKey, "NamespaceService/UpdateNamespace", map[string]any{"namespace": pause, "updateMask": "policy.paused"})
+	if p := policy(); p["paused"] != true || p["maxDispatchRate"] != 50.0 {
+		t.Fatalf("after a pause with its mask the policy is %v; want paused, maxDispatchRate 50", p)
 	}
 }
 

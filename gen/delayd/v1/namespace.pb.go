@@ -745,8 +745,15 @@ type UpdateNamespaceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Namespace with the new values; name says which.
 	Namespace *Namespace `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	// Policy fields to change, e.g. "policy.ack_timeout". Empty: every policy
-	// field is replaced.
+	// Policy fields to change, e.g. "policy.ack_timeout" (or in
+	// lowerCamelCase, "policy.ackTimeout"); the fields it does not name keep
+	// their values. "policy" (or "*") replaces every policy field: those left
+	// unset go back to the server defaults. Required: a request without it,
+	// or with no path, is refused with INVALID_ARGUMENT naming update_mask.
+	// (proto3 cannot tell "paused": false from a field left out, so neither
+	// "every field" nor "the fields present" would be a safe default: the
+	// one wipes settings the caller did not mention, the other ignores a
+	// resume.)
 	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,2,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -50,7 +50,9 @@ type NamespaceServiceClient interface {
 	GetNamespace(ctx context.Context, in *GetNamespaceRequest, opts ...grpc.CallOption) (*GetNamespaceResponse, error)
 	// ListNamespaces pages through namespaces in name order.
 	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
-	// UpdateNamespace changes policy fields named by update_mask. Running
+	// UpdateNamespace changes the policy fields update_mask names, and only
+	// those; a request without update_mask is refused (INVALID_ARGUMENT
+	// naming update_mask), see UpdateNamespaceRequest.update_mask. Running
 	// dispatchers apply the new policy without a restart: the replica that
 	// took the update tells the others at once (paused takes effect on every
 	// replica within moments; see NamespacePolicy.paused).
@@ -235,7 +237,9 @@ type NamespaceServiceServer interface {
 	GetNamespace(context.Context, *GetNamespaceRequest) (*GetNamespaceResponse, error)
 	// ListNamespaces pages through namespaces in name order.
 	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
-	// UpdateNamespace changes policy fields named by update_mask. Running
+	// UpdateNamespace changes the policy fields update_mask names, and only
+	// those; a request without update_mask is refused (INVALID_ARGUMENT
+	// naming update_mask), see UpdateNamespaceRequest.update_mask. Running
 	// dispatchers apply the new policy without a restart: the replica that
 	// took the update tells the others at once (paused takes effect on every
 	// replica within moments; see NamespacePolicy.paused).

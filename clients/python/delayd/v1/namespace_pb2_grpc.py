@@ -115,7 +115,9 @@ class NamespaceServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def UpdateNamespace(self, request, context):
-        """UpdateNamespace changes policy fields named by update_mask. Running
+        """UpdateNamespace changes the policy fields update_mask names, and only
+        those; a request without update_mask is refused (INVALID_ARGUMENT
+        naming update_mask), see UpdateNamespaceRequest.update_mask. Running
         dispatchers apply the new policy without a restart: the replica that
         took the update tells the others at once (paused takes effect on every
         replica within moments; see NamespacePolicy.paused).

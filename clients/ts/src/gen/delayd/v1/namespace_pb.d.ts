@@ -405,8 +405,15 @@ export declare type UpdateNamespaceRequest = Message<"delayd.v1.UpdateNamespaceR
   namespace?: Namespace | undefined;
 
   /**
-   * Policy fields to change, e.g. "policy.ack_timeout". Empty: every policy
-   * field is replaced.
+   * Policy fields to change, e.g. "policy.ack_timeout" (or in
+   * lowerCamelCase, "policy.ackTimeout"); the fields it does not name keep
+   * their values. "policy" (or "*") replaces every policy field: those left
+   * unset go back to the server defaults. Required: a request without it,
+   * or with no path, is refused with INVALID_ARGUMENT naming update_mask.
+   * (proto3 cannot tell "paused": false from a field left out, so neither
+   * "every field" nor "the fields present" would be a safe default: the
+   * one wipes settings the caller did not mention, the other ignores a
+   * resume.)
    *
    * @generated from field: google.protobuf.FieldMask update_mask = 2;
    */
@@ -1204,7 +1211,9 @@ export declare const NamespaceService: GenService<{
     output: typeof ListNamespacesResponseSchema;
   },
   /**
-   * UpdateNamespace changes policy fields named by update_mask. Running
+   * UpdateNamespace changes the policy fields update_mask names, and only
+   * those; a request without update_mask is refused (INVALID_ARGUMENT
+   * naming update_mask), see UpdateNamespaceRequest.update_mask. Running
    * dispatchers apply the new policy without a restart: the replica that
    * took the update tells the others at once (paused takes effect on every
    * replica within moments; see NamespacePolicy.paused).
