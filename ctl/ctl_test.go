@@ -534,7 +534,7 @@ func TestNsUpdateKeepsUnnamedFields(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("ns get:\n%s", out)
 		}
-		js := out[strings.Index(out, "{"):strings.LastIndex(out, "}")+1]
+		js := out[strings.Index(out, "{") : strings.LastIndex(out, "}")+1]
 		var n struct {
 			Policy map[string]any `json:"policy"`
 		}
