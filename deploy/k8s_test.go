@@ -47,50 +47,87 @@ type k8sDeploymentSpec struct {
 		Metadata struct {
 			Labels map[string]string `yaml:"labels"`
 		} `yaml:"metadata"`
-		Spec struct {
-			TerminationGracePeriodSeconds int `yaml:"terminationGracePeriodSeconds"`
-			Containers                    []struct {
-				Name    string   `yaml:"name"`
-				Image   string   `yaml:"image"`
-				Command []string `yaml:"command"`
-				Args    []string `yaml:"args"`
-				Env     []struct {
-					Name      string `yaml:"name"`
-					Value     string `yaml:"value"`
-					ValueFrom *struct {
-						SecretKeyRef *struct {
-							Name string `yaml:"name"`
-							Key  string `yaml:"key"`
-						} `yaml:"secretKeyRef"`
-					} `yaml:"valueFrom"`
-				} `yaml:"env"`
-				EnvFrom []struct {
-					ConfigMapRef *struct {
-						Name string `yaml:"name"`
-					} `yaml:"configMapRef"`
-					SecretRef *struct {
-						Name string `yaml:"name"`
-					} `yaml:"secretRef"`
-				} `yaml:"envFrom"`
-				Ports []struct {
-					Name          string `yaml:"name"`
-					ContainerPort int    `yaml:"containerPort"`
-				} `yaml:"ports"`
-				ReadinessProbe *k8sProbe `yaml:"readinessProbe"`
-				LivenessProbe  *k8sProbe `yaml:"livenessProbe"`
-				VolumeMounts   []struct {
-					Name      string `yaml:"name"`
-					MountPath string `yaml:"mountPath"`
-				} `yaml:"volumeMounts"`
-			} `yaml:"containers"`
-			Volumes []struct {
-				Name   string `yaml:"name"`
-				Secret *struct {
-					SecretName string `yaml:"secretName"`
-				} `yaml:"secret"`
-			} `yaml:"volumes"`
-		} `yaml:"spec"`
+		Spec k8sPodSpec `yaml:"spec"`
 	} `yaml:"template"`
+}
+
+// k8sPodSpec is the part of a pod template the checks read.
+type k8sPodSpec struct {
+	TerminationGracePeriodSeconds int                 `yaml:"terminationGracePeriodSeconds"`
+	SecurityContext               *k8sSecurityContext `yaml:"securityContext"`
+	Containers                    []k8sContainer      `yaml:"containers"`
+	Volumes                       []k8sVolume         `yaml:"volumes"`
+}
+
+// k8sSecurityContext holds the pod's or a container's user and groups (a
+// container has no fsGroup or supplementalGroups).
+type k8sSecurityContext struct {
+	RunAsUser          *int64  `yaml:"runAsUser"`
+	RunAsGroup         *int64  `yaml:"runAsGroup"`
+	FSGroup            *int64  `yaml:"fsGroup"`
+	SupplementalGroups []int64 `yaml:"supplementalGroups"`
+}
+
+type k8sContainer struct {
+	Name            string              `yaml:"name"`
+	Image           string              `yaml:"image"`
+	ImagePullPolicy string              `yaml:"imagePullPolicy"`
+	Command         []string            `yaml:"command"`
+	Args            []string            `yaml:"args"`
+	SecurityContext *k8sSecurityContext `yaml:"securityContext"`
+	Env             []struct {
+		Name      string `yaml:"name"`
+		Value     string `yaml:"value"`
+		ValueFrom *struct {
+			SecretKeyRef *struct {
+				Name string `yaml:"name"`
+				Key  string `yaml:"key"`
+			} `yaml:"secretKeyRef"`
+		} `yaml:"valueFrom"`
+	} `yaml:"env"`
+	EnvFrom []struct {
+		ConfigMapRef *struct {
+			Name string `yaml:"name"`
+		} `yaml:"configMapRef"`
+		SecretRef *struct {
+			Name string `yaml:"name"`
+		} `yaml:"secretRef"`
+	} `yaml:"envFrom"`
+	Ports []struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+	} `yaml:"ports"`
+	ReadinessProbe *k8sProbe `yaml:"readinessProbe"`
+	LivenessProbe  *k8sProbe `yaml:"livenessProbe"`
+	VolumeMounts   []struct {
+		Name      string `yaml:"name"`
+		MountPath string `yaml:"mountPath"`
+		SubPath   string `yaml:"subPath"`
+	} `yaml:"volumeMounts"`
+}
+
+// k8sVolume is a pod volume; the checks know Secret and ConfigMap ones.
+type k8sVolume struct {
+	Name   string `yaml:"name"`
+	Secret *struct {
+		SecretName   string `yaml:"secretName"`
+		k8sKeyVolume `yaml:",inline"`
+	} `yaml:"secret"`
+	ConfigMap *struct {
+		Name         string `yaml:"name"`
+		k8sKeyVolume `yaml:",inline"`
+	} `yaml:"configMap"`
+}
+
+// k8sKeyVolume is what Secret and ConfigMap volumes share: file modes and
+// the keys projected (all of them when Items is empty).
+type k8sKeyVolume struct {
+	DefaultMode *int `yaml:"defaultMode"`
+	Items       []struct {
+		Key  string `yaml:"key"`
+		Path string `yaml:"path"`
+		Mode *int   `yaml:"mode"`
+	} `yaml:"items"`
 }
 
 // kustomize returns the command line that renders a kustomization
@@ -118,48 +155,65 @@ func kustomize(t *testing.T) []string {
 // termination grace outlasts delayd's shutdown bound, the admin key comes
 // from the Secret made from the file (no literal anywhere), the Service,
 // PodDisruptionBudget and ServiceMonitor select the pods, each overlay is
-// the mode it is named for, and the PrometheusRule is
-// deploy/prometheus/alerts.yml.
+// the mode it is named for, the image is pulled only if not present, and
+// the PrometheusRule is deploy/prometheus/alerts.yml. (Whether the
+// container's user can read what is mounted: TestKustomizeMountsReadable.)
 func TestKustomize(t *testing.T) {
 	t.Parallel()
 	kz := kustomize(t)
 	h := help(t)
 	alerts := yamlFileNode(t, "prometheus/alerts.yml")
 
-	overlays, err := os.ReadDir("k8s/overlays")
-	if err != nil {
-		t.Fatal(err)
-	}
+	const adminKey = "k8s-test-admin-key-0123456789abcdef"
+	const dsn = "delayd:secret@tcp(mysql:3306)/delayd"
 	modes := map[string]bool{}
-	for _, o := range overlays {
-		if !o.IsDir() {
-			continue
-		}
-		modes[o.Name()] = true
-		t.Run(o.Name(), func(t *testing.T) {
-			root := t.TempDir()
-			if err := os.CopyFS(root, os.DirFS("k8s")); err != nil {
-				t.Fatal(err)
-			}
-			dir := filepath.Join(root, "overlays", o.Name())
-			const adminKey = "k8s-test-admin-key-0123456789abcdef"
-			const dsn = "delayd:secret@tcp(mysql:3306)/delayd"
-			writeFile(t, filepath.Join(dir, "admin-key"), adminKey+"\n")
-			writeFile(t, filepath.Join(dir, "mysql-dsn"), dsn)
-			cmd := exec.Command(kz[0], append(kz[1:], dir)...)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, stderr.String())
-			}
-			objs := decodeObjects(t, out)
-			checkRendered(t, h, o.Name(), objs, alerts, adminKey, dsn)
+	for _, mode := range overlayNames(t) {
+		modes[mode] = true
+		t.Run(mode, func(t *testing.T) {
+			checkRendered(t, h, mode, renderOverlay(t, kz, mode, adminKey, dsn), alerts, adminKey, dsn)
 		})
 	}
 	if !modes["redis-only"] || !modes["durable"] {
 		t.Errorf("overlays %v, want redis-only and durable", sortedKeys(modes))
 	}
+}
+
+// overlayNames are the directories of deploy/k8s/overlays.
+func overlayNames(t *testing.T) []string {
+	t.Helper()
+	overlays, err := os.ReadDir("k8s/overlays")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, o := range overlays {
+		if o.IsDir() {
+			names = append(names, o.Name())
+		}
+	}
+	return names
+}
+
+// renderOverlay renders overlay name with kz from a copy of deploy/k8s,
+// with the admin-key and mysql-dsn files written beside it the way
+// deploy/k8s/README.md says, and returns the objects by "Kind/name".
+func renderOverlay(t *testing.T, kz []string, name, adminKey, dsn string) map[string]k8sObject {
+	t.Helper()
+	root := t.TempDir()
+	if err := os.CopyFS(root, os.DirFS("k8s")); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "overlays", name)
+	writeFile(t, filepath.Join(dir, "admin-key"), adminKey+"\n")
+	writeFile(t, filepath.Join(dir, "mysql-dsn"), dsn)
+	cmd := exec.Command(kz[0], append(kz[1:], dir)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, stderr.String())
+	}
+	return decodeObjects(t, out)
 }
 
 func checkRendered(t *testing.T, h delaydHelp, mode string, objs map[string]k8sObject, alerts *yaml.Node, adminKey, dsn string) {
@@ -180,6 +234,11 @@ func checkRendered(t *testing.T, h delaydHelp, mode string, objs map[string]k8sO
 	}
 	c := pod.Containers[0]
 	h.checkArgs(t, "Deployment container", append(c.Command, c.Args...))
+	// The image's tag (latest) would otherwise mean Always: a cluster that
+	// has the image but no registry holding it would fail with ErrImagePull.
+	if c.ImagePullPolicy != "IfNotPresent" {
+		t.Errorf("imagePullPolicy %q, want IfNotPresent", c.ImagePullPolicy)
+	}
 
 	// Every variable the container gets: from envFrom ConfigMaps, and env.
 	env := map[string]string{}

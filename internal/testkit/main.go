@@ -20,6 +20,7 @@ import (
 func Main(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
 	stopShared()
+	RemoveBuilt()
 	if n, err := sweep(RedisURL()); err != nil {
 		fmt.Fprintf(os.Stderr, "testkit: sweeping test namespaces: %v\n", err)
 	} else if n > 0 && testing.Verbose() {

@@ -1,0 +1,6 @@
+//go:build !race
+
+package testkit
+
+// raceEnabled: this binary was built without -race, and so is what Build makes.
+const raceEnabled = false
