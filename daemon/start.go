@@ -168,15 +168,25 @@ func (p *parts) openStore(ctx context.Context) (err error) {
 	// Each namespace's shard count comes from its policy in the registry:
 	// this Redis's own, or MySQL's in durable mode (openDurable switches it).
 	shards := redisstore.NewRegistryShards(nil)
-	p.index = redisstore.New(d.redis.client, redisstore.Options{
+	opts := redisstore.Options{
 		Logger:         logger.With("component", "redisstore"),
 		Timeout:        cfg.StoreTimeout,
 		Traces:         p.tp != nil,
 		MaxScriptBytes: cfg.MaxScriptBytes,
 		Shards:         shards,
 		AckLinger:      max(cfg.AckLinger, 0),
-	})
+	}
+	if p.metrics != nil {
+		opts.LibraryMetrics = p.metrics
+	}
+	p.index = redisstore.New(d.redis.client, opts)
 	shards.Use(p.index)
+	// The Lua library, on every master (docs/ARCHITECTURE.md, "The Lua
+	// library"): a Redis that refuses it fails the start here rather than
+	// every call later.
+	if err := p.index.LoadLibrary(ctx); err != nil {
+		return fmt.Errorf("redis at %s: %w", d.redis.where, err)
+	}
 	// Tasks stored by a delayd from before the header/payload split are
 	// converted before anything reads them (bounded steps; a no-op after).
 	if n, err := p.index.Migrate(ctx); err != nil {

@@ -99,6 +99,8 @@ type Metrics struct {
 	reconcileRepaired prometheus.Counter
 	reconcileFailed   prometheus.Counter
 
+	libraryLoads *prometheus.CounterVec
+
 	grpc *grpcMetrics
 
 	push  *pushMetrics
@@ -178,6 +180,10 @@ func New(opts Options) *Metrics {
 			Name: "delayd_reconcile_pass_failures_total",
 			Help: "Reconciler full passes that failed (retried next interval).",
 		}),
+		libraryLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "delayd_redis_library_loads_total",
+			Help: "Loads of delayd's Lua library into a Redis server (FUNCTION LOAD), by reason: start (at start, on every master) or missing (a call found it gone: a restart without persistence, FUNCTION FLUSH, a new cluster node).",
+		}, []string{"reason"}),
 		// No handling-time histogram: it costs a label lookup and an
 		// observation per call, and the latency that varies is the store's,
 		// which delayd_store_call_duration_seconds times per op.
@@ -193,7 +199,7 @@ func New(opts Options) *Metrics {
 	build.Set(1)
 	m.reg.MustRegister(
 		m.lateness, m.upserted, m.removed, m.acked, m.nacked, m.expired, m.dead, m.subscribers,
-		m.storeDur, m.storeErr, m.reconcileDur, m.reconcileRepaired, m.reconcileFailed,
+		m.storeDur, m.storeErr, m.reconcileDur, m.reconcileRepaired, m.reconcileFailed, m.libraryLoads,
 		m.grpc, build, m.push.requests, m.push.duration,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -309,6 +315,12 @@ func (m *Metrics) Delivered(ns string, lateness time.Duration) {
 // Subscribers moves ns's subscriber gauge by delta (dispatcher.Metrics).
 func (m *Metrics) Subscribers(ns string, delta int) {
 	m.ns(ns).subscribers.Add(float64(delta))
+}
+
+// LibraryLoaded counts one load of delayd's Lua library into a Redis server
+// (redisstore.LibraryMetrics); reason is "start" or "missing".
+func (m *Metrics) LibraryLoaded(reason string) {
+	m.libraryLoads.WithLabelValues(reason).Inc()
 }
 
 // ReconcilePass records one reconciler full pass (mysqlstore.ReconcileMetrics):

@@ -144,6 +144,26 @@ func TestStoreCountsOutcomes(t *testing.T) {
 	}
 }
 
+// TestLibraryLoadsCounted: loads of the Lua library are counted by reason
+// under the name docs/operating.md gives.
+func TestLibraryLoadsCounted(t *testing.T) {
+	m := New(Options{})
+	m.LibraryLoaded("start")
+	m.LibraryLoaded("missing")
+	m.LibraryLoaded("missing")
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, series := range []string{
+		`delayd_redis_library_loads_total{reason="start"} 1`,
+		`delayd_redis_library_loads_total{reason="missing"} 2`,
+	} {
+		if !strings.Contains(body, series) {
+			t.Errorf("exposition lacks %s", series)
+		}
+	}
+}
+
 // TestPushedCountsOutcomes: push requests are counted per namespace and
 // outcome, under the names docs/operating.md gives; namespaces that never
 // push export no push series.

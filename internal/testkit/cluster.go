@@ -391,6 +391,147 @@ func (c *Cluster) WaitReplicasCaughtUp(within time.Duration) error {
 	}
 }
 
+// AddMaster starts one more node and joins it to the cluster as a master
+// that serves no slot yet, with CLUSTER MEET, as an operator or an
+// orchestrator grows a cluster; MoveSlot gives it slots. The node starts
+// empty: unlike redis-cli --cluster add-node (which copies the functions of
+// an existing node onto the new one), CLUSTER MEET brings no Redis
+// Functions along. It waits until every node knows it.
+func (c *Cluster) AddMaster(ctx context.Context) (*ClusterNode, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, err
+	}
+	node, err := startClusterNode(bin, filepath.Join(c.root, strconv.Itoa(len(c.Nodes))))
+	if err != nil {
+		return nil, err
+	}
+	var existing *ClusterNode
+	for _, n := range c.Nodes {
+		if n.Alive() {
+			existing = n
+			break
+		}
+	}
+	c.Nodes = append(c.Nodes, node)
+	host, port, _ := net.SplitHostPort(existing.Addr)
+	nc := node.Client()
+	err = nc.ClusterMeet(ctx, host, port).Err()
+	nc.Close()
+	if err != nil {
+		return nil, fmt.Errorf("cluster meet: %w", err)
+	}
+	id, err := node.id(ctx)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		known := true
+		for _, n := range c.Nodes {
+			if !n.Alive() || n == node {
+				continue
+			}
+			cl := n.Client()
+			nodes, err := cl.ClusterNodes(ctx).Result()
+			cl.Close()
+			if err != nil || !strings.Contains(nodes, id) {
+				known = false
+				break
+			}
+		}
+		if known {
+			return node, c.WaitHealthy(30 * time.Second)
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the cluster did not learn of node %s within 30s", node.Addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// id is the node's cluster id (CLUSTER MYID).
+func (n *ClusterNode) id(ctx context.Context) (string, error) {
+	cl := n.Client()
+	defer cl.Close()
+	return cl.Do(ctx, "CLUSTER", "MYID").Text()
+}
+
+// MoveSlot moves hash slot slot, keys and all, from the master that serves
+// it to the master to, the way redis-cli --cluster reshard moves each slot
+// (SETSLOT IMPORTING and MIGRATING, MIGRATE of its keys, SETSLOT NODE on
+// every master), and waits until the cluster is healthy.
+func (c *Cluster) MoveSlot(ctx context.Context, slot int, to *ClusterNode) error {
+	masters, err := c.MasterNodes(ctx)
+	if err != nil {
+		return err
+	}
+	var from *ClusterNode
+	for _, m := range masters {
+		cl := m.Client()
+		slots, err := cl.ClusterSlots(ctx).Result()
+		cl.Close()
+		if err != nil {
+			return err
+		}
+		for _, r := range slots {
+			if slot >= int(r.Start) && slot <= int(r.End) && len(r.Nodes) > 0 && r.Nodes[0].Addr == m.Addr {
+				from = m
+			}
+		}
+	}
+	if from == nil {
+		return fmt.Errorf("no master serves slot %d", slot)
+	}
+	if from == to {
+		return nil
+	}
+	fromID, err := from.id(ctx)
+	if err != nil {
+		return err
+	}
+	toID, err := to.id(ctx)
+	if err != nil {
+		return err
+	}
+	src, dst := from.Client(), to.Client()
+	defer src.Close()
+	defer dst.Close()
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err(); err != nil {
+		return err
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err(); err != nil {
+		return err
+	}
+	host, port, _ := net.SplitHostPort(to.Addr)
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		for _, k := range keys {
+			if err := src.Migrate(ctx, host, port, k, 0, 5*time.Second).Err(); err != nil {
+				return fmt.Errorf("migrate %s: %w", k, err)
+			}
+		}
+	}
+	if !slices.Contains(masters, to) {
+		masters = append(masters, to)
+	}
+	for _, m := range masters {
+		cl := m.Client()
+		err := cl.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err()
+		cl.Close()
+		if err != nil {
+			return fmt.Errorf("setslot on %s: %w", m.Addr, err)
+		}
+	}
+	return c.WaitHealthy(30 * time.Second)
+}
+
 // Stop kills every node and removes the cluster's files.
 func (c *Cluster) Stop() {
 	c.stop.Do(func() {

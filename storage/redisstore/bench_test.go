@@ -152,70 +152,90 @@ func BenchmarkRedisCPUPerTask(b *testing.B) {
 // reports, per call, Redis's own time (INFO commandstats: the script
 // command's usec, which includes the commands the script calls) and the
 // redis.calls the script made (the commandstats calls of every other
-// command), so a change to the scripts or to how they are loaded is
-// compared in counts as well as in µs (go test -run X -bench OneTaskCalls
-// ./storage/redisstore/).
+// command), for the library's functions (FCALL) and, in the same rounds so
+// the machine's load moves both alike, for its EVALSHA build ("evalsha-"):
+// a change to the scripts or to how they are loaded is compared in counts
+// as well as in µs (go test -run X -bench OneTaskCalls ./storage/redisstore/).
 func BenchmarkOneTaskCalls(b *testing.B) {
 	srv := testkit.StartRedis(b)
 	srv.Prioritize()
 	c := srv.Client()
-	s := New(c, Options{NoCoalesce: true})
 	ctx := context.Background()
-	ns := "onetask"
+	fn := New(c, Options{NoCoalesce: true})
+	if err := fn.LoadLibrary(ctx); err != nil {
+		b.Fatal(err)
+	}
+	ev := New(c, Options{NoCoalesce: true})
+	ev.loader.useEvalsha(nil)
 	payload := make([]byte, 100)
-	var future []storage.UpsertSpec
-	for i := range MaxBatch {
-		future = append(future, storage.UpsertSpec{ID: "later-" + strconv.Itoa(i), Payload: payload, Delay: time.Hour})
-	}
-	if _, err := s.Upsert(ctx, ns, future); err != nil {
-		b.Fatal(err)
-	}
-	// Once through each call first: the scripts (or the library) are loaded
-	// before anything is counted.
-	if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "warm", Payload: payload}}); err != nil {
-		b.Fatal(err)
-	}
-	if ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute}); err != nil || len(ds) != 1 {
-		b.Fatalf("pop: %d, %v", len(ds), err)
-	} else if _, err := s.Ack(ctx, ns, []storage.Token{ds[0].Token}); err != nil {
-		b.Fatal(err)
-	}
-	const n = 1000 // calls of each kind per round
-	var up, pop, ack callCost
-	for r := 0; b.Loop(); r++ {
-		ids := make([]string, n)
-		for i := range ids {
-			ids[i] = fmt.Sprintf("t%d-%d", r, i)
+	modes := []struct {
+		name  string
+		s     *Store
+		costs [3]callCost // upsert, pop, ack
+	}{{name: "", s: fn}, {name: "evalsha-", s: ev}}
+	for i, m := range modes {
+		ns := "onetask" + strconv.Itoa(i)
+		var future []storage.UpsertSpec
+		for i := range MaxBatch {
+			future = append(future, storage.UpsertSpec{ID: "later-" + strconv.Itoa(i), Payload: payload, Delay: time.Hour})
 		}
-		up.add(b, c, func() {
-			for _, id := range ids {
-				if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Payload: payload}}); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}, n)
-		toks := make([]storage.Token, 0, n)
-		pop.add(b, c, func() {
-			for range n {
-				ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
-				if err != nil || len(ds) != 1 {
-					b.Fatalf("pop: %d, %v", len(ds), err)
-				}
-				toks = append(toks, ds[0].Token)
-			}
-		}, n)
-		ack.add(b, c, func() {
-			for _, t := range toks {
-				st, err := s.Ack(ctx, ns, []storage.Token{t})
-				if err != nil || st[0] != storage.TokenOK {
-					b.Fatalf("ack: %v, %v", st, err)
-				}
-			}
-		}, n)
+		if _, err := m.s.Upsert(ctx, ns, future); err != nil {
+			b.Fatal(err)
+		}
+		// Once through each call first: the scripts are loaded before
+		// anything is counted.
+		oneTaskRound(b, c, m.s, ns, "warm", 1, payload, nil)
 	}
-	up.report(b, "upsert")
-	pop.report(b, "pop")
-	ack.report(b, "ack")
+	for r := 0; b.Loop(); r++ {
+		for i := range modes {
+			oneTaskRound(b, c, modes[i].s, "onetask"+strconv.Itoa(i), "r"+strconv.Itoa(r), 1000, payload, &modes[i].costs)
+		}
+	}
+	for _, m := range modes {
+		for i, op := range []string{"upsert", "pop", "ack"} {
+			m.costs[i].report(b, m.name+op)
+		}
+	}
+}
+
+// oneTaskRound makes n one-task upserts of tasks due at once, n one-task
+// pops and n one-token acks of them, and adds what each kind cost Redis
+// to costs (if not nil).
+func oneTaskRound(b *testing.B, c *redis.Client, s *Store, ns, round string, n int, payload []byte, costs *[3]callCost) {
+	ctx := context.Background()
+	measure := func(i int, f func()) {
+		if costs == nil {
+			f()
+			return
+		}
+		costs[i].add(b, c, f, n)
+	}
+	measure(0, func() {
+		for i := range n {
+			id := round + "-" + strconv.Itoa(i)
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Payload: payload}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	toks := make([]storage.Token, 0, n)
+	measure(1, func() {
+		for range n {
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
+			if err != nil || len(ds) != 1 {
+				b.Fatalf("pop: %d, %v", len(ds), err)
+			}
+			toks = append(toks, ds[0].Token)
+		}
+	})
+	measure(2, func() {
+		for _, t := range toks {
+			st, err := s.Ack(ctx, ns, []storage.Token{t})
+			if err != nil || st[0] != storage.TokenOK {
+				b.Fatalf("ack: %v, %v", st, err)
+			}
+		}
+	})
 }
 
 // callCost sums what calls of one kind cost Redis (commandStats deltas).

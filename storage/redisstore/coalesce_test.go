@@ -16,7 +16,8 @@ import (
 	"github.com/delayd/delayd/storage"
 )
 
-// scriptGate is a go-redis hook that counts script calls (EVALSHA, EVAL)
+// scriptGate is a go-redis hook that counts script calls (FCALL, FCALL_RO;
+// EVALSHA, EVAL)
 // and can hold the first one until released, so a test can queue Upsert
 // calls behind a script call in flight.
 type scriptGate struct {
@@ -40,7 +41,7 @@ func (g *scriptGate) open() { g.release.Do(func() { close(g.hold) }) }
 func (g *scriptGate) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if isScriptCall(cmd.Name()) {
 			if g.calls.Add(1) == 1 && g.hold != nil {
 				g.once.Do(func() { close(g.held) })
 				<-g.hold
@@ -49,6 +50,16 @@ func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return next(ctx, cmd)
 	}
 }
+
+// isScriptCall reports whether a command runs an entry of the library.
+func isScriptCall(name string) bool {
+	switch name {
+	case "fcall", "fcall_ro", "evalsha", "eval":
+		return true
+	}
+	return false
+}
+
 func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
@@ -70,12 +81,10 @@ func waitQueued(t *testing.T, s *Store, ns string, n int) {
 	}
 }
 
-// loadScripts runs every script once so a later call is one EVALSHA.
+// loadScripts loads the library so a later call is one FCALL.
 func loadScripts(t *testing.T, s *Store) {
 	t.Helper()
-	ns := testkit.Namespace(t, "load")
-	dropNS(t, s, ns)
-	if _, err := s.Upsert(context.Background(), ns, []storage.UpsertSpec{{ID: "x"}}); err != nil {
+	if err := s.LoadLibrary(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }

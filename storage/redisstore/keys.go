@@ -37,6 +37,8 @@ import (
 //	                              (storage.SharedLimits; see limits.go)
 //	delayd:{ns#k}:task      HASH  the one-value records of delayd before the
 //	                              header/payload split; Migrate converts them
+//	delayd:{ns#k}:req:<id>  STRING the record of request <id> (issue 38: a
+//	                        retried pop or write answers it), expiring
 //	delayd:{ns#k}:trace:<id> STRING W3C traceparent of the task's last traced
 //	                        upsert (Options.Traces); expires a day after the
 //	                        task's due time, so it needs no cleanup
@@ -145,6 +147,8 @@ type nsKeys struct {
 	rate string
 	// trace prefixes the trace-context keys (traceKey).
 	trace string
+	// request prefixes the request records (requestKey).
+	request string
 	// history is the stream of task events of delayd before histories
 	// were kept per incarnation, and the prefix of historyOf's keys; only
 	// used on shard 0's keys.
@@ -153,6 +157,11 @@ type nsKeys struct {
 	// this shard (schedules.go).
 	sched, schedIDs, schedNext string
 }
+
+// requestKey is the record of the request with id req in this shard (the
+// call head's first key; docs/ARCHITECTURE.md, "The Lua library"). With no
+// id it is a key never written.
+func (k nsKeys) requestKey(req string) string { return k.request + req }
 
 // traceOf is the trace-context key of task id (in this shard).
 func (k nsKeys) traceOf(id string) string { return k.trace + id }
@@ -192,6 +201,7 @@ func keysForN(ns string, shard, n int) nsKeys {
 		legacy:   p + "task",
 		rate:     p + "rate",
 		trace:    p + "trace:",
+		request:  p + "req:",
 		history:  p + "history",
 
 		sched:     p + "sched",

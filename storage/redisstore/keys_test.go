@@ -45,6 +45,7 @@ func TestKeys(t *testing.T) {
 		hwm:      "delayd:{orders#0}:hwm",
 		rate:     "delayd:{orders#0}:rate",
 		trace:    "delayd:{orders#0}:trace:",
+		request:  "delayd:{orders#0}:req:",
 		history:  "delayd:{orders#0}:history",
 
 		sched:     "delayd:{orders#0}:sched",

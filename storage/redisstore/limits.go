@@ -29,10 +29,6 @@ import (
 
 var _ storage.SharedLimits = (*Store)(nil)
 
-// subscribersScript is lua/subscribers.lua. (The request bucket runs
-// scripts.rateTake.)
-var subscribersScript = load("subscribers")
-
 // requestRateKey is ns's request-rate bucket.
 func requestRateKey(ns string) string { return keyPrefix + hashTag(ns, 0) + ":reqrate" }
 
@@ -74,7 +70,7 @@ func (s *Store) subscribers(ctx context.Context, ns, op string, lease time.Durat
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	rep, err := s.runRows(ctx, "subscribers "+op, subscribersScript, []string{subscribersKey(ns)}, fixed(2), args...)
+	rep, err := s.runRows(ctx, "subscribers "+op, scripts.subscribers, []string{subscribersKey(ns)}, fixed(2), args...)
 	if err != nil {
 		return false, 0, err
 	}

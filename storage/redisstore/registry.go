@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"embed"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -20,31 +19,6 @@ import (
 // tenancy cache, so simplicity beats cleverness here: one hash tag,
 // {registry}, holds it all (see keys.go), and the few writes that touch more
 // than one key are Lua scripts.
-
-//go:embed lua/registry_*.lua lua/dropnamespace.lua
-var registryLuaFS embed.FS
-
-// registryScripts are the registry's scripts. They do not use lib.lua.
-var registryScripts = struct {
-	nsCreate, nsUpdate, nsDelete *redis.Script
-	keyCreate, keyRevoke         *redis.Script
-	dropNamespace                *redis.Script
-}{
-	nsCreate:      loadRegistryScript("registry_ns_create"),
-	nsUpdate:      loadRegistryScript("registry_ns_update"),
-	nsDelete:      loadRegistryScript("registry_ns_delete"),
-	keyCreate:     loadRegistryScript("registry_key_create"),
-	keyRevoke:     loadRegistryScript("registry_key_revoke"),
-	dropNamespace: loadRegistryScript("dropnamespace"),
-}
-
-func loadRegistryScript(name string) *redis.Script {
-	src, err := registryLuaFS.ReadFile("lua/" + name + ".lua")
-	if err != nil {
-		panic(err)
-	}
-	return redis.NewScript(string(src))
-}
 
 var _ storage.Registry = (*Store)(nil)
 

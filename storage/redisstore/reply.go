@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The one reply decoder. Every script answers an array (each lua/*.lua
@@ -92,8 +90,8 @@ func decodeReply(op string, rep []any, s shape) (reply, error) {
 }
 
 // runRows runs a script and decodes its reply as s.
-func (s *conn) runRows(ctx context.Context, op string, sc *redis.Script, keys []string, sh shape, args ...any) (reply, error) {
-	rep, err := s.runSlice(ctx, op, sc, keys, args...)
+func (s *conn) runRows(ctx context.Context, op string, e *entry, keys []string, sh shape, args ...any) (reply, error) {
+	rep, err := s.runSlice(ctx, op, e, keys, args...)
 	if err != nil {
 		return reply{}, err
 	}

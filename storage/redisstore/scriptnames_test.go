@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -13,16 +14,30 @@ import (
 
 // The names ScriptNames gives are those of the scripts the store really
 // sends: a private redis-server logs every command (SLOWLOG at threshold
-// 0) while the store upserts, pops and acks, and every EVALSHA it saw must
-// map to the script that ran.
+// 0) while the store upserts, pops and acks, and every FCALL it saw (and,
+// through the EVALSHA builds, every EVALSHA) must map to the entry that
+// ran.
 func TestScriptNamesNameTheSHAsTheStoreSends(t *testing.T) {
 	t.Parallel()
+	for _, evalsha := range []bool{false, true} {
+		t.Run(fmt.Sprintf("evalsha=%v", evalsha), func(t *testing.T) {
+			t.Parallel()
+			scriptNamesSent(t, evalsha)
+		})
+	}
+}
+
+func scriptNamesSent(t *testing.T, evalsha bool) {
 	srv := testkit.StartRedis(t)
 	c := srv.Client()
 	ctx := context.Background()
 	s := New(c, Options{})
+	if evalsha {
+		s.loader.useEvalsha(nil)
+	}
 	ns := testkit.Namespace(t, "names")
-	// Load the scripts first (EVALSHA fails once, EVAL loads), then log.
+	// Load the library (or the scripts: EVALSHA fails once, EVAL loads),
+	// then log.
 	if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "warm"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -52,13 +67,17 @@ func TestScriptNamesNameTheSHAsTheStoreSends(t *testing.T) {
 	}
 	names := ScriptNames()
 	var ran []string
+	want := "fcall"
+	if evalsha {
+		want = "evalsha"
+	}
 	for _, e := range log {
-		if len(e.Args) < 2 || !strings.EqualFold(e.Args[0], "evalsha") {
+		if len(e.Args) < 2 || !strings.HasPrefix(strings.ToLower(e.Args[0]), want) {
 			continue
 		}
 		name, ok := names[e.Args[1]]
 		if !ok {
-			t.Errorf("EVALSHA %s: not in ScriptNames", e.Args[1])
+			t.Errorf("%s %s: not in ScriptNames", e.Args[0], e.Args[1])
 		}
 		ran = append(ran, name)
 	}

@@ -1,69 +1,62 @@
 package redisstore
 
-import (
-	"embed"
+// The entry points of the Lua library (library.go builds it from lua/),
+// named once for the calls that run them. Every file under lua/ but
+// lib.lua is an entry; those that change nothing are listed in
+// readOnlyEntries, so they are flagged no-writes and run with FCALL_RO.
 
-	"github.com/redis/go-redis/v9"
-)
+// readOnlyEntries are the entries that only read.
+var readOnlyEntries = []string{"get", "list", "stats", "nextwake", "peekdue", "duekinds", "forecast", "generations"}
 
-// The Lua scripts, one file each under lua/. Every script opens with a
-// header documenting its KEYS, ARGV and return value. lua/lib.lua holds the
-// helpers they share (the record layout, the clock, backoff) and is
-// prepended to each, so every script is still one self-contained chunk run
-// with Script.Run (EVALSHA, falling back to EVAL after a Redis restart).
-//
-//go:embed lua/*.lua
-var luaFS embed.FS
-
-// scripts are the compiled scripts; built once per process, shared by every
-// Store (a redis.Script is immutable and safe for concurrent use).
+// scripts are the task index's entries.
 var scripts = struct {
-	upsert, get, remove, list       *redis.Script
-	removeTasks                     *redis.Script
-	pop, ack, nack, extend, reap    *redis.Script
-	requeue, purge, stats, nextWake *redis.Script
-	dueKinds                        *redis.Script
-	restore, generations, tryLead   *redis.Script
-	forget, clearAcked, migrate     *redis.Script
-	peekDue, rateTake               *redis.Script
-	forecast                        *redis.Script
+	upsert, get, remove, list       *entry
+	removeTasks                     *entry
+	pop, ack, nack, extend, reap    *entry
+	requeue, purge, stats, nextWake *entry
+	dueKinds                        *entry
+	restore, generations, tryLead   *entry
+	forget, clearAcked, migrate     *entry
+	peekDue, rateTake               *entry
+	forecast, subscribers           *entry
 }{
-	upsert:      load("upsert"),
-	get:         load("get"),
-	remove:      load("remove"),
-	removeTasks: load("removetasks"),
-	list:        load("list"),
-	pop:         load("pop"),
-	ack:         load("ack"),
-	nack:        load("nack"),
-	extend:      load("extend"),
-	reap:        load("reap"),
-	requeue:     load("requeue"),
-	purge:       load("purge"),
-	stats:       load("stats"),
-	dueKinds:    load("duekinds"),
-	nextWake:    load("nextwake"),
-	restore:     load("restore"),
-	generations: load("generations"),
-	tryLead:     load("trylead"),
-	forget:      load("forget"),
-	clearAcked:  load("clearacked"),
-	migrate:     load("migrate"),
-	peekDue:     load("peekdue"),
-	rateTake:    load("ratetake"),
-	forecast:    load("forecast"),
+	upsert:      entryOf("upsert"),
+	get:         entryOf("get"),
+	remove:      entryOf("remove"),
+	removeTasks: entryOf("removetasks"),
+	list:        entryOf("list"),
+	pop:         entryOf("pop"),
+	ack:         entryOf("ack"),
+	nack:        entryOf("nack"),
+	extend:      entryOf("extend"),
+	reap:        entryOf("reap"),
+	requeue:     entryOf("requeue"),
+	purge:       entryOf("purge"),
+	stats:       entryOf("stats"),
+	dueKinds:    entryOf("duekinds"),
+	nextWake:    entryOf("nextwake"),
+	restore:     entryOf("restore"),
+	generations: entryOf("generations"),
+	tryLead:     entryOf("trylead"),
+	forget:      entryOf("forget"),
+	clearAcked:  entryOf("clearacked"),
+	migrate:     entryOf("migrate"),
+	peekDue:     entryOf("peekdue"),
+	rateTake:    entryOf("ratetake"),
+	forecast:    entryOf("forecast"),
+	subscribers: entryOf("subscribers"),
 }
 
-// load returns lib.lua + name.lua as one script. The files are embedded, so
-// a missing one is a build mistake and panics at init.
-func load(name string) *redis.Script {
-	lib, err := luaFS.ReadFile("lua/lib.lua")
-	if err != nil {
-		panic(err)
-	}
-	src, err := luaFS.ReadFile("lua/" + name + ".lua")
-	if err != nil {
-		panic(err)
-	}
-	return redis.NewScript(string(lib) + "\n" + string(src))
+// registryScripts are the registry's entries (registry.go).
+var registryScripts = struct {
+	nsCreate, nsUpdate, nsDelete *entry
+	keyCreate, keyRevoke         *entry
+	dropNamespace                *entry
+}{
+	nsCreate:      entryOf("registry_ns_create"),
+	nsUpdate:      entryOf("registry_ns_update"),
+	nsDelete:      entryOf("registry_ns_delete"),
+	keyCreate:     entryOf("registry_key_create"),
+	keyRevoke:     entryOf("registry_key_revoke"),
+	dropNamespace: entryOf("dropnamespace"),
 }

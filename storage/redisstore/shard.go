@@ -29,6 +29,7 @@ type conn struct {
 	wake    string
 	maxArgs int  // Options.MaxScriptBytes
 	traces  bool // Options.Traces
+	loader  *loader
 }
 
 // shard is shard i of namespace ns (of n; keysForN): its keys, and the
@@ -45,11 +46,34 @@ func (c *conn) shardOfN(ns string, i, n int) shard {
 	return shard{conn: c, ns: ns, i: i, k: keysForN(ns, i, n)}
 }
 
-// run runs a script with the per-call timeout and classifies its error.
-func (s *conn) run(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) (any, error) {
+// The call head (docs/ARCHITECTURE.md, "The Lua library"; lib.lua): every
+// entry that changes a task opens its KEYS with the record of its request
+// and the shard's history stream, and its ARGV with request id, record
+// window (ms), history keep, key id and replica. Until issue 38 fills
+// them, there is no request id and no history in the call.
+
+// headArity is how many ARGV values the call head takes.
+const headArity = 5
+
+// headKeys are the call head's keys followed by keys. The history stream
+// is built for incarnation 0, a stream never written: issue 38 passes the
+// incarnation the call is made for (historyOf).
+func (sh shard) headKeys(keys ...string) []string {
+	return append([]string{sh.k.requestKey(""), sh.k.historyOf(0)}, keys...)
+}
+
+// headArgs returns an argument list that holds the call head, with room
+// for n more values.
+func headArgs(n int) []any {
+	return append(make([]any, 0, headArity+n), "", 0, 0, "", "")
+}
+
+// run runs an entry of the Lua library with the per-call timeout and
+// classifies its error: the one place scripts are called.
+func (s *conn) run(ctx context.Context, op string, e *entry, keys []string, args ...any) (any, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	v, err := sc.Run(ctx, s.rdb, keys, args...).Result()
+	v, err := s.loader.call(ctx, e, keys, args)
 	if err != nil {
 		s.reloadOnFailure(err)
 		return nil, wrapErr(op, err)
@@ -70,8 +94,8 @@ func (s *conn) reloadOnFailure(err error) {
 }
 
 // runSlice runs a script that answers an array.
-func (s *conn) runSlice(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) ([]any, error) {
-	v, err := s.run(ctx, op, sc, keys, args...)
+func (s *conn) runSlice(ctx context.Context, op string, e *entry, keys []string, args ...any) ([]any, error) {
+	v, err := s.run(ctx, op, e, keys, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -13,12 +13,11 @@ import (
 func (sh shard) requeue(ctx context.Context, p storage.RequeueParams) ([]storage.Moved, error) {
 	ns := sh.ns
 	k := sh.k
-	keys := []string{k.due, k.dead, k.meta}
+	keys := sh.headKeys(k.due, k.dead, k.meta)
 	var out []storage.Moved
 	call := func(ids []string) error {
 		// ARGV as documented in lua/requeue.lua.
-		args := make([]any, 0, 5+len(ids))
-		args = append(args, sh.wake, ns, max(p.Delay.Milliseconds(), 0), luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
+		args := append(headArgs(5+len(ids)), sh.wake, ns, max(p.Delay.Milliseconds(), 0), luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
 		for _, id := range ids {
 			args = append(args, id)
 		}
@@ -45,12 +44,11 @@ func (sh shard) requeue(ctx context.Context, p storage.RequeueParams) ([]storage
 // purge is PurgeVersions of this shard.
 func (sh shard) purge(ctx context.Context, p storage.PurgeParams) ([]storage.Version, error) {
 	k := sh.k
-	keys := []string{k.dead, k.meta, k.body}
+	keys := sh.headKeys(k.dead, k.meta, k.body)
 	var out []storage.Version
 	call := func(ids []string) error {
 		// ARGV as documented in lua/purge.lua.
-		args := make([]any, 0, 2+len(ids))
-		args = append(args, luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
+		args := append(headArgs(2+len(ids)), luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
 		for _, id := range ids {
 			args = append(args, id)
 		}

@@ -19,15 +19,15 @@ func (sh shard) pop(ctx context.Context, p storage.PopParams) (storage.PopResult
 	k := sh.k
 	// ARGV as documented in lua/pop.lua.
 	rate := max(p.MaxRate, 0)
-	args := []any{min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0), strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0,
-		max(p.TellFor.Milliseconds(), 0)}
+	args := append(headArgs(6+len(p.Kinds)), min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0),
+		strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0, max(p.TellFor.Milliseconds(), 0))
 	if len(p.Kinds) > 0 {
-		args[4] = storage.KindScanWindow
+		args[headArity+4] = storage.KindScanWindow
 		for _, kind := range p.Kinds {
 			args = append(args, kind)
 		}
 	}
-	rep, err := sh.runRows(ctx, "pop", scripts.pop, []string{k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm},
+	rep, err := sh.runRows(ctx, "pop", scripts.pop, sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm),
 		shape{head: popHead, width: 3, rows: anyRows, badTail: true}, args...)
 	if err != nil {
 		return storage.PopResult{}, err
@@ -99,10 +99,9 @@ func (sh shard) ack(ctx context.Context, tokens []storage.Token, marks bool) ([]
 	k := sh.k
 	out := make([]storage.TokenStatus, 0, len(tokens))
 	err := byteChunks(len(tokens), sh.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
-		args := make([]any, 0, 2+tokenArity*(hi-lo))
-		args = append(args, luaBool(marks), hi-lo)
+		args := append(headArgs(2+tokenArity*(hi-lo)), luaBool(marks), hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := sh.runRows(ctx, "ack", scripts.ack, []string{k.inflight, k.meta, k.body, k.acked}, rowsOf(0, 1, hi-lo), args...)
+		rep, err := sh.runRows(ctx, "ack", scripts.ack, sh.headKeys(k.inflight, k.meta, k.body, k.acked), rowsOf(0, 1, hi-lo), args...)
 		if err != nil {
 			return err
 		}
@@ -121,13 +120,12 @@ func (sh shard) ack(ctx context.Context, tokens []storage.Token, marks bool) ([]
 func (sh shard) nack(ctx context.Context, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
 	ns := sh.ns
 	k := sh.k
-	keys := []string{k.due, k.inflight, k.dead, k.meta}
+	keys := sh.headKeys(k.due, k.inflight, k.dead, k.meta)
 	statuses := make([]storage.TokenStatus, 0, len(tokens))
 	var movedTasks []storage.Moved
 	err := byteChunks(len(tokens), sh.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
 		part := tokens[lo:hi]
-		args := make([]any, 0, 12+tokenArity*len(part))
-		args = append(args, sh.wake, ns)
+		args := append(headArgs(12+tokenArity*len(part)), sh.wake, ns)
 		args = append(args, retryArgs(opts.RetryAfter, opts)...)
 		args = append(args, luaBool(opts.Unsent), len(part))
 		args = tokenArgs(args, ns, part)
@@ -163,10 +161,9 @@ func (sh shard) extend(ctx context.Context, tokens []storage.Token, by time.Dura
 	k := sh.k
 	out := make([]storage.ExtendResult, 0, len(tokens))
 	err := byteChunks(len(tokens), sh.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
-		args := make([]any, 0, 2+tokenArity*(hi-lo))
-		args = append(args, max(by.Milliseconds(), 0), hi-lo)
+		args := append(headArgs(2+tokenArity*(hi-lo)), max(by.Milliseconds(), 0), hi-lo)
 		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := sh.runRows(ctx, "extend", scripts.extend, []string{k.inflight, k.meta}, rowsOf(1, 1, hi-lo), args...)
+		rep, err := sh.runRows(ctx, "extend", scripts.extend, sh.headKeys(k.inflight, k.meta), rowsOf(1, 1, hi-lo), args...)
 		if err != nil {
 			return err
 		}
@@ -190,15 +187,14 @@ func (sh shard) extend(ctx context.Context, tokens []storage.Token, by time.Dura
 func (sh shard) reap(ctx context.Context, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
 	ns := sh.ns
 	k := sh.k
-	args := make([]any, 0, 12)
-	args = append(args, sh.wake, ns)
+	args := append(headArgs(12), sh.wake, ns)
 	args = append(args, retryArgs(opts.RetryAfter, opts)...)
 	by := ""
 	if !opts.ExpiredBy.IsZero() {
 		by = strconv.FormatInt(opts.ExpiredBy.UnixMilli(), 10)
 	}
 	args = append(args, min(limit, MaxBatch), by)
-	rep, err := sh.runRows(ctx, "reap", scripts.reap, []string{k.due, k.inflight, k.dead, k.meta},
+	rep, err := sh.runRows(ctx, "reap", scripts.reap, sh.headKeys(k.due, k.inflight, k.dead, k.meta),
 		shape{head: 1, width: 6, rows: anyRows, badTail: true}, args...)
 	if err != nil {
 		return nil, err

@@ -21,14 +21,13 @@ import (
 func (sh shard) upsert(ctx context.Context, specs []storage.UpsertSpec) ([]storage.UpsertResult, error) {
 	ns := sh.ns
 	k := sh.k
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm}
+	keys := sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm)
 	nsInc := nsIncarnation(specs)
 	out := make([]storage.UpsertResult, 0, len(specs))
 	size := func(i int) int { return len(specs[i].ID) + len(specs[i].Kind) + len(specs[i].Payload) }
 	err := byteChunks(len(specs), sh.maxArgs, size, func(lo, hi int) error {
 		part := specs[lo:hi]
-		args := make([]any, 0, 3+10*len(part))
-		args = append(args, sh.wake, ns, len(part))
+		args := append(headArgs(4+10*len(part)), sh.wake, ns, len(part))
 		for i := range part {
 			sp := &part[i]
 			due := ""
@@ -122,7 +121,7 @@ func (sh shard) claim(ctx context.Context, inc int64) error {
 	ns := sh.ns
 	k := sh.k
 	raw, err := sh.runSlice(ctx, "claim incarnation", scripts.upsert,
-		[]string{k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm}, sh.wake, ns, 0, inc)
+		sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm), append(headArgs(4), sh.wake, ns, 0, inc)...)
 	if err != nil {
 		return err
 	}
@@ -141,8 +140,8 @@ func (sh shard) remove(ctx context.Context, id string, ifVersion storage.Version
 		ifInc = 0
 	}
 	// {state} or, refused on its version, {4, header, state, score, payload}.
-	rep, err := sh.runRows(ctx, "remove", scripts.remove, []string{k.due, k.inflight, k.dead, k.meta, k.body},
-		rowsOf(1, 4, anyRows), id, ifGen, ifInc)
+	rep, err := sh.runRows(ctx, "remove", scripts.remove, sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body),
+		rowsOf(1, 4, anyRows), append(headArgs(3), id, ifGen, ifInc)...)
 	if err != nil {
 		return 0, err
 	}
@@ -168,9 +167,8 @@ func (sh shard) remove(ctx context.Context, id string, ifVersion storage.Version
 // sets states[i] to the state each was in (StateUnspecified: none).
 func (sh shard) removeIDs(ctx context.Context, ids []string, idx []int, states []storage.State) error {
 	k := sh.k
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
-	args := make([]any, 0, 1+len(idx))
-	args = append(args, "ids")
+	keys := sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body)
+	args := append(headArgs(1+len(idx)), "ids")
 	for _, i := range idx {
 		args = append(args, ids[i])
 	}
@@ -197,7 +195,7 @@ var walkStates = []storage.State{storage.StateScheduled, storage.StateDelivered,
 // examined or the walk is done.
 func (sh shard) walk(ctx context.Context, p storage.RemoveTasksParams, dry bool) ([]storage.Version, string, error) {
 	k := sh.k
-	keys := []string{k.due, k.inflight, k.dead, k.meta, k.body}
+	keys := sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body)
 	state, score, id, err := parseWalkCursor(p.Cursor, p.Filter.State)
 	if err != nil {
 		return nil, "", err
@@ -209,7 +207,7 @@ func (sh shard) walk(ctx context.Context, p storage.RemoveTasksParams, dry bool)
 	var out []storage.Version
 	for {
 		rep, err := sh.runRows(ctx, "remove tasks", scripts.removeTasks, keys, rowsOf(4, 3, anyRows),
-			"walk", luaBool(dry), int(state), score, id, budget, p.Filter.Kind, p.Filter.IDPrefix)
+			append(headArgs(8), "walk", luaBool(dry), int(state), score, id, budget, p.Filter.Kind, p.Filter.IDPrefix)...)
 		if err != nil {
 			return out, "", err
 		}

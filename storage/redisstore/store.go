@@ -8,7 +8,9 @@
 // (Restore, Generations, Indexed, MarkIndexed, TryLead, Namespaces,
 // MatchTasks). It works with a single Redis (redis.NewClient), Redis Cluster
 // (redis.NewClusterClient: each namespace's keys share one hash tag) and an
-// in-process miniredis (embedded mode); all of them run the same scripts.
+// in-process miniredis (embedded mode); all of them run the same Lua, one
+// library loaded once per server (library.go, loader.go; through EVALSHA on
+// a server without Functions).
 //
 // Every operation costs one round trip per call (per 1,000 items for the
 // batch operations) and is bounded inside Redis: no script loops over more
@@ -96,6 +98,9 @@ type Options struct {
 	// Shards tells how many shards each namespace has (shards.go). If nil,
 	// every namespace has one.
 	Shards ShardCounter
+	// LibraryMetrics is told of every load of the Lua library into a Redis
+	// server (loader.go). If nil, loads are only logged.
+	LibraryMetrics LibraryMetrics
 }
 
 // Store is the Redis task index. It is safe for concurrent use; it does not
@@ -135,6 +140,7 @@ func New(client redis.UniversalClient, opts Options) *Store {
 	if s.wake == "" {
 		s.wake = DefaultWakeChannel
 	}
+	s.loader = newLoader(client, s.log, opts.LibraryMetrics, lib)
 	s.hub = &watchHub{rdb: client, log: s.log, timeout: s.timeout}
 	// Fail fast once Redis is known down (see breaker). Only calls that
 	// waited half the store timeout (at most 1 s) count as evidence.

@@ -165,7 +165,7 @@ func (s *Store) ackOn(ctx context.Context, sh shard, tokens []storage.Token, mar
 	})
 }
 
-// retryArgs are ARGV[3..10] of nack.lua and reap.lua.
+// retryArgs are ARGV[8..15] of nack.lua and reap.lua.
 func retryArgs(retryAfter *time.Duration, opts storage.NackOptions) []any {
 	after := ""
 	if retryAfter != nil {

@@ -1,9 +1,10 @@
 -- ack.lua: finish deliveries: delete each task that is still the named
 -- delivery in flight.
 --
--- KEYS[1] inflight ZSET, KEYS[2] meta HASH, KEYS[3] body HASH,
--- KEYS[4] acked HASH (durable mode's ack markers)
--- ARGV[1] '1' = durable mode: leave an ack marker per acked task (id ->
+-- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
+-- KEYS[3] inflight ZSET, KEYS[4] meta HASH, KEYS[5] body HASH,
+-- KEYS[6] acked HASH (durable mode's ack markers)
+-- ARGV[6] '1' = durable mode: leave an ack marker per acked task (id ->
 --         'inc,gen,dseq,attempt': the token's version and delivery and the
 --         delivery's attempt from the header, decimal) until MySQL has
 --         deleted that version, and answer OK again for a token whose
@@ -11,7 +12,7 @@
 --         no markers. The attempt is there for whoever settles the ack in
 --         MySQL (the reconciler, if the ack's own write-through never
 --         runs): pops are not written to MySQL, so only the index knows it.
--- ARGV[2] n (at most 1,000); then per token i (from 0), at ARGV[3+4i ..]:
+-- ARGV[7] n (at most 1,000); then per token i (from 0), at ARGV[8+4i ..]:
 --         id, incarnation, generation, delivery sequence (hexadecimal, as
 --         headers hold them: 0 is '')
 --
@@ -19,21 +20,22 @@
 -- marker still says so), 2 STALE (the task has a newer generation or
 -- delivery; unchanged), 3 NOT_FOUND (gone, another incarnation, not in
 -- flight, or acked by an earlier token of this call; unchanged).
-local marks = ARGV[1] == '1'
-local n = tonumber(ARGV[2])
+local kinflight, kmeta, kbody, kacked = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local marks = ARGV[6] == '1'
+local n = tonumber(ARGV[7])
 local out = {}
 if n == 0 then
   return out
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[3 + 4 * i]
+  ids[i + 1] = ARGV[8 + 4 * i]
 end
-local hs = redis.call('HMGET', KEYS[2], unpack(ids))
-local leased = redis.call('ZMSCORE', KEYS[1], unpack(ids))
+local hs = redis.call('HMGET', kmeta, unpack(ids))
+local leased = redis.call('ZMSCORE', kinflight, unpack(ids))
 local prior = {}
 if marks then
-  prior = redis.call('HMGET', KEYS[4], unpack(ids))
+  prior = redis.call('HMGET', kacked, unpack(ids))
 end
 -- markOf is a token's delivery key as markers hold it (decimal:
 -- durable.go, markOf); built only for a token that needs it, so a stale
@@ -43,7 +45,7 @@ local function markOf(j)
 end
 local gone, done, mset = {}, {}, {}
 for i = 0, n - 1 do
-  local j = 3 + 4 * i
+  local j = 8 + 4 * i
   local id = ids[i + 1]
   local st = 3
   if not done[id] then
@@ -61,12 +63,12 @@ for i = 0, n - 1 do
   end
   out[#out + 1] = st
 end
-flush('ZREM', KEYS[1], gone)
-flush('HDEL', KEYS[2], gone)
+flush('ZREM', kinflight, gone)
+flush('HDEL', kmeta, gone)
 -- body entries exist only for payloads too large to be inline: most
 -- namespaces have no body HASH at all
-if #gone > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
-  flush('HDEL', KEYS[3], gone)
+if #gone > 0 and redis.call('EXISTS', kbody) == 1 then
+  flush('HDEL', kbody, gone)
 end
-flush('HSET', KEYS[4], mset)
+flush('HSET', kacked, mset)
 return out

@@ -1,6 +1,9 @@
--- lib.lua: helpers shared by every delayd script. The Go side prepends this
--- file to each script, so every script still runs as one self-contained
--- chunk (and is cached by its own SHA). Nothing here loops without a bound.
+-- lib.lua: helpers shared by every delayd script, the head of the Lua
+-- library (library.go): loaded once with the library's functions on Redis
+-- >= 7, or put before each entry in its EVALSHA script. Helpers take what
+-- they need as arguments and never read KEYS, ARGV or another global but
+-- the Redis API and the standard library (Functions forbid globals).
+-- Nothing here loops without a bound.
 --
 -- A task is a header in the meta HASH (see record.go, which must agree),
 -- in one of two forms:
@@ -264,21 +267,21 @@ local function head(key)
   return nil
 end
 
--- retry_policy reads the retry arguments ARGV[i..i+6]: retry_after ms ('' =
+-- retry_policy reads the retry arguments args[i..i+7]: retry_after ms ('' =
 -- backoff), max attempts (0 = no limit), backoff initial ms, max ms,
 -- multiplier, jitter fraction, seed in [0, 1), reason.
-local function retry_policy(i)
+local function retry_policy(args, i)
   local p = {
-    max = tonumber(ARGV[i + 1]),
-    initial = tonumber(ARGV[i + 2]),
-    cap = tonumber(ARGV[i + 3]),
-    mult = tonumber(ARGV[i + 4]),
-    jitter = tonumber(ARGV[i + 5]),
-    seed = tonumber(ARGV[i + 6]),
-    reason = ARGV[i + 7],
+    max = tonumber(args[i + 1]),
+    initial = tonumber(args[i + 2]),
+    cap = tonumber(args[i + 3]),
+    mult = tonumber(args[i + 4]),
+    jitter = tonumber(args[i + 5]),
+    seed = tonumber(args[i + 6]),
+    reason = args[i + 7],
   }
-  if ARGV[i] ~= '' then
-    p.after = tonumber(ARGV[i])
+  if args[i] ~= '' then
+    p.after = tonumber(args[i])
   end
   return p
 end

@@ -2,14 +2,15 @@
 -- in flight goes back to due after its retry delay, or to dead when its
 -- attempts are used up; the reason becomes its last error.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] meta HASH
--- ARGV[1] wake channel, ARGV[2] namespace
--- ARGV[3] retry_after ms ('' = backoff), ARGV[4] max attempts (0 = no limit),
--- ARGV[5] backoff initial ms, ARGV[6] backoff max ms, ARGV[7] multiplier,
--- ARGV[8] jitter fraction, ARGV[9] jitter seed in [0, 1), ARGV[10] reason
--- ARGV[11] '1' when the deliveries were popped but never sent: each gives
+-- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
+-- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET, KEYS[6] meta HASH
+-- ARGV[6] wake channel, ARGV[7] namespace
+-- ARGV[8] retry_after ms ('' = backoff), ARGV[9] max attempts (0 = no limit),
+-- ARGV[10] backoff initial ms, ARGV[11] backoff max ms, ARGV[12] multiplier,
+-- ARGV[13] jitter fraction, ARGV[14] jitter seed in [0, 1), ARGV[15] reason
+-- ARGV[16] '1' when the deliveries were popped but never sent: each gives
 --          back the attempt its pop counted, else '0'
--- ARGV[12] n (at most 1,000); then per token i (from 0), at ARGV[13+4i ..]:
+-- ARGV[17] n (at most 1,000); then per token i (from 0), at ARGV[18+4i ..]:
 --          id, incarnation, generation, delivery sequence (hexadecimal, as
 --          headers hold them: 0 is '')
 --
@@ -17,26 +18,27 @@
 -- than the head of due.
 --
 -- Returns {now ms, then 3 values per token: status, state, time}: status 1
+local kdue, kinflight, kdead, kmeta = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now = now_ms()
-local uncount = ARGV[11] == '1'
-local n = tonumber(ARGV[12])
+local uncount = ARGV[16] == '1'
+local n = tonumber(ARGV[17])
 local out = {now}
 if n == 0 then
   return out
 end
-local p = retry_policy(3)
+local p = retry_policy(ARGV, 8)
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[13 + 4 * i]
+  ids[i + 1] = ARGV[18 + 4 * i]
 end
-local recs = redis.call('HMGET', KEYS[4], unpack(ids))
-local leased = redis.call('ZMSCORE', KEYS[2], unpack(ids))
-local first = head(KEYS[1])
+local recs = redis.call('HMGET', kmeta, unpack(ids))
+local leased = redis.call('ZMSCORE', kinflight, unpack(ids))
+local first = head(kdue)
 local wake = false
 local W = {due = {}, dead = {}, meta = {}}
 local back, done = {}, {}
 for i = 0, n - 1 do
-  local j = 13 + 4 * i
+  local j = 18 + 4 * i
   local id = ids[i + 1]
   local st, state, at = 3, 0, 0
   if not done[id] then
@@ -65,9 +67,9 @@ for i = 0, n - 1 do
   out[#out + 1] = state
   out[#out + 1] = at
 end
-flush('ZREM', KEYS[2], back)
-apply(W, KEYS[1], KEYS[3], KEYS[4])
+flush('ZREM', kinflight, back)
+apply(W, kdue, kdead, kmeta)
 if wake then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
 return out

@@ -1,21 +1,22 @@
 -- pop.lua: lease at most limit due tasks of one namespace.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
--- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] rate bucket HASH,
--- KEYS[7] hwm STRING (high-water mark of delivery sequences; next_stamp)
--- ARGV[1] limit (at most 1,000)
--- ARGV[2] lease ms
--- ARGV[3] dispatch rate cap, tasks per second ("0": no cap, KEYS[6] untouched)
--- ARGV[4] bucket size (burst), at least 1
--- ARGV[5] kind scan window: 0 = tasks of any kind; n > 0 = take only tasks
---         whose kind is one of ARGV[7..], looking at the first n due tasks
--- ARGV[6] told ms: the ack timeout the subscriber is told; when longer than
---         the lease, now + it is kept in each header (';told', lib.lua)
--- ARGV[7..] kinds (with a window)
+-- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
+-- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET,
+-- KEYS[6] meta HASH, KEYS[7] body HASH, KEYS[8] rate bucket HASH,
+-- KEYS[9] hwm STRING (high-water mark of delivery sequences; next_stamp)
+-- ARGV[6] limit (at most 1,000)
+-- ARGV[7] lease ms
+-- ARGV[8] dispatch rate cap, tasks per second ("0": no cap, KEYS[8] untouched)
+-- ARGV[9] bucket size (burst), at least 1
+-- ARGV[10] kind scan window: 0 = tasks of any kind; n > 0 = take only tasks
+--          whose kind is one of ARGV[12..], looking at the first n due tasks
+-- ARGV[11] told ms: the ack timeout the subscriber is told; when longer than
+--          the lease, now + it is kept in each header (';told', lib.lua)
+-- ARGV[12..] kinds (with a window)
 --
--- With a cap, the namespace's token bucket (KEYS[6]: t = tokens, at = Redis
--- time of t in microseconds) is refilled at ARGV[3] per second up to
--- ARGV[4], the pop takes at most its whole tokens, and each task popped
+-- With a cap, the namespace's token bucket (KEYS[8]: t = tokens, at = Redis
+-- time of t in microseconds) is refilled at ARGV[8] per second up to
+-- ARGV[9], the pop takes at most its whole tokens, and each task popped
 -- spends one; every replica's pop goes through the same bucket, in the
 -- same script as the move, so the cap holds across replicas. The bucket
 -- expires once it would be full again anyway, so an idle namespace leaves
@@ -36,27 +37,28 @@
 -- deadline are the scores at the heads of due and inflight after the pop
 -- ('' when empty): when the dispatcher has work next, so a wake needs no
 -- second call (NextWake) to plan the following one.
+local kdue, kinflight, kdead, kmeta, kbody, krate, khwm = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local now, now_us = clock()
-local deadline = now + tonumber(ARGV[2])
-local limit = tonumber(ARGV[1])
-local rate = tonumber(ARGV[3])
-local told = now + tonumber(ARGV[6])
+local deadline = now + tonumber(ARGV[7])
+local limit = tonumber(ARGV[6])
+local rate = tonumber(ARGV[8])
+local told = now + tonumber(ARGV[11])
 if told <= deadline then
   told = 0
 end
 local out = {now, deadline, '', ''}
 -- heads fills in out[3] and out[4] (called once the writes are done).
 local function heads()
-  local d = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  local l = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local d = redis.call('ZRANGE', kdue, 0, 0, 'WITHSCORES')
+  local l = redis.call('ZRANGE', kinflight, 0, 0, 'WITHSCORES')
   out[3] = d[2] or ''
   out[4] = l[2] or ''
   return out
 end
 local tokens, burst
 if rate > 0 then
-  burst = math.max(1, tonumber(ARGV[4]))
-  tokens = bucket_read(KEYS[6], rate, burst, now_us)
+  burst = math.max(1, tonumber(ARGV[9]))
+  tokens = bucket_read(krate, rate, burst, now_us)
   limit = math.min(limit, math.floor(tokens))
   if limit < 1 then
     return heads()
@@ -66,11 +68,11 @@ end
 -- in due order; the others (and members without a readable header) stay
 -- where they are.
 local want = {}
-for i = 7, #ARGV do
+for i = 12, #ARGV do
   want[ARGV[i]] = true
 end
-local window = tonumber(ARGV[5])
-local items = due_head(KEYS[1], KEYS[4], now, limit, window, want)
+local window = tonumber(ARGV[10])
+local items = due_head(kdue, kmeta, now, limit, window, want)
 if #items == 0 then
   return heads()
 end
@@ -78,8 +80,8 @@ local ids = {}
 for i = 1, #items, 2 do
   ids[#ids + 1] = items[i]
 end
-local hs = redis.call('HMGET', KEYS[4], unpack(ids))
-local stamp = next_stamp(KEYS[7], now_us)
+local hs = redis.call('HMGET', kmeta, unpack(ids))
+local stamp = next_stamp(khwm, now_us)
 local top = 0 -- the highest sequence issued
 -- The reply is built as the tasks are read: no per-task table or string
 -- is made that the reply or a write does not use.
@@ -108,7 +110,7 @@ for k = 1, #ids do
   end
 end
 if #split > 0 then
-  local got = redis.call('HMGET', KEYS[5], unpack(split))
+  local got = redis.call('HMGET', kbody, unpack(split))
   for x = 1, #split do
     if got[x] then
       out[at[x]] = got[x]
@@ -116,25 +118,25 @@ if #split > 0 then
   end
 end
 if window > 0 then
-  redis.call('ZREM', KEYS[1], unpack(ids))
+  redis.call('ZREM', kdue, unpack(ids))
 else
   -- the popped tasks are exactly the first #ids members of due
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
+  redis.call('ZREMRANGEBYRANK', kdue, 0, #ids - 1)
 end
-flush('ZADD', KEYS[2], zargs)
-flush('HSET', KEYS[4], hargs)
+flush('ZADD', kinflight, zargs)
+flush('HSET', kmeta, hargs)
 if top > 0 then
-  redis.call('SET', KEYS[7], int(top))
+  redis.call('SET', khwm, int(top))
 end
 if #bad > 0 then
   local dargs = {}
   for _, id in ipairs(bad) do
     push(dargs, int(now), id)
   end
-  flush('ZADD', KEYS[3], dargs)
+  flush('ZADD', kdead, dargs)
 end
 if rate > 0 and good > 0 then
-  bucket_write(KEYS[6], tokens - good, rate, burst, now_us)
+  bucket_write(krate, tokens - good, rate, burst, now_us)
 end
 heads()
 if #bad > 0 then

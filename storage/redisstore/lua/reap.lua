@@ -2,13 +2,14 @@
 -- deadline <= now go back to due after their backoff, or to dead when their
 -- attempts are used up. Atomic, so any number of replicas may reap at once.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET, KEYS[4] meta HASH
--- ARGV[1] wake channel, ARGV[2] namespace
--- ARGV[3] retry_after ms ('' = backoff), ARGV[4] max attempts (0 = no limit),
--- ARGV[5] backoff initial ms, ARGV[6] backoff max ms, ARGV[7] multiplier,
--- ARGV[8] jitter fraction, ARGV[9] jitter seed in [0, 1), ARGV[10] reason
--- ARGV[11] limit (at most 1,000)
--- ARGV[12] expired-by ms ('' = now): take only leases whose deadline is at
+-- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
+-- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET, KEYS[6] meta HASH
+-- ARGV[6] wake channel, ARGV[7] namespace
+-- ARGV[8] retry_after ms ('' = backoff), ARGV[9] max attempts (0 = no limit),
+-- ARGV[10] backoff initial ms, ARGV[11] backoff max ms, ARGV[12] multiplier,
+-- ARGV[13] jitter fraction, ARGV[14] jitter seed in [0, 1), ARGV[15] reason
+-- ARGV[16] limit (at most 1,000)
+-- ARGV[17] expired-by ms ('' = now): take only leases whose deadline is at
 --          or before the earlier of it and now (storage.NackOptions.
 --          ExpiredBy: a reap that waited out a stall in the socket takes
 --          back only what had expired when it was sent)
@@ -22,20 +23,21 @@
 -- Returns {now ms, then 6 values per moved task: id, incarnation,
 -- generation, attempt, state (1 scheduled, 3 dead), time (due ms or death
 -- ms)}; then, after a '' marker, the ids moved to dead as malformed.
+local kdue, kinflight, kdead, kmeta = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now = now_ms()
-local p = retry_policy(3)
+local p = retry_policy(ARGV, 8)
 local upto = now
-if ARGV[12] and ARGV[12] ~= '' then
-  upto = math.min(now, tonumber(ARGV[12]))
+if ARGV[17] and ARGV[17] ~= '' then
+  upto = math.min(now, tonumber(ARGV[17]))
 end
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(upto), 'LIMIT', 0,
-  tonumber(ARGV[11]))
+local ids = redis.call('ZRANGEBYSCORE', kinflight, '-inf', int(upto), 'LIMIT', 0,
+  tonumber(ARGV[16]))
 local out = {now}
 if #ids == 0 then
   return out
 end
-local hs = redis.call('HMGET', KEYS[4], unpack(ids))
-local first = head(KEYS[1])
+local hs = redis.call('HMGET', kmeta, unpack(ids))
+local first = head(kdue)
 local wake = false
 local W = {due = {}, dead = {}, meta = {}}
 local bad = {}
@@ -58,10 +60,10 @@ for i = 1, #ids do
     end
   end
 end
-redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #ids - 1)
-apply(W, KEYS[1], KEYS[3], KEYS[4])
+redis.call('ZREMRANGEBYRANK', kinflight, 0, #ids - 1)
+apply(W, kdue, kdead, kmeta)
 if wake then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
 if #bad > 0 then
   out[#out + 1] = ''

@@ -2,54 +2,57 @@
 -- one bounded page of a walk over one state's ZSET that deletes the tasks
 -- a filter matches.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
--- KEYS[4] meta HASH, KEYS[5] body HASH
--- ARGV[1] mode: 'ids' or 'walk'
--- ids:  ARGV[2..] task ids (at most 1,000)
---       Returns {removed, state of ARGV[2], state of ARGV[3], ...}: how
+-- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
+-- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET,
+-- KEYS[6] meta HASH, KEYS[7] body HASH
+-- ARGV[6] mode: 'ids' or 'walk'
+-- ids:  ARGV[7..] task ids (at most 1,000)
+--       Returns {removed, state of ARGV[7], state of ARGV[8], ...}: how
 --       many of them existed and were deleted, then per id the state it was
 --       in (1 scheduled, 2 delivered, 3 dead), or 0 when there was no such
 --       task (or it repeats an id already deleted by this call).
--- walk: ARGV[2] dry: '1' = delete nothing, only report the matches
---       ARGV[3] the state to walk: 1 scheduled, 2 delivered, 3 dead
---       ARGV[4] cursor score ('' = from the start), ARGV[5] cursor id: the
+-- walk: ARGV[7] dry: '1' = delete nothing, only report the matches
+--       ARGV[8] the state to walk: 1 scheduled, 2 delivered, 3 dead
+--       ARGV[9] cursor score ('' = from the start), ARGV[10] cursor id: the
 --               page starts after the member (score, id), deleted or not
---       ARGV[6] how many members to examine (at most 1,000)
---       ARGV[7] kind the tasks must have ('' = any)
---       ARGV[8] prefix their ids must have ('' = any)
+--       ARGV[11] how many members to examine (at most 1,000)
+--       ARGV[12] kind the tasks must have ('' = any)
+--       ARGV[13] prefix their ids must have ('' = any)
 --       Returns {more, last score, last id, examined, then 3 values per
 --       match: id, incarnation, generation}; more is 1 when a full page was
 --       examined (there may be more), last score/id are the cursor of the
 --       next page, examined is how many members the page examined.
-if ARGV[1] == 'ids' then
+local kmeta, kbody = KEYS[6], KEYS[7]
+if ARGV[6] == 'ids' then
   local out = {0}
-  for i = 2, #ARGV do
+  for i = 7, #ARGV do
     local id = ARGV[i]
     local st = 0
-    if redis.call('ZREM', KEYS[1], id) == 1 then
+    if redis.call('ZREM', KEYS[3], id) == 1 then
       st = 1
-    elseif redis.call('ZREM', KEYS[2], id) == 1 then
+    elseif redis.call('ZREM', KEYS[4], id) == 1 then
       st = 2
-    elseif redis.call('ZREM', KEYS[3], id) == 1 then
+    elseif redis.call('ZREM', KEYS[5], id) == 1 then
       st = 3
     end
-    redis.call('HDEL', KEYS[5], id)
-    if redis.call('HDEL', KEYS[4], id) == 1 and st == 0 then
+    redis.call('HDEL', kbody, id)
+    if redis.call('HDEL', kmeta, id) == 1 and st == 0 then
       -- a header outside every set (should not happen): as remove.lua
       st = 1
     end
     if st ~= 0 then
       out[1] = out[1] + 1
     end
-    out[i] = st
+    out[i - 5] = st
   end
   return out
 end
 
-local dry = ARGV[2] == '1'
-local set = KEYS[tonumber(ARGV[3])]
-local limit = tonumber(ARGV[6])
-local kind, prefix = ARGV[7], ARGV[8]
+local dry = ARGV[7] == '1'
+local set = KEYS[2 + tonumber(ARGV[8])] -- the state's ZSET: KEYS[3..5]
+local cscore, cid = ARGV[9], ARGV[10]
+local limit = tonumber(ARGV[11])
+local kind, prefix = ARGV[12], ARGV[13]
 
 -- byte order, as ZSET members sort (Lua's < follows the server's locale)
 local function le(a, b)
@@ -63,17 +66,16 @@ local function le(a, b)
 end
 
 local start = 0
-if ARGV[4] ~= '' then
-  local cid = ARGV[5]
+if cscore ~= '' then
   local cur = redis.call('ZSCORE', set, cid)
-  if cur and tonumber(cur) == tonumber(ARGV[4]) then
+  if cur and tonumber(cur) == tonumber(cscore) then
     start = redis.call('ZRANK', set, cid) + 1
   else
     -- the cursor member is gone (deleted by the previous page) or moved:
     -- start at the first member at the cursor score whose id sorts after
     -- it (a binary search over ranks: the members of one score sort by id)
-    local lo = redis.call('ZCOUNT', set, '-inf', '(' .. ARGV[4])
-    local hi = redis.call('ZCOUNT', set, '-inf', ARGV[4])
+    local lo = redis.call('ZCOUNT', set, '-inf', '(' .. cscore)
+    local hi = redis.call('ZCOUNT', set, '-inf', cscore)
     while lo < hi do
       local mid = math.floor((lo + hi) / 2)
       local m = redis.call('ZRANGE', set, mid, mid)[1]
@@ -100,7 +102,7 @@ local ids = {}
 for i = 1, #items, 2 do
   ids[#ids + 1] = items[i]
 end
-local hs = redis.call('HMGET', KEYS[4], unpack(ids))
+local hs = redis.call('HMGET', kmeta, unpack(ids))
 local del = {}
 for i, id in ipairs(ids) do
   local h = hs[i]
@@ -122,7 +124,7 @@ for i, id in ipairs(ids) do
 end
 if not dry then
   flush('ZREM', set, del)
-  flush('HDEL', KEYS[4], del)
-  flush('HDEL', KEYS[5], del)
+  flush('HDEL', kmeta, del)
+  flush('HDEL', kbody, del)
 end
 return out

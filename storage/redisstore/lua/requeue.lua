@@ -1,11 +1,13 @@
 -- requeue.lua: move dead tasks back to due after a delay, attempts reset.
 --
--- KEYS[1] due ZSET, KEYS[2] dead ZSET, KEYS[3] meta HASH
--- ARGV[1] wake channel, ARGV[2] namespace
--- ARGV[3] delay ms
--- ARGV[4] '1' = requeue the oldest dead tasks, up to ARGV[5]; '0' = the ids
---         in ARGV[6 ..] (at most 1,000; ids that are not dead are skipped)
--- ARGV[5] limit (with ARGV[4] = '1', at most 1,000)
+-- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
+-- KEYS[3] due ZSET, KEYS[4] dead ZSET, KEYS[5] meta HASH
+-- ARGV[6] wake channel, ARGV[7] namespace
+-- ARGV[8] delay ms
+-- ARGV[9] '1' = requeue the oldest dead tasks, up to ARGV[10]; '0' = the
+--         ids in ARGV[11 ..] (at most 1,000; ids that are not dead are
+--         skipped)
+-- ARGV[10] limit (with ARGV[9] = '1', at most 1,000)
 --
 -- Publishes the namespace on the wake channel when a task became earlier
 -- than the head of due.
@@ -16,21 +18,22 @@
 --
 -- Returns {now ms, then 4 values per moved task: id, incarnation,
 -- generation, due ms}.
+local kdue, kdead, kmeta = KEYS[3], KEYS[4], KEYS[5]
 local now = now_ms()
-local due = now + tonumber(ARGV[3])
+local due = now + tonumber(ARGV[8])
 local out = {now}
 local ids = {}
-if ARGV[4] == '1' then
-  ids = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[5]) - 1)
-elseif #ARGV >= 6 then
+if ARGV[9] == '1' then
+  ids = redis.call('ZRANGE', kdead, 0, tonumber(ARGV[10]) - 1)
+elseif #ARGV >= 11 then
   local given, seen = {}, {}
-  for i = 6, #ARGV do
+  for i = 11, #ARGV do
     if not seen[ARGV[i]] then
       seen[ARGV[i]] = true
       given[#given + 1] = ARGV[i]
     end
   end
-  local dead = redis.call('ZMSCORE', KEYS[2], unpack(given))
+  local dead = redis.call('ZMSCORE', kdead, unpack(given))
   for i = 1, #given do
     if dead[i] then
       ids[#ids + 1] = given[i]
@@ -40,8 +43,8 @@ end
 if #ids == 0 then
   return out
 end
-local recs = redis.call('HMGET', KEYS[3], unpack(ids))
-local first = head(KEYS[1])
+local recs = redis.call('HMGET', kmeta, unpack(ids))
+local first = head(kdue)
 local d = int(due)
 local zadd, hset, moved = {}, {}, {}
 for i = 1, #ids do
@@ -58,10 +61,10 @@ for i = 1, #ids do
     moved[#moved + 1] = ids[i] -- a member without a header: only drop it
   end
 end
-flush('ZREM', KEYS[2], moved)
-flush('ZADD', KEYS[1], zadd)
-flush('HSET', KEYS[3], hset)
+flush('ZREM', kdead, moved)
+flush('ZADD', kdue, zadd)
+flush('HSET', kmeta, hset)
 if #out > 1 and (first == nil or due < first) then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
 return out

@@ -1,13 +1,14 @@
 -- upsert.lua: create or replace tasks of one namespace, in request order.
 --
--- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
--- KEYS[4] meta HASH (headers), KEYS[5] body HASH (large payloads),
--- KEYS[6] life STRING (the namespace incarnation, see keys.go)
--- KEYS[7] hwm STRING (high-water mark of incarnations; see next_stamp)
--- ARGV[1] wake channel
--- ARGV[2] namespace (the wake-up message)
--- ARGV[3] n, the number of tasks (at most 1,000); then 10 arguments per
---         task i (from 0), at ARGV[4+10i ..]: id, due ms ('' = now + delay,
+-- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
+-- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET,
+-- KEYS[6] meta HASH (headers), KEYS[7] body HASH (large payloads),
+-- KEYS[8] life STRING (the namespace incarnation, see keys.go)
+-- KEYS[9] hwm STRING (high-water mark of incarnations; see next_stamp)
+-- ARGV[6] wake channel
+-- ARGV[7] namespace (the wake-up message)
+-- ARGV[8] n, the number of tasks (at most 1,000); then 10 arguments per
+--         task i (from 0), at ARGV[9+10i ..]: id, due ms ('' = now + delay,
 --         rounded up to the ms; a delay of 0 is due now), delay µs,
 --         incarnation, generation, kind, payload, create only ('1' or
 --         '0'), if generation ('0' = unconditional), if incarnation ('0' =
@@ -25,7 +26,7 @@
 --         of the stored incarnation (a new one if none is stored).
 --         Both given (durable mode, decided by MySQL): exactly that
 --         version.
--- ARGV[4 + 10n] the namespace incarnation the caller writes for (its create
+-- ARGV[9 + 10n] the namespace incarnation the caller writes for (its create
 --         time, ms; '0' = unchecked). When DropNamespace ended that
 --         incarnation or a later one (life's ended >= it), nothing is
 --         written and the script returns {now, -1}; an unchecked write is
@@ -51,11 +52,12 @@
 --     b = its state (1 scheduled, 2 delivered, 3 dead; 0 none), c = its
 --     score in that state's ZSET, d = stored payload of the split form
 --     (an inline payload is in the header)
+local kdue, kinflight, kdead, kmeta, kbody, klife, khwm = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local now, now_us = clock()
-local n = tonumber(ARGV[3])
+local n = tonumber(ARGV[8])
 local out = {now}
-local nsinc = tonumber(ARGV[4 + 10 * n]) or 0
-local live, ended = life_read(KEYS[6])
+local nsinc = tonumber(ARGV[9 + 10 * n]) or 0
+local live, ended = life_read(klife)
 if nsinc == 0 then
   if life_ended(live, ended) then
     return {now, -1}
@@ -63,19 +65,19 @@ if nsinc == 0 then
 elseif nsinc <= ended then
   return {now, -1}
 elseif nsinc > live then
-  redis.call('SET', KEYS[6], int(nsinc) .. ',' .. int(ended))
+  redis.call('SET', klife, int(nsinc) .. ',' .. int(ended))
 end
 if n == 0 then
   return out
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[4 + 10 * i]
+  ids[i + 1] = ARGV[9 + 10 * i]
 end
-local olds = redis.call('HMGET', KEYS[4], unpack(ids))
-local stamp = next_stamp(KEYS[7], now_us)
+local olds = redis.call('HMGET', kmeta, unpack(ids))
+local stamp = next_stamp(khwm, now_us)
 local stamped = false
-local first = head(KEYS[1])
+local first = head(kdue)
 local wake = false
 -- id -> header, due time and payload written by this call (three tables,
 -- not a table per task)
@@ -91,7 +93,7 @@ local zadd, hset, zrem = {}, {}, {}
 -- then can there be a body entry to delete)
 local body, border, stored = {}, {}, {}
 for i = 0, n - 1 do
-  local j = 4 + 10 * i
+  local j = 9 + 10 * i
   local id = ids[i + 1]
   local due
   if ARGV[j + 1] == '' then
@@ -158,8 +160,8 @@ for i = 0, n - 1 do
     if pend then
       st, sc, p = 1, pend_due[id], pend_p[id]
     elseif old then
-      st, sc = locate(KEYS[1], KEYS[2], KEYS[3], id)
-      p = redis.call('HGET', KEYS[5], id) or ''
+      st, sc = locate(kdue, kinflight, kdead, id)
+      p = redis.call('HGET', kbody, id) or ''
     else
       st, sc, p = 0, 0, ''
     end
@@ -206,10 +208,10 @@ for i = 0, n - 1 do
     out[#out + 1] = inc
   end
 end
-flush('ZREM', KEYS[2], zrem)
-flush('ZREM', KEYS[3], zrem)
-flush('ZADD', KEYS[1], zadd)
-flush('HSET', KEYS[4], hset)
+flush('ZREM', kinflight, zrem)
+flush('ZREM', kdead, zrem)
+flush('ZADD', kdue, zadd)
+flush('HSET', kmeta, hset)
 local bset, bdel = {}, {}
 for _, id in ipairs(border) do
   if body[id] == '' then
@@ -220,12 +222,12 @@ for _, id in ipairs(border) do
     push(bset, id, body[id])
   end
 end
-flush('HDEL', KEYS[5], bdel)
-flush('HSET', KEYS[5], bset)
+flush('HDEL', kbody, bdel)
+flush('HSET', kbody, bset)
 if stamped then
-  redis.call('SET', KEYS[7], int(stamp))
+  redis.call('SET', khwm, int(stamp))
 end
 if wake then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
 return out
