@@ -101,8 +101,12 @@ func (l *loader) fcall(ctx context.Context, e *entry, keys []string, args []any)
 // the server's answer that made it (nil: a test's choice).
 func (l *loader) useEvalsha(why error) {
 	if l.evalsha.CompareAndSwap(false, true) && why != nil {
+		answer := why.Error()
+		if len(answer) > 100 { // a server may echo the arguments: the library
+			answer = answer[:100] + "..."
+		}
 		l.log.Info("the Lua library runs as EVALSHA scripts: this Redis has no Functions (the embedded store, or Redis before 7), or this Redis user may not run FUNCTION LOAD, FCALL and FCALL_RO",
-			"answer", why.Error())
+			"answer", answer)
 	}
 }
 
