@@ -142,9 +142,9 @@ func TestSmokeOwnClusterShards(t *testing.T) {
 	}
 	// Counts are summed over the masters; their slowlogs cover every
 	// command their statistics count.
-	if c := d.Counts.Deliver; c.Redis == nil || c.RedisSent["evalsha pop"].Calls == 0 || c.RedisLogged != sumCalls(c.RedisCommands) {
+	if c := d.Counts.Deliver; c.Redis == nil || scriptCalls(c.RedisSent, "pop") == 0 || c.RedisLogged != sumCalls(c.RedisCommands) {
 		t.Errorf("delayd on the cluster, delivery counts: redis %v, pops %d, %d logged of %d commands",
-			c.Redis, c.RedisSent["evalsha pop"].Calls, c.RedisLogged, sumCalls(c.RedisCommands))
+			c.Redis, scriptCalls(c.RedisSent, "pop"), c.RedisLogged, sumCalls(c.RedisCommands))
 	}
 	if !strings.Contains(d.Command, "--own-redis-cluster=3") || !strings.Contains(d.Command, "--shards=6") {
 		t.Errorf("command %q does not name --own-redis-cluster=3 --shards=6", d.Command)
