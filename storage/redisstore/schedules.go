@@ -25,15 +25,15 @@ import (
 
 var _ storage.Schedules = (*Store)(nil)
 
-// scheduleScripts are the schedule scripts (lib.lua prepended, as every
-// script of this package).
+// scheduleScripts are the schedule entries of the Lua library
+// (library.go; schedule_due is read-only, scripts.go).
 var scheduleScripts = struct {
-	create, update, del, due *redis.Script
+	create, update, del, due *entry
 }{
-	create: load("schedule_create"),
-	update: load("schedule_update"),
-	del:    load("schedule_delete"),
-	due:    load("schedule_due"),
+	create: entryOf("schedule_create"),
+	update: entryOf("schedule_update"),
+	del:    entryOf("schedule_delete"),
+	due:    entryOf("schedule_due"),
 }
 
 // scheduleShard is the shard of ns that holds schedule id.

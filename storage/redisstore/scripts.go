@@ -6,7 +6,7 @@ package redisstore
 // readOnlyEntries, so they are flagged no-writes and run with FCALL_RO.
 
 // readOnlyEntries are the entries that only read.
-var readOnlyEntries = []string{"get", "list", "stats", "nextwake", "peekdue", "duekinds", "forecast", "generations"}
+var readOnlyEntries = []string{"get", "list", "stats", "nextwake", "peekdue", "duekinds", "forecast", "generations", "schedule_due"}
 
 // scripts are the task index's entries.
 var scripts = struct {
