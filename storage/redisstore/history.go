@@ -21,6 +21,21 @@ import (
 // the clock due times use; an event that carries its own Time keeps it in
 // field "ts".
 //
+// Two indexes follow the stream: historyIDsOf holds each task id that has
+// events in it, scored by the entry time (ms) of its latest one, and
+// historyFirstOf the entry time of its first event since it was indexed.
+// So a task with none costs GetTaskHistory one ZSCORE, not a walk of the
+// whole stream, and a walk covers only the span from the task's first
+// event to its last. They are written from the XADDs' replies (exact
+// entry times: no replica's clock is trusted), after them: a read in
+// between misses the events of a write still in flight, never those of
+// one that returned. Their trim follows the stream's: scores older than
+// the oldest entry kept go. A task whose events were all trimmed until
+// the next trim costs a walk of its old span and finds none; a task whose
+// first events were trimmed while later ones are kept has no first score
+// any more and is walked from the stream's start, where its kept events
+// are.
+//
 // The tenant boundary: an incarnation's events are written after the call
 // that made them, so a call that changed a task just before a forced
 // delete writes them after DropNamespace removed the stream. The stream
@@ -28,11 +43,12 @@ import (
 // the name is another incarnation, another stream; TaskHistory of an ended
 // one reads nothing), and its writer removes it: RecordEvents reads the
 // life key (which DropNamespace marks before it removes the stream) in the
-// pipeline after its XADDs, and UNLINKs what it wrote when the incarnation
-// has ended. Either the XADDs ran before the drop marked life (and the
-// drop's UNLINK, after the mark, takes them) or the GET after them sees
-// the mark. Only a writer that dies between the two leaves a stream
-// behind: that one late batch, under a key nothing reads.
+// pipeline after its XADDs, and again after its index write, and UNLINKs
+// what it wrote when the incarnation has ended. Either the writes ran
+// before the drop marked life (and the drop's UNLINK, after the mark,
+// takes them) or the GET after them sees the mark. Only a writer that dies
+// between the two leaves keys behind: one late batch, under keys nothing
+// reads.
 //
 // Fields, each left out when zero: k kind (number), i task id, u key id,
 // g generation, d due ms, a attempt, r replica, l lateness ms, e reason,
@@ -43,9 +59,9 @@ import (
 const historyScanChunk = 500
 
 // RecordEvents appends p.Events to the stream of incarnation p.Incarnation
-// of ns in one pipeline, trimming it to about p.Keep entries; when life
-// (read in the same pipeline, after the XADDs) says the incarnation has
-// ended, the stream is removed again.
+// of ns, trimming it to about p.Keep entries, then writes the indexes (two
+// pipelines); when life (read after each) says the incarnation has ended,
+// all three are removed again.
 func (s *Store) RecordEvents(ctx context.Context, ns string, p storage.RecordParams) error {
 	if p.Keep <= 0 || len(p.Events) == 0 {
 		return nil
@@ -55,25 +71,101 @@ func (s *Store) RecordEvents(ctx context.Context, ns string, p storage.RecordPar
 		return fmt.Errorf("record events: %w", err)
 	}
 	k := keysForN(ns, 0, n)
-	key := k.historyOf(p.Incarnation)
+	key, ids, first := k.historyOf(p.Incarnation), k.historyIDsOf(p.Incarnation), k.historyFirstOf(p.Incarnation)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	tasks := taskIDs(p.Events)
+	adds := make([]*redis.StringCmd, len(p.Events))
+	var indexed *redis.FloatSliceCmd
+	var oldest *redis.XMessageSliceCmd
 	var life *redis.StringCmd
 	_, err = s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		for _, e := range p.Events {
-			pl.XAdd(ctx, &redis.XAddArgs{Stream: key, MaxLen: p.Keep, Approx: true, ID: "*", Values: eventFields(e)})
+		for i, e := range p.Events {
+			adds[i] = pl.XAdd(ctx, &redis.XAddArgs{Stream: key, MaxLen: p.Keep, Approx: true, ID: "*", Values: eventFields(e)})
+		}
+		indexed = pl.ZMScore(ctx, ids, tasks...)
+		oldest = pl.XRangeN(ctx, key, "-", "+", 1)
+		life = pl.Get(ctx, k.life)
+		return nil
+	})
+	if done, err := s.historyWritten(ctx, "record events", err, life, p.Incarnation, key, ids, first); done {
+		return err
+	}
+	last, firsts := indexEntries(p.Events, adds, tasks, indexed.Val())
+	_, err = s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		pl.ZAddGT(ctx, ids, last...)
+		if len(firsts) > 0 {
+			pl.ZAddLT(ctx, first, firsts...)
+		}
+		if m := oldest.Val(); len(m) == 1 {
+			cut := "(" + strconv.FormatInt(entryMS(m[0].ID), 10)
+			pl.ZRemRangeByScore(ctx, ids, "-inf", cut)
+			pl.ZRemRangeByScore(ctx, first, "-inf", cut)
 		}
 		life = pl.Get(ctx, k.life)
 		return nil
 	})
+	_, err = s.historyWritten(ctx, "record events: index", err, life, p.Incarnation, key, ids, first)
+	return err
+}
+
+// historyWritten checks a pipeline that wrote history keys of incarnation
+// inc and read life after them: done with the pipeline's error, or done
+// once the keys are removed again when life says inc has ended; not done
+// (and nil) otherwise.
+func (s *Store) historyWritten(ctx context.Context, op string, err error, life *redis.StringCmd, inc int64, keys ...string) (bool, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		s.reloadOnFailure(err)
-		return wrapErr("record events", err)
+		return true, wrapErr(op, err)
 	}
-	if historyEnded(life.Val(), p.Incarnation) {
-		return s.unlink(ctx, "record events", key)
+	if historyEnded(life.Val(), inc) {
+		return true, s.unlink(ctx, op, keys...)
 	}
-	return nil
+	return false, nil
+}
+
+// taskIDs is the distinct task ids of events, in order.
+func taskIDs(events []storage.Event) []string {
+	seen := make(map[string]bool, len(events))
+	var out []string
+	for _, e := range events {
+		if !seen[e.ID] {
+			seen[e.ID] = true
+			out = append(out, e.ID)
+		}
+	}
+	return out
+}
+
+// indexEntries is what the indexes get for events, whose XADDs adds
+// answered: per task, the entry time (ms) of its latest event (ZADD GT),
+// and, for the tasks (of tasks) that indexed says were not indexed yet
+// (ZMSCORE: 0 for none), that of its first (ZADD LT: concurrent writers
+// keep the earliest).
+func indexEntries(events []storage.Event, adds []*redis.StringCmd, tasks []string, indexed []float64) (last, firsts []redis.Z) {
+	latest := make(map[string]int64, len(tasks))
+	earliest := make(map[string]int64, len(tasks))
+	for i, e := range events {
+		ms := entryMS(adds[i].Val())
+		latest[e.ID] = max(latest[e.ID], ms)
+		if f, ok := earliest[e.ID]; !ok || ms < f {
+			earliest[e.ID] = ms
+		}
+	}
+	for i, id := range tasks {
+		last = append(last, redis.Z{Score: float64(latest[id]), Member: id})
+		if i >= len(indexed) || indexed[i] == 0 {
+			firsts = append(firsts, redis.Z{Score: float64(earliest[id]), Member: id})
+		}
+	}
+	return last, firsts
+}
+
+// entryMS is the milliseconds part of a stream entry id ("ms-seq").
+func entryMS(id string) int64 {
+	ms, _, _ := strings.Cut(id, "-")
+	n, _ := strconv.ParseInt(ms, 10, 64)
+	return n
 }
 
 // historyEnded reports whether life (the value of a namespace's life key,
@@ -162,11 +254,14 @@ func eventOf(m redis.XMessage) storage.Event {
 }
 
 // TaskHistory walks the stream of incarnation p.Incarnation of ns from
-// p.Cursor (an entry id, exclusive) and returns the events of task p.ID,
-// looking at no more than storage.HistoryScanWindow entries per call.
-// Each XRANGE is followed, in its pipeline, by a read of the life key: an
-// incarnation found ended has no history to show (a stream written after
-// its drop may exist for an instant, until its writer removes it).
+// p.Cursor (an entry id, exclusive; without one, from task p.ID's first
+// event) to its latest event (the indexes' scores) and returns the task's
+// events, looking at no more than
+// storage.HistoryScanWindow entries per call. A task the index does not
+// hold has none: one round trip. Each read is followed, in its pipeline,
+// by a read of the life key: an incarnation found ended has no history to
+// show (a stream written after its drop may exist for an instant, until
+// its writer removes it).
 func (s *Store) TaskHistory(ctx context.Context, ns string, p storage.HistoryParams) ([]storage.Event, string, error) {
 	n, err := s.shardCount(ctx, ns)
 	if err != nil {
@@ -184,13 +279,31 @@ func (s *Store) TaskHistory(ctx context.Context, ns string, p storage.HistoryPar
 	key := k.historyOf(p.Incarnation)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	var last, first *redis.FloatCmd
+	var life *redis.StringCmd
+	_, err = s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		last = pl.ZScore(ctx, k.historyIDsOf(p.Incarnation), p.ID)
+		first = pl.ZScore(ctx, k.historyFirstOf(p.Incarnation), p.ID)
+		life = pl.Get(ctx, k.life)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		s.reloadOnFailure(err)
+		return nil, "", wrapErr("task history", err)
+	}
+	if historyEnded(life.Val(), p.Incarnation) || errors.Is(last.Err(), redis.Nil) {
+		return nil, "", nil
+	}
+	end := strconv.FormatInt(int64(last.Val()), 10) // every entry of that ms
+	if p.Cursor == "" && first.Err() == nil {
+		start = strconv.FormatInt(int64(first.Val()), 10) // from the first entry of that ms
+	}
 	var out []storage.Event
 	size, scanned := 0, 0
 	for scanned < storage.HistoryScanWindow {
 		var rng *redis.XMessageSliceCmd
-		var life *redis.StringCmd
 		_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-			rng = pl.XRangeN(ctx, key, start, "+", historyScanChunk)
+			rng = pl.XRangeN(ctx, key, start, end, historyScanChunk)
 			life = pl.Get(ctx, k.life)
 			return nil
 		})
@@ -220,7 +333,7 @@ func (s *Store) TaskHistory(ctx context.Context, ns string, p storage.HistoryPar
 			}
 		}
 		if len(msgs) < historyScanChunk {
-			return out, "", nil // the end of the stream
+			return out, "", nil // the task's last event, or the end of the stream
 		}
 	}
 	return out, strings.TrimPrefix(start, "("), nil

@@ -48,6 +48,14 @@ import (
 //	                        shard's slot only. Written for an incarnation
 //	                        life says ended, it is removed by its writer;
 //	                        never read then (historyEnded)
+//	delayd:{ns#0}:history:<inc>:ids  ZSET task id -> the entry time (ms)
+//	                        of its latest event in that stream: a task with
+//	                        none kept is not read at all, a walk stops at
+//	                        its last event; trimmed with the stream
+//	delayd:{ns#0}:history:<inc>:first  ZSET task id -> the entry time (ms)
+//	                        of its first event since it was indexed: a walk
+//	                        starts there; trimmed with the stream (a task
+//	                        without one is walked from the stream's start)
 //	delayd:{ns#0}:history   STREAM the same, from before histories were
 //	                        kept per incarnation: no longer read or written,
 //	                        removed with the namespace
@@ -173,6 +181,14 @@ func (k nsKeys) traceOf(id string) string { return k.trace + id }
 func (k nsKeys) historyOf(inc int64) string {
 	return k.history + ":" + strconv.FormatInt(inc, 10)
 }
+
+// historyIDsOf is the index of historyOf(inc): each task id with events in
+// the stream, scored by the entry time (ms) of its latest one.
+func (k nsKeys) historyIDsOf(inc int64) string { return k.historyOf(inc) + ":ids" }
+
+// historyFirstOf is the other index of historyOf(inc): each task id
+// indexed, scored by the entry time (ms) of its first event since.
+func (k nsKeys) historyFirstOf(inc int64) string { return k.historyOf(inc) + ":first" }
 
 // hashTag returns "{ns#k}", the hash tag every key of shard k of a
 // one-shard namespace ns shares (see shardTag for several shards).

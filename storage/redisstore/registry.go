@@ -464,7 +464,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 		// what it wrote; history.go), and so does the stream of delayd
 		// before histories were kept per incarnation.
 		k := keysForN(ns, 0, n)
-		err = s.unlink(ctx, "drop namespace", k.historyOf(incarnation), k.history)
+		err = s.unlink(ctx, "drop namespace", k.historyOf(incarnation), k.historyIDsOf(incarnation), k.historyFirstOf(incarnation), k.history)
 	}
 	s.forgetShards(ns)
 	var total int64
