@@ -9,13 +9,11 @@ package clients_test
 
 import (
 	"bytes"
-	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/delayd/delayd/daemon"
@@ -27,38 +25,15 @@ import (
 // its exit leaves no room for that; each test deletes its own namespace.)
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if built.dir != "" {
-		_ = os.RemoveAll(built.dir)
-	}
+	testkit.RemoveBuilt()
 	os.Exit(code)
 }
 
-// built is the delayd binary the client tests run, built once.
-var built struct {
-	once     sync.Once
-	dir, bin string
-	err      error
-}
-
+// delaydBinary is the delayd the client tests run, built once (a -race
+// build when the tests are: make test's go vet -race has compiled its
+// packages already, so the build is a link).
 func delaydBinary(t *testing.T) string {
-	t.Helper()
-	built.once.Do(func() {
-		if built.dir, built.err = os.MkdirTemp("", "delayd-clients-"); built.err != nil {
-			return
-		}
-		built.bin = filepath.Join(built.dir, "delayd")
-		args := []string{"build", "-o", built.bin}
-		if raceBuild {
-			args = append(args, "-race")
-		}
-		if out, err := exec.Command("go", append(args, "../cmd/delayd")...).CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
-	}
-	return built.bin
+	return testkit.Build(t, "github.com/delayd/delayd/cmd/delayd")
 }
 
 // need fails t unless every command is installed, naming the Debian

@@ -4,15 +4,12 @@ import (
 	"bufio"
 	"context"
 	"flag"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
 // TestMain runs the package's tests with more of them at once than the
@@ -51,47 +49,18 @@ func TestMain(m *testing.M) {
 		_ = flag.Set("test.parallel", "4")
 	}
 	code := m.Run()
-	for _, dir := range []string{built.dir, grpcurlBuilt.dir} {
-		if dir != "" {
-			_ = os.RemoveAll(dir)
-		}
+	testkit.RemoveBuilt()
+	if grpcurlBuilt.dir != "" {
+		_ = os.RemoveAll(grpcurlBuilt.dir)
 	}
 	os.Exit(code)
 }
 
-// built is the delayd binary the tests share, built once (buildBinary).
-var built struct {
-	once     sync.Once
-	dir, bin string
-	err      error
-}
-
-// buildBinary builds this command once per test process, into a directory
-// TestMain removes, and returns its path. When the tests run with -race, so
-// does the binary (see raceBuild).
+// buildBinary builds this command once per test process and returns its
+// path (testkit.Build: with -race when the tests run with it, so the build
+// is a link and the fault suite checks the real processes for data races).
 func buildBinary(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("go tool not in PATH: %v", err)
-	}
-	built.once.Do(func() {
-		if built.dir, built.err = os.MkdirTemp("", "delayd-bin-"); built.err != nil {
-			return
-		}
-		built.bin = filepath.Join(built.dir, "delayd")
-		args := []string{"build", "-o", built.bin}
-		if raceBuild {
-			args = append(args, "-race")
-		}
-		if out, err := exec.Command(goBin, append(args, ".")...).CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
-	}
-	return built.bin
+	return testkit.Build(t, "github.com/delayd/delayd/cmd/delayd")
 }
 
 // TestBinary builds the real delayd binary once and checks --help and a

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/delayd/delayd/internal/testkit"
 )
 
 // TestMakeRunCtrlC: `make run` in a terminal, stopped with Ctrl-C as a
@@ -32,7 +34,7 @@ func TestMakeRunCtrlC(t *testing.T) {
 	// the test's own (BIN), not over the developer's bin/delayd.
 	buildBinary(t)
 	goflags := os.Getenv("GOFLAGS")
-	if raceBuild {
+	if testkit.Race {
 		goflags = strings.TrimSpace(goflags + " -race")
 	}
 	master, slave := openPTY(t)

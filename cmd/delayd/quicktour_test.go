@@ -29,14 +29,7 @@ func TestReadmeQuickTour(t *testing.T) {
 		t.Fatalf("curl is not installed; the README's HTTP/JSON examples use it (Debian: apt-get install curl): %v", err)
 	}
 	dir := t.TempDir()
-	shim := filepath.Join(dir, "bin")
-	args := []string{"build", "-o", filepath.Join(shim, "delayctl")}
-	if raceBuild {
-		args = append(args, "-race")
-	}
-	if out, err := exec.Command("go", append(args, "../delayctl")...).CombinedOutput(); err != nil {
-		t.Fatalf("build delayctl: %v\n%s", err, out)
-	}
+	shim := filepath.Dir(testkit.Build(t, "github.com/delayd/delayd/cmd/delayctl"))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	d, err := daemon.Start(ctx, daemon.Config{Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0"}, testkit.Logger(t)) // embedded, as make run

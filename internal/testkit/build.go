@@ -72,7 +72,7 @@ func Build(t testing.TB, pkg string) string {
 		}
 		out := filepath.Join(sub, path.Base(pkg))
 		args := []string{"build", "-o", out}
-		if raceEnabled {
+		if Race {
 			args = append(args, "-race")
 		}
 		if msg, err := exec.Command(goBin, append(args, pkg)...).CombinedOutput(); err != nil {

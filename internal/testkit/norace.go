@@ -2,5 +2,5 @@
 
 package testkit
 
-// raceEnabled: this binary was built without -race, and so is what Build makes.
-const raceEnabled = false
+// Race reports that this binary was built with -race (see race.go).
+const Race = false

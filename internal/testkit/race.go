@@ -2,5 +2,6 @@
 
 package testkit
 
-// raceEnabled: this binary was built with -race, so Build builds with it too.
-const raceEnabled = true
+// Race reports that this binary was built with -race; Build then builds
+// with it too, and tests that run a build of their own follow it.
+const Race = true
