@@ -148,9 +148,11 @@ test-ts: $(TS_DEPS) ## Run the TypeScript client's example (node --test) against
 ci: check-generate test ## What CI runs (.ci/run): gen/ staleness, then make test.
 
 .PHONY: run
-run: ## Run delayd on :7070 (embedded store, on 127.0.0.1 only, unless DELAYD_REDIS_URL is set); Ctrl-C stops it cleanly.
+# make run serves gRPC reflection (--reflection, off by default: it needs no
+# key) so grpcurl works with no .proto files, as the README shows.
+run: ## Run delayd on :7070 (embedded store, on 127.0.0.1 only, unless DELAYD_REDIS_URL is set; reflection on); Ctrl-C stops it cleanly.
 	@go build -ldflags "$(LDFLAGS)" -o $(BIN)/delayd ./cmd/delayd
-	@scripts/run-foreground.sh $(BIN)/delayd $(RUN_FLAGS)
+	@scripts/run-foreground.sh $(BIN)/delayd --reflection $(RUN_FLAGS)
 
 # Stamped into `delayd --version`, delayd_build_info and the first log line.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)

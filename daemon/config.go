@@ -155,9 +155,13 @@ type Config struct {
 	// connection is closed. If zero, 10 seconds.
 	ShutdownTimeout time.Duration
 
-	// DisableReflection turns off gRPC server reflection. Default: on, so
-	// grpcurl works with no .proto files at hand.
-	DisableReflection bool
+	// Reflection serves gRPC server reflection, so grpcurl works with no
+	// .proto files at hand. Default off: reflection needs no API key and
+	// tells anyone who connects every service, method and message of the
+	// API, and each reflection stream is one more call a client without a
+	// key may hold open. `make run` turns it on (--reflection) for local
+	// use.
+	Reflection bool
 
 	// AdminKey is the bootstrap admin key: a global key with every scope,
 	// sent as gRPC metadata "authorization: Bearer <key>", for operators to

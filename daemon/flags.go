@@ -97,7 +97,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.StringVar(&c.PushCAFile, "push-ca", "", "PEM certificate authorities https push targets are verified against, besides the system's; empty = the system's only")
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", DefaultPushConcurrency, "most HTTP push requests in flight per namespace on one replica")
 	durationVar(fs, &c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
-	fs.Var(negatedFlag{&c.DisableReflection}, "reflection", "serve gRPC server reflection (for grpcurl)")
+	fs.BoolVar(&c.Reflection, "reflection", false, "serve gRPC server reflection (for grpcurl; needs no API key, so off unless asked for)")
 	fs.StringVar(&c.AdminKey, "admin-key", "", "bootstrap admin key (16-512 printable ASCII); turns API-key auth on; pass it in DELAYD_ADMIN_KEY or --admin-key-file: a command line is visible in ps")
 	fs.StringVar(&f.AdminKeyFile, "admin-key-file", "", "file holding the bootstrap admin key (e.g. from openssl rand -hex 32; surrounding whitespace ignored); instead of --admin-key")
 	fs.BoolVar(&f.NoAuth, "no-auth", false, "run without authentication against a real Redis: every client may do everything")
@@ -396,22 +396,6 @@ func (f uint32Flag) Set(s string) error {
 		return errors.New("not a whole number from 0 to 4294967295")
 	}
 	*f.p = uint32(n)
-	return nil
-}
-
-// negatedFlag is a boolean flag bound to a field that means its opposite
-// (--reflection sets DisableReflection to false).
-type negatedFlag struct{ p *bool }
-
-func (f negatedFlag) String() string   { return strconv.FormatBool(f.p == nil || !*f.p) }
-func (f negatedFlag) IsBoolFlag() bool { return true }
-
-func (f negatedFlag) Set(s string) error {
-	on, err := strconv.ParseBool(s)
-	if err != nil {
-		return errors.New("not true or false")
-	}
-	*f.p = !on
 	return nil
 }
 

@@ -68,22 +68,22 @@ func TestFlagDefaults(t *testing.T) {
 	if got.MaxScriptBytes != redisstore.DefaultMaxScriptBytes {
 		t.Errorf("--max-script-bytes defaults to %d, the store's default is %d", got.MaxScriptBytes, redisstore.DefaultMaxScriptBytes)
 	}
-	if got.SlowCall != server.DefaultSlowCall || got.DisableReflection || f.NoAuth {
-		t.Errorf("--log-slow-calls %s, reflection off %v, --no-auth %v", got.SlowCall, got.DisableReflection, f.NoAuth)
+	if got.SlowCall != server.DefaultSlowCall || got.Reflection || f.NoAuth {
+		t.Errorf("--log-slow-calls %s, reflection on %v, --no-auth %v", got.SlowCall, got.Reflection, f.NoAuth)
 	}
 }
 
 // TestFlagsParse: flags and DELAYD_* variables set the Config fields they
-// name, the negated and uint32 flags included; bad values exit 2 naming
+// name, the uint32 flag included; bad values exit 2 naming
 // the flag; --help exits 0 and lists every flag with its variable.
 func TestFlagsParse(t *testing.T) {
 	fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
 	var f Flags
 	BindFlags(fs, &f)
-	if err := fs.Parse([]string{"--reflection=false", "--max-concurrent-streams=7", "--no-auth", "--max-batch=9", "--listen=:1"}); err != nil {
+	if err := fs.Parse([]string{"--reflection", "--max-concurrent-streams=7", "--no-auth", "--max-batch=9", "--listen=:1"}); err != nil {
 		t.Fatal(err)
 	}
-	if !f.Config.DisableReflection || f.Config.Limits.MaxConcurrentStreams != 7 || !f.NoAuth ||
+	if !f.Config.Reflection || f.Config.Limits.MaxConcurrentStreams != 7 || !f.NoAuth ||
 		f.Config.Limits.MaxBatch != 9 || f.Config.Listen != ":1" {
 		t.Errorf("parsed %+v", f)
 	}
@@ -104,7 +104,7 @@ func TestFlagsParse(t *testing.T) {
 			t.Errorf("--help does not list --%s (%s)", fl.Name, env)
 		}
 	})
-	if !strings.Contains(out.String(), "--reflection  (DELAYD_REFLECTION)\n        serve gRPC server reflection (for grpcurl) (default true)") {
+	if !strings.Contains(out.String(), "--reflection  (DELAYD_REFLECTION)\n        serve gRPC server reflection (for grpcurl; needs no API key, so off unless asked for) (default false)") {
 		t.Errorf("--help shows reflection's default wrongly:\n%s", out.String())
 	}
 

@@ -325,21 +325,21 @@ func (p *parts) openDispatcher(context.Context) (err error) {
 func (p *parts) openEdges(ctx context.Context) (err error) {
 	cfg, d := p.cfg, p.d
 	d.server, err = server.New(server.Options{
-		Logger:            p.logger.With("component", "server"),
-		CallLog:           server.CallLog{SlowCall: cfg.SlowCall},
-		Store:             p.tasks,
-		Tenancy:           p.access.registry,
-		Subscriptions:     d.dispatcher,
-		History:           p.hist,
-		Schedules:         d.scheduler,
-		Recent:            p.recent,
-		Auth:              p.access.auth,
-		TLS:               p.access.tls,
-		Limits:            cfg.Limits,
-		SharedLimits:      p.index, // the Redis store in both modes: limits hold across replicas
-		DisableReflection: cfg.DisableReflection,
-		Instrumentation:   p.grpcOps,
-		PushAllow:         p.pushAllow,
+		Logger:          p.logger.With("component", "server"),
+		CallLog:         server.CallLog{SlowCall: cfg.SlowCall},
+		Store:           p.tasks,
+		Tenancy:         p.access.registry,
+		Subscriptions:   d.dispatcher,
+		History:         p.hist,
+		Schedules:       d.scheduler,
+		Recent:          p.recent,
+		Auth:            p.access.auth,
+		TLS:             p.access.tls,
+		Limits:          cfg.Limits,
+		SharedLimits:    p.index, // the Redis store in both modes: limits hold across replicas
+		Reflection:      cfg.Reflection,
+		Instrumentation: p.grpcOps,
+		PushAllow:       p.pushAllow,
 	})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -425,6 +425,6 @@ func (p *parts) serve() {
 	}
 	p.logger.Info("delayd serving", "addr", d.Addr(), "http_addr", d.HTTPAddr(), "store", d.redis.mode, "redis", d.redis.where,
 		"durable", d.durable != nil, "auth", !p.access.auth.Disabled, "tls", p.access.tls != nil,
-		"auto_create_namespaces", p.access.registry.AutoCreate(), "reflection", !p.cfg.DisableReflection,
+		"auto_create_namespaces", p.access.registry.AutoCreate(), "reflection", p.cfg.Reflection,
 		"ops", d.OpsAddr(), "pprof", p.cfg.Pprof && d.ops != nil)
 }

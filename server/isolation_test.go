@@ -214,7 +214,7 @@ func codeOf(err error) codes.Code { return status.Code(err) }
 func TestAuthentication(t *testing.T) {
 	t.Parallel()
 	e := newTenEnv(t)
-	r := e.replica(tenOpts{})
+	r := e.replica(tenOpts{server: func(o *server.Options) { o.Reflection = true }})
 	ns := e.newNamespace(r, "auth-", nil)
 	id, secret := e.newKey(r, ns, delaydv1.KeyScope_KEY_SCOPE_PRODUCE)
 	get := func(ctx context.Context) error {
@@ -282,12 +282,14 @@ func listServices(conn *grpc.ClientConn) ([]string, error) {
 	return out, nil
 }
 
-// TestReflectionCanBeDisabled: with DisableReflection the reflection
-// service is gone (Unimplemented) while health still answers.
-func TestReflectionCanBeDisabled(t *testing.T) {
+// TestReflectionIsOffByDefault (issue 42 item 1): without
+// Options.Reflection the reflection service is gone (Unimplemented) — it
+// needs no key, so it is served only when asked for — while health still
+// answers.
+func TestReflectionIsOffByDefault(t *testing.T) {
 	t.Parallel()
 	e := newTenEnv(t)
-	r := e.replica(tenOpts{server: func(o *server.Options) { o.DisableReflection = true }})
+	r := e.replica(tenOpts{})
 	if _, err := listServices(r.conn); codeOf(err) != codes.Unimplemented {
 		t.Errorf("reflection when disabled: %v, want Unimplemented", err)
 	}

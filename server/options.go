@@ -110,8 +110,9 @@ type Options struct {
 	// (Due-ness is decided by the store's clock, never this one.)
 	Clock storage.Clock
 
-	// DisableReflection turns off gRPC server reflection. Default: on.
-	DisableReflection bool
+	// Reflection registers gRPC server reflection (for grpcurl). Default
+	// off: it needs no API key (see guard's open methods).
+	Reflection bool
 
 	// Instrumentation are extra gRPC server options for observability (the
 	// Prometheus interceptors, the OpenTelemetry stats handler). They are

@@ -101,8 +101,8 @@ type Server struct {
 // New builds a Server from opts: interceptors (panic recovery first, then
 // request logging without payloads), message and stream limits, keepalive
 // enforcement, the three delayd services, the health service (starting
-// NOT_SERVING until SetServing(true)) and, unless opts.DisableReflection,
-// server reflection. Zero Limits take their documented defaults.
+// NOT_SERVING until SetServing(true)) and, with opts.Reflection, server
+// reflection. Zero Limits take their documented defaults.
 func New(opts Options) (*Server, error) {
 	switch {
 	case opts.Store == nil:
@@ -173,7 +173,7 @@ func New(opts Options) (*Server, error) {
 
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	if !opts.DisableReflection {
+	if opts.Reflection {
 		reflection.Register(gs)
 	}
 

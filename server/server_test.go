@@ -46,7 +46,7 @@ func reflectedServices(t *testing.T, e *tskEnv) ([]string, error) {
 
 func TestReflectionListsDelaydServices(t *testing.T) {
 	t.Parallel()
-	e := newTskEnv(t, tskOpts{})
+	e := newTskEnv(t, tskOpts{reflection: true})
 	names, err := reflectedServices(t, e)
 	if err != nil {
 		t.Fatal(err)

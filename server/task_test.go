@@ -53,8 +53,9 @@ type tskEnv struct {
 }
 
 type tskOpts struct {
-	limits server.Limits
-	policy *storage.Policy // nil: storage.DefaultPolicy
+	limits     server.Limits
+	policy     *storage.Policy // nil: storage.DefaultPolicy
+	reflection bool
 }
 
 func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
@@ -73,7 +74,7 @@ func newTskEnv(t *testing.T, o tskOpts) *tskEnv {
 	e.server, err = server.New(server.Options{
 		Store: e.store, Tenancy: staticTenancy{policy: pol}, Subscriptions: d, History: store,
 		Schedules: newScheduler(t, store, staticTenancy{policy: pol}),
-		Auth:      guard.AuthOptions{Disabled: true}, Limits: o.limits,
+		Auth:      guard.AuthOptions{Disabled: true}, Limits: o.limits, Reflection: o.reflection,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -175,9 +175,11 @@ func TestDocsGrpcurlCommands(t *testing.T) {
 		})
 		return d
 	}
-	open := start(daemon.Config{PushAllow: "hooks.example.com"}) // the README's: make run
-	authed := start(daemon.Config{PushAllow: "hooks.example.com", AdminKey: adminKey})
-	tlsd := start(daemon.Config{AdminKey: adminKey,
+	// With reflection on, as make run and the docs' servers start
+	// (--reflection) for grpcurl.
+	open := start(daemon.Config{PushAllow: "hooks.example.com", Reflection: true}) // the README's: make run
+	authed := start(daemon.Config{PushAllow: "hooks.example.com", AdminKey: adminKey, Reflection: true})
+	tlsd := start(daemon.Config{AdminKey: adminKey, Reflection: true,
 		TLSCertFile: filepath.Join(home, "delayd-tls/server.pem"), TLSKeyFile: filepath.Join(home, "delayd-tls/server.key"),
 		TLSClientCAFile: filepath.Join(home, "delayd-tls/ca.pem")})
 

@@ -20,7 +20,8 @@ import (
 // TestMakeRunCtrlC: `make run` in a terminal, stopped with Ctrl-C as a
 // person stops it, ends cleanly: delayd shuts down, make exits 0 and prints
 // no "make: *** ... Error" (it used to, since `go run` exits 1 on SIGINT and
-// make itself got the SIGINT too). The terminal is a pseudo-terminal whose
+// make itself got the SIGINT too). It serves reflection, which delayd does
+// only when asked (--reflection). The terminal is a pseudo-terminal whose
 // Ctrl-C byte the kernel turns into SIGINT for the foreground process group.
 func TestMakeRunCtrlC(t *testing.T) {
 	t.Parallel()
@@ -88,6 +89,11 @@ func TestMakeRunCtrlC(t *testing.T) {
 	log := out.String()
 	if err != nil || strings.Contains(log, "make: ***") || !strings.Contains(log, "delayd stopped cleanly") {
 		t.Fatalf("Ctrl-C on make run: %v; want exit 0, a clean stop and no make error:\n%s", err, log)
+	}
+	// Reflection is off by default (it needs no key); make run, for local
+	// use, turns it on so grpcurl works as the README shows.
+	if !strings.Contains(log, "reflection=true") {
+		t.Errorf("make run served without reflection; want --reflection on:\n%s", log)
 	}
 }
 

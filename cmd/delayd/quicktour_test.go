@@ -32,7 +32,7 @@ func TestReadmeQuickTour(t *testing.T) {
 	shim := filepath.Dir(testkit.Build(t, "github.com/delayd/delayd/cmd/delayctl"))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	d, err := daemon.Start(ctx, daemon.Config{Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0"}, testkit.Logger(t)) // embedded, as make run
+	d, err := daemon.Start(ctx, daemon.Config{Listen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", Reflection: true}, testkit.Logger(t)) // embedded, reflection on, as make run
 	if err != nil {
 		t.Fatal(err)
 	}

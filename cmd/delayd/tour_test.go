@@ -29,7 +29,7 @@ func TestReadmeTour(t *testing.T) {
 	tools := grpcurlDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	d, err := daemon.Start(ctx, daemon.Config{Listen: "127.0.0.1:0"}, testkit.Logger(t)) // embedded, as make run
+	d, err := daemon.Start(ctx, daemon.Config{Listen: "127.0.0.1:0", Reflection: true}, testkit.Logger(t)) // embedded, reflection on, as make run
 	if err != nil {
 		t.Fatal(err)
 	}
