@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/server"
@@ -227,12 +226,16 @@ func TestCrowdedIdleConnectionsCloseSooner(t *testing.T) {
 
 	// The flooding peer also holds a connection with a stream open: a
 	// connection with a call in progress is never closed for being crowded.
+	// (A stream anyone may open without a key, such as a health Watch,
+	// would not do: it leaves its connection idle, TestKeylessWatchesDoNot
+	// LockOutOtherAddresses.)
+	e := newGuardEnv(t, s, "crowded-")
 	busyConn, _ := grpcFrom(t, floodPeer, s.d.Addr())
-	watch, err := healthpb.NewHealthClient(busyConn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	sub, err := delaydv1.NewDeliveryServiceClient(busyConn).Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: e.ns})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := watch.Recv(); err != nil {
+	if _, err := sub.Header(); err != nil {
 		t.Fatal(err)
 	}
 

@@ -58,7 +58,9 @@ func TestFlagDefaults(t *testing.T) {
 		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams, MaxBatchPayloadBytes: server.DefaultMaxBatchPayload,
 		MaxListBytes: server.DefaultMaxListBytes, MaxConnections: server.DefaultMaxConnections,
 		MaxConnectionIdle: server.DefaultMaxConnectionIdle, MaxStreamsPerKey: server.DefaultMaxStreamsPerKey,
-		MaxInFlight: server.DefaultMaxInFlight, MaxKeys: server.DefaultMaxKeys}
+		MaxInFlight: server.DefaultMaxInFlight, MaxKeys: server.DefaultMaxKeys,
+		MaxKeylessStreamsPerConn: server.DefaultMaxKeylessStreamsPerConn, MaxKeylessStreamsPerPeer: server.DefaultMaxKeylessStreamsPerPeer,
+		KeylessStreamLifetime: server.DefaultKeylessStreamLifetime}
 	if got.Limits != want {
 		t.Errorf("limit flags default to %+v, want the server's defaults %+v", got.Limits, want)
 	}

@@ -13,6 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
+
+	"github.com/delayd/delayd/server/guard"
 )
 
 // Connections, by peer. Each listener (gRPC and HTTP) holds at most
@@ -21,7 +23,9 @@ import (
 // its share of them idle:
 //
 //   - a connection is idle when no call (gRPC stream, HTTP request) is in
-//     progress on it; a new one is idle until its first call;
+//     progress on it, streams of the methods that need no key (health
+//     Watch, reflection: keyless.go) aside; a new one is idle until its
+//     first call;
 //   - a peer's idle connections beyond Limits.IdlePerPeer are closed once
 //     they have been idle for Limits.CrowdedIdleTimeout (10 s), the longest
 //     idle first; the others keep Limits.MaxConnectionIdle (5 minutes);
@@ -32,7 +36,8 @@ import (
 //
 // So one address opening thousands of connections and leaving them idle
 // cannot keep a caller from elsewhere out: its idle connections go first.
-// Connections with calls in progress are never closed for it.
+// Connections with calls in progress are never closed for it; a stream
+// anyone may open without a key does not make its connection busy.
 
 // connTable tracks the connections of one listener.
 type connTable struct {
@@ -41,9 +46,10 @@ type connTable struct {
 	crowdedIdle time.Duration
 	reg         *connRegistry
 
-	mu    sync.Mutex
-	open  int
-	peers map[netip.Prefix]map[*limitConn]struct{}
+	mu      sync.Mutex
+	open    int
+	peers   map[netip.Prefix]map[*limitConn]struct{}
+	keyless map[netip.Prefix]int // streams that need no key, by peer (keyless.go)
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -67,6 +73,8 @@ func addrsOf(local, remote net.Addr) (connAddrs, bool) {
 // interceptors, through the call's peer, and net/http's ConnState), which
 // see the addresses, not the *limitConn under TLS and HTTP/2 wrappers.
 type connRegistry struct {
+	keyless keylessLimits // set once, before serving
+
 	mu sync.RWMutex
 	m  map[connAddrs]*limitConn
 }
@@ -107,8 +115,8 @@ type limitListener struct {
 func newLimitListener(lis net.Listener, l Limits, reg *connRegistry) *limitListener {
 	t := &connTable{
 		max: l.MaxConnections, share: l.IdlePerPeer, crowdedIdle: l.CrowdedIdleTimeout, reg: reg,
-		peers: make(map[netip.Prefix]map[*limitConn]struct{}),
-		stop:  make(chan struct{}), done: make(chan struct{}),
+		peers: make(map[netip.Prefix]map[*limitConn]struct{}), keyless: make(map[netip.Prefix]int),
+		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	go t.sweep()
 	return &limitListener{Listener: lis, t: t}
@@ -135,23 +143,11 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	}
 }
 
-// peerOf is the peer an address counts against: its IPv4 address, or its
-// IPv6 address's /64.
-func peerOf(a netip.AddrPort) netip.Prefix {
-	ip := a.Addr().Unmap()
-	bits := 32
-	if ip.Is6() {
-		bits = 64
-	}
-	p, _ := ip.Prefix(bits)
-	return p
-}
-
 // admit returns c tracked, or nil when c must be closed.
 func (t *connTable) admit(c net.Conn) *limitConn {
 	lc := &limitConn{Conn: c, t: t}
 	lc.addrs, lc.tracked = addrsOf(c.LocalAddr(), c.RemoteAddr())
-	lc.peer = peerOf(lc.addrs.remote)
+	lc.peer = guard.PeerOfAddrPort(lc.addrs.remote)
 	lc.idleSince.Store(time.Now().UnixNano())
 	var victim *limitConn
 	t.mu.Lock()
@@ -282,9 +278,10 @@ type limitConn struct {
 	tracked bool // a TCP connection (others are only counted)
 	peer    netip.Prefix
 
-	active    atomic.Int32 // calls in progress
+	active    atomic.Int32 // calls in progress, not counting keyless streams
 	idleSince atomic.Int64 // Unix ns when active last fell to 0 (or the accept)
 	removed   bool         // guarded by t.mu
+	keyless   int          // streams that need no key (keyless.go); guarded by t.mu
 }
 
 func (c *limitConn) Close() error {
@@ -330,7 +327,9 @@ func (r *connRegistry) connOf(ctx context.Context) *limitConn {
 }
 
 // unary and stream are the outermost interceptors: they count a call in
-// progress on its connection, so it is not idle while the call runs.
+// progress on its connection, so it is not idle while the call runs. A
+// stream of a method that needs no key is not counted: it is held to the
+// bounds of keyless.go instead.
 func (r *connRegistry) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if c := r.connOf(ctx); c != nil {
 		c.began()
@@ -339,8 +338,12 @@ func (r *connRegistry) unary(ctx context.Context, req any, _ *grpc.UnaryServerIn
 	return handler(ctx, req)
 }
 
-func (r *connRegistry) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if c := r.connOf(ss.Context()); c != nil {
+func (r *connRegistry) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	c := r.connOf(ss.Context())
+	if guard.OpenMethod(info.FullMethod) {
+		return r.keylessStream(c, srv, ss, handler)
+	}
+	if c != nil {
 		c.began()
 		defer c.ended()
 	}

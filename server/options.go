@@ -168,6 +168,18 @@ type Limits struct {
 	CrowdedIdleTimeout time.Duration
 	// MaxConcurrentStreams per connection. If zero, 1,000.
 	MaxConcurrentStreams uint32
+	// MaxKeylessStreamsPerConn is the most streams of the methods that
+	// need no API key (health Watch, server reflection) one connection
+	// holds open; one more is refused ResourceExhausted. If zero, 4.
+	MaxKeylessStreamsPerConn int
+	// MaxKeylessStreamsPerPeer is the most such streams one peer (an IPv4
+	// address or an IPv6 /64) holds open on one listener, over all its
+	// connections. If zero, 32.
+	MaxKeylessStreamsPerPeer int
+	// KeylessStreamLifetime is how long such a stream may stay open: then
+	// it ends with Unavailable and its client opens another (grpc-go's
+	// client-side health checking does so at once). If zero, 10 minutes.
+	KeylessStreamLifetime time.Duration
 	// MaxInFlight is the largest max_in_flight a subscriber may ask for. If
 	// zero, 10,000.
 	MaxInFlight int

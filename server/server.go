@@ -46,11 +46,20 @@ const (
 	DefaultMaxConnectionIdle    = 5 * time.Minute
 	DefaultCrowdedIdleTimeout   = 10 * time.Second
 	DefaultMaxConcurrentStreams = 1000
-	DefaultMaxInFlight          = 10000
-	DefaultMaxStreamsPerKey     = 100
-	DefaultMaxKeys              = 100
-	DefaultDefaultInFlight      = 64
-	DefaultMaxListBytes         = 1 << 20
+	// DefaultMaxKeylessStreamsPerConn is Limits.MaxKeylessStreamsPerConn's
+	// default.
+	DefaultMaxKeylessStreamsPerConn = 4
+	// DefaultMaxKeylessStreamsPerPeer is Limits.MaxKeylessStreamsPerPeer's
+	// default.
+	DefaultMaxKeylessStreamsPerPeer = 32
+	// DefaultKeylessStreamLifetime is Limits.KeylessStreamLifetime's
+	// default.
+	DefaultKeylessStreamLifetime = 10 * time.Minute
+	DefaultMaxInFlight           = 10000
+	DefaultMaxStreamsPerKey      = 100
+	DefaultMaxKeys               = 100
+	DefaultDefaultInFlight       = 64
+	DefaultMaxListBytes          = 1 << 20
 )
 
 // Connection keepalive. Subscribers hold long streams, so the server pings
@@ -128,7 +137,10 @@ func New(opts Options) (*Server, error) {
 
 	codec := newAdmissionCodec(opts.Limits.MaxBatch)
 	unary, stream := interceptors(opts.Logger, opts.CallLog, codec)
-	conns := &connRegistry{}
+	conns := &connRegistry{keyless: keylessLimits{
+		perConn: opts.Limits.MaxKeylessStreamsPerConn, perPeer: opts.Limits.MaxKeylessStreamsPerPeer,
+		life: opts.Limits.KeylessStreamLifetime,
+	}}
 	serverOpts := append([]grpc.ServerOption{}, opts.Instrumentation...)
 	serverOpts = append(serverOpts,
 		grpc.ForceServerCodecV2(codec),
@@ -233,6 +245,15 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxConcurrentStreams == 0 {
 		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if l.MaxKeylessStreamsPerConn <= 0 {
+		l.MaxKeylessStreamsPerConn = DefaultMaxKeylessStreamsPerConn
+	}
+	if l.MaxKeylessStreamsPerPeer <= 0 {
+		l.MaxKeylessStreamsPerPeer = DefaultMaxKeylessStreamsPerPeer
+	}
+	if l.KeylessStreamLifetime <= 0 {
+		l.KeylessStreamLifetime = DefaultKeylessStreamLifetime
 	}
 	if l.MaxStreamsPerKey <= 0 {
 		l.MaxStreamsPerKey = DefaultMaxStreamsPerKey

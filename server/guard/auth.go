@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"strings"
 
 	callmeta "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
@@ -309,9 +311,34 @@ func (a *authenticator) lookup(ctx context.Context, values []string) (*Principal
 	return &Principal{KeyID: k.ID, Namespace: k.Namespace, Scopes: k.Scopes}, nil
 }
 
-// openMethod reports whether a method needs no API key: the health service
-// and server reflection (which is only registered when enabled).
-func openMethod(fullMethod string) bool {
+// PeerOf is the peer an address counts as, for the limits kept per peer
+// (idle connections, streams that need no key, lookups of unknown keys):
+// its IPv4 address, or its IPv6 address's /64, which one host gets as
+// easily as one address. ok is false for an address that is not TCP.
+func PeerOf(a net.Addr) (netip.Prefix, bool) {
+	t, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	return PeerOfAddrPort(t.AddrPort()), true
+}
+
+// PeerOfAddrPort is PeerOf for an address and port.
+func PeerOfAddrPort(a netip.AddrPort) netip.Prefix {
+	ip := a.Addr().Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, _ := ip.Prefix(bits)
+	return p
+}
+
+// OpenMethod reports whether a method needs no API key: the health
+// service and server reflection (which is only registered when enabled).
+// The server bounds the streams of these methods by connection and peer
+// instead (server/keyless.go).
+func OpenMethod(fullMethod string) bool {
 	return strings.HasPrefix(fullMethod, "/"+healthpb.Health_ServiceDesc.ServiceName+"/") ||
 		strings.HasPrefix(fullMethod, "/grpc.reflection.v1.ServerReflection/") ||
 		strings.HasPrefix(fullMethod, "/grpc.reflection.v1alpha.ServerReflection/")
@@ -555,7 +582,7 @@ func (s *firstMessageStream) RecvMsg(m any) error {
 // by authorization.
 func authInterceptors(authn *authenticator, authz *authorizer) ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
 	needsKey := selector.MatchFunc(func(_ context.Context, c callmeta.CallMeta) bool {
-		return !openMethod(c.FullMethod())
+		return !OpenMethod(c.FullMethod())
 	})
 	unary := []grpc.UnaryServerInterceptor{
 		selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(authn.authenticate), needsKey),

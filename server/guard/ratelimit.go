@@ -220,11 +220,35 @@ func newSubscriberLimiter(policies policyLookup, shared storage.SharedLimits, lo
 		active: make(map[string]int), byKey: make(map[string]int), renew: make(map[string]*renewal)}
 }
 
-// acquire takes a stream slot of ns and of key (the caller's key id; "" when
-// auth is off), or returns ResourceExhausted naming the limit. release must
-// be called once for every successful acquire, with the id it returned
-// (the stream's shared slot; "" when it holds none).
-func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string, error) {
+// acquireKey takes a stream slot of key (the caller's key id) on this
+// replica, or returns ResourceExhausted naming the limit. A stream takes it
+// when its headers arrive, before its first message: a stream that never
+// sends one still counts. releaseKey gives it back.
+func (l *subscriberLimiter) acquireKey(key string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.perKey > 0 && l.byKey[key] >= l.perKey {
+		return status.Errorf(codes.ResourceExhausted,
+			"API key %s already holds %d streams (Subscribe, StreamDeliveries, WatchDeliveries) on this server replica "+
+				"(at most %d per key, --max-streams-per-key); close one or use another key",
+			key, l.byKey[key], l.perKey)
+	}
+	l.byKey[key]++
+	return nil
+}
+
+// releaseKey gives back a slot acquireKey took.
+func (l *subscriberLimiter) releaseKey(key string) {
+	l.mu.Lock()
+	decrement(l.byKey, key)
+	l.mu.Unlock()
+}
+
+// acquire takes a stream slot of ns, or returns ResourceExhausted naming
+// the limit. release must be called once for every successful acquire,
+// with the id it returned (the stream's shared slot; "" when it holds
+// none).
+func (l *subscriberLimiter) acquire(ctx context.Context, ns string) (string, error) {
 	pol, ok, err := limitPolicy(ctx, l.policies, ns)
 	if err != nil {
 		return "", rpcerr.ToStatus(ctx, l.logger, fmt.Errorf("subscriber limit: %w", err))
@@ -241,17 +265,7 @@ func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string
 			"namespace %q already has %d streams (Subscribe, WatchDeliveries) on this server replica (policy.max_subscribers %d); close one or raise the limit",
 			ns, n, most)
 	}
-	if key != "" && l.perKey > 0 && l.byKey[key] >= l.perKey {
-		n := l.byKey[key]
-		l.mu.Unlock()
-		return "", status.Errorf(codes.ResourceExhausted,
-			"API key %s already holds %d streams (Subscribe, WatchDeliveries) on this server replica (at most %d per key); close one or use another key",
-			key, n, l.perKey)
-	}
 	l.active[ns]++
-	if key != "" {
-		l.byKey[key]++
-	}
 	l.seq++
 	id := l.prefix + strconv.FormatUint(l.seq, 36)
 	l.mu.Unlock()
@@ -266,7 +280,7 @@ func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string
 		n := l.active[ns] - 1
 		l.mu.Unlock()
 		if most > 0 && n >= most {
-			l.release(ns, key, "")
+			l.release(ns, "")
 			return "", status.Errorf(codes.ResourceExhausted,
 				"namespace %q already has %d streams (Subscribe, WatchDeliveries) on this server replica (policy.max_subscribers %d); close one or raise the limit",
 				ns, n, most)
@@ -277,7 +291,7 @@ func (l *subscriberLimiter) acquire(ctx context.Context, ns, key string) (string
 		}
 		return "", nil
 	case !taken:
-		l.release(ns, key, "")
+		l.release(ns, "")
 		return "", status.Errorf(codes.ResourceExhausted,
 			"namespace %q already has %d streams (Subscribe, WatchDeliveries) across all replicas (policy.max_subscribers %d); close one or raise the limit",
 			ns, held, most)
@@ -321,14 +335,11 @@ func (l *subscriberLimiter) renewLoop(ns string, r *renewal) {
 	}
 }
 
-// release gives back what acquire took: the slot of ns and of key on this
-// replica, and the shared slot id ("" when none).
-func (l *subscriberLimiter) release(ns, key, id string) {
+// release gives back what acquire took: the slot of ns on this replica,
+// and the shared slot id ("" when none).
+func (l *subscriberLimiter) release(ns, id string) {
 	l.mu.Lock()
 	decrement(l.active, ns)
-	if key != "" {
-		decrement(l.byKey, key)
-	}
 	if r := l.renew[ns]; r != nil && id != "" {
 		delete(r.ids, id)
 		if len(r.ids) == 0 {

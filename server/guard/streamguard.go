@@ -77,10 +77,19 @@ func deletedStatus(ns string) error {
 // stream is the stream interceptor; it runs after authentication,
 // authorization and the rate limit.
 func (g *streamGuard) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if !info.IsServerStream || openMethod(info.FullMethod) {
+	if !info.IsServerStream || OpenMethod(info.FullMethod) {
 		return handler(srv, ss)
 	}
 	gs := &guardedStream{ServerStream: ss, g: g, method: info.FullMethod}
+	// The key's slot is taken from the headers (authentication has put the
+	// principal in the context), before any message.
+	if p := PrincipalFrom(ss.Context()); p != nil {
+		if err := g.limits.acquireKey(p.KeyID); err != nil {
+			return err
+		}
+		gs.keyID, gs.keyHeld = p.KeyID, true
+		gs.checkID = g.keys != nil && p.KeyID != adminKeyID
+	}
 	err := handler(srv, gs)
 	return gs.finish(err)
 }
@@ -105,8 +114,9 @@ func (g *streamGuard) end(match func(*guardedStream) bool, why error) {
 	}
 }
 
-// guardedStream is one stream under the guard. Its fields are set by the
-// first RecvMsg, in the handler's goroutine, before the handler reads them.
+// guardedStream is one stream under the guard. Its key fields are set
+// before the handler runs, the others by the first RecvMsg, in the
+// handler's goroutine, before the handler reads them.
 type guardedStream struct {
 	grpc.ServerStream
 	g      *streamGuard
@@ -118,9 +128,10 @@ type guardedStream struct {
 	cancel  context.CancelCauseFunc
 	ns      string
 	keyID   string // "" when auth is off
+	keyHeld bool   // the key's stream slot is held (from the headers)
 	checkID bool   // the key is checked (not the bootstrap admin key)
 	slot    string // the shared stream slot, "" when none
-	held    bool   // a slot of the caps is held
+	held    bool   // the namespace's stream slot is held
 	wg      sync.WaitGroup
 	created time.Time // the namespace's incarnation; zero until known
 }
@@ -174,11 +185,7 @@ func (s *guardedStream) open(m any) error {
 	if storage.ValidateNamespace(ns) != nil {
 		return nil // the handler answers InvalidArgument
 	}
-	if p := PrincipalFrom(ctx); p != nil {
-		s.keyID = p.KeyID
-		s.checkID = g.keys != nil && p.KeyID != adminKeyID
-	}
-	slot, err := g.limits.acquire(ctx, ns, s.keyID)
+	slot, err := g.limits.acquire(ctx, ns)
 	if err != nil {
 		return err
 	}
@@ -262,7 +269,10 @@ func (s *guardedStream) finish(err error) error {
 		}
 	}
 	if s.held {
-		s.g.limits.release(s.ns, s.keyID, s.slot)
+		s.g.limits.release(s.ns, s.slot)
+	}
+	if s.keyHeld {
+		s.g.limits.releaseKey(s.keyID)
 	}
 	return err
 }

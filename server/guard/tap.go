@@ -20,7 +20,7 @@ const tapLookupTimeout = 500 * time.Millisecond
 // malformed, unknown, revoked or wrong (authenticator.lookup).
 func tapAuth(a *authenticator) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		if openMethod(info.FullMethodName) {
+		if OpenMethod(info.FullMethodName) {
 			return ctx, nil
 		}
 		lctx, cancel := context.WithTimeout(ctx, tapLookupTimeout)
