@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/delayd/delayd/server/guard"
 	"github.com/delayd/delayd/storage"
@@ -46,6 +48,9 @@ func openAccess(cfg Config, embedded bool, regStore storage.Registry, logger *sl
 	if err != nil {
 		return nil, fmt.Errorf("namespace registry: %w", err)
 	}
+	if !auth.Disabled {
+		warmKeys(reg, logger)
+	}
 	p := &accessParts{registry: reg, auth: auth}
 	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" || cfg.TLSClientCAFile != "" {
 		p.tls, err = guard.LoadTLSConfig(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSClientCAFile, logger.With("component", "tls"))
@@ -54,4 +59,24 @@ func openAccess(cfg Config, embedded bool, regStore storage.Registry, logger *sl
 		}
 	}
 	return p, nil
+}
+
+// warmKeysTimeout bounds how long start waits for the registry's API keys.
+const warmKeysTimeout = 10 * time.Second
+
+// warmKeys reads every API key into reg's cache before the server serves,
+// so that real keys are answered from the cache while made-up ones are
+// being tried (tenancy.Registry.WarmKeys). When the registry cannot be
+// read in time delayd starts anyway: keys are then looked up on first use.
+func warmKeys(reg *tenancy.Registry, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), warmKeysTimeout)
+	defer cancel()
+	start := time.Now()
+	n, err := reg.WarmKeys(ctx)
+	if err != nil {
+		logger.Warn("could not read every API key into the cache at start; the others are looked up on first use",
+			"cached", n, "error", err)
+		return
+	}
+	logger.Info("API keys cached", "keys", n, "took", time.Since(start).Round(time.Millisecond))
 }

@@ -20,11 +20,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 
 	"github.com/delayd/delayd/storage"
 )
@@ -55,11 +52,24 @@ type Config struct {
 	// unset or zero, 100,000 is used.
 	MaxEntries int
 	// MaxKeyMisses is how many lookups per second of key ids the cache does
-	// not hold may reach the store (with a burst of ten times that), so
-	// clients trying made-up keys cannot cost a store call each without
-	// bound. Over it, Key answers ErrTooManyKeyMisses. If unset or zero,
-	// 100 per second.
+	// not hold may reach the store in all (with a burst of ten times that),
+	// so clients trying made-up keys cannot cost a store call each without
+	// bound. Over it, Key answers ErrTooManyKeyMisses. Keys the cache holds
+	// (every key of the registry once WarmKeys ran, and each key created
+	// through this Registry) are answered whatever the budgets say. If
+	// unset or zero, 1,000 per second.
 	MaxKeyMisses float64
+	// MaxKeyMissesPerCaller is how many of those lookups per second one
+	// caller (WithCaller: the guard names the peer's address) may make,
+	// with a burst of ten times that, before MaxKeyMisses is asked: one
+	// address trying made-up keys spends its own budget, not the others'.
+	// If unset or zero, 10 per second.
+	MaxKeyMissesPerCaller float64
+	// MaxCallers bounds the callers whose budgets are kept; when full, the
+	// budgets of callers that have not missed lately are dropped, and a
+	// caller that still finds no room shares one budget with the others
+	// that found none. If unset or zero, 10,000.
+	MaxCallers int
 	// MaxUnknownKeys bounds the cache of "no such key" answers, kept apart
 	// from the known keys so that made-up key ids cannot crowd them out;
 	// when full, an arbitrary answer is dropped. If unset or zero, 10,000.
@@ -149,12 +159,7 @@ func New(cfg Config) (*Registry, error) {
 	}
 	r.keys.misses = make(map[string]time.Time)
 	r.keys.missLimit = unknown
-	misses := cfg.MaxKeyMisses
-	if misses <= 0 {
-		misses = 100
-	}
-	budget := rate.NewLimiter(rate.Limit(misses), int(math.Max(1, 10*misses)))
-	r.keys.admit = func(now time.Time) bool { return budget.AllowN(now, 1) }
+	r.keys.admit = newMissBudget(cfg).allow
 	return r, nil
 }
 
@@ -298,10 +303,17 @@ func (r *Registry) DeleteNamespace(ctx context.Context, name string) error {
 	return err
 }
 
-// CreateKey implements storage.Registry.
+// CreateKey implements storage.Registry. The new key is read back into
+// this replica's cache, so its first use costs no lookup and no miss
+// budget.
 func (r *Registry) CreateKey(ctx context.Context, k storage.Key) error {
 	err := r.store.CreateKey(ctx, k)
 	r.keys.forget(k.ID)
+	if err == nil {
+		// Read back as any lookup is (a delete of its namespace meanwhile
+		// keeps it out of the cache), with no miss budget asked.
+		_, _ = r.Key(context.WithValue(ctx, unbudgeted{}, true), k.ID)
+	}
 	return err
 }
 
@@ -334,7 +346,7 @@ type cache[V any] struct {
 	// admit, if set, is asked before loading a key the cache holds no
 	// entry for (a refresh of a held entry is not asked); false answers
 	// ErrTooManyKeyMisses without a load.
-	admit func(now time.Time) bool
+	admit func(ctx context.Context, now time.Time) bool
 
 	mu      sync.Mutex
 	entries map[string]*entry[V]
@@ -396,7 +408,7 @@ func (c *cache[V]) get(ctx context.Context, r *Registry, k string, load func(con
 			}
 		}
 		if e == nil {
-			if c.admit != nil && !c.admit(now) {
+			if c.admit != nil && !c.admit(ctx, now) {
 				c.mu.Unlock()
 				var zero V
 				return zero, ErrTooManyKeyMisses
@@ -483,6 +495,23 @@ func (c *cache[V]) rememberMissLocked(k string, exp time.Time) {
 		}
 	}
 	c.misses[k] = exp
+}
+
+// put stores v as k's fresh answer, unless a load of k is in flight (it
+// answers soon enough) or the cache is full. Only WarmKeys puts, at start,
+// before the server serves: no delete of this replica can run meanwhile
+// (a lookup's load is what keeps a key read before a delete out).
+func (c *cache[V]) put(k string, v V, now time.Time, r *Registry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.misses, k)
+	if e := c.entries[k]; e != nil && e.done != nil {
+		return
+	}
+	if _, held := c.entries[k]; !held && !c.makeRoomLocked(now) {
+		return
+	}
+	c.entries[k] = &entry[V]{val: v, loaded: true, expires: now.Add(r.ttl), stale: now.Add(r.ttl + r.maxStale)}
 }
 
 func (c *cache[V]) forget(k string) {

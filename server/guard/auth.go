@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
@@ -166,9 +167,9 @@ var (
 	errBadScheme = status.Error(codes.Unauthenticated,
 		`malformed authorization metadata: expected exactly one "authorization: Bearer <api key>"`)
 	errBadKey = status.Error(codes.Unauthenticated, "invalid API key: unknown, revoked or malformed")
-	// ErrKeyFlood: too many unknown key ids are being tried on this
-	// replica to look this one up now.
-	ErrKeyFlood = status.Error(codes.Unavailable, "too many unknown API keys are being tried on this server; retry shortly")
+	// ErrKeyFlood: too many unknown key ids are being tried, from the
+	// caller's address or on this replica, to look this one up now.
+	ErrKeyFlood = status.Error(codes.Unavailable, "too many unknown API keys are being tried from your address or on this server; retry shortly")
 )
 
 // bearerToken extracts the API key from the values of the "authorization"
@@ -294,6 +295,13 @@ func (a *authenticator) lookup(ctx context.Context, values []string) (*Principal
 	id, ok := parseAPIKey(token)
 	if !ok {
 		return nil, errBadKey
+	}
+	// A lookup the cache cannot answer is charged to the caller's address
+	// first (tenancy: the miss budgets).
+	if p, ok := peer.FromContext(ctx); ok {
+		if caller, ok := PeerOf(p.Addr); ok {
+			ctx = tenancy.WithCaller(ctx, caller.String())
+		}
 	}
 	k, err := a.keys(ctx, id)
 	if errors.Is(err, storage.ErrNotFound) {

@@ -27,10 +27,13 @@ import (
 	"crypto/tls"
 	"log"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/tap"
 
 	"github.com/delayd/delayd/storage"
@@ -107,7 +110,11 @@ func (g *Guard) AdmitHTTP(r *http.Request) error {
 	if g.tap == nil {
 		return nil
 	}
-	_, err := g.tap(r.Context(), &tap.Info{FullMethodName: r.URL.Path, Header: metadata.MD{"authorization": r.Header.Values("Authorization")}})
+	ctx := r.Context()
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		ctx = peer.NewContext(ctx, &peer.Peer{Addr: net.TCPAddrFromAddrPort(ap)}) // as gRPC's tap sees its peer
+	}
+	_, err := g.tap(ctx, &tap.Info{FullMethodName: r.URL.Path, Header: metadata.MD{"authorization": r.Header.Values("Authorization")}})
 	return err
 }
 
