@@ -326,6 +326,13 @@ func serviceConfig(timeout time.Duration, p RetryPolicy) (string, error) {
 			{Service: "delayd.v1.DeliveryService", Method: "AckTasks"},
 			{Service: "delayd.v1.DeliveryService", Method: "NackTasks"},
 			{Service: "delayd.v1.DeliveryService", Method: "ExtendLease"},
+			// Schedules: reads, and pause and resume (a second pause or
+			// resume changes nothing).
+			{Service: "delayd.v1.ScheduleService", Method: "GetSchedule"},
+			{Service: "delayd.v1.ScheduleService", Method: "ListSchedules"},
+			{Service: "delayd.v1.ScheduleService", Method: "PreviewSchedule"},
+			{Service: "delayd.v1.ScheduleService", Method: "PauseSchedule"},
+			{Service: "delayd.v1.ScheduleService", Method: "ResumeSchedule"},
 		},
 		Timeout: to,
 	}
@@ -341,7 +348,10 @@ func serviceConfig(timeout time.Duration, p RetryPolicy) (string, error) {
 	cfg := scConfig{MethodConfig: []scMethod{retried}}
 	if to != "" {
 		cfg.MethodConfig = append(cfg.MethodConfig, scMethod{
-			Name:    []scName{{Service: "delayd.v1.NamespaceService"}},
+			Name: []scName{{Service: "delayd.v1.NamespaceService"},
+				{Service: "delayd.v1.ScheduleService", Method: "CreateSchedule"},
+				{Service: "delayd.v1.ScheduleService", Method: "UpdateSchedule"},
+				{Service: "delayd.v1.ScheduleService", Method: "DeleteSchedule"}},
 			Timeout: to,
 		})
 	}

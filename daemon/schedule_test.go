@@ -2,9 +2,14 @@ package daemon
 
 import (
 	"context"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -93,5 +98,92 @@ func TestScheduleEndToEnd(t *testing.T) {
 	}
 	if _, err := sa.GetSchedule(context.Background(), &delaydv1.GetScheduleRequest{Namespace: ns, Id: "tick"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("schedule of a deleted namespace: %v, want NotFound", err)
+	}
+}
+
+// TestScheduleRestartAfterOutage: delayd is stopped for ten minutes (its
+// store's clock moves on: a Redis-protocol server whose clock the test
+// sets) and started again; each schedule's missed slots are what its
+// catch-up policy says, delivered over gRPC: none skips them, latest
+// fires the latest, all fires those within its window. The firing
+// created before the outage (its slot was within the lookahead) is a task
+// and is delivered too.
+func TestScheduleRestartAfterOutage(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	base := time.Date(2030, 1, 1, 12, 0, 55, 0, time.UTC)
+	var offset atomic.Int64
+	offset.Store(int64(base.Sub(time.Now())))
+	tick, stopTick := context.WithCancel(context.Background())
+	var ticking sync.WaitGroup
+	ticking.Go(func() {
+		for tick.Err() == nil {
+			m.SetTime(time.Now().Add(time.Duration(offset.Load())))
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+	t.Cleanup(func() { stopTick(); ticking.Wait() })
+	url := "redis://" + m.Addr()
+
+	d1 := start(t, Config{RedisURL: url, LogLevel: "warn"})
+	ns := "outage"
+	sc := delaydv1.NewScheduleServiceClient(d1.conn)
+	policies := map[string]*delaydv1.Schedule{
+		"none":   {CatchUp: delaydv1.CatchUpPolicy_CATCH_UP_POLICY_NONE},
+		"latest": {CatchUp: delaydv1.CatchUpPolicy_CATCH_UP_POLICY_LATEST},
+		"all":    {CatchUp: delaydv1.CatchUpPolicy_CATCH_UP_POLICY_ALL, CatchUpWindow: durationpb.New(5 * time.Minute)},
+	}
+	for id, s := range policies {
+		s.Namespace, s.Id, s.Rule = ns, id, &delaydv1.Schedule_Cron{Cron: "* * * * *"}
+		resp, err := sc.CreateSchedule(ctxFor(t), &delaydv1.CreateScheduleRequest{Schedule: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetSchedule().GetFired() != 1 {
+			t.Fatalf("%s: fired %d at create, want 12:01's firing (within the lookahead)", id, resp.GetSchedule().GetFired())
+		}
+	}
+	stop, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := d1.d.Stop(stop); err != nil {
+		t.Fatal(err)
+	}
+	// Ten minutes down: the store's clock is 12:11:30 when delayd is back.
+	offset.Add(int64(10*time.Minute + 35*time.Second))
+	d2 := start(t, Config{RedisURL: url, LogLevel: "warn"})
+	e := &e2eEnv{t: t, ns: ns}
+	sub := e.subscribe(d2, 100)
+	want := map[string][]string{
+		"none":   {"12:01"},
+		"latest": {"12:01", "12:11"},
+		"all":    {"12:01", "12:07", "12:08", "12:09", "12:10", "12:11"},
+	}
+	got := map[string][]string{}
+	n := 0
+	for _, w := range want {
+		n += len(w)
+	}
+	for range n {
+		d := sub.next(t)
+		id, stamp, _ := strings.Cut(d.GetTask().GetId(), ".")
+		slot, err := time.Parse(storage.FiringStampLayout, stamp)
+		if err != nil {
+			t.Fatalf("delivery %s is no firing", d.GetTask().GetId())
+		}
+		got[id] = append(got[id], slot.Format("15:04"))
+		e.ack(d2, d.GetToken())
+	}
+	for id := range want {
+		slices.Sort(got[id])
+		if !slices.Equal(got[id], want[id]) {
+			t.Errorf("%s: delivered %v, want %v", id, got[id], want[id])
+		}
+		s, err := delaydv1.NewScheduleServiceClient(d2.conn).GetSchedule(ctxFor(t), &delaydv1.GetScheduleRequest{Namespace: ns, Id: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if skipped := s.GetSchedule().GetSkipped(); skipped != int64(11-len(want[id])) || s.GetSchedule().GetNextSlotTime().AsTime().Format("15:04") != "12:12" {
+			t.Errorf("%s: skipped %d, next %v; want %d and 12:12", id, skipped, s.GetSchedule().GetNextSlotTime().AsTime(), 11-len(want[id]))
+		}
 	}
 }

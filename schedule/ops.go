@@ -159,7 +159,7 @@ func (s *Scheduler) Update(ctx context.Context, ns, id string, ifVersion int64, 
 		if !at.IsZero() && (earliest.IsZero() || at.Before(earliest)) {
 			earliest = at
 		}
-		rollBack(&next, earliest, k)
+		rollBack(&next, earliest, k, n.Policy.Shards)
 		// Decide from the cursor again: the new rule's next slot, a
 		// schedule that was done may go on (a later end, more firings).
 		next.Done, next.NextSlot, next.Advance = false, time.Time{}, s.cfg.Clock.Now()
@@ -188,8 +188,10 @@ func sameDefinition(a, b storage.Schedule) bool {
 }
 
 // rollBack moves sc's cursor back before earliest (the earliest slot whose
-// firing was removed) and takes k firings off its count.
-func rollBack(sc *storage.Schedule, earliest time.Time, k int64) {
+// firing was removed) and takes k firings off its count; the last firing
+// it names is then the slot before earliest (by sc's rule, in a namespace
+// of shards shards), or none.
+func rollBack(sc *storage.Schedule, earliest time.Time, k int64, shards int) {
 	if earliest.IsZero() {
 		return
 	}
@@ -199,6 +201,11 @@ func rollBack(sc *storage.Schedule, earliest time.Time, k int64) {
 	sc.Fired = max(sc.Fired-k, 0)
 	if !sc.LastSlot.Before(earliest) {
 		sc.LastSlot, sc.LastTaskID = time.Time{}, ""
+		if r, err := RuleOf(*sc); err == nil && sc.Fired > 0 {
+			if prev, ok := r.Prev(earliest.Add(-time.Nanosecond)); ok && !prev.Before(sc.CreateTime) && !prev.Before(sc.Start) {
+				sc.LastSlot, sc.LastTaskID = prev, storage.FiringID(sc.Template.IDPrefix, sc.ID, prev, shards)
+			}
+		}
 	}
 }
 
@@ -241,7 +248,7 @@ func (s *Scheduler) setPaused(ctx context.Context, ns, id string, paused bool) (
 			if !at.IsZero() && (earliest.IsZero() || at.Before(earliest)) {
 				earliest = at
 			}
-			rollBack(&next, earliest, k)
+			rollBack(&next, earliest, k, n.Policy.Shards)
 			next.Advance = time.Time{}
 		} else if !next.Done {
 			next.Advance = s.cfg.Clock.Now()
