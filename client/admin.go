@@ -79,6 +79,9 @@ type Policy struct {
 	// about this many bytes of them (64 KiB-1 GiB; 0 = no history). Global
 	// admin only.
 	HistoryRetentionBytes int64 `json:"history_retention_bytes,omitempty"`
+	// MaxSchedules is the most schedules (recurring tasks) the namespace
+	// may have (0 = the default, 1,000). Global admin only.
+	MaxSchedules int32 `json:"max_schedules"`
 }
 
 // PolicyFields are the names UpdateNamespace accepts in its fields list, in
@@ -86,7 +89,7 @@ type Policy struct {
 var PolicyFields = []string{
 	"ack_timeout", "max_attempts", "backoff_initial", "backoff_max", "backoff_multiplier",
 	"max_payload_bytes", "max_pending_tasks", "rate_limit", "rate_burst", "max_subscribers", "max_delay",
-	"paused", "max_dispatch_rate", "shards", "push", "history_retention_bytes",
+	"paused", "max_dispatch_rate", "shards", "push", "history_retention_bytes", "max_schedules",
 }
 
 func (p Policy) proto() *delaydv1.NamespacePolicy {
@@ -113,6 +116,7 @@ func (p Policy) proto() *delaydv1.NamespacePolicy {
 		Push:                  pushProto(p.PushURL, p.PushSecret),
 		Shards:                p.Shards,
 		HistoryRetentionBytes: p.HistoryRetentionBytes,
+		MaxSchedules:          p.MaxSchedules,
 	}
 }
 
@@ -142,6 +146,7 @@ func policyFromProto(p *delaydv1.NamespacePolicy) Policy {
 		PushSecretSet:         p.GetPush().GetSecretSet(),
 		Shards:                p.GetShards(),
 		HistoryRetentionBytes: p.GetHistoryRetentionBytes(),
+		MaxSchedules:          p.GetMaxSchedules(),
 	}
 }
 

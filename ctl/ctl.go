@@ -172,7 +172,7 @@ func describe(err error) string {
 func newRoot(g *globals, env Env) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "delayctl",
-		Short: "delayctl manages a delayd server: namespaces, API keys, tasks, dead letters, and live deliveries",
+		Short: "delayctl manages a delayd server: namespaces, API keys, tasks, schedules, dead letters, and live deliveries",
 		Long: `delayctl manages a delayd server over its public gRPC API.
 
 Connection: --addr (DELAYD_ADDR, default localhost:7070), the API key from
@@ -216,7 +216,8 @@ Output: -o table (default) or -o json.`,
 	pf.Var(duration.Value{P: &g.timeout}, "timeout", "deadline of each call (tail has none)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 
-	root.AddCommand(nsCommand(g), keyCommand(g), taskCommand(g), deadCommand(g), tailCommand(g), whoamiCommand(g), readyCommand(g, env))
+	root.AddCommand(nsCommand(g), keyCommand(g), taskCommand(g), deadCommand(g), scheduleCommand(g), tailCommand(g), whoamiCommand(g),
+		readyCommand(g, env))
 	return root
 }
 

@@ -565,3 +565,32 @@ func TestNsUpdateKeepsUnnamedFields(t *testing.T) {
 		t.Errorf("after ns update --paused=false the policy is %v; want not paused, max_dispatch_rate 50", p)
 	}
 }
+
+// TestGoldenSchedules walks the schedule commands: create with a cron in a
+// zone, get, list, previews across daylight-saving changes (a stored
+// schedule, and a rule tried before creating it), update, pause, resume,
+// delete, and the errors of a rule that never fires and of a missing rule.
+func TestGoldenSchedules(t *testing.T) {
+	addr := delayd(t)
+	sched := func(a ...string) []string { return append([]string{"schedule"}, a...) }
+	got := scenario(t, t.Context(), addr, []step{
+		{code: 0, args: sched("create", "billing", "statement", "--cron", "0 6 1 * *", "--tz", "America/New_York",
+			"--kind", "statement.monthly", "--payload", `{"run":"monthly"}`, "--catch-up", "latest", "--id-prefix", "stmt-")},
+		{code: 0, args: sched("list", "billing")},
+		{code: 0, args: sched("preview", "billing", "statement", "-n", "3", "--after", "2027-09-15T00:00:00Z")},
+		{code: 0, args: sched("preview", "billing", "--cron", "30 2 * * *", "--tz", "Europe/Berlin", "-n", "3", "--after", "2027-03-26T12:00:00Z")},
+		{code: 0, args: sched("preview", "billing", "--every", "90m", "-n", "2", "--after", "2027-01-01T00:00:00Z", "-o", "json")},
+		{code: 0, args: sched("update", "billing", "statement", "--cron", "0 7 1 * *", "--jitter", "10m")},
+		{code: 0, args: sched("pause", "billing", "statement")},
+		{code: 0, args: sched("resume", "billing", "statement", "-o", "json")},
+		{code: 1, args: sched("create", "billing", "never", "--cron", "0 6 31 2 *")},
+		{code: 1, args: sched("create", "billing", "sloppy", "--every", "1500ms")},
+		{code: 2, args: sched("create", "billing", "norule")},
+		{code: 2, args: sched("create", "billing", "x", "--every", "1h", "--catch-up", "sometimes")},
+		{code: 0, args: sched("delete", "billing", "statement")},
+		{code: 1, args: sched("get", "billing", "statement")},
+	})
+	// The tz release depends on the host (its zoneinfo, or the one
+	// embedded in the binary).
+	golden(t, "schedules", regexp.MustCompile(`(tz database |"tz_data_version": ")[^\n"]+`).ReplaceAllString(got, "${1}<tz>"))
+}

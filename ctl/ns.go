@@ -210,6 +210,7 @@ func namespaceFields(n client.Namespace) [][2]string {
 		{"push_url", orDash(p.PushURL)},
 		{"push_secret", map[bool]string{true: "set (write-only)", false: "-"}[p.PushSecretSet]},
 		{"shards", i(int64(p.Shards))},
+		{"max_schedules", i(int64(p.MaxSchedules))},
 	}
 	if p.HistoryRetentionBytes > 0 { // shown only when on, as most namespaces keep none
 		fields = append(fields, [2]string{"history_retention_bytes", strconv.FormatInt(p.HistoryRetentionBytes, 10)})
@@ -236,6 +237,7 @@ func policyFlags(fs *pflag.FlagSet, p *client.Policy) {
 	fs.StringVar(&p.PushURL, "push-url", "", "POST due tasks to this http(s) URL instead of serving Subscribe streams; a host the server's --push-allow admits; '' turns push off")
 	fs.StringVar(&p.PushSecret, "push-secret", "", "HMAC-SHA256 key signing push requests (16-1024 bytes; required with the first --push-url; kept when not given)")
 	fs.Int64Var(&p.HistoryRetentionBytes, "history-retention-bytes", 0, "keep task histories (delayctl task history), about this many bytes of events (65536-1073741824; 0 = off; global admin only)")
+	fs.Int32Var(&p.MaxSchedules, "max-schedules", 0, "most schedules (recurring tasks) the namespace may have (1-100000; 0 = default 1000; global admin only)")
 	fs.Int32Var(&p.Shards, "shards", 0, "Redis Cluster slots the tasks spread over (1-256; 0 = default 1; set at create only; global admin only)")
 }
 

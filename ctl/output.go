@@ -78,6 +78,7 @@ type policyView struct {
 	PushSecretSet     bool    `json:"push_secret_set,omitempty"`
 	Shards            int32   `json:"shards"`
 	HistoryRetention  int64   `json:"history_retention_bytes,omitempty"`
+	MaxSchedules      int32   `json:"max_schedules"`
 }
 
 // namespaceView is a namespace for JSON.
@@ -100,7 +101,7 @@ func viewNamespace(n client.Namespace) namespaceView {
 			RateBurst: p.RateBurst, MaxSubscribers: p.MaxSubscribers, MaxDelay: duration.Format(p.MaxDelay),
 			Paused: p.Paused, MaxDispatchRate: p.MaxDispatchRate,
 			PushURL: p.PushURL, PushSecretSet: p.PushSecretSet,
-			Shards: p.Shards, HistoryRetention: p.HistoryRetentionBytes,
+			Shards: p.Shards, HistoryRetention: p.HistoryRetentionBytes, MaxSchedules: p.MaxSchedules,
 		},
 		CreateTime: tsPtr(n.CreateTime),
 		UpdateTime: tsPtr(n.UpdateTime),
