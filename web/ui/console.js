@@ -328,7 +328,8 @@
   // ---- one namespace -------------------------------------------------------
 
   const TABS = [
-    ['scheduled', 'Scheduled'], ['inflight', 'In flight'], ['dead', 'Dead letters'], ['live', 'Live deliveries'], ['keys', 'Keys'],
+    ['scheduled', 'Scheduled'], ['inflight', 'In flight'], ['dead', 'Dead letters'], ['live', 'Live deliveries'],
+    ['schedules', 'Schedules'], ['keys', 'Keys'],
   ];
 
   function viewNamespace(g, ns, tab) {
@@ -345,7 +346,8 @@
       if (id) lookup(g, ns, id, detail);
     });
     const body = h('div', { id: 'tab-body' });
-    const tabs = h('nav', { class: 'tabs' }, TABS.filter(([t]) => (t !== 'keys' || admin) && (t !== 'live' || admin || may('CONSUME', ns))).map(([t, label]) =>
+    const tabs = h('nav', { class: 'tabs' }, TABS.filter(([t]) => (t !== 'keys' || admin) && (t !== 'live' || admin || may('CONSUME', ns)) &&
+      (t !== 'schedules' || admin || may('PRODUCE', ns))).map(([t, label]) =>
       h('a', { href: '#/ns/' + encodeURIComponent(ns) + '/' + t, class: t === tab ? 'active' : '', id: 'tab-' + t }, label)));
     // A key of another namespace sees the server's error and nothing else
     // of this one. (A key of this namespace that lacks a scope sees the
@@ -389,6 +391,9 @@
       case 'dead': return admin ? deadLetters(g, ns, body, detail) : taskList(g, ns, 'TASK_STATE_DEAD', body, detail);
       case 'keys': return admin ? keys(g, ns, body) : body.replaceChildren(h('p', { class: 'muted' }, 'Keys need the admin scope.'));
       case 'live': return liveDeliveries(g, ns, body, detail);
+      case 'schedules': return window.delaydSchedules({
+        call, h, guard, fmtTime, may, clearError, current: (v) => v === gen, lookup: (id) => lookup(g, ns, id, detail),
+      }, g, ns, body);
       default: return taskList(g, ns, 'TASK_STATE_SCHEDULED', body, detail);
     }
   }
@@ -437,6 +442,7 @@
       }
       const kind = (k) => (k || '').replace('TASK_EVENT_KIND_', '').toLowerCase().replace('_', ' ');
       const detailOf = (e) => [
+        e.scheduleId ? 'fired by schedule ' + e.scheduleId + ' for slot ' + fmtTime(e.slotTime) : '',
         e.replica ? 'replica ' + e.replica + ', ' + fmtDuration(seconds(e.lateness)) + ' late' : '',
         e.reason ? 'reason: ' + e.reason : '',
         e.retryAfter ? 'retry after ' + fmtDuration(seconds(e.retryAfter)) : '',
@@ -489,6 +495,8 @@
     return [
       barChart('forecast-minutes', 'Falls due, next hour, per minute', ints(s.duePerMinute), (i) => '+' + i + '–' + (i + 1) + ' min'),
       barChart('forecast-hours', 'Falls due, next day, per hour', ints(s.duePerHour), (i) => '+' + i + '–' + (i + 1) + ' h'),
+      h('p', { class: 'muted', id: 'forecast-firings' }, 'of which schedules\' firings not created yet: ' +
+        ints(s.firingsPerHour).reduce((a, b) => a + b, 0) + ' in the next day' + (s.firingsPartial ? ' (the first 1,000 schedules)' : '')),
       recent,
     ];
   }
