@@ -12,8 +12,11 @@ import (
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
-	"github.com/delayd/delayd/storage"
 )
+
+// firingStamp is how a firing's id writes its slot (storage.FiringStampLayout;
+// this suite talks to delayd over the wire only).
+const firingStamp = "20060102T150405Z"
 
 // scheduleFaultRun is how long TestFaultScheduleReplicaSIGKILL runs its
 // schedules: long enough for a minutely cron to fire more than once.
@@ -127,7 +130,7 @@ func checkSlots(t *testing.T, ty *tally, id string, created time.Time, step time
 		if !ok {
 			continue
 		}
-		slot, err := time.Parse(storage.FiringStampLayout, stamp)
+		slot, err := time.Parse(firingStamp, stamp)
 		if err != nil {
 			t.Errorf("delivery %q is no firing of %s", task, id)
 			continue
