@@ -67,7 +67,7 @@ func TestRecycledNamespaceServesNothingOfItsPredecessor(t *testing.T) {
 // was served of the old ("" = nothing).
 func recycleRound(t *testing.T, s *started, admin context.Context, ns string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(admin, time.Minute)
+	ctx, cancel := context.WithTimeout(admin, 3*time.Minute) // a loaded machine: a round is seconds alone
 	defer cancel()
 	nsAdmin := delaydv1.NewNamespaceServiceClient(s.conn)
 	dlv := delaydv1.NewDeliveryServiceClient(s.conn)
@@ -146,7 +146,7 @@ func recycleRound(t *testing.T, s *started, admin context.Context, ns string) st
 	jobs := make(chan string)
 	var readers sync.WaitGroup
 	var readErr atomic.Value
-	for range 4 {
+	for range 8 {
 		readers.Go(func() {
 			tasks := delaydv1.NewTaskServiceClient(s.conn)
 			for id := range jobs {
