@@ -172,6 +172,9 @@ func (s *Store) ScanVersions(ctx context.Context, ns string, cursor uint64, coun
 	}
 	out := make([]storage.Version, 0, len(kv)/2)
 	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i] == hwmField {
+			continue // the shard's high-water mark, not a task
+		}
 		r, err := decodeRecord(kv[i+1], "")
 		if err != nil {
 			continue // pop and reap move such a task to dead; nothing to compare
@@ -269,7 +272,9 @@ const scanCount = 1000
 
 // Namespaces returns, sorted, the namespaces that have any key in Redis
 // other than their incarnation key and high-water mark (keys.go: life,
-// hwm). It
+// hwm). A namespace whose tasks are all gone keeps its meta HASH, which
+// holds the shard's high-water mark (hwmField), until DropNamespace: it is
+// listed (with no tasks). It
 // SCANs in bounded pages (each under the per-call timeout); on a cluster it
 // scans every master.
 func (s *Store) Namespaces(ctx context.Context) ([]string, error) {

@@ -18,17 +18,19 @@ import (
 //	delayd:{ns#k}:due       ZSET  task id -> due time (Unix ms)
 //	delayd:{ns#k}:inflight  ZSET  task id -> lease deadline (Unix ms)
 //	delayd:{ns#k}:dead      ZSET  task id -> time it died (Unix ms)
-//	delayd:{ns#k}:meta      HASH  task id -> task header (see record.go)
+//	delayd:{ns#k}:meta      HASH  task id -> task header (see record.go),
+//	                              and ":hwm" -> the shard's high-water mark
+//	                              (hwmField)
 //	delayd:{ns#k}:body      HASH  task id -> payload, only for payloads over
 //	                              256 bytes (smaller ones are inline in the
 //	                              header; record.go)
 //	delayd:{ns#k}:acked     HASH  task id -> ack marker (durable mode only:
 //	                              the version acked until MySQL deleted it)
 //	delayd:{ns#k}:indexed   STRING  present once durable mode has indexed ns
-//	delayd:{ns#k}:hwm       STRING the highest incarnation or delivery
-//	                              sequence issued (Redis µs; upsert.lua,
-//	                              pop.lua), so neither repeats or goes back
-//	                              when TIME does; outlives the tasks
+//	delayd:{ns#k}:hwm       STRING the high-water mark (hwmField) of a shard
+//	                              whose meta HASH has none: written by
+//	                              delayd before the field, and by
+//	                              DropNamespace; outlives the tasks
 //	delayd:{ns#k}:rate      HASH  dispatch-rate token bucket (lua/pop.lua):
 //	                              t = tokens, at = when (Redis µs); expires
 //	                              once it would be full again
@@ -111,6 +113,13 @@ const (
 	// Options.WakeChannel says otherwise.
 	DefaultWakeChannel = keyPrefix + "wake"
 )
+
+// hwmField is the meta HASH field that holds the shard's high-water mark:
+// the highest incarnation or delivery sequence issued (Redis µs; lib.lua
+// HWM, read and written by upsert.lua, pop.lua, schedule_update.lua with
+// the headers), so neither repeats or goes back when TIME does. No task id
+// can be it (storage.ValidateTaskID allows no ':').
+const hwmField = ":hwm"
 
 // policyWakePrefix starts a wake-up message that says a namespace's policy
 // changed; no namespace name contains ':', so it never reads as one.

@@ -450,7 +450,7 @@ func (s *Store) DropNamespace(ctx context.Context, ns string, incarnation int64)
 	err = fanOut(allShards(n), func(sh int) error {
 		k := keysForN(ns, sh, n)
 		v, err := s.run(ctx, "drop namespace", registryScripts.dropNamespace,
-			[]string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy, k.life}, max(incarnation, 0))
+			[]string{k.due, k.inflight, k.dead, k.meta, k.indexed, k.body, k.acked, k.legacy, k.life, k.hwm}, max(incarnation, 0))
 		if err != nil {
 			return err
 		}

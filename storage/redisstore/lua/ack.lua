@@ -43,7 +43,9 @@ end
 local function markOf(j)
   return int(dec(ARGV[j + 1]) or 0) .. ',' .. int(dec(ARGV[j + 2]) or 0) .. ',' .. int(dec(ARGV[j + 3]) or 0)
 end
-local gone, done, mset = {}, {}, {}
+-- FEW is how many acked tasks are checked for a body entry one by one.
+local FEW = 8
+local gone, done, mset, pos = {}, {}, {}, {}
 for i = 0, n - 1 do
   local j = 8 + 4 * i
   local id = ids[i + 1]
@@ -53,6 +55,7 @@ for i = 0, n - 1 do
     if st == 1 then
       done[id] = true
       gone[#gone + 1] = id
+      pos[id] = i + 1
       if marks then
         push(mset, id, markOf(j) .. ',' .. int(dec(string.match(hs[i + 1], '^[^,]*,[^,]*,([^,]*),')) or 0))
       end
@@ -65,9 +68,19 @@ for i = 0, n - 1 do
 end
 flush('ZREM', kinflight, gone)
 flush('HDEL', kmeta, gone)
--- body entries exist only for payloads too large to be inline: most
--- namespaces have no body HASH at all
-if #gone > 0 and redis.call('EXISTS', kbody) == 1 then
+-- Body entries exist only for payloads too large to be inline, whose
+-- headers have the split form. A few acked tasks are looked at one by one
+-- (the steady flow acks a task or two a call: all inline, no call at all);
+-- for more, one EXISTS tells whether the namespace has a body HASH at all
+-- (most have none).
+if #gone > 0 and #gone <= FEW then
+  for _, id in ipairs(gone) do
+    if not is_inline(hs[pos[id]]) then
+      flush('HDEL', kbody, gone)
+      break
+    end
+  end
+elseif #gone > 0 and redis.call('EXISTS', kbody) == 1 then
   flush('HDEL', kbody, gone)
 end
 flush('HSET', kacked, mset)

@@ -53,13 +53,27 @@ local function clock()
   return math.floor(us / 1000), us
 end
 
+-- HWM is the meta HASH field that holds the shard's high-water mark of
+-- incarnations and delivery sequences (Redis µs): the highest stamp
+-- issued, so none repeats or goes back when TIME does. A pop or an upsert
+-- reads it in the HMGET of its headers and writes it in their HSET, so it
+-- costs no redis.call of its own. No task id can be it (ids never hold a
+-- ':'). The shard's hwm STRING (keys.go) holds the mark while the HASH has
+-- no field: a shard last written by a delayd before the field, and a
+-- dropped namespace (dropnamespace.lua moves the field there).
+local HWM = ':hwm'
+
 -- next_stamp returns the stamp for a new incarnation or delivery sequence
--- of the shard whose high-water mark is key (a STRING, Redis µs): the Redis
--- clock in µs, or one past the mark when the clock is not ahead of it (TIME
--- stepped back), so stamps never repeat or go back. The caller stores the
--- highest stamp it issued with SET.
-local function next_stamp(key, now_us)
-  local hwm = tonumber(redis.call('GET', key) or '0') or 0
+-- of a shard: the Redis clock in µs, or one past the high-water mark when
+-- the clock is not ahead of it (TIME stepped back), so stamps never repeat
+-- or go back. v is the HWM field as the caller read it (nil when the HASH
+-- has none: then the hwm STRING legacy is read). The caller writes the
+-- highest stamp it issued to the HWM field.
+local function next_stamp(v, legacy, now_us)
+  if not v then
+    v = redis.call('GET', legacy)
+  end
+  local hwm = tonumber(v or '0') or 0
   if now_us > hwm then
     return now_us
   end
@@ -198,6 +212,13 @@ local function repop(h, now, now_us, due, told)
   end
   return i .. ',' .. g .. ',' .. enc(na + 1) .. ',' .. enc(seq) .. ',' .. c .. ',' ..
     enc(now - math.floor(ni / 1000) - nc) .. ',' .. enc(due) .. ',' .. rest, seq, comma == ','
+end
+
+-- is_inline reports whether header h has the inline form (its payload in
+-- it, no body entry): a ',' and the last error's length after the kind
+-- length.
+local function is_inline(h)
+  return string.find(h, '^[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,;|]*,') ~= nil
 end
 
 -- header formats a header from fields (the parse table shape), kind, last

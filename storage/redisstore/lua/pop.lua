@@ -1,9 +1,11 @@
--- pop.lua: lease at most limit due tasks of one namespace.
+-- pop.lua: lease at most limit due tasks of one namespace shard.
 --
 -- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
 -- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET,
--- KEYS[6] meta HASH, KEYS[7] body HASH, KEYS[8] rate bucket HASH,
--- KEYS[9] hwm STRING (high-water mark of delivery sequences; next_stamp)
+-- KEYS[6] meta HASH (headers, and the high-water mark: lib.lua HWM),
+-- KEYS[7] body HASH, KEYS[8] rate bucket HASH,
+-- KEYS[9] hwm STRING (the high-water mark of a shard whose meta HASH has
+--         none; lib.lua next_stamp)
 -- ARGV[6] limit (at most 1,000)
 -- ARGV[7] lease ms
 -- ARGV[8] dispatch rate cap, tasks per second ("0": no cap, KEYS[8] untouched)
@@ -37,112 +39,143 @@
 -- deadline are the scores at the heads of due and inflight after the pop
 -- ('' when empty): when the dispatcher has work next, so a wake needs no
 -- second call (NextWake) to plan the following one.
+--
+-- Cost (the steady flow pops a task or two per call): a pop of up to PEEK
+-- tasks reads due once, by rank, and that one read also tells the next due
+-- time; the high-water mark rides the headers' HMGET and HSET. A pop of a
+-- task makes 7 redis.calls (TIME, ZRANGE due, HMGET, ZREMRANGEBYRANK,
+-- ZADD, HSET, ZRANGE inflight), an empty one 3.
 local kdue, kinflight, kdead, kmeta, kbody, krate, khwm = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+-- PEEK is how many due tasks the first read of due takes at most: it reads
+-- PEEK + 1 members by rank, so the member after the last one taken (the
+-- next due time) comes with it. A larger pop reads the rest by score.
+local PEEK = 2
 local now, now_us = clock()
-local deadline = now + tonumber(ARGV[7])
 local limit = tonumber(ARGV[6])
+local deadline = now + tonumber(ARGV[7])
 local rate = tonumber(ARGV[8])
+local window = tonumber(ARGV[10])
 local told = now + tonumber(ARGV[11])
 if told <= deadline then
   told = 0
 end
 local out = {now, deadline, '', ''}
--- heads fills in out[3] and out[4] (called once the writes are done).
-local function heads()
-  local d = redis.call('ZRANGE', kdue, 0, 0, 'WITHSCORES')
-  local l = redis.call('ZRANGE', kinflight, 0, 0, 'WITHSCORES')
-  out[3] = d[2] or ''
-  out[4] = l[2] or ''
-  return out
-end
 local tokens, burst
 if rate > 0 then
   burst = math.max(1, tonumber(ARGV[9]))
   tokens = bucket_read(krate, rate, burst, now_us)
   limit = math.min(limit, math.floor(tokens))
-  if limit < 1 then
-    return heads()
+end
+-- ids and dues: the due members taken, in due order; nextdue: the head of
+-- due after they are gone, when a read told it (nil: read it at the end).
+local ids, dues, nextdue = {}, {}, nil
+if limit >= 1 and window == 0 then
+  local m = math.min(limit, PEEK)
+  local r = redis.call('ZRANGE', kdue, 0, m, 'WITHSCORES')
+  local k = 0
+  while k < limit and r[2 * k + 2] and tonumber(r[2 * k + 2]) <= now do
+    ids[k + 1], dues[k + 1] = r[2 * k + 1], r[2 * k + 2]
+    k = k + 1
+  end
+  if r[2 * k + 2] then
+    nextdue = r[2 * k + 2] -- the first member not taken
+  elseif #r < 2 * (m + 1) then
+    nextdue = '' -- the set held no more
+  elseif k < limit then
+    -- every member read was due: read the rest that is, up to limit
+    local more = redis.call('ZRANGEBYSCORE', kdue, '-inf', int(now), 'WITHSCORES', 'LIMIT', k, limit - k)
+    for i = 1, #more, 2 do
+      ids[#ids + 1], dues[#dues + 1] = more[i], more[i + 1]
+    end
+  end
+elseif limit >= 1 then
+  -- Kinds: the wanted tasks among the first window due ones, in due
+  -- order; the others (and members without a readable header) stay where
+  -- they are.
+  local want = {}
+  for i = 12, #ARGV do
+    want[ARGV[i]] = true
+  end
+  local items = due_head(kdue, kmeta, now, limit, window, want)
+  for i = 1, #items, 2 do
+    ids[#ids + 1], dues[#dues + 1] = items[i], items[i + 1]
   end
 end
--- Kinds (a window > 0): the wanted tasks among the first window due ones,
--- in due order; the others (and members without a readable header) stay
--- where they are.
-local want = {}
-for i = 12, #ARGV do
-  want[ARGV[i]] = true
-end
-local window = tonumber(ARGV[10])
-local items = due_head(kdue, kmeta, now, limit, window, want)
-if #items == 0 then
-  return heads()
-end
-local ids = {}
-for i = 1, #items, 2 do
-  ids[#ids + 1] = items[i]
-end
-local hs = redis.call('HMGET', kmeta, unpack(ids))
-local stamp = next_stamp(khwm, now_us)
-local top = 0 -- the highest sequence issued
--- The reply is built as the tasks are read: no per-task table or string
--- is made that the reply or a write does not use.
-local zargs, hargs, bad = {}, {}, {}
-local split, at = {}, {} -- split-form tasks (payloads read below), their places in out
-local d = int(deadline)
-local good = 0
-for k = 1, #ids do
-  local id, h = ids[k], hs[k]
-  if h then
-    local nh, seq, inl = repop(h, now, stamp, tonumber(items[2 * k]), told)
-    if nh then
-      top = math.max(top, seq)
-      push(zargs, d, id)
-      push(hargs, id, nh)
-      good = good + 1
-      push(out, id, nh)
-      out[#out + 1] = ''
-      if not inl then
-        split[#split + 1] = id
-        at[#at + 1] = #out
+if #ids > 0 then
+  local n = #ids
+  ids[n + 1] = HWM
+  local hs = redis.call('HMGET', kmeta, unpack(ids))
+  ids[n + 1] = nil
+  local stamp = next_stamp(hs[n + 1], khwm, now_us)
+  local top = 0 -- the highest sequence issued
+  -- The reply is built as the tasks are read: no per-task table or string
+  -- is made that the reply or a write does not use; the tables of the
+  -- rare cases (split payloads, malformed headers) only when needed.
+  local zargs, hargs = {}, {}
+  local split, at, bad
+  local d = int(deadline)
+  local good = 0
+  for k = 1, n do
+    local id, h = ids[k], hs[k]
+    if h then
+      local nh, seq, inl = repop(h, now, stamp, tonumber(dues[k]), told)
+      if nh then
+        if seq > top then
+          top = seq
+        end
+        good = good + 1
+        zargs[2 * good - 1], zargs[2 * good] = d, id
+        hargs[2 * good - 1], hargs[2 * good] = id, nh
+        local o = #out
+        out[o + 1], out[o + 2], out[o + 3] = id, nh, ''
+        if not inl then
+          split, at = split or {}, at or {}
+          split[#split + 1] = id
+          at[#at + 1] = o + 3
+        end
+      else
+        bad = bad or {}
+        bad[#bad + 1] = id
       end
-    else
-      bad[#bad + 1] = id
     end
   end
-end
-if #split > 0 then
-  local got = redis.call('HMGET', kbody, unpack(split))
-  for x = 1, #split do
-    if got[x] then
-      out[at[x]] = got[x]
+  if split then
+    local got = redis.call('HMGET', kbody, unpack(split))
+    for x = 1, #split do
+      if got[x] then
+        out[at[x]] = got[x]
+      end
     end
   end
-end
-if window > 0 then
-  redis.call('ZREM', kdue, unpack(ids))
-else
-  -- the popped tasks are exactly the first #ids members of due
-  redis.call('ZREMRANGEBYRANK', kdue, 0, #ids - 1)
-end
-flush('ZADD', kinflight, zargs)
-flush('HSET', kmeta, hargs)
-if top > 0 then
-  redis.call('SET', khwm, int(top))
-end
-if #bad > 0 then
-  local dargs = {}
-  for _, id in ipairs(bad) do
-    push(dargs, int(now), id)
+  if window > 0 then
+    redis.call('ZREM', kdue, unpack(ids))
+  else
+    -- the popped tasks are exactly the first n members of due
+    redis.call('ZREMRANGEBYRANK', kdue, 0, n - 1)
   end
-  flush('ZADD', kdead, dargs)
-end
-if rate > 0 and good > 0 then
-  bucket_write(krate, tokens - good, rate, burst, now_us)
-end
-heads()
-if #bad > 0 then
-  out[#out + 1] = ''
-  for _, id in ipairs(bad) do
-    out[#out + 1] = id
+  flush('ZADD', kinflight, zargs)
+  if top > 0 then
+    push(hargs, HWM, int(top))
+  end
+  flush('HSET', kmeta, hargs)
+  if bad then
+    local dargs = {}
+    for _, id in ipairs(bad) do
+      push(dargs, int(now), id)
+    end
+    flush('ZADD', kdead, dargs)
+    out[#out + 1] = ''
+    for _, id in ipairs(bad) do
+      out[#out + 1] = id
+    end
+  end
+  if rate > 0 and good > 0 then
+    bucket_write(krate, tokens - good, rate, burst, now_us)
   end
 end
+if nextdue == nil then
+  nextdue = redis.call('ZRANGE', kdue, 0, 0, 'WITHSCORES')[2] or ''
+end
+out[3] = nextdue
+out[4] = redis.call('ZRANGE', kinflight, 0, 0, 'WITHSCORES')[2] or ''
 return out

@@ -4,9 +4,10 @@
 -- slot is fired once however many replicas race the step.
 --
 -- KEYS[1] sched HASH, KEYS[2] schednext ZSET, KEYS[3] due ZSET,
--- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] life STRING,
--- KEYS[7] hwm STRING (the task keys of the schedule's shard: its firings'
--- ids land there, storage.FiringID)
+-- KEYS[4] meta HASH (and the high-water mark: lib.lua HWM), KEYS[5] body
+-- HASH, KEYS[6] life STRING, KEYS[7] hwm STRING (lib.lua next_stamp) (the
+-- task keys of the schedule's shard: its firings' ids land there,
+-- storage.FiringID)
 -- ARGV[1] wake channel, ARGV[2] namespace (the wake-up message)
 -- ARGV[3] schedule id, ARGV[4] the version the stored one must have
 -- ARGV[5] the schedule (storage.MarshalSchedule)
@@ -50,8 +51,10 @@ if n > 0 then
   for i = 0, n - 1 do
     ids[i + 1] = ARGV[9 + 4 * i]
   end
+  ids[n + 1] = HWM
   local olds = redis.call('HMGET', KEYS[4], unpack(ids))
-  local stamp = next_stamp(KEYS[7], now_us)
+  ids[n + 1] = nil
+  local stamp = next_stamp(olds[n + 1], KEYS[7], now_us)
   local first = head(KEYS[3])
   local wake, made = false, {}
   local zadd, hset, bset = {}, {}, {}
@@ -75,11 +78,11 @@ if n > 0 then
     end
   end
   flush('ZADD', KEYS[3], zadd)
+  if #zadd > 0 then
+    push(hset, HWM, int(stamp))
+  end
   flush('HSET', KEYS[4], hset)
   flush('HSET', KEYS[5], bset)
-  if #zadd > 0 then
-    redis.call('SET', KEYS[7], int(stamp))
-  end
   if wake then
     redis.call('PUBLISH', ARGV[1], ARGV[2])
   end

@@ -2,9 +2,11 @@
 --
 -- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
 -- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET,
--- KEYS[6] meta HASH (headers), KEYS[7] body HASH (large payloads),
+-- KEYS[6] meta HASH (headers, and the high-water mark: lib.lua HWM),
+-- KEYS[7] body HASH (large payloads),
 -- KEYS[8] life STRING (the namespace incarnation, see keys.go)
--- KEYS[9] hwm STRING (high-water mark of incarnations; see next_stamp)
+-- KEYS[9] hwm STRING (the high-water mark of a shard whose meta HASH has
+--         none; lib.lua next_stamp)
 -- ARGV[6] wake channel
 -- ARGV[7] namespace (the wake-up message)
 -- ARGV[8] n, the number of tasks (at most 1,000); then 10 arguments per
@@ -74,8 +76,10 @@ local ids = {}
 for i = 0, n - 1 do
   ids[i + 1] = ARGV[9 + 10 * i]
 end
+ids[n + 1] = HWM
 local olds = redis.call('HMGET', kmeta, unpack(ids))
-local stamp = next_stamp(khwm, now_us)
+ids[n + 1] = nil
+local stamp = next_stamp(olds[n + 1], khwm, now_us)
 local stamped = false
 local first = head(kdue)
 local wake = false
@@ -211,6 +215,9 @@ end
 flush('ZREM', kinflight, zrem)
 flush('ZREM', kdead, zrem)
 flush('ZADD', kdue, zadd)
+if stamped then
+  push(hset, HWM, int(stamp))
+end
 flush('HSET', kmeta, hset)
 local bset, bdel = {}, {}
 for _, id in ipairs(border) do
@@ -224,9 +231,6 @@ for _, id in ipairs(border) do
 end
 flush('HDEL', kbody, bdel)
 flush('HSET', kbody, bset)
-if stamped then
-  redis.call('SET', khwm, int(stamp))
-end
 if wake then
   redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
