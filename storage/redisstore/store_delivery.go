@@ -70,8 +70,8 @@ func (s *Store) PopWake(ctx context.Context, ns string, p storage.PopParams) (st
 	return r, err
 }
 
-// tokenArgs appends id, incarnation, generation, delivery per token
-// (tokenArity values), the numbers in hexadecimal as headers hold them
+// tokenArgs appends id, incarnation, generation, attempt, delivery per
+// token (tokenArity values), the numbers in hexadecimal as headers hold them
 // (appendHex: 0 is ""), so the scripts compare them as strings (see
 // token_check in lua/lib.lua). A token of another namespace is sent with an
 // id no task has, so it answers NOT_FOUND; so does one with delivery 0 (the
@@ -79,10 +79,10 @@ func (s *Store) PopWake(ctx context.Context, ns string, p storage.PopParams) (st
 func tokenArgs(args []any, ns string, tokens []storage.Token) []any {
 	// one buffer for every token's numbers; each argument is a slice of it
 	// (a full slice expression, so nothing appends into another's bytes)
-	buf := make([]byte, 0, 40*len(tokens))
+	buf := make([]byte, 0, 48*len(tokens))
 	for _, t := range tokens {
 		if t.Namespace != "" && t.Namespace != ns {
-			args = append(args, "", "", "", "")
+			args = append(args, "", "", "", "", "")
 			continue
 		}
 		a := len(buf)
@@ -90,15 +90,17 @@ func tokenArgs(args []any, ns string, tokens []storage.Token) []any {
 		b := len(buf)
 		buf = appendHex(buf, t.Generation)
 		c := len(buf)
-		buf = appendHex(buf, t.Delivery)
+		buf = appendHex(buf, int64(t.Attempt))
 		d := len(buf)
-		args = append(args, t.ID, buf[a:b:b], buf[b:c:c], buf[c:d:d])
+		buf = appendHex(buf, t.Delivery)
+		e := len(buf)
+		args = append(args, t.ID, buf[a:b:b], buf[b:c:c], buf[c:d:d], buf[d:e:e])
 	}
 	return args
 }
 
 // tokenArity is how many ARGV values tokenArgs sends per token.
-const tokenArity = 4
+const tokenArity = 5
 
 func tokenStatus(v any) storage.TokenStatus {
 	n, _ := replyInt(v)

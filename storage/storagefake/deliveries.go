@@ -95,7 +95,9 @@ func (s *Store) check(ns string, tok storage.Token) (*record, storage.TokenStatu
 		return nil, storage.TokenNotFound
 	}
 	if r.task.Generation == tok.Generation && r.dseq == tok.Delivery {
-		if r.task.State == storage.StateDelivered {
+		// The attempt is fenced too: a token naming this delivery with
+		// another attempt was never issued.
+		if r.task.State == storage.StateDelivered && r.task.Attempt == tok.Attempt {
 			return r, storage.TokenOK
 		}
 		return nil, storage.TokenNotFound

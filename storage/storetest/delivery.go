@@ -142,6 +142,34 @@ func testAck(t *testing.T, newStore func(t *testing.T) storage.Store) {
 		},
 		want: []Row{row("x", deliv, 1, 1, "")},
 	}, {
+		// Issue 42 item 7: the attempt is part of the token's fence, as
+		// its version and delivery are. A token that names the delivery in
+		// flight with another attempt was never issued: it settles nothing
+		// (and so records no event with its made-up attempt).
+		name:  "a token with another attempt than its delivery's: NOT_FOUND for ack, nack and extend",
+		seeds: []Seed{{ID: "x", State: deliv}},
+		run: func(e *env) {
+			tok := e.tok["x"]
+			var forged []storage.Token
+			for _, a := range []int32{0, tok.Attempt + 1, 999} {
+				f := tok
+				f.Attempt = a
+				forged = append(forged, f)
+			}
+			want := statuses(storage.TokenNotFound, storage.TokenNotFound, storage.TokenNotFound)
+			e.wantStatuses("ack", e.ack(forged...), want)
+			st, mv := e.nack(storage.NackOptions{RetryAfter: dur(0)}, forged...)
+			e.wantStatuses("nack", st, want)
+			if len(mv) != 0 {
+				e.t.Errorf("nack of forged tokens moved %+v", mv)
+			}
+			res, err := e.s.Extend(e.ctx, e.ns, forged, 2*time.Hour)
+			if err != nil || len(res) != 3 || res[0].Status != storage.TokenNotFound || res[1].Status != storage.TokenNotFound || res[2].Status != storage.TokenNotFound {
+				e.t.Errorf("extend of forged tokens = %+v, %v; want NOT_FOUND each", res, err)
+			}
+			e.wantStatuses("ack of the real token", e.ack(tok), statuses(storage.TokenOK))
+		},
+	}, {
 		name:  "a token from before a remove never touches the re-created task",
 		seeds: []Seed{{ID: "x", State: deliv}},
 		run: func(e *env) {

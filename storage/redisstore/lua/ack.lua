@@ -12,9 +12,9 @@
 --         no markers. The attempt is there for whoever settles the ack in
 --         MySQL (the reconciler, if the ack's own write-through never
 --         runs): pops are not written to MySQL, so only the index knows it.
--- ARGV[7] n (at most 1,000); then per token i (from 0), at ARGV[8+4i ..]:
---         id, incarnation, generation, delivery sequence (hexadecimal, as
---         headers hold them: 0 is '')
+-- ARGV[7] n (at most 1,000); then per token i (from 0), at ARGV[8+5i ..]:
+--         id, incarnation, generation, attempt, delivery sequence
+--         (hexadecimal, as headers hold them: 0 is '')
 --
 -- Returns one status per token: 1 OK (deleted, or acked before and the
 -- marker still says so), 2 STALE (the task has a newer generation or
@@ -29,7 +29,7 @@ if n == 0 then
 end
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[8 + 4 * i]
+  ids[i + 1] = ARGV[8 + 5 * i]
 end
 local hs = redis.call('HMGET', kmeta, unpack(ids))
 local leased = redis.call('ZMSCORE', kinflight, unpack(ids))
@@ -41,17 +41,17 @@ end
 -- durable.go, markOf); built only for a token that needs it, so a stale
 -- or unknown token costs no string.
 local function markOf(j)
-  return int(dec(ARGV[j + 1]) or 0) .. ',' .. int(dec(ARGV[j + 2]) or 0) .. ',' .. int(dec(ARGV[j + 3]) or 0)
+  return int(dec(ARGV[j + 1]) or 0) .. ',' .. int(dec(ARGV[j + 2]) or 0) .. ',' .. int(dec(ARGV[j + 4]) or 0)
 end
 -- FEW is how many acked tasks are checked for a body entry one by one.
 local FEW = 8
 local gone, done, mset, pos = {}, {}, {}, {}
 for i = 0, n - 1 do
-  local j = 8 + 4 * i
+  local j = 8 + 5 * i
   local id = ids[i + 1]
   local st = 3
   if not done[id] then
-    st = token_check(hs[i + 1], leased[i + 1], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3])
+    st = token_check(hs[i + 1], leased[i + 1], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4])
     if st == 1 then
       done[id] = true
       gone[#gone + 1] = id
@@ -59,7 +59,7 @@ for i = 0, n - 1 do
       if marks then
         push(mset, id, markOf(j) .. ',' .. int(dec(string.match(hs[i + 1], '^[^,]*,[^,]*,([^,]*),')) or 0))
       end
-    elseif marks and not hs[i + 1] and prior[i + 1] and mark_is(prior[i + 1], markOf(j)) then
+    elseif marks and not hs[i + 1] and prior[i + 1] and mark_acked(prior[i + 1], markOf(j), int(dec(ARGV[j + 3]) or 0)) then
       done[id] = true
       st = 1
     end

@@ -421,35 +421,37 @@ local function apply(W, kdue, kdead, kmeta)
 end
 
 -- token_check compares a delivery token (incarnation i, generation g,
--- delivery sequence d: hexadecimal strings as a header holds them, see enc,
--- so 0 is '') with the stored header h and whether the task is in flight:
--- 1 OK (h is that delivery, in flight), 2 STALE (the same incarnation has a
--- newer generation or delivery since), 3 NOT_FOUND (no task, another
--- incarnation, or not in flight). A token with delivery 0 never matches:
--- pops never issue it. The common case (the token names the header's
--- delivery) is decided by comparing the strings, without decoding a number
--- (that decoding was a third of ack.lua's CPU per token).
-local function token_check(h, inflight, i, g, d)
+-- attempt a, delivery sequence d: hexadecimal strings as a header holds
+-- them, see enc, so 0 is '') with the stored header h and whether the task
+-- is in flight: 1 OK (h is that delivery, in flight, at that attempt), 2
+-- STALE (the same incarnation has a newer generation or delivery since),
+-- 3 NOT_FOUND (no task, another incarnation, not in flight, or a token
+-- naming the delivery with another attempt than its own: never issued). A
+-- token with delivery 0 never matches: pops never issue it. The common case
+-- (the token names the header's delivery) is decided by comparing the
+-- strings, without decoding a number (that decoding was a third of
+-- ack.lua's CPU per token).
+local function token_check(h, inflight, i, g, a, d)
   if not h or d == '' then
     return 3
   end
-  local hi, hg, hd = string.match(h, '^([^,]*),([^,]*),[^,]*,([^,]*),')
+  local hi, hg, ha, hd = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),')
   if not hd then
     return 3
   end
-  if hi == i and hg == g and hd == d then
+  if hi == i and hg == g and ha == a and hd == d then
     if inflight then
       return 1
     end
     return 3
   end
-  local ri, rg, rd = dec(hi), dec(hg), dec(hd)
-  local ti, tg, td = dec(i), dec(g), dec(d)
-  if not (ri and rg and rd and ti and tg and td) or td == 0 or ri ~= ti then
+  local ri, rg, ra, rd = dec(hi), dec(hg), dec(ha), dec(hd)
+  local ti, tg, ta, td = dec(i), dec(g), dec(a), dec(d)
+  if not (ri and rg and ra and rd and ti and tg and ta and td) or td == 0 or ri ~= ti then
     return 3
   end
   if rg == tg and rd == td then
-    if inflight then
+    if inflight and ra == ta then
       return 1
     end
     return 3
@@ -465,6 +467,13 @@ end
 -- the delivery key ('inc,gen,dseq').
 local function mark_is(m, key)
   return m == key or (m ~= nil and m ~= false and string.sub(m, 1, #key + 1) == key .. ',')
+end
+
+-- mark_acked says whether ack marker m records the ack of delivery key
+-- ('inc,gen,dseq') at attempt a (decimal): a retried ack of that very
+-- token. A marker written before the attempt was added names no attempt.
+local function mark_acked(m, key, a)
+  return m == key or m == key .. ',' .. a
 end
 
 -- life_read reads a namespace shard's life key (keys.go): the latest

@@ -10,9 +10,9 @@
 -- ARGV[13] jitter fraction, ARGV[14] jitter seed in [0, 1), ARGV[15] reason
 -- ARGV[16] '1' when the deliveries were popped but never sent: each gives
 --          back the attempt its pop counted, else '0'
--- ARGV[17] n (at most 1,000); then per token i (from 0), at ARGV[18+4i ..]:
---          id, incarnation, generation, delivery sequence (hexadecimal, as
---          headers hold them: 0 is '')
+-- ARGV[17] n (at most 1,000); then per token i (from 0), at ARGV[18+5i ..]:
+--          id, incarnation, generation, attempt, delivery sequence
+--          (hexadecimal, as headers hold them: 0 is '')
 --
 -- Publishes the namespace on the wake channel when a task became earlier
 -- than the head of due.
@@ -29,7 +29,7 @@ end
 local p = retry_policy(ARGV, 8)
 local ids = {}
 for i = 0, n - 1 do
-  ids[i + 1] = ARGV[18 + 4 * i]
+  ids[i + 1] = ARGV[18 + 5 * i]
 end
 local recs = redis.call('HMGET', kmeta, unpack(ids))
 local leased = redis.call('ZMSCORE', kinflight, unpack(ids))
@@ -38,11 +38,11 @@ local wake = false
 local W = {due = {}, dead = {}, meta = {}}
 local back, done = {}, {}
 for i = 0, n - 1 do
-  local j = 18 + 4 * i
+  local j = 18 + 5 * i
   local id = ids[i + 1]
   local st, state, at = 3, 0, 0
   if not done[id] then
-    st = token_check(recs[i + 1], leased[i + 1], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3])
+    st = token_check(recs[i + 1], leased[i + 1], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4])
     local r
     if st == 1 then
       r = parse(recs[i + 1])
