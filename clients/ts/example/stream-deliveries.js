@@ -5,7 +5,13 @@
 // HTTP/1.1, and from a browser's fetch, use Subscribe and AckTasks as
 // upsert-and-subscribe.js does.
 //
-//   node example/stream-deliveries.js http://localhost:7071 orders 10 [api-key]
+// It touches no task but its own: its tasks' kind (example.stream.<time>)
+// is one only it uses, and the stream names that kind alone
+// (StreamDeliveriesRequest.kinds), so delayd hands it no other consumer's
+// task. Run as a program it also uses a scratch namespace of its own
+// unless one is named.
+//
+//   node example/stream-deliveries.js [http://localhost:7071] [namespace] [count] [api-key]
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { TaskService } from "../src/gen/delayd/v1/task_pb.js";
@@ -40,13 +46,15 @@ function requestQueue() {
 }
 
 /**
- * Upserts `count` tasks due now in `namespace`, receives them on one
- * StreamDeliveries stream, acks each batch on the stream and returns what
- * happened: how many deliveries, in how many messages, and the ack results.
+ * Upserts `count` tasks due now in `namespace`, of a kind only this call
+ * uses (`kind`, default example.stream.<time>), receives them on one
+ * StreamDeliveries stream that takes that kind only, acks each batch on
+ * the stream and returns what happened: how many deliveries, in how many
+ * messages, and the ack results.
  *
- * @param {{baseUrl: string, namespace: string, count?: number, apiKey?: string}} opts
+ * @param {{baseUrl: string, namespace: string, count?: number, apiKey?: string, kind?: string}} opts
  */
-export async function streamDeliveries({ baseUrl, namespace, count = 10, apiKey }) {
+export async function streamDeliveries({ baseUrl, namespace, count = 10, apiKey, kind = `example.stream.${Date.now()}` }) {
   const transport = createConnectTransport({
     baseUrl,
     httpVersion: "2",
@@ -57,11 +65,13 @@ export async function streamDeliveries({ baseUrl, namespace, count = 10, apiKey 
   const tasks = createClient(TaskService, transport);
   const deliveries = createClient(DeliveryService, transport);
 
+  const run = Date.now().toString(36); // ids of this call's own
   await tasks.batchUpsertTasks({
     namespace,
     tasks: Array.from({ length: count }, (_, i) => ({
       namespace,
-      id: `stream-${i}`,
+      id: `stream-${run}-${i}`,
+      kind,
       payload: new TextEncoder().encode(String(i)),
       when: { case: "delay", value: { seconds: 0n, nanos: 0 } },
     })),
@@ -69,12 +79,14 @@ export async function streamDeliveries({ baseUrl, namespace, count = 10, apiKey 
 
   const requests = requestQueue();
   // The first request opens the stream; later ones carry verdicts.
-  requests.push({ namespace, maxInFlight: count, maxBatch: count });
+  requests.push({ namespace, maxInFlight: count, maxBatch: count, kinds: [kind] });
   const abort = new AbortController();
   const out = { delivered: [], messages: 0, acked: 0, ackResults: [] };
   try {
     for await (const res of deliveries.streamDeliveries(requests, { signal: abort.signal })) {
       if (res.deliveries.length > 0) {
+        const foreign = res.deliveries.find((d) => d.task.kind !== kind);
+        if (foreign) throw new Error(`delivered ${foreign.task.id} of kind ${foreign.task.kind}, not this example's`);
         out.messages++;
         out.delivered.push(...res.deliveries.map((d) => d.task.id));
         requests.push({ ackTokens: res.deliveries.map((d) => d.token) });
@@ -94,6 +106,6 @@ export async function streamDeliveries({ baseUrl, namespace, count = 10, apiKey 
 
 // Run as a program: print what happened.
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const [baseUrl = "http://localhost:7071", namespace = "orders", count = "10", apiKey] = process.argv.slice(2);
+  const [baseUrl = "http://localhost:7071", namespace = `example-${Date.now()}`, count = "10", apiKey] = process.argv.slice(2);
   console.log(await streamDeliveries({ baseUrl, namespace, count: Number(count), apiKey }));
 }

@@ -4,11 +4,12 @@
 //
 //   node example/upsert-and-subscribe.js [http://localhost:7071] [namespace] [api-key]
 //
-// Run as a program it uses a scratch namespace of its own
-// (example-<time>; embedded mode and auth off create it on first use)
-// unless one is named, and acks only the task it created: another task
-// due in the namespace is left alone (a real namespace's tasks belong to
-// their own consumers).
+// It touches no task but its own: its task's kind (example.hello.<id>) is
+// one only it uses, and it subscribes to that kind alone (SubscribeRequest
+// .kinds), so delayd never hands it another consumer's task: no lease held
+// on one, no attempt spent. Run as a program it also uses a scratch
+// namespace of its own (example-<time>; embedded mode and auth off create
+// it on first use) unless one is named.
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
@@ -16,11 +17,11 @@ import { TaskService } from "../src/gen/delayd/v1/task_pb.js";
 import { DeliveryService } from "../src/gen/delayd/v1/delivery_pb.js";
 
 /**
- * Upserts task `id` in `namespace` due after `delaySeconds`, subscribes,
- * waits for the delivery of that task, acks it and returns what was
- * delivered. Deliveries of other tasks are neither acked nor nacked: they
- * stay leased to this subscriber until their lease deadline, then go to
- * another one, with no attempt lost to this example.
+ * Upserts task `id` in `namespace` due after `delaySeconds`, with a kind
+ * only it has, subscribes to that kind only, waits for the delivery of the
+ * task, acks it and returns what was delivered. The stream receives no
+ * other task of the namespace, so no other consumer's task is leased,
+ * delayed or charged an attempt by this example.
  *
  * @param {{baseUrl: string, namespace: string, id: string, apiKey?: string, delaySeconds?: number}} opts
  */
@@ -35,20 +36,23 @@ export async function upsertAndSubscribe({ baseUrl, namespace, id, apiKey, delay
   const tasks = createClient(TaskService, transport);
   const deliveries = createClient(DeliveryService, transport);
 
+  // A kind no other consumer uses: the subscription below names it, so it
+  // receives this task and nothing else.
+  const kind = `example.hello.${id}`;
   const up = await tasks.upsertTask({
     namespace,
     id,
-    kind: "example.hello",
+    kind,
     payload: new TextEncoder().encode(JSON.stringify({ hello: id })),
     when: { case: "delay", value: { seconds: BigInt(delaySeconds), nanos: 0 } },
   });
 
   const abort = new AbortController();
   try {
-    for await (const res of deliveries.subscribe({ namespace, maxInFlight: 10 }, { signal: abort.signal })) {
+    for await (const res of deliveries.subscribe({ namespace, maxInFlight: 1, kinds: [kind] }, { signal: abort.signal })) {
       const d = res.delivery;
       if (d.task.id !== id) {
-        continue; // not ours
+        throw new Error(`delivered ${d.task.id}, which is not this example's task`);
       }
       const ack = await deliveries.ackTasks({ namespace, tokens: [d.token] });
       return {
@@ -56,6 +60,7 @@ export async function upsertAndSubscribe({ baseUrl, namespace, id, apiKey, delay
         generation: up.task.generation,
         dueTime: timestampDate(up.task.dueTime),
         delivered: d.task.id,
+        kind: d.task.kind,
         attempt: d.task.attempt,
         payload: new TextDecoder().decode(d.task.payload),
         ack: ack.results[0].status,

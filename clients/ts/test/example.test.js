@@ -9,6 +9,7 @@ import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { TaskService } from "../src/gen/delayd/v1/task_pb.js";
 import { TaskState } from "../src/gen/delayd/v1/task_pb.js";
+import { NamespaceService } from "../src/gen/delayd/v1/namespace_pb.js";
 import { TokenStatus } from "../src/gen/delayd/v1/delivery_pb.js";
 import { upsertAndSubscribe } from "../example/upsert-and-subscribe.js";
 import { streamDeliveries } from "../example/stream-deliveries.js";
@@ -47,18 +48,26 @@ test("the example upserts a task and receives it on its first attempt", async ()
   });
 });
 
-test("the example, run twice in a row as a program, acks only its own task each time", async () => {
-  // Someone else's task, due now, in the namespace both runs are pointed at.
-  const tasks = createClient(TaskService, createConnectTransport({ baseUrl, httpVersion: "1.1" }));
-  await tasks.upsertTask({ namespace: "ts-twice", id: "not-yours", when: { case: "delay", value: { seconds: 0n } } });
+test("the examples, run as programs in a namespace with another consumer's task, touch only their own", async () => {
+  // Someone else's task, due now, in a namespace that gives each task one
+  // attempt: a delivery of it to an example would lease it for the ack
+  // timeout and then make it a dead letter.
+  const transport = createConnectTransport({ baseUrl, httpVersion: "1.1" });
+  const tasks = createClient(TaskService, transport);
+  await createClient(NamespaceService, transport).createNamespace({ namespace: { name: "ts-twice", policy: { maxAttempts: 1 } } });
+  await tasks.upsertTask({ namespace: "ts-twice", id: "not-yours", kind: "order.close", when: { case: "delay", value: { seconds: 0n } } });
+  const example = (name) => fileURLToPath(new URL(`../example/${name}`, import.meta.url));
   for (const run of [1, 2]) {
-    const { stdout } = await execFileP(process.execPath, [fileURLToPath(new URL("../example/upsert-and-subscribe.js", import.meta.url)), baseUrl, "ts-twice"]);
+    const { stdout } = await execFileP(process.execPath, [example("upsert-and-subscribe.js"), baseUrl, "ts-twice"]);
     assert.match(stdout, /delivered: 'hello-\d+'/, `run ${run} printed:\n${stdout}`);
     assert.match(stdout, /ack: 1/, `run ${run} printed:\n${stdout}`);
   }
-  // The other task is still there: neither run acked it.
+  const { stdout: streamed } = await execFileP(process.execPath, [example("stream-deliveries.js"), baseUrl, "ts-twice", "5"]);
+  assert.match(streamed, /acked: 5/, `stream-deliveries printed:\n${streamed}`);
+  // The other task was never delivered: still scheduled, no attempt spent.
   const other = await tasks.getTask({ namespace: "ts-twice", id: "not-yours" });
-  assert.equal(other.task.id, "not-yours");
+  assert.equal(other.task.state, TaskState.SCHEDULED, `the other consumer's task is ${TaskState[other.task.state]}`);
+  assert.equal(other.task.attempt, 0);
   // And with no namespace named, each run picks a scratch one of its own.
   const { stdout } = await execFileP(process.execPath, [fileURLToPath(new URL("../example/upsert-and-subscribe.js", import.meta.url)), baseUrl]);
   assert.match(stdout, /ack: 1/);
