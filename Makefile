@@ -182,20 +182,22 @@ image: ## Build the container image IMAGE (delayd:VERSION, also delayd:latest) f
 # make release: static binaries (CGO_ENABLED=0) for each RELEASE_PLATFORMS
 # entry, named delayd-VERSION-OS-ARCH.tar.gz under dist/, each holding
 # delayd and delayctl stamped with VERSION (delayd --version names it),
-# and SHA256SUMS over the archives. Tag first (git tag v0.2.0) so VERSION
+# LICENSE, README.md, CHANGELOG.md and systemd/ (the unit, its settings
+# example and the install recipe; scripts/release-dir.sh), and SHA256SUMS
+# over the archives. Tag first (git tag v0.2.0) so VERSION
 # is the tag, and move CHANGELOG's Unreleased section under it.
 RELEASE_PLATFORMS ?= linux/amd64 linux/arm64 darwin/arm64
 DIST := $(CURDIR)/dist
 
 .PHONY: release
-release: ## Cross-compile static delayd and delayctl for RELEASE_PLATFORMS into dist/ (tar.gz each, SHA256SUMS), stamped with VERSION.
+release: ## Cross-compile static delayd and delayctl for RELEASE_PLATFORMS into dist/ (tar.gz each, with the systemd unit and env example; SHA256SUMS), stamped with VERSION.
 	rm -rf $(DIST) && mkdir -p $(DIST)
 	@set -e; for p in $(RELEASE_PLATFORMS); do \
 		os=$${p%/*}; arch=$${p#*/}; name=delayd-$(VERSION)-$$os-$$arch; \
 		echo "building $$name"; \
 		mkdir -p $(DIST)/$$name; \
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(DIST)/$$name/ ./cmd/delayd ./cmd/delayctl; \
-		cp LICENSE README.md CHANGELOG.md $(DIST)/$$name/; \
+		scripts/release-dir.sh $(DIST)/$$name; \
 		tar -C $(DIST) -czf $(DIST)/$$name.tar.gz $$name; \
 		rm -rf $(DIST)/$$name; \
 	done

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,6 +67,27 @@ func TestReadyProbesTheOpsListener(t *testing.T) {
 	out, code = run(ctx, d.Addr(), "", "ready", "--ops-addr", closed)
 	if code != ctl.ExitError || !strings.Contains(out, "ops listener "+closed) {
 		t.Errorf("ready against a closed port:\n%s", out)
+	}
+
+	// --wait asks again until the listener answers 200: here one that
+	// says 503 twice first, as delayd does until its stores answer.
+	var asked atomic.Int32
+	soon := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if asked.Add(1) <= 2 {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	}))
+	defer soon.Close()
+	out, code = run(ctx, d.Addr(), "", "ready", "--wait", "30s", "--ops-addr", strings.TrimPrefix(soon.URL, "http://"))
+	if code != ctl.ExitOK || asked.Load() != 3 {
+		t.Errorf("ready --wait against a listener ready at the third ask: asked %d times\n%s", asked.Load(), out)
+	}
+	// A --wait that runs out fails with the last answer.
+	out, code = run(ctx, d.Addr(), "", "ready", "--wait", "1s", "--ops-addr", strings.TrimPrefix(notReady.URL, "http://"))
+	if code != ctl.ExitError || !strings.Contains(out, "redis: connection refused") {
+		t.Errorf("ready --wait 1s against a 503:\n%s", out)
 	}
 
 	out, code = run(ctx, d.Addr(), "", "ready", "--ops-addr", "http://127.0.0.1:9070/readyz")

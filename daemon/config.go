@@ -166,8 +166,9 @@ type Config struct {
 	// AdminKey is the bootstrap admin key: a global key with every scope,
 	// sent as gRPC metadata "authorization: Bearer <key>", for operators to
 	// create namespaces and their API keys with. Setting it turns API-key
-	// authentication on (16-512 printable ASCII characters). If empty,
-	// authentication is off and every client may do everything: the delayd
+	// authentication on (32-512 printable ASCII characters, no placeholder:
+	// guard.ResolveAuth refuses anything else, here and in the binary). If
+	// empty, authentication is off and every client may do everything: the delayd
 	// binary refuses that against a real Redis unless --no-auth is given
 	// (guard.ResolveAuth); Start allows it for tests and tools that run
 	// delayd in-process on loopback.

@@ -101,7 +101,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.IntVar(&c.PushConcurrency, "push-concurrency", DefaultPushConcurrency, "most HTTP push requests in flight per namespace on one replica")
 	durationVar(fs, &c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "bound on graceful shutdown; then connections are closed")
 	fs.BoolVar(&c.Reflection, "reflection", false, "serve gRPC server reflection (for grpcurl; needs no API key, so off unless asked for)")
-	fs.StringVar(&c.AdminKey, "admin-key", "", "bootstrap admin key (16-512 printable ASCII); turns API-key auth on; pass it in DELAYD_ADMIN_KEY or --admin-key-file: a command line is visible in ps")
+	fs.StringVar(&c.AdminKey, "admin-key", "", "bootstrap admin key (32-512 printable ASCII, no placeholder: make one with openssl rand -base64 32); turns API-key auth on; pass it in DELAYD_ADMIN_KEY or --admin-key-file: a command line is visible in ps")
 	fs.StringVar(&f.AdminKeyFile, "admin-key-file", "", "file holding the bootstrap admin key (e.g. from openssl rand -hex 32; surrounding whitespace ignored); instead of --admin-key")
 	fs.BoolVar(&f.NoAuth, "no-auth", false, "run without authentication against a real Redis: every client may do everything")
 	fs.BoolVar(&c.AutoCreateNamespaces, "auto-create-namespaces", false, "create an unknown namespace on first use (always on in embedded mode and without auth)")

@@ -220,7 +220,7 @@ func TestStaleUpsertDoesNotSurviveRecreate(t *testing.T) {
 // keys with it.
 func TestDeletedNamespaceKeyCannotWriteIntoItsRecreation(t *testing.T) {
 	t.Parallel()
-	const adminKey = "stale-key-test-admin-0123456789"
+	const adminKey = "stale-key-test-admin-key-0123456789abcdef"
 	cfg := Config{RedisURL: testRedisURL(), LogLevel: "warn", AdminKey: adminKey, RegistryCacheTTL: time.Hour}
 	ns := "stalekey-" + suffix()
 	cleanNamespace(t, testRedisURL(), ns)

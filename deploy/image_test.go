@@ -40,7 +40,7 @@ func TestImage(t *testing.T) {
 	dsn := testkit.Database(t, "image")
 	grpcAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	opsAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
-	const adminKey = "image-test-admin-key-0123456789"
+	const adminKey = "image-test-admin-key-0123456789abcdef"
 	name := "delayd-image-test-" + testkit.Suffix()
 
 	out, err := docker("run", "-d", "--name", name, "--network", "host",

@@ -39,7 +39,7 @@ import (
 // replicas of one test.
 
 // tenAdminKey is the bootstrap admin key of every test replica.
-const tenAdminKey = "test-admin-key-0123456789abcdef"
+const tenAdminKey = "isolation-test-admin-key-0123456789abcdef"
 
 // tenEnv is one store and registry shared by the replicas of one test.
 type tenEnv struct {

@@ -45,17 +45,45 @@ type AuthOptions struct {
 	Disabled bool
 	// AdminKey is the bootstrap key (--admin-key / DELAYD_ADMIN_KEY): a
 	// global key with every scope, for operators to create namespaces and
-	// keys with. Any string of 16-512 printable ASCII characters without
-	// spaces; compared in constant time. Empty: no bootstrap key (keys in
+	// keys with. Any string of 32-512 printable ASCII characters without
+	// spaces that is no placeholder (see ResolveAuth); compared in
+	// constant time. Empty: no bootstrap key (keys in
 	// the registry still work).
 	AdminKey string
 }
 
-// Bootstrap admin key bounds, checked by ResolveAuth.
+// Bootstrap admin key bounds, checked by ResolveAuth. 32 characters: the
+// key may do everything, and `openssl rand -base64 32` (44 characters) or
+// `openssl rand -hex 32` (64) costs nothing more than a short one.
 const (
-	minAdminKeyLen = 16
+	minAdminKeyLen = 32
 	maxAdminKeyLen = 512
 )
+
+// makeAdminKey is how an error about the admin key says to make one.
+const makeAdminKey = "make one with `openssl rand -base64 32` (or `head -c 32 /dev/urandom | base64`) " +
+	"and set DELAYD_ADMIN_KEY to it, or write it to a file named by --admin-key-file (DELAYD_ADMIN_KEY_FILE)"
+
+// adminKeyPlaceholders are words an example's placeholder key holds
+// (deploy/systemd/delayd.env.example's); a key that holds one, ignoring
+// case and punctuation, was copied from an example, not made.
+var adminKeyPlaceholders = []string{"changeme", "replaceme", "yourkey", "adminkeyhere"}
+
+// placeholder reports the placeholder word key holds, if any.
+func placeholder(key string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(key) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+		}
+	}
+	for _, w := range adminKeyPlaceholders {
+		if strings.Contains(b.String(), w) {
+			return w
+		}
+	}
+	return ""
+}
 
 // ResolveAuth turns the daemon's auth flags into AuthOptions, or says why
 // the server must not start and what to do:
@@ -71,19 +99,22 @@ func ResolveAuth(adminKey string, noAuth, embedded bool) (AuthOptions, error) {
 		return AuthOptions{}, errors.New("both an admin key (--admin-key / DELAYD_ADMIN_KEY) and --no-auth are set: drop one of them")
 	case adminKey != "":
 		if n := len(adminKey); n < minAdminKeyLen || n > maxAdminKeyLen {
-			return AuthOptions{}, fmt.Errorf("the admin key is %d characters long; use %d-%d, e.g. DELAYD_ADMIN_KEY=$(openssl rand -hex 32)", n, minAdminKeyLen, maxAdminKeyLen)
+			return AuthOptions{}, fmt.Errorf("the admin key is %d characters long; it must have %d-%d: %s", n, minAdminKeyLen, maxAdminKeyLen, makeAdminKey)
 		}
 		for i := 0; i < len(adminKey); i++ {
 			if c := adminKey[i]; c <= ' ' || c > '~' {
-				return AuthOptions{}, fmt.Errorf("the admin key has a space or non-printable byte at position %d; use printable ASCII, e.g. DELAYD_ADMIN_KEY=$(openssl rand -hex 32)", i)
+				return AuthOptions{}, fmt.Errorf("the admin key has a space or non-printable byte at position %d; it must be printable ASCII: %s", i, makeAdminKey)
 			}
+		}
+		if w := placeholder(adminKey); w != "" {
+			return AuthOptions{}, fmt.Errorf("the admin key is a placeholder (it says %q), not a secret: %s", w, makeAdminKey)
 		}
 		return AuthOptions{AdminKey: adminKey}, nil
 	case noAuth, embedded:
 		return AuthOptions{Disabled: true}, nil
 	default:
 		return AuthOptions{}, errors.New("refusing to start without authentication against a real Redis: " +
-			"set a bootstrap admin key with --admin-key or DELAYD_ADMIN_KEY (e.g. DELAYD_ADMIN_KEY=$(openssl rand -hex 32)), " +
+			"set a bootstrap admin key with --admin-key or DELAYD_ADMIN_KEY (e.g. DELAYD_ADMIN_KEY=$(openssl rand -base64 32)), " +
 			"or pass --no-auth to let every client do everything")
 	}
 }

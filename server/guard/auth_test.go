@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 
@@ -170,7 +171,7 @@ func TestBearerToken(t *testing.T) {
 }
 
 func TestResolveAuth(t *testing.T) {
-	good := "0123456789abcdef0123"
+	good := "0123456789abcdef0123456789abcdef"
 	for _, tc := range []struct {
 		name              string
 		key               string
@@ -184,8 +185,14 @@ func TestResolveAuth(t *testing.T) {
 		{name: "embedded default", embedded: true, wantDisabled: true},
 		{name: "real redis, nothing set", err: true, say: "--admin-key"},
 		{name: "both", key: good, noAuth: true, err: true, say: "drop one"},
-		{name: "short key", key: "short", err: true, say: "16-512"},
-		{name: "key with space", key: "0123456789 abcdef", err: true, say: "space"},
+		{name: "short key", key: "short", err: true, say: "32-512"},
+		{name: "31 characters", key: good[:31], err: true, say: "openssl rand -base64 32"},
+		{name: "key with space", key: "0123456789 abcdef0123456789abcdef", err: true, say: "space"},
+		// deploy/systemd/delayd.env.example's placeholder, and others like it.
+		{name: "the example's placeholder", key: systemdExampleKey(t), err: true, say: "placeholder"},
+		{name: "CHANGE-ME", key: "CHANGE-ME-TO-A-LONG-RANDOM-KEY-0123456789", err: true, say: `placeholder (it says "changeme")`},
+		{name: "change_me lower case", key: "please_change_me_0123456789abcdef", err: true, say: "openssl rand -base64 32"},
+		{name: "replace me", key: "ReplaceMe.0123456789abcdef.0123456789", err: true, say: "placeholder"},
 	} {
 		a, err := ResolveAuth(tc.key, tc.noAuth, tc.embedded)
 		if (err != nil) != tc.err || (err != nil && !strings.Contains(err.Error(), tc.say)) {
@@ -214,7 +221,7 @@ func FuzzAuthMetadata(f *testing.F) {
 	}
 	f.Add("Bearer "+secret, true)
 	a := &authenticator{
-		adminHash: HashSecret("fuzz-admin-key-0123456789"),
+		adminHash: HashSecret("fuzz-admin-key-0123456789abcdef0123456789"),
 		keys: func(_ context.Context, id string) (storage.Key, error) {
 			if id == "0123456789abcdef" {
 				return storage.Key{ID: id, Namespace: "ns", Scopes: []storage.Scope{storage.ScopeProduce}, Hash: HashSecret("never matches")}, nil
@@ -269,4 +276,21 @@ func FuzzAuthMetadata(f *testing.F) {
 			t.Fatalf("authenticate(%q) let in %+v; only the admin key can match here", values, p)
 		}
 	})
+}
+
+// systemdExampleKey is DELAYD_ADMIN_KEY's value in
+// deploy/systemd/delayd.env.example: delayd must refuse to start with it.
+func systemdExampleKey(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile("../../deploy/systemd/delayd.env.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "DELAYD_ADMIN_KEY="); ok {
+			return v
+		}
+	}
+	t.Fatal("delayd.env.example sets no DELAYD_ADMIN_KEY")
+	return ""
 }
