@@ -19,6 +19,7 @@ import (
 
 	"github.com/delayd/delayd/buildinfo"
 	"github.com/delayd/delayd/internal/duration"
+	"github.com/delayd/delayd/internal/suggest"
 	"github.com/delayd/delayd/push"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/server/guard"
@@ -121,12 +122,17 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 // errors go to stderr, and so does the log.
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("delayd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var f Flags
 	BindFlags(fs, &f)
-	fs.Usage = func() { usage(fs) }
+	// The flag package prints its error and the whole usage on any parse
+	// error; a mistake gets one line saying what is wrong instead (below),
+	// and only --help (-h) prints the usage.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	if err := ParseFlags(fs, args, os.Environ()); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			usage(fs)
 			return 0
 		}
 		fmt.Fprintf(stderr, "delayd: %v\n", err)
@@ -143,6 +149,12 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg, onlyLoopback := configFrom(fs, f)
+	if cfg.RedisURL != "" {
+		if err := checkRedisURL(cfg.RedisURL); err != nil {
+			fmt.Fprintf(stderr, "delayd: %v\n", err)
+			return 2
+		}
+	}
 	if err := readAdminKeyFile(&cfg, f.AdminKeyFile); err != nil {
 		fmt.Fprintf(stderr, "delayd: %v\n", err)
 		return 2
@@ -221,10 +233,12 @@ var harnessEnv = []string{"DELAYD_BIN", "DELAYD_CHROMIUM", "DELAYD_IMAGE", "DELA
 // must be. So is a DELAYD_* variable that neither delayd nor delayctl
 // reads, with the closest one it may have meant: a misspelt
 // DELAYD_REDIS_ULR would otherwise start an open embedded store as if
-// nothing had been said.
+// nothing had been said. A flag it does not define is an error naming the
+// closest one when there is one near (--redis-ulr: did you mean
+// --redis-url?).
 func ParseFlags(fs *flag.FlagSet, args []string, environ []string) error {
 	if err := fs.Parse(args); err != nil {
-		return err
+		return unknownFlag(fs, err)
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -257,44 +271,27 @@ func ParseFlags(fs *flag.FlagSet, args []string, environ []string) error {
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
 		k := unknown[0]
+		meant, _ := suggest.Closest(k, slices.Collect(maps.Keys(known))) // a DELAYD_ name is ours: always suggest
 		return fmt.Errorf("%s is set, but neither delayd nor delayctl reads it; did you mean %s? (`delayd --help` lists every variable; unset it to start)",
-			k, closest(k, slices.Collect(maps.Keys(known))))
+			k, meant)
 	}
 	return nil
 }
 
-// closest is the one of names nearest to s by edit distance (the first in
-// sorted order among equals).
-func closest(s string, names []string) string {
-	slices.Sort(names)
-	best, bestD := "", -1
-	for _, n := range names {
-		if d := editDistance(s, n); bestD < 0 || d < bestD {
-			best, bestD = n, d
-		}
+// unknownFlag turns the flag package's "flag provided but not defined: -x"
+// into a line that names the flag as it is written (--x) and the one it
+// probably meant; any other parse error is returned as it is.
+func unknownFlag(fs *flag.FlagSet, err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
+	if !ok {
+		return err
 	}
-	return best
-}
-
-// editDistance is the Levenshtein distance of a and b (bytes).
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	if meant, near := suggest.Closest(name, names); near {
+		return fmt.Errorf("unknown flag --%s; did you mean --%s? (`delayd --help` lists every flag)", name, meant)
 	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			sub := prev[j-1]
-			if a[i-1] != b[j-1] {
-				sub++
-			}
-			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return fmt.Errorf("unknown flag --%s (`delayd --help` lists every flag)", name)
 }
 
 // durationVar defines a duration flag with default def: Go's units plus d

@@ -438,3 +438,56 @@ func TestAckLingerIsOffByDefault(t *testing.T) {
 		t.Errorf("--ack-linger default = %s, want 0s", d)
 	}
 }
+
+// TestMisspeltFlag (issue 41): a flag delayd does not define stops it
+// (exit 2) with one line naming the flag as written and the one it
+// probably meant, as a misspelt DELAYD_* variable does, not the whole
+// usage followed by "flag provided but not defined: -redis-ulr"; a word
+// like no flag gets no guess. --help still prints the usage.
+func TestMisspeltFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--redis-ulr", "redis://127.0.0.1:1"}, "delayd: unknown flag --redis-ulr; did you mean --redis-url? (`delayd --help` lists every flag)\n"},
+		{[]string{"--admin-keyfile=/etc/delayd/key"}, "did you mean --admin-key-file?"},
+		{[]string{"-lisen", ":7070"}, "did you mean --listen?"},
+		{[]string{"--verbose"}, "delayd: unknown flag --verbose (`delayd --help` lists every flag)\n"},
+	} {
+		var out bytes.Buffer
+		code := Main(t.Context(), tc.args, &out)
+		if code != 2 || !strings.Contains(out.String(), tc.want) || strings.Contains(out.String(), "Usage:") || strings.Count(out.String(), "\n") != 1 {
+			t.Errorf("delayd %s: exit %d\n%s\nwant exit 2 and one line saying %q", strings.Join(tc.args, " "), code, out.String(), tc.want)
+		}
+	}
+	var out bytes.Buffer
+	if code := Main(t.Context(), []string{"--help"}, &out); code != 0 || !strings.Contains(out.String(), "Usage: delayd [flags]") {
+		t.Errorf("delayd --help: exit %d\n%s", code, out.String())
+	}
+}
+
+// TestPlaceholderAdminKeyRefused (issue 41): delayd refuses to start with
+// deploy/systemd/delayd.env.example's admin key, or any key under 32
+// characters, and says how to make one.
+func TestPlaceholderAdminKeyRefused(t *testing.T) {
+	raw, err := os.ReadFile("../deploy/systemd/delayd.env.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^DELAYD_ADMIN_KEY=(.+)$`).FindSubmatch(raw)
+	if m == nil {
+		t.Fatal("delayd.env.example sets no DELAYD_ADMIN_KEY")
+	}
+	t.Setenv("DELAYD_REDIS_URL", "redis://127.0.0.1:1/0") // never reached
+	for key, say := range map[string]string{
+		string(m[1]):                      "the admin key is a placeholder",
+		"0123456789abcdef0123456789abcde": "the admin key is 31 characters long; it must have 32-512",
+	} {
+		t.Setenv("DELAYD_ADMIN_KEY", key)
+		var out bytes.Buffer
+		code := Main(t.Context(), []string{"--listen", "127.0.0.1:0"}, &out)
+		if code != 2 || !strings.Contains(out.String(), say) || !strings.Contains(out.String(), "openssl rand -base64 32") {
+			t.Errorf("DELAYD_ADMIN_KEY=%s: exit %d\n%s\nwant exit 2 saying %q and how to make a key", key, code, out.String(), say)
+		}
+	}
+}

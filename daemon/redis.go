@@ -49,6 +49,9 @@ func openRedis(rawURL string) (*redisConn, error) {
 			where:    m.Addr(),
 		}, nil
 	}
+	if err := checkRedisURL(rawURL); err != nil {
+		return nil, err
+	}
 	scheme, _, _ := strings.Cut(rawURL, "://")
 	switch scheme {
 	case "redis-cluster", "rediss-cluster":
@@ -66,6 +69,31 @@ func openRedis(rawURL string) (*redisConn, error) {
 		opts.ContextTimeoutEnabled = true
 		return &redisConn{client: redis.NewClient(opts), mode: "redis", where: redact(rawURL)}, nil
 	}
+}
+
+// redisSchemes are the schemes --redis-url takes, as an error lists them.
+const redisSchemes = "redis://[user:pass@]host:port/db, rediss://… (TLS), unix:///path/to/redis.sock, " +
+	"or redis-cluster://[user:pass@]h1:p1,h2:p2 / rediss-cluster://… for a Redis Cluster"
+
+// checkRedisURL refuses a --redis-url without a scheme or with one delayd
+// does not speak, saying what to write instead ("127.0.0.1:6379" would
+// otherwise be a URL parser's "first path segment in URL cannot contain
+// colon"). It never repeats a password.
+func checkRedisURL(rawURL string) error {
+	scheme, _, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		host := rawURL[strings.LastIndexByte(rawURL, '@')+1:] // without user:pass@
+		if strings.ContainsAny(host, "/?") || host == "" {
+			return fmt.Errorf("--redis-url (DELAYD_REDIS_URL) has no scheme; write one of %s", redisSchemes)
+		}
+		return fmt.Errorf("--redis-url (DELAYD_REDIS_URL) %q has no scheme: write redis://%s/0 (database 0; rediss:// for TLS), or one of %s",
+			host, host, redisSchemes)
+	}
+	switch scheme {
+	case "redis", "rediss", "unix", "redis-cluster", "rediss-cluster":
+		return nil
+	}
+	return fmt.Errorf("--redis-url (DELAYD_REDIS_URL) %s: scheme %q is not one delayd speaks; write %s", redact(rawURL), scheme, redisSchemes)
 }
 
 // parseClusterURL turns redis-cluster://[user:pass@]h1:p1,h2:p2[?opts] into

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 	"testing"
@@ -59,8 +60,28 @@ func TestOpenRedisModesAndRedaction(t *testing.T) {
 	if _, err := openRedis("redis://user:hunter2@host:notaport"); err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("bad URL error = %v; want an error without the password", err)
 	}
-	if _, err := openRedis("http://host:1"); err == nil {
-		t.Fatal("http:// accepted as a Redis URL")
+	if _, err := openRedis("http://host:1"); err == nil || !strings.Contains(err.Error(), `scheme "http" is not one delayd speaks`) {
+		t.Fatalf("http:// as a Redis URL: %v; want a refusal naming the scheme", err)
+	}
+}
+
+// TestRedisURLWithoutScheme (issue 41): DELAYD_REDIS_URL=127.0.0.1:6379,
+// the form redis-cli and most configs write, is refused at start (exit 2)
+// with the URL to write instead, not a URL parser's "first path segment in
+// URL cannot contain colon"; a password in it is never repeated.
+func TestRedisURLWithoutScheme(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"127.0.0.1:6379", `--redis-url (DELAYD_REDIS_URL) "127.0.0.1:6379" has no scheme: write redis://127.0.0.1:6379/0`},
+		{"user:hunter2@db.internal:6379", `"db.internal:6379" has no scheme: write redis://db.internal:6379/0`},
+		{"localhost", "write redis://localhost/0"},
+	} {
+		t.Setenv("DELAYD_REDIS_URL", tc.url)
+		var out bytes.Buffer
+		code := Main(t.Context(), []string{"--no-auth", "--listen", "127.0.0.1:0"}, &out)
+		if code != 2 || !strings.Contains(out.String(), tc.want) || !strings.Contains(out.String(), "rediss://") ||
+			strings.Contains(out.String(), "hunter2") || strings.Contains(out.String(), "first path segment") {
+			t.Errorf("DELAYD_REDIS_URL=%s: exit %d\n%s\nwant exit 2 saying %q, no password", tc.url, code, out.String(), tc.want)
+		}
 	}
 }
 

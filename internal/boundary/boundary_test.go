@@ -115,6 +115,8 @@ var rules = map[string]rule{
 	"buildinfo": {},
 	// Durations with days (400d) for delayd's and delayctl's flags.
 	"internal/duration": {},
+	// "Did you mean …?": the closest of known names to a misspelt one.
+	"internal/suggest": {},
 	// The OpenTelemetry tracer provider from the OTEL_* environment.
 	"tracing": {},
 	// The gRPC edge: the services, over three packages of its own.
@@ -146,7 +148,7 @@ var rules = map[string]rule{
 	// wire, against real stores.
 	"daemon": {
 		imports: []string{"server", "server/guard", "web", "dispatcher", "push", "tenancy", "metrics", "history", "schedule", "ops", "buildinfo", "tracing", "storage",
-			"storage/redisstore", "storage/mysqlstore", "storage/durable", "internal/duration"},
+			"storage/redisstore", "storage/mysqlstore", "storage/durable", "internal/duration", "internal/suggest"},
 		testImports: []string{"gen/delayd/v1", "client", "internal/testkit"},
 	},
 
