@@ -8,8 +8,8 @@ func TestClosest(t *testing.T) {
 		in, want string
 		ok       bool
 	}{
-		{"redis-ulr", "redis-url", true},  // a transposition
-		{"redisurl", "redis-url", true},   // a dash left out
+		{"redis-ulr", "redis-url", true}, // a transposition
+		{"redisurl", "redis-url", true},  // a dash left out
 		{"admin-keyfile", "admin-key-file", true},
 		{"lisen", "listen", true},
 		{"http-listn", "http-listen", true},
