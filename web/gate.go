@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/delayd/delayd/internal/suggest"
 )
 
 // MaxMessageFlag is the delayd flag (and DELAYD_ variable) that sets
@@ -131,4 +135,63 @@ func writeError(w http.ResponseWriter, httpStatus int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(httpStatus)
 	_ = json.NewEncoder(w).Encode(map[string]string{"code": code, "message": msg})
+}
+
+// unknownPath answers a request for a path that is neither an RPC nor the
+// console with 404 and a Connect JSON error (code unimplemented, as a gRPC
+// client gets for an unknown method) that names the path, the method it
+// probably meant, how the API's paths are made, and every one of them
+// ("paths"); the transcoder would answer a bare "Not Found". gRPC calls
+// (Content-Type application/grpc…) pass through: their clients read a
+// gRPC status, not a body.
+func unknownPath(paths map[string]bool, next http.Handler) http.Handler {
+	sorted := slices.Sorted(maps.Keys(paths))
+	services := map[string]bool{}
+	for _, p := range sorted {
+		services[strings.Split(p, "/")[1]] = true
+	}
+	api := fmt.Sprintf("delayd's HTTP API is POST /<service>/<method> (Connect JSON: Content-Type application/json, "+
+		"the body the method's request in JSON), for the services %s (their methods are in \"paths\"; "+
+		"grpcurl describe and proto/delayd/v1 document them); the web console is at /ui/",
+		strings.Join(slices.Sorted(maps.Keys(services)), ", "))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if paths[r.URL.Path] || mt == "application/grpc" || strings.HasPrefix(mt, "application/grpc+") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		msg := "no such path " + r.URL.Path
+		if meant := meantPath(r.URL.Path, sorted); meant != "" {
+			msg += " (did you mean " + meant + "?)"
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false) // <service> stays readable in curl
+		_ = enc.Encode(struct {
+			Code    string   `json:"code"`
+			Message string   `json:"message"`
+			Paths   []string `json:"paths"`
+		}{"unimplemented", msg + ": " + api, sorted})
+	})
+}
+
+// meantPath is the RPC path a wrong one probably meant: the one path whose
+// method has the same name (/TaskService/UpsertTask, the package left
+// out), else the closest by spelling; "" when none is near.
+func meantPath(path string, paths []string) string {
+	method := path[strings.LastIndexByte(path, '/')+1:]
+	var same []string
+	for _, p := range paths {
+		if strings.HasSuffix(p, "/"+method) {
+			same = append(same, p)
+		}
+	}
+	if len(same) == 1 {
+		return same[0]
+	}
+	if meant, near := suggest.Closest(path, paths); near {
+		return meant
+	}
+	return ""
 }

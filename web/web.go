@@ -96,7 +96,7 @@ func Handler(opts Options) (http.Handler, error) {
 	if opts.Admit != nil {
 		rpc = admit(opts.Admit, rpc)
 	}
-	mux.Handle("/", checkContentType(paths, connectByDefault(rpc)))
+	mux.Handle("/", unknownPath(paths, checkContentType(paths, connectByDefault(rpc))))
 	return mux, nil
 }
 
@@ -170,7 +170,7 @@ func (c jsonCodec) Unmarshal(data []byte, msg proto.Message) error {
 	}
 	if err := c.JSONCodec.Unmarshal(data, msg); err != nil {
 		return connect.NewError(connect.CodeInvalidArgument,
-			fmt.Errorf("the request is not a valid %s in JSON: %w", msg.ProtoReflect().Descriptor().FullName(), err))
+			fmt.Errorf("the request is not a valid %s in JSON: %s", msg.ProtoReflect().Descriptor().FullName(), explainJSON(data, err)))
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -443,5 +444,107 @@ func TestContentTypeAndSizeAnswers(t *testing.T) {
 	// a body of unknown length within the limit goes through
 	if code, _, out := post("application/json", ok); code != http.StatusOK {
 		t.Errorf("chunked, small: HTTP %d %v", code, out)
+	}
+}
+
+// TestUnknownPathIsJSON404 (issue 41): a path that is no RPC and not the
+// console answers 404 with a Connect JSON error (code unimplemented, as a
+// gRPC client gets for an unknown method) naming the path, the method it
+// probably meant, how the API's paths are made, and every one of them;
+// it used to be a bare text "Not Found".
+func TestUnknownPathIsJSON404(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	for _, tc := range []struct {
+		method, path, say string
+	}{
+		{http.MethodPost, "/delayd.v1.TaskService/Upsert", "did you mean /delayd.v1.TaskService/UpsertTask?"},
+		{http.MethodPost, "/TaskService/UpsertTask", "did you mean /delayd.v1.TaskService/UpsertTask?"},
+		{http.MethodGet, "/api/tasks", "no such path /api/tasks: delayd's HTTP API is POST /<service>/<method>"},
+		{http.MethodGet, "/favicon.ico", "the web console is at /ui/"},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), tc.method, e.base+tc.path, strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+adminKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Code    string   `json:"code"`
+			Message string   `json:"message"`
+			Paths   []string `json:"paths"`
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err := json.Unmarshal(raw, &body); err != nil || resp.StatusCode != http.StatusNotFound ||
+			resp.Header.Get("Content-Type") != "application/json" || body.Code != "unimplemented" ||
+			!strings.Contains(body.Message, tc.say) || !strings.Contains(body.Message, "delayd.v1.TaskService") ||
+			!strings.Contains(body.Message, "delayd.v1.NamespaceService") {
+			t.Errorf("%s %s: HTTP %d %s %s; want a JSON 404 saying %q", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Content-Type"), raw, tc.say)
+			continue
+		}
+		for _, p := range []string{"/delayd.v1.TaskService/UpsertTask", "/delayd.v1.DeliveryService/Subscribe", "/delayd.v1.NamespaceService/UpdateNamespace"} {
+			if !slices.Contains(body.Paths, p) {
+				t.Errorf("%s %s: paths %v lack %s", tc.method, tc.path, body.Paths, p)
+			}
+		}
+	}
+	// The console and the RPCs are untouched.
+	if code, _ := e.call(adminKey, "TaskService/GetTask", map[string]any{"namespace": "web-404", "id": "x"}); code != http.StatusNotFound {
+		t.Errorf("GetTask of a missing task: HTTP %d, want 404 from the RPC", code)
+	}
+	resp, err := http.Get(e.base + "/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /ui/: HTTP %d", resp.StatusCode)
+	}
+}
+
+// TestJSONFormatErrorsNameFieldAndFormat (issue 41): a payload that is not
+// base64, a duration without its s, a time that is not RFC 3339 are
+// InvalidArgument naming the field, its value and the format wanted; a
+// payload's message said "invalid value for bytes field payload" without
+// the word base64, a duration's "invalid google.protobuf.Duration value
+// \"30\"" without the field or the format.
+func TestJSONFormatErrorsNameFieldAndFormat(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{})
+	ns := e.namespace("web-fmt-", nil)
+	for _, tc := range []struct {
+		method string
+		body   map[string]any
+		say    []string
+	}{
+		{"TaskService/UpsertTask", map[string]any{"namespace": ns, "id": "o1", "payload": `{"order":42}`, "delay": "30s"},
+			[]string{`payload (line 1:`, `is "{\"order\":42}", which is not base64`, `"eyJvcmRlciI6NDJ9"`}},
+		{"TaskService/UpsertTask", map[string]any{"namespace": ns, "id": "o1", "delay": "30"},
+			[]string{`delay (line 1:`, `is "30", which is not a duration`, `"30s"`, `"900s" for 15 minutes`}},
+		{"TaskService/UpsertTask", map[string]any{"namespace": ns, "id": "o1", "delay": "15m"},
+			[]string{`delay (line 1:`, `is "15m", which is not a duration`}},
+		{"TaskService/UpsertTask", map[string]any{"namespace": ns, "id": "o1", "dueTime": "tomorrow"},
+			[]string{`dueTime (line 1:`, `is "tomorrow", which is not a time`, "RFC 3339"}},
+		{"DeliveryService/NackTasks", map[string]any{"namespace": ns, "tokens": []string{"x"}, "retryAfter": "10"},
+			[]string{`retryAfter (line 1:`, "which is not a duration"}},
+		{"NamespaceService/UpdateNamespace", map[string]any{"namespace": map[string]any{"name": ns, "policy": map[string]any{"ackTimeout": "1m"}}, "updateMask": "policy.ackTimeout"},
+			[]string{`ackTimeout (line 1:`, `is "1m", which is not a duration`}},
+	} {
+		code, out := e.call(adminKey, tc.method, tc.body)
+		msg := fmt.Sprint(out["message"])
+		if code != http.StatusBadRequest || out["code"] != "invalid_argument" {
+			t.Errorf("%s %v: HTTP %d %v; want 400 invalid_argument", tc.method, tc.body, code, out)
+			continue
+		}
+		for _, s := range tc.say {
+			if !strings.Contains(msg, s) {
+				t.Errorf("%s %v: %q lacks %q", tc.method, tc.body, msg, s)
+			}
+		}
 	}
 }

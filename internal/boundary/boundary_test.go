@@ -141,6 +141,7 @@ var rules = map[string]rule{
 	// the console; it knows no service code. Its tests run over the wire
 	// against a real delayd.
 	"web": {
+		imports: []string{"internal/suggest"},
 		// server only for server.Limits in daemon.Config.
 		testImports: []string{"daemon", "server", "gen/delayd/v1", "internal/testkit", "internal/testkit/delaydtest"},
 	},
