@@ -65,5 +65,11 @@ func Get() Info {
 
 // String is the one line `delayd --version` prints.
 func (i Info) String() string {
-	return "delayd " + i.Version + " (commit " + i.Commit + ", " + i.GoVersion + ")"
+	return i.Line("delayd")
+}
+
+// Line is the one line a program's --version prints: "delayctl v0.3.0
+// (commit 1a2b3c…, go1.26.8)".
+func (i Info) Line(program string) string {
+	return program + " " + i.Version + " (commit " + i.Commit + ", " + i.GoVersion + ")"
 }

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/delayd/delayd/buildinfo"
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/duration"
 )
@@ -181,6 +182,9 @@ TLS with --tls and --tls-ca/--tls-cert/--tls-key/--tls-server-name.
 Output: -o table (default) or -o json.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// --version: the version and commit make build stamps, and the Go
+		// version; it connects to nothing.
+		Version: buildinfo.Get().Line("delayctl"),
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			switch g.output {
 			case "table", "json":
@@ -196,6 +200,7 @@ Output: -o table (default) or -o json.`,
 		}
 		return fallback
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.addr, "addr", def("DELAYD_ADDR", "localhost:7070"), "delayd gRPC address host:port (env DELAYD_ADDR)")
 	// The key's default is never shown: --help would print the secret.

@@ -594,3 +594,13 @@ func TestGoldenSchedules(t *testing.T) {
 	// embedded in the binary).
 	golden(t, "schedules", regexp.MustCompile(`(tz database |"tz_data_version": ")[^\n"]+`).ReplaceAllString(got, "${1}<tz>"))
 }
+
+// TestVersion (issue 41): delayctl --version prints its version, commit
+// and Go version, as delayd --version does, and connects to nothing (no
+// server is listening at the address it is given).
+func TestVersion(t *testing.T) {
+	out, code := run(t.Context(), "127.0.0.1:1", "", "--version")
+	if code != ctl.ExitOK || !regexp.MustCompile(`(?m)^delayctl \S+ \(commit \S+, go1\.\d+`).MatchString(out) {
+		t.Errorf("delayctl --version:\n%s\nwant exit 0 and \"delayctl <version> (commit <commit>, go…)\"", out)
+	}
+}

@@ -184,7 +184,7 @@ var rules = map[string]rule{
 	// delayctl's commands: a client program over the typed admin client;
 	// its golden tests start a real delayd in-process.
 	"ctl": {
-		imports:     []string{"client", "internal/duration"},
+		imports:     []string{"client", "internal/duration", "buildinfo"},
 		testImports: []string{"daemon", "internal/testkit", "internal/testkit/delaydtest"},
 	},
 	// Examples are client programs.
