@@ -42,29 +42,7 @@ func TestReadmeQuickTour(t *testing.T) {
 		_ = d.Stop(ctx)
 	})
 
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(readme)
-	i := strings.Index(text, "\n## Quick tour")
-	if i < 0 {
-		t.Fatal("README has no Quick tour section")
-	}
-	text = text[i+1:]
-	text = text[:strings.Index(text, "\n## ")]
-	var ctlBlock, curlBlock string
-	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(text, -1) {
-		switch {
-		case strings.Contains(m[1], "delayctl task upsert"):
-			ctlBlock = m[1]
-		case strings.Contains(m[1], "curl "):
-			curlBlock = m[1]
-		}
-	}
-	if ctlBlock == "" || curlBlock == "" {
-		t.Fatalf("the Quick tour lacks its delayctl or curl block; has its layout changed?")
-	}
+	ctlBlock, curlBlock := quickTourBlocks(t)
 	addrs := strings.NewReplacer("localhost:7070", d.Addr(), "localhost:7071", d.HTTPAddr())
 	// delayctl's lines name no address: DELAYD_ADDR stands for its
 	// default, localhost:7070.
@@ -76,19 +54,11 @@ func TestReadmeQuickTour(t *testing.T) {
 		return string(out), err
 	}
 
-	ran := 0
-	for _, line := range strings.Split(ctlBlock, "\n") {
-		if !strings.HasPrefix(line, "delayctl ") || strings.HasPrefix(line, "delayctl tail ") {
-			continue
-		}
+	for _, line := range quickTourCtlLines(t, ctlBlock) {
 		out, err := sh(line)
 		if err != nil {
 			t.Errorf("%s\n%s(%v)", line, out, err)
 		}
-		ran++
-	}
-	if ran < 8 {
-		t.Fatalf("ran %d delayctl lines of the tour; has its layout changed?", ran)
 	}
 
 	// The curl block: unary calls first, then the streamed Subscribe.
@@ -144,3 +114,48 @@ func TestReadmeQuickTour(t *testing.T) {
 		t.Errorf("the delivery has no token to ack with:\n%s", subOut.String())
 	}
 }
+
+// quickTourBlocks are the README Quick tour's delayctl and curl blocks.
+func quickTourBlocks(t *testing.T) (ctlBlock, curlBlock string) {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(readme)
+	i := strings.Index(text, "\n## Quick tour")
+	if i < 0 {
+		t.Fatal("README has no Quick tour section")
+	}
+	text = text[i+1:]
+	text = text[:strings.Index(text, "\n## ")]
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(text, -1) {
+		switch {
+		case strings.Contains(m[1], "delayctl task upsert"):
+			ctlBlock = m[1]
+		case strings.Contains(m[1], "curl "):
+			curlBlock = m[1]
+		}
+	}
+	if ctlBlock == "" || curlBlock == "" {
+		t.Fatalf("the Quick tour lacks its delayctl or curl block; has its layout changed?")
+	}
+	return ctlBlock, curlBlock
+}
+
+// quickTourCtlLines are the delayctl lines of the Quick tour's block, in
+// order, but tail, which runs until interrupted (ctl's tests watch it).
+func quickTourCtlLines(t *testing.T, ctlBlock string) []string {
+	t.Helper()
+	var lines []string
+	for _, line := range strings.Split(ctlBlock, "\n") {
+		if strings.HasPrefix(line, "delayctl ") && !strings.HasPrefix(line, "delayctl tail ") {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) < 8 {
+		t.Fatalf("found %d delayctl lines in the Quick tour; has its layout changed?", len(lines))
+	}
+	return lines
+}
+

@@ -22,7 +22,10 @@ import (
 // grpcurl at the version go.mod pins (grpcurlDir). Only two things differ:
 // localhost:7070 is the test server's address, and /tmp/ is the test's own
 // directory. Terminal 1's subscriber runs in the background. The test checks that no call fails and that each
-// step answers what the README says it answers.
+// step answers what the README says it answers. The README is read top to
+// bottom: the Quick tour's delayctl lines run first, on the same delayd,
+// as a reader who did them has run them (its create-only order-43 once made
+// the grpcurl section's create-only upsert answer ALREADY_EXISTS).
 func TestReadmeTour(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -65,6 +68,19 @@ func TestReadmeTour(t *testing.T) {
 	}
 	if len(blocks) < 6 {
 		t.Fatalf("found %d tour blocks in the README; has its layout changed?", len(blocks))
+	}
+
+	// The Quick tour before it, on the same delayd (its curl lines leave
+	// nothing behind: they remove what they upsert).
+	ctlBlock, _ := quickTourBlocks(t)
+	ctlDir := filepath.Dir(testkit.Build(t, "github.com/delayd/delayd/cmd/delayctl"))
+	for _, line := range quickTourCtlLines(t, ctlBlock) {
+		cmd := exec.Command("bash", "-c", line)
+		cmd.Env = []string{"PATH=" + ctlDir + ":" + os.Getenv("PATH"), "HOME=" + dir, "DELAYD_ADDR=" + d.Addr()}
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("the Quick tour's %s, before the grpcurl tour: %v\n%s", line, err, out)
+		}
 	}
 
 	tmp := filepath.Join(dir, "tmp") + "/"
