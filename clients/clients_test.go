@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -161,61 +162,34 @@ func TestPythonClient(t *testing.T) {
 	t.Logf("%s", out)
 }
 
-// javaJars are the Debian jars the Java client compiles (compile) and runs
-// (also run) against, in /usr/share/java.
-var javaJars = struct{ compile, run []string }{
-	compile: []string{"grpc-api", "grpc-stub", "grpc-protobuf", "grpc-protobuf-lite", "grpc-core", "grpc-context", "protobuf", "guava", "geronimo-annotation-1.3-spec"},
-	run: []string{"grpc-netty", "perfmark-api", "netty-buffer", "netty-codec", "netty-codec-http", "netty-codec-http2",
-		"netty-common", "netty-handler", "netty-resolver", "netty-transport", "netty-handler-proxy", "netty-codec-socks"},
-}
-
-func classpath(t *testing.T, dirs []string, jars ...[]string) string {
-	t.Helper()
-	cp := append([]string{}, dirs...)
-	for _, list := range jars {
-		for _, j := range list {
-			p := "/usr/share/java/" + j + ".jar"
-			if _, err := os.Stat(p); err != nil {
-				t.Fatalf("%s is missing: run scripts/ensure-clients.sh, or apt-get install -y %s", p, ensurePackages)
-			}
-			cp = append(cp, p)
-		}
-	}
-	return strings.Join(cp, string(os.PathListSeparator))
-}
-
-// TestJavaClient generates the Java stubs from proto/ (protoc and
-// grpc_java_plugin, as the pom's protobuf plugin does elsewhere), compiles
-// them with clients/java/src/main/java against Debian's grpc-java and
-// protobuf-java jars, and runs StreamDeliveriesExample against a delayd on
-// the test Redis with auth on: it upserts 10 tasks, receives them on one
-// StreamDeliveries stream, acks them on it (every ack answered OK) and
-// finds them gone.
+// TestJavaClient runs clients/java/README.md's block that generates the
+// Java stubs from proto/ (protoc and grpc_java_plugin, as the pom's
+// protobuf plugin does elsewhere), compiles them with src/main/java
+// against Debian's grpc-java and protobuf-java jars and runs
+// StreamDeliveriesExample — as written, in a scratch copy of the directory
+// (src/ and ../../proto linked in), against a delayd on the test Redis with
+// auth on: it upserts 10 tasks, receives them on one StreamDeliveries
+// stream, acks them on it (every ack answered OK) and finds them gone.
 func TestJavaClient(t *testing.T) {
 	t.Parallel()
 	need(t, "protoc", "grpc_java_plugin", "javac", "java")
-	compileCP := classpath(t, nil, javaJars.compile)
-	tmp := t.TempDir()
-	src, classes := filepath.Join(tmp, "src"), filepath.Join(tmp, "classes")
-	if err := os.MkdirAll(src, 0o755); err != nil {
+	block := javaReadmeBlock(t)
+	root, err := filepath.Abs("..")
+	if err != nil {
 		t.Fatal(err)
 	}
-	protoc(t, "--java_out="+src, "--grpc-java_out="+src, "--plugin=protoc-gen-grpc-java=/usr/bin/grpc_java_plugin")
-	var files []string
-	for _, root := range []string{src, "java/src/main/java"} {
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err == nil && strings.HasSuffix(p, ".java") {
-				files = append(files, p)
-			}
-			return err
-		})
-		if err != nil {
+	tmp := t.TempDir()
+	dir := filepath.Join(tmp, "clients", "java")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for link, target := range map[string]string{
+		filepath.Join(dir, "src"):   filepath.Join(root, "clients", "java", "src"),
+		filepath.Join(tmp, "proto"): filepath.Join(root, "proto"),
+	} {
+		if err := os.Symlink(target, link); err != nil {
 			t.Fatal(err)
 		}
-	}
-	javac := exec.CommandContext(t.Context(), "javac", append([]string{"-J-Xmx768m", "-nowarn", "-Xlint:none", "-d", classes, "-cp", compileCP}, files...)...)
-	if out, err := javac.CombinedOutput(); err != nil {
-		t.Fatalf("javac: %v\n%s", err, out)
 	}
 
 	const key = "java-client-test-admin-key-0123456789"
@@ -223,10 +197,29 @@ func TestJavaClient(t *testing.T) {
 	ns := "java-client-" + testkit.Suffix()
 	t.Cleanup(func() { testkit.DeleteNamespaceKeys(t, url, ns) })
 	d := delaydtest.Start(t, daemon.Config{AdminKey: key, AutoCreateNamespaces: true})
-	runCP := classpath(t, []string{classes}, javaJars.compile, javaJars.run)
-	java := exec.CommandContext(t.Context(), "java", "-cp", runCP, "io.delayd.example.StreamDeliveriesExample", d.Addr(), ns, "10", key)
-	out, err := java.CombinedOutput()
+	script := strings.NewReplacer("localhost:7070", d.Addr(), "java-example", ns).Replace(block)
+	cmd := exec.CommandContext(t.Context(), "bash", "-e", "-c", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "DELAYD_API_KEY="+key)
+	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("acked 10 of 10")) {
-		t.Fatalf("%s: %v\n%s", strings.Join(java.Args[:4], " "), err, out)
+		t.Fatalf("clients/java/README.md's block: %v\n%s\n--- output:\n%s", err, script, out)
 	}
+}
+
+// javaReadmeBlock is the sh block of clients/java/README.md that builds and
+// runs the example (the one that runs javac).
+func javaReadmeBlock(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile("java/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+		if strings.Contains(m[1], "javac ") {
+			return m[1]
+		}
+	}
+	t.Fatal("clients/java/README.md has no sh block that runs javac")
+	return ""
 }
