@@ -111,12 +111,21 @@ type Config struct {
 	// popped early, at most this much later). If zero, 1 ms
 	// (dispatcher.DefaultWakePrecision); negative: no joining.
 	WakePrecision time.Duration
-	// AckLinger is how long an ack that finds no ack of its namespace
-	// shard in flight waits for others to share its Redis script call
-	// (redisstore.Options.AckLinger). It delays ack answers, never
-	// deliveries. Zero or negative: no wait (DefaultAckLinger); acks still
-	// share a script call while one of their shard is in flight.
+	// AckLinger is how long an ack that finds no script call of its
+	// namespace shard in flight and no pop coming waits for others to share
+	// its Redis script call (redisstore.Options.AckLinger). It delays ack
+	// answers, never deliveries. Zero or negative: no wait
+	// (DefaultAckLinger); acks still share a script call in flight's next
+	// one, or ride a pop coming (AckRide).
 	AckLinger time.Duration
+	// AckRide is how close the dispatcher's next pop of a namespace must
+	// be for the namespace's acks and nacks to wait for it and be settled
+	// in its script call (dispatcher.Config.AckRide): one Redis script
+	// call per wake of a steady flow instead of one for the pop and one per
+	// ack. An ack waits at most that long (plus WakePrecision); with no pop
+	// that close it is settled at once. If zero, 3 ms (DefaultAckRide);
+	// negative: acks are always settled on their own.
+	AckRide time.Duration
 	// ScheduleLookahead is how long before its slot a schedule's firing is
 	// created as a task (overlap ALLOW), so it waits in the index and is
 	// delivered on time; pausing, updating or deleting a schedule removes
@@ -228,11 +237,13 @@ const (
 	// about 4,000 tasks/s, and 100k tasks due over 5 s on four streams
 	// arrived up to 0.6 s late (p99 5 ms without it), while at 500 tasks/s
 	// it saved no CPU (docs/BENCHMARKS.md, "The ack linger").
-	DefaultAckLinger         time.Duration = 0
-	DefaultLateWarn                        = dispatcher.DefaultLateWarn
-	DefaultScheduleLookahead               = schedule.DefaultLookahead
-	DefaultSchedulePoll                    = schedule.DefaultPoll
-	DefaultPushConcurrency                 = dispatcher.DefaultPushConcurrency
+	DefaultAckLinger time.Duration = 0
+	// DefaultAckRide is AckRide's default (dispatcher.DefaultAckRide).
+	DefaultAckRide           = dispatcher.DefaultAckRide
+	DefaultLateWarn          = dispatcher.DefaultLateWarn
+	DefaultScheduleLookahead = schedule.DefaultLookahead
+	DefaultSchedulePoll      = schedule.DefaultPoll
+	DefaultPushConcurrency   = dispatcher.DefaultPushConcurrency
 )
 
 // defaultPolicy is the namespace policy a zero Config gives every
@@ -266,6 +277,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WakePrecision == 0 {
 		c.WakePrecision = DefaultWakePrecision
+	}
+	if c.AckRide == 0 {
+		c.AckRide = DefaultAckRide
 	}
 	if c.LateWarn == 0 {
 		c.LateWarn = DefaultLateWarn

@@ -286,6 +286,7 @@ func (p *parts) openDispatcher(context.Context) (err error) {
 		Metrics:         dispMetrics,
 		SafetyPoll:      cfg.SafetyPoll,
 		WakePrecision:   cfg.WakePrecision,
+		AckRide:         cfg.AckRide,
 		LateWarn:        cfg.LateWarn,
 		Pusher:          pusher,
 		PushConcurrency: cfg.PushConcurrency,

@@ -150,6 +150,11 @@ const DefaultSafetyPoll = time.Second
 // counts milliseconds, so finer wakes would not pop anything sooner.
 const DefaultWakePrecision = time.Millisecond
 
+// DefaultAckRide is Config.AckRide's default: a steady flow of a few hundred
+// tasks a second per namespace wakes its loop every few milliseconds, and
+// its acks ride those wakes' pops.
+const DefaultAckRide = 3 * time.Millisecond
+
 // Metrics receives what the dispatcher observes (package metrics implements
 // it). Its methods are called on the delivery path and must not block.
 type Metrics interface {
@@ -219,6 +224,16 @@ type Config struct {
 	// be popped up to WakePrecision later than it would be otherwise. If
 	// zero, DefaultWakePrecision (1 ms); negative: no rounding or joining.
 	WakePrecision time.Duration
+	// AckRide is how far ahead a namespace loop tells the store of its next
+	// pop (Store.ExpectPop): while the loop sleeps at most AckRide before a
+	// round that pops (credit is free, the namespace is not paused), the
+	// acks and nacks of the namespace that arrive wait for that pop and are
+	// settled in its store call instead of one of their own, so a wake of
+	// a steady flow is one store call for its acks and its pop. An ack
+	// waits at most AckRide plus WakePrecision; one that arrives with no
+	// pop that close is settled at once. If zero, DefaultAckRide (3 ms);
+	// negative: never told (acks are settled on their own).
+	AckRide time.Duration
 	// PopBatch is the most tasks one Pop call moves. Each Pop is one Lua
 	// script that blocks Redis while it runs (tens of microseconds per task),
 	// so the batch is kept small enough that a burst of due tasks never holds
@@ -290,6 +305,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.WakePrecision == 0 {
 		c.WakePrecision = DefaultWakePrecision
+	}
+	if c.AckRide == 0 {
+		c.AckRide = DefaultAckRide
 	}
 	if c.PopBatch <= 0 {
 		c.PopBatch = 128

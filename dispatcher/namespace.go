@@ -44,6 +44,7 @@ type namespace struct {
 	errWait  time.Duration // backoff after a store error; 0 when healthy
 	idleWait time.Duration // backoff when the store says "due" but gives nothing
 	lastWarn time.Time
+	riding   bool // the store was told of a pop coming (expectPop)
 
 	// Late deliveries since the last WARN about them (guarded by lateMu:
 	// senders report them).
@@ -123,6 +124,7 @@ func (n *namespace) poke(ch chan struct{}) {
 func (n *namespace) run() {
 	defer n.d.loops.Done()
 	defer close(n.exited)
+	defer n.expectPop(0) // no more pops: waiting acks go now
 	renewer := make(chan struct{})
 	go func() {
 		defer close(renewer)
@@ -240,6 +242,9 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 
 	free, expired := n.freeCredit(cfg.Clock.Now())
 	if len(expired) > 0 {
+		// The hand-back is this loop's own call: it must not wait for the
+		// pop this loop announced (it would until the announcement ends).
+		n.expectPop(0)
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		n.d.handBack(c, n, nil, expired)
 		cancel()
@@ -277,6 +282,7 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 	r.idleWait, r.onlyKinds, r.earliestLease = n.idleWait, n.onlyKinds(), n.earliestLease()
 	r.now = cfg.Clock.Now()
 	p := planNext(r, cfg.SafetyPoll, cfg.WakePrecision)
+	n.expectPop(rideWithin(r, p, cfg.AckRide, cfg.WakePrecision))
 	cfg.signals.planned(n.name, pol, p)
 	if p.healthy {
 		n.errWait = 0

@@ -152,3 +152,16 @@ func (r round) nextIdle() time.Duration {
 func reapDue(now, lastReap time.Time, safetyPoll time.Duration) bool {
 	return now.Sub(lastReap) >= safetyPoll/10
 }
+
+// rideWithin is how soon, from the end of a round, the loop pops next as
+// far as the acks and nacks of its namespace need to know (Store.ExpectPop):
+// the planned wait plus one precision step (the round's own time) when the
+// next round pops within ride (credit free, not paused, not blocked on
+// credit); 0 otherwise, and for ride <= 0. Acks that arrive meanwhile wait
+// at most that long for the pop to settle them.
+func rideWithin(r round, p plan, ride, precision time.Duration) time.Duration {
+	if ride <= 0 || r.paused || p.blocked || r.free <= 0 || p.wait > ride {
+		return 0
+	}
+	return p.wait + max(precision, time.Millisecond)
+}

@@ -157,3 +157,33 @@ func TestReapDue(t *testing.T) {
 		}
 	}
 }
+
+// TestRideWithin: the loop tells the store of its next pop (so acks ride
+// it) only when that pop comes within the ride and the round will pop:
+// credit free, not paused, not blocked; the time told covers the round's
+// own step.
+func TestRideWithin(t *testing.T) {
+	const ride, precision = 3 * time.Millisecond, time.Millisecond
+	tests := []struct {
+		name string
+		r    round
+		p    plan
+		want time.Duration
+	}{
+		{"a steady flow: the next task in 2 ms", round{free: 5}, plan{wait: 2 * time.Millisecond}, 3 * time.Millisecond},
+		{"more due at once", round{free: 5}, plan{wait: 0}, time.Millisecond},
+		{"exactly the ride away", round{free: 5}, plan{wait: ride}, ride + precision},
+		{"further than the ride: acks go on their own", round{free: 5}, plan{wait: 4 * time.Millisecond}, 0},
+		{"no credit free: the next round pops nothing", round{free: 0}, plan{wait: time.Millisecond}, 0},
+		{"blocked on credit", round{free: 1}, plan{wait: time.Millisecond, blocked: true}, 0},
+		{"paused", round{free: 5, paused: true}, plan{wait: time.Millisecond}, 0},
+	}
+	for _, tt := range tests {
+		if got := rideWithin(tt.r, tt.p, ride, precision); got != tt.want {
+			t.Errorf("%s: rideWithin = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	if got := rideWithin(round{free: 5}, plan{wait: time.Millisecond}, -1, precision); got != 0 {
+		t.Errorf("ride off: rideWithin = %v, want 0", got)
+	}
+}

@@ -314,6 +314,11 @@ func (r *Recorder) NextWake(ctx context.Context, ns string) (time.Time, time.Tim
 	return r.next.NextWake(ctx, ns)
 }
 
+// ExpectPop passes through.
+func (r *Recorder) ExpectPop(ns string, within time.Duration) {
+	r.next.ExpectPop(ns, within)
+}
+
 // Requeue records a requeued event per task it moved back.
 func (r *Recorder) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
 	l := r.lookup(ctx, ns)

@@ -192,6 +192,11 @@ func (s *instrumented) NextWake(ctx context.Context, ns string) (time.Time, time
 	return next, now, ok, err
 }
 
+// ExpectPop passes through (it makes no store call of its own).
+func (s *instrumented) ExpectPop(ns string, within time.Duration) {
+	s.next.ExpectPop(ns, within)
+}
+
 func (s *instrumented) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
 	start := time.Now()
 	moved, err := s.next.Requeue(ctx, ns, p)

@@ -114,6 +114,13 @@ type Deliveries interface {
 	// first lease deadline, and the store clock now. ok is false when the
 	// namespace has neither.
 	NextWake(ctx context.Context, ns string) (next time.Time, now time.Time, ok bool, err error)
+	// ExpectPop tells the store that this replica pops ns within the given
+	// time (the dispatcher's next wake): acks and nacks of ns that arrive
+	// meanwhile may wait for that pop and be settled in its store call, at
+	// most until the time given (then on their own). 0 or less: no pop
+	// soon; what waits for one is settled now. Never blocks; a store whose
+	// acks are not held back ignores it.
+	ExpectPop(ns string, within time.Duration)
 }
 
 // PopResult is what one PopWake did and what it saw.

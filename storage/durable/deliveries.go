@@ -94,6 +94,12 @@ func (s *Store) NextWake(ctx context.Context, ns string) (time.Time, time.Time, 
 	return s.idx.NextWake(ctx, ns)
 }
 
+// ExpectPop is the index's: the acks of durable mode (AckMarked) and its
+// nacks ride the index's pops as Redis-only mode's do.
+func (s *Store) ExpectPop(ns string, within time.Duration) {
+	s.idx.ExpectPop(ns, within)
+}
+
 // Requeue is the index's, written through to MySQL.
 func (s *Store) Requeue(ctx context.Context, ns string, p storage.RequeueParams) ([]storage.Moved, error) {
 	moved, err := s.idx.Requeue(ctx, ns, p)

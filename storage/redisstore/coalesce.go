@@ -10,9 +10,9 @@ import (
 )
 
 // CoalesceMax is the most specs that coalesced Upsert calls of one namespace
-// share in one script call (and the most tokens coalesced Ack calls share).
-// A call of CoalesceMax items or more is not coalesced: it runs on its own,
-// as with Options.NoCoalesce.
+// share in one script call (and the most tokens the Ack and Nack calls a
+// script call carries share, settle.go). A call of CoalesceMax items or more
+// is not coalesced: it runs on its own, as with Options.NoCoalesce.
 const CoalesceMax = 256
 
 // coalescer joins concurrent calls of the same shard (and kind) into one
@@ -22,9 +22,8 @@ const CoalesceMax = 256
 // sends the queue, up to CoalesceMax items, in one script call and hands
 // each caller its results. No goroutine runs in the background: every
 // script call is made by one of the callers, so there is nothing to start
-// or stop. Upserts coalesce by shard, acks by shard and mode: so acks from
-// every stream and every AckTasks call of a replica share script calls the
-// way upserts do.
+// or stop. Upserts coalesce by shard (acks and nacks ride the shard's next
+// script call, pops included: settle.go).
 //
 // Order: the queue is first in, first out, and a script call applies its
 // items in order (a repeated upsert id is a sequential write), so items of
@@ -44,21 +43,15 @@ type coalescer[T, R any] struct {
 	// joins reports whether a call's items may share a script call with
 	// the batch's first call's (nil: always).
 	joins func(first, next []T) bool
-	// linger is how long a call that finds nothing of its key in flight
-	// waits, as the leader, for other calls to join its script call; 0:
-	// it goes out at once.
-	linger time.Duration
 
 	mu     sync.Mutex
 	queues map[coKey]*coQueue[T, R] // keys with a script call in flight
 }
 
-// coKey names what may share a script call: one namespace shard, and for
-// acks the mode (durable marks or not).
+// coKey names what may share a script call: one namespace shard.
 type coKey struct {
-	ns    string
-	sh    int
-	marks bool
+	ns string
+	sh int
 }
 
 func newCoalescer[T, R any](op string, joins func(first, next []T) bool) *coalescer[T, R] {
@@ -96,7 +89,7 @@ func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T, run fun
 	c := &coCall[T, R]{ctx: ctx, items: items}
 	co.mu.Lock()
 	q, busy := co.queues[key]
-	if !busy && co.linger <= 0 {
+	if !busy {
 		// Nothing in flight: go out at once, alone.
 		q = &coQueue[T, R]{}
 		co.queues[key] = q
@@ -107,15 +100,6 @@ func (co *coalescer[T, R]) do(ctx context.Context, key coKey, items []T, run fun
 	}
 	c.lead = make(chan struct{}, 1)
 	c.done = make(chan struct{})
-	if !busy {
-		// Nothing in flight: lead, after the linger, the calls that
-		// arrive meanwhile.
-		q = &coQueue[T, R]{}
-		co.queues[key] = q
-		c.leader = true
-		t := time.AfterFunc(co.linger, func() { c.lead <- struct{}{} })
-		defer t.Stop()
-	}
 	q.waiting = append(q.waiting, c)
 	co.mu.Unlock()
 
@@ -265,12 +249,4 @@ func (co *coalescer[T, R]) queued(key coKey) int {
 func newUpsertCoalescer() *coalescer[storage.UpsertSpec, storage.UpsertResult] {
 	return newCoalescer[storage.UpsertSpec, storage.UpsertResult]("upsert",
 		func(first, next []storage.UpsertSpec) bool { return nsIncarnation(first) == nsIncarnation(next) })
-}
-
-// newAckCoalescer coalesces Ack (and AckMarked) calls by shard and mode,
-// each script call lingering for linger (Options.AckLinger).
-func newAckCoalescer(linger time.Duration) *coalescer[storage.Token, storage.TokenStatus] {
-	co := newCoalescer[storage.Token, storage.TokenStatus]("ack", nil)
-	co.linger = linger
-	return co
 }

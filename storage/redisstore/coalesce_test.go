@@ -434,7 +434,7 @@ func TestAckCoalesces(t *testing.T) {
 	g := newScriptGate(true)
 	c.AddHook(g)
 	s := New(c, Options{})
-	key := coKey{ns: ns}
+	key := settleKey{ns: ns}
 	// calls[i] acks delivery i; the last call acks delivery 1 again.
 	calls := make([][]storage.Token, n)
 	for i := range calls {
@@ -454,9 +454,9 @@ func TestAckCoalesces(t *testing.T) {
 			continue
 		}
 		deadline := time.Now().Add(20 * time.Second)
-		for s.acks.queued(key) != i {
+		for s.settles.queued(key) != i {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d acks queued, want %d", s.acks.queued(key), i)
+				t.Fatalf("%d acks queued, want %d", s.settles.queued(key), i)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -478,8 +478,8 @@ func TestAckCoalesces(t *testing.T) {
 	if st := out[n-1].st; len(st) == 2 && st[1] != storage.TokenNotFound {
 		t.Errorf("delivery 1 acked again in the same batch: %v, want NOT_FOUND", st[1])
 	}
-	if !s.acks.idle() {
-		t.Error("ack coalescer not idle after")
+	if !s.settles.idle() {
+		t.Error("settle queues not idle after")
 	}
 	stats, err := setup.Stats(ctx, ns)
 	if err != nil || stats.Delivered != 0 || stats.Scheduled != 0 {
@@ -517,7 +517,7 @@ func TestAckLingerJoins(t *testing.T) {
 	// Long enough that the test queues every call before it ends (the
 	// wait is a bound on a loaded machine, not a measured time).
 	s := New(c, Options{AckLinger: 2 * time.Second})
-	key := coKey{ns: ns}
+	key := settleKey{ns: ns}
 	cctx, cancel := context.WithCancel(ctx)
 	out := make([][]storage.TokenStatus, n)
 	errs := make([]error, n)
@@ -529,9 +529,9 @@ func TestAckLingerJoins(t *testing.T) {
 		}
 		wg.Go(func() { out[i], errs[i] = s.Ack(callCtx, ns, []storage.Token{dels[i].Token}) })
 		deadline := time.Now().Add(20 * time.Second)
-		for s.acks.queued(key) != i+1 {
+		for s.settles.queued(key) != i+1 {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d acks queued, want %d", s.acks.queued(key), i+1)
+				t.Fatalf("%d acks queued, want %d", s.settles.queued(key), i+1)
 			}
 			time.Sleep(time.Millisecond)
 		}

@@ -81,7 +81,7 @@ func scriptNamesSent(t *testing.T, evalsha bool) {
 		}
 		ran = append(ran, name)
 	}
-	for _, want := range []string{"upsert", "pop", "ack"} {
+	for _, want := range []string{"upsert", "pop", "settle"} {
 		if !slices.Contains(ran, want) {
 			t.Errorf("scripts named in the log %v: no %q", ran, want)
 		}
@@ -91,7 +91,7 @@ func scriptNamesSent(t *testing.T, evalsha bool) {
 	for _, n := range names {
 		have[n] = true
 	}
-	for _, want := range []string{"upsert", "pop", "ack", "nack", "reap", "registry_ns_create", "dropnamespace"} {
+	for _, want := range []string{"upsert", "pop", "settle", "reap", "registry_ns_create", "dropnamespace"} {
 		if !have[want] {
 			t.Errorf("ScriptNames has no %q", want)
 		}

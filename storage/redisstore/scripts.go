@@ -12,7 +12,7 @@ var readOnlyEntries = []string{"get", "list", "stats", "nextwake", "peekdue", "d
 var scripts = struct {
 	upsert, get, remove, list       *entry
 	removeTasks                     *entry
-	pop, ack, nack, extend, reap    *entry
+	pop, settle, extend, reap       *entry
 	requeue, purge, stats, nextWake *entry
 	dueKinds                        *entry
 	restore, generations, tryLead   *entry
@@ -26,8 +26,7 @@ var scripts = struct {
 	removeTasks: entryOf("removetasks"),
 	list:        entryOf("list"),
 	pop:         entryOf("pop"),
-	ack:         entryOf("ack"),
-	nack:        entryOf("nack"),
+	settle:      entryOf("settle"),
 	extend:      entryOf("extend"),
 	reap:        entryOf("reap"),
 	requeue:     entryOf("requeue"),

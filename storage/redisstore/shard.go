@@ -30,6 +30,7 @@ type conn struct {
 	maxArgs int  // Options.MaxScriptBytes
 	traces  bool // Options.Traces
 	loader  *loader
+	settles *settler // the acks and nacks waiting on each shard (settle.go)
 }
 
 // shard is shard i of namespace ns (of n; keysForN): its keys, and the

@@ -13,25 +13,52 @@ import (
 // (Store.Pop, PopWake, Ack, AckMarked, Nack, Extend, Reap and NextWake fan
 // them out).
 
-// pop is PopWake of this shard.
+// pop is PopWake of this shard. It carries the acks and nacks that wait
+// on the shard (settle.go) and settles them first, in the same script call.
 func (sh shard) pop(ctx context.Context, p storage.PopParams) (storage.PopResult, error) {
+	batch, done := sh.settles.forPop(settleKey{sh.ns, sh.i})
+	res, err := sh.popWith(ctx, p, newSection(batch))
+	done(err)
+	return res, err
+}
+
+// popWith runs pop.lua with settle section sec.
+func (sh shard) popWith(ctx context.Context, p storage.PopParams, sec section) (storage.PopResult, error) {
 	ns := sh.ns
 	k := sh.k
 	// ARGV as documented in lua/pop.lua.
 	rate := max(p.MaxRate, 0)
-	args := append(headArgs(6+len(p.Kinds)), min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0),
-		strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), 0, max(p.TellFor.Milliseconds(), 0))
+	window := 0
 	if len(p.Kinds) > 0 {
-		args[headArity+4] = storage.KindScanWindow
-		for _, kind := range p.Kinds {
-			args = append(args, kind)
-		}
+		window = storage.KindScanWindow
 	}
-	rep, err := sh.runRows(ctx, "pop", scripts.pop, sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.rate, k.hwm),
-		shape{head: popHead, width: 3, rows: anyRows, badTail: true}, args...)
+	args := append(headArgs(9+len(p.Kinds)+sec.arity()), min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0),
+		strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), window, max(p.TellFor.Milliseconds(), 0),
+		sh.wake, ns, len(p.Kinds))
+	for _, kind := range p.Kinds {
+		args = append(args, kind)
+	}
+	args = sec.encode(args, ns)
+	raw, err := sh.runSlice(ctx, "pop", scripts.pop, sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.rate, k.hwm), args...)
 	if err != nil {
 		return storage.PopResult{}, err
 	}
+	// {now, deadline, next due, next lease, s, s settle answers, rows...}
+	if len(raw) < popHead+1 {
+		return storage.PopResult{}, fmt.Errorf("pop: reply has %d values, want at least %d", len(raw), popHead+1)
+	}
+	s, err := replyInt(raw[popHead])
+	if err != nil || s < 0 || int(s) > len(raw)-popHead-1 {
+		return storage.PopResult{}, fmt.Errorf("pop: reply's %v settle answers do not fit its %d values", raw[popHead], len(raw))
+	}
+	if err := sec.decode(raw[popHead+1 : popHead+1+int(s)]); err != nil {
+		return storage.PopResult{}, err
+	}
+	rep, err := decodeReply("pop", raw[popHead+1+int(s):], shape{width: 3, rows: anyRows, badTail: true})
+	if err != nil {
+		return storage.PopResult{}, err
+	}
+	rep.head = raw[:popHead]
 	sh.logBad("pop", rep.bad)
 	nowMS, _ := replyInt(rep.head[0])
 	res := storage.PopResult{Now: time.UnixMilli(nowMS), DueKnown: true}
@@ -80,8 +107,8 @@ func (sh shard) pop(ctx context.Context, p storage.PopParams) (storage.PopResult
 	return res, nil
 }
 
-// popHead is how many values precede the tasks in pop.lua's reply: now,
-// lease deadline, next due, next lease deadline.
+// popHead is how many values open pop.lua's reply before the settle
+// answers' count: now, lease deadline, next due, next lease deadline.
 const popHead = 4
 
 // logBad logs tasks a script moved to dead because their header was
@@ -93,66 +120,156 @@ func (s shard) logBad(op string, ids []string) {
 	}
 }
 
-// ack runs ack.lua for tokens of this shard (split by byteChunks).
-func (sh shard) ack(ctx context.Context, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
-	ns := sh.ns
+// settle runs settle.lua for batch: one script call, its calls' tokens
+// under MaxBatch and CoalesceMax (settler.take); each call gets its
+// answers.
+func (sh shard) settle(ctx context.Context, batch []*settleCall) error {
 	k := sh.k
-	out := make([]storage.TokenStatus, 0, len(tokens))
-	err := byteChunks(len(tokens), sh.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
-		args := append(headArgs(2+tokenArity*(hi-lo)), luaBool(marks), hi-lo)
-		args = tokenArgs(args, ns, tokens[lo:hi])
-		rep, err := sh.runRows(ctx, "ack", scripts.ack, sh.headKeys(k.inflight, k.meta, k.body, k.acked), rowsOf(0, 1, hi-lo), args...)
-		if err != nil {
-			return err
-		}
-		for _, v := range rep.body {
-			out = append(out, tokenStatus(v))
-		}
-		return nil
-	})
+	sec := newSection(batch)
+	args := sec.encode(append(headArgs(2+sec.arity()), sh.wake, sh.ns), sh.ns)
+	vals, err := sh.runSlice(ctx, sec.op(), scripts.settle, sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.acked), args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return out, nil
+	return sec.decode(vals)
 }
 
-// nack is Nack for tokens of this shard.
-func (sh shard) nack(ctx context.Context, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	ns := sh.ns
-	k := sh.k
-	keys := sh.headKeys(k.due, k.inflight, k.dead, k.meta)
-	statuses := make([]storage.TokenStatus, 0, len(tokens))
-	var movedTasks []storage.Moved
-	err := byteChunks(len(tokens), sh.maxArgs, tokenBytes(tokens), func(lo, hi int) error {
-		part := tokens[lo:hi]
-		args := append(headArgs(12+tokenArity*len(part)), sh.wake, ns)
-		args = append(args, retryArgs(opts.RetryAfter, opts)...)
-		args = append(args, luaBool(opts.Unsent), len(part))
-		args = tokenArgs(args, ns, part)
-		rep, err := sh.runRows(ctx, "nack", scripts.nack, keys, rowsOf(1, 3, len(part)), args...)
-		if err != nil {
+// settleAlone settles c on its own, in script calls of at most MaxBatch
+// tokens and Options.MaxScriptBytes (a call too large to share one, or
+// Options.NoCoalesce).
+func (sh shard) settleAlone(ctx context.Context, c *settleCall) error {
+	return byteChunks(len(c.tokens), sh.maxArgs, tokenBytes(c.tokens), func(lo, hi int) error {
+		part := *c
+		part.tokens, part.statuses, part.moved = c.tokens[lo:hi], nil, nil
+		if err := sh.settle(ctx, []*settleCall{&part}); err != nil {
 			return err
 		}
-		for i, t := range part {
-			row := rep.row(i)
-			st := tokenStatus(row[0])
-			statuses = append(statuses, st)
-			if st == storage.TokenOK {
-				state, _ := replyInt(row[1])
-				at, _ := replyInt(row[2])
-				attempt := t.Attempt
-				if opts.Unsent && attempt > 0 {
-					attempt-- // the pop's count was given back
-				}
-				movedTasks = append(movedTasks, moved(t.ID, t.Incarnation, t.Generation, attempt, state, at, opts.Reason))
-			}
-		}
+		c.statuses = append(c.statuses, part.statuses...)
+		c.moved = append(c.moved, part.moved...)
 		return nil
 	})
-	if err != nil {
-		return nil, nil, err
+}
+
+// section is the settle section (lib.lua settle_deliveries) of a batch of
+// calls: their acks in two groups by mode (in call order), then one nack
+// group per nack call.
+type section struct {
+	acks  [2][]*settleCall // without, with ack markers
+	nacks []*settleCall
+}
+
+func newSection(batch []*settleCall) section {
+	var sec section
+	for _, c := range batch {
+		switch {
+		case c.nack:
+			sec.nacks = append(sec.nacks, c)
+		case c.marks:
+			sec.acks[1] = append(sec.acks[1], c)
+		default:
+			sec.acks[0] = append(sec.acks[0], c)
+		}
 	}
-	return statuses, movedTasks, nil
+	return sec
+}
+
+// empty reports whether the section settles nothing.
+func (sec section) empty() bool {
+	return len(sec.acks[0]) == 0 && len(sec.acks[1]) == 0 && len(sec.nacks) == 0
+}
+
+// op names the section's script call in errors.
+func (sec section) op() string {
+	if len(sec.acks[0]) == 0 && len(sec.acks[1]) == 0 {
+		return "nack"
+	}
+	return "ack"
+}
+
+// arity is about how many ARGV values encode appends.
+func (sec section) arity() int {
+	n := 2 + 4 + 10*len(sec.nacks)
+	for _, cs := range append(sec.acks[:], sec.nacks) {
+		for _, c := range cs {
+			n += tokenArity * len(c.tokens)
+		}
+	}
+	return n
+}
+
+// encode appends the section to args, in the layout lib.lua documents.
+func (sec section) encode(args []any, ns string) []any {
+	groups := 0
+	for _, cs := range sec.acks {
+		if len(cs) > 0 {
+			groups++
+		}
+	}
+	args = append(args, groups)
+	for marks, cs := range sec.acks {
+		if len(cs) == 0 {
+			continue
+		}
+		n := 0
+		for _, c := range cs {
+			n += len(c.tokens)
+		}
+		args = append(args, luaBool(marks == 1), n)
+		for _, c := range cs {
+			args = tokenArgs(args, ns, c.tokens)
+		}
+	}
+	args = append(args, len(sec.nacks))
+	for _, c := range sec.nacks {
+		args = append(args, retryArgs(c.opts.RetryAfter, c.opts)...)
+		args = append(args, luaBool(c.opts.Unsent), len(c.tokens))
+		args = tokenArgs(args, ns, c.tokens)
+	}
+	return args
+}
+
+// decode sets each call's answers from the section's answers vals: a
+// status per ack token, then status, state and time per nack token.
+func (sec section) decode(vals []any) error {
+	want := 0
+	for _, cs := range append(sec.acks[:], sec.nacks) {
+		for _, c := range cs {
+			if c.nack {
+				want += 3 * len(c.tokens)
+			} else {
+				want += len(c.tokens)
+			}
+		}
+	}
+	if len(vals) != want {
+		return fmt.Errorf("%s: %d answers for the settled tokens, want %d", sec.op(), len(vals), want)
+	}
+	k := 0
+	for _, cs := range sec.acks {
+		for _, c := range cs {
+			for range c.tokens {
+				c.statuses = append(c.statuses, tokenStatus(vals[k]))
+				k++
+			}
+		}
+	}
+	for _, c := range sec.nacks {
+		for _, t := range c.tokens {
+			st := tokenStatus(vals[k])
+			c.statuses = append(c.statuses, st)
+			if st == storage.TokenOK {
+				state, _ := replyInt(vals[k+1])
+				at, _ := replyInt(vals[k+2])
+				attempt := t.Attempt
+				if c.opts.Unsent && attempt > 0 {
+					attempt-- // the pop's count was given back
+				}
+				c.moved = append(c.moved, moved(t.ID, t.Incarnation, t.Generation, attempt, state, at, c.opts.Reason))
+			}
+			k += 3
+		}
+	}
+	return nil
 }
 
 // extend is Extend for tokens of this shard.

@@ -70,16 +70,17 @@ type Options struct {
 	// WakeChannel is the pub/sub channel of wake-ups, shared by every
 	// replica. If empty, DefaultWakeChannel ("delayd:wake") is used.
 	WakeChannel string
-	// NoCoalesce turns off the joining of concurrent Upsert calls, and of
-	// concurrent Ack calls, of one namespace into one script call (see
-	// Upsert, Ack). If false (the default), they are joined.
+	// NoCoalesce turns off the joining of concurrent Upsert calls of one
+	// namespace shard into one script call, and the riding of Ack, AckMarked
+	// and Nack calls on the shard's next script call (see Upsert, Ack): each
+	// call makes its own. If false (the default), they are joined.
 	NoCoalesce bool
-	// AckLinger is how long an Ack call that finds no ack of its shard in
-	// flight waits for others to join its script call: at a trickle (a few
-	// acks per millisecond, from several streams) acks then share script
-	// calls instead of making one each. It delays the answer of an ack,
-	// never a delivery. If zero, no wait (acks still join while one is in
-	// flight).
+	// AckLinger is how long an Ack or Nack call that finds no script call
+	// of its shard in flight and no pop coming (ExpectPop) waits for others
+	// to join its script call: at a trickle (a few acks per millisecond,
+	// from several streams) acks then share script calls instead of making
+	// one each. It delays the answer of an ack, never a delivery. If zero,
+	// no wait (acks still join a call in flight, or a pop coming).
 	AckLinger time.Duration
 	// Traces keeps the trace context of traced upserts (UpsertSpec.
 	// TraceParent) and returns it with their deliveries and from Get (see
@@ -109,7 +110,6 @@ type Store struct {
 	*conn    // the client and the limits every shard shares (shard.go)
 	noCo     bool
 	co       *coalescer[storage.UpsertSpec, storage.UpsertResult]
-	acks     *coalescer[storage.Token, storage.TokenStatus]
 	shards   ShardCounter  // Options.Shards
 	reapTurn atomic.Uint32 // rotates a sharded Reap's remainder
 	hub      *watchHub     // the one pub/sub connection of watch channels
@@ -127,7 +127,7 @@ var (
 func New(client redis.UniversalClient, opts Options) *Store {
 	s := &Store{conn: &conn{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
 		traces: opts.Traces, maxArgs: opts.MaxScriptBytes}, noCo: opts.NoCoalesce, shards: opts.Shards}
-	s.co, s.acks = newUpsertCoalescer(), newAckCoalescer(opts.AckLinger)
+	s.co, s.settles = newUpsertCoalescer(), newSettler(opts.AckLinger)
 	if s.maxArgs <= 0 {
 		s.maxArgs = DefaultMaxScriptBytes
 	}

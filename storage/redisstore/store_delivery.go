@@ -115,15 +115,19 @@ func tokenStatus(v any) storage.TokenStatus {
 }
 
 // Ack deletes each task whose token still names the delivery in flight
-// (same incarnation, generation and delivery): OK. A token whose task has
-// since been upserted or redelivered answers STALE, one whose task is gone,
-// re-created since (another incarnation) or not in flight NOT_FOUND; both
-// change nothing. A token of another namespace answers NOT_FOUND. One round
-// trip per MaxBatch tokens (or Options.MaxScriptBytes of their ids); calls
-// of fewer than CoalesceMax tokens made while another ack of the namespace
-// is in flight are joined into one script call, as Upsert's are.
+// (same incarnation, generation, attempt and delivery): OK. A token whose
+// task has since been upserted or redelivered answers STALE, one whose task
+// is gone, re-created since (another incarnation) or not in flight
+// NOT_FOUND; both change nothing. A token of another namespace answers
+// NOT_FOUND. A call of fewer than CoalesceMax tokens settles in the next
+// script call of its namespace shard (settle.go): at once on its own when
+// none is in flight or coming, with the calls in flight's followers, or in
+// the pop this replica said it makes soon (ExpectPop). Larger calls make
+// one round trip per MaxBatch tokens (or Options.MaxScriptBytes of their
+// ids).
 func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
-	return s.ack(ctx, ns, tokens, false)
+	statuses, _, err := s.settleTokens(ctx, ns, tokens, settleCall{})
+	return statuses, err
 }
 
 // AckMarked is Ack for durable mode: each acked task leaves an ack marker
@@ -132,39 +136,72 @@ func (s *Store) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]s
 // that version back, and a token that matches the marker answers OK again
 // (an ack retried after its write-through failed).
 func (s *Store) AckMarked(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
-	return s.ack(ctx, ns, tokens, true)
+	statuses, _, err := s.settleTokens(ctx, ns, tokens, settleCall{marks: true})
+	return statuses, err
 }
 
-func (s *Store) ack(ctx context.Context, ns string, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
+// Nack puts each delivery its token still names back to scheduled, due
+// after opts.RetryAfter or the backoff for its attempt, or to dead when its
+// attempt has reached opts.MaxAttempts (0 = no limit); opts.Reason becomes
+// its last error. Statuses are as for Ack; Moved lists where each applied
+// token's task went, in token order. Calls settle as Ack's do.
+func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
+	return s.settleTokens(ctx, ns, tokens, settleCall{nack: true, opts: opts})
+}
+
+// ExpectPop implements storage.Deliveries: this replica's dispatcher pops
+// ns within the given time, so the acks and nacks of ns that arrive until
+// then wait for that pop and settle in its script call (0 or less: no pop
+// soon; what waits for one goes out now).
+func (s *Store) ExpectPop(ns string, within time.Duration) {
+	s.settles.expect(ns, within)
+}
+
+// settleTokens acks or nacks (as like says) tokens of ns, per shard.
+func (s *Store) settleTokens(ctx context.Context, ns string, tokens []storage.Token, like settleCall) ([]storage.TokenStatus, []storage.Moved, error) {
+	op := like.op()
 	n, err := s.shardCount(ctx, ns)
 	if err != nil {
-		return nil, fmt.Errorf("ack: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", op, err)
 	}
-	out := make([]storage.TokenStatus, len(tokens))
+	statuses := make([]storage.TokenStatus, len(tokens))
+	movedOf := make([]*storage.Moved, len(tokens))
 	err = byTokenShard(n, tokens, func(sh int, idx []int, part []storage.Token) error {
-		st, err := s.ackOn(ctx, s.shardOfN(ns, sh, n), part, marks)
-		for i, v := range st {
-			out[idx[i]] = v
+		c := like
+		c.ctx, c.tokens = ctx, part
+		err := s.settleOn(ctx, s.shardOfN(ns, sh, n), &c)
+		m := 0
+		for i, v := range c.statuses {
+			statuses[idx[i]] = v
+			if v == storage.TokenOK && m < len(c.moved) {
+				movedOf[idx[i]] = &c.moved[m]
+				m++
+			}
 		}
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return out, nil
+	var movedTasks []storage.Moved
+	for _, m := range movedOf {
+		if m != nil {
+			movedTasks = append(movedTasks, *m)
+		}
+	}
+	return statuses, movedTasks, nil
 }
 
-// ackOn acks tokens of shard sh: coalesced with concurrent acks of the
-// same shard and mode (from every stream and AckTasks call of this
-// replica) unless Options.NoCoalesce says otherwise, one script call per
-// batch, as for upserts.
-func (s *Store) ackOn(ctx context.Context, sh shard, tokens []storage.Token, marks bool) ([]storage.TokenStatus, error) {
-	if s.noCo || len(tokens) == 0 || len(tokens) >= CoalesceMax {
-		return sh.ack(ctx, tokens, marks)
+// settleOn settles c on shard sh: through the shard's settle queue unless
+// Options.NoCoalesce says otherwise or c is too large to share a call.
+func (s *Store) settleOn(ctx context.Context, sh shard, c *settleCall) error {
+	if len(c.tokens) == 0 {
+		return nil
 	}
-	return s.acks.do(ctx, coKey{ns: sh.ns, sh: sh.i, marks: marks}, tokens, func(ctx context.Context, tokens []storage.Token) ([]storage.TokenStatus, error) {
-		return sh.ack(ctx, tokens, marks)
-	})
+	if s.noCo || len(c.tokens) >= CoalesceMax {
+		return sh.settleAlone(ctx, c)
+	}
+	return s.settles.do(ctx, sh, c)
 }
 
 // retryArgs are ARGV[8..15] of nack.lua and reap.lua.
@@ -199,46 +236,6 @@ func moved(id string, inc, gen int64, attempt int32, state int64, at int64, reas
 		m.DueTime = msTime(at)
 	}
 	return m
-}
-
-// Nack puts each delivery its token still names back to scheduled, due
-// after opts.RetryAfter or the backoff for its attempt, or to dead when its
-// attempt has reached opts.MaxAttempts (0 = no limit); opts.Reason becomes
-// its last error. Statuses are as for Ack; Moved lists where each applied
-// token's task went, in token order. One round trip per MaxBatch tokens
-// (or Options.MaxScriptBytes of their ids).
-func (s *Store) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	n, err := s.shardCount(ctx, ns)
-	if err != nil {
-		return nil, nil, fmt.Errorf("nack: %w", err)
-	}
-	if n == 1 {
-		return s.shardOfN(ns, 0, n).nack(ctx, tokens, opts)
-	}
-	statuses := make([]storage.TokenStatus, len(tokens))
-	movedOf := make([]*storage.Moved, len(tokens))
-	err = byTokenShard(n, tokens, func(sh int, idx []int, part []storage.Token) error {
-		st, mv, err := s.shardOfN(ns, sh, n).nack(ctx, part, opts)
-		m := 0
-		for i, v := range st {
-			statuses[idx[i]] = v
-			if v == storage.TokenOK && m < len(mv) {
-				movedOf[idx[i]] = &mv[m]
-				m++
-			}
-		}
-		return err
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	var movedTasks []storage.Moved
-	for _, m := range movedOf {
-		if m != nil {
-			movedTasks = append(movedTasks, *m)
-		}
-	}
-	return statuses, movedTasks, nil
 }
 
 // Extend sets the lease of each delivery its token still names to the

@@ -242,6 +242,9 @@ func (s *Store) NextWake(_ context.Context, ns string) (next, now time.Time, ok 
 	return next, time.UnixMilli(ms), ok, nil
 }
 
+// ExpectPop does nothing: the fake settles every ack and nack at once.
+func (s *Store) ExpectPop(string, time.Duration) {}
+
 // nextWake is NextWake's answer with s.mu held.
 func (s *Store) nextWake(ns string) (time.Time, bool) {
 	var best int64

@@ -647,6 +647,47 @@ func testPopWake(t *testing.T, newStore func(t *testing.T) storage.Store) {
 			}
 		},
 		want: []Row{row("a", sched, 1, 0, "")},
+	}, {
+		// Issue 37 item 3: a store told of a pop coming may hold acks and
+		// nacks for it (the Redis index settles them in that pop's
+		// script call), but every caller is still answered, fenced as
+		// ever, by the pop or, once no pop is coming, on its own.
+		name:  "acks and nacks while a pop is coming: settled and answered by it, or once none comes",
+		seeds: []Seed{{ID: "x", State: deliv}, {ID: "y", State: deliv}, {ID: "z", State: deliv}},
+		run: func(e *env) {
+			e.s.ExpectPop(e.ns, time.Minute)
+			type answer struct {
+				st []storage.TokenStatus
+				mv []storage.Moved
+			}
+			acked, nacked := make(chan answer, 1), make(chan answer, 1)
+			go func() {
+				st, err := e.s.Ack(e.ctx, e.ns, []storage.Token{e.tok["x"], e.tok["x"]})
+				if err != nil {
+					e.t.Errorf("ack: %v", err)
+				}
+				acked <- answer{st: st}
+			}()
+			go func() {
+				st, mv, err := e.s.Nack(e.ctx, e.ns, []storage.Token{e.tok["y"]}, storage.NackOptions{RetryAfter: dur(time.Hour), Reason: "later"})
+				if err != nil {
+					e.t.Errorf("nack: %v", err)
+				}
+				nacked <- answer{st: st, mv: mv}
+			}()
+			r := popWake(e, 5)
+			if len(r.Deliveries) != 0 {
+				e.t.Errorf("pop wake delivered %v; nothing is due", r.Deliveries)
+			}
+			e.s.ExpectPop(e.ns, 0) // whatever still waits goes now
+			a, n := <-acked, <-nacked
+			e.wantStatuses("ack", a.st, statuses(storage.TokenOK, storage.TokenNotFound))
+			e.wantStatuses("nack", n.st, statuses(storage.TokenOK))
+			if len(n.mv) != 1 || n.mv[0].ID != "y" || n.mv[0].State != sched {
+				e.t.Errorf("nack moved %+v; want y to scheduled", n.mv)
+			}
+		},
+		want: []Row{row("y", sched, 1, 1, "later"), row("z", deliv, 1, 1, "")},
 	}})
 }
 

@@ -214,6 +214,10 @@ local function repop(h, now, now_us, due, told)
     enc(now - math.floor(ni / 1000) - nc) .. ',' .. enc(due) .. ',' .. rest, seq, comma == ','
 end
 
+-- FEW_BODIES is how many acked tasks a call looks at one by one for a body
+-- entry (settle_deliveries); for more, one EXISTS of the body HASH.
+local FEW_BODIES = 8
+
 -- is_inline reports whether header h has the inline form (its payload in
 -- it, no body entry): a ',' and the last error's length after the kind
 -- length.
@@ -474,6 +478,161 @@ end
 -- token. A marker written before the attempt was added names no attempt.
 local function mark_acked(m, key, a)
   return m == key or m == key .. ',' .. a
+end
+
+-- mark_of is the delivery key, as ack markers hold it (decimal: durable.go,
+-- markOf), of the token at args[j+1 ..] (a settle section's layout); built
+-- only for a token that needs it, so a stale or unknown token costs no
+-- string.
+local function mark_of(args, j)
+  return int(dec(args[j + 1]) or 0) .. ',' .. int(dec(args[j + 2]) or 0) .. ',' .. int(dec(args[j + 4]) or 0)
+end
+
+-- The settle section: the acks and nacks one call settles, laid out from
+-- args[i] as
+--   ga, the number of ack groups; per group: marks ('1': durable mode, leave
+--       an ack marker per acked task, see settle.lua), m, then m tokens
+--   gn, the number of nack groups; per group: the 8 retry arguments
+--       (retry_policy), unsent ('1': the deliveries were popped but never
+--       sent, each gives back the attempt its pop counted), m, then m tokens
+-- where a token is 5 values: id, incarnation, generation, attempt and
+-- delivery sequence (hexadecimal, as headers hold them: 0 is ''). settle.lua
+-- is the section alone; pop.lua settles one before it pops (issue 37 item
+-- 3: the acks of a wake ride its pop).
+--
+-- settle_deliveries settles the section of args from i against the shard
+-- whose keys are keys[3..8] (due, inflight, dead, meta, body, acked: the
+-- layout settle.lua and pop.lua share) and appends its answers to out: per
+-- ack token its status (1 OK, 2 STALE, 3 NOT_FOUND; token_check), per nack
+-- token its status, the state its task went to and when (1 scheduled at
+-- its due ms, 3 dead at its death ms; 0, 0 when not applied). A token is
+-- settled once per call: a later token of a delivery this call already
+-- settled answers NOT_FOUND, as a second call would. now is the Redis
+-- clock in ms, or nil: read when a nack needs it. Returns whether a nacked
+-- task became the earliest due task (the caller publishes the wake-up) and
+-- the index after the section. The ack groups go first, then the nack
+-- groups, each in order.
+local function settle_deliveries(keys, args, i, now, out)
+  local kdue, kinflight, kdead, kmeta, kbody, kacked = keys[3], keys[4], keys[5], keys[6], keys[7], keys[8]
+  -- The groups' shapes, and every token's id for one read of each key.
+  local groups, ids, marks = {}, {}, false
+  local ga = tonumber(args[i])
+  i = i + 1
+  for _ = 1, ga do
+    local m = tonumber(args[i + 1])
+    groups[#groups + 1] = {marks = args[i] == '1', at = i + 2, m = m}
+    marks = marks or args[i] == '1'
+    for t = 0, m - 1 do
+      ids[#ids + 1] = args[i + 2 + 5 * t]
+    end
+    i = i + 2 + 5 * m
+  end
+  local gn = tonumber(args[i])
+  i = i + 1
+  for _ = 1, gn do
+    local m = tonumber(args[i + 9])
+    groups[#groups + 1] = {nack = true, p = retry_policy(args, i), unsent = args[i + 8] == '1', at = i + 10, m = m}
+    for t = 0, m - 1 do
+      ids[#ids + 1] = args[i + 10 + 5 * t]
+    end
+    i = i + 10 + 5 * m
+  end
+  if #ids == 0 then
+    return false, i
+  end
+  local hs = redis.call('HMGET', kmeta, unpack(ids))
+  local leased = redis.call('ZMSCORE', kinflight, unpack(ids))
+  local prior = {}
+  if marks then
+    prior = redis.call('HMGET', kacked, unpack(ids))
+  end
+  local gone, back, done, mset = {}, {}, {}, {}
+  local W, first, firstRead, wake
+  local x = 0
+  for _, g in ipairs(groups) do
+    for t = 0, g.m - 1 do
+      x = x + 1
+      local j = g.at + 5 * t
+      local id, h = ids[x], hs[x]
+      local st, state, at = 3, 0, 0
+      if not done[id] then
+        st = token_check(h, leased[x], args[j + 1], args[j + 2], args[j + 3], args[j + 4])
+        if not g.nack then
+          if st == 1 then
+            done[id] = true
+            gone[#gone + 1] = x
+            if g.marks then
+              push(mset, id, mark_of(args, j) .. ',' .. int(dec(string.match(h, '^[^,]*,[^,]*,([^,]*),')) or 0))
+            end
+          elseif g.marks and not h and prior[x] and mark_acked(prior[x], mark_of(args, j), int(dec(args[j + 3]) or 0)) then
+            done[id] = true
+            st = 1
+          end
+        else
+          local r
+          if st == 1 then
+            r = parse(h)
+            if not r then
+              st = 3
+            end
+          end
+          if st == 1 then
+            done[id] = true
+            back[#back + 1] = id
+            if g.unsent and r.attempt > 0 then
+              r.attempt = r.attempt - 1
+            end
+            now = now or now_ms()
+            W = W or {due = {}, dead = {}, meta = {}}
+            state, at = settle(W, id, h, r, now, g.p, x)
+            if state == 1 then
+              if not firstRead then
+                first, firstRead = head(kdue), true
+              end
+              if first == nil or at < first then
+                first, wake = at, true
+              end
+            end
+          end
+        end
+      end
+      out[#out + 1] = st
+      if g.nack then
+        out[#out + 1] = state
+        out[#out + 1] = at
+      end
+    end
+  end
+  -- Writes: the settled deliveries leave flight in one ZREM; acked tasks
+  -- lose their headers (and body entries: only the split form has one,
+  -- looked at for a few tasks, one EXISTS for more: most namespaces have
+  -- no body HASH at all); nacked ones are rewritten where they go.
+  if #gone + #back > 0 then
+    local out_ids, body = {}, false
+    for _, k in ipairs(gone) do
+      out_ids[#out_ids + 1] = ids[k]
+      body = body or (#gone <= FEW_BODIES and not is_inline(hs[k]))
+    end
+    for _, id in ipairs(back) do
+      out_ids[#out_ids + 1] = id
+    end
+    redis.call('ZREM', kinflight, unpack(out_ids))
+    if #gone > 0 then
+      local gids = {}
+      for n, k in ipairs(gone) do
+        gids[n] = ids[k]
+      end
+      redis.call('HDEL', kmeta, unpack(gids))
+      if body or (#gone > FEW_BODIES and redis.call('EXISTS', kbody) == 1) then
+        redis.call('HDEL', kbody, unpack(gids))
+      end
+    end
+  end
+  flush('HSET', kacked, mset)
+  if W then
+    apply(W, kdue, kdead, kmeta)
+  end
+  return wake, i
 end
 
 -- life_read reads a namespace shard's life key (keys.go): the latest

@@ -1,22 +1,28 @@
--- pop.lua: lease at most limit due tasks of one namespace shard.
+-- pop.lua: settle the acks and nacks handed to the pop, then lease at most
+-- limit due tasks of one namespace shard.
 --
 -- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
 -- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET,
 -- KEYS[6] meta HASH (headers, and the high-water mark: lib.lua HWM),
--- KEYS[7] body HASH, KEYS[8] rate bucket HASH,
--- KEYS[9] hwm STRING (the high-water mark of a shard whose meta HASH has
---         none; lib.lua next_stamp)
+-- KEYS[7] body HASH, KEYS[8] acked HASH (durable mode's ack markers),
+-- KEYS[9] rate bucket HASH,
+-- KEYS[10] hwm STRING (the high-water mark of a shard whose meta HASH has
+--          none; lib.lua next_stamp)
 -- ARGV[6] limit (at most 1,000)
 -- ARGV[7] lease ms
--- ARGV[8] dispatch rate cap, tasks per second ("0": no cap, KEYS[8] untouched)
+-- ARGV[8] dispatch rate cap, tasks per second ("0": no cap, KEYS[9] untouched)
 -- ARGV[9] bucket size (burst), at least 1
 -- ARGV[10] kind scan window: 0 = tasks of any kind; n > 0 = take only tasks
---          whose kind is one of ARGV[12..], looking at the first n due tasks
+--          whose kind is one of the kinds, looking at the first n due tasks
 -- ARGV[11] told ms: the ack timeout the subscriber is told; when longer than
 --          the lease, now + it is kept in each header (';told', lib.lua)
--- ARGV[12..] kinds (with a window)
+-- ARGV[12] wake channel, ARGV[13] namespace (the wake-up message)
+-- ARGV[14] k, the number of kinds (with a window); ARGV[15..14+k] the kinds
+-- ARGV[15+k..] the settle section (lib.lua settle_deliveries): the acks and
+--          nacks of the namespace shard that arrived for this pop (issue 37
+--          item 3), settled first, as settle.lua would
 --
--- With a cap, the namespace's token bucket (KEYS[8]: t = tokens, at = Redis
+-- With a cap, the namespace's token bucket (KEYS[9]: t = tokens, at = Redis
 -- time of t in microseconds) is refilled at ARGV[8] per second up to
 -- ARGV[9], the pop takes at most its whole tokens, and each task popped
 -- spends one; every replica's pop goes through the same bucket, in the
@@ -30,22 +36,26 @@
 -- header is read and checked before anything is written, a member without
 -- a header is only taken out of due, and a task whose header is malformed
 -- goes to dead (kept for an operator to look at and purge) instead of
--- vanishing.
+-- vanishing. A nack of the section that makes a task due at once lets this
+-- very pop deliver it again.
 --
 -- Returns {now ms, lease deadline ms, next due ms, next lease deadline ms,
--- then per task in due order: id, header after the pop, payload of the
--- split form ('' when inline: the header holds it)}; then, after a ''
--- marker, the ids moved to dead as malformed. Next due and next lease
--- deadline are the scores at the heads of due and inflight after the pop
--- ('' when empty): when the dispatcher has work next, so a wake needs no
--- second call (NextWake) to plan the following one.
+-- s, then the settle section's s answers (lib.lua settle_deliveries), then
+-- per task in due order: id, header after the pop, payload of the split
+-- form ('' when inline: the header holds it)}; then, after a '' marker,
+-- the ids moved to dead as malformed. Next due and next lease deadline are
+-- the scores at the heads of due and inflight after the pop ('' when
+-- empty): when the dispatcher has work next, so a wake needs no second call
+-- (NextWake) to plan the following one.
 --
 -- Cost (the steady flow pops a task or two per call): a pop of up to PEEK
 -- tasks reads due once, by rank, and that one read also tells the next due
 -- time; the high-water mark rides the headers' HMGET and HSET. A pop of a
 -- task makes 7 redis.calls (TIME, ZRANGE due, HMGET, ZREMRANGEBYRANK,
--- ZADD, HSET, ZRANGE inflight), an empty one 3.
-local kdue, kinflight, kdead, kmeta, kbody, krate, khwm = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+-- ZADD, HSET, ZRANGE inflight), an empty one 3; an ack it carries adds 4
+-- (HMGET, ZMSCORE, ZREM, HDEL): a script call and its TIME fewer than the
+-- ack alone.
+local kdue, kinflight, kdead, kmeta, kbody, krate, khwm = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], KEYS[10]
 -- PEEK is how many due tasks the first read of due takes at most: it reads
 -- PEEK + 1 members by rank, so the member after the last one taken (the
 -- next due time) comes with it. A larger pop reads the rest by score.
@@ -59,7 +69,12 @@ local told = now + tonumber(ARGV[11])
 if told <= deadline then
   told = 0
 end
-local out = {now, deadline, '', ''}
+local nkinds = tonumber(ARGV[14])
+local out = {now, deadline, '', '', 0}
+if settle_deliveries(KEYS, ARGV, 15 + nkinds, now, out) then
+  redis.call('PUBLISH', ARGV[12], ARGV[13])
+end
+out[5] = #out - 5
 local tokens, burst
 if rate > 0 then
   burst = math.max(1, tonumber(ARGV[9]))
@@ -93,7 +108,7 @@ elseif limit >= 1 then
   -- order; the others (and members without a readable header) stay where
   -- they are.
   local want = {}
-  for i = 12, #ARGV do
+  for i = 15, 14 + nkinds do
     want[ARGV[i]] = true
   end
   local items = due_head(kdue, kmeta, now, limit, window, want)
