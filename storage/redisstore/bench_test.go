@@ -155,7 +155,7 @@ func BenchmarkOneTaskCalls(b *testing.B) {
 	modes := []struct {
 		name  string
 		s     *Store
-		costs [3]callCost // upsert, pop, ack
+		costs [4]callCost // upsert, pop, ack, a pop that carries an ack
 	}{{name: "", s: fn}, {name: "evalsha-", s: ev}}
 	for i, m := range modes {
 		ns := "onetask" + strconv.Itoa(i)
@@ -176,16 +176,18 @@ func BenchmarkOneTaskCalls(b *testing.B) {
 		}
 	}
 	for _, m := range modes {
-		for i, op := range []string{"upsert", "pop", "ack"} {
+		for i, op := range []string{"upsert", "pop", "ack", "popack"} {
 			m.costs[i].report(b, m.name+op)
 		}
 	}
 }
 
 // oneTaskRound makes n one-task upserts of tasks due at once, n one-task
-// pops and n one-token acks of them, and adds what each kind cost Redis
-// to costs (if not nil).
-func oneTaskRound(b *testing.B, c *redis.Client, s *Store, ns, round string, n int, payload []byte, costs *[3]callCost) {
+// pops and n one-token acks of them; then n more upserts and n one-task
+// pops each carrying the ack of the task before (as a wake of a steady
+// flow does, issue 37 item 3). It adds what each kind cost Redis to costs
+// (if not nil).
+func oneTaskRound(b *testing.B, c *redis.Client, s *Store, ns, round string, n int, payload []byte, costs *[4]callCost) {
 	ctx := context.Background()
 	measure := func(i int, f func()) {
 		if costs == nil {
@@ -218,6 +220,31 @@ func oneTaskRound(b *testing.B, c *redis.Client, s *Store, ns, round string, n i
 			if err != nil || st[0] != storage.TokenOK {
 				b.Fatalf("ack: %v, %v", st, err)
 			}
+		}
+	})
+	for i := range n {
+		id := round + "-r" + strconv.Itoa(i)
+		if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Payload: payload}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sh := s.shardOfN(ns, 0, 1)
+	ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute})
+	if err != nil || len(ds) != 1 {
+		b.Fatalf("pop: %d, %v", len(ds), err)
+	}
+	prev := ds[0].Token
+	measure(3, func() {
+		for i := 1; i < n; i++ {
+			ack := &settleCall{ctx: ctx, tokens: []storage.Token{prev}}
+			r, err := sh.popWith(ctx, storage.PopParams{Limit: 1, LeaseFor: time.Minute}, newSection([]*settleCall{ack}))
+			if err != nil || len(r.Deliveries) != 1 || ack.statuses[0] != storage.TokenOK {
+				b.Fatalf("pop carrying an ack: %d, %v, %v", len(r.Deliveries), ack.statuses, err)
+			}
+			prev = r.Deliveries[0].Token
+		}
+		if _, err := s.Ack(ctx, ns, []storage.Token{prev}); err != nil { // the last task's, alone
+			b.Fatal(err)
 		}
 	})
 }
