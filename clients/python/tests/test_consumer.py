@@ -19,7 +19,7 @@ from google.protobuf import duration_pb2
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from delayd import Consumer, Retry, bearer  # noqa: E402
-from delayd.v1 import namespace_pb2, namespace_pb2_grpc, task_pb2, task_pb2_grpc  # noqa: E402
+from delayd.v1 import namespace_pb2, namespace_pb2_grpc, schedule_pb2, schedule_pb2_grpc, task_pb2, task_pb2_grpc  # noqa: E402
 
 ADMIN_KEY = "python-client-test-admin-key-0123456789"
 
@@ -179,6 +179,52 @@ class ConsumerTest(unittest.TestCase):
         finally:
             consumer.stop()
             runner.join(timeout=30)
+
+    def test_schedule_fires_tasks(self):
+        # A schedule every second: each slot becomes a task (id: the
+        # schedule's id and the slot), received by an ordinary consumer.
+        schedules = schedule_pb2_grpc.ScheduleServiceStub(self.channel)
+        created = schedules.CreateSchedule(
+            schedule_pb2.CreateScheduleRequest(
+                schedule=schedule_pb2.Schedule(
+                    namespace=self.ns,
+                    id="py-tick",
+                    every=duration_pb2.Duration(seconds=1),
+                    task=schedule_pb2.ScheduleTaskTemplate(kind="report.tick", payload=b"{}"),
+                )
+            ),
+            metadata=bearer(ADMIN_KEY),
+            timeout=10,
+        ).schedule
+        self.assertEqual(created.state, schedule_pb2.SCHEDULE_STATE_ACTIVE)
+        preview = schedules.PreviewSchedule(
+            schedule_pb2.PreviewScheduleRequest(namespace=self.ns, id="py-tick", count=3), metadata=bearer(ADMIN_KEY), timeout=10
+        )
+        self.assertEqual(len(preview.firings), 3)
+        self.assertTrue(preview.firings[0].task_id.startswith("py-tick."), preview.firings[0].task_id)
+
+        fired = []
+
+        def handle(msg):
+            if msg.id.startswith("py-tick."):
+                fired.append((msg.id, msg.task.kind))
+
+        consumer = Consumer(self.channel, self.ns, handle, api_key=ADMIN_KEY)
+        runner = threading.Thread(target=consumer.run)
+        runner.start()
+        try:
+            self.wait_for("two firings", lambda: len(fired) >= 2)
+        finally:
+            consumer.stop()
+            runner.join(timeout=30)
+        ids = sorted(i for i, _ in fired)
+        self.assertEqual(len(set(ids)), len(ids), f"a slot fired twice: {ids}")
+        self.assertRegex(ids[0], r"^py-tick\.\d{8}T\d{6}Z$")
+        self.assertEqual(fired[0][1], "report.tick")
+        deleted = schedules.DeleteSchedule(
+            schedule_pb2.DeleteScheduleRequest(namespace=self.ns, id="py-tick"), metadata=bearer(ADMIN_KEY), timeout=10
+        )
+        self.assertGreater(deleted.removed_firings, 0)
 
     def test_bad_key_is_raised_not_retried(self):
         consumer = Consumer(self.channel, self.ns, lambda m: None, api_key="not-a-key-of-this-delayd-0000")

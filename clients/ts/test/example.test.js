@@ -13,6 +13,8 @@ import { NamespaceService } from "../src/gen/delayd/v1/namespace_pb.js";
 import { TokenStatus } from "../src/gen/delayd/v1/delivery_pb.js";
 import { upsertAndSubscribe } from "../example/upsert-and-subscribe.js";
 import { streamDeliveries } from "../example/stream-deliveries.js";
+import { scheduleAndReceive } from "../example/schedule.js";
+import { ScheduleState } from "../src/gen/delayd/v1/schedule_pb.js";
 import { startDelayd } from "./delayd.js";
 
 const execFileP = promisify(execFile);
@@ -94,4 +96,15 @@ test("StreamDeliveries over HTTP/2 brings several deliveries per message and tak
   const tasks = createClient(TaskService, createConnectTransport({ baseUrl, httpVersion: "1.1" }));
   const listed = await tasks.listTasks({ namespace: "ts-stream" });
   assert.deepEqual(listed.tasks, []);
+});
+
+test("the schedule example receives its first firing as a task named by schedule and slot", async () => {
+  const out = await scheduleAndReceive({ baseUrl, namespace: "ts-schedule", id: "tick" });
+  assert.equal(out.state, ScheduleState.ACTIVE);
+  assert.equal(out.nextSlots.length, 3);
+  assert.match(out.nextSlots[0], /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ UTC$/);
+  assert.match(out.firing.id, /^tick\.\d{8}T\d{6}Z$/);
+  assert.equal(out.firing.kind, "example.tick");
+  assert.equal(out.firing.dueTime.getMilliseconds(), 0);
+  assert.ok(out.removedFirings > 0, `deleting a 1 s schedule removes the firings of its lookahead, got ${out.removedFirings}`);
 });
