@@ -114,6 +114,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (err error) 
 	if cfg.Floor.Rounds > 0 {
 		return runFloor(ctx, cfg, rdb, probe, stdout)
 	}
+	if cfg.Schedules.Count > 0 {
+		return runSchedules(ctx, cfg, e, redisURL, stdout, stderr)
+	}
 	if cfg.Soak.Duration > 0 {
 		if cfg.Server != "child" && cfg.Target == "" {
 			return errors.New("--soak needs --server child (or --target): its memory, goroutine and log figures are the server process's own")

@@ -74,6 +74,9 @@ type Config struct {
 	// Soak, when its Duration is set, runs a steady flow instead of the
 	// workloads (see Soak).
 	Soak Soak
+	// Schedules, when its Count is set, runs recurring tasks instead of
+	// the workloads (see Schedules).
+	Schedules Schedules
 	// Floor, if Rounds > 0, runs the gRPC floor (floor.go) instead of the
 	// workloads: how close any gRPC service can get to the source design
 	// on this machine.
@@ -174,6 +177,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.DurationVar(&c.Soak.Duration, "soak", 0, "run a steady flow for this long instead of the workloads (make soak); the workload flags --producers, --subscribers, --max-in-flight and --payload apply")
 	fs.IntVar(&c.Floor.Rounds, "floor", 0, "run this many rounds of the gRPC floor instead of the workloads: the source design's Lua upsert and pop-delete loop beside a no-op gRPC service and one that does the same Redis work, in one process (docs/BENCHMARKS.md)")
 	fs.IntVar(&c.Floor.Tasks, "floor-tasks", 50_000, "tasks per row and round of --floor")
+	fs.IntVar(&c.Schedules.Count, "schedules", 0, "run this many schedules firing every minute instead of the workloads: lateness of their firings, each slot once, Redis calls per firing (docs/BENCHMARKS.md, Schedules)")
+	fs.IntVar(&c.Schedules.Minutes, "schedule-minutes", 2, "schedules: minute slots measured")
+	fs.IntVar(&c.Schedules.Namespaces, "schedule-namespaces", 10, "schedules: namespaces the schedules are spread over")
+	fs.BoolVar(&c.Schedules.Durable, "schedule-durable", false, "schedules: delayd in durable mode (--mysql-dsn)")
+	fs.DurationVar(&c.Schedules.Jitter, "schedule-jitter", 0, "schedules: each schedule's jitter, spreading its firings over [slot, slot+jitter) (0: all due at :00)")
 	fs.IntVar(&c.Soak.Rate, "rate", 500, "soak: tasks upserted per second, one UpsertTask each")
 	fs.DurationVar(&c.Soak.DueAfter, "due-after", 2*time.Second, "soak: time from a task's upsert to its due time")
 	fs.DurationVar(&c.Soak.Sample, "soak-sample", 10*time.Second, "soak: how often delayd's RSS, goroutines, threads and log volume are read")

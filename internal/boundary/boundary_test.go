@@ -164,7 +164,7 @@ var rules = map[string]rule{
 	"cmd/delayd":        {imports: []string{"daemon"}, testImports: []string{"gen/delayd/v1", "internal/testkit"}},
 	"cmd/delayctl":      {imports: []string{"ctl"}},
 	"cmd/delaybench":    {imports: []string{"bench"}},
-	"bench":             {imports: []string{"daemon", "gen/delayd/v1", "bench/baseline", "client", "storage/redisstore"}, testImports: []string{"internal/testkit"}},
+	"bench":             {imports: []string{"daemon", "gen/delayd/v1", "bench/baseline", "client", "storage/redisstore", "schedule"}, testImports: []string{"internal/testkit"}},
 	"bench/baseline":    {testImports: []string{"internal/testkit"}},
 	"internal/boundary": {},
 

@@ -243,12 +243,8 @@ func (s *Store) UpdateSchedule(ctx context.Context, sc storage.Schedule, p stora
 	if len(rep) != 3+len(p.Fire) {
 		return storage.UpdateScheduleResult{}, fmt.Errorf("update schedule: reply of %d values for %d firings", len(rep), len(p.Fire))
 	}
-	stored, err := s.GetSchedule(ctx, sc.Namespace, sc.ID)
-	if err != nil || stored.Version != ver {
-		// Changed again since (or unreadable): answer what was written.
-		stored = sc
-		stored.Version, stored.UpdateTime = ver, msTime(now).UTC()
-	}
+	stored := sc // as written, with the store's version and time
+	stored.Version, stored.UpdateTime = ver, msTime(now).UTC()
 	res := storage.UpdateScheduleResult{Schedule: stored, Fired: make([]storage.UpsertResult, len(p.Fire))}
 	for i, f := range p.Fire {
 		c := v[3+i]
