@@ -172,10 +172,10 @@ func runSchedules(ctx context.Context, cfg Config, e env, redisURL string, stdou
 		}
 	}()
 	// A firing is due at its slot (in its id) plus its jitter; a control
-	// task ("c<n>@<due ms>") at the time in its id.
+	// task ("c<n>-<due ms>") at the time in its id.
 	dueOf := func(id string) (time.Time, bool) {
 		if rest, ok := strings.CutPrefix(id, "c"); ok {
-			_, ms, _ := strings.Cut(rest, "@")
+			_, ms, _ := strings.Cut(rest, "-")
 			n, err := strconv.ParseInt(ms, 10, 64)
 			return time.UnixMilli(n), err == nil
 		}
@@ -339,7 +339,7 @@ func runControl(ctx context.Context, e env, ds *delaydSystem, sc Schedules, nss 
 	var ids []string
 	for i := range sc.Count {
 		due := base.Add(time.Duration(i) * sc.Jitter / time.Duration(sc.Count)).Truncate(time.Millisecond)
-		id := fmt.Sprintf("c%d@%d", i, due.UnixMilli())
+		id := fmt.Sprintf("c%d-%d", i, due.UnixMilli())
 		byNS[i%len(nss)] = append(byNS[i%len(nss)], item{id: id, due: due})
 		ids = append(ids, id)
 	}
