@@ -213,7 +213,8 @@ func runSchedules(ctx context.Context, cfg Config, e env, redisURL string, stdou
 	}
 	last := rep.Slots[len(rep.Slots)-1]
 	// Counts from 30 s before the first measured slot (its firings'
-	// creation) to 30 s after the last (its deliveries and acks).
+	// creation) to 30 s after the last firing's due time (its deliveries
+	// and acks).
 	if err := sleepUntil(ctx, first.Add(-30*time.Second).Add(-e.clock.Offset)); err != nil {
 		return err
 	}
@@ -223,7 +224,7 @@ func runSchedules(ctx context.Context, cfg Config, e env, redisURL string, stdou
 	}
 	cpu0, what, cpuOK := ds.cpu()
 	hist0 := scrapeHistogram(ctx, d.opsAddr, "delayd_delivery_lateness_seconds")
-	if err := sleepUntil(ctx, last.Add(30*time.Second).Add(-e.clock.Offset)); err != nil {
+	if err := sleepUntil(ctx, last.Add(sc.Jitter+30*time.Second).Add(-e.clock.Offset)); err != nil {
 		return err
 	}
 	after, err := e.redis.CommandStats(ctx)
