@@ -134,6 +134,12 @@ func (s *Scheduler) stepAll(ctx context.Context, scs []storage.Schedule, now tim
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
+			if !sc.Advance.IsZero() {
+				// The step's lag: the store's time of the look, plus
+				// how long this pass has run, past the schedule's Advance.
+				at := s.cfg.Clock.Now()
+				s.lead.note(now.Add(at.Sub(local)).Sub(sc.Advance), at)
+			}
 			_, err := s.step(ctx, sc, now)
 			switch {
 			case err == nil, errors.Is(err, ErrLostRace), ctx.Err() != nil:

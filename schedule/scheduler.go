@@ -123,6 +123,7 @@ type Scheduler struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	hooks   hooks
+	lead    lead
 }
 
 // New returns a Scheduler; it does nothing until Start.
@@ -158,12 +159,14 @@ func New(cfg Config) (*Scheduler, error) {
 	if cfg.Batch <= 0 {
 		cfg.Batch = DefaultBatch
 	}
-	return &Scheduler{cfg: cfg, log: cfg.Logger, poke: make(chan struct{}, 1), failing: map[string]time.Time{}}, nil
+	return &Scheduler{cfg: cfg, log: cfg.Logger, poke: make(chan struct{}, 1), failing: map[string]time.Time{},
+		lead: lead{base: cfg.Lookahead}}, nil
 }
 
-// options are the plan options for a namespace of shards shards.
+// options are the plan options for a namespace of shards shards: the
+// lookahead widened while steps come late (lead.go).
 func (s *Scheduler) options(shards int) Options {
-	return Options{Lookahead: s.cfg.Lookahead, Grace: s.cfg.Grace, Shards: max(shards, 1)}
+	return Options{Lookahead: s.lead.lookahead(s.cfg.Clock.Now()), Grace: s.cfg.Grace, Shards: max(shards, 1)}
 }
 
 // Poke makes the loop look at once (a schedule was created, resumed or
