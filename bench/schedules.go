@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -74,6 +75,16 @@ type SchedulesReport struct {
 	Delivered  int `json:"delivered"`
 	Duplicates int `json:"duplicates"`
 	Missing    int `json:"missing"`
+	// Straggling are the delivered firings first received after the
+	// measured window (30 s past the last slot's due times): the run waits
+	// up to two more minutes for them, so Missing counts firings never
+	// received, not late ones. Their lateness is in Lateness.
+	Straggling int `json:"straggling"`
+	// Counters are delayd's schedule counters over the run's minutes
+	// (child delayd): firings created on time and as catch-ups (slots
+	// decided later than the grace), slots skipped (catch-up none) and
+	// steps lost to another replica.
+	Counters map[string]float64 `json:"counters,omitempty"`
 	// Lateness of each firing's first delivery (receive time by the
 	// store's clock minus its due time: the slot, plus its jitter), in ms.
 	Lateness Summary `json:"lateness"`
@@ -119,6 +130,31 @@ func (s *schedSink) delivered(_ string, id string, at time.Time) {
 	s.seen[id]++
 	if s.seen[id] == 1 && ok {
 		s.late[id] = s.clock.At(at).Sub(due)
+	}
+}
+
+// firingsSeen counts the distinct firings of slots received.
+func (s *schedSink) firingsSeen(slots []time.Time, count int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for i := range count {
+		for _, slot := range slots {
+			if s.seen[fmt.Sprintf("s%06d.%s", i, slot.Format("20060102T150405Z"))] > 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// waitStragglers waits until every firing of slots was received, or until
+// the local time deadline.
+func waitStragglers(ctx context.Context, sk *schedSink, slots []time.Time, count int, deadline time.Time) {
+	for sk.firingsSeen(slots, count) < count*len(slots) && time.Now().Before(deadline) {
+		if sleepUntil(ctx, time.Now().Add(time.Second)) != nil {
+			return
+		}
 	}
 }
 
@@ -224,7 +260,9 @@ func runSchedules(ctx context.Context, cfg Config, e env, redisURL string, stdou
 	}
 	cpu0, what, cpuOK := ds.cpu()
 	hist0 := scrapeHistogram(ctx, d.opsAddr, "delayd_delivery_lateness_seconds")
-	if err := sleepUntil(ctx, last.Add(sc.Jitter+30*time.Second).Add(-e.clock.Offset)); err != nil {
+	counters0 := scrapeCounters(ctx, d.opsAddr)
+	windowEnd := last.Add(sc.Jitter + 30*time.Second)
+	if err := sleepUntil(ctx, windowEnd.Add(-e.clock.Offset)); err != nil {
 		return err
 	}
 	after, err := e.redis.CommandStats(ctx)
@@ -244,7 +282,16 @@ func runSchedules(ctx context.Context, cfg Config, e env, redisURL string, stdou
 			}
 		}
 	}
+	inWindow := sk.firingsSeen(rep.Slots, sc.Count)
+	waitStragglers(ctx, sk, rep.Slots, sc.Count, windowEnd.Add(2*time.Minute).Add(-e.clock.Offset))
+	if counters1 := scrapeCounters(ctx, d.opsAddr); counters1 != nil && counters0 != nil {
+		rep.Counters = map[string]float64{}
+		for k, v := range counters1 {
+			rep.Counters[k] = v - counters0[k]
+		}
+	}
 	tallySchedules(rep, sk, sc)
+	rep.Straggling = rep.Delivered - inWindow
 	if err := runControl(ctx, e, ds, sc, nss, sk, rep); err != nil && rep.Error == "" {
 		rep.Error = "control: " + err.Error()
 	}
@@ -319,6 +366,52 @@ func scrapeHistogram(ctx context.Context, addr, name string) map[string]float64 
 		v, err := strconv.ParseFloat(line[j+1:], 64)
 		if err == nil {
 			out[le] += v
+		}
+	}
+	return out
+}
+
+// scrapeCounters reads delayd's schedule counters from its /metrics,
+// summed over namespaces: "firings_<when>", "skipped", "steps_lost"; nil
+// when addr is "" or the read fails.
+func scrapeCounters(ctx context.Context, addr string) map[string]float64 {
+	if addr == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, ok := strings.Cut(line, "{")
+		j := strings.LastIndexByte(line, ' ')
+		if !ok || j < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[j+1:], 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "delayd_schedule_firings_total":
+			if i := strings.Index(rest, `when="`); i >= 0 {
+				when := rest[i+6:]
+				out["firings_"+when[:strings.IndexByte(when, '"')]] += v
+			}
+		case "delayd_schedule_skipped_total":
+			out["skipped"] += v
+		case "delayd_schedule_steps_lost_total":
+			out["steps_lost"] += v
 		}
 	}
 	return out
@@ -445,8 +538,15 @@ func (r *SchedulesReport) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(bw, "schedules: %d (cron \"* * * * *\", jitter %s) over %d namespaces, %s, %d minute slots measured (%s to %s UTC)\n",
 		r.Params.Count, r.Params.Jitter, r.Params.Namespaces, mode, len(r.Slots), r.Slots[0].Format("15:04"), r.Slots[len(r.Slots)-1].Format("15:04"))
-	fmt.Fprintf(bw, "created in %.1f s; firings expected %d, delivered %d, duplicates %d, missing %d\n",
-		r.CreateSeconds, r.Expected, r.Delivered, r.Duplicates, r.Missing)
+	fmt.Fprintf(bw, "created in %.1f s; firings expected %d, delivered %d (%d after the window), duplicates %d, missing %d\n",
+		r.CreateSeconds, r.Expected, r.Delivered, r.Straggling, r.Duplicates, r.Missing)
+	if len(r.Counters) > 0 {
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(r.Counters)) {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, r.Counters[k]))
+		}
+		fmt.Fprintf(bw, "delayd's schedule counters over the run: %s\n", strings.Join(parts, ", "))
+	}
 	l, c := r.Lateness, r.Control
 	fmt.Fprintf(bw, "firings' lateness (receive by the store's clock − due): p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms\n", l.P50, l.P90, l.P99, l.Max)
 	fmt.Fprintf(bw, "control, %d plain tasks due as one slot's firings: p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms\n", c.N, c.P50, c.P90, c.P99, c.Max)
