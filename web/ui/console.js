@@ -313,7 +313,20 @@
       }
       live(() => guard(g, async () => {
         await Promise.all(admin.map(async (name) => {
-          const s = await call('NamespaceService/GetNamespaceStats', { namespace: name });
+          let s;
+          try {
+            s = await call('NamespaceService/GetNamespaceStats', { namespace: name });
+          } catch (e) {
+            if (e.code !== 'not_found') throw e;
+            if (g !== gen) return;
+            // Deleted since the list was read (by someone else): say so on
+            // its row and stop asking, rather than an error for the page.
+            const { tr, cells } = rows.get(name);
+            tr.classList.add('deleted');
+            cells.forEach((c, i) => { c.textContent = i === 0 ? 'deleted' : '—'; });
+            if (admin.includes(name)) admin.splice(admin.indexOf(name), 1);
+            return;
+          }
           if (g !== gen) return;
           const { tr, cells } = rows.get(name);
           const late = seconds(s.oldestDueLateness);
