@@ -7,7 +7,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/delayd/delayd/daemon"
-	"github.com/delayd/delayd/internal/testkit/delaydtest"
 )
 
 // TestConsoleNamespaceDeletedWhileListed: a namespace deleted (by another
@@ -20,7 +19,7 @@ import (
 func TestConsoleNamespaceDeletedWhileListed(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
+	d := startConsole(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
 	e := &env{t: t, base: "http://" + d.HTTPAddr(), d: d}
 	keep := e.namespace("0del-keep-", nil) // 0…: first in name order, within the console's live-stats limit (200) however many namespaces the shared test database holds
 	gone := e.namespace("0del-gone-", nil)

@@ -7,7 +7,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/delayd/delayd/daemon"
-	"github.com/delayd/delayd/internal/testkit/delaydtest"
 )
 
 // TestConsoleForecastAndHistory: the namespace page draws the due forecast
@@ -17,7 +16,7 @@ import (
 func TestConsoleForecastAndHistory(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
+	d := startConsole(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
 	e := &env{t: t, base: "http://" + d.HTTPAddr(), d: d}
 	ns := e.namespace("ui-f-", map[string]any{"historyRetentionBytes": "65536"})
 	upsert := func(id, delay string) {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/delayd/delayd/daemon"
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
-	"github.com/delayd/delayd/internal/testkit/delaydtest"
 )
 
 // TestConsoleLiveStatsInFlightAndLateness: the namespaces page keeps its
@@ -25,7 +24,7 @@ import (
 func TestConsoleLiveStatsInFlightAndLateness(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
+	d := startConsole(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
 	e := &env{t: t, base: "http://" + d.HTTPAddr(), d: d}
 	ns := e.namespace("ui-c-", map[string]any{"ackTimeout": "600s"})
 	ctx := b.tab()

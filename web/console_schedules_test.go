@@ -6,7 +6,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/delayd/delayd/daemon"
-	"github.com/delayd/delayd/internal/testkit/delaydtest"
 )
 
 // TestConsoleSchedules: the Schedules tab lists a namespace's schedules,
@@ -16,7 +15,7 @@ import (
 func TestConsoleSchedules(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
+	d := startConsole(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
 	e := &env{t: t, base: "http://" + d.HTTPAddr(), d: d}
 	ns := e.namespace("ui-s-", nil)
 	e.mustCall(adminKey, "ScheduleService/CreateSchedule", map[string]any{"schedule": map[string]any{

@@ -83,6 +83,17 @@ type browser struct {
 	problems []string // JS exceptions and CSP violations seen in any tab
 }
 
+// startConsole starts delayd for a console test on a Redis of its own: the
+// namespaces page lists every namespace of its Redis and shows live stats
+// for the first 200, so on the shared test Redis, where other packages'
+// tests create and delete namespaces all through a run, the test's own
+// rows could fall past the first 200 or be slowed by hundreds of others.
+func startConsole(t *testing.T, cfg daemon.Config) *daemon.Daemon {
+	t.Helper()
+	cfg.RedisURL = testkit.StartRedis(t).URL
+	return delaydtest.Start(t, cfg)
+}
+
 func newBrowser(t *testing.T) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
@@ -287,7 +298,7 @@ func ackAll(t *testing.T, addr, ns string) {
 func TestConsoleAuthOff(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0"})
+	d := startConsole(t, daemon.Config{HTTPListen: "127.0.0.1:0"})
 	ctx := b.tab()
 	var who string
 	var state struct {
@@ -322,7 +333,8 @@ func TestConsoleAuthOff(t *testing.T) {
 func TestConsole(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
+	redisURL := testkit.StartRedis(t).URL
+	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey, RedisURL: redisURL})
 	e := &env{t: t, base: "http://" + d.HTTPAddr(), d: d}
 	nsA := e.namespace("ui-a-", map[string]any{"maxAttempts": 1})
 	nsB := e.namespace("ui-b-", nil)
@@ -424,13 +436,13 @@ func TestConsole(t *testing.T) {
 
 	t.Run("live deliveries of another replica", func(t *testing.T) {
 		ctx := b.tab()
-		other := delaydtest.Start(t, daemon.Config{AdminKey: adminKey}) // same Redis, no HTTP
+		other := delaydtest.Start(t, daemon.Config{AdminKey: adminKey, RedisURL: redisURL}) // same Redis, no HTTP
 		b.run(t, ctx, "open live deliveries", signIn(e.base, adminKey),
 			chromedp.Navigate(e.base+"/ui/#/ns/"+nsA+"/live"),
 			chromedp.WaitVisible(chromedp.ID("live-status")))
 		// The watch is registered once its feed subscription is (the channel
 		// name is redisstore's: delayd:watch:<ns>).
-		rdb, channel := testkit.Redis(t), "delayd:watch:"+nsA
+		rdb, channel := testkit.RedisAt(t, redisURL), "delayd:watch:"+nsA
 		testkit.Eventually(t, time.Minute, "the console's watch is subscribed", func() bool {
 			n, err := rdb.PubSubNumSub(t.Context(), channel).Result()
 			return err == nil && n[channel] >= 1
@@ -494,7 +506,7 @@ func TestConsole(t *testing.T) {
 // security headers, are served for GET only, and / leads to the console.
 func TestConsoleHeaders(t *testing.T) {
 	t.Parallel()
-	d := delaydtest.Start(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
+	d := startConsole(t, daemon.Config{HTTPListen: "127.0.0.1:0", AdminKey: adminKey})
 	base := "http://" + d.HTTPAddr()
 	for path, ctype := range map[string]string{"/ui/": "text/html", "/ui/console.js": "javascript", "/ui/console.css": "text/css"} {
 		resp, err := http.Get(base + path)
