@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/delayd/delayd/internal/items"
 )
 
 // Admission: what a client must get right before the server spends memory
@@ -27,8 +27,11 @@ import (
 //     with no key, a malformed one or a made-up one is refused with
 //     Unauthenticated before a byte of its body is read or buffered, and
 //     a stream is ended at once (health and reflection stay open);
-//  4. the codec (admissionCodec): a request whose repeated fields have more
-//     items than a call may carry is refused before they are built, and
+//  4. the codec (admissionCodec): a request with more items of one
+//     repeated field than a call may carry — counted at every depth, a
+//     nested list's items added up over the message, a packed list's
+//     elements one by one (internal/items) — is refused before they are
+//     built, and
 //     malformed protobuf (including invalid UTF-8 in a string field) is
 //     refused as InvalidArgument instead of grpc-go's Internal;
 //  5. then authentication proper (the principal put in the context, from
@@ -48,7 +51,7 @@ const maxHeaderListBytes = 8 << 10
 // anything reads the message.
 type admissionCodec struct {
 	base     encoding.CodecV2
-	maxItems int // most items of one repeated field of a request
+	maxItems int // most items of one repeated field of a request, at every depth (internal/items)
 
 	refused sync.Map // proto.Message -> error
 }
@@ -72,8 +75,8 @@ func (c *admissionCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	b := buf.ReadOnlyData()
-	if err := checkRepeated(b, m.ProtoReflect().Descriptor(), c.maxItems); err != nil {
-		c.refused.Store(m, err)
+	if err := items.Wire(b, m.ProtoReflect().Descriptor(), c.maxItems); err != nil {
+		c.refused.Store(m, status.Error(codes.InvalidArgument, err.Error()))
 		return nil
 	}
 	if err := proto.Unmarshal(b, m); err != nil {
@@ -88,38 +91,6 @@ func (c *admissionCodec) Unmarshal(data mem.BufferSlice, v any) error {
 func (c *admissionCodec) take(m any) error {
 	if err, ok := c.refused.LoadAndDelete(m); ok {
 		return err.(error)
-	}
-	return nil
-}
-
-// checkRepeated counts the items of md's top-level repeated fields in the
-// wire bytes b, without decoding them, and refuses more than limit items in
-// one field. Malformed bytes are left to proto.Unmarshal to report.
-func checkRepeated(b []byte, md protoreflect.MessageDescriptor, limit int) error {
-	var counts map[protowire.Number]int
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil
-		}
-		b = b[n:]
-		m := protowire.ConsumeFieldValue(num, typ, b)
-		if m < 0 {
-			return nil
-		}
-		b = b[m:]
-		fd := md.Fields().ByNumber(num)
-		if fd == nil || !fd.IsList() {
-			continue
-		}
-		if counts == nil {
-			counts = make(map[protowire.Number]int)
-		}
-		counts[num]++
-		if counts[num] > limit {
-			return status.Errorf(codes.InvalidArgument, "%s has more than %d items; at most %d are allowed in one call",
-				fd.Name(), limit, limit)
-		}
 	}
 	return nil
 }

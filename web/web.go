@@ -29,6 +29,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/delayd/delayd/internal/items"
 )
 
 // Options configure Handler.
@@ -49,9 +51,10 @@ type Options struct {
 	// connection is closed after the answer, so a refused client's body is
 	// neither read nor decoded.
 	Admit func(*http.Request) error
-	// MaxRepeatedItems, if above zero, caps every array of a JSON request's
-	// top-level fields (tasks, tokens, ...) as the gRPC edge caps repeated
-	// fields (server.MaxRepeatedItems): a longer array is InvalidArgument
+	// MaxRepeatedItems, if above zero, caps the items of every repeated
+	// field of a JSON request (tasks, tokens, nacks[].tokens added up, the
+	// paths of an update_mask string, ...) as the gRPC edge caps them
+	// (server.MaxRepeatedItems, internal/items): more is InvalidArgument
 	// naming the field, refused before any item is decoded.
 	MaxRepeatedItems int
 }
@@ -147,7 +150,9 @@ func admit(check func(*http.Request) error, next http.Handler) http.Handler {
 
 // newJSONCodec is vanguard's JSON codec, refusing unknown fields (a
 // misspelled field is an InvalidArgument naming it, not silently dropped)
-// and, with maxItems above zero, top-level arrays longer than maxItems.
+// and, with maxItems above zero, a request with more than maxItems items of
+// one repeated field at any depth, or FieldMask paths, as the gRPC codec
+// counts them (internal/items), before anything is decoded.
 func newJSONCodec(res vanguard.TypeResolver, maxItems int) vanguard.Codec {
 	c := vanguard.NewJSONCodec(res)
 	c.UnmarshalOptions.DiscardUnknown = false
@@ -163,9 +168,8 @@ type jsonCodec struct {
 
 func (c jsonCodec) Unmarshal(data []byte, msg proto.Message) error {
 	if c.maxItems > 0 {
-		if field, over := longArray(data, c.maxItems); over {
-			return connect.NewError(connect.CodeInvalidArgument,
-				fmt.Errorf("%s has more than %d items; at most %d are allowed in one call", field, c.maxItems, c.maxItems))
+		if err := items.JSON(data, msg.ProtoReflect().Descriptor(), c.maxItems); err != nil {
+			return connect.NewError(connect.CodeInvalidArgument, err)
 		}
 	}
 	if err := c.JSONCodec.Unmarshal(data, msg); err != nil {
@@ -173,74 +177,4 @@ func (c jsonCodec) Unmarshal(data []byte, msg proto.Message) error {
 			fmt.Errorf("the request is not a valid %s in JSON: %s", msg.ProtoReflect().Descriptor().FullName(), explainJSON(data, err)))
 	}
 	return nil
-}
-
-// longArray scans a JSON object without decoding it and reports the first
-// top-level field whose array value has more than limit items. Malformed
-// JSON is left to the decoder to report.
-func longArray(data []byte, limit int) (field string, over bool) {
-	var (
-		depth   int
-		topObj  bool   // the document is an object
-		key     string // the last string seen at depth 1: the field's name
-		arr     string // the field whose array is open at depth 2
-		items   int
-		started bool // the current item of arr has begun
-	)
-	item := func() bool {
-		if depth == 2 && arr != "" && !started {
-			started = true
-			items++
-			return items > limit
-		}
-		return false
-	}
-	for i := 0; i < len(data); i++ {
-		switch c := data[i]; c {
-		case ' ', '\t', '\r', '\n':
-		case '"':
-			j := i + 1
-			for j < len(data) && data[j] != '"' {
-				if data[j] == '\\' {
-					j++
-				}
-				j++
-			}
-			if j >= len(data) {
-				return "", false
-			}
-			if depth == 1 && topObj {
-				key = string(data[i+1 : j])
-			}
-			if item() {
-				return arr, true
-			}
-			i = j
-		case '{', '[':
-			if item() {
-				return arr, true
-			}
-			depth++
-			if depth == 1 {
-				topObj = c == '{'
-			}
-			if depth == 2 && topObj && c == '[' {
-				arr, items, started = key, 0, false
-			}
-		case '}', ']':
-			if depth == 2 {
-				arr = ""
-			}
-			depth--
-		case ',':
-			if depth == 2 {
-				started = false
-			}
-		default:
-			if item() {
-				return arr, true
-			}
-		}
-	}
-	return "", false
 }
