@@ -55,7 +55,9 @@ var adminServicePrefix = "/" + delaydv1.NamespaceService_ServiceDesc.ServiceName
 // namespace its rate once. Without shared limits, and while the shared
 // bucket cannot be reached, a bucket of this replica's own
 // (golang.org/x/time/rate) decides. Every TaskService and DeliveryService
-// call takes one token (a Subscribe stream one when it opens);
+// call takes one token (a Subscribe stream one when it opens, a
+// StreamDeliveries stream one more for every later request carrying
+// verdicts, waiting for it: see stream);
 // NamespaceService calls take none, so an operator can always change the
 // limits of a namespace that is being throttled. A new policy applies to
 // the existing bucket at once.
@@ -76,32 +78,63 @@ func newRateLimiter(policies policyLookup, shared storage.SharedLimits, logger *
 // allow takes a token of ns's bucket, or returns ResourceExhausted naming
 // the limit.
 func (l *rateLimiter) allow(ctx context.Context, ns string) error {
+	over, _, err := l.take(ctx, ns)
+	if err != nil {
+		return err
+	}
+	return over
+}
+
+// wait takes a token of ns's bucket, waiting for one while the bucket is
+// empty (asking again every refill interval, 5 ms to 1 s), until ctx ends.
+func (l *rateLimiter) wait(ctx context.Context, ns string) error {
+	for {
+		over, every, err := l.take(ctx, ns)
+		if err != nil || over == nil {
+			return err
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return status.FromContextError(ctx.Err()).Err()
+		case <-t.C:
+		}
+	}
+}
+
+// take takes a token of ns's bucket. When the bucket is empty, over is the
+// ResourceExhausted naming the limit and every the time one token takes to
+// come back (at least 5 ms, at most 1 s); err is a failure to look the
+// limit up.
+func (l *rateLimiter) take(ctx context.Context, ns string) (over error, every time.Duration, err error) {
 	pol, ok, err := limitPolicy(ctx, l.policies, ns)
 	if err != nil {
-		return rpcerr.ToStatus(ctx, l.logger, fmt.Errorf("rate limit: %w", err))
+		return nil, 0, rpcerr.ToStatus(ctx, l.logger, fmt.Errorf("rate limit: %w", err))
 	}
 	if !ok || pol.RateLimit <= 0 || math.IsInf(pol.RateLimit, 1) {
 		l.mu.Lock()
 		delete(l.buckets, ns) // unlimited (again): drop any old bucket
 		l.mu.Unlock()
-		return nil
+		return nil, 0, nil
 	}
 	burst := pol.RateBurst
 	if burst <= 0 {
 		burst = int(math.Max(1, math.Ceil(pol.RateLimit)))
 	}
-	over := func(scope string) error {
+	every = min(max(time.Duration(float64(time.Second)/pol.RateLimit), 5*time.Millisecond), time.Second)
+	refuse := func(scope string) (error, time.Duration, error) {
 		return status.Errorf(codes.ResourceExhausted,
 			"namespace %q is over its request rate limit (policy.rate_limit %g/s, policy.rate_burst %d, %s); retry later",
-			ns, pol.RateLimit, burst, scope)
+			ns, pol.RateLimit, burst, scope), every, nil
 	}
 	if l.shared != nil {
 		took, err := l.shared.TakeRequestToken(ctx, ns, pol.RateLimit, burst)
 		if err == nil {
 			if !took {
-				return over("across all replicas")
+				return refuse("across all replicas")
 			}
-			return nil
+			return nil, 0, nil
 		}
 		l.warn(ctx, ns, err)
 	}
@@ -116,9 +149,9 @@ func (l *rateLimiter) allow(ctx context.Context, ns string) error {
 	}
 	l.mu.Unlock()
 	if !b.Allow() {
-		return over("per server replica")
+		return refuse("per server replica")
 	}
-	return nil
+	return nil, 0, nil
 }
 
 // warn logs, at most every 10 s, that the shared bucket failed and this
@@ -171,13 +204,45 @@ func (l *rateLimiter) unary(ctx context.Context, req any, info *grpc.UnaryServer
 	return handler(ctx, req)
 }
 
+// stream charges a stream's first message (the stream's opening) and,
+// of a StreamDeliveries stream, every later request that carries verdicts
+// (verdictsPay): those stand for the unary AckTasks, NackTasks and
+// ExtendLease calls they replace. Over the limit, the opening is refused;
+// a later request waits for a token (back-pressure: the stream reads
+// nothing meanwhile, so the client's sends back up), and the stream stays
+// open.
 func (l *rateLimiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return handler(srv, &firstMessageStream{ServerStream: ss, check: func(m any) error {
-		if ns := requestNamespace(ss.Context(), info.FullMethod, m); ns != "" {
+	var ns string
+	first := &firstMessageStream{ServerStream: ss, check: func(m any) error {
+		if ns = requestNamespace(ss.Context(), info.FullMethod, m); ns != "" {
 			return l.allow(ss.Context(), ns)
 		}
 		return nil
-	}})
+	}}
+	if info.FullMethod != delaydv1.DeliveryService_StreamDeliveries_FullMethodName {
+		return handler(srv, first)
+	}
+	return handler(srv, &verdictsPay{firstMessageStream: first, limiter: l, ns: &ns})
+}
+
+// verdictsPay charges every StreamDeliveries request after the first that
+// carries verdicts to the namespace of the stream (ns, set by the first).
+type verdictsPay struct {
+	*firstMessageStream
+	limiter *rateLimiter
+	ns      *string
+}
+
+func (s *verdictsPay) RecvMsg(m any) error {
+	later := s.done
+	if err := s.firstMessageStream.RecvMsg(m); err != nil || !later || *s.ns == "" {
+		return err
+	}
+	req, ok := m.(*delaydv1.StreamDeliveriesRequest)
+	if !ok || len(req.GetAckTokens())+len(req.GetNacks())+len(req.GetExtends()) == 0 {
+		return nil
+	}
+	return s.limiter.wait(s.Context(), *s.ns)
 }
 
 // subscriberLease is how long a Subscribe stream's slot in the shared count

@@ -101,11 +101,18 @@ type NamespacePolicy struct {
 	// Most tasks (all states) the namespace may hold. Default 0 = unlimited.
 	MaxPendingTasks int64 `protobuf:"varint,7,opt,name=max_pending_tasks,json=maxPendingTasks,proto3" json:"max_pending_tasks,omitempty"`
 	// Sustained request rate allowed, per second, across all RPCs of the
-	// namespace. Default 0 = unlimited.
+	// namespace: a call takes one request, a stream one when it opens, and a
+	// StreamDeliveries stream one more for every later request that carries
+	// verdicts (as the AckTasks, NackTasks or ExtendLease call it replaces).
+	// Over it a call is RESOURCE_EXHAUSTED, while a StreamDeliveries request
+	// with verdicts waits for its turn (the stream reads nothing meanwhile and
+	// stays open). Default 0 = unlimited.
 	RateLimit float64 `protobuf:"fixed64,8,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
 	// Burst above rate_limit. Default: rate_limit rounded up, at least 1.
 	RateBurst int32 `protobuf:"varint,9,opt,name=rate_burst,json=rateBurst,proto3" json:"rate_burst,omitempty"`
-	// Most concurrent Subscribe streams. Default 0 = unlimited.
+	// Most concurrent streams of the namespace (Subscribe, StreamDeliveries,
+	// WatchDeliveries), across all replicas: 1-100,000. 0 means the server's
+	// default, 100; there is no unlimited.
 	MaxSubscribers int32 `protobuf:"varint,10,opt,name=max_subscribers,json=maxSubscribers,proto3" json:"max_subscribers,omitempty"`
 	// Furthest ahead a task may be due. Default 366 days.
 	MaxDelay *durationpb.Duration `protobuf:"bytes,11,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"`

@@ -71,7 +71,12 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
 
   /**
    * Sustained request rate allowed, per second, across all RPCs of the
-   * namespace. Default 0 = unlimited.
+   * namespace: a call takes one request, a stream one when it opens, and a
+   * StreamDeliveries stream one more for every later request that carries
+   * verdicts (as the AckTasks, NackTasks or ExtendLease call it replaces).
+   * Over it a call is RESOURCE_EXHAUSTED, while a StreamDeliveries request
+   * with verdicts waits for its turn (the stream reads nothing meanwhile and
+   * stays open). Default 0 = unlimited.
    *
    * @generated from field: double rate_limit = 8;
    */
@@ -85,7 +90,9 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
   rateBurst: number;
 
   /**
-   * Most concurrent Subscribe streams. Default 0 = unlimited.
+   * Most concurrent streams of the namespace (Subscribe, StreamDeliveries,
+   * WatchDeliveries), across all replicas: 1-100,000. 0 means the server's
+   * default, 100; there is no unlimited.
    *
    * @generated from field: int32 max_subscribers = 10;
    */
