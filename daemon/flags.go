@@ -46,7 +46,7 @@ type Flags struct {
 	NoAuth bool
 	// AdminKeyFile is --admin-key-file: read the bootstrap admin key from
 	// this file (surrounding whitespace ignored) instead of --admin-key,
-	// which ps and /debug/pprof/cmdline show.
+	// which ps shows (/debug/pprof/cmdline hides flag values).
 	AdminKeyFile string
 	// Version is --version: print the version, commit and Go version and
 	// exit.

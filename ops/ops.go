@@ -6,7 +6,9 @@
 //	/readyz         200 "ready" while the replica serves; 503 with the reason
 //	                in the body otherwise (readiness: store reachable, durable
 //	                index complete, not shutting down)
-//	/debug/pprof/   Go profiling, only when Config.Pprof is set
+//	/debug/pprof/   Go profiling, only when Config.Pprof is set; its cmdline
+//	                names the flags set but shows none of their values
+//	                (--admin-key, passwords in --redis-url or --mysql-dsn)
 //
 // A Server is started once with Start and stopped once with Stop.
 package ops
@@ -15,10 +17,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -38,6 +43,9 @@ type Config struct {
 	// Pprof serves net/http/pprof under /debug/pprof/. Default off: profiles
 	// reveal internals and cost CPU, so turn it on where the port is private.
 	Pprof bool
+	// Args is the command line /debug/pprof/cmdline shows, its values
+	// redacted (see redactArgs). If nil, os.Args.
+	Args []string
 	// Logger; if nil, logs are discarded.
 	Logger *slog.Logger
 }
@@ -75,12 +83,49 @@ func Handler(cfg Config) http.Handler {
 	})
 	if cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		args := cfg.Args
+		if args == nil {
+			args = os.Args
+		}
+		shown := strings.Join(redactArgs(args), "\x00")
+		mux.HandleFunc("/debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = io.WriteString(w, shown)
+		})
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	return mux
+}
+
+// redacted stands for a value redactArgs hides.
+const redacted = "REDACTED"
+
+// redactArgs is a command line with every flag's value hidden: the
+// program's name, then each flag's name as given ("--admin-key",
+// "--redis-url=REDACTED") and REDACTED for every other argument (delayd
+// takes no positional ones: each is a flag's value). Secrets are passed as
+// flag values (--admin-key, a password in --redis-url or --mysql-dsn), and
+// a rule that hides every value cannot miss a new one.
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		switch {
+		case i == 0:
+			out[i] = a
+		case a == "--" || a == "-" || !strings.HasPrefix(a, "-"):
+			out[i] = redacted
+		default:
+			name, _, hasValue := strings.Cut(a, "=")
+			out[i] = name
+			if hasValue {
+				out[i] = name + "=" + redacted
+			}
+		}
+	}
+	return out
 }
 
 // Start binds cfg.Addr and serves the ops routes in the background.

@@ -42,6 +42,7 @@ type replica struct {
 	exited chan struct{} // closed when the process has exited
 	addr   string
 	conn   *grpc.ClientConn
+	log    string // the process's log file
 }
 
 // servingAddr is the gRPC address in delayd's "delayd serving" log line.
@@ -72,7 +73,7 @@ func startReplica(t *testing.T, bin string, args ...string) *replica {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &replica{t: t, cmd: cmd, exited: make(chan struct{})}
+	r := &replica{t: t, cmd: cmd, exited: make(chan struct{}), log: logf.Name()}
 	go func() { _ = cmd.Wait(); close(r.exited) }()
 	t.Cleanup(func() {
 		r.kill()
