@@ -53,7 +53,9 @@ type delaydConfig struct {
 	HistoryBytes int64
 	// SDK sends unary upserts through the Go SDK's Client.Upsert (with its
 	// default batching) instead of the raw UpsertTask stub, and receives
-	// as the SDK does: StreamDeliveries, acks on the stream.
+	// as the SDK does: StreamDeliveries, acks on the stream, over the
+	// SDK Client's own connection (its dial settings: one connection,
+	// fixed flow-control windows).
 	SDK bool
 	// SDKMaxOutstanding is the SDK's BatchSettings.MaxOutstanding; 0 =
 	// its default.
@@ -237,8 +239,10 @@ func (s *delaydSystem) consume(ctx context.Context, nss []string, subscribers, m
 		ns := nss[i%len(nss)]
 		ci := s.next()
 		if s.cfg.SDK {
-			// The SDK's delivery path: StreamDeliveries, acks on the stream.
-			wg.Go(func() { s.receiveStream(ctx, s.delivery[ci], ns, maxInFlight, sk) })
+			// The SDK's delivery path: StreamDeliveries, acks on the stream,
+			// on the SDK's connection.
+			sdk := delaydv1.NewDeliveryServiceClient(s.sdk.Conn())
+			wg.Go(func() { s.receiveStream(ctx, sdk, ns, maxInFlight, sk) })
 			continue
 		}
 		tokens := make(chan string, maxInFlight)

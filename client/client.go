@@ -149,6 +149,12 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
 }
 
+// The Client's flow-control windows (see New).
+const (
+	windowStream = 4 << 20
+	windowConn   = 16 << 20
+)
+
 // Client talks to one delayd endpoint: TaskService for producers and
 // DeliveryService for consumers. It is safe for concurrent use; create one
 // per process and Close it at exit.
@@ -198,6 +204,14 @@ func New(target string, opts ...Option) (*Client, error) {
 		grpc.WithDefaultServiceConfig(sc),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: 5 * time.Second}),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(o.tracer), otelgrpc.WithPropagators(propagator))),
+		// Fixed flow-control windows turn off grpc's BDP estimation, which
+		// pings delayd after nearly every message received on an idle
+		// connection: at a steady trickle of deliveries, a read and a write
+		// of delayd's per message for nothing (TestClientSendsNoPings). A
+		// stream may hold windowStream bytes unread: four full
+		// StreamDeliveries responses (StreamBatchBytes, 1 MiB).
+		grpc.WithInitialWindowSize(windowStream),
+		grpc.WithInitialConnWindowSize(windowConn),
 	}
 	if o.retry.MaxAttempts > 5 {
 		dial = append(dial, grpc.WithMaxCallAttempts(o.retry.MaxAttempts))

@@ -75,6 +75,7 @@ func newFakeStores() fakeStores {
 type dlvReplica struct {
 	d     *dispatcher.Dispatcher
 	srv   *server.Server
+	addr  string // the server's host:port
 	tasks delaydv1.TaskServiceClient
 	dlv   delaydv1.DeliveryServiceClient
 	admin delaydv1.NamespaceServiceClient
@@ -111,7 +112,7 @@ func (e *dlvEnv) replica() *dlvReplica {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	r := &dlvReplica{d: d, srv: srv,
+	r := &dlvReplica{d: d, srv: srv, addr: lis.Addr().String(),
 		tasks: delaydv1.NewTaskServiceClient(conn),
 		dlv:   delaydv1.NewDeliveryServiceClient(conn),
 		admin: delaydv1.NewNamespaceServiceClient(conn),

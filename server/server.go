@@ -80,6 +80,22 @@ const (
 // stack (a few KiB; the GC shrinks stacks that stay small).
 const streamWorkersPerCore = 32
 
+// Flow-control windows the server grants its clients (grpc.InitialWindowSize,
+// grpc.InitialConnWindowSize). Setting them fixes the windows, which turns
+// off grpc's BDP estimation: left on, it sends a PING after nearly every
+// request message that arrives on an idle connection (an AckTasks call, a
+// StreamDeliveries verdict), so a steady flow paid delayd a write and a
+// read, and a wake of the connection's writer, per message for pings that
+// only ever found the window big enough (issue 37 item 4;
+// TestServerSendsNoPings). A stream may have streamWindow bytes unread: a
+// request of MaxMessageBytes (5 MiB) crosses in five windows, about 1 GB/s
+// on a 1 ms link; the connection's window (updated as data arrives, not as
+// it is read) lets eight streams fill theirs at once.
+const (
+	streamWindow = 1 << 20
+	connWindow   = 8 << 20
+)
+
 // ServiceNames returns the full names of the delayd services a Server
 // registers ("delayd.v1.TaskService", ...), as the health and reflection
 // services name them. Each call returns a new slice.
@@ -160,6 +176,8 @@ func New(opts Options) (*Server, error) {
 		grpc.MaxRecvMsgSize(opts.Limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.Limits.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(opts.Limits.MaxConcurrentStreams),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
 		grpc.MaxHeaderListSize(maxHeaderListBytes),
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
