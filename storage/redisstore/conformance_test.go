@@ -14,28 +14,41 @@ import (
 	"github.com/delayd/delayd/storage/storetest"
 )
 
-func runConformance(t *testing.T, c redis.UniversalClient) {
-	runConformanceOpts(t, c, Options{})
+// runConformance runs the suites on c, the schedule suite on sc (see
+// ownRedisClient).
+func runConformance(t *testing.T, c, sc redis.UniversalClient) {
+	runConformanceOpts(t, c, sc, Options{})
 }
 
-func runConformanceOpts(t *testing.T, c redis.UniversalClient, opts Options) {
+func runConformanceOpts(t *testing.T, c, sc redis.UniversalClient, opts Options) {
 	storetest.Run(t, func(t *testing.T) storage.Store { return New(c, opts) })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return New(c, opts) })
 	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return New(c, opts) })
-	storetest.RunSchedules(t, 1, func(t *testing.T) storetest.ScheduleStore { return New(c, opts) })
+	storetest.RunSchedules(t, 1, func(t *testing.T) storetest.ScheduleStore { return New(sc, opts) })
+}
+
+// ownRedisClient is a client of a redis-server of t's own, for the
+// schedule suite beside a suite on the shared test Redis: every delayd
+// that other packages' tests (and other checkouts' make test) run on the
+// shared Redis steps the due schedules of every namespace there, its own
+// loop's Advance moving the suite's schedules while ScheduleDue reads
+// them ("limit 1: 0 schedules of the namespace").
+func ownRedisClient(t *testing.T) *redis.Client {
+	return testkit.RedisAt(t, testkit.StartRedis(t).URL)
 }
 
 // TestConformance runs the store suite against the real Redis.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	runConformance(t, testRedisClient(t))
+	runConformance(t, testRedisClient(t), ownRedisClient(t))
 }
 
 // TestConformanceEmbedded runs the same suite against miniredis, the
 // embedded mode's store: the same Lua scripts must behave the same.
 func TestConformanceEmbedded(t *testing.T) {
 	t.Parallel()
-	runConformance(t, testMiniClient(t))
+	c := testMiniClient(t)
+	runConformance(t, c, c)
 }
 
 // TestConformanceCluster runs the suite against the shared 3-master,
@@ -44,7 +57,8 @@ func TestConformanceEmbedded(t *testing.T) {
 // scripts), and wake-ups cross nodes.
 func TestConformanceCluster(t *testing.T) {
 	t.Parallel()
-	runConformance(t, sharedClusterClient(t))
+	c := sharedClusterClient(t) // no loop runs on it: it is this process's
+	runConformance(t, c, c)
 }
 
 // sharedClusterClient is a ClusterClient of testkit.SharedCluster, closed
@@ -64,12 +78,12 @@ func TestConformanceSplitScripts(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storage.Store { return New(c, Options{MaxScriptBytes: 1}) })
 }
 
-func runConformanceSharded(t *testing.T, c redis.UniversalClient, opts Options) {
+func runConformanceSharded(t *testing.T, c, sc redis.UniversalClient, opts Options) {
 	storetest.RunSharded(t, func(t *testing.T) storage.Store { return New(c, opts) })
 	storetest.RunWakeups(t, func(t *testing.T) storetest.WakeupStore { return New(c, opts) })
 	storetest.RunHistory(t, func(t *testing.T) storetest.HistoryStore { return New(c, opts) })
 	n, _ := opts.Shards.Shards(context.Background(), "")
-	storetest.RunSchedules(t, n, func(t *testing.T) storetest.ScheduleStore { return New(c, opts) })
+	storetest.RunSchedules(t, n, func(t *testing.T) storetest.ScheduleStore { return New(sc, opts) })
 }
 
 // TestConformanceSharded runs the suite with every namespace in 4 shards
@@ -78,14 +92,15 @@ func runConformanceSharded(t *testing.T, c redis.UniversalClient, opts Options) 
 // shards, and every answer stays what one shard gives.
 func TestConformanceSharded(t *testing.T) {
 	t.Parallel()
-	runConformanceSharded(t, testRedisClient(t), Options{Shards: FixedShards(4)})
+	runConformanceSharded(t, testRedisClient(t), ownRedisClient(t), Options{Shards: FixedShards(4)})
 }
 
 // TestConformanceShardedCluster is TestConformanceSharded on the shared
 // 3-master, 3-replica cluster: each shard of a namespace has its own slot.
 func TestConformanceShardedCluster(t *testing.T) {
 	t.Parallel()
-	runConformanceSharded(t, sharedClusterClient(t), Options{Shards: FixedShards(6)})
+	c := sharedClusterClient(t)
+	runConformanceSharded(t, c, c, Options{Shards: FixedShards(6)})
 }
 
 // TestShardsOnEveryMaster: a namespace of 6 shards on a 3-master cluster
@@ -153,5 +168,6 @@ func TestShardsOnEveryMaster(t *testing.T) {
 // the embedded mode's store (a namespace may have shards there too).
 func TestConformanceShardedEmbedded(t *testing.T) {
 	t.Parallel()
-	runConformanceSharded(t, testMiniClient(t), Options{Shards: FixedShards(4)})
+	c := testMiniClient(t)
+	runConformanceSharded(t, c, c, Options{Shards: FixedShards(4)})
 }

@@ -25,7 +25,10 @@ type ScheduleStore interface {
 // whose namespaces have shards shards (1 unless the store spreads them):
 // create, get, list, the compare-and-set update, a step's firings created
 // with it atomically and exactly once under racing writers, the due scan,
-// and the drop of a namespace's schedules.
+// and the drop of a namespace's schedules. No schedule loop may run on
+// the store meanwhile: DueSchedules answers every namespace, so a loop
+// there (a delayd on the same Redis) steps the suite's schedules as it
+// reads them.
 func RunSchedules(t *testing.T, shards int, newStore func(t *testing.T) ScheduleStore) {
 	t.Run("ScheduleCRUD", func(t *testing.T) { testScheduleCRUD(t, newStore(t)) })
 	t.Run("ScheduleRoundTrip", func(t *testing.T) { testScheduleRoundTrip(t, newStore(t)) })
