@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -15,6 +16,9 @@ type redisConn struct {
 	client redis.UniversalClient
 	// embedded is the in-process store of embedded mode; nil otherwise.
 	embedded *miniredis.Miniredis
+	// stopTTL ends the embedded store's TTL clock (ttlClock), which closes
+	// ttlDone.
+	stopTTL, ttlDone chan struct{}
 	// mode is "embedded", "redis" or "redis-cluster", for logs.
 	mode string
 	// where is the address or redacted URL, for logs (never a password).
@@ -26,6 +30,8 @@ type redisConn struct {
 func (r *redisConn) close() error {
 	err := r.client.Close()
 	if r.embedded != nil {
+		close(r.stopTTL)
+		<-r.ttlDone
 		r.embedded.Close()
 	}
 	return err
@@ -42,12 +48,16 @@ func openRedis(rawURL string) (*redisConn, error) {
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
 			return nil, fmt.Errorf("embedded store: %w", err)
 		}
-		return &redisConn{
+		r := &redisConn{
 			client:   redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true}),
 			embedded: m,
 			mode:     "embedded",
 			where:    m.Addr(),
-		}, nil
+			stopTTL:  make(chan struct{}),
+			ttlDone:  make(chan struct{}),
+		}
+		go r.ttlClock()
+		return r, nil
 	}
 	if err := checkRedisURL(rawURL); err != nil {
 		return nil, err
@@ -68,6 +78,27 @@ func openRedis(rawURL string) (*redisConn, error) {
 		}
 		opts.ContextTimeoutEnabled = true
 		return &redisConn{client: redis.NewClient(opts), mode: "redis", where: redact(rawURL)}, nil
+	}
+}
+
+// ttlClock tells the embedded store every second how much time passed:
+// miniredis expires keys only when told (FastForward), and without it the
+// keys delayd writes with a TTL (the records of pops, rate buckets) would
+// stay for the life of the process. Wall clock: the store's TTLs are real
+// time, as a Redis server's are.
+func (r *redisConn) ttlClock() {
+	defer close(r.ttlDone)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-r.stopTTL:
+			return
+		case now := <-t.C:
+			r.embedded.FastForward(now.Sub(last))
+			last = now
+		}
 	}
 }
 

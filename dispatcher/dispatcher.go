@@ -111,6 +111,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/delayd/delayd/storage"
@@ -373,6 +374,9 @@ type Dispatcher struct {
 	push *pushManager
 	// health tells reaping to wait after store trouble (renew.go).
 	health *health
+	// reqPrefix and reqSeq make the request ids of pops (askagain.go).
+	reqPrefix string
+	reqSeq    atomic.Uint64
 }
 
 const (
@@ -387,7 +391,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("dispatcher: Config.Store is required")
 	}
 	cfg.setDefaults()
-	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{})}
+	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{}), reqPrefix: newReqPrefix()}
 	// The store answers again: every loop tries now (wakeAll only pokes).
 	d.health = newHealth(cfg.Liveness, func() { d.wakeAll("") })
 	d.cfg.Store = observedStore{Store: cfg.Store, h: d.health}

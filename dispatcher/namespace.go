@@ -44,7 +44,8 @@ type namespace struct {
 	errWait  time.Duration // backoff after a store error; 0 when healthy
 	idleWait time.Duration // backoff when the store says "due" but gives nothing
 	lastWarn time.Time
-	riding   bool // the store was told of a pop coming (expectPop)
+	riding   bool       // the store was told of a pop coming (expectPop)
+	asked    []askedPop // pops whose answer was lost, asked again (askagain.go)
 
 	// Late deliveries since the last WARN about them (guarded by lateMu:
 	// senders report them).
@@ -240,6 +241,13 @@ func (n *namespace) tick(reap bool) (wait time.Duration, blocked, reapNext bool)
 		reapFull = len(moved) >= cfg.ReapBatch
 	}
 
+	if len(n.asked) > 0 {
+		// What a pop whose answer was lost leased goes out before anything
+		// else is popped (askagain.go).
+		if err := n.askAgain(ctx); err != nil {
+			return n.failed("pop", err), false, true
+		}
+	}
 	free, expired := n.freeCredit(cfg.Clock.Now())
 	if len(expired) > 0 {
 		// The hand-back is this loop's own call: it must not wait for the
@@ -415,12 +423,17 @@ func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Pol
 	results := make([][]storage.Delivery, calls)
 	wakes := make([]storage.PopResult, calls)
 	errs := make([]error, calls)
+	ids := make([]string, calls)
+	for i := range ids {
+		ids[i] = n.d.popID()
+	}
 	before := cfg.Clock.Now()
 	popOne := func(i int) {
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		defer cancel()
 		wakes[i], errs[i] = cfg.Store.PopWake(c, n.name, storage.PopParams{Limit: limits[i], LeaseFor: storeLease, TellFor: leaseFor,
-			MaxRate: pol.MaxDispatchRate, Burst: storage.DispatchBurst(pol.MaxDispatchRate), Kinds: g.kinds})
+			MaxRate: pol.MaxDispatchRate, Burst: storage.DispatchBurst(pol.MaxDispatchRate), Kinds: g.kinds,
+			RequestID: ids[i], RequestWindow: cfg.popRecordWindow()})
 		results[i] = wakes[i].Deliveries
 		wakes[i].Deliveries = nil
 	}
@@ -463,6 +476,10 @@ func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Pol
 		// round in due order.
 		slices.SortStableFunc(all, func(a, b storage.Delivery) int { return a.Task.DueTime.Compare(b.Task.DueTime) })
 	}
+	dist := distribution{deadline: deadline, popped: popped, leaseFor: leaseFor, storeLease: storeLease, kindKey: g.key}
+	if err != nil {
+		n.lost(ids, errs, results, before, dist)
+	}
 	if len(all) > 0 {
 		// The store answered each lease deadline as its time of the pop
 		// plus storeLease: that time minus the local time before the calls
@@ -471,7 +488,8 @@ func (n *namespace) popGroup(ctx context.Context, g creditGroup, pol storage.Pol
 		for _, del := range all[1:] {
 			ahead = max(ahead, del.LeaseDeadline.Add(-storeLease).Sub(before))
 		}
-		n.distribute(all, distribution{deadline: deadline, popped: popped, leaseFor: leaseFor, storeLease: storeLease, ahead: ahead, kindKey: g.key})
+		dist.ahead = ahead
+		n.distribute(all, dist)
 		got = len(all)
 	}
 	return got, full, wake, err

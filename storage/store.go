@@ -178,6 +178,39 @@ type PopParams struct {
 	// the namespace only (so a pop stays bounded): tasks of other kinds
 	// stay scheduled, in place.
 	Kinds []string
+	// RequestID, if not empty, makes the pop one that can be asked again:
+	// a store call's answer can be lost after the store did the work (a
+	// timeout, a cut connection, a stalled server that runs the call after
+	// its caller gave up), and the tasks it leased would wait, leased to
+	// nobody, until their lease runs out. The store keeps the pop's answer
+	// under the id for RequestWindow; a Pop with an id whose record exists
+	// answers the recorded deliveries (the same tokens and lease
+	// deadlines) and leases nothing. So a pop whose answer was lost is
+	// asked again with the same id and Limit 0: the answer is what the
+	// first one leased, or, when it has not run, nothing — and the record
+	// of that nothing makes the first one, should it run later, lease
+	// nothing (it is cancelled). A namespace's shards keep a record each,
+	// and only a Pop of Limit 0 asks every shard: ask again with Limit 0
+	// to get the whole answer. One id is one pop; ids are the caller's to
+	// make unique (a replica's prefix and a counter).
+	RequestID string
+	// RequestWindow is how long the record of a pop with a RequestID is
+	// kept (by the store's clock, from the pop): a pop asked again later
+	// may lease anew. 0 or less: DefaultRequestWindow. Memory is bounded
+	// by the pop rate times the window.
+	RequestWindow time.Duration
+}
+
+// DefaultRequestWindow is how long a store keeps the record of a request
+// (PopParams.RequestWindow) unless told otherwise.
+const DefaultRequestWindow = 30 * time.Second
+
+// RequestWindowOf is p's RequestWindow, DefaultRequestWindow when unset.
+func (p PopParams) RequestWindowOf() time.Duration {
+	if p.RequestWindow <= 0 {
+		return DefaultRequestWindow
+	}
+	return p.RequestWindow
 }
 
 // KindScanWindow is how many due tasks, from the head, a Pop with Kinds

@@ -155,7 +155,7 @@ func BenchmarkOneTaskCalls(b *testing.B) {
 	modes := []struct {
 		name  string
 		s     *Store
-		costs [4]callCost // upsert, pop, ack, a pop that carries an ack
+		costs [5]callCost // upsert, pop, ack, a pop that carries an ack, a pop with a request id
 	}{{name: "", s: fn}, {name: "evalsha-", s: ev}}
 	for i, m := range modes {
 		ns := "onetask" + strconv.Itoa(i)
@@ -176,7 +176,7 @@ func BenchmarkOneTaskCalls(b *testing.B) {
 		}
 	}
 	for _, m := range modes {
-		for i, op := range []string{"upsert", "pop", "ack", "popack"} {
+		for i, op := range []string{"upsert", "pop", "ack", "popack", "popid"} {
 			m.costs[i].report(b, m.name+op)
 		}
 	}
@@ -185,9 +185,10 @@ func BenchmarkOneTaskCalls(b *testing.B) {
 // oneTaskRound makes n one-task upserts of tasks due at once, n one-task
 // pops and n one-token acks of them; then n more upserts and n one-task
 // pops each carrying the ack of the task before (as a wake of a steady
-// flow does, issue 37 item 3). It adds what each kind cost Redis to costs
-// (if not nil).
-func oneTaskRound(b *testing.B, c *redis.Client, s *Store, ns, round string, n int, payload []byte, costs *[4]callCost) {
+// flow does, issue 37 item 3); then n more upserts and n one-task pops
+// with a request id each (as the dispatcher's pops, issue 38). It adds
+// what each kind cost Redis to costs (if not nil).
+func oneTaskRound(b *testing.B, c *redis.Client, s *Store, ns, round string, n int, payload []byte, costs *[5]callCost) {
 	ctx := context.Background()
 	measure := func(i int, f func()) {
 		if costs == nil {
@@ -247,6 +248,25 @@ func oneTaskRound(b *testing.B, c *redis.Client, s *Store, ns, round string, n i
 			b.Fatal(err)
 		}
 	})
+	for i := range n {
+		id := round + "-i" + strconv.Itoa(i)
+		if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: id, Payload: payload}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	toks = toks[:0]
+	measure(4, func() {
+		for i := range n {
+			ds, err := s.Pop(ctx, ns, storage.PopParams{Limit: 1, LeaseFor: time.Minute, RequestID: round + "-" + strconv.Itoa(i)})
+			if err != nil || len(ds) != 1 {
+				b.Fatalf("pop with a request id: %d, %v", len(ds), err)
+			}
+			toks = append(toks, ds[0].Token)
+		}
+	})
+	if _, err := s.Ack(ctx, ns, toks); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // callCost sums what calls of one kind cost Redis (commandStats deltas).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -26,7 +27,27 @@ func testMiniClient(t testing.TB) *redis.Client {
 	m := miniredis.RunT(t)
 	miniByAddr.Store(m.Addr(), m)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	// As daemon's embedded mode does: tell miniredis the time passed, so
+	// keys with a TTL (the records of pops) expire.
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-tick.C:
+				m.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
 	t.Cleanup(func() {
+		close(stop)
+		<-done
 		c.Close()
 		miniByAddr.Delete(m.Addr())
 	})

@@ -39,7 +39,13 @@ func (sh shard) popWith(ctx context.Context, p storage.PopParams, sec section) (
 		args = append(args, kind)
 	}
 	args = sec.encode(args, ns)
-	raw, err := sh.runSlice(ctx, "pop", scripts.pop, sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.rate, k.hwm), args...)
+	keys := sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.acked, k.rate, k.hwm)
+	if p.RequestID != "" {
+		// a pop that can be asked again (lua/pop.lua): its record, and how
+		// long it is kept
+		keys[0], args[0], args[1] = k.requestKey(p.RequestID), p.RequestID, max(p.RequestWindowOf().Milliseconds(), 1)
+	}
+	raw, err := sh.runSlice(ctx, "pop", scripts.pop, keys, args...)
 	if err != nil {
 		return storage.PopResult{}, err
 	}

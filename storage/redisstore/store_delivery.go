@@ -24,16 +24,20 @@ import (
 // is decided by the Redis clock. Nothing is deleted: a task whose stored
 // header is malformed is moved to dead (and logged) instead of delivered.
 func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
-	if p.Limit <= 0 {
+	if p.Limit <= 0 && p.RequestID == "" {
 		return nil, nil
 	}
 	n, err := s.shardCount(ctx, ns)
 	if err != nil {
 		return nil, fmt.Errorf("pop: %w", err)
 	}
-	if n == 1 {
+	switch {
+	case n == 1:
+		p.Limit = max(p.Limit, 0)
 		r, err := s.shardOfN(ns, 0, n).pop(ctx, p)
 		return r.Deliveries, err
+	case p.Limit <= 0:
+		return s.popAsked(ctx, ns, n, p)
 	}
 	return s.popSharded(ctx, ns, n, p)
 }
@@ -42,7 +46,10 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 // next wake (see storage.Deliveries): one script call for an unsharded
 // namespace, whose pop.lua reads the heads of due and inflight after the
 // move; a sharded namespace pops, then asks every shard's next wake. With
-// p.Limit <= 0 it only asks the next wake.
+// p.Limit <= 0 it only asks the next wake, unless it asks a pop with
+// p.RequestID again (storage.PopParams): then every shard is asked. A
+// sharded pop with a request id of which some shards failed answers what
+// the others leased with the error.
 func (s *Store) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	n, err := s.shardCount(ctx, ns)
 	if err != nil {
@@ -56,9 +63,16 @@ func (s *Store) PopWake(ctx context.Context, ns string, p storage.PopParams) (st
 		return s.shardOfN(ns, 0, n).pop(ctx, p)
 	}
 	var r storage.PopResult
-	if p.Limit > 0 {
+	switch {
+	case p.Limit > 0:
 		if r.Deliveries, err = s.popSharded(ctx, ns, n, p); err != nil {
-			return storage.PopResult{}, err
+			// with a request id, what some shards leased comes with the
+			// error of the others (popSharded): the caller asks again
+			return storage.PopResult{Deliveries: r.Deliveries}, err
+		}
+	case p.RequestID != "":
+		if r.Deliveries, err = s.popAsked(ctx, ns, n, p); err != nil {
+			return storage.PopResult{Deliveries: r.Deliveries}, err
 		}
 	}
 	r.Next, r.Now, r.HasNext, err = s.nextWakeSharded(ctx, ns, n)
@@ -373,10 +387,41 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	}
 	q := p
 	q.MaxRate = 0
+	out, err := s.popShards(ctx, ns, n, shards, q, func(sh int) int { return counts[sh] })
+	if p.MaxRate > 0 && len(out) < granted {
+		if _, rerr := s.run(ctx, "pop", scripts.rateTake, []string{rateKey},
+			strconv.FormatFloat(p.MaxRate, 'g', -1, 64), burst, 0, granted-len(out)); rerr != nil {
+			s.log.Warn("pop: giving unused dispatch tokens back failed; the namespace delivers a little under its cap for a moment", "namespace", ns, "err", rerr)
+		}
+	}
+	if err != nil && (len(out) == 0 || p.RequestID != "") {
+		// A pop with a request id returns the error beside what the other
+		// shards leased: the failed shard's pop may have run, and its
+		// caller asks again (Limit 0: every shard) to get it.
+		return out, err
+	}
+	// Deliveries leased by the shards that answered are returned even when
+	// another shard failed: dropping them would leave them leased until
+	// their lease ends.
+	return out, nil
+}
+
+// popAsked asks every shard of ns again for the pop of request id
+// p.RequestID (a Pop of Limit 0 with an id, storage.PopParams): each
+// answers what it leased under the id, or records that it leased nothing.
+func (s *Store) popAsked(ctx context.Context, ns string, n int, p storage.PopParams) ([]storage.Delivery, error) {
+	q := storage.PopParams{RequestID: p.RequestID, RequestWindow: p.RequestWindow, LeaseFor: p.LeaseFor, TellFor: p.TellFor}
+	return s.popShards(ctx, ns, n, allShards(n), q, func(int) int { return 0 })
+}
+
+// popShards pops shards of ns's n with q, limit(sh) on shard sh, at once,
+// and merges what they leased in due order; the error is the first
+// shard's that failed, beside what the others leased.
+func (s *Store) popShards(ctx context.Context, ns string, n int, shards []int, q storage.PopParams, limit func(sh int) int) ([]storage.Delivery, error) {
 	got := make([][]storage.Delivery, n)
 	err := fanOut(shards, func(sh int) error {
 		qq := q
-		qq.Limit = counts[sh]
+		qq.Limit = limit(sh)
 		r, err := s.shardOfN(ns, sh, n).pop(ctx, qq)
 		got[sh] = r.Deliveries
 		return err
@@ -385,19 +430,7 @@ func (s *Store) popSharded(ctx context.Context, ns string, n int, p storage.PopP
 	slices.SortFunc(out, func(a, b storage.Delivery) int {
 		return cmp.Or(a.Task.DueTime.Compare(b.Task.DueTime), strings.Compare(a.Task.ID, b.Task.ID))
 	})
-	if p.MaxRate > 0 && len(out) < granted {
-		if _, rerr := s.run(ctx, "pop", scripts.rateTake, []string{rateKey},
-			strconv.FormatFloat(p.MaxRate, 'g', -1, 64), burst, 0, granted-len(out)); rerr != nil {
-			s.log.Warn("pop: giving unused dispatch tokens back failed; the namespace delivers a little under its cap for a moment", "namespace", ns, "err", rerr)
-		}
-	}
-	if err != nil && len(out) == 0 {
-		return nil, err
-	}
-	// Deliveries leased by the shards that answered are returned even when
-	// another shard failed: dropping them would leave them leased until
-	// their lease ends.
-	return out, nil
+	return out, err
 }
 
 // reapSharded splits limit evenly across the shards (the remainder goes to

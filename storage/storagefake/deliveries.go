@@ -27,7 +27,7 @@ func (s *Store) Pop(ctx context.Context, ns string, p storage.PopParams) ([]stor
 func (s *Store) PopWake(_ context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	dels := s.pop(ns, p)
+	dels := s.popAsked(ns, p)
 	ms, _ := s.now()
 	next, ok := s.nextWake(ns)
 	r := storage.PopResult{Deliveries: dels, Now: time.UnixMilli(ms), Next: next, HasNext: ok, DueKnown: true}
@@ -35,6 +35,32 @@ func (s *Store) PopWake(_ context.Context, ns string, p storage.PopParams) (stor
 		r.NextDue = time.UnixMilli(due)
 	}
 	return r, nil
+}
+
+// popAsked is pop for a pop that may carry a request id, as pop.lua: a
+// record of the id answers what it recorded and leases nothing; otherwise
+// the pop's deliveries (none for Limit 0) are recorded under the id for its
+// window. Expired records go at each write. s.mu is held.
+func (s *Store) popAsked(ns string, p storage.PopParams) []storage.Delivery {
+	if p.RequestID == "" {
+		return s.pop(ns, p)
+	}
+	now, _ := s.now()
+	key := popKey{ns, p.RequestID}
+	if r, ok := s.pops[key]; ok && r.expires > now {
+		return slices.Clone(r.dels)
+	}
+	dels := s.pop(ns, p)
+	if len(dels) == 0 && p.Limit > 0 {
+		return dels // nothing leased, nothing to record (pop.lua)
+	}
+	for k, r := range s.pops {
+		if r.expires <= now {
+			delete(s.pops, k)
+		}
+	}
+	s.pops[key] = popRecord{dels: slices.Clone(dels), expires: now + max(p.RequestWindowOf().Milliseconds(), 1)}
+	return dels
 }
 
 // pop is Pop with s.mu held.

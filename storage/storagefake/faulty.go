@@ -47,6 +47,11 @@ type Fault struct {
 	// the tasks first), Ack, Nack and Extend answer NotFound for every token.
 	// NextWake is never skipped.
 	Skip bool
+	// Lose lets a Pop or PopWake reach the store, then loses its answer:
+	// the call returns storage.ErrUnavailable, as a store timeout after the
+	// store did the work (a stalled Redis that runs the call late) does.
+	// The other calls ignore it.
+	Lose bool
 }
 
 // NewFaulty wraps d; every call goes through until SetFault says otherwise.
@@ -69,14 +74,15 @@ func (f *Faulty) Calls(op Op) int {
 }
 
 // enter counts the call and applies its fault; a non-nil error ends it,
-// and skip says the call is to answer "nothing to do".
-func (f *Faulty) enter(ctx context.Context, op Op, ns string) (skip bool, err error) {
+// skip says the call is to answer "nothing to do", and lose that its
+// answer is to be lost (Fault.Lose).
+func (f *Faulty) enter(ctx context.Context, op Op, ns string) (skip, lose bool, err error) {
 	f.mu.Lock()
 	f.counts[op]++
 	fn := f.fault
 	f.mu.Unlock()
 	if fn == nil {
-		return false, nil
+		return false, false, nil
 	}
 	ft := fn(op, ns)
 	skip = ft.Skip && op != OpNextWake
@@ -85,15 +91,15 @@ func (f *Faulty) enter(ctx context.Context, op Op, ns string) (skip bool, err er
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return false, unavailable(ctx)
+			return false, false, unavailable(ctx)
 		case <-t.C:
 		}
 	}
 	if ft.Hang {
 		<-ctx.Done()
-		return false, unavailable(ctx)
+		return false, false, unavailable(ctx)
 	}
-	return skip, ft.Err
+	return skip, ft.Lose && op == OpPop, ft.Err
 }
 
 func notFound(n int) []storage.TokenStatus {
@@ -113,28 +119,44 @@ func (e unavailableErr) Unwrap() []error {
 
 func unavailable(ctx context.Context) error { return unavailableErr{ctx.Err()} }
 
+// lostAnswer is the error of a call whose answer Fault.Lose lost.
+type lostAnswer struct{}
+
+func (lostAnswer) Error() string { return "fake store: the answer was lost" }
+func (lostAnswer) Unwrap() error { return storage.ErrUnavailable }
+
 // Pop fails or hangs as told, else pops.
 func (f *Faulty) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
-	if skip, err := f.enter(ctx, OpPop, ns); err != nil || skip {
+	skip, lose, err := f.enter(ctx, OpPop, ns)
+	if err != nil || skip {
 		return nil, err
+	}
+	if lose {
+		_, _ = f.Deliveries.Pop(ctx, ns, p)
+		return nil, lostAnswer{}
 	}
 	return f.Deliveries.Pop(ctx, ns, p)
 }
 
 // PopWake fails or hangs as told (as Pop: OpPop), else pops.
 func (f *Faulty) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
-	if skip, err := f.enter(ctx, OpPop, ns); err != nil {
+	skip, lose, err := f.enter(ctx, OpPop, ns)
+	if err != nil {
 		return storage.PopResult{}, err
 	} else if skip {
 		next, now, ok, err := f.Deliveries.NextWake(ctx, ns)
 		return storage.PopResult{Now: now, Next: next, HasNext: ok}, err
+	}
+	if lose {
+		_, _ = f.Deliveries.PopWake(ctx, ns, p)
+		return storage.PopResult{}, lostAnswer{}
 	}
 	return f.Deliveries.PopWake(ctx, ns, p)
 }
 
 // Ack fails or hangs as told, else acks.
 func (f *Faulty) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]storage.TokenStatus, error) {
-	if skip, err := f.enter(ctx, OpAck, ns); err != nil {
+	if skip, _, err := f.enter(ctx, OpAck, ns); err != nil {
 		return nil, err
 	} else if skip {
 		return notFound(len(tokens)), nil
@@ -144,7 +166,7 @@ func (f *Faulty) Ack(ctx context.Context, ns string, tokens []storage.Token) ([]
 
 // Nack fails or hangs as told, else nacks.
 func (f *Faulty) Nack(ctx context.Context, ns string, tokens []storage.Token, o storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	if skip, err := f.enter(ctx, OpNack, ns); err != nil {
+	if skip, _, err := f.enter(ctx, OpNack, ns); err != nil {
 		return nil, nil, err
 	} else if skip {
 		return notFound(len(tokens)), nil, nil
@@ -154,7 +176,7 @@ func (f *Faulty) Nack(ctx context.Context, ns string, tokens []storage.Token, o 
 
 // Extend fails or hangs as told, else extends.
 func (f *Faulty) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
-	if skip, err := f.enter(ctx, OpExtend, ns); err != nil {
+	if skip, _, err := f.enter(ctx, OpExtend, ns); err != nil {
 		return nil, err
 	} else if skip {
 		out := make([]storage.ExtendResult, len(tokens))
@@ -168,7 +190,7 @@ func (f *Faulty) Extend(ctx context.Context, ns string, tokens []storage.Token, 
 
 // Reap fails or hangs as told, else reaps.
 func (f *Faulty) Reap(ctx context.Context, ns string, limit int, o storage.NackOptions) ([]storage.Moved, error) {
-	if skip, err := f.enter(ctx, OpReap, ns); err != nil || skip {
+	if skip, _, err := f.enter(ctx, OpReap, ns); err != nil || skip {
 		return nil, err
 	}
 	return f.Deliveries.Reap(ctx, ns, limit, o)
@@ -176,7 +198,7 @@ func (f *Faulty) Reap(ctx context.Context, ns string, limit int, o storage.NackO
 
 // NextWake fails or hangs as told, else answers.
 func (f *Faulty) NextWake(ctx context.Context, ns string) (next, now time.Time, ok bool, err error) {
-	if _, err := f.enter(ctx, OpNextWake, ns); err != nil {
+	if _, _, err := f.enter(ctx, OpNextWake, ns); err != nil {
 		return time.Time{}, time.Time{}, false, err
 	}
 	return f.Deliveries.NextWake(ctx, ns)

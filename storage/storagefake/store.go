@@ -53,6 +53,19 @@ type Store struct {
 	histSeq int64
 	// scheds: namespace -> schedule id -> schedule (schedules.go).
 	scheds map[string]map[string]storage.Schedule
+	// pops are the records of pops with a request id (PopParams.RequestID),
+	// by namespace and id, until they expire.
+	pops map[popKey]popRecord
+}
+
+// popKey names the record of a pop with a request id.
+type popKey struct{ ns, id string }
+
+// popRecord is what a pop with a request id leased, kept until expires
+// (Unix ms by the store's clock), as pop.lua keeps it in Redis.
+type popRecord struct {
+	dels    []storage.Delivery
+	expires int64
 }
 
 // life is the latest namespace incarnation that wrote and the latest one
@@ -96,7 +109,7 @@ func New(clock storage.Clock) *Store {
 		clock = storage.SystemClock{}
 	}
 	return &Store{clock: clock, nss: map[string]map[string]*record{}, subs: map[int]chan storage.Wakeup{},
-		lives: map[string]life{}, buckets: map[string]bucket{}}
+		lives: map[string]life{}, buckets: map[string]bucket{}, pops: map[popKey]popRecord{}}
 }
 
 var (

@@ -89,6 +89,7 @@ func run(t *testing.T, newStore func(t *testing.T) storage.Store) {
 	t.Run("ConcurrentPop", func(t *testing.T) { testConcurrentPop(t, newStore) })
 	t.Run("PopRate", func(t *testing.T) { testPopRate(t, newStore) })
 	t.Run("PopKinds", func(t *testing.T) { testPopKinds(t, newStore) })
+	t.Run("PopAgain", func(t *testing.T) { testPopAgain(t, newStore) })
 	t.Run("DueKinds", func(t *testing.T) { testDueKinds(t, newStore) })
 }
 

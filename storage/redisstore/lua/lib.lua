@@ -652,3 +652,55 @@ end
 local function life_ended(live, ended)
   return ended > 0 and ended >= live
 end
+
+-- The call head: every entry that changes a task opens its KEYS and ARGV
+-- with the same slots (docs/ARCHITECTURE.md, "The Lua library"; the Go
+-- side builds them in one place, shard.go headKeys/headArgs):
+--   KEYS[1] the record of this request (keys.go requestKey), a STRING
+--           with a PX expiry; KEYS[2] the shard's history stream
+--   ARGV[1] request id ('' = none), ARGV[2] how long the record is kept
+--   (ms), ARGV[3] history keep, ARGV[4] key id, ARGV[5] replica
+--
+-- A request's record is its answer, kept so that the request asked again
+-- with the same id gets the same answer and changes nothing (a caller
+-- whose answer was lost cannot tell whether the request ran): record_pack
+-- makes it of value first and values t[from..#t]; record_unpack returns
+-- first and appends the others to out. Each value is its length in
+-- decimal, ':' and its bytes, so any bytes (payloads) come back unchanged
+-- and no encoder module is needed.
+local function record_pack(first, t, from)
+  local parts = {}
+  for i = from - 1, #t do
+    local v = first
+    if i >= from then
+      v = t[i]
+    end
+    if type(v) == 'number' then
+      v = int(v)
+    end
+    parts[#parts + 1] = #v .. ':' .. v
+  end
+  return table.concat(parts)
+end
+
+-- record_unpack is record_pack undone: it returns the first value and
+-- appends the others to out (a malformed record ends where it stops making
+-- sense; only record_pack writes one).
+local function record_unpack(s, out)
+  local pos, n, first = 1, #s, nil
+  while pos <= n do
+    local colon = string.find(s, ':', pos, true)
+    local len = colon and tonumber(string.sub(s, pos, colon - 1))
+    if not len then
+      break
+    end
+    local v = string.sub(s, colon + 1, colon + len)
+    if first == nil then
+      first = v
+    else
+      out[#out + 1] = v
+    end
+    pos = colon + len + 1
+  end
+  return first
+end

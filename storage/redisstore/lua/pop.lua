@@ -22,6 +22,18 @@
 --          nacks of the namespace shard that arrived for this pop (issue 37
 --          item 3), settled first, as settle.lua would
 --
+-- A pop that can be asked again (issue 38): with a request id (ARGV[1]),
+-- a pop whose record (KEYS[1]) exists answers the recorded pop — the same
+-- lease deadline, tasks, headers and so tokens — and moves nothing; one
+-- without a record pops and writes what it leased as the record, kept
+-- ARGV[2] ms (SET PX). So a pop whose answer was lost is asked again with
+-- the same id and gets the same deliveries; asked with limit 0 before the
+-- first one ran, it records that it leased nothing, and the first one, run
+-- late, answers that and leases nothing (a pop of limit > 0 that leases
+-- nothing writes no record). The settle section is settled in
+-- every call (it is the acks of this call, not of the recorded one), and
+-- next due and next lease deadline are read anew.
+--
 -- With a cap, the namespace's token bucket (KEYS[9]: t = tokens, at = Redis
 -- time of t in microseconds) is refilled at ARGV[8] per second up to
 -- ARGV[9], the pop takes at most its whole tokens, and each task popped
@@ -54,7 +66,7 @@
 -- task makes 7 redis.calls (TIME, ZRANGE due, HMGET, ZREMRANGEBYRANK,
 -- ZADD, HSET, ZRANGE inflight), an empty one 3; an ack it carries adds 4
 -- (HMGET, ZMSCORE, ZREM, HDEL): a script call and its TIME fewer than the
--- ack alone.
+-- ack alone. A request id adds GET (and SET when the pop leased a task).
 local kdue, kinflight, kdead, kmeta, kbody, krate, khwm = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], KEYS[10]
 -- PEEK is how many due tasks the first read of due takes at most: it reads
 -- PEEK + 1 members by rank, so the member after the last one taken (the
@@ -75,6 +87,14 @@ if settle_deliveries(KEYS, ARGV, 15 + nkinds, now, out) then
   redis.call('PUBLISH', ARGV[12], ARGV[13])
 end
 out[5] = #out - 5
+-- rows: where the popped tasks start in out; rec: this request's record
+local rows, rec = #out + 1, nil
+if ARGV[1] ~= '' then
+  rec = redis.call('GET', KEYS[1])
+  if rec then
+    limit = 0 -- asked again: answer the record below, move nothing
+  end
+end
 local tokens, burst
 if rate > 0 then
   burst = math.max(1, tonumber(ARGV[9]))
@@ -187,6 +207,15 @@ if #ids > 0 then
   if rate > 0 and good > 0 then
     bucket_write(krate, tokens - good, rate, burst, now_us)
   end
+end
+if rec then
+  -- the record: the lease deadline, then the rows (and malformed ids)
+  out[2] = tonumber(record_unpack(rec, out)) or deadline
+elseif ARGV[1] ~= '' and (#out >= rows or tonumber(ARGV[6]) <= 0) then
+  -- A pop that leased nothing needs no record (asked again, it finds none
+  -- and records that nothing); a pop asked again with limit 0 always
+  -- writes one: it is what cancels the first one.
+  redis.call('SET', KEYS[1], record_pack(deadline, out, rows), 'PX', ARGV[2])
 end
 if nextdue == nil then
   nextdue = redis.call('ZRANGE', kdue, 0, 0, 'WITHSCORES')[2] or ''
