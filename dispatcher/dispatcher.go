@@ -394,7 +394,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	d := &Dispatcher{cfg: cfg, log: cfg.Logger, nss: make(map[string]*namespace), stopped: make(chan struct{}), reqPrefix: newReqPrefix()}
 	// The store answers again: every loop tries now (wakeAll only pokes).
 	d.health = newHealth(cfg.Liveness, func() { d.wakeAll("") })
-	d.cfg.Store = observedStore{Store: cfg.Store, h: d.health}
+	d.cfg.Store = observedStore{Store: cfg.Store, h: d.health, clock: cfg.Clock}
 	if cfg.Feed != nil {
 		d.feed = newFeedPublisher(cfg.Feed, cfg.Clock, cfg.StoreTimeout)
 	}

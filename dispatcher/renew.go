@@ -81,13 +81,13 @@ func (n *namespace) renewLoop() {
 		case err != nil:
 			wait = min(renewRetry, every)
 			if failingSince.IsZero() {
-				failingSince = time.Now()
+				failingSince = cfg.Clock.Now()
 				n.d.log.LogAttrs(n.d.base, slog.LevelWarn, "dispatcher: renewing leases failed; retrying until the store answers",
 					slog.String("namespace", n.name), slog.String("error", err.Error()))
 			}
 		case !failingSince.IsZero():
 			n.d.log.LogAttrs(n.d.base, slog.LevelInfo, "dispatcher: renewing leases works again",
-				slog.String("namespace", n.name), slog.Duration("failed_for", time.Since(failingSince)))
+				slog.String("namespace", n.name), slog.Duration("failed_for", cfg.Clock.Now().Sub(failingSince)))
 			failingSince = time.Time{}
 		}
 		timer.Reset(wait)
@@ -246,53 +246,56 @@ func reapHold(s holdState, now time.Time, hold time.Duration) time.Duration {
 // maxHold is how long reaping may be held in a row while the store answers.
 func (h *health) maxHold() time.Duration { return h.hold }
 
-func (d *Dispatcher) reapHeldFor() time.Duration { return d.health.heldFor(time.Now()) }
+func (d *Dispatcher) reapHeldFor() time.Duration { return d.health.heldFor(d.cfg.Clock.Now()) }
 
-// observedStore times every delivery call of the dispatcher for health.
+// observedStore times every delivery call of the dispatcher for health, by
+// the dispatcher's clock: the times it records are the ones heldFor
+// compares with that clock's now.
 type observedStore struct {
 	Store
-	h *health
+	h     *health
+	clock storage.Clock
 }
 
 func (o observedStore) Pop(ctx context.Context, ns string, p storage.PopParams) ([]storage.Delivery, error) {
-	start := time.Now()
+	start := o.clock.Now()
 	dels, err := o.Store.Pop(ctx, ns, p)
-	o.h.observe(start, time.Now(), err)
+	o.h.observe(start, o.clock.Now(), err)
 	return dels, err
 }
 
 func (o observedStore) PopWake(ctx context.Context, ns string, p storage.PopParams) (storage.PopResult, error) {
-	start := time.Now()
+	start := o.clock.Now()
 	r, err := o.Store.PopWake(ctx, ns, p)
-	o.h.observe(start, time.Now(), err)
+	o.h.observe(start, o.clock.Now(), err)
 	return r, err
 }
 
 func (o observedStore) Extend(ctx context.Context, ns string, tokens []storage.Token, by time.Duration) ([]storage.ExtendResult, error) {
-	start := time.Now()
+	start := o.clock.Now()
 	res, err := o.Store.Extend(ctx, ns, tokens, by)
-	o.h.observe(start, time.Now(), err)
+	o.h.observe(start, o.clock.Now(), err)
 	return res, err
 }
 
 func (o observedStore) Reap(ctx context.Context, ns string, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
-	start := time.Now()
+	start := o.clock.Now()
 	moved, err := o.Store.Reap(ctx, ns, limit, opts)
-	o.h.observe(start, time.Now(), err)
+	o.h.observe(start, o.clock.Now(), err)
 	return moved, err
 }
 
 func (o observedStore) NextWake(ctx context.Context, ns string) (time.Time, time.Time, bool, error) {
-	start := time.Now()
+	start := o.clock.Now()
 	next, now, ok, err := o.Store.NextWake(ctx, ns)
-	o.h.observe(start, time.Now(), err)
+	o.h.observe(start, o.clock.Now(), err)
 	return next, now, ok, err
 }
 
 func (o observedStore) Nack(ctx context.Context, ns string, tokens []storage.Token, opts storage.NackOptions) ([]storage.TokenStatus, []storage.Moved, error) {
-	start := time.Now()
+	start := o.clock.Now()
 	st, moved, err := o.Store.Nack(ctx, ns, tokens, opts)
-	o.h.observe(start, time.Now(), err)
+	o.h.observe(start, o.clock.Now(), err)
 	return st, moved, err
 }
 

@@ -16,14 +16,14 @@ func (d *Dispatcher) runWakeups(ctx context.Context) {
 	defer d.bg.Done()
 	backoff := 50 * time.Millisecond
 	for {
-		start := time.Now()
+		start := d.cfg.Clock.Now()
 		// Each time the subscription is made, look again at every
 		// namespace: a wake-up published before it was lost.
 		err := d.cfg.Wakeups.SubscribeWakeups(ctx, func() { d.wakeAll("") }, d.wakeup)
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(start) > time.Minute {
+		if d.cfg.Clock.Now().Sub(start) > time.Minute {
 			backoff = 50 * time.Millisecond
 		}
 		d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: wake-up subscription ended; resubscribing",
