@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -24,12 +25,13 @@ import (
 // request headers on the HTTP edge.
 const httpReadHeaderTimeout = handshakeTimeout
 
-// httpBodyReadTimeout bounds how long a client may take to send a request's
-// body on the HTTP edge, from its headers to its end (a 5 MiB body needs
-// 90 KB/s). A body still arriving then fails the call and frees the
-// connection; once the body has ended the deadline is lifted, so a
-// streamed answer (Subscribe) lasts as long as it needs.
-const httpBodyReadTimeout = time.Minute
+// DefaultHTTPBodyTimeout is Limits.HTTPBodyTimeout's default: how long a
+// client may take to send a request's body on the HTTP edge, from its
+// headers to its end (a 5 MiB body needs 90 KB/s). A body still arriving
+// then fails the call and frees the connection; once the body has ended
+// the deadline is lifted, so a streamed answer (Subscribe) lasts as long as
+// it needs.
+const DefaultHTTPBodyTimeout = time.Minute
 
 // HTTPHandler returns the Server as an http.Handler speaking the gRPC
 // protocol (HTTP/2 requests, as vanguard produces them). With auth on, a
@@ -91,7 +93,7 @@ func encodeGRPCMessage(msg string) string {
 // may speak HTTP/1.1 or HTTP/2 (h2c). It returns nil after a shutdown.
 func (s *Server) ServeHTTPEdge(lis net.Listener, h http.Handler) error {
 	srv := &http.Server{
-		Handler:           bodyDeadline(h, httpBodyReadTimeout),
+		Handler:           bodyDeadline(h, s.limits.HTTPBodyTimeout),
 		ReadHeaderTimeout: httpReadHeaderTimeout,
 		IdleTimeout:       s.limits.MaxConnectionIdle,
 		MaxHeaderBytes:    maxHeaderListBytes,
@@ -130,17 +132,19 @@ func bodyDeadline(next http.Handler, d time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		if err := rc.SetReadDeadline(time.Now().Add(d)); err == nil && r.Body != nil && r.Body != http.NoBody {
-			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, after: d}
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// deadlineBody lifts the connection's read deadline once the body ended.
+// deadlineBody lifts the connection's read deadline once the body ended,
+// and says what a read that failed on the deadline means.
 type deadlineBody struct {
 	io.ReadCloser
-	rc   *http.ResponseController
-	done bool
+	rc    *http.ResponseController
+	after time.Duration
+	done  bool
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
@@ -149,8 +153,26 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		b.done = true
 		_ = b.rc.SetReadDeadline(time.Time{})
 	}
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = &BodyTimeoutError{After: b.after}
+	}
 	return n, err
 }
+
+// BodyTimeoutError is the error a request body's Read returns on the HTTP
+// edge when the body has not ended within Limits.HTTPBodyTimeout of the
+// request's headers. It is an os.ErrDeadlineExceeded.
+type BodyTimeoutError struct {
+	// After is the limit, Limits.HTTPBodyTimeout.
+	After time.Duration
+}
+
+func (e *BodyTimeoutError) Error() string {
+	return fmt.Sprintf("the request body did not end within %v of the request's headers; send it faster or in smaller calls", e.After)
+}
+
+// Unwrap makes a BodyTimeoutError an os.ErrDeadlineExceeded.
+func (e *BodyTimeoutError) Unwrap() error { return os.ErrDeadlineExceeded }
 
 // ShutdownHTTPEdge stops every ServeHTTPEdge: no new connections, running
 // calls finish; when ctx ends first, the remaining connections are closed.

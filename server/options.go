@@ -199,4 +199,10 @@ type Limits struct {
 	// 256 bytes a task), and goes on with next_page_token. A page's first
 	// task is always sent. If zero, 1 MiB; at most half of MaxMessageBytes.
 	MaxListBytes int
+	// HTTPBodyTimeout is how long a client of the HTTP edge may take to
+	// send a request's body, from its headers to its end (a 5 MiB body
+	// needs 90 KB/s): a unary call whose body has not ended then is
+	// answered 408 naming the limit, and a stream's call fails. If zero, 1
+	// minute.
+	HTTPBodyTimeout time.Duration
 }

@@ -288,6 +288,9 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxListBytes <= 0 {
 		l.MaxListBytes = DefaultMaxListBytes
 	}
+	if l.HTTPBodyTimeout <= 0 {
+		l.HTTPBodyTimeout = DefaultHTTPBodyTimeout
+	}
 	// A page's first task is always sent (at most a 4 MiB payload), and the
 	// rest must leave it room within the message limit.
 	l.MaxListBytes = min(l.MaxListBytes, l.MaxMessageBytes/2)

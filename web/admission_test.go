@@ -143,6 +143,62 @@ func TestSlowBodiesDoNotHoldTheEdge(t *testing.T) {
 	}
 }
 
+// TestSlowBodyIsCutWithAClearAnswer (issue 42 item 7): a valid key's call
+// whose body trickles in (a byte every 100 ms of 400 announced) is cut when
+// the body deadline (Limits.HTTPBodyTimeout, here 2 s) passes and answered
+// 408 with a Connect error naming the limit, over HTTP/1.1 and with a
+// chunked body alike. Before, the deadline failed the transcoder's read
+// and the call was answered 500 (the issue's probe: held 76 s, then 500).
+func TestSlowBodyIsCutWithAClearAnswer(t *testing.T) {
+	t.Parallel()
+	e := start(t, server.Limits{HTTPBodyTimeout: 2 * time.Second})
+	addr := strings.TrimPrefix(e.base, "http://")
+	for _, framing := range []string{"Content-Length: 400", "Transfer-Encoding: chunked"} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := fmt.Fprintf(c, "POST /delayd.v1.NamespaceService/WhoAmI HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
+			"Authorization: Bearer %s\r\n%s\r\n\r\n", addr, adminKey, framing); err != nil {
+			t.Fatal(err)
+		}
+		chunked := strings.HasPrefix(framing, "Transfer")
+		stop := make(chan struct{})
+		go func() { // a byte every 100 ms until the answer
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				b := " "
+				if chunked {
+					b = "1\r\n \r\n"
+				}
+				if _, err := io.WriteString(c, b); err != nil {
+					return
+				}
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		close(stop)
+		if err != nil {
+			t.Fatalf("%s: no answer while the body trickles: %v", framing, err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("%s: HTTP %d %s", framing, resp.StatusCode, raw)
+		if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(raw), `"code":"deadline_exceeded"`) ||
+			!strings.Contains(string(raw), "did not end within 2s") {
+			t.Errorf("%s: HTTP %d %s; want 408 deadline_exceeded saying the body did not end within 2s", framing, resp.StatusCode, raw)
+		}
+	}
+}
+
 // TestJSONFieldMaskPathsAreCapped (issue 42 item 3): 4 concurrent JSON
 // UpdateNamespace calls from a tenant admin key, each with a ~5 MiB
 // update_mask string of 2.5 M comma-separated paths, are 400 naming

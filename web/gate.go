@@ -3,11 +3,13 @@ package web
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"mime"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 
@@ -86,10 +88,13 @@ func checkContentType(paths map[string]bool, next http.Handler) http.Handler {
 
 // limitBody answers a Connect unary call whose body is over max bytes with
 // 413 and a Connect JSON error naming the limit and the flag that sets it
-// (the transcoder would answer 429 "max buffer size"). A body of unknown
-// length is read here, up to max+1 bytes, as the transcoder would buffer
-// it anyway. Runs after admission, so an unauthenticated body is never
-// read (admit answers first).
+// (the transcoder would answer 429 "max buffer size"). A body within the
+// limit is read here whole (up to max+1 bytes when its length is unknown),
+// as the transcoder would buffer it anyway, so that a body that does not
+// arrive in time (the edge's body deadline, server.Limits.HTTPBodyTimeout)
+// is answered 408 saying so, and a body that breaks off 400, instead of
+// the transcoder's answer to a failed read. Runs after admission, so an
+// unauthenticated body is never read (admit answers first).
 func limitBody(max int, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -98,10 +103,17 @@ func limitBody(max int, next http.Handler) http.Handler {
 			return
 		}
 		size := r.ContentLength
-		if size < 0 {
-			body, err := io.ReadAll(io.LimitReader(r.Body, int64(max)+1))
+		if size <= int64(max) {
+			var body []byte
+			var err error
+			if size >= 0 { // one allocation of the length announced
+				body = make([]byte, size)
+				_, err = io.ReadFull(r.Body, body)
+			} else {
+				body, err = io.ReadAll(io.LimitReader(r.Body, int64(max)+1))
+			}
 			if err != nil {
-				writeError(w, http.StatusBadRequest, "invalid_argument", "reading the request body: "+err.Error())
+				bodyReadError(w, err)
 				return
 			}
 			size = int64(len(body))
@@ -123,6 +135,18 @@ func limitBody(max int, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// bodyReadError answers a unary call whose body could not be read: 408
+// when the body did not arrive before the edge's deadline (the error, the
+// server's, says which), 400 otherwise.
+func bodyReadError(w http.ResponseWriter, err error) {
+	w.Header().Set("Connection", "close")
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		writeError(w, http.StatusRequestTimeout, "deadline_exceeded", err.Error())
+		return
+	}
+	writeError(w, http.StatusBadRequest, "invalid_argument", "reading the request body: "+err.Error())
 }
 
 // drainFactor bounds what limitBody reads of a body over the limit, in
