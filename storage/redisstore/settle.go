@@ -217,7 +217,18 @@ func (st *settler) expect(ns string, within time.Duration) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if within > 0 {
-		st.rides[ns] = time.Now().Add(within)
+		until := time.Now().Add(within)
+		st.rides[ns] = until
+		// The calls waiting for the ride wait for its new end: their
+		// timer moves there now, rather than firing at the old end only
+		// to be set again (a wake of the timer goroutine per pop of a
+		// steady flow, issue 37 item 4).
+		for key, q := range st.queues {
+			if key.ns == ns && q.timer != nil && q.timerAt.Before(until) {
+				q.timerAt = until
+				q.timer.Reset(time.Until(until))
+			}
+		}
 		return
 	}
 	if _, ok := st.rides[ns]; !ok {
@@ -237,10 +248,11 @@ func (st *settler) arm(key settleKey, q *settleQueue, at time.Time) {
 	if q.timer != nil && !q.timerAt.After(at) {
 		return
 	}
-	if q.timer != nil {
-		q.timer.Stop()
-	}
 	q.timerAt = at
+	if q.timer != nil {
+		q.timer.Reset(time.Until(at))
+		return
+	}
 	q.timer = time.AfterFunc(time.Until(at), func() { st.fire(key, q) })
 }
 
@@ -249,8 +261,8 @@ func (st *settler) arm(key settleKey, q *settleQueue, at time.Time) {
 func (st *settler) fire(key settleKey, q *settleQueue) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.queues[key] != q {
-		return
+	if st.queues[key] != q || time.Now().Before(q.timerAt) {
+		return // forgotten, or moved later while firing: it fires again then
 	}
 	q.timer = nil
 	if q.inflight > 0 || len(q.waiting) == 0 {

@@ -250,3 +250,40 @@ func TestAckMarkedRidesThePop(t *testing.T) {
 		t.Errorf("the given-up ack's task = %+v, %v; want still delivered", g, err)
 	}
 }
+
+// A ride the dispatcher extends (its next ExpectPop, as every round of a
+// steady flow says one) moves the waiting acks' timer to the new end,
+// instead of letting it fire at the old end only to be set again; the
+// acks still ride the pop (issue 37 item 4).
+func TestARideExtendedMovesTheWait(t *testing.T) {
+	t.Parallel()
+	e := newSettleEnv(t, 1, false, Options{})
+	ctx := context.Background()
+	e.s.ExpectPop(e.ns, time.Minute)
+	done := make(chan settleOut, 1)
+	go func() {
+		st, err := e.s.Ack(ctx, e.ns, []storage.Token{e.dels[0].Token})
+		done <- settleOut{st: st, err: err}
+	}()
+	e.waitQueued(1)
+	timerAt := func() time.Time {
+		e.s.settles.mu.Lock()
+		defer e.s.settles.mu.Unlock()
+		return e.s.settles.queues[settleKey{ns: e.ns}].timerAt
+	}
+	first := timerAt()
+	e.s.ExpectPop(e.ns, time.Hour)
+	if moved := timerAt(); moved.Sub(first) < 50*time.Minute {
+		t.Errorf("the waiting ack's timer is at %v after the ride moved an hour ahead (it was at %v); want it moved with the ride",
+			moved, first)
+	}
+	if _, err := e.s.PopWake(ctx, e.ns, storage.PopParams{Limit: 1, LeaseFor: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if o := <-done; o.err != nil || o.st[0] != storage.TokenOK {
+		t.Fatalf("ack = %v, %v; want OK", o.st, o.err)
+	}
+	if n := e.g.calls.Load(); n != 1 {
+		t.Errorf("%d script calls, want 1: the pop carrying the ack", n)
+	}
+}
