@@ -22,13 +22,45 @@ import (
 // generation), then reads back the generations while the insert holds the
 // rows' locks. Rows are written sorted by (namespace, id), a stable sort,
 // so concurrent transactions lock rows in one order and the repeated writes
-// of one task keep their order.
+// of one task keep their order. Its parts, in order: collectUpserts,
+// decideConditions (conditional writes only), insertUpserts, planReadBack,
+// readFinals, conditionRaced, setUpsertResults.
 func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*authority.Write) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	var refs []upsertRef
-	cond := false
+	refs, cond := collectUpserts(ops)
+	var expect map[taskKey]storage.Version
+	if cond {
+		var err error
+		if refs, expect, err = decideConditions(ctx, tx, refs); err != nil {
+			return err
+		}
+	}
+	readBack, err := s.insertUpserts(ctx, tx, refs)
+	if err != nil {
+		return err
+	}
+	p := planReadBack(refs, readBack)
+	for _, r := range p.read {
+		if err := readFinals(ctx, tx, r, p.finals); err != nil {
+			return err
+		}
+	}
+	// A conditional write was decided on the rows as read; a task that was
+	// missing then may have been created by another transaction since
+	// (READ COMMITTED locks no missing row): then run everything again.
+	if conditionRaced(expect, p.finals) {
+		return errConditionRace
+	}
+	return setUpsertResults(refs, p)
+}
+
+// collectUpserts returns every row of ops as a ref, sorted by (namespace,
+// id) and stably (the repeated writes of a task keep their order), and
+// whether any row has a condition (create-only, if-generation). It makes
+// each op's Upserts, one result per row.
+func collectUpserts(ops []*authority.Write) (refs []upsertRef, cond bool) {
 	for _, o := range ops {
 		o.Upserts = make([]storage.UpsertResult, len(o.Rows))
 		for i, r := range o.Rows {
@@ -43,127 +75,167 @@ func (s *Store) execUpserts(ctx context.Context, tx *sql.Tx, ops []*authority.Wr
 		}
 		return ka.o.Rows[ka.i].ID < kb.o.Rows[kb.i].ID
 	})
-	var expect map[taskKey]storage.Version
-	if cond {
-		var err error
-		if refs, expect, err = decideConditions(ctx, tx, refs); err != nil {
-			return err
-		}
-	}
+	return refs, cond
+}
 
-	readBack := map[taskKey]bool{} // tasks that existed (or repeat) and must be read back
+// insertChunks cuts refs into the [start, end) ranges of one INSERT each:
+// at most maxStmtRows rows, and a chunk ends once its payload bytes reach
+// maxBytes (a row larger than that is a chunk of its own).
+func insertChunks(refs []upsertRef, maxBytes int) [][2]int {
+	var out [][2]int
+	for start := 0; start < len(refs); {
+		bytes, end := 0, start
+		for end < len(refs) && end-start < maxStmtRows && (end == start || bytes < maxBytes) {
+			bytes += len(refs[end].o.Rows[refs[end].i].Payload)
+			end++
+		}
+		out = append(out, [2]int{start, end})
+		start = end
+	}
+	return out
+}
+
+// insertUpserts runs one INSERT ... ON DUPLICATE KEY UPDATE per chunk of
+// refs (insertChunks) and returns the tasks that must be read back: those
+// of a chunk whose count says a row existed (MySQL counts 1 per inserted
+// row and 2 per updated one: when the count is the number of rows, every
+// row was new, generation 1).
+func (s *Store) insertUpserts(ctx context.Context, tx *sql.Tx, refs []upsertRef) (map[taskKey]bool, error) {
 	const head = "INSERT INTO delayd_tasks (namespace, id, kind, payload, due_ms, state, generation, incarnation, attempt, last_error, create_ms, update_ms, dead_ms, traceparent) VALUES "
 	const tail = " ON DUPLICATE KEY UPDATE generation = generation + 1, kind = VALUES(kind), payload = VALUES(payload)," +
 		" due_ms = VALUES(due_ms), state = 1, attempt = 0, last_error = '', update_ms = VALUES(update_ms), dead_ms = 0, traceparent = VALUES(traceparent)"
-	for start := 0; start < len(refs); {
+	readBack := map[taskKey]bool{}
+	for _, c := range insertChunks(refs, s.cfg.MaxBatchBytes) {
 		var b strings.Builder
 		b.WriteString(head)
-		args := make([]any, 0, 9*min(maxStmtRows, len(refs)-start))
-		bytes, end := 0, start
-		for end < len(refs) && end-start < maxStmtRows && (end == start || bytes < s.cfg.MaxBatchBytes) {
-			rf := refs[end]
+		args := make([]any, 0, 9*(c[1]-c[0]))
+		for j, rf := range refs[c[0]:c[1]] {
 			r := rf.o.Rows[rf.i]
-			if end > start {
+			if j > 0 {
 				b.WriteByte(',')
 			}
 			b.WriteString("(?,?,?,?,?,1,1,?,0,'',?,?,0,?)")
 			args = append(args, rf.o.NS, r.ID, r.Kind, r.Payload, r.DueMS, r.Inc, rf.o.NowMS, rf.o.NowMS, traceParent(r.TraceParent))
-			bytes += len(r.Payload)
-			end++
 		}
 		b.WriteString(tail)
 		res, err := tx.ExecContext(ctx, b.String(), args...)
 		if err != nil {
-			return fmt.Errorf("upsert: insert: %w", err)
+			return nil, fmt.Errorf("upsert: insert: %w", err)
 		}
-		// MySQL counts 1 per inserted row and 2 per updated one: when the
-		// count is the number of rows, every row was new (generation 1)
-		// and need not be read back.
-		if n, err := res.RowsAffected(); err != nil || n != int64(end-start) {
-			for _, rf := range refs[start:end] {
+		if n, err := res.RowsAffected(); err != nil || n != int64(c[1]-c[0]) {
+			for _, rf := range refs[c[0]:c[1]] {
 				readBack[taskKey{rf.o.NS, rf.o.Rows[rf.i].ID}] = true
 			}
 		}
-		start = end
 	}
+	return readBack, nil
+}
 
-	// Read back the final generation (and the incarnation, which an
-	// existing row keeps) of each task that was not new.
-	type final struct{ gen, inc, create int64 }
-	finals := map[taskKey]final{}
-	count := map[taskKey]int{}
-	byNS := map[string][]string{}
-	var nsOrder []string
+// final is a task's row after the inserts: its generation, incarnation
+// and create time.
+type final struct{ gen, inc, create int64 }
+
+// nsIDs are the ids of tasks of one namespace to read back.
+type nsIDs struct {
+	ns  string
+	ids []string
+}
+
+// readBackPlan is what planReadBack decided.
+type readBackPlan struct {
+	finals map[taskKey]final // known without reading: the rows the inserts created
+	count  map[taskKey]int   // how many rows of refs write each task
+	read   []nsIDs           // the tasks to read back, by namespace in refs' order
+}
+
+// planReadBack decides, from refs and the tasks readBack names, what the
+// inserts left: a task not read back was created by its first write
+// (generation 1, the row's incarnation, created now); the others are read.
+func planReadBack(refs []upsertRef, readBack map[taskKey]bool) readBackPlan {
+	p := readBackPlan{finals: map[taskKey]final{}, count: map[taskKey]int{}}
+	at := map[string]int{} // namespace -> its index in p.read
 	for _, rf := range refs {
 		k := taskKey{rf.o.NS, rf.o.Rows[rf.i].ID}
-		if count[k] == 0 && !readBack[k] {
-			finals[k] = final{gen: 1, inc: rf.o.Rows[rf.i].Inc, create: rf.o.NowMS} // created by this insert
-		}
-		if count[k] == 0 && readBack[k] {
-			if _, ok := byNS[k.ns]; !ok {
-				nsOrder = append(nsOrder, k.ns)
-			}
-			byNS[k.ns] = append(byNS[k.ns], k.id)
-		}
-		count[k]++
-	}
-	for _, ns := range nsOrder {
-		ids := byNS[ns]
-		for start := 0; start < len(ids); start += 1000 {
-			chunk := ids[start:min(start+1000, len(ids))]
-			args := make([]any, 0, len(chunk)+1)
-			args = append(args, ns)
-			for _, id := range chunk {
-				args = append(args, id)
-			}
-			// A plain read: the insert holds every row's lock until the
-			// commit, so nobody else changed them, and READ COMMITTED sees
-			// this transaction's own writes. (A locking read here would only
-			// add chances to deadlock with other batches.)
-			rows, err := tx.QueryContext(ctx, "SELECT id, generation, incarnation, create_ms FROM delayd_tasks WHERE namespace = ? AND id IN ("+
-				placeholders(len(chunk))+")", args...)
-			if err != nil {
-				return fmt.Errorf("upsert: read generations: %w", err)
-			}
-			for rows.Next() {
-				var id string
-				var f final
-				if err := rows.Scan(&id, &f.gen, &f.inc, &f.create); err != nil {
-					rows.Close()
-					return fmt.Errorf("upsert: read generations: %w", err)
+		if p.count[k] == 0 {
+			if !readBack[k] {
+				p.finals[k] = final{gen: 1, inc: rf.o.Rows[rf.i].Inc, create: rf.o.NowMS} // created by this insert
+			} else {
+				i, ok := at[k.ns]
+				if !ok {
+					i = len(p.read)
+					at[k.ns] = i
+					p.read = append(p.read, nsIDs{ns: k.ns})
 				}
-				finals[taskKey{ns, id}] = f
-			}
-			if err := rows.Close(); err != nil {
-				return fmt.Errorf("upsert: read generations: %w", err)
-			}
-			if err := rows.Err(); err != nil {
-				return fmt.Errorf("upsert: read generations: %w", err)
+				p.read[i].ids = append(p.read[i].ids, k.id)
 			}
 		}
+		p.count[k]++
 	}
+	return p
+}
 
-	// A conditional write was decided on the rows as read; a task that was
-	// missing then may have been created by another transaction since
-	// (READ COMMITTED locks no missing row): then run everything again.
+// readFinals reads the generation, incarnation and create time of r's
+// tasks into finals, 1,000 ids a query. A plain read: the insert holds
+// every row's lock until the commit, so nobody else changed them, and READ
+// COMMITTED sees this transaction's own writes. (A locking read here would
+// only add chances to deadlock with other batches.)
+func readFinals(ctx context.Context, tx *sql.Tx, r nsIDs, finals map[taskKey]final) error {
+	for start := 0; start < len(r.ids); start += 1000 {
+		chunk := r.ids[start:min(start+1000, len(r.ids))]
+		args := make([]any, 0, len(chunk)+1)
+		args = append(args, r.ns)
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		rows, err := tx.QueryContext(ctx, "SELECT id, generation, incarnation, create_ms FROM delayd_tasks WHERE namespace = ? AND id IN ("+
+			placeholders(len(chunk))+")", args...)
+		if err != nil {
+			return fmt.Errorf("upsert: read generations: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			var f final
+			if err := rows.Scan(&id, &f.gen, &f.inc, &f.create); err != nil {
+				rows.Close()
+				return fmt.Errorf("upsert: read generations: %w", err)
+			}
+			finals[taskKey{r.ns, id}] = f
+		}
+		if err := rows.Close(); err != nil {
+			return fmt.Errorf("upsert: read generations: %w", err)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("upsert: read generations: %w", err)
+		}
+	}
+	return nil
+}
+
+// conditionRaced reports whether a task a conditional write was decided on
+// (expect: the version decideConditions read) ended at another version
+// than the one the writes made of it.
+func conditionRaced(expect map[taskKey]storage.Version, finals map[taskKey]final) bool {
 	for k, want := range expect {
 		if f, ok := finals[k]; ok && (f.gen != want.Generation || f.inc != want.Incarnation) {
-			return errConditionRace
+			return true
 		}
 	}
+	return false
+}
 
-	// The k-th of n writes of a task in this statement got generation
-	// final-(n-1-k); the first created the row iff final == n (a row that
-	// existed had generation >= 1 before).
+// setUpsertResults sets each row's result: the k-th of n writes of a task
+// in this statement got generation final-(n-1-k); the first created the
+// row iff final == n (a row that existed had generation >= 1 before).
+func setUpsertResults(refs []upsertRef, p readBackPlan) error {
 	seen := map[taskKey]int{}
 	for _, rf := range refs {
 		r := rf.o.Rows[rf.i]
 		k := taskKey{rf.o.NS, r.ID}
-		f, ok := finals[k]
+		f, ok := p.finals[k]
 		if !ok {
 			return fmt.Errorf("upsert: task %s/%s missing after insert", k.ns, k.id)
 		}
-		n, kth := count[k], seen[k]
+		n, kth := p.count[k], seen[k]
 		seen[k]++
 		payload := r.Payload
 		if len(payload) == 0 {
