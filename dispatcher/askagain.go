@@ -115,6 +115,11 @@ func (n *namespace) askAgain(ctx context.Context) error {
 			n.mu.Unlock()
 			n.distribute(dels, p)
 		}
+		if err == nil {
+			n.d.log.LogAttrs(ctx, slog.LevelInfo, "dispatcher: a pop whose answer was lost was asked again",
+				slog.String("namespace", n.name), slog.String("request", a.id), slog.Int("deliveries", len(dels)),
+				slog.Duration("since", cfg.Clock.Now().Sub(a.since)))
+		}
 		if err != nil {
 			kept = append(kept, a)
 			if first == nil {
