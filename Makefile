@@ -17,10 +17,21 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_MYSQL_DSN ?= root@tcp(127.0.0.1:3306)/test
 export TEST_REDIS_URL TEST_MYSQL_DSN
 
-# -vet=off: go test's own vet pass is a subset of the checks make test's go
-# vet has just run, with the same build flags, on the same packages
-# (including test files); repeating it cost ~25 s of CPU on a fresh clone.
-GO_TEST_FLAGS ?= -race -timeout 20m -vet=off
+# -vet=all: go test runs every go vet check (not only its default subset)
+# on every package, test files included, as go vet ./... does, with the
+# same -race build the tests use, and caches the result as go vet does; a
+# package's tests start as soon as it and its dependencies are compiled and
+# vetted, beside the other packages' compiles, instead of after a go vet
+# pass over the whole tree.
+GO_TEST_FLAGS ?= -race -timeout 20m -vet=all
+
+# A -race binary sleeps a second when it exits (atexit_sleep_ms=1000), so
+# that other goroutines may still report a race: every test
+# binary, and every delayd, delayctl and grpcurl the tests run, did. A
+# race is reported when it happens either way (testkit sets the same for
+# the commands a test starts under a plain go test -race).
+GORACE ?= atexit_sleep_ms=0
+export GORACE
 
 .PHONY: help
 help: ## List the targets.
@@ -117,27 +128,24 @@ chromium: ## Make sure headless Chromium is installed (Debian package chromium; 
 DELAYD_TEST_ARTIFACTS ?= $(CURDIR)/artifacts
 export DELAYD_TEST_ARTIFACTS
 
-# make test compiles every package once, with -race: go vet gets go test's
-# build flags (VET_FLAGS), so the packages it compiles to type-check are the
-# ones the tests then link, and the delayd binaries the tests run (the fault
-# suite's, make run's in TestMakeRunCtrlC, test-ts's) are -race builds of the
-# same packages, i.e. links. A plain `go vet` would compile everything a
-# second time (about a minute of CPU on a fresh clone).
-VET_FLAGS ?= -race
-
+# make test compiles every package once, with -race: go test vets with the
+# build it tests (GO_TEST_FLAGS), and the delayd binaries the tests run (the
+# fault suite's, make run's in TestMakeRunCtrlC, test-ts's, grpcurl's and
+# the docs' snippets' builds) are -race builds of the same packages, i.e.
+# links. A plain `go vet` beside it would compile everything a second time.
 .PHONY: test
-test: services promtool chromium kustomize clients ## Check services, promtool, chromium, kustomize and the client toolchains, go vet, then go test -race (no code generators needed); console screenshots go to artifacts/.
-	@# test-ts's npm packages (network, on a fresh clone) download beside go vet (CPU).
+test: services promtool chromium kustomize clients ## Check services, promtool, chromium, kustomize and the client toolchains, then go test -race with every go vet check (no code generators needed); console screenshots go to artifacts/.
+	@# test-ts's npm packages (network, on a fresh clone) download beside
+	@# go test's compiles (CPU). go test runs in a session of its own: a
+	@# caller whose session runs at a raised autogroup priority would
+	@# otherwise starve the shared Redis and MySQL the tests depend on
+	@# (scripts/own-session.sh says how).
 	$(MAKE) --no-print-directory $(TS_DEPS) & npm=$$!; \
-		go vet $(VET_FLAGS) ./... || { wait $$npm; exit 1; }; \
-		wait $$npm
-	@# In a session of its own: a caller whose session runs at a raised
-	@# autogroup priority would otherwise starve the shared Redis and MySQL
-	@# the tests depend on (scripts/own-session.sh says how).
-	scripts/own-session.sh go test $(GO_TEST_FLAGS) ./...
+		scripts/own-session.sh go test $(GO_TEST_FLAGS) ./...; rc=$$?; \
+		wait $$npm || exit 1; exit $$rc
 	$(MAKE) test-ts
 
-# test-ts's delayd is a -race build (see VET_FLAGS) in a file of its own, so
+# test-ts's delayd is a -race build (see make test) in a file of its own, so
 # bin/delayd stays what make build and make run put there.
 .PHONY: test-ts
 test-ts: $(TS_DEPS) ## Run the TypeScript client's example (node --test) against a real delayd built from this tree.

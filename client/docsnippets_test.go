@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/testkit"
 )
 
 // goFence matches a ```go block of a Markdown file.
@@ -56,7 +57,15 @@ func TestDocSnippetsBuild(t *testing.T) {
 	if err := os.WriteFile(ovFile, ov, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("go", append([]string{"build", "-overlay", ovFile}, pkgs...)...)
+	// With -race under go test -race: the snippets' dependencies (this
+	// module, gRPC, the standard library) are then the packages the tests
+	// compiled, where a plain build compiled them all again without -race
+	// on a cold cache.
+	args := []string{"build", "-overlay", ovFile}
+	if testkit.Race {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, pkgs...)...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("a Go snippet of the docs does not build (go build %s): %v\n%s", strings.Join(pkgs, " "), err, out)

@@ -31,8 +31,8 @@ func TestMain(m *testing.M) {
 }
 
 // delaydBinary is the delayd the client tests run, built once (a -race
-// build when the tests are: make test's go vet -race has compiled its
-// packages already, so the build is a link).
+// build when the tests are: go test -race has compiled its packages
+// already, so the build is a link).
 func delaydBinary(t *testing.T) string {
 	return testkit.Build(t, "github.com/delayd/delayd/cmd/delayd")
 }

@@ -50,9 +50,6 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	testkit.RemoveBuilt()
-	if grpcurlBuilt.dir != "" {
-		_ = os.RemoveAll(grpcurlBuilt.dir)
-	}
 	os.Exit(code)
 }
 

@@ -158,4 +158,3 @@ func quickTourCtlLines(t *testing.T, ctlBlock string) []string {
 	}
 	return lines
 }
-

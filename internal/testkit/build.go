@@ -26,8 +26,8 @@ type building struct {
 // Build builds the command at import path pkg (e.g.
 // "github.com/delayd/delayd/cmd/delayd") once per test process and returns
 // the binary's path. When the test binary runs with -race, so does the
-// command: its packages are then the ones go test -race (and make test's
-// go vet -race) already compiled, so the build is a link, and a data race
+// command: its packages are then the ones go test -race already
+// compiled, so the build is a link, and a data race
 // in the process fails whoever reads its output. The binary and its
 // directory (0755) may be run by any user, e.g. a test that drops to a
 // deployment's uid. testkit.Main removes them at the end; a TestMain of
