@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/server"
 	"github.com/delayd/delayd/storage/redisstore"
 	"github.com/delayd/delayd/tenancy"
@@ -181,22 +182,16 @@ func TestEveryDelaydVariableIsKnown(t *testing.T) {
 	deliberate := map[string]bool{"DELAYD_REDIS_ULR": true, "DELAYD_APIKEY": true, "DELAYD_X": true, "DELAYD_PUSH_ALLOW_PROTS": true}
 	name := regexp.MustCompile(`DELAYD_[A-Z0-9_]*[A-Z0-9]`)
 	seen := 0
-	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
+	for _, path := range testkit.RepoFiles(t, "..") {
+		if slices.Contains(strings.Split(filepath.ToSlash(path), "/"), "gen") { // generated code
+			continue
 		}
-		if d.IsDir() {
-			if n := d.Name(); n == "node_modules" || n == ".git" || n == "gen" || n == "bin" || n == "artifacts" {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !slices.Contains([]string{".go", ".md", ".sh", ".js", ".yml", ".yaml", ".json"}, filepath.Ext(path)) && d.Name() != "Makefile" {
-			return nil
+		if !slices.Contains([]string{".go", ".md", ".sh", ".js", ".yml", ".yaml", ".json"}, filepath.Ext(path)) && filepath.Base(path) != "Makefile" {
+			continue
 		}
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		for _, m := range name.FindAllString(string(b), -1) {
 			seen++
@@ -204,10 +199,6 @@ func TestEveryDelaydVariableIsKnown(t *testing.T) {
 				t.Errorf("%s names %s, which neither delayd nor delayctl reads (delayd would refuse to start with it set)", path, m)
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	ctl, err := os.ReadFile("../ctl/ctl.go")
 	if err != nil {

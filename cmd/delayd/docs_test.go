@@ -293,26 +293,17 @@ func TestDocsGrpcurlCommands(t *testing.T) {
 func TestDocsNameRealTests(t *testing.T) {
 	defined := map[string]bool{}
 	fn := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]+)\(`)
-	err := filepath.WalkDir("../..", func(path string, d os.DirEntry, err error) error {
+	for _, path := range testkit.RepoFiles(t, "../..") {
+		if !strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(path)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == ".git") {
-			return filepath.SkipDir
+		for _, m := range fn.FindAllStringSubmatch(string(b), -1) {
+			defined[m[1]] = true
 		}
-		if !d.IsDir() && strings.HasSuffix(path, "_test.go") {
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			for _, m := range fn.FindAllStringSubmatch(string(b), -1) {
-				defined[m[1]] = true
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	files, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
