@@ -113,6 +113,18 @@ func stallLosesNoPop(t *testing.T, bin string, tc stallCase) {
 		return lost == 0
 	})
 	accepted, lost, dups, early := ty.counts()
+	// The records of pops (their answers, kept 6 x the store timeout)
+	// alive now: bounded by the pops of the last 30 s, not by the run.
+	rc := rs.Client()
+	records, recordBytes := 0, int64(0)
+	iter := rc.Scan(context.Background(), 0, "delayd:*:req:*", 1000).Iterator()
+	for iter.Next(context.Background()) {
+		records++
+		if n, err := rc.MemoryUsage(context.Background(), iter.Val()).Result(); err == nil {
+			recordBytes += n
+		}
+	}
+	_ = rc.Close()
 	ty.mu.Lock()
 	seen := map[string]bool{}
 	// worstBefore: the latest arrival, after the stop, of a task due
@@ -143,8 +155,8 @@ func stallLosesNoPop(t *testing.T, bin string, tc stallCase) {
 	resub := ty.resubscribed
 	ty.mu.Unlock()
 	t.Logf("SIGSTOP at %s, SIGCONT at %s", stopped.UTC().Format("15:04:05.000"), resumed.UTC().Format("15:04:05.000"))
-	t.Logf("%s, stall %v (Redis stopped %v): accepted %d, lost %d, duplicates %d, early %d, streams resubscribed %d; first deliveries on attempt 2 or later: %d (worst %v late); worst lateness %v; the last task due before the stop arrived %v after it; first deliveries per second after SIGCONT: %v",
-		tc.mode, stall, resumed.Sub(stopped).Round(time.Millisecond), accepted, lost, dups, early, resub, second, worstSecond.Round(time.Millisecond), worst.Round(time.Millisecond), worstBefore.Round(time.Millisecond), slots)
+	t.Logf("%s, stall %v (Redis stopped %v): accepted %d, lost %d, duplicates %d, early %d, streams resubscribed %d; first deliveries on attempt 2 or later: %d (worst %v late); worst lateness %v; the last task due before the stop arrived %v after it; first deliveries per second after SIGCONT: %v; pop records alive at the end: %d, %d bytes (MEMORY USAGE)",
+		tc.mode, stall, resumed.Sub(stopped).Round(time.Millisecond), accepted, lost, dups, early, resub, second, worstSecond.Round(time.Millisecond), worst.Round(time.Millisecond), worstBefore.Round(time.Millisecond), slots, records, recordBytes)
 	if lost != 0 || dups != 0 || early != 0 {
 		t.Errorf("lost %d, duplicates %d, early %d (%v); want 0, 0, 0", lost, dups, early, ty.early)
 	}
