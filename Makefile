@@ -140,6 +140,12 @@ test: services promtool chromium kustomize clients ## Check services, promtool, 
 	@# caller whose session runs at a raised autogroup priority would
 	@# otherwise starve the shared Redis and MySQL the tests depend on
 	@# (scripts/own-session.sh says how).
+	@# bin/ (test-ts) and artifacts/ (the console's screenshots) exist
+	@# before go test starts: a test that runs a command in the tree's root
+	@# has the root's time as an input of its cached result (os/exec stats
+	@# a command's Dir), and a first run that created them would make the
+	@# next run missing the cache of every such test.
+	@mkdir -p $(BIN) $(DELAYD_TEST_ARTIFACTS)
 	$(MAKE) --no-print-directory $(TS_DEPS) & npm=$$!; \
 		scripts/own-session.sh go test $(GO_TEST_FLAGS) ./...; rc=$$?; \
 		wait $$npm || exit 1; exit $$rc

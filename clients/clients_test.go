@@ -152,6 +152,7 @@ func TestPythonClient(t *testing.T) {
 	url := testkit.RedisURL()
 	ns := "py-client-" + testkit.Suffix()
 	t.Cleanup(func() { testkit.DeleteNamespaceKeys(t, url, ns) })
+	testkit.Inputs(t, "..", "clients/python") // python's
 	cmd := exec.CommandContext(t.Context(), py, "-m", "unittest", "discover", "-s", "tests", "-v")
 	cmd.Dir = "python"
 	cmd.Env = append(os.Environ(), "DELAYD_BIN="+bin, "TEST_REDIS_URL="+url, "DELAYD_TEST_NAMESPACE="+ns, "PYTHONDONTWRITEBYTECODE=1")
@@ -198,6 +199,7 @@ func TestJavaClient(t *testing.T) {
 	t.Cleanup(func() { testkit.DeleteNamespaceKeys(t, url, ns) })
 	d := delaydtest.Start(t, daemon.Config{AdminKey: key, AutoCreateNamespaces: true})
 	script := strings.NewReplacer("localhost:7070", d.Addr(), "java-example", ns).Replace(block)
+	testkit.Inputs(t, "..", "clients/java", "proto") // javac's and protoc's
 	cmd := exec.CommandContext(t.Context(), "bash", "-e", "-c", script)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "DELAYD_API_KEY="+key)

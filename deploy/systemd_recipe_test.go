@@ -78,6 +78,7 @@ func TestSystemdRecipeOnBareHost(t *testing.T) {
 	for _, pkg := range []string{"github.com/delayd/delayd/cmd/delayd", "github.com/delayd/delayd/cmd/delayctl"} {
 		copyFile(t, testkit.Build(t, pkg), filepath.Join(rel, filepath.Base(pkg)), 0o755)
 	}
+	testkit.Inputs(t, "..", "scripts/release-dir.sh", "deploy/systemd", "LICENSE", "README.md", "CHANGELOG.md")
 	if out, err := exec.Command("../scripts/release-dir.sh", rel).CombinedOutput(); err != nil {
 		t.Fatalf("scripts/release-dir.sh: %v\n%s", err, out)
 	}

@@ -38,6 +38,7 @@ func TestMakeRunCtrlC(t *testing.T) {
 	if testkit.Race {
 		goflags = strings.TrimSpace(goflags + " -race")
 	}
+	testkit.Inputs(t, "../..", "Makefile", "scripts/run-foreground.sh") // make's
 	master, slave := openPTY(t)
 	cmd := exec.Command("make", "--no-print-directory", "run", "BIN="+t.TempDir(),
 		"RUN_FLAGS=--listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --ops-listen 127.0.0.1:0")

@@ -79,12 +79,35 @@ func Build(t testing.TB, pkg string) string {
 			b.err = fmt.Sprintf("go build %s: %v\n%s", pkg, err, msg)
 			return
 		}
+		if err := statSources(goBin, pkg); err != nil {
+			b.err = err.Error()
+			return
+		}
 		b.bin = out
 	})
 	if b.err != "" {
 		t.Fatal(b.err)
 	}
 	return b.bin
+}
+
+// statSources stats every file of this module that pkg is built from (Go
+// and embedded files of pkg and of the module's packages it imports). go
+// test caches a test's result by its binary and the files the test
+// opened or statted; a command built by a go build of its own is in
+// neither, so without this a change to, say, cmd/delayctl's main.go left
+// a cached result of a test that runs delayctl in place.
+func statSources(goBin, pkg string) error {
+	const tmpl = `{{if and .Module .Module.Main}}{{$d := .Dir}}` +
+		`{{range .GoFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{range .EmbedFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{end}}`
+	out, err := exec.Command(goBin, "list", "-deps", "-f", tmpl, pkg).Output()
+	if err != nil {
+		return fmt.Errorf("go list -deps %s: %v", pkg, err)
+	}
+	for f := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		_, _ = os.Stat(f)
+	}
+	return nil
 }
 
 // RemoveBuilt deletes what Build made. testkit.Main calls it; a package

@@ -3,6 +3,7 @@ package testkit
 import (
 	"bytes"
 	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -64,6 +65,29 @@ func gitFiles(t testing.TB, root string, args ...string) ([]string, bool) {
 		}
 	}
 	return names, true
+}
+
+// Inputs tells go test's cache that the test reads the repository's
+// files under each of dirs (slash-separated, relative to the repository
+// root root, as for RepoFiles) through a command it runs (python, javac,
+// protoc, kustomize, make), which go test does not see: it stats each, so
+// that a change to one runs the test again instead of replaying a cached
+// result.
+func Inputs(t testing.TB, root string, dirs ...string) {
+	t.Helper()
+	for _, f := range RepoFiles(t, root) {
+		rel, err := filepath.Rel(root, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel = filepath.ToSlash(rel)
+		for _, d := range dirs {
+			if rel == d || strings.HasPrefix(rel, strings.TrimSuffix(d, "/")+"/") {
+				_, _ = os.Stat(f)
+				break
+			}
+		}
+	}
 }
 
 // walkRepo lists the files under root but for .git and what make and npm
