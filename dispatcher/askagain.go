@@ -22,7 +22,9 @@ import (
 // nothing — and then the store's record of that nothing cancels the first
 // one, should it still run. A pop is asked again until the store's record
 // of it may be gone (popRecordWindow after it was sent); then its tasks, if
-// it ran, come back when their lease runs out, as before.
+// it ran, come back when their lease runs out, as before. A loop that ends
+// with pops still asked asks each once more and hands back what it leased
+// (giveUpAsked).
 
 // popRecordTimeouts is how many store timeouts the store keeps the record
 // of a pop (PopParams.RequestWindow): a stall shorter than that loses no
@@ -104,9 +106,11 @@ func (n *namespace) askAgain(ctx context.Context) error {
 			p := a.dist
 			p.popped = cfg.Clock.Now()
 			p.deadline = p.popped.Add(p.leaseFor)
-			// The store leased them when the first pop ran, before this
-			// call: their deadlines say nothing of how far its clock is
-			// ahead, so the last pop's measure is kept.
+			// The store leased them when the first pop ran, maybe long
+			// before this call or while it waited on a stalled store: an
+			// upper bound of how far the store's clock is ahead, the
+			// larger of this call's measure and the last pop's, so a lease
+			// is taken to have run out early rather than late.
 			p.ahead = dels[0].LeaseDeadline.Add(-p.storeLease).Sub(before)
 			n.mu.Lock()
 			if n.aheadKnown {
@@ -130,4 +134,38 @@ func (n *namespace) askAgain(ctx context.Context) error {
 	clear(n.asked[len(kept):])
 	n.asked = kept
 	return first
+}
+
+// giveUpAsked ends the pops still asked when the loop ends (its last
+// stream left, or Stop): each is asked once more, within one StoreTimeout
+// for all, and what it leased goes back unsent (handBack: due at once, no
+// attempt spent) instead of waiting out its lease; one that has not run is
+// cancelled by that ask, so it leases nothing when it runs late. A pop that
+// gets no answer even now is left to its lease.
+func (n *namespace) giveUpAsked() {
+	if len(n.asked) == 0 {
+		return
+	}
+	cfg := &n.d.cfg
+	ctx, cancel := context.WithTimeout(n.d.base, cfg.StoreTimeout)
+	defer cancel()
+	var back []storage.Token
+	for _, a := range n.asked {
+		r, err := cfg.Store.PopWake(ctx, n.name, storage.PopParams{RequestID: a.id, RequestWindow: cfg.popRecordWindow(),
+			LeaseFor: a.dist.storeLease, TellFor: a.dist.leaseFor})
+		for _, del := range r.Deliveries {
+			if !a.got[del.Token] {
+				back = append(back, del.Token)
+			}
+		}
+		if err != nil {
+			n.d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: a pop whose answer was lost could not be asked again as its namespace loop ended; what it leased, if it ran, is delivered again when the lease runs out",
+				slog.String("namespace", n.name), slog.String("request", a.id), slog.String("error", err.Error()))
+		}
+	}
+	clear(n.asked)
+	n.asked = nil
+	if len(back) > 0 {
+		n.d.handBack(ctx, n, nil, back)
+	}
 }

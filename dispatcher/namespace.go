@@ -123,7 +123,8 @@ func (n *namespace) poke(ch chan struct{}) {
 func (n *namespace) run() {
 	defer n.d.loops.Done()
 	defer close(n.exited)
-	defer n.expectPop(0) // no more pops: waiting acks go now
+	defer n.expectPop(0)  // no more pops: waiting acks go now
+	defer n.giveUpAsked() // pops whose answer was lost: hand back or cancel
 	renewer := make(chan struct{})
 	go func() {
 		defer close(renewer)
