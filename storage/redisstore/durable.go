@@ -271,8 +271,9 @@ func (s *Store) TryLead(ctx context.Context, name, holder string, ttl time.Durat
 const scanCount = 1000
 
 // Namespaces returns, sorted, the namespaces that have any key in Redis
-// other than their incarnation key and high-water mark (keys.go: life,
-// hwm). A namespace whose tasks are all gone keeps its meta HASH, which
+// other than their incarnation key, high-water mark and the records of
+// requests (keys.go: life, hwm, requestKey: a pop's record outlives the
+// tasks it leased, for its window). A namespace whose tasks are all gone keeps its meta HASH, which
 // holds the shard's high-water mark (hwmField), until DropNamespace: it is
 // listed (with no tasks). It
 // SCANs in bounded pages (each under the per-call timeout); on a cluster it
@@ -291,7 +292,7 @@ func (s *Store) Namespaces(ctx context.Context) ([]string, error) {
 			}
 			mu.Lock()
 			for _, key := range keys {
-				if strings.HasSuffix(key, "}:life") || strings.HasSuffix(key, "}:hwm") {
+				if strings.HasSuffix(key, "}:life") || strings.HasSuffix(key, "}:hwm") || isRequestKey(key) {
 					continue // outlive the tasks: no sign of any
 				}
 				if ns, ok := namespaceOfKey(key); ok {

@@ -268,6 +268,43 @@ func miniFastForward(t *testing.T, s *Store, d time.Duration) {
 	}
 }
 
+// TestNamespacesSkipsPopRecords: the record of a pop with a request id
+// (kept for its window, storage.PopParams.RequestID) outlives the tasks it
+// leased, as the life key and the high-water mark do: a namespace whose
+// only key left is one is not listed. Before, a namespace dropped right
+// after its pops was listed for the records' 30 s, and the sweeper and
+// the metrics took it for a live one (TestDeletedNamespaceSeriesLeaveMetrics
+// in daemon timed out waiting for its series to leave).
+func TestNamespacesSkipsPopRecords(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ns := testkit.Namespace(t, "nsr")
+			dropNS(t, s, ns)
+			if _, err := s.Upsert(ctx, ns, []storage.UpsertSpec{{ID: "x"}}); err != nil {
+				t.Fatal(err)
+			}
+			ds, err := s.Pop(ctx, ns, storage.PopParams{RequestID: "r1", Limit: 1, LeaseFor: time.Minute})
+			if err != nil || len(ds) != 1 {
+				t.Fatalf("pop: %v, %v", ds, err)
+			}
+			t.Cleanup(func() { s.rdb.Del(context.Background(), keysFor(ns, 0).requestKey("r1")) })
+			if _, err := s.DropNamespace(ctx, ns, 0); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Namespaces(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slices.Contains(got, ns) {
+				t.Errorf("namespaces lists %s, whose only key left is a pop's record", ns)
+			}
+		})
+	}
+}
+
 func TestNamespaces(t *testing.T) {
 	t.Parallel()
 	run := func(t *testing.T, s *Store) {

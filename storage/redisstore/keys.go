@@ -180,6 +180,10 @@ type nsKeys struct {
 // id it is a key never written.
 func (k nsKeys) requestKey(req string) string { return k.request + req }
 
+// isRequestKey reports whether key is the record of a request
+// (requestKey) of some namespace shard.
+func isRequestKey(key string) bool { return strings.Contains(key, "}:req:") }
+
 // traceOf is the trace-context key of task id (in this shard).
 func (k nsKeys) traceOf(id string) string { return k.trace + id }
 
