@@ -40,7 +40,8 @@ func (s *Store) PopWake(_ context.Context, ns string, p storage.PopParams) (stor
 // popAsked is pop for a pop that may carry a request id, as pop.lua: a
 // record of the id answers what it recorded and leases nothing; otherwise
 // the pop's deliveries (none for Limit 0) are recorded under the id for its
-// window. Expired records go at each write. s.mu is held.
+// window. Expired records are swept as the map grows (see below). s.mu is
+// held.
 func (s *Store) popAsked(ns string, p storage.PopParams) []storage.Delivery {
 	if p.RequestID == "" {
 		return s.pop(ns, p)
@@ -54,10 +55,16 @@ func (s *Store) popAsked(ns string, p storage.PopParams) []storage.Delivery {
 	if len(dels) == 0 && p.Limit > 0 {
 		return dels // nothing leased, nothing to record (pop.lua)
 	}
-	for k, r := range s.pops {
-		if r.expires <= now {
-			delete(s.pops, k)
+	if len(s.pops) >= s.popsPruneAt {
+		// Expired records go once the map has doubled since the last
+		// sweep: a write costs O(1) on average, and the map holds at most
+		// twice the live records (and 1,024).
+		for k, r := range s.pops {
+			if r.expires <= now {
+				delete(s.pops, k)
+			}
 		}
+		s.popsPruneAt = max(1024, 2*len(s.pops))
 	}
 	s.pops[key] = popRecord{dels: slices.Clone(dels), expires: now + max(p.RequestWindowOf().Milliseconds(), 1)}
 	return dels

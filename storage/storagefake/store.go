@@ -56,6 +56,8 @@ type Store struct {
 	// pops are the records of pops with a request id (PopParams.RequestID),
 	// by namespace and id, until they expire.
 	pops map[popKey]popRecord
+	// popsPruneAt is the size of pops at which expired records are swept.
+	popsPruneAt int
 }
 
 // popKey names the record of a pop with a request id.
