@@ -292,6 +292,7 @@ func runRow(ctx context.Context, e env, cfg Config, deps *deployments, rdb redis
 			Addr: d.addr, APIKey: key, Conns: cfg.Conns, AckBatch: cfg.AckBatch,
 			CPU: d.cpu, PID: d.procID(), Redis: rdb, Label: sysName, Logger: cfg.Logger, Shards: cfg.Shards, HistoryBytes: cfg.HistoryBytes,
 			SDK: sysName == SystemDelaydSDK, SDKMaxOutstanding: cfg.SDKBatch.MaxOutstanding, MySQL: d.mysql,
+			FixedWindows: cfg.FixedWindows,
 		})
 		if err != nil {
 			return Result{Workload: w.Name, System: sysName, Params: w, Error: err.Error()}
@@ -479,6 +480,9 @@ func command(cfg Config, workload, system string) string {
 	}
 	if cfg.NoOps && strings.HasPrefix(system, "delayd") {
 		args = append(args, "--no-ops")
+	}
+	if cfg.FixedWindows && strings.HasPrefix(system, "delayd") && system != SystemDelaydSDK {
+		args = append(args, "--fixed-windows")
 	}
 	if cfg.SDKBatch.MaxOutstanding != 0 && system == SystemDelaydSDK {
 		args = append(args, fmt.Sprintf("--sdk-max-outstanding=%d", cfg.SDKBatch.MaxOutstanding))

@@ -21,3 +21,18 @@ func TestCommandReproducesNoOps(t *testing.T) {
 		t.Errorf("row without --no-ops: %q names it", got)
 	}
 }
+
+// TestCommandReproducesFixedWindows: a raw delayd row measured with
+// --fixed-windows names it in its reproduction command; the SDK's and the
+// baseline's rows, which it does not change, do not.
+func TestCommandReproducesFixedWindows(t *testing.T) {
+	cfg := Config{Server: "child", OwnRedis: true, FixedWindows: true, BaselineBatch: 200}
+	if got := command(cfg, "steady-500", "delayd"); !strings.Contains(got, " --fixed-windows") {
+		t.Errorf("delayd row with --fixed-windows: %q lacks it", got)
+	}
+	for _, sys := range []string{"delayd-sdk", "baseline-10ms"} {
+		if got := command(cfg, "steady-500", sys); strings.Contains(got, "--fixed-windows") {
+			t.Errorf("%s row: %q names --fixed-windows", sys, got)
+		}
+	}
+}

@@ -100,6 +100,12 @@ type Config struct {
 	// SDKBatch is the Go SDK's batching for the delayd-sdk system; the
 	// zero value is the SDK's default.
 	SDKBatch struct{ MaxOutstanding int }
+	// FixedWindows makes the raw delayd rows' connections fix their gRPC
+	// flow-control windows (no BDP pings), as docs/client-guide.md tells
+	// the authors of stubs to; false keeps grpc-go's defaults, as
+	// generated stubs have them. The delayd-sdk rows use the SDK's own
+	// connection either way.
+	FixedWindows bool
 
 	// JSON prints a JSON report instead of the table.
 	JSON bool
@@ -167,6 +173,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, w *Workload) {
 	fs.IntVar(&c.BaselineBatch, "baseline-batch", 200, "baseline poller pop limit (ids per ZRANGEBYSCORE LIMIT)")
 	fs.IntVar(&c.Conns, "conns", 4, "gRPC connections to delayd, shared round-robin")
 	fs.IntVar(&c.AckBatch, "ack-batch", 500, "most tokens per AckTasks call")
+	fs.BoolVar(&c.FixedWindows, "fixed-windows", false, "delayd, delayd-durable: the raw client's connections fix their gRPC flow-control windows (no BDP pings, as docs/client-guide.md advises stubs); default: grpc-go's defaults, as generated stubs have them")
 	fs.IntVar(&c.SDKBatch.MaxOutstanding, "sdk-max-outstanding", 0, "delayd-sdk: the SDK's BatchSettings.MaxOutstanding (batches per namespace in flight); 0 = the SDK's default, 2")
 	fs.BoolVar(&c.JSON, "json", false, "print a JSON report on stdout instead of the table")
 	fs.BoolVar(&c.Markdown, "markdown", false, "print the report as Markdown tables")

@@ -57,6 +57,9 @@ type delaydConfig struct {
 	// SDK Client's own connection (its dial settings: one connection,
 	// fixed flow-control windows).
 	SDK bool
+	// FixedWindows fixes the raw connections' flow-control windows
+	// (Config.FixedWindows).
+	FixedWindows bool
 	// SDKMaxOutstanding is the SDK's BatchSettings.MaxOutstanding; 0 =
 	// its default.
 	SDKMaxOutstanding int
@@ -114,6 +117,9 @@ func newDelaydSystem(cfg delaydConfig) (*delaydSystem, error) {
 	}
 	if cfg.APIKey != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(cfg.APIKey)))
+	}
+	if cfg.FixedWindows {
+		opts = append(opts, grpc.WithInitialWindowSize(4<<20), grpc.WithInitialConnWindowSize(16<<20))
 	}
 	s := &delaydSystem{cfg: cfg}
 	for range cfg.Conns {
