@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,17 +33,33 @@ type Watcher struct {
 	// payload larger than the bound is still seen by a watcher that keeps
 	// up). Values below 1 are taken as DefaultWatchBufferBytes.
 	BufferBytes int
-	// Send pushes one copy to the watcher. Watch calls it from its own
-	// goroutine only, one call at a time. An error ends Watch.
+	// Send pushes one copy to the watcher, one call at a time, from a
+	// goroutine of the watch's own (so a Send stuck on a reader that stopped
+	// reading can be given up on). It must return once Watch's ctx ends (a
+	// gRPC stream's Send does when its handler returns). An error ends
+	// Watch.
 	Send func(Watched) error
+	// Stall is how long one Send may take: a watcher whose Send has not
+	// returned by then has stopped reading (its transport holds what it was
+	// sent), and Watch ends with ErrWatchBehind instead of holding its
+	// copies. If zero, DefaultWatchStall.
+	Stall time.Duration
 	// Ready, if set, is called once the watcher is registered and before any
 	// Send. An error ends Watch.
 	Ready func() error
 }
 
-// DefaultWatchBufferBytes is Watcher.BufferBytes's default: 1 MiB of
-// payloads may wait for a watcher that reads slowly.
-const DefaultWatchBufferBytes = 1 << 20
+// DefaultWatchBufferBytes is Watcher.BufferBytes's default: 256 KiB of
+// payloads may wait for a watcher that reads slowly, the copy being sent
+// included.
+const DefaultWatchBufferBytes = 256 << 10
+
+// DefaultWatchStall is Watcher.Stall's default.
+const DefaultWatchStall = 10 * time.Second
+
+// ErrWatchBehind ends a watch whose Send did not return within
+// Watcher.Stall: its reader stopped reading.
+var ErrWatchBehind = errors.New("the watcher stopped reading: a copy could not be sent")
 
 // watchCopyOverhead is what a waiting copy costs besides its payload (the
 // task's id, kind and fields), counted against Watcher.BufferBytes.
@@ -84,12 +101,63 @@ func (w *watcher) offer(c Watched) {
 	}
 }
 
-// next is the copy to send after c was taken from ch.
+// next is the copy to send after c was taken from ch. It counts against
+// the watcher's bytes until its Send returned (sender).
 func (w *watcher) next(c Watched) Watched {
-	w.bytes.Add(-copyCost(c))
 	c.Missed = w.missed.Swap(0)
 	return c
 }
+
+// sent gives back what c counted against the watcher's bytes, once its
+// Send returned: until then it is the transport's, and still the watch's.
+func (w *watcher) sent(c Watched) { w.bytes.Add(-copyCost(c)) }
+
+// sender runs a watcher's Sends on a goroutine of its own, so that the
+// watch can give up on one that does not return (ErrWatchBehind) without
+// calling Send from two goroutines: the next Send waits for the last.
+type sender struct {
+	in     chan Watched
+	result chan error
+	stall  time.Duration
+}
+
+func startSender(w Watcher, wt *watcher) *sender {
+	s := &sender{in: make(chan Watched), result: make(chan error, 1), stall: w.Stall}
+	if s.stall <= 0 {
+		s.stall = DefaultWatchStall
+	}
+	go func() {
+		for c := range s.in {
+			err := w.Send(c)
+			wt.sent(c)
+			s.result <- err
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// send hands c to the sender and waits for its Send, at most the stall.
+func (s *sender) send(ctx context.Context, stopped <-chan struct{}, c Watched) error {
+	s.in <- c // the sender is idle: every send waits for its result
+	t := time.NewTimer(s.stall)
+	defer t.Stop()
+	select {
+	case err := <-s.result:
+		return err
+	case <-t.C:
+		return ErrWatchBehind
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-stopped:
+		return ErrStopped
+	}
+}
+
+// close ends the sender once its Send in progress, if any, returned.
+func (s *sender) close() { close(s.in) }
 
 // watchers is the dispatcher's registry of watchers per namespace. Watching
 // never changes delivery: observe copies a delivery after its subscriber's
@@ -141,10 +209,13 @@ func (ws *watchers) observe(ns string, del storage.Delivery, at time.Time) {
 
 // Watch registers w and sends it a copy of each delivery this dispatcher
 // (with Config.Feed: any replica's dispatcher) sends to a subscriber of
-// w.Namespace, until ctx is done, Send fails, or the dispatcher stops. It runs in the caller's goroutine, the watcher's
-// only sender, and never takes or hands back a delivery. It returns
-// ErrStopped when the dispatcher is not running or stops, ctx's error when
-// ctx ends, or Send's or Ready's error.
+// w.Namespace, until ctx is done, Send fails or stalls, or the dispatcher
+// stops. It runs in the caller's goroutine, with the watcher's Sends on one
+// goroutine of its own (which ends once a Send in progress returned), and
+// never takes or hands back a delivery. It returns ErrStopped when the
+// dispatcher is not running or stops, ctx's error when ctx ends,
+// ErrWatchBehind when a Send took longer than w.Stall, or Send's or
+// Ready's error.
 func (d *Dispatcher) Watch(ctx context.Context, w Watcher) error {
 	if w.Buffer < 1 {
 		w.Buffer = 256
@@ -173,6 +244,8 @@ func (d *Dispatcher) Watch(ctx context.Context, w Watcher) error {
 			return err
 		}
 	}
+	out := startSender(w, wt)
+	defer out.close()
 	for {
 		select {
 		case <-ctx.Done():
@@ -180,7 +253,7 @@ func (d *Dispatcher) Watch(ctx context.Context, w Watcher) error {
 		case <-stopped:
 			return ErrStopped
 		case c := <-wt.ch:
-			if err := w.Send(wt.next(c)); err != nil {
+			if err := out.send(ctx, stopped, wt.next(c)); err != nil {
 				return err
 			}
 		}

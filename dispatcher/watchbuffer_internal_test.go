@@ -8,7 +8,8 @@ import (
 
 // TestWatcherBufferIsBoundedByBytes: copies wait for a slow watcher only up
 // to Watcher.BufferBytes of payload (one copy always fits); the rest are
-// missed and counted, and reading makes room again. Before the bound a
+// missed and counted, a copy counts until its Send returned (the
+// transport holds it meanwhile), and reading makes room again. Before the bound a
 // watch that never read held 256 copies of any size (40 such watches held
 // 733 MiB).
 func TestWatcherBufferIsBoundedByBytes(t *testing.T) {
@@ -21,9 +22,16 @@ func TestWatcherBufferIsBoundedByBytes(t *testing.T) {
 	if len(w.ch) != 1 || w.missed.Load() != 1 {
 		t.Fatalf("after a copy past the bound: %d waiting, %d missed; want 1 and 1", len(w.ch), w.missed.Load())
 	}
-	if c := w.next(<-w.ch); c.Missed != 1 {
+	c := w.next(<-w.ch)
+	if c.Missed != 1 {
 		t.Fatalf("the next copy says %d missed, want 1", c.Missed)
 	}
+	w.offer(copyOf(1))
+	if w.missed.Load() != 1 {
+		t.Fatalf("a copy offered while the large one is being sent: %d missed, want 1 (the copy being sent counts)", w.missed.Load())
+	}
+	w.sent(c)
+	w.missed.Store(0)
 	for range 100 {
 		w.offer(copyOf(1 << 10))
 	}
@@ -35,7 +43,7 @@ func TestWatcherBufferIsBoundedByBytes(t *testing.T) {
 		t.Fatalf("missed %d, want %d", w.missed.Load(), 100-waiting)
 	}
 	for len(w.ch) > 0 {
-		w.next(<-w.ch)
+		w.sent(w.next(<-w.ch))
 	}
 	if b := w.bytes.Load(); b != 0 {
 		t.Fatalf("an empty watcher counts %d bytes", b)

@@ -205,6 +205,8 @@ func (d *Dispatcher) watchFeed(ctx context.Context, w Watcher, stopped <-chan st
 			return err
 		}
 	}
+	out := startSender(w, wt)
+	defer out.close()
 	for {
 		select {
 		case <-ctx.Done():
@@ -215,7 +217,7 @@ func (d *Dispatcher) watchFeed(ctx context.Context, w Watcher, stopped <-chan st
 			subErr <- err
 			return err
 		case c := <-wt.ch:
-			if err := w.Send(wt.next(c)); err != nil {
+			if err := out.send(ctx, stopped, wt.next(c)); err != nil {
 				return err
 			}
 		}

@@ -63,8 +63,42 @@ func newAdmissionCodec(maxItems int) *admissionCodec {
 // Name implements encoding.CodecV2: the content subtype stays "proto".
 func (c *admissionCodec) Name() string { return c.base.Name() }
 
-// Marshal implements encoding.CodecV2.
-func (c *admissionCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+// replyPool holds the buffers of marshalled replies in power-of-two sizes
+// from 1 KiB to 8 MiB. grpc-go's default pool has tiers of 4, 16 and 32
+// KiB and then 1 MiB, so a reply of 33 KiB (a delivery of a 32 KiB
+// payload) took a 1 MiB buffer for as long as the transport held it: a
+// watch that stopped reading held ~4 of them (issue 42 item 6).
+var replyPool = func() mem.BufferPool {
+	p, err := mem.NewBinaryTieredBufferPool(10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}()
+
+// Marshal implements encoding.CodecV2, as grpc-go's protobuf codec does but
+// with replyPool's buffers.
+func (c *admissionCodec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return c.base.Marshal(v)
+	}
+	size := proto.Size(m)
+	opts := proto.MarshalOptions{UseCachedSize: true} // the size was just computed
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		b, err := opts.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	buf := replyPool.Get(size)
+	if _, err := opts.MarshalAppend((*buf)[:0], m); err != nil {
+		replyPool.Put(buf)
+		return nil, err
+	}
+	return mem.BufferSlice{mem.NewBuffer(buf, replyPool)}, nil
+}
 
 // Unmarshal implements encoding.CodecV2.
 func (c *admissionCodec) Unmarshal(data mem.BufferSlice, v any) error {

@@ -168,6 +168,11 @@ func (s *deliveryService) WatchDeliveries(req *delaydv1.WatchDeliveriesRequest, 
 		return status.Error(codes.Unavailable, msgShuttingDown)
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
+	case errors.Is(err, dispatcher.ErrWatchBehind):
+		return status.Errorf(codes.ResourceExhausted,
+			"the watch was ended: a copy could not be sent for %v, as this client stopped reading; watch again and read as the copies come "+
+				"(a watch holds at most %d KiB of copies for a slow reader, the rest are counted as missed)",
+			dispatcher.DefaultWatchStall, dispatcher.DefaultWatchBufferBytes>>10)
 	}
 	return rpcerr.ToStatus(ctx, s.logger, err)
 }

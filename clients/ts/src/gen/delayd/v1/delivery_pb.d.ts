@@ -690,8 +690,10 @@ export declare const DeliveryService: GenService<{
    * on the same attempt, and a copy carries no token, so a watcher can
    * neither ack nor nack. It is for people watching a namespace (delayctl
    * tail, the web console). A watcher that reads slower than deliveries
-   * happen misses copies (never deliveries); missed counts them. Headers
-   * are sent as soon as the watch is registered. Needs the consume or the
+   * happen misses copies (never deliveries); missed counts them. A watcher
+   * that stops reading (a copy waits 10 s for the transport) is ended with
+   * RESOURCE_EXHAUSTED. Headers are sent as soon as the watch is registered.
+   * Needs the consume or the
    * admin scope on the namespace. With several delayd replicas sharing a
    * Redis, a watcher sees the deliveries of every replica (they share copies
    * over Redis pub/sub, only while someone watches the namespace): those of
