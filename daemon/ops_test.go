@@ -299,6 +299,7 @@ func checkDeployReferences(t *testing.T, body string) {
 func TestAlertRules(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(deployDir, "prometheus")
+	testkit.Inputs(t, "..", "deploy/prometheus") // promtool's
 	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
 		cmd := exec.Command(promtool(t), args...)
 		cmd.Dir = dir
