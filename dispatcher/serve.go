@@ -74,6 +74,9 @@ func (d *Dispatcher) Serve(ctx context.Context, sub Subscriber) error {
 	if n == nil {
 		n = newNamespace(d, sub.Namespace)
 		d.nss[sub.Namespace] = n
+		if d.cfg.Wakeups != nil {
+			d.cfg.Wakeups.ServeWakeups(sub.Namespace, true)
+		}
 		d.loops.Add(1)
 		go n.run()
 	}
@@ -223,6 +226,9 @@ func (d *Dispatcher) release(n *namespace, st *stream) {
 	if last {
 		delete(d.nss, n.name)
 		close(n.quit)
+		if d.cfg.Wakeups != nil {
+			d.cfg.Wakeups.ServeWakeups(n.name, false)
+		}
 	}
 	d.mu.Unlock()
 	if last {

@@ -418,6 +418,15 @@ type Wakeups interface {
 	// holds them frees its credit at once. Best effort: a replica that
 	// misses it frees the credit when the lease ends.
 	PublishSettled(ctx context.Context, ns string, tokens []Token) error
+	// ServeWakeups tells the store whether a dispatcher of this replica
+	// serves ns (runs a loop for it), counted per call: a store whose
+	// wake-ups travel per namespace shard (Redis Cluster sharded pub/sub)
+	// subscribes to ns's only while it is served, and its running
+	// SubscribeWakeups calls fn with a wake-up of ns each time such a
+	// subscription is confirmed (ns's ready: wake-ups published before it
+	// may be lost). A store whose every wake-up reaches every replica
+	// ignores it. It does not block.
+	ServeWakeups(ns string, served bool)
 }
 
 // SharedLimits are per-namespace limits counted once for every replica

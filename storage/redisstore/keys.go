@@ -61,6 +61,13 @@ import (
 //	delayd:{ns#0}:history   STREAM the same, from before histories were
 //	                        kept per incarnation: no longer read or written,
 //	                        removed with the namespace
+//	delayd:{ns#k}:wake      shard pub/sub channel (Redis Cluster only;
+//	                              SPUBLISH, SSUBSCRIBE): the wake-ups of
+//	                              the shard (message = namespace name, or
+//	                              "settled:" and tokens on shard 0), so a
+//	                              wake-up travels only to the master of the
+//	                              shard and its replicas, never over the
+//	                              whole cluster bus (wakeups.go)
 //	delayd:{ns#k}:sched     HASH  schedule id -> "version,create ms,update ms|"
 //	                              + the schedule (storage.MarshalSchedule),
 //	                              in the shard of its id (storage.ShardOf),
@@ -77,7 +84,9 @@ import (
 //	delayd:wake             pub/sub channel; message = namespace name (an
 //	                        earlier task is at its head), or "policy:" and
 //	                        the name (its policy changed; policyWakeMessage),
-//	                        or "settled:" and tokens (limits.go)
+//	                        or "settled:" and tokens (limits.go). On a Redis
+//	                        Cluster only policy changes: the rest travel on
+//	                        the shard channels (delayd:{ns#k}:wake)
 //	delayd:watch:<ns>       pub/sub channel; message = one delivery copy of
 //	                        namespace ns (JSON, watch.go), published only
 //	                        while a watcher somewhere is subscribed
@@ -162,6 +171,9 @@ type nsKeys struct {
 	// (lib.lua next_stamp).
 	hwm  string
 	rate string
+	// wake is the shard's wake-up channel on a Redis Cluster (sharded
+	// pub/sub: in the slot of the shard's keys; wakeups.go).
+	wake string
 	// trace prefixes the trace-context keys (traceKey).
 	trace string
 	// request prefixes the request records (requestKey).
@@ -229,6 +241,7 @@ func keysForN(ns string, shard, n int) nsKeys {
 		hwm:      p + "hwm",
 		legacy:   p + "task",
 		rate:     p + "rate",
+		wake:     p + "wake",
 		trace:    p + "trace:",
 		request:  p + "req:",
 		history:  p + "history",

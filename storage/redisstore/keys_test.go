@@ -44,6 +44,7 @@ func TestKeys(t *testing.T) {
 		life:     "delayd:{orders#0}:life",
 		hwm:      "delayd:{orders#0}:hwm",
 		rate:     "delayd:{orders#0}:rate",
+		wake:     "delayd:{orders#0}:wake",
 		trace:    "delayd:{orders#0}:trace:",
 		request:  "delayd:{orders#0}:req:",
 		history:  "delayd:{orders#0}:history",

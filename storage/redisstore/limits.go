@@ -103,7 +103,8 @@ func (s *Store) ReleaseSubscriber(ctx context.Context, ns, id string) error {
 }
 
 // PublishSettled publishes on the wake-up channel that tokens of ns were
-// settled (see storage.Wakeups).
+// settled (see storage.Wakeups): on a Redis Cluster, on the channel of
+// ns's first shard, which every replica serving ns subscribes to.
 func (s *Store) PublishSettled(ctx context.Context, ns string, tokens []storage.Token) error {
 	if len(tokens) == 0 {
 		return nil
@@ -112,12 +113,7 @@ func (s *Store) PublishSettled(ctx context.Context, ns string, tokens []storage.
 	if err != nil {
 		return fmt.Errorf("publish settled: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	if err := s.rdb.Publish(ctx, s.wake, settledWakePrefix+string(msg)).Err(); err != nil {
-		return wrapErr("publish settled", err)
-	}
-	return nil
+	return s.publishWake(ctx, "publish settled", ns, settledWakePrefix+string(msg))
 }
 
 // parseSettled reads a "settled:" wake-up message; ok is false for another

@@ -206,7 +206,7 @@ func (s *Store) UpdateSchedule(ctx context.Context, sc storage.Schedule, p stora
 	sh := s.shardOfN(sc.Namespace, home, n)
 	var nsInc int64
 	args := make([]any, 0, 8+4*len(p.Fire))
-	args = append(args, sh.wake, sc.Namespace, sc.ID, p.IfVersion, rec, advanceArg(sc), 0, len(p.Fire))
+	args = append(args, sh.wakeChannel(), sc.Namespace, sc.ID, p.IfVersion, rec, advanceArg(sc), 0, len(p.Fire))
 	for _, f := range p.Fire {
 		if storage.ShardOf(f.ID, n) != home {
 			return storage.UpdateScheduleResult{}, fmt.Errorf("update schedule %q: firing %q is not in the schedule's shard (use storage.FiringID)", sc.ID, f.ID)

@@ -26,7 +26,10 @@ type conn struct {
 	rdb     redis.UniversalClient
 	log     *slog.Logger
 	timeout time.Duration
-	wake    string
+	channel string // Options.WakeChannel
+	// sharded: wake-ups travel on the shards' own channels (a Redis
+	// Cluster; wakeups.go), not on channel.
+	sharded bool
 	maxArgs int  // Options.MaxScriptBytes
 	traces  bool // Options.Traces
 	loader  *loader
@@ -45,6 +48,16 @@ type shard struct {
 // shardOfN is shard i of the n shards of ns.
 func (c *conn) shardOfN(ns string, i, n int) shard {
 	return shard{conn: c, ns: ns, i: i, k: keysForN(ns, i, n)}
+}
+
+// wakeChannel is the channel this shard's scripts publish its wake-ups on
+// (lib.lua publish_wake): its own shard channel on a Redis Cluster, the one
+// channel of every namespace otherwise.
+func (sh shard) wakeChannel() string {
+	if sh.sharded {
+		return sh.k.wake
+	}
+	return sh.channel
 }
 
 // The call head (docs/ARCHITECTURE.md, "The Lua library"; lib.lua): every

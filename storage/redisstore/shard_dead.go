@@ -17,7 +17,7 @@ func (sh shard) requeue(ctx context.Context, p storage.RequeueParams) ([]storage
 	var out []storage.Moved
 	call := func(ids []string) error {
 		// ARGV as documented in lua/requeue.lua.
-		args := append(headArgs(5+len(ids)), sh.wake, ns, max(p.Delay.Milliseconds(), 0), luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
+		args := append(headArgs(5+len(ids)), sh.wakeChannel(), ns, max(p.Delay.Milliseconds(), 0), luaBool(p.All), min(max(p.Limit, 1), MaxBatch))
 		for _, id := range ids {
 			args = append(args, id)
 		}

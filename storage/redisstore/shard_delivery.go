@@ -34,7 +34,7 @@ func (sh shard) popWith(ctx context.Context, p storage.PopParams, sec section) (
 	}
 	args := append(headArgs(9+len(p.Kinds)+sec.arity()), min(p.Limit, MaxBatch), max(p.LeaseFor.Milliseconds(), 0),
 		strconv.FormatFloat(rate, 'g', -1, 64), max(p.Burst, 1), window, max(p.TellFor.Milliseconds(), 0),
-		sh.wake, ns, len(p.Kinds))
+		sh.wakeChannel(), ns, len(p.Kinds))
 	for _, kind := range p.Kinds {
 		args = append(args, kind)
 	}
@@ -132,7 +132,7 @@ func (s shard) logBad(op string, ids []string) {
 func (sh shard) settle(ctx context.Context, batch []*settleCall) error {
 	k := sh.k
 	sec := newSection(batch)
-	args := sec.encode(append(headArgs(2+sec.arity()), sh.wake, sh.ns), sh.ns)
+	args := sec.encode(append(headArgs(2+sec.arity()), sh.wakeChannel(), sh.ns), sh.ns)
 	vals, err := sh.runSlice(ctx, sec.op(), scripts.settle, sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.acked), args...)
 	if err != nil {
 		return err
@@ -310,7 +310,7 @@ func (sh shard) extend(ctx context.Context, tokens []storage.Token, by time.Dura
 func (sh shard) reap(ctx context.Context, limit int, opts storage.NackOptions) ([]storage.Moved, error) {
 	ns := sh.ns
 	k := sh.k
-	args := append(headArgs(12), sh.wake, ns)
+	args := append(headArgs(12), sh.wakeChannel(), ns)
 	args = append(args, retryArgs(opts.RetryAfter, opts)...)
 	by := ""
 	if !opts.ExpiredBy.IsZero() {

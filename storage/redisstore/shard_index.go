@@ -24,7 +24,7 @@ func (sh shard) restore(ctx context.Context, tasks []storage.Task, p storage.Res
 	err := byteChunks(len(tasks), sh.maxArgs, size, func(lo, hi int) error {
 		part := tasks[lo:hi]
 		args := make([]any, 0, 4+7*len(part))
-		args = append(args, sh.wake, ns, luaBool(p.Repair), len(part))
+		args = append(args, sh.wakeChannel(), ns, luaBool(p.Repair), len(part))
 		for i := range part {
 			t := &part[i]
 			dead := t.State == storage.StateDead

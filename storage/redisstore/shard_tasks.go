@@ -27,7 +27,7 @@ func (sh shard) upsert(ctx context.Context, specs []storage.UpsertSpec) ([]stora
 	size := func(i int) int { return len(specs[i].ID) + len(specs[i].Kind) + len(specs[i].Payload) }
 	err := byteChunks(len(specs), sh.maxArgs, size, func(lo, hi int) error {
 		part := specs[lo:hi]
-		args := append(headArgs(4+10*len(part)), sh.wake, ns, len(part))
+		args := append(headArgs(4+10*len(part)), sh.wakeChannel(), ns, len(part))
 		for i := range part {
 			sp := &part[i]
 			due := ""
@@ -121,7 +121,7 @@ func (sh shard) claim(ctx context.Context, inc int64) error {
 	ns := sh.ns
 	k := sh.k
 	raw, err := sh.runSlice(ctx, "claim incarnation", scripts.upsert,
-		sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm), append(headArgs(4), sh.wake, ns, 0, inc)...)
+		sh.headKeys(k.due, k.inflight, k.dead, k.meta, k.body, k.life, k.hwm), append(headArgs(4), sh.wakeChannel(), ns, 0, inc)...)
 	if err != nil {
 		return err
 	}

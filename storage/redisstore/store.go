@@ -68,7 +68,10 @@ type Options struct {
 	// that stops answering.
 	Timeout time.Duration
 	// WakeChannel is the pub/sub channel of wake-ups, shared by every
-	// replica. If empty, DefaultWakeChannel ("delayd:wake") is used.
+	// replica. If empty, DefaultWakeChannel ("delayd:wake") is used. It
+	// must not contain '{' (lib.lua publish_wake reads that as a shard
+	// channel). On a Redis Cluster it carries only policy changes: the
+	// other wake-ups travel on each shard's own channel (wakeups.go).
 	WakeChannel string
 	// NoCoalesce turns off the joining of concurrent Upsert calls of one
 	// namespace shard into one script call, and the riding of Ack, AckMarked
@@ -113,6 +116,7 @@ type Store struct {
 	shards   ShardCounter  // Options.Shards
 	reapTurn atomic.Uint32 // rotates a sharded Reap's remainder
 	hub      *watchHub     // the one pub/sub connection of watch channels
+	wakes    *wakeSet      // the namespaces served (ServeWakeups)
 }
 
 var (
@@ -125,9 +129,9 @@ var (
 
 // New returns a Store over client. It does not contact Redis.
 func New(client redis.UniversalClient, opts Options) *Store {
-	s := &Store{conn: &conn{rdb: client, log: opts.Logger, timeout: opts.Timeout, wake: opts.WakeChannel,
+	s := &Store{conn: &conn{rdb: client, log: opts.Logger, timeout: opts.Timeout, channel: opts.WakeChannel,
 		traces: opts.Traces, maxArgs: opts.MaxScriptBytes}, noCo: opts.NoCoalesce, shards: opts.Shards}
-	s.co, s.settles = newUpsertCoalescer(), newSettler(opts.AckLinger)
+	s.co, s.settles, s.wakes = newUpsertCoalescer(), newSettler(opts.AckLinger), newWakeSet()
 	if s.maxArgs <= 0 {
 		s.maxArgs = DefaultMaxScriptBytes
 	}
@@ -137,9 +141,10 @@ func New(client redis.UniversalClient, opts Options) *Store {
 	if s.timeout <= 0 {
 		s.timeout = DefaultTimeout
 	}
-	if s.wake == "" {
-		s.wake = DefaultWakeChannel
+	if s.channel == "" {
+		s.channel = DefaultWakeChannel
 	}
+	_, s.sharded = client.(*redis.ClusterClient)
 	s.loader = newLoader(client, s.log, opts.LibraryMetrics, lib)
 	s.hub = &watchHub{rdb: client, log: s.log, timeout: s.timeout}
 	// Fail fast once Redis is known down (see breaker). Only calls that

@@ -30,6 +30,9 @@ func (s *Store) PublishPolicyChanged(_ context.Context, ns string) error {
 	return nil
 }
 
+// ServeWakeups does nothing: every wake-up reaches every subscriber.
+func (s *Store) ServeWakeups(string, bool) {}
+
 // SubscribeWakeups calls fn with every wake-up until ctx is done; ready
 // once, when the subscription is made.
 func (s *Store) SubscribeWakeups(ctx context.Context, ready func(), fn func(storage.Wakeup)) error {

@@ -701,6 +701,11 @@ func testWakeups(t *testing.T, newStore func(t *testing.T) WakeupStore) {
 	settled := make(chan []storage.Token, 100)
 	done := make(chan error, 1)
 	ready := make(chan struct{}, 10)
+	// Served before the subscription: a store with a channel per
+	// namespace shard (Redis Cluster) subscribes to e.ns's, and says so
+	// with a wake-up of e.ns once each is confirmed (ServeWakeups).
+	w.ServeWakeups(e.ns, true)
+	t.Cleanup(func() { w.ServeWakeups(e.ns, false) })
 	go func() {
 		done <- w.SubscribeWakeups(ctx, func() { ready <- struct{}{} }, func(wu storage.Wakeup) {
 			if wu.Namespace != e.ns {

@@ -292,6 +292,19 @@ local function head(key)
   return nil
 end
 
+-- publish_wake publishes a wake-up message on channel: a shard channel
+-- (delayd:{ns#k}:wake, in the slot of the shard's keys: a Redis Cluster,
+-- keys.go) with SPUBLISH, so it reaches only that shard's master and its
+-- replicas; the one channel of every namespace (delayd:wake: one Redis,
+-- and the embedded store, which has no sharded pub/sub) with PUBLISH.
+local function publish_wake(channel, msg)
+  if string.find(channel, '{', 1, true) then
+    redis.call('SPUBLISH', channel, msg)
+  else
+    redis.call('PUBLISH', channel, msg)
+  end
+end
+
 -- retry_policy reads the retry arguments args[i..i+7]: retry_after ms ('' =
 -- backoff), max attempts (0 = no limit), backoff initial ms, max ms,
 -- multiplier, jitter fraction, seed in [0, 1), reason.

@@ -16,7 +16,7 @@
 --          whose kind is one of the kinds, looking at the first n due tasks
 -- ARGV[11] told ms: the ack timeout the subscriber is told; when longer than
 --          the lease, now + it is kept in each header (';told', lib.lua)
--- ARGV[12] wake channel, ARGV[13] namespace (the wake-up message)
+-- ARGV[12] wake channel (publish_wake), ARGV[13] namespace (the wake-up message)
 -- ARGV[14] k, the number of kinds (with a window); ARGV[15..14+k] the kinds
 -- ARGV[15+k..] the settle section (lib.lua settle_deliveries): the acks and
 --          nacks of the namespace shard that arrived for this pop (issue 37
@@ -84,7 +84,7 @@ end
 local nkinds = tonumber(ARGV[14])
 local out = {now, deadline, '', '', 0}
 if settle_deliveries(KEYS, ARGV, 15 + nkinds, now, out) then
-  redis.call('PUBLISH', ARGV[12], ARGV[13])
+  publish_wake(ARGV[12], ARGV[13])
 end
 out[5] = #out - 5
 -- rows: where the popped tasks start in out; rec: this request's record

@@ -4,7 +4,7 @@
 --
 -- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
 -- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET, KEYS[6] meta HASH
--- ARGV[6] wake channel, ARGV[7] namespace
+-- ARGV[6] wake channel (publish_wake), ARGV[7] namespace
 -- ARGV[8] retry_after ms ('' = backoff), ARGV[9] max attempts (0 = no limit),
 -- ARGV[10] backoff initial ms, ARGV[11] backoff max ms, ARGV[12] multiplier,
 -- ARGV[13] jitter fraction, ARGV[14] jitter seed in [0, 1), ARGV[15] reason
@@ -63,7 +63,7 @@ end
 redis.call('ZREMRANGEBYRANK', kinflight, 0, #ids - 1)
 apply(W, kdue, kdead, kmeta)
 if wake then
-  redis.call('PUBLISH', ARGV[6], ARGV[7])
+  publish_wake(ARGV[6], ARGV[7])
 end
 if #bad > 0 then
   out[#out + 1] = ''

@@ -2,7 +2,7 @@
 --
 -- KEYS[1], KEYS[2], ARGV[1..5]: the call head (lib.lua)
 -- KEYS[3] due ZSET, KEYS[4] dead ZSET, KEYS[5] meta HASH
--- ARGV[6] wake channel, ARGV[7] namespace
+-- ARGV[6] wake channel (publish_wake), ARGV[7] namespace
 -- ARGV[8] delay ms
 -- ARGV[9] '1' = requeue the oldest dead tasks, up to ARGV[10]; '0' = the
 --         ids in ARGV[11 ..] (at most 1,000; ids that are not dead are
@@ -65,6 +65,6 @@ flush('ZREM', kdead, moved)
 flush('ZADD', kdue, zadd)
 flush('HSET', kmeta, hset)
 if #out > 1 and (first == nil or due < first) then
-  redis.call('PUBLISH', ARGV[6], ARGV[7])
+  publish_wake(ARGV[6], ARGV[7])
 end
 return out

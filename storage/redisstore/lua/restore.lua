@@ -3,7 +3,7 @@
 -- KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] dead ZSET,
 -- KEYS[4] meta HASH, KEYS[5] body HASH, KEYS[6] acked HASH,
 -- KEYS[7] life STRING (the namespace incarnation, see keys.go)
--- ARGV[1] wake channel, ARGV[2] namespace
+-- ARGV[1] wake channel (publish_wake), ARGV[2] namespace
 -- ARGV[3] '1' = repair (storage.RestoreParams.Repair): write each task
 --         unless the index holds that very version (MySQL is the authority
 --         even when the index holds a "newer" one it never committed);
@@ -111,6 +111,6 @@ flush('HSET', KEYS[4], hset)
 flush('HDEL', KEYS[5], bdel)
 flush('HSET', KEYS[5], bset)
 if wake then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  publish_wake(ARGV[1], ARGV[2])
 end
 return #order

@@ -8,7 +8,7 @@
 -- HASH, KEYS[6] life STRING, KEYS[7] hwm STRING (lib.lua next_stamp) (the
 -- task keys of the schedule's shard: its firings' ids land there,
 -- storage.FiringID)
--- ARGV[1] wake channel, ARGV[2] namespace (the wake-up message)
+-- ARGV[1] wake channel (publish_wake), ARGV[2] namespace (the wake-up message)
 -- ARGV[3] schedule id, ARGV[4] the version the stored one must have
 -- ARGV[5] the schedule (storage.MarshalSchedule)
 -- ARGV[6] when the schedule loop next looks at it (Unix ms; '' = never)
@@ -84,7 +84,7 @@ if n > 0 then
   flush('HSET', KEYS[4], hset)
   flush('HSET', KEYS[5], bset)
   if wake then
-    redis.call('PUBLISH', ARGV[1], ARGV[2])
+    publish_wake(ARGV[1], ARGV[2])
   end
 end
 redis.call('HSET', KEYS[1], ARGV[3], int(ver + 1) .. ',' .. created .. ',' .. int(now) .. '|' .. ARGV[5])

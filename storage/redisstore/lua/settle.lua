@@ -8,7 +8,7 @@
 -- KEYS[3] due ZSET, KEYS[4] inflight ZSET, KEYS[5] dead ZSET,
 -- KEYS[6] meta HASH, KEYS[7] body HASH, KEYS[8] acked HASH (durable mode's
 -- ack markers)
--- ARGV[6] wake channel, ARGV[7] namespace (the wake-up message)
+-- ARGV[6] wake channel (publish_wake), ARGV[7] namespace (the wake-up message)
 -- ARGV[8..] the settle section (lib.lua)
 --
 -- Durable mode's acks (an ack group with marks '1') leave an ack marker
@@ -26,6 +26,6 @@
 -- its status, per nack token its status, state and time.
 local out = {}
 if settle_deliveries(KEYS, ARGV, 8, nil, out) then
-  redis.call('PUBLISH', ARGV[6], ARGV[7])
+  publish_wake(ARGV[6], ARGV[7])
 end
 return out

@@ -7,7 +7,7 @@
 -- KEYS[8] life STRING (the namespace incarnation, see keys.go)
 -- KEYS[9] hwm STRING (the high-water mark of a shard whose meta HASH has
 --         none; lib.lua next_stamp)
--- ARGV[6] wake channel
+-- ARGV[6] wake channel (publish_wake)
 -- ARGV[7] namespace (the wake-up message)
 -- ARGV[8] n, the number of tasks (at most 1,000); then 10 arguments per
 --         task i (from 0), at ARGV[9+10i ..]: id, due ms ('' = now + delay,
@@ -232,6 +232,6 @@ end
 flush('HDEL', kbody, bdel)
 flush('HSET', kbody, bset)
 if wake then
-  redis.call('PUBLISH', ARGV[6], ARGV[7])
+  publish_wake(ARGV[6], ARGV[7])
 end
 return out
