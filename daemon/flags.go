@@ -83,7 +83,7 @@ func BindFlags(fs *flag.FlagSet, f *Flags) {
 	fs.IntVar(&c.Limits.MaxKeylessStreamsPerConn, "max-keyless-streams-per-conn", server.DefaultMaxKeylessStreamsPerConn, "most streams of the methods that need no API key (health Watch, reflection) one connection holds open")
 	fs.IntVar(&c.Limits.MaxKeylessStreamsPerPeer, "max-keyless-streams-per-peer", server.DefaultMaxKeylessStreamsPerPeer, "most streams of the methods that need no API key one address (IPv6: one /64) holds open per listener")
 	durationVar(fs, &c.Limits.KeylessStreamLifetime, "keyless-stream-lifetime", server.DefaultKeylessStreamLifetime, "how long a stream of a method that needs no API key stays open; then it ends with UNAVAILABLE and the client opens another")
-	fs.IntVar(&c.Limits.MaxStreamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey, "most streams (Subscribe, StreamDeliveries, WatchDeliveries) one API key holds open per replica, counted from each stream's headers")
+	fs.IntVar(&c.Limits.MaxStreamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey, "most subscriber streams (Subscribe, StreamDeliveries) one API key holds open per replica, and as many watches (WatchDeliveries) apart, counted from each stream's headers")
 	fs.IntVar(&c.Limits.MaxKeys, "max-keys", server.DefaultMaxKeys, "most API keys one namespace holds, and most global keys; CreateKey past it is ResourceExhausted")
 	fs.IntVar(&c.Limits.MaxInFlight, "max-in-flight", server.DefaultMaxInFlight, "largest max_in_flight a subscriber may ask for")
 	fs.IntVar(&c.MaxPayloadBytes, "max-payload-bytes", pol.MaxPayloadBytes, "largest task payload, in bytes")

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/internal/testkit"
@@ -139,5 +140,50 @@ func TestUnreadWatchesAreEnded(t *testing.T) {
 	}
 	if grown := int64(after) - int64(base); grown > 16<<20 {
 		t.Errorf("the live heap is %d MiB over its start after the unread watches ended; want at most 16", grown>>20)
+	}
+}
+
+// TestWatchesCannotTakeSubscriberSlots (issue 42 item 6): with
+// max_subscribers 3, three watches of the namespace leave its subscriber
+// slots alone: a subscriber still opens and gets its delivery, and a
+// fourth watch is refused, naming the watch limit. Before, watches and
+// subscribers shared the slots: the watches held all 3 and the subscriber
+// was refused ResourceExhausted (the issue's probe: 100 watches open, the
+// namespace's subscribers refused and nothing delivered).
+func TestWatchesCannotTakeSubscriberSlots(t *testing.T) {
+	t.Parallel()
+	s := start(t, Config{RedisURL: testRedisURL(), AdminKey: guardAdminKey, LogLevel: "error"})
+	e := newGuardEnv(t, s, "wslots-")
+	if _, err := e.nsc.UpdateNamespace(e.admin, &delaydv1.UpdateNamespaceRequest{
+		Namespace:  &delaydv1.Namespace{Name: e.ns, Policy: &delaydv1.NamespacePolicy{MaxSubscribers: 3}},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"policy.max_subscribers"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, watcher := e.key(delaydv1.KeyScope_KEY_SCOPE_CONSUME)
+	wctx, wcancel := context.WithCancel(asKey(context.Background(), watcher))
+	defer wcancel()
+	for range 3 {
+		e.watch(wctx)
+	}
+	// A fourth watch is refused: watches have a cap of their own.
+	st, err := e.dlv.WatchDeliveries(wctx, &delaydv1.WatchDeliveriesRequest{Namespace: e.ns})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "watches") {
+		t.Errorf("a fourth watch under max_subscribers 3: %v; want ResourceExhausted naming the watches", err)
+	}
+
+	ctx, cancel := context.WithTimeout(e.admin, 20*time.Second)
+	defer cancel()
+	sub, err := e.dlv.Subscribe(ctx, &delaydv1.SubscribeRequest{Namespace: e.ns, MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.due("after-watches")
+	resp, err := sub.Recv()
+	if err != nil || resp.GetDelivery().GetTask().GetId() != "after-watches" {
+		t.Fatalf("a subscriber beside 3 watches under max_subscribers 3: %v, %v; want the delivery", resp, err)
 	}
 }

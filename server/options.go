@@ -183,7 +183,9 @@ type Limits struct {
 	// MaxInFlight is the largest max_in_flight a subscriber may ask for. If
 	// zero, 10,000.
 	MaxInFlight int
-	// MaxStreamsPerKey is the most streams (Subscribe, WatchDeliveries) one API key may hold
+	// MaxStreamsPerKey is the most subscriber streams (Subscribe,
+	// StreamDeliveries), and apart from them the most watches
+	// (WatchDeliveries), one API key may hold
 	// open on this server replica, across all namespaces (a namespace's
 	// policy.max_subscribers bounds its streams on top). If zero, 100.
 	MaxStreamsPerKey int

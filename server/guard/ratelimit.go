@@ -270,6 +270,11 @@ type subscriberLimiter struct {
 	byKey  map[string]int // by API key id
 	seq    uint64
 	renew  map[string]*renewal // by Namespace: this replica's shared slots
+	// Watches (WatchDeliveries) hold slots of their own, so that watching
+	// a namespace can never take the slots its subscribers need: by
+	// namespace on this replica (policy.max_subscribers again) and by key.
+	watchNS  map[string]int
+	watchKey map[string]int
 }
 
 // renewal is the shared slots of one namespace's streams on this replica,
@@ -282,30 +287,68 @@ type renewal struct {
 func newSubscriberLimiter(policies policyLookup, shared storage.SharedLimits, logger *slog.Logger, perKey int) *subscriberLimiter {
 	return &subscriberLimiter{policies: policies, shared: shared, logger: logger, perKey: perKey,
 		prefix: strconv.FormatUint(rand.Uint64(), 36) + "-",
-		active: make(map[string]int), byKey: make(map[string]int), renew: make(map[string]*renewal)}
+		active: make(map[string]int), byKey: make(map[string]int), renew: make(map[string]*renewal),
+		watchNS: make(map[string]int), watchKey: make(map[string]int)}
 }
 
 // acquireKey takes a stream slot of key (the caller's key id) on this
-// replica, or returns ResourceExhausted naming the limit. A stream takes it
-// when its headers arrive, before its first message: a stream that never
-// sends one still counts. releaseKey gives it back.
-func (l *subscriberLimiter) acquireKey(key string) error {
+// replica, or returns ResourceExhausted naming the limit: a watch slot when
+// watch is set, else a subscriber stream's (the two are counted apart, each
+// up to the limit). A stream takes it when its headers arrive, before its
+// first message: a stream that never sends one still counts. releaseKey
+// gives it back.
+func (l *subscriberLimiter) acquireKey(key string, watch bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.perKey > 0 && l.byKey[key] >= l.perKey {
-		return status.Errorf(codes.ResourceExhausted,
-			"API key %s already holds %d streams (Subscribe, StreamDeliveries, WatchDeliveries) on this server replica "+
-				"(at most %d per key, --max-streams-per-key); close one or use another key",
-			key, l.byKey[key], l.perKey)
+	held, what := l.byKey, "streams (Subscribe, StreamDeliveries)"
+	if watch {
+		held, what = l.watchKey, "watches (WatchDeliveries)"
 	}
-	l.byKey[key]++
+	if l.perKey > 0 && held[key] >= l.perKey {
+		return status.Errorf(codes.ResourceExhausted,
+			"API key %s already holds %d %s on this server replica "+
+				"(at most %d per key, --max-streams-per-key; watches and subscriber streams are counted apart); close one or use another key",
+			key, held[key], what, l.perKey)
+	}
+	held[key]++
 	return nil
 }
 
 // releaseKey gives back a slot acquireKey took.
-func (l *subscriberLimiter) releaseKey(key string) {
+func (l *subscriberLimiter) releaseKey(key string, watch bool) {
 	l.mu.Lock()
-	decrement(l.byKey, key)
+	if watch {
+		decrement(l.watchKey, key)
+	} else {
+		decrement(l.byKey, key)
+	}
+	l.mu.Unlock()
+}
+
+// acquireWatch takes a watch slot of ns on this replica, or returns
+// ResourceExhausted naming the limit: policy.max_subscribers watches,
+// counted apart from the namespace's subscriber streams. releaseWatch
+// gives it back.
+func (l *subscriberLimiter) acquireWatch(ctx context.Context, ns string) error {
+	pol, ok, err := limitPolicy(ctx, l.policies, ns)
+	if err != nil {
+		return rpcerr.ToStatus(ctx, l.logger, fmt.Errorf("watch limit: %w", err))
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ok && pol.MaxSubscribers > 0 && l.watchNS[ns] >= pol.MaxSubscribers {
+		return status.Errorf(codes.ResourceExhausted,
+			"namespace %q already has %d watches (WatchDeliveries) on this server replica (policy.max_subscribers %d, counted apart from its subscribers); close one or raise the limit",
+			ns, l.watchNS[ns], pol.MaxSubscribers)
+	}
+	l.watchNS[ns]++
+	return nil
+}
+
+// releaseWatch gives back a slot acquireWatch took.
+func (l *subscriberLimiter) releaseWatch(ns string) {
+	l.mu.Lock()
+	decrement(l.watchNS, ns)
 	l.mu.Unlock()
 }
 

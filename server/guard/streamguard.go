@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	delaydv1 "github.com/delayd/delayd/gen/delayd/v1"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -31,7 +32,10 @@ const guardInterval = 200 * time.Millisecond
 //   - holds a slot of the stream caps (subscriberLimiter): the caller's API
 //     key's (Limits.MaxStreamsPerKey) and the namespace's
 //     (policy.max_subscribers, across replicas with SharedLimits); a stream
-//     past either is refused ResourceExhausted before its handler runs;
+//     past either is refused ResourceExhausted before its handler runs. A
+//     watch (WatchDeliveries) holds slots of its own, counted apart, up to
+//     the same limits (the namespace's on this replica), so watches never
+//     take the slots of the namespace's subscribers;
 //   - ties the stream to its key and to the namespace's incarnation (its
 //     create time): when the key is revoked, or the namespace deleted (or
 //     deleted and re-created), the stream's context is cancelled and every
@@ -80,11 +84,12 @@ func (g *streamGuard) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	if !info.IsServerStream || OpenMethod(info.FullMethod) {
 		return handler(srv, ss)
 	}
-	gs := &guardedStream{ServerStream: ss, g: g, method: info.FullMethod}
+	gs := &guardedStream{ServerStream: ss, g: g, method: info.FullMethod,
+		watch: info.FullMethod == delaydv1.DeliveryService_WatchDeliveries_FullMethodName}
 	// The key's slot is taken from the headers (authentication has put the
 	// principal in the context), before any message.
 	if p := PrincipalFrom(ss.Context()); p != nil {
-		if err := g.limits.acquireKey(p.KeyID); err != nil {
+		if err := g.limits.acquireKey(p.KeyID, gs.watch); err != nil {
 			return err
 		}
 		gs.keyID, gs.keyHeld = p.KeyID, true
@@ -121,6 +126,7 @@ type guardedStream struct {
 	grpc.ServerStream
 	g      *streamGuard
 	method string
+	watch  bool // a WatchDeliveries stream: it holds watch slots, not a subscriber's
 
 	started bool
 	err     error // the first message's refusal
@@ -185,7 +191,13 @@ func (s *guardedStream) open(m any) error {
 	if storage.ValidateNamespace(ns) != nil {
 		return nil // the handler answers InvalidArgument
 	}
-	slot, err := g.limits.acquire(ctx, ns)
+	var slot string
+	var err error
+	if s.watch {
+		err = g.limits.acquireWatch(ctx, ns)
+	} else {
+		slot, err = g.limits.acquire(ctx, ns)
+	}
 	if err != nil {
 		return err
 	}
@@ -268,11 +280,14 @@ func (s *guardedStream) finish(err error) error {
 			err = gs.st
 		}
 	}
-	if s.held {
+	switch {
+	case s.held && s.watch:
+		s.g.limits.releaseWatch(s.ns)
+	case s.held:
 		s.g.limits.release(s.ns, s.slot)
 	}
 	if s.keyHeld {
-		s.g.limits.releaseKey(s.keyID)
+		s.g.limits.releaseKey(s.keyID, s.watch)
 	}
 	return err
 }

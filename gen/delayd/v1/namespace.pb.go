@@ -110,9 +110,10 @@ type NamespacePolicy struct {
 	RateLimit float64 `protobuf:"fixed64,8,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
 	// Burst above rate_limit. Default: rate_limit rounded up, at least 1.
 	RateBurst int32 `protobuf:"varint,9,opt,name=rate_burst,json=rateBurst,proto3" json:"rate_burst,omitempty"`
-	// Most concurrent streams of the namespace (Subscribe, StreamDeliveries,
-	// WatchDeliveries), across all replicas: 1-100,000. 0 means the server's
-	// default, 100; there is no unlimited.
+	// Most concurrent subscriber streams of the namespace (Subscribe,
+	// StreamDeliveries), across all replicas, and apart from them the most
+	// watches (WatchDeliveries) on each replica: 1-100,000. 0 means the
+	// server's default, 100; there is no unlimited.
 	MaxSubscribers int32 `protobuf:"varint,10,opt,name=max_subscribers,json=maxSubscribers,proto3" json:"max_subscribers,omitempty"`
 	// Furthest ahead a task may be due. Default 366 days.
 	MaxDelay *durationpb.Duration `protobuf:"bytes,11,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"`

@@ -90,9 +90,10 @@ export declare type NamespacePolicy = Message<"delayd.v1.NamespacePolicy"> & {
   rateBurst: number;
 
   /**
-   * Most concurrent streams of the namespace (Subscribe, StreamDeliveries,
-   * WatchDeliveries), across all replicas: 1-100,000. 0 means the server's
-   * default, 100; there is no unlimited.
+   * Most concurrent subscriber streams of the namespace (Subscribe,
+   * StreamDeliveries), across all replicas, and apart from them the most
+   * watches (WatchDeliveries) on each replica: 1-100,000. 0 means the
+   * server's default, 100; there is no unlimited.
    *
    * @generated from field: int32 max_subscribers = 10;
    */
