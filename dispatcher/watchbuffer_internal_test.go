@@ -2,7 +2,9 @@ package dispatcher
 
 import (
 	"testing"
+	"time"
 
+	"github.com/delayd/delayd/internal/testkit"
 	"github.com/delayd/delayd/storage"
 )
 
@@ -48,4 +50,36 @@ func TestWatcherBufferIsBoundedByBytes(t *testing.T) {
 	if b := w.bytes.Load(); b != 0 {
 		t.Fatalf("an empty watcher counts %d bytes", b)
 	}
+}
+
+// TestStalledSendEndsTheWatch: a Send that does not return within the
+// watcher's Stall is given up on (ErrWatchBehind) while the copy still
+// counts against the watcher's bytes; the sender goroutine ends once that
+// Send returns. A Send that returns in time gives its bytes back.
+func TestStalledSendEndsTheWatch(t *testing.T) {
+	release := make(chan struct{})
+	calls := 0
+	w := Watcher{Stall: 50 * time.Millisecond, Send: func(c Watched) error {
+		calls++
+		if calls == 2 {
+			<-release // the reader stopped reading
+		}
+		return nil
+	}}
+	wt := newWatcher(Watcher{Buffer: 4, BufferBytes: 1 << 20})
+	out := startSender(w, wt)
+	copyOf := Watched{Delivery: storage.Delivery{Task: storage.Task{Payload: make([]byte, 1000)}}}
+	stopped := make(chan struct{})
+	for i, want := range []error{nil, ErrWatchBehind} {
+		wt.offer(copyOf)
+		if err := out.send(t.Context(), stopped, wt.next(<-wt.ch)); err != want {
+			t.Fatalf("send %d: %v, want %v", i, err, want)
+		}
+	}
+	if b := wt.bytes.Load(); b != copyCost(copyOf) {
+		t.Errorf("with a Send stuck, the watcher counts %d bytes; want the stuck copy's %d", b, copyCost(copyOf))
+	}
+	out.close()
+	close(release) // the stream ended: the stuck Send returns
+	testkit.Eventually(t, 10*time.Second, "the stuck copy's bytes to be given back", func() bool { return wt.bytes.Load() == 0 })
 }
