@@ -207,7 +207,12 @@ func TestDeletedNamespaceSeriesLeaveMetrics(t *testing.T) {
 	ns := "gone-" + suffix()
 	cleanNamespace(t, testRedisURL(), ns)
 	a, b := start(t, cfg), start(t, cfg)
-	ctx := ctxFor(t)
+	// Not ctxFor's 20 s: the calls after the 45 s wait below use it too,
+	// and on a loaded machine the wait (the other replica's sweep, the
+	// index read every 10 s) ran past 20 s, so the re-create failed with
+	// DeadlineExceeded instead of checking anything.
+	ctx, cancelAll := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancelAll)
 	admin := delaydv1.NewNamespaceServiceClient(a.conn)
 	if _, err := admin.CreateNamespace(ctx, &delaydv1.CreateNamespaceRequest{Namespace: &delaydv1.Namespace{Name: ns}}); err != nil {
 		t.Fatal(err)
