@@ -270,14 +270,14 @@ func (s *Store) TryLead(ctx context.Context, name, holder string, ttl time.Durat
 // scanCount is the COUNT hint of each SCAN page.
 const scanCount = 1000
 
-// Namespaces returns, sorted, the namespaces that have any key in Redis
-// other than their incarnation key, high-water mark and the records of
-// requests (keys.go: life, hwm, requestKey: a pop's record outlives the
-// tasks it leased, for its window). A namespace whose tasks are all gone keeps its meta HASH, which
-// holds the shard's high-water mark (hwmField), until DropNamespace: it is
-// listed (with no tasks). It
-// SCANs in bounded pages (each under the per-call timeout); on a cluster it
-// scans every master.
+// Namespaces returns, sorted, the namespaces that have a key holding
+// tasks, or durable mode's indexed marker (holdsTasks); the keys that
+// outlive the tasks or expire on their own (life, hwm, request records,
+// trace keys, rate buckets, subscriber sets, history, schedules) are no
+// sign of one. A namespace whose tasks are all gone keeps its meta HASH,
+// which holds the shard's high-water mark (hwmField), until DropNamespace:
+// it is listed (with no tasks). It SCANs in bounded pages (each under the
+// per-call timeout); on a cluster it scans every master.
 func (s *Store) Namespaces(ctx context.Context) ([]string, error) {
 	var mu sync.Mutex
 	seen := make(map[string]struct{})
@@ -292,10 +292,7 @@ func (s *Store) Namespaces(ctx context.Context) ([]string, error) {
 			}
 			mu.Lock()
 			for _, key := range keys {
-				if strings.HasSuffix(key, "}:life") || strings.HasSuffix(key, "}:hwm") || isRequestKey(key) {
-					continue // outlive the tasks: no sign of any
-				}
-				if ns, ok := namespaceOfKey(key); ok {
+				if ns, ok := namespaceOfKey(key); ok && holdsTasks(key) {
 					seen[ns] = struct{}{}
 				}
 			}

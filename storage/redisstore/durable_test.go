@@ -783,3 +783,66 @@ func TestRestoreRepair(t *testing.T) {
 		})
 	}
 }
+
+// TestNamespacesAreTheOnesHoldingTasks: Namespaces lists a namespace by the
+// keys that hold its tasks (or durable mode's indexed marker), never by
+// the keys that outlive them or expire on their own — a trace key lives a
+// day past its task's due time, a rate bucket until it would be full, a
+// subscriber set and a history stream until DropNamespace — so a deleted
+// namespace is not listed, and the dispatcher and the metrics do not take
+// it for a live one, because such a key is left.
+func TestNamespacesAreTheOnesHoldingTasks(t *testing.T) {
+	t.Parallel()
+	for name, s := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			k := func(ns string) nsKeys { return keysFor(ns, 0) }
+			leftovers := map[string]func(ns string) string{
+				"trace":   func(ns string) string { return k(ns).traceOf("t-1") },
+				"rate":    func(ns string) string { return k(ns).rate },
+				"request": func(ns string) string { return k(ns).requestKey("r-1") },
+				"history": func(ns string) string { return k(ns).historyOf(1) },
+				"sched":   func(ns string) string { return k(ns).sched },
+				"life":    func(ns string) string { return k(ns).life },
+				"hwm":     func(ns string) string { return k(ns).hwm },
+				"subs":    func(ns string) string { return keyPrefix + hashTag(ns, 0) + ":subs" },
+			}
+			holders := map[string]func(ns string) string{
+				"due": func(ns string) string { return k(ns).due }, "inflight": func(ns string) string { return k(ns).inflight },
+				"dead": func(ns string) string { return k(ns).dead }, "meta": func(ns string) string { return k(ns).meta },
+				"indexed": func(ns string) string { return k(ns).indexed },
+			}
+			want := map[string]bool{}
+			for kind, key := range leftovers {
+				ns := testkit.Namespace(t, "nsl")
+				want[ns] = false
+				set(t, s, key(ns), kind)
+			}
+			for kind, key := range holders {
+				ns := testkit.Namespace(t, "nsh")
+				want[ns] = true
+				set(t, s, key(ns), kind)
+			}
+			got, err := s.Namespaces(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for ns, listed := range want {
+				if slices.Contains(got, ns) != listed {
+					t.Errorf("namespace %s listed = %t, want %t", ns, !listed, listed)
+				}
+			}
+		})
+	}
+}
+
+// set writes key as a plain string (its type does not matter to
+// Namespaces, which reads names only) and deletes it when t ends.
+func set(t *testing.T, s *Store, key, value string) {
+	t.Helper()
+	if err := s.rdb.Set(context.Background(), key, value, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.rdb.Del(context.Background(), key) })
+}

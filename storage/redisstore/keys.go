@@ -192,9 +192,23 @@ type nsKeys struct {
 // id it is a key never written.
 func (k nsKeys) requestKey(req string) string { return k.request + req }
 
-// isRequestKey reports whether key is the record of a request
-// (requestKey) of some namespace shard.
-func isRequestKey(key string) bool { return strings.Contains(key, "}:req:") }
+// holdsTasks reports whether key is one of a namespace shard's keys that
+// hold its tasks (due, inflight, dead, meta, body, acked, the legacy task
+// HASH) or durable mode's indexed marker: the keys by which Namespaces
+// knows a namespace is there. Every other per-namespace key either
+// outlives the tasks (life, hwm, history, schedules, subscriber sets) or
+// expires on its own (request records, trace keys, rate buckets).
+func holdsTasks(key string) bool {
+	_, kind, ok := strings.Cut(key, "}:")
+	if !ok {
+		return false
+	}
+	switch kind {
+	case "due", "inflight", "dead", "meta", "body", "acked", "task", "indexed":
+		return true
+	}
+	return false
+}
 
 // traceOf is the trace-context key of task id (in this shard).
 func (k nsKeys) traceOf(id string) string { return k.trace + id }
