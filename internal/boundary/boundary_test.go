@@ -117,12 +117,15 @@ var rules = map[string]rule{
 	"internal/duration": {},
 	// "Did you mean …?": the closest of known names to a misspelt one.
 	"internal/suggest": {},
+	// The list items of a request, counted at every depth before it is
+	// decoded (wire bytes and JSON text): one rule for both edges.
+	"internal/items": {testImports: []string{"gen/delayd/v1"}},
 	// The OpenTelemetry tracer provider from the OTEL_* environment.
 	"tracing": {},
 	// The gRPC edge: the services, over three packages of its own.
 	"server": {
 		imports: []string{"gen/delayd/v1", "storage", "dispatcher", "tenancy", "metrics", "schedule",
-			"server/guard", "server/rpcerr", "server/wire"},
+			"server/guard", "server/rpcerr", "server/wire", "internal/items"},
 		testImports: []string{"storage/storagefake", "internal/testkit"},
 	},
 	// The edge's one guard (TLS, admission, authentication and
@@ -141,7 +144,7 @@ var rules = map[string]rule{
 	// the console; it knows no service code. Its tests run over the wire
 	// against a real delayd.
 	"web": {
-		imports: []string{"internal/suggest"},
+		imports: []string{"internal/suggest", "internal/items"},
 		// server only for server.Limits in daemon.Config.
 		testImports: []string{"daemon", "server", "gen/delayd/v1", "internal/testkit", "internal/testkit/delaydtest"},
 	},
