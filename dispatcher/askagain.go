@@ -92,16 +92,8 @@ func (n *namespace) askAgain(ctx context.Context) error {
 		}
 		c, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 		before := cfg.Clock.Now()
-		r, err := cfg.Store.PopWake(c, n.name, storage.PopParams{RequestID: a.id, RequestWindow: window,
-			LeaseFor: a.dist.storeLease, TellFor: a.dist.leaseFor})
+		dels, err := n.ask(c, a)
 		cancel()
-		var dels []storage.Delivery
-		for _, del := range r.Deliveries {
-			if !a.got[del.Token] {
-				a.got[del.Token] = true
-				dels = append(dels, del)
-			}
-		}
 		if len(dels) > 0 {
 			p := a.dist
 			p.popped = cfg.Clock.Now()
@@ -119,21 +111,36 @@ func (n *namespace) askAgain(ctx context.Context) error {
 			n.mu.Unlock()
 			n.distribute(dels, p)
 		}
-		if err == nil {
-			n.d.log.LogAttrs(ctx, slog.LevelInfo, "dispatcher: a pop whose answer was lost was asked again",
-				slog.String("namespace", n.name), slog.String("request", a.id), slog.Int("deliveries", len(dels)),
-				slog.Duration("since", cfg.Clock.Now().Sub(a.since)))
-		}
 		if err != nil {
 			kept = append(kept, a)
 			if first == nil {
 				first = err
 			}
+			continue
 		}
+		n.d.log.LogAttrs(ctx, slog.LevelInfo, "dispatcher: a pop whose answer was lost was asked again",
+			slog.String("namespace", n.name), slog.String("request", a.id), slog.Int("deliveries", len(dels)),
+			slog.Duration("since", cfg.Clock.Now().Sub(a.since)))
 	}
 	clear(n.asked[len(kept):])
 	n.asked = kept
 	return first
+}
+
+// ask asks a again (its request id, limit 0) and returns the deliveries
+// of its answer it had not handed out yet, marking them handed out.
+func (n *namespace) ask(ctx context.Context, a askedPop) ([]storage.Delivery, error) {
+	cfg := &n.d.cfg
+	r, err := cfg.Store.PopWake(ctx, n.name, storage.PopParams{RequestID: a.id, RequestWindow: cfg.popRecordWindow(),
+		LeaseFor: a.dist.storeLease, TellFor: a.dist.leaseFor})
+	var fresh []storage.Delivery
+	for _, del := range r.Deliveries {
+		if !a.got[del.Token] {
+			a.got[del.Token] = true
+			fresh = append(fresh, del)
+		}
+	}
+	return fresh, err
 }
 
 // giveUpAsked ends the pops still asked when the loop ends (its last
@@ -151,12 +158,9 @@ func (n *namespace) giveUpAsked() {
 	defer cancel()
 	var back []storage.Token
 	for _, a := range n.asked {
-		r, err := cfg.Store.PopWake(ctx, n.name, storage.PopParams{RequestID: a.id, RequestWindow: cfg.popRecordWindow(),
-			LeaseFor: a.dist.storeLease, TellFor: a.dist.leaseFor})
-		for _, del := range r.Deliveries {
-			if !a.got[del.Token] {
-				back = append(back, del.Token)
-			}
+		dels, err := n.ask(ctx, a)
+		for _, del := range dels {
+			back = append(back, del.Token)
 		}
 		if err != nil {
 			n.d.log.LogAttrs(ctx, slog.LevelWarn, "dispatcher: a pop whose answer was lost could not be asked again as its namespace loop ended; what it leased, if it ran, is delivered again when the lease runs out",

@@ -300,9 +300,9 @@ func newSubscriberLimiter(policies policyLookup, shared storage.SharedLimits, lo
 func (l *subscriberLimiter) acquireKey(key string, watch bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	held, what := l.byKey, "streams (Subscribe, StreamDeliveries)"
+	held, what := l.keySlots(watch), "streams (Subscribe, StreamDeliveries)"
 	if watch {
-		held, what = l.watchKey, "watches (WatchDeliveries)"
+		what = "watches (WatchDeliveries)"
 	}
 	if l.perKey > 0 && held[key] >= l.perKey {
 		return status.Errorf(codes.ResourceExhausted,
@@ -317,12 +317,16 @@ func (l *subscriberLimiter) acquireKey(key string, watch bool) error {
 // releaseKey gives back a slot acquireKey took.
 func (l *subscriberLimiter) releaseKey(key string, watch bool) {
 	l.mu.Lock()
-	if watch {
-		decrement(l.watchKey, key)
-	} else {
-		decrement(l.byKey, key)
-	}
+	decrement(l.keySlots(watch), key)
 	l.mu.Unlock()
+}
+
+// keySlots is the slots held by key id: watches' or subscriber streams'.
+func (l *subscriberLimiter) keySlots(watch bool) map[string]int {
+	if watch {
+		return l.watchKey
+	}
+	return l.byKey
 }
 
 // acquireWatch takes a watch slot of ns on this replica, or returns
